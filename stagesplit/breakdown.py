@@ -1,0 +1,145 @@
+"""``stagesplit breakdown``: where a profile's memory and compute go, by operation, by layer, by
+category and by tile, and what layers share and send each other."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import StageCostModel, StageMemory
+from .layers import Rule
+from .table import Column, Table
+from .traffic import Traffic, layer_traffic
+
+SECTIONS = ("grouping", "operations", "layers", "totals", "tiles", "affinity", "communication")
+CODE = ("vertex_code", "vertex_state", "exchange_code", "control_code")
+
+
+def _label(name: str) -> str:
+    return name.replace("_", " ")
+
+
+@dataclass
+class Breakdown:
+    model: StageCostModel
+    traffic: Traffic
+    whole: StageMemory
+    shared: StageMemory
+
+    @classmethod
+    def of(cls, model: StageCostModel) -> "Breakdown":
+        return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
+
+    def tables(self, sections: tuple[str, ...] = SECTIONS, top_tiles: int = 10) -> list[Table]:
+        builders = {"grouping": self.grouping_table, "operations": self.operations_table, "layers": self.layers_table,
+                    "totals": self.totals_table, "tiles": lambda: self.tiles_table(top_tiles),
+                    "affinity": self.affinity_table, "communication": self.communication_table}
+        return [builders[s]() for s in sections]
+
+    # -- tables -----------------------------------------------------------------------------------
+    def grouping_table(self) -> Table:
+        la = self.model.layers
+        t = Table("Layer grouping", [Column("rule"), Column("operations", "int"), Column("share", "percent")])
+        n = max(len(la.op_rule), 1)
+        for rule in Rule:
+            count = int((la.op_rule == rule).sum())
+            if count:
+                t.add(rule.label, count, count / n)
+        notes = [f"{len(la.names)} layers in {la.options.order} order: {', '.join(la.names)}",
+                 f"{la.share_assigned:.0%} of operations have a layer; shared items are counted on "
+                 f"{'every stage' if self.model.shared == 'every' else 'no stage'} (--shared {self.model.shared})"]
+        t.note = "\n".join(notes + [f"warning: {w}" for w in la.warnings])
+        return t
+
+    def operations_table(self) -> Table:
+        m = self.model
+        ops = m.profile.operations
+        costs = m.operation_costs()
+        la = m.layers
+        t = Table("Operations (bytes summed over tiles)",
+                  [Column("#", "int"), Column("operation"), Column("layer"), Column("rule")]
+                  + [Column(_label(k), "bytes") for k in CODE]
+                  + [Column("variables", "bytes"), Column("total", "bytes"), Column(f"compute ({m.profile.compute_unit})",
+                                                                                      "compute")])
+        for i in range(len(ops)):
+            layer = la.names[la.op_layer[i]] if la.op_layer[i] >= 0 else "-"
+            t.add(i, ops.name[i] or "(unnamed)", layer, Rule(la.op_rule[i]).label,
+                  *(int(getattr(costs, k)[i]) for k in CODE), int(costs.variables[i]), int(costs.total[i]),
+                  float(costs.compute[i]))
+        return t
+
+    def layers_table(self) -> Table:
+        m = self.model
+        la = m.layers
+        t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
+                  [Column("layer"), Column("ops", "int"), Column("always live", "bytes"),
+                   Column("not always live", "bytes")] + [Column(_label(k), "bytes") for k in CODE]
+                  + [Column("total", "bytes"), Column("worst tile", "int"), Column("worst tile bytes", "bytes"),
+                     Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")])
+        for l, name in enumerate(la.names):
+            sm = m.stage_memory(l, l)
+            t.add(name, int((la.op_layer == l).sum()), int(sm.always_live.sum()), int(sm.not_always_live.sum()),
+                  *(int(sm.category(k).sum()) for k in CODE), int(sm.total().sum()), sm.worst_tile(),
+                  sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]))
+        t.note = (f"shared items on every layer: {self.shared.total().sum() / 1e6:.2f} MB summed over tiles"
+                  if m.shared == "every" else "shared items are not counted (--shared none)")
+        return t
+
+    def totals_table(self) -> Table:
+        m = self.model
+        whole, shared = self.whole, self.shared
+        t = Table("Memory totals by category (whole profile as one stage; summed over tiles)",
+                  [Column("category"), Column("modelled", "bytes"), Column("shared part", "bytes"),
+                   Column("worst tile", "bytes")])
+        rows = [("always-live variables", whole.always_live, shared.always_live),
+                ("not-always-live variables (peak)", whole.not_always_live, shared.not_always_live)]
+        rows += [(_label(k), whole.category(k), shared.category(k)) for k in CODE]
+        for name, values, part in rows:
+            t.add(name, int(values.sum()), int(part.sum()), int(values.max(initial=0)))
+        t.add("total", int(whole.total().sum()), int(shared.total().sum()), whole.worst_bytes())
+        notes = [f"capacity: {m.profile.target.tiles:,} tiles x {m.profile.target.bytes_per_tile:,} bytes "
+                 f"({m.profile.target.name}); worst tile needs {whole.worst_bytes() / m.profile.target.bytes_per_tile:.0%}"
+                 " of a tile",
+                 f"compute: {m.layer_compute.sum():.4g} {m.profile.compute_unit} in layers, "
+                 f"{m.shared_compute:.4g} in shared operations ({m.profile.info.compute_source or 'source not stated'})"]
+        gt = m.profile.ground_truth
+        if gt is not None:
+            total = gt.tile_total()
+            notes.append(f"profile ground truth: {total.sum() / 1e6:.2f} MB summed over tiles, worst tile "
+                         f"{int(total.max()):,} bytes; modelled {whole.total().sum() / 1e6:.2f} MB")
+        t.note = "\n".join(notes)
+        return t
+
+    def tiles_table(self, top: int = 10) -> Table:
+        whole = self.whole
+        total = whole.total()
+        order = np.argsort(-total, kind="stable")[:top]
+        t = Table(f"Most loaded tiles (whole profile as one stage, top {len(order)})",
+                  [Column("tile", "int"), Column("total", "bytes"), Column("always live", "bytes"),
+                   Column("not always live", "bytes"), Column("peak step", "int")]
+                  + [Column(_label(k), "bytes") for k in CODE] + [Column("of capacity", "percent")])
+        cap = self.model.profile.target.bytes_per_tile
+        for tile in order:
+            step = int(whole.peak_step[tile])
+            t.add(int(tile), int(total[tile]), int(whole.always_live[tile]), int(whole.not_always_live[tile]),
+                  step if step >= 0 else None, *(int(whole.category(k)[tile]) for k in CODE), total[tile] / cap)
+        return t
+
+    def affinity_table(self) -> Table:
+        names = self.model.layers.names
+        t = Table("Memory affinity (bytes of variables used by both layers)",
+                  [Column("layer")] + [Column(n, "bytes") for n in names])
+        for i, name in enumerate(names):
+            t.add(name, *(int(x) for x in self.traffic.affinity[i]))
+        return t
+
+    def communication_table(self) -> Table:
+        names = self.model.layers.names
+        tr = self.traffic
+        t = Table("Inter-layer communication (bytes created in the row layer, used in the column layer)",
+                  [Column("from \\ to")] + [Column(n, "bytes") for n in names] + [Column("cut before", "bytes")])
+        for i, name in enumerate(names):
+            t.add(name, *(int(x) for x in tr.communication[i]), int(tr.cut_bytes[i]))
+        t.note = "cut before: bytes that cross a split placed just before the layer (both directions)"
+        return t

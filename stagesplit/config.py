@@ -1,0 +1,147 @@
+"""Device targets and solver settings, read from YAML (always with ``yaml.safe_load``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .errors import ProfileError, StagesplitError
+from .profile import Target
+
+
+def config_dir() -> Path:
+    """The shipped ``configs`` folder: the source checkout's when running from one (so edits
+    take effect in an editable install), else the copy installed inside the package."""
+    checkout = Path(__file__).resolve().parent.parent
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs" / "targets.yaml").is_file():
+        return checkout / "configs"
+    return Path(str(resources.files("stagesplit") / "configs"))
+
+
+def read_yaml(path: Path) -> Any:
+    try:
+        text = path.read_text(encoding="utf-8")
+    except OSError as exc:
+        raise StagesplitError(f"{path}: cannot read: {exc.strerror or exc}") from None
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "document"
+        raise ProfileError(path, where, "valid YAML", getattr(exc, "problem", str(exc))) from None
+
+
+def _number(path, field_path, value, *, integer=False, minimum=None, optional=False):
+    if value is None and optional:
+        return None
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if isinstance(value, bool) or not ok or (minimum is not None and value < minimum):
+        kind = "an integer" if integer else "a number"
+        bound = f" >= {minimum}" if minimum is not None else ""
+        raise ProfileError(path, field_path, kind + bound, value)
+    return value
+
+
+def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:
+    """Build a Target from a YAML/JSON mapping, naming the file and field on bad input."""
+    where = prefix or name
+    if not isinstance(spec, dict):
+        raise ProfileError(path, where, "a mapping with tiles and bytes_per_tile", spec)
+    known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s"}
+    for key in spec:
+        if key not in known:
+            raise ProfileError(path, f"{where}.{key}", "one of " + ", ".join(sorted(known)), key)
+    kind = spec.get("kind", "ipu")
+    if not isinstance(kind, str):
+        raise ProfileError(path, f"{where}.kind", "a string", kind)
+    return Target(
+        name=str(spec.get("name", name)),
+        kind=kind,
+        description=str(spec.get("description", "")),
+        tiles=_number(path, f"{where}.tiles", spec.get("tiles"), integer=True, minimum=1),
+        bytes_per_tile=_number(path, f"{where}.bytes_per_tile", spec.get("bytes_per_tile"), integer=True, minimum=1),
+        clock_hz=_number(path, f"{where}.clock_hz", spec.get("clock_hz"), minimum=0, optional=True),
+        link_bytes_per_s=_number(path, f"{where}.link_bytes_per_s", spec.get("link_bytes_per_s"), minimum=0, optional=True),
+        flops_per_s=_number(path, f"{where}.flops_per_s", spec.get("flops_per_s"), minimum=0, optional=True),
+    )
+
+
+def known_targets() -> dict[str, Target]:
+    path = config_dir() / "targets.yaml"
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+        raise ProfileError(path, "targets", "a mapping of target names to targets")
+    return {name: target_from_mapping(name, spec, path, f"targets.{name}") for name, spec in data["targets"].items()}
+
+
+def load_target(name_or_path: str) -> Target:
+    """A shipped target by name (``ipu-mk2``), or a YAML file holding one target."""
+    targets = known_targets()
+    if name_or_path in targets:
+        return targets[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        data = read_yaml(path)
+        return target_from_mapping(path.stem, data, path, "")
+    raise StagesplitError(f"unknown target '{name_or_path}': expected one of {', '.join(targets)} "
+                          "or the path of a YAML target file")
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """Solver options that can come from ``configs/solver.yaml`` or ``--config FILE``."""
+
+    objective: str = "compute"
+    stages: str = "at-most"
+    schedule: str = "none"
+    micro_batches: int = 1
+    headroom: float = 0.0
+    shared: str = "every"
+    time_limit: float = 60.0
+    workers: int = 1
+    communication: bool = False
+
+    CHOICES = {"objective": ("compute", "memory", "devices"), "stages": ("at-most", "exact"),
+               "schedule": ("none", "1f1b", "gpipe"), "shared": ("every", "none")}
+
+    def with_overrides(self, **overrides: Any) -> "SolverSettings":
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
+    """Settings from ``path`` (or the shipped defaults), validated field by field."""
+    file = Path(path) if path is not None else config_dir() / "solver.yaml"
+    data = read_yaml(file)
+    if data is None:
+        return SolverSettings()
+    if not isinstance(data, dict):
+        raise ProfileError(file, "", "a mapping of solver settings", type(data).__name__)
+    values: dict[str, Any] = {}
+    defaults = SolverSettings()
+    for f in fields(SolverSettings):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        default = getattr(defaults, f.name)
+        if f.name in SolverSettings.CHOICES:
+            if value not in SolverSettings.CHOICES[f.name]:
+                raise ProfileError(file, f.name, "one of " + ", ".join(SolverSettings.CHOICES[f.name]), value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ProfileError(file, f.name, "true or false", value)
+        elif isinstance(default, int):
+            _number(file, f.name, value, integer=True, minimum=1)
+        else:
+            _number(file, f.name, value, minimum=0)
+        values[f.name] = value
+    unknown = sorted(set(data) - {f.name for f in fields(SolverSettings)})
+    if unknown:
+        raise ProfileError(file, unknown[0], "a known setting (" + ", ".join(f.name for f in fields(SolverSettings)) + ")")
+    settings = SolverSettings(**values)
+    if not 0 <= settings.headroom < 1:
+        raise ProfileError(file, "headroom", "a fraction in [0, 1)", settings.headroom)
+    return settings

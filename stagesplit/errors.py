@@ -1,0 +1,32 @@
+"""User-facing errors: each one prints as a single line that says what to fix."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+class StagesplitError(Exception):
+    """An error caused by the user's input or options, reported without a traceback."""
+
+
+class ProfileError(StagesplitError):
+    """A profile (or plan, or config) file holds something stagesplit cannot use.
+
+    The message names the file, the path of the offending field inside it, and what was
+    expected there, e.g. ``bert.json: variables[12].bytes: expected an integer >= 0, got -4``.
+    """
+
+    def __init__(self, file: str | Path | None, field: str, expected: str, got: object = None):
+        self.file = str(file) if file is not None else None
+        self.field = field
+        self.expected = expected
+        self.got = got
+        where = f"{self.file}: " if self.file else ""
+        location = f"{field}: " if field else ""
+        detail = f", got {_short(got)}" if got is not None else ""
+        super().__init__(f"{where}{location}expected {expected}{detail}")
+
+
+def _short(value: object, limit: int = 60) -> str:
+    text = repr(value)
+    return text if len(text) <= limit else text[: limit - 3] + "..."

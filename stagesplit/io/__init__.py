@@ -1,0 +1,46 @@
+"""Profile readers and writers. ``load_profile`` picks the reader from the file itself, so
+nothing downstream needs to know which reader made a Profile."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import StagesplitError
+from ..fileio import atomic_write_text
+from ..profile import Profile
+from .compact import read_compact, write_compact
+from .jsonprofile import dumps_profile, read_json_profile
+
+COMPACT_SUFFIXES = (".stagesplit", ".npz")
+
+
+def load_profile(path: str | Path, debug: str | Path | None = None) -> Profile:
+    """Read a JSON profile, a compact ``.stagesplit`` profile, or a PopVision ``profile.pop``
+    (with its ``debug.cbor``; needs the Poplar SDK's libpva)."""
+    path = Path(path)
+    if not path.exists():
+        raise StagesplitError(f"{path}: no such file")
+    if path.is_dir():
+        raise StagesplitError(f"{path}: is a folder, expected a profile file")
+    if path.suffix == ".pop":
+        from .popvision import read_popvision
+        return read_popvision(path, debug)
+    if debug is not None:
+        raise StagesplitError(f"{debug}: a debug.cbor file only goes with a PopVision profile.pop, not with {path.name}")
+    with path.open("rb") as handle:
+        head = handle.read(64)
+    if head.startswith(b"PK"):
+        return read_compact(path)
+    if head.lstrip()[:1] in (b"{", b"["):
+        return read_json_profile(path)
+    raise StagesplitError(f"{path}: not a profile: expected stagesplit JSON, a compact .stagesplit file "
+                          "or a PopVision profile.pop")
+
+
+def save_profile(profile: Profile, path: str | Path) -> None:
+    """Write ``profile`` atomically: compact form for .stagesplit/.npz, JSON for anything else."""
+    path = Path(path)
+    if path.suffix in COMPACT_SUFFIXES:
+        write_compact(profile, path)
+    else:
+        atomic_write_text(path, dumps_profile(profile))

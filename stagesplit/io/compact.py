@@ -1,0 +1,231 @@
+"""The compact columnar profile form (``.stagesplit``): the same content as the JSON format,
+stored as compressed numpy arrays in a zip (``.npz`` layout), loaded with pickling disabled.
+
+Large profiles (a million variables) load in about a second from this form, against minutes
+for JSON. Strings are stored as one UTF-8 byte blob plus offsets, never as Python objects.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import zipfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..errors import ProfileError
+from ..fileio import atomic_write_bytes
+from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
+                       TileCosts, Variables, VertexCode)
+
+FORMAT = "stagesplit-compact"
+VERSION = 1
+
+
+def _encode_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
+    encoded = [s.encode("utf-8") for s in items]
+    offsets = np.zeros(len(encoded) + 1, np.int64)
+    np.cumsum([len(e) for e in encoded], out=offsets[1:])
+    return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
+
+
+def _small_int(a: np.ndarray) -> np.ndarray:
+    """Store integers in the narrowest type that holds them (the loader widens to int64)."""
+    a = np.asarray(a)
+    if a.size == 0:
+        return a.astype(np.int32)
+    lo, hi = int(a.min()), int(a.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= lo and hi <= info.max:
+            return a.astype(dtype)
+    return a.astype(np.int64)
+
+
+def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
+    t = p.target
+    ops = p.operations
+    gt = p.ground_truth
+    header = {
+        "format": FORMAT, "version": VERSION,
+        "target": {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile,
+                   "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s, "flops_per_s": t.flops_per_s,
+                   "description": t.description},
+        "compute_unit": p.compute_unit,
+        "info": {"name": p.info.name, "source": p.info.source, "description": p.info.description,
+                 "synthetic": p.info.synthetic, "compute_source": p.info.compute_source},
+        "ground_truth_categories": list(gt.categories) if gt is not None else None,
+    }
+    arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8).copy()}
+
+    def strings(key: str, items: list[str]) -> None:
+        arrays[f"{key}_blob"], arrays[f"{key}_offsets"] = _encode_strings(items)
+
+    strings("steps", p.steps)
+    strings("names", p.names)
+    v = p.variables
+    arrays.update(var_bytes=_small_int(v.bytes), var_tile=_small_int(v.tile), var_always_live=v.always_live.astype(bool),
+                  var_live_class=_small_int(v.live_class), var_name=_small_int(v.name),
+                  live_offsets=p.liveness.intervals.offsets.astype(np.int64),
+                  live_intervals=_small_int(p.liveness.intervals.values.reshape(-1, 2)))
+    pr = p.programs
+    strings("program_name", pr.name)
+    strings("program_kind", pr.kind)
+    strings("vertex_types", pr.vertex_types)
+    arrays.update(program_cycles=pr.cycles.astype(float), program_vertices=_small_int(pr.vertices))
+    vc = pr.vertex_code
+    arrays.update(vertex_code_program=_small_int(vc.program), vertex_code_tile=_small_int(vc.tile),
+                  vertex_code_type=_small_int(vc.vertex_type), vertex_code_bytes=_small_int(vc.bytes))
+    for cat, costs in pr.categories().items():
+        arrays.update({f"{cat}_program": _small_int(costs.program), f"{cat}_tile": _small_int(costs.tile),
+                       f"{cat}_bytes": _small_int(costs.bytes)})
+    strings("op_name", ops.name)
+    strings("op_layer", [l or "" for l in ops.layer])
+    arrays["op_has_layer"] = np.array([l is not None for l in ops.layer], bool)
+    strings("op_inputs", [x for row in ops.inputs for x in row])
+    arrays["op_inputs_count"] = _small_int(np.array([len(row) for row in ops.inputs], np.int64))
+    arrays.update(op_debug_id=ops.debug_id.astype(np.int64), op_first_step=_small_int(ops.first_step),
+                  op_last_step=_small_int(ops.last_step), op_compute=ops.compute.astype(float),
+                  op_vars_offsets=ops.vars.offsets.astype(np.int64), op_vars=_small_int(ops.vars.values),
+                  op_programs_offsets=ops.programs.offsets.astype(np.int64),
+                  op_programs=_small_int(ops.programs.values))
+    if gt is not None:
+        arrays.update(gt_always_live=gt.always_live.astype(np.int64), gt_not_always_live=gt.not_always_live.astype(np.int64),
+                      gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=_small_int(gt.step_bytes))
+        for k, (name, values) in enumerate(gt.categories.items()):
+            arrays[f"gt_category_{k}"] = values.astype(np.int64)
+    return arrays
+
+
+def write_compact(profile: Profile, path: str | Path) -> None:
+    buffer = io.BytesIO()
+    np.savez_compressed(buffer, **profile_to_arrays(profile))
+    atomic_write_bytes(Path(path), buffer.getvalue())
+
+
+class _Arrays:
+    """Typed access to the arrays of one compact file, naming the array on bad content."""
+
+    def __init__(self, data: Any, source: str):
+        self.data = data
+        self.source = source
+
+    def get(self, key: str, *, kind: str = "i", ndim: int = 1) -> np.ndarray:
+        if key not in self.data.files:
+            raise ProfileError(self.source, key, "this array in a stagesplit compact profile (file incomplete)")
+        try:
+            a = self.data[key]
+        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            raise ProfileError(self.source, key, "a readable numpy array", str(exc)) from None
+        if a.dtype.kind not in kind or a.ndim != ndim:
+            raise ProfileError(self.source, key, f"a {ndim}-d array of kind '{kind}'", f"{a.dtype} with {a.ndim} dims")
+        return a.astype(np.int64) if kind == "i" else a
+
+    def strings(self, key: str) -> list[str]:
+        blob = self.get(f"{key}_blob", kind="u")
+        offsets = self.get(f"{key}_offsets")
+        if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
+            raise ProfileError(self.source, f"{key}_offsets", "non-decreasing offsets from 0 to the blob's length")
+        try:
+            text = blob.tobytes().decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProfileError(self.source, f"{key}_blob", "UTF-8 text") from None
+        if len(text) == len(blob):           # pure ASCII: byte offsets are character offsets
+            return [text[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
+        raw = blob.tobytes()
+        return [raw[offsets[i]:offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
+
+    def ragged(self, offsets_key: str, values_key: str, rows: int) -> Ragged:
+        offsets = self.get(offsets_key)
+        values = self.get(values_key)
+        if len(offsets) != rows + 1 or offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0):
+            raise ProfileError(self.source, offsets_key, f"{rows + 1} non-decreasing offsets ending at {len(values)}")
+        return Ragged(offsets, values)
+
+
+def read_compact(path: str | Path) -> Profile:
+    path = Path(path)
+    source = str(path)
+    try:
+        data = np.load(path, allow_pickle=False)
+    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
+    with data:
+        return _read(_Arrays(data, source))
+
+
+def _read(a: _Arrays) -> Profile:
+    try:
+        header = json.loads(a.get("header", kind="u").tobytes().decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise ProfileError(a.source, "header", "a JSON header") from None
+    if not isinstance(header, dict) or header.get("format") != FORMAT:
+        raise ProfileError(a.source, "header.format", f'"{FORMAT}"', header.get("format") if isinstance(header, dict) else header)
+    if header.get("version") != VERSION:
+        raise ProfileError(a.source, "header.version", f"{VERSION} (this stagesplit reads compact version {VERSION})",
+                           header.get("version"))
+    from ..config import target_from_mapping
+    tspec = {k: v for k, v in dict(header.get("target") or {}).items() if v is not None}
+    target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
+    info_spec = header.get("info") or {}
+    info = ProfileInfo(**{k: info_spec[k] for k in ("name", "source", "description", "synthetic", "compute_source")
+                          if k in info_spec})
+
+    steps = a.strings("steps")
+    names = a.strings("names")
+    nvars = len(a.get("var_bytes"))
+    live_offsets = a.get("live_offsets")
+    intervals = a.get("live_intervals", ndim=2)
+    if intervals.shape[1:] != (2,) or len(live_offsets) < 1 or live_offsets[-1] != len(intervals):
+        raise ProfileError(a.source, "live_intervals", "(K, 2) start/end pairs matching live_offsets")
+    variables = Variables(bytes=a.get("var_bytes"), tile=a.get("var_tile"),
+                          always_live=a.get("var_always_live", kind="b"), live_class=a.get("var_live_class"),
+                          name=a.get("var_name"))
+    if any(len(x) != nvars for x in (variables.tile, variables.always_live, variables.live_class, variables.name)):
+        raise ProfileError(a.source, "var_*", f"{nvars} entries in every variable array")
+
+    def costs(cat: str) -> TileCosts:
+        return TileCosts(a.get(f"{cat}_program"), a.get(f"{cat}_tile"), a.get(f"{cat}_bytes"))
+
+    prog_names = a.strings("program_name")
+    vc = VertexCode(a.get("vertex_code_program"), a.get("vertex_code_tile"), a.get("vertex_code_type"),
+                    a.get("vertex_code_bytes"))
+    if len({len(vc.program), len(vc.tile), len(vc.vertex_type), len(vc.bytes)}) != 1:
+        raise ProfileError(a.source, "vertex_code_*", "arrays of equal length")
+    programs = Programs(name=prog_names, kind=a.strings("program_kind"), cycles=a.get("program_cycles", kind="f"),
+                        vertices=a.get("program_vertices"), vertex_types=a.strings("vertex_types"), vertex_code=vc,
+                        vertex_state=costs("vertex_state"), exchange_code=costs("exchange_code"),
+                        control_code=costs("control_code"))
+    for cat, c in programs.categories().items():
+        if not len(c.program) == len(c.tile) == len(c.bytes):
+            raise ProfileError(a.source, f"{cat}_*", "arrays of equal length")
+
+    op_names = a.strings("op_name")
+    nops = len(op_names)
+    layer_names = a.strings("op_layer")
+    has_layer = a.get("op_has_layer", kind="b")
+    counts = a.get("op_inputs_count")
+    flat_inputs = a.strings("op_inputs")
+    if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops or counts.sum() != len(flat_inputs):
+        raise ProfileError(a.source, "op_*", f"{nops} entries in every operation array")
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+    operations = Operations(
+        name=op_names, debug_id=a.get("op_debug_id"),
+        inputs=[tuple(flat_inputs[bounds[i]:bounds[i + 1]]) for i in range(nops)],
+        first_step=a.get("op_first_step"), last_step=a.get("op_last_step"), compute=a.get("op_compute", kind="f"),
+        vars=a.ragged("op_vars_offsets", "op_vars", nops), programs=a.ragged("op_programs_offsets", "op_programs", nops),
+        layer=[name if has else None for name, has in zip(layer_names, has_layer)])
+
+    ground_truth = None
+    categories = header.get("ground_truth_categories")
+    if categories is not None:
+        ground_truth = GroundTruth(
+            always_live=a.get("gt_always_live"), not_always_live=a.get("gt_not_always_live"),
+            categories={name: a.get(f"gt_category_{k}") for k, name in enumerate(categories)},
+            step_tiles=a.get("gt_step_tiles"), step_bytes=a.get("gt_step_bytes", ndim=2))
+    profile = Profile(target=target, steps=steps, names=names, variables=variables,
+                      liveness=Liveness(Ragged(live_offsets, intervals)), programs=programs, operations=operations,
+                      compute_unit=str(header.get("compute_unit", "cycles")), ground_truth=ground_truth, info=info)
+    return profile.validate(a.source)

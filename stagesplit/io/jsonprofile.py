@@ -1,0 +1,302 @@
+"""stagesplit's JSON profile format ("synthetic JSON"), version 1: reader with validation and
+writer. The format is documented field by field in docs/profile-format.md.
+
+Two kinds share the header ``{"format": "stagesplit-profile", "version": 1, "kind": ...}``:
+``"full"`` (tiles, steps, variables with liveness, programs with per-tile code, operations,
+ground truth) and ``"layers"`` (one record per layer, for quick what-if use and GPU users).
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..builder import ProfileBuilder
+from ..config import known_targets, target_from_mapping
+from ..errors import ProfileError
+from ..profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
+from .fields import FieldReader
+
+FORMAT = "stagesplit-profile"
+VERSION = 1
+
+_TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
+             "compute_source", "steps", "variables", "programs", "operations", "ground_truth"}
+_VAR_KEYS = {"name", "bytes", "tile", "live"}
+_PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
+_OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute"}
+
+
+def parse_json_text(text: str, source: str) -> Any:
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(source, f"line {exc.lineno} column {exc.colno}", "valid JSON", exc.msg) from None
+
+
+def read_json_profile(path: str | Path) -> Profile:
+    path = Path(path)
+    try:
+        text = path.read_text(encoding="utf-8")
+    except UnicodeDecodeError:
+        raise ProfileError(path, "", "a UTF-8 JSON document") from None
+    return profile_from_document(parse_json_text(text, str(path)), str(path))
+
+
+def profile_from_document(doc: Any, source: str) -> Profile:
+    """Validate a parsed JSON document and build the Profile it describes."""
+    r = FieldReader(source)
+    r.mapping(doc, "document")
+    fmt = r.get(doc, "format", "")
+    if fmt != FORMAT:
+        r.fail("format", f'"{FORMAT}"', fmt)
+    version = r.get(doc, "version", "")
+    if version != VERSION:
+        r.fail("version", f"{VERSION} (this stagesplit reads profile format version {VERSION})", version)
+    kind = r.choice(doc.get("kind", "full"), "kind", ("full", "layers"))
+    if kind == "layers":
+        from .layerform import profile_from_layer_document
+        return profile_from_layer_document(doc, r)
+    return _read_full(doc, r)
+
+
+def read_target(value: Any, r: FieldReader, path: str = "target") -> Target:
+    if isinstance(value, str):
+        targets = known_targets()
+        if value not in targets:
+            r.fail(path, "a known target name (" + ", ".join(targets) + ") or a target object", value)
+        return targets[value]
+    r.mapping(value, path)
+    return target_from_mapping(str(value.get("name", "custom")), value, r.source, path)
+
+
+def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
+    return ProfileInfo(
+        name=r.string(doc.get("name", ""), "name"),
+        description=r.string(doc.get("description", ""), "description"),
+        synthetic=r.boolean(doc.get("synthetic", False), "synthetic"),
+        source=r.string(doc.get("source", "json"), "source"),
+        compute_source=r.string(doc.get("compute_source", ""), "compute_source"))
+
+
+def _read_full(doc: dict, r: FieldReader) -> Profile:
+    r.known_keys(doc, "", _TOP_FULL)
+    target = read_target(r.get(doc, "target", ""), r)
+    steps_value = r.get(doc, "steps", "")
+    if isinstance(steps_value, list):
+        steps = [r.string(s, f"steps[{i}]") for i, s in enumerate(steps_value)]
+    else:
+        steps = r.integer(steps_value, "steps", minimum=0)
+    unit = r.choice(doc.get("compute_unit", "cycles"), "compute_unit", COMPUTE_UNITS)
+    b = ProfileBuilder(target, steps, unit, read_info(doc, r))
+    nsteps = len(b.steps)
+
+    for i, var in enumerate(r.list(doc.get("variables", []), "variables")):
+        p = f"variables[{i}]"
+        r.mapping(var, p)
+        r.known_keys(var, p, _VAR_KEYS)
+        live = var.get("live", "always")
+        if isinstance(live, str):
+            if live != "always":
+                r.fail(f"{p}.live", '"always" or a list of [start, end) step intervals', live)
+        else:
+            r.list(live, f"{p}.live")
+            for k, iv in enumerate(live):
+                ip = f"{p}.live[{k}]"
+                if not isinstance(iv, list) or len(iv) != 2:
+                    r.fail(ip, "a [start, end) pair of step indices", iv)
+                s = r.integer(iv[0], ip + "[0]")
+                e = r.integer(iv[1], ip + "[1]")
+                if s > nsteps:
+                    r.fail(ip + "[0]", f"a step index in 0..{nsteps}", s)
+                if e < s or e > nsteps:
+                    r.fail(ip + "[1]", f"an end >= start ({s}) and <= {nsteps} (end is exclusive)", e)
+        name = var.get("name")
+        b.variable(bytes=r.integer(r.get(var, "bytes", p), f"{p}.bytes"),
+                   tile=r.integer(var.get("tile", 0), f"{p}.tile"),
+                   live=live, name=None if name is None else r.string(name, f"{p}.name"))
+
+    for i, prog in enumerate(r.list(doc.get("programs", []), "programs")):
+        p = f"programs[{i}]"
+        r.mapping(prog, p)
+        r.known_keys(prog, p, _PROG_KEYS)
+        cycles = prog.get("cycles")
+        b.program(name=r.string(prog.get("name", f"program{i}"), f"{p}.name"),
+                  kind=r.string(prog.get("type", "OnTileExecute"), f"{p}.type"),
+                  cycles=math.nan if cycles is None else r.number(cycles, f"{p}.cycles"),
+                  vertices=r.integer(prog.get("vertices", 0), f"{p}.vertices"),
+                  vertex_code=_vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code", r),
+                  vertex_state=_tile_pairs(prog.get("vertex_state", []), f"{p}.vertex_state", r),
+                  exchange_code=_tile_pairs(prog.get("exchange_code", []), f"{p}.exchange_code", r),
+                  control_code=_tile_pairs(prog.get("control_code", []), f"{p}.control_code", r))
+
+    ops = r.list(r.get(doc, "operations", ""), "operations", nonempty=True)
+    for i, op in enumerate(ops):
+        p = f"operations[{i}]"
+        r.mapping(op, p)
+        r.known_keys(op, p, _OP_KEYS)
+        inputs = r.list(op.get("inputs", []), f"{p}.inputs")
+        layer = op.get("layer")
+        compute = op.get("compute")
+        b.operation(
+            name=r.string(r.get(op, "name", p), f"{p}.name"),
+            layer=None if layer is None else r.string(layer, f"{p}.layer"),
+            debug_id=r.integer(op.get("debug_id", -1), f"{p}.debug_id", minimum=-1),
+            inputs=[r.string(x, f"{p}.inputs[{k}]") for k, x in enumerate(inputs)],
+            first_step=r.integer(op.get("first_step", -1), f"{p}.first_step", minimum=-1),
+            last_step=r.integer(op.get("last_step", -1), f"{p}.last_step", minimum=-1),
+            vars=[r.integer(x, f"{p}.vars[{k}]") for k, x in enumerate(r.list(op.get("vars", []), f"{p}.vars"))],
+            programs=[r.integer(x, f"{p}.programs[{k}]")
+                      for k, x in enumerate(r.list(op.get("programs", []), f"{p}.programs"))],
+            compute=math.nan if compute is None else r.number(compute, f"{p}.compute"))
+
+    if "ground_truth" in doc:
+        b.ground_truth = _ground_truth(doc["ground_truth"], target, nsteps, r)
+    return b.build(source=r.source)
+
+
+def _tile_pairs(value: Any, path: str, r: FieldReader) -> list[tuple[int, int]]:
+    pairs = []
+    for k, item in enumerate(r.list(value, path)):
+        if not isinstance(item, list) or len(item) != 2:
+            r.fail(f"{path}[{k}]", "a [tile, bytes] pair", item)
+        pairs.append((r.integer(item[0], f"{path}[{k}][0]"), r.integer(item[1], f"{path}[{k}][1]")))
+    return pairs
+
+
+def _vertex_code(value: Any, path: str, r: FieldReader) -> list[tuple[int, str, int]]:
+    rows = []
+    for k, item in enumerate(r.list(value, path)):
+        if not isinstance(item, list) or len(item) != 3:
+            r.fail(f"{path}[{k}]", "a [tile, vertex type name, bytes] triple", item)
+        rows.append((r.integer(item[0], f"{path}[{k}][0]"), r.string(item[1], f"{path}[{k}][1]"),
+                     r.integer(item[2], f"{path}[{k}][2]")))
+    return rows
+
+
+def _per_tile(value: Any, path: str, tiles: int, r: FieldReader) -> np.ndarray:
+    r.list(value, path)
+    if len(value) != tiles:
+        r.fail(path, f"{tiles} values (one per tile)", f"{len(value)} values")
+    return np.array([r.integer(x, f"{path}[{k}]") for k, x in enumerate(value)], np.int64)
+
+
+def _ground_truth(value: Any, target: Target, nsteps: int, r: FieldReader) -> GroundTruth:
+    p = "ground_truth"
+    r.mapping(value, p)
+    r.known_keys(value, p, {"always_live", "not_always_live", "categories", "step_trace"})
+    categories = {}
+    for name, arr in r.mapping(value.get("categories", {}), f"{p}.categories").items():
+        categories[name] = _per_tile(arr, f"{p}.categories.{name}", target.tiles, r)
+    gt = GroundTruth(always_live=_per_tile(r.get(value, "always_live", p), f"{p}.always_live", target.tiles, r),
+                     not_always_live=_per_tile(r.get(value, "not_always_live", p), f"{p}.not_always_live",
+                                               target.tiles, r),
+                     categories=categories)
+    if "step_trace" in value:
+        trace = r.mapping(value["step_trace"], f"{p}.step_trace")
+        tiles = [r.integer(t, f"{p}.step_trace.tiles[{k}]") for k, t in
+                 enumerate(r.list(r.get(trace, "tiles", f"{p}.step_trace"), f"{p}.step_trace.tiles"))]
+        rows = r.list(r.get(trace, "bytes", f"{p}.step_trace"), f"{p}.step_trace.bytes")
+        if len(rows) != len(tiles):
+            r.fail(f"{p}.step_trace.bytes", f"{len(tiles)} rows (one per traced tile)", len(rows))
+        gt.step_tiles = np.array(tiles, np.int64)
+        gt.step_bytes = np.array([_per_tile(row, f"{p}.step_trace.bytes[{k}]", nsteps, r)
+                                  for k, row in enumerate(rows)], np.int64).reshape(len(tiles), nsteps)
+    return gt
+
+
+# --------------------------------------------------------------------------------------------
+# Writer
+
+def profile_to_document(profile: Profile) -> dict:
+    """The full-form JSON document for ``profile`` (the inverse of ``profile_from_document``)."""
+    p = profile
+    t = p.target
+    target = {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile}
+    for key in ("clock_hz", "link_bytes_per_s", "flops_per_s"):
+        if getattr(t, key) is not None:
+            target[key] = getattr(t, key)
+    if t.description:
+        target["description"] = t.description
+    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "kind": "full", "name": p.info.name,
+                           "description": p.info.description, "synthetic": p.info.synthetic,
+                           "source": p.info.source, "compute_source": p.info.compute_source,
+                           "target": target, "compute_unit": p.compute_unit, "steps": list(p.steps)}
+    v = p.variables
+    intervals = p.liveness.intervals
+    class_lists = [intervals[c].tolist() for c in range(len(intervals))]
+    variables = []
+    for i in range(len(v)):
+        rec: dict[str, Any] = {}
+        if v.name[i] >= 0:
+            rec["name"] = p.names[v.name[i]]
+        rec["bytes"] = int(v.bytes[i])
+        rec["tile"] = int(v.tile[i])
+        rec["live"] = "always" if v.always_live[i] else (class_lists[v.live_class[i]] if v.live_class[i] >= 0 else [])
+        variables.append(rec)
+    doc["variables"] = variables
+
+    pr = p.programs
+    programs = [{"name": pr.name[i], "type": pr.kind[i]} for i in range(len(pr))]
+    for i, rec in enumerate(programs):
+        if not math.isnan(pr.cycles[i]):
+            rec["cycles"] = float(pr.cycles[i])
+        if pr.vertices[i]:
+            rec["vertices"] = int(pr.vertices[i])
+    vc = pr.vertex_code
+    for k in range(len(vc)):
+        programs[vc.program[k]].setdefault("vertex_code", []).append(
+            [int(vc.tile[k]), pr.vertex_types[vc.vertex_type[k]], int(vc.bytes[k])])
+    for cat, costs in pr.categories().items():
+        for k in range(len(costs)):
+            programs[costs.program[k]].setdefault(cat, []).append([int(costs.tile[k]), int(costs.bytes[k])])
+    doc["programs"] = programs
+
+    ops = p.operations
+    operations = []
+    for i in range(len(ops)):
+        rec = {"name": ops.name[i]}
+        if ops.layer[i] is not None:
+            rec["layer"] = ops.layer[i]
+        if ops.debug_id[i] >= 0:
+            rec["debug_id"] = int(ops.debug_id[i])
+        if ops.inputs[i]:
+            rec["inputs"] = list(ops.inputs[i])
+        if ops.first_step[i] >= 0:
+            rec["first_step"] = int(ops.first_step[i])
+            rec["last_step"] = int(ops.last_step[i])
+        rec["vars"] = ops.vars[i].tolist()
+        rec["programs"] = ops.programs[i].tolist()
+        if not math.isnan(ops.compute[i]):
+            rec["compute"] = float(ops.compute[i])
+        operations.append(rec)
+    doc["operations"] = operations
+
+    gt = p.ground_truth
+    if gt is not None:
+        g: dict[str, Any] = {"always_live": gt.always_live.tolist(), "not_always_live": gt.not_always_live.tolist(),
+                             "categories": {k: a.tolist() for k, a in gt.categories.items()}}
+        if len(gt.step_tiles):
+            g["step_trace"] = {"tiles": gt.step_tiles.tolist(), "bytes": gt.step_bytes.tolist()}
+        doc["ground_truth"] = g
+    return doc
+
+
+def dumps_profile(profile: Profile) -> str:
+    """JSON text with one record per line, so large profiles stay readable and diffable."""
+    doc = profile_to_document(profile)
+    lines = ["{"]
+    items = list(doc.items())
+    for n, (key, value) in enumerate(items):
+        comma = "," if n < len(items) - 1 else ""
+        if isinstance(value, list) and value and isinstance(value[0], (dict, list)) or key == "steps" and value:
+            inner = ",\n".join("    " + json.dumps(x, separators=(", ", ": ")) for x in value)
+            lines.append(f'  "{key}": [\n{inner}\n  ]{comma}')
+        else:
+            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
+    lines.append("}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,192 @@
+"""Group operations into layers by regular expressions on their names (PopLiner semantics as
+the baseline), in this order of rules:
+
+1. an explicit layer given by the profile (per-layer profiles, PyTorch captures);
+2. the layer regex's capture group found in the operation name (exactly one distinct layer);
+3. failing that, found in its input tensor names (exactly one distinct layer);
+4. an operation with no layer of its own and no layered inputs whose name marks it as a call
+   or outlined function (``--call-regex``) joins the layer of the operation that follows it;
+5. an operation whose name or inputs match ``--first-layer-regex`` (embeddings, a CNN stem)
+   joins the first layer, and one whose name or inputs match ``--last-layer-regex`` (the head,
+   the loss) joins the last layer; a match on the name beats a match on the inputs, so a
+   head that reads the tied embedding matrix still goes last;
+6. everything else has no layer: it is *shared* (see the cost model for how it is counted).
+
+Operations are taken in program order (the order of the profile's operation list).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from enum import IntEnum
+
+import numpy as np
+
+from .errors import StagesplitError
+from .profile import Profile
+
+DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
+DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"
+DEFAULT_LAST_LAYER_REGEX = r"(?i)(\bhead\b|lm_head|classifier|pooler|\bloss\b|\blogits\b|\bcls\b)"
+DEFAULT_CALL_REGEX = r"(?i)^(?:call|function|$)"
+LOW_SHARE = 0.5
+
+
+class Rule(IntEnum):
+    """Which grouping rule gave an operation its layer (or why it has none)."""
+
+    EXPLICIT = 0
+    NAME = 1
+    INPUTS = 2
+    FOLLOWING_CALL = 3
+    FIRST_LAYER = 4
+    LAST_LAYER = 5
+    NO_LAYER = 6
+    MULTIPLE_INPUT_LAYERS = 7
+
+    @property
+    def label(self) -> str:
+        return self.name.lower().replace("_", " ")
+
+
+@dataclass(frozen=True)
+class LayerOptions:
+    layer_regex: str = DEFAULT_LAYER_REGEX
+    first_layer_regex: str = DEFAULT_FIRST_LAYER_REGEX
+    last_layer_regex: str = DEFAULT_LAST_LAYER_REGEX
+    call_regex: str = DEFAULT_CALL_REGEX
+    order: str = "steps"
+
+    def compiled(self) -> tuple[re.Pattern, re.Pattern, re.Pattern, re.Pattern]:
+        out = []
+        for flag, pattern in (("--layer-regex", self.layer_regex), ("--first-layer-regex", self.first_layer_regex),
+                              ("--last-layer-regex", self.last_layer_regex), ("--call-regex", self.call_regex)):
+            try:
+                out.append(re.compile(pattern))
+            except re.error as exc:
+                raise StagesplitError(f"invalid {flag} '{pattern}': {exc}") from None
+        if self.order not in ("steps", "natural"):
+            raise StagesplitError(f"invalid layer order '{self.order}': expected steps or natural")
+        return out[0], out[1], out[2], out[3]
+
+
+@dataclass
+class LayerAssignment:
+    """The layer of every operation. ``op_layer[i]`` indexes ``names`` (-1: no layer)."""
+
+    names: list[str]
+    op_layer: np.ndarray
+    op_rule: np.ndarray
+    options: LayerOptions
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.names)
+
+    @property
+    def share_assigned(self) -> float:
+        return float(np.mean(self.op_layer >= 0)) if len(self.op_layer) else 0.0
+
+    def ops_in(self, layer: int) -> np.ndarray:
+        return np.flatnonzero(self.op_layer == layer)
+
+    def calls_with_multiple_input_layers(self, profile: Profile) -> list[int]:
+        call = self.options.compiled()[3]
+        return [i for i in np.flatnonzero(self.op_rule == Rule.MULTIPLE_INPUT_LAYERS)
+                if call.search(profile.operations.name[i])]
+
+
+def _keys(pattern: re.Pattern, text: str) -> set[str]:
+    found = set()
+    for m in pattern.findall(text):
+        key = "".join(m) if isinstance(m, tuple) else m
+        if key:
+            found.add(key)
+    return found
+
+
+def _natural_key(text: str) -> list:
+    return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+def group_layers(profile: Profile, options: LayerOptions | None = None) -> LayerAssignment:
+    """Assign every operation of ``profile`` to a layer (see the module docstring)."""
+    options = options or LayerOptions()
+    layer_re, first_re, last_re, call_re = options.compiled()
+    ops = profile.operations
+    n = len(ops)
+    keys: list[str | None] = [None] * n
+    rules = np.full(n, Rule.NO_LAYER, np.int8)
+
+    for i in range(n):
+        if ops.layer[i] is not None:
+            keys[i], rules[i] = ops.layer[i], Rule.EXPLICIT
+            continue
+        name = ops.name[i]
+        from_name = _keys(layer_re, name)
+        if len(from_name) == 1:
+            keys[i], rules[i] = from_name.pop(), Rule.NAME
+            continue
+        from_inputs: set[str] = set()
+        for tensor in ops.inputs[i]:
+            from_inputs |= _keys(layer_re, tensor)
+        if len(from_inputs) == 1:
+            keys[i], rules[i] = from_inputs.pop(), Rule.INPUTS
+        elif not from_inputs and call_re.search(name):
+            rules[i] = Rule.FOLLOWING_CALL
+        elif last_re.search(name):
+            rules[i] = Rule.LAST_LAYER
+        elif first_re.search(name) or any(first_re.search(t) for t in ops.inputs[i]):
+            rules[i] = Rule.FIRST_LAYER
+        elif any(last_re.search(t) for t in ops.inputs[i]):
+            rules[i] = Rule.LAST_LAYER
+        elif len(from_inputs) > 1:
+            rules[i] = Rule.MULTIPLE_INPUT_LAYERS
+
+    placeholder = {Rule.FIRST_LAYER: "\0first", Rule.LAST_LAYER: "\0last"}
+    following: str | None = None
+    for i in reversed(range(n)):
+        if rules[i] == Rule.FOLLOWING_CALL:
+            if following is None:
+                rules[i] = Rule.NO_LAYER
+            elif following in placeholder.values():
+                rules[i] = Rule.FIRST_LAYER if following == "\0first" else Rule.LAST_LAYER
+            else:
+                keys[i] = following
+            continue
+        following = keys[i] if keys[i] is not None else placeholder.get(Rule(rules[i]))
+
+    distinct = {k for k in keys if k is not None}
+    if not distinct:
+        sample = ", ".join(repr(s) for s in ops.name[:3])
+        raise StagesplitError(
+            f"the layer regex '{options.layer_regex}' matched no operation or input name "
+            f"(operations are named like {sample}); pass --layer-regex with a capture group for the layer")
+    if options.order == "natural":
+        names = sorted(distinct, key=_natural_key)
+    else:
+        first_seen: dict[str, tuple[int, int]] = {}
+        for i, k in enumerate(keys):
+            if k is None:
+                continue
+            step = int(ops.first_step[i]) if ops.first_step[i] >= 0 else np.iinfo(np.int64).max
+            first_seen[k] = min(first_seen.get(k, (step, i)), (step, i))
+        names = sorted(distinct, key=lambda k: first_seen[k])
+    index = {k: j for j, k in enumerate(names)}
+    op_layer = np.array([index[k] if k is not None else -1 for k in keys], np.int64)
+    op_layer[rules == Rule.FIRST_LAYER] = 0
+    op_layer[rules == Rule.LAST_LAYER] = len(names) - 1
+
+    assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options)
+    share = assignment.share_assigned
+    if share < LOW_SHARE:
+        assignment.warnings.append(
+            f"only {share:.0%} of operations got a layer: the model may lack layer names, or --layer-regex "
+            f"('{options.layer_regex}') does not fit them")
+    if assignment.calls_with_multiple_input_layers(profile):
+        assignment.warnings.append(
+            "calls with inputs from several layers were found; outlining has merged layers. Recompile the "
+            f"profile with POPART_POPLINER_OUTLINER_REGEX='{options.layer_regex}'")
+    return assignment

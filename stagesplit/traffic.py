@@ -1,0 +1,95 @@
+"""Data shared between layers: memory affinity and inter-layer communication.
+
+* Affinity: bytes of the variables that two layers both use (the diagonal: all of a layer's
+  variables). Splitting between layers with high affinity duplicates those bytes.
+* Communication: bytes of not-always-live variables created in one layer (the layer whose
+  operation runs when the variable goes live) and used by another. A cut between layers ``j-1``
+  and ``j`` moves every such variable used on both sides of it, once, whichever direction
+  (activations forward, gradients backward).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .costmodel import StageCostModel
+
+
+@dataclass
+class Traffic:
+    affinity: np.ndarray          # (L, L) bytes of variables used by both layers
+    communication: np.ndarray     # (L, L) bytes created in the row layer, used in the column layer
+    cut_bytes: np.ndarray         # (L + 1,) bytes crossing the cut before layer j (0 at both ends)
+    var_index: np.ndarray         # the multi-layer not-always-live variables
+    var_producer: np.ndarray      # their producing layer
+    var_min_layer: np.ndarray
+    var_max_layer: np.ndarray
+    var_bytes: np.ndarray
+    var_layers: list[np.ndarray]  # their layer sets (one array per group, indexed by var_group)
+    var_group: np.ndarray
+
+    def stage_io(self, first: int, last: int) -> tuple[int, int]:
+        """Bytes a stage holding layers ``first..last`` receives and sends per step."""
+        touches = np.array([bool(((s >= first) & (s <= last)).any()) for s in self.var_layers], bool)
+        inside_all = np.array([bool(((s >= first) & (s <= last)).all()) for s in self.var_layers], bool)
+        t = touches[self.var_group] if len(self.var_group) else np.zeros(0, bool)
+        a = inside_all[self.var_group] if len(self.var_group) else np.zeros(0, bool)
+        produced_here = (self.var_producer >= first) & (self.var_producer <= last)
+        received = int(self.var_bytes[t & ~produced_here].sum())
+        sent = int(self.var_bytes[produced_here & ~a].sum())
+        return received, sent
+
+
+def layer_traffic(model: StageCostModel) -> Traffic:
+    """Affinity, communication and cut bytes for the model's layers."""
+    L = model.num_layers
+    v = model.profile.variables
+    groups = model.group_layers
+    ng = len(groups)
+    group_bytes = np.bincount(model.var_group[model.var_group >= 0], weights=v.bytes[model.var_group >= 0],
+                              minlength=ng)
+    affinity = np.zeros((L, L), np.int64)
+    for layers, nbytes in zip(groups, group_bytes):
+        affinity[np.ix_(layers, layers)] += int(nbytes)
+
+    multi_group = np.array([len(g) > 1 for g in groups], bool)
+    is_multi = (model.var_group >= 0) & model.var_nal
+    is_multi[is_multi] = multi_group[model.var_group[is_multi]]
+    idx = np.flatnonzero(is_multi & (model.var_row_offsets[1:] > model.var_row_offsets[:-1]))
+    first_col = np.full(len(v), model.num_columns, np.int64)
+    np.minimum.at(first_col, model.row_var, model.row_col_start)
+    start_col = first_col[idx]
+    # producer: the first layer of the variable whose operations run where it goes live
+    pair_lo = np.searchsorted(model.var_pair_var, idx)
+    pair_hi = np.searchsorted(model.var_pair_var, idx, side="right")
+    counts = pair_hi - pair_lo
+    pair_idx = np.repeat(pair_lo, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+    pair_layer = model.var_pair_layer[pair_idx]
+    owner = np.repeat(np.arange(len(idx)), counts)
+    covering = model.cover[pair_layer, np.repeat(start_col, counts)] if model.num_columns else \
+        np.zeros(len(pair_layer), bool)
+    producer = np.full(len(idx), -1, np.int64)
+    hit = np.flatnonzero(covering)
+    first_hit = np.unique(owner[hit], return_index=True)
+    producer[first_hit[0]] = pair_layer[hit[first_hit[1]]]
+    min_layer = np.full(len(idx), L, np.int64)
+    max_layer = np.full(len(idx), -1, np.int64)
+    np.minimum.at(min_layer, owner, pair_layer)
+    np.maximum.at(max_layer, owner, pair_layer)
+    producer = np.where(producer >= 0, producer, min_layer)
+    nbytes = v.bytes[idx]
+
+    communication = np.zeros((L, L), np.int64)
+    consumer = pair_layer != producer[owner]
+    np.add.at(communication, (producer[owner][consumer], pair_layer[consumer]), nbytes[owner][consumer])
+    diff = np.zeros(L + 2, np.int64)
+    np.add.at(diff, min_layer + 1, nbytes)
+    np.add.at(diff, max_layer + 1, -nbytes)
+    cut = np.cumsum(diff)[: L + 1]
+    cut[0] = 0
+    cut[L] = 0
+    return Traffic(affinity=affinity, communication=communication, cut_bytes=cut, var_index=idx,
+                   var_producer=producer, var_min_layer=min_layer, var_max_layer=max_layer, var_bytes=nbytes,
+                   var_layers=groups, var_group=model.var_group[idx])

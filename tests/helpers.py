@@ -1,0 +1,150 @@
+"""Shared test helpers: tiny hand-built profiles, random profile generators, equality checks."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+
+from stagesplit.builder import ProfileBuilder
+from stagesplit.profile import GroundTruth, Profile, Ragged, Target
+
+ROOT = Path(__file__).resolve().parent.parent
+PROFILES = ROOT / "profiles"
+
+
+def tiny_profile(with_ground_truth: bool = False) -> Profile:
+    """Two layers on a 2-tile device, 6 steps. Hand-computed expectations live in the tests.
+
+    steps:   0 1 | 2 | 3 4 | 5
+    ops:     A   | B | C   | D        A, B: layer0   C: layer1   D: no layer (shared)
+    v0 w0   100 B tile 0 always          (A)
+    v1 w1    50 B tile 1 always          (C)
+    v2 a     30 B tile 0 live [0, 3)     (A, B)
+    v3 b     40 B tile 0 live [2, 5)     (B, C)   used by both layers
+    v4 c     20 B tile 1 live [3, 4)     (C)
+    v5 buf   10 B tile 0 always          (no operation: shared)
+    v6 ctr    5 B tile 1 live [5, 6)     (D: shared)
+    """
+    b = ProfileBuilder(Target("tiny", tiles=2, bytes_per_tile=1000, clock_hz=1e9), 6)
+    v0 = b.variable(100, 0, "always", name="layer0.w")
+    v1 = b.variable(50, 1, "always", name="layer1.w")
+    v2 = b.variable(30, 0, [(0, 3)], name="layer0/a")
+    v3 = b.variable(40, 0, [(2, 5)], name="layer0/b")
+    v4 = b.variable(20, 1, [(3, 4)], name="layer1/c")
+    b.variable(10, 0, "always", name="stream/buffer")
+    v6 = b.variable(5, 1, [(5, 6)], name="optimizer/counter")
+    p0 = b.program("layer0/matmul/compute", cycles=100, vertex_code=[(0, "MatMul", 60), (1, "MatMul", 60)],
+                   vertex_state=[(0, 8), (1, 8)], control_code=[(0, 4)])
+    p1 = b.program("layer0/add/exchange", "DoExchange", cycles=10, vertex_code=[(0, "Add", 20)],
+                   vertex_state=[(0, 4)], exchange_code=[(0, 12)])
+    p2 = b.program("layer1/matmul/compute", cycles=200, vertex_code=[(0, "MatMul", 60), (1, "MatMul", 60)],
+                   vertex_state=[(1, 16)], exchange_code=[(1, 6)], control_code=[(1, 3)])
+    p3 = b.program("optimizer/step", cycles=7, control_code=[(0, 2), (1, 2)])
+    b.operation("layer0/matmul", 0, 1, vars=[v0, v2], programs=[p0], inputs=["x", "layer0.w"])
+    b.operation("layer0/add", 2, 2, vars=[v2, v3], programs=[p1], inputs=["layer0/a"])
+    b.operation("layer1/matmul", 3, 4, vars=[v1, v3, v4], programs=[p2], inputs=["layer0/b", "layer1.w"])
+    b.operation("optimizer/step", 5, 5, vars=[v6], programs=[p3])
+    if with_ground_truth:
+        b.ground_truth = GroundTruth(always_live=np.array([110, 50]), not_always_live=np.array([70, 20]),
+                                     categories={"vertex_code": np.array([80, 60]), "constant": np.array([7, 0])},
+                                     step_tiles=np.array([0]), step_bytes=np.array([[30, 30, 70, 40, 40, 0]]))
+    return b.build()
+
+
+def assert_profiles_equal(a: Profile, b: Profile) -> None:
+    """Every field of two profiles is equal (arrays element-wise)."""
+    _equal(a, b, "profile")
+
+
+def _equal(x, y, path: str) -> None:
+    if dataclasses.is_dataclass(x):
+        assert type(x) is type(y), path
+        for f in dataclasses.fields(x):
+            _equal(getattr(x, f.name), getattr(y, f.name), f"{path}.{f.name}")
+    elif isinstance(x, np.ndarray):
+        assert isinstance(y, np.ndarray), path
+        assert x.shape == y.shape, f"{path}: shape {x.shape} != {y.shape}"
+        assert np.array_equal(x, y, equal_nan=x.dtype.kind == "f"), path
+    elif isinstance(x, dict):
+        assert x.keys() == y.keys(), path
+        for k in x:
+            _equal(x[k], y[k], f"{path}[{k}]")
+    elif isinstance(x, (list, tuple)):
+        assert len(x) == len(y), f"{path}: {len(x)} != {len(y)}"
+        for i, (p, q) in enumerate(zip(x, y)):
+            _equal(p, q, f"{path}[{i}]")
+    elif isinstance(x, float) and np.isnan(x):
+        assert np.isnan(y), path
+    else:
+        assert x == y, f"{path}: {x!r} != {y!r}"
+
+
+def random_block_profile(rng: np.random.Generator, *, layers: int, training: bool, tiles: int = 2,
+                         shared_ops: bool = True, max_vars: int = 14) -> Profile:
+    """A random profile laid out as compiled programs are: each layer's operations run as a block
+    (forward, then, when training, backward in reverse layer order); every variable goes live at
+    the step its writer runs and dies after the step of its last reader."""
+    order = list(range(layers)) + (list(reversed(range(layers))) if training else [])
+    ops: list[tuple[int, int, int]] = []
+    step = 0
+    for layer in order:
+        for _ in range(int(rng.integers(1, 3))):
+            width = int(rng.integers(1, 3))
+            ops.append((layer, step, step + width - 1))
+            step += width
+        if shared_ops and rng.random() < 0.2:
+            ops.append((-1, step, step))
+            step += 1
+    return _random_vars_and_programs(rng, ops, step, tiles, max_vars)
+
+
+def random_profile(rng: np.random.Generator, *, layers: int, tiles: int = 2, max_vars: int = 14) -> Profile:
+    """A random profile with operations of any layer in any order (no block structure)."""
+    ops = []
+    step = 0
+    seq = list(range(layers)) + [int(x) for x in rng.integers(-1, layers, int(rng.integers(0, 2 * layers)))]
+    for layer in seq:
+        width = int(rng.integers(1, 3))
+        ops.append((layer, step, step + width - 1))
+        step += width
+    return _random_vars_and_programs(rng, ops, step, tiles, max_vars)
+
+
+def _random_vars_and_programs(rng, ops, steps, tiles, max_vars) -> Profile:
+    b = ProfileBuilder(Target("random", tiles=tiles, bytes_per_tile=10**9, clock_hz=1e9), steps)
+    uses: list[list[int]] = [[] for _ in ops]
+    for _ in range(int(rng.integers(1, max_vars))):
+        tile = int(rng.integers(0, tiles))
+        nbytes = int(rng.integers(1, 100))
+        w = int(rng.integers(0, len(ops)))
+        if rng.random() < 0.25:
+            v = b.variable(nbytes, tile, "always")
+            readers = [int(r) for r in rng.integers(0, len(ops), int(rng.integers(0, 3)))]
+        else:
+            _, first, last = ops[w]
+            start = int(rng.integers(first, last + 1))
+            readers = [int(r) for r in rng.integers(0, len(ops), int(rng.integers(0, 3))) if ops[r][2] >= start]
+            end = max([start] + [int(rng.integers(max(ops[r][1], start), ops[r][2] + 1)) for r in readers]) + 1
+            v = b.variable(nbytes, tile, [(start, end)])
+        for o in {w, *readers}:
+            uses[o].append(v)
+    if rng.random() < 0.3:
+        b.variable(int(rng.integers(1, 50)), int(rng.integers(0, tiles)), "always")   # used by no operation
+    types = ["A", "B", "C"]
+    for i, (layer, first, last) in enumerate(ops):
+        progs = []
+        for _ in range(int(rng.integers(0, 3))):
+            t = int(rng.integers(0, tiles))
+            vtype = types[int(rng.integers(0, 3))]
+            progs.append(b.program(f"p{b.num_programs}", cycles=float(rng.integers(1, 50)),
+                                   vertex_code=[(t, vtype, 10 * (1 + types.index(vtype)))],
+                                   vertex_state=[(t, int(rng.integers(0, 9)))],
+                                   exchange_code=[(int(rng.integers(0, tiles)), int(rng.integers(0, 9)))],
+                                   control_code=[(t, int(rng.integers(0, 5)))]))
+        if progs and rng.random() < 0.2 and i > 0:
+            progs.append(int(rng.integers(0, b.num_programs)))   # a program shared with an earlier op
+        name = f"layer{layer}/op{i}" if layer >= 0 else f"optimizer/op{i}"
+        b.operation(name, first, last, vars=uses[i], programs=progs)
+    return b.build()
