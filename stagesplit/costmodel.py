@@ -345,6 +345,10 @@ class StageCostModel:
     # ------------------------------------------------------------------------------------------
     # Compute
     def _layer_compute(self) -> tuple[np.ndarray, float]:
+        """Compute per layer, and of operations with no layer. An operation's own ``compute``
+        wins; otherwise it is derived from its programs' cycle estimates, each program counted
+        once, for the first operation that runs it (operations sharing a debug context share
+        programs)."""
         p = self.profile
         ops = p.operations
         L = self.num_layers
@@ -358,13 +362,11 @@ class StageCostModel:
             cycles = np.nan_to_num(p.programs.cycles, nan=0.0)
             op_of = ops.programs.row_ids()
             derived = ~explicit[op_of]
-            pl = layer_of_op[op_of[derived]]
-            progs = ops.programs.values[derived]
-            key = np.unique(np.where(pl >= 0, pl, L) * len(p.programs) + progs)
-            kl, kp = key // len(p.programs), key % len(p.programs)
-            inside = kl < L
-            np.add.at(per_layer, kl[inside], cycles[kp[inside]])
-            shared += float(cycles[kp[~inside]].sum())
+            progs, first = np.unique(ops.programs.values[derived], return_index=True)
+            owner_layer = layer_of_op[op_of[derived][first]]
+            inside = owner_layer >= 0
+            np.add.at(per_layer, owner_layer[inside], cycles[progs[inside]])
+            shared += float(cycles[progs[~inside]].sum())
         return per_layer, shared
 
     def range_compute(self, first: int, last: int) -> float:

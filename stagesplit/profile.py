@@ -247,6 +247,7 @@ class ProfileInfo:
     description: str = ""
     synthetic: bool = False
     compute_source: str = ""
+    warnings: list[str] = field(default_factory=list)
 
 
 @dataclass

@@ -55,7 +55,8 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
                    "description": t.description},
         "compute_unit": p.compute_unit,
         "info": {"name": p.info.name, "source": p.info.source, "description": p.info.description,
-                 "synthetic": p.info.synthetic, "compute_source": p.info.compute_source},
+                 "synthetic": p.info.synthetic, "compute_source": p.info.compute_source,
+                 "warnings": list(p.info.warnings)},
         "ground_truth_categories": list(gt.categories) if gt is not None else None,
     }
     arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8).copy()}
@@ -170,8 +171,8 @@ def _read(a: _Arrays) -> Profile:
     tspec = {k: v for k, v in dict(header.get("target") or {}).items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
     info_spec = header.get("info") or {}
-    info = ProfileInfo(**{k: info_spec[k] for k in ("name", "source", "description", "synthetic", "compute_source")
-                          if k in info_spec})
+    info = ProfileInfo(**{k: info_spec[k] for k in ("name", "source", "description", "synthetic", "compute_source",
+                                                    "warnings") if k in info_spec})
 
     steps = a.strings("steps")
     names = a.strings("names")

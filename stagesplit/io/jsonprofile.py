@@ -25,7 +25,7 @@ FORMAT = "stagesplit-profile"
 VERSION = 1
 
 _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
-             "compute_source", "steps", "variables", "programs", "operations", "ground_truth"}
+             "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth"}
 _VAR_KEYS = {"name", "bytes", "tile", "live"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
 _OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute"}
@@ -80,7 +80,8 @@ def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
         description=r.string(doc.get("description", ""), "description"),
         synthetic=r.boolean(doc.get("synthetic", False), "synthetic"),
         source=r.string(doc.get("source", "json"), "source"),
-        compute_source=r.string(doc.get("compute_source", ""), "compute_source"))
+        compute_source=r.string(doc.get("compute_source", ""), "compute_source"),
+        warnings=[r.string(w, f"warnings[{i}]") for i, w in enumerate(r.list(doc.get("warnings", []), "warnings"))])
 
 
 def _read_full(doc: dict, r: FieldReader) -> Profile:
@@ -225,6 +226,7 @@ def profile_to_document(profile: Profile) -> dict:
     doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "kind": "full", "name": p.info.name,
                            "description": p.info.description, "synthetic": p.info.synthetic,
                            "source": p.info.source, "compute_source": p.info.compute_source,
+                           "warnings": list(p.info.warnings),
                            "target": target, "compute_unit": p.compute_unit, "steps": list(p.steps)}
     v = p.variables
     intervals = p.liveness.intervals

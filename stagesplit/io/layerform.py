@@ -25,7 +25,7 @@ from ..builder import ProfileBuilder
 from ..profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
 from .fields import FieldReader
 
-_TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "target",
+_TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
         "compute_unit", "training", "layers", "shared"}
 _LAYER_KEYS = {"name", "weights", "activations", "output", "other", "workspace", "compute"}
 _BYTE_FIELDS = ("weights", "activations", "output", "other", "workspace")
