@@ -114,7 +114,7 @@ class Breakdown:
     def tiles_table(self, top: int = 10) -> Table:
         whole = self.whole
         total = whole.total()
-        order = np.argsort(-total, kind="stable")[:top]
+        order = np.argsort(-total, kind="stable")[:max(top, 0)]
         t = Table(f"Most loaded tiles (whole profile as one stage, top {len(order)})",
                   [Column("tile", "int"), Column("total", "bytes"), Column("always live", "bytes"),
                    Column("not always live", "bytes"), Column("peak step", "int")]

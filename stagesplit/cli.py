@@ -76,9 +76,106 @@ def _add_output(p: argparse.ArgumentParser) -> None:
 def _analysis(args: argparse.Namespace, shared: str | None = None):
     from .analysis import Analysis
     analysis = Analysis.load(args.profile, args.debug_cbor, _layer_options(args), shared or args.shared or "every")
-    for message in analysis.layers.warnings:
+    for message in analysis.profile.info.warnings + analysis.layers.warnings:
         _warn(message)
     return analysis
+
+
+def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
+    g = p.add_argument_group("solver")
+    if sweep:
+        g.add_argument("--devices", required=True, metavar="RANGE",
+                       help="device counts: a range like 1..16 or a list like 2,4,8")
+    else:
+        g.add_argument("--devices", required=True, type=int, metavar="N", help="number of devices (pipeline stages)")
+    g.add_argument("--target", metavar="T[,T...]",
+                   help="device target name or YAML file (default: the profile's device); a comma-separated list "
+                        "of N targets gives each device its own capacity")
+    g.add_argument("--objective", choices=("compute", "memory", "devices"),
+                   help="compute: fastest slowest stage, then least memory (default); memory: least worst-stage "
+                        "memory, then compute; devices: fewest devices that fit, then compute")
+    g.add_argument("--exact", action="store_true", default=None, help="use exactly N devices (default: at most N)")
+    g.add_argument("--schedule", choices=("none", "1f1b", "gpipe"),
+                   help="pipeline schedule whose in-flight micro-batches add stashed activations (default: none)")
+    g.add_argument("--micro-batches", type=int, metavar="M", help="micro-batches per step (default: 1)")
+    g.add_argument("--headroom", type=float, metavar="F", help="fraction of every device kept free, e.g. 0.1")
+    g.add_argument("--min-layers", type=int, default=1, metavar="K", help="at least K layers per stage")
+    g.add_argument("--max-layers", type=int, metavar="K", help="at most K layers per stage")
+    g.add_argument("--pin-split", action="append", default=[], metavar="LAYER",
+                   help="a stage must start at this layer (name as shown by breakdown); repeatable")
+    g.add_argument("--pin-layer", action="append", default=[], metavar="LAYER=STAGE",
+                   help="this layer must be on this device position (0-based); repeatable")
+    g.add_argument("--communication", action="store_true", default=None,
+                   help="add the transfer time of bytes crossing each cut (over the link bandwidth) to stage time")
+    g.add_argument("--link-bandwidth", type=float, metavar="BYTES_PER_S", help="device-to-device bandwidth")
+    g.add_argument("--time-limit", type=float, metavar="S", help="CP-SAT seconds per objective phase (default: 60)")
+    g.add_argument("--workers", type=int, metavar="W", help="CP-SAT workers (default 1: deterministic)")
+    g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")
+    g.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
+
+
+def _targets(args: argparse.Namespace, profile, devices: int):
+    """Per-device capacities (bytes per tile) and target names, checked against the profile."""
+    from .config import load_target
+    if not args.target:
+        return None, [profile.target.name] * devices
+    names = [t.strip() for t in args.target.split(",") if t.strip()]
+    if len(names) not in (1, devices):
+        raise StagesplitError(f"--target: give one target or {devices} (one per device), got {len(names)}")
+    names = names * devices if len(names) == 1 else names
+    capacities = []
+    for name in names:
+        target = load_target(name)
+        if profile.target.tiles == 1:
+            capacities.append(target.device_bytes)          # a one-tile profile: the device is one pool
+        elif target.tiles == profile.target.tiles:
+            capacities.append(target.bytes_per_tile)
+        else:
+            raise StagesplitError(f"--target {name}: {target.tiles} tiles per device, but the profile was captured on "
+                                  f"{profile.target.tiles} tiles; choose a target with the same tile count")
+    return tuple(capacities), names
+
+
+def _solve_options(args: argparse.Namespace, analysis, devices: int):
+    from .config import load_solver_settings
+    from .problem import SolveOptions
+    settings = load_solver_settings(args.config).with_overrides(
+        objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches, headroom=args.headroom,
+        time_limit=args.time_limit, workers=args.workers, communication=args.communication,
+        stages="exact" if args.exact else None)
+    names = analysis.layers.names
+    index = {name: i for i, name in enumerate(names)}
+
+    def layer(name: str, flag: str) -> int:
+        if name not in index:
+            raise StagesplitError(f"{flag}: no layer named '{name}' (layers: {', '.join(names)})")
+        return index[name]
+
+    pins = []
+    for item in args.pin_layer:
+        name, sep, stage = item.rpartition("=")
+        if not sep or not stage.isdigit():
+            raise StagesplitError(f"--pin-layer: expected LAYER=STAGE, got '{item}'")
+        pins.append((layer(name, "--pin-layer"), int(stage)))
+    capacities, target_names = _targets(args, analysis.profile, devices)
+    link = args.link_bandwidth or analysis.profile.target.link_bytes_per_s
+    if args.target and not args.link_bandwidth:
+        from .config import load_target
+        link = load_target(target_names[0]).link_bytes_per_s or link
+    options = SolveOptions(
+        devices=devices, objective=settings.objective, exact=settings.stages == "exact", schedule=settings.schedule,
+        micro_batches=settings.micro_batches, headroom=settings.headroom, capacities=capacities,
+        min_layers=args.min_layers, max_layers=args.max_layers,
+        pinned_splits=tuple(sorted({layer(x, "--pin-split") for x in args.pin_split})),
+        pinned_layers=tuple(pins), communication=settings.communication, link_bytes_per_s=link,
+        time_limit=settings.time_limit, workers=settings.workers)
+    options.check(len(names))
+    return options, target_names, settings.shared
+
+
+def _progress(args: argparse.Namespace):
+    from .progress import Progress
+    return Progress(enabled=True if args.progress else None)
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -93,6 +190,111 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
     analysis = _analysis(args)
     tables = Breakdown.of(analysis.model).tables(sections, top_tiles=args.top_tiles)
     _emit(render(tables, args.format), args.out)
+    return 0
+
+
+def cmd_solve(args: argparse.Namespace) -> int:
+    import json
+    from .advise import advise, price
+    from .report import comparison_table, plan_summary, stages_table
+    from .table import render
+    analysis = _analysis(args)
+    options, target_names, shared = _solve_options(args, analysis, args.devices)
+    if shared != analysis.model.shared and args.shared is None:
+        analysis = _analysis(args, shared)
+    progress = _progress(args)
+    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
+    table = price(analysis.model, options, progress=progress.update)
+    progress.done()
+    advice = advise(analysis.model, options, table=table, profile_path=args.profile, compare=args.compare,
+                    target_names=target_names, log=lambda m: progress.start(m) if progress.enabled else None)
+    for message in advice.warnings:
+        _warn(message)
+    plan = advice.plan
+    if args.out:
+        from .plan import write_plan
+        write_plan(plan, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    if args.plot:
+        if plan.stages:
+            from .plot import plot_plan
+            totals = [analysis.model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            plot_plan(plan, totals, args.plot)
+            print(f"wrote {args.plot}", file=sys.stderr)
+        else:
+            _warn(f"no plot written to {args.plot}: no split fits")
+    if args.format == "json":
+        doc = plan.to_document()
+        if advice.baselines:
+            doc["compare"] = [b.to_document() for b in advice.baselines]
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        p = analysis.profile
+        cap = options.capacities[0] if options.capacities else p.target.bytes_per_tile
+        header = (f"{p.info.name or args.profile}{' (synthetic)' if p.info.synthetic else ''}: "
+                  f"{analysis.model.num_layers} layers on {'exactly' if options.exact else 'at most'} {options.devices} x "
+                  f"{', '.join(sorted(set(target_names)))} ({p.target.tiles:,} tiles x {cap:,} bytes"
+                  f"{f', {options.headroom:.0%} kept free' if options.headroom else ''})\n"
+                  f"objective: {options.objective}; schedule: {options.schedule}"
+                  f"{f' with {options.micro_batches} micro-batches' if options.schedule != 'none' else ''}")
+        parts = [header, plan_summary(plan, options.micro_batches)]
+        text = "\n".join(parts) + "\n"
+        if plan.stages:
+            text += "\n" + render([stages_table(plan)])
+        if advice.baselines:
+            text += "\n" + render([comparison_table([plan] + advice.baselines)])
+        sys.stdout.write(text)
+    return 0 if plan.feasible else 1
+
+
+def _device_counts(text: str) -> list[int]:
+    try:
+        if ".." in text:
+            lo, hi = text.split("..", 1)
+            counts = list(range(int(lo), int(hi) + 1))
+        else:
+            counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        counts = []
+    if not counts or min(counts) < 1:
+        raise StagesplitError(f"--devices: expected a range like 1..16 or a list like 2,4,8, got '{text}'")
+    return counts
+
+
+def cmd_sweep(args: argparse.Namespace) -> int:
+    import json
+    from .advise import sweep
+    from .report import sweep_table
+    from .table import render
+    counts = _device_counts(args.devices)
+    analysis = _analysis(args)
+    options, target_names, shared = _solve_options(args, analysis, max(counts))
+    if shared != analysis.model.shared and args.shared is None:
+        analysis = _analysis(args, shared)
+    progress = _progress(args)
+    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
+    done = []
+
+    def on_row(row):
+        done.append(row)
+        progress.start(f"solved {len(done)}/{len(counts)} device counts")
+
+    rows = sweep(analysis.model, options, counts, profile_path=args.profile, target_names=target_names,
+                 progress=progress.update, on_row=on_row)
+    progress.done()
+    if args.plot:
+        from .plot import plot_sweep
+        plot_sweep(rows, args.plot, title=f"{analysis.profile.info.name}: devices sweep")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    if args.format == "json":
+        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": r.plan.to_document()} for r in rows],
+                          indent=1) + "\n"
+    else:
+        text = render([sweep_table(rows)], args.format)
+    fits = [r.devices for r in rows if r.fits]
+    if args.format == "text":
+        text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")
+    _emit(text, args.out)
     return 0
 
 
@@ -151,6 +353,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help="comma-separated sections: grouping,operations,layers,totals,tiles,affinity,communication")
     p.add_argument("--top-tiles", type=int, default=10, metavar="N", help="how many of the most loaded tiles to list")
     p.set_defaults(run=cmd_breakdown)
+
+    p = sub.add_parser("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
+    _add_profile(p)
+    _add_solver_options(p)
+    _add_layer_options(p)
+    p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
+    p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
+    p.add_argument("--out", metavar="PLAN", help="write the plan (.json, or .yaml/.yml) atomically")
+    p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
+    p.set_defaults(run=cmd_solve)
+
+    p = sub.add_parser("sweep", help="how few devices can I use? solve for a range of device counts")
+    _add_profile(p)
+    _add_solver_options(p, sweep=True)
+    _add_layer_options(p)
+    _add_output(p)
+    p.add_argument("--plot", metavar="FILE", help="plot bottleneck compute and memory against devices (.png/.svg)")
+    p.set_defaults(run=cmd_sweep)
 
     p = sub.add_parser("convert", help="convert a profile (e.g. profile.pop + debug.cbor) to JSON or compact form")
     _add_profile(p)

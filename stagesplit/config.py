@@ -48,25 +48,27 @@ def _number(path, field_path, value, *, integer=False, minimum=None, optional=Fa
 
 def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:
     """Build a Target from a YAML/JSON mapping, naming the file and field on bad input."""
-    where = prefix or name
+    def at(key: str) -> str:      # field paths inside the file ("" prefix: the file is the target)
+        return f"{prefix}.{key}" if prefix else key
+
     if not isinstance(spec, dict):
-        raise ProfileError(path, where, "a mapping with tiles and bytes_per_tile", spec)
+        raise ProfileError(path, prefix, "a mapping with tiles and bytes_per_tile", spec)
     known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s"}
     for key in spec:
         if key not in known:
-            raise ProfileError(path, f"{where}.{key}", "one of " + ", ".join(sorted(known)), key)
+            raise ProfileError(path, at(str(key)), "one of " + ", ".join(sorted(known)), key)
     kind = spec.get("kind", "ipu")
     if not isinstance(kind, str):
-        raise ProfileError(path, f"{where}.kind", "a string", kind)
+        raise ProfileError(path, at("kind"), "a string", kind)
     return Target(
         name=str(spec.get("name", name)),
         kind=kind,
         description=str(spec.get("description", "")),
-        tiles=_number(path, f"{where}.tiles", spec.get("tiles"), integer=True, minimum=1),
-        bytes_per_tile=_number(path, f"{where}.bytes_per_tile", spec.get("bytes_per_tile"), integer=True, minimum=1),
-        clock_hz=_number(path, f"{where}.clock_hz", spec.get("clock_hz"), minimum=0, optional=True),
-        link_bytes_per_s=_number(path, f"{where}.link_bytes_per_s", spec.get("link_bytes_per_s"), minimum=0, optional=True),
-        flops_per_s=_number(path, f"{where}.flops_per_s", spec.get("flops_per_s"), minimum=0, optional=True),
+        tiles=_number(path, at("tiles"), spec.get("tiles"), integer=True, minimum=1),
+        bytes_per_tile=_number(path, at("bytes_per_tile"), spec.get("bytes_per_tile"), integer=True, minimum=1),
+        clock_hz=_number(path, at("clock_hz"), spec.get("clock_hz"), minimum=0, optional=True),
+        link_bytes_per_s=_number(path, at("link_bytes_per_s"), spec.get("link_bytes_per_s"), minimum=0, optional=True),
+        flops_per_s=_number(path, at("flops_per_s"), spec.get("flops_per_s"), minimum=0, optional=True),
     )
 
 

@@ -136,8 +136,16 @@ def _item_layer_pairs(ragged_offsets: np.ndarray, ragged_values: np.ndarray, op_
     op_of = np.repeat(np.arange(len(ragged_offsets) - 1), np.diff(ragged_offsets))
     layer = op_layer[op_of]
     keep = layer >= 0
-    key = np.unique(ragged_values[keep].astype(np.int64) * num_layers + layer[keep])
+    key = _sorted_unique(ragged_values[keep].astype(np.int64) * num_layers + layer[keep])
     return key // num_layers, key % num_layers
+
+
+def _sorted_unique(values: np.ndarray) -> np.ndarray:
+    """np.unique for large integer arrays (a sort, which beats hashing here)."""
+    values = np.sort(values)
+    if len(values) == 0:
+        return values
+    return values[np.concatenate([[True], values[1:] != values[:-1]])]
 
 
 class StageCostModel:
@@ -167,7 +175,6 @@ class StageCostModel:
         np_ = len(p.programs)
         self.prog_pair_prog, self.prog_pair_layer = _item_layer_pairs(ops.programs.offsets, ops.programs.values,
                                                                       layers.op_layer, np_, L)
-        self.layer_programs = _group_by_layer(self.prog_pair_prog, self.prog_pair_layer, L)
         self.prog_shared = np.bincount(self.prog_pair_prog, minlength=np_) == 0
 
         # -- the timeline, compressed into columns of steps where nothing changes -------------
@@ -289,24 +296,32 @@ class StageCostModel:
             stashed[self.row_var[rows[hit]]] = True
         return stashed
 
+    def _layer_set_groups(self, pair_item: np.ndarray, pair_layer: np.ndarray, n_items: int,
+                          shared: np.ndarray) -> tuple[np.ndarray, list[np.ndarray]]:
+        """Group items by their exact set of layers: (group of each item or -1, layers of each group)."""
+        L = self.num_layers
+        words = max(1, (L + 63) // 64)
+        masks = np.zeros((n_items, words), np.uint64)
+        bits = np.left_shift(np.uint64(1), (pair_layer % 64).astype(np.uint64))
+        np.bitwise_or.at(masks, (pair_item, pair_layer // 64), bits)
+        layered = np.flatnonzero(~shared)
+        _, first, inverse = np.unique(masks[layered], axis=0, return_index=True, return_inverse=True)
+        group = np.full(n_items, -1, np.int64)
+        group[layered] = inverse.reshape(-1)
+        lo = np.searchsorted(pair_item, layered[first])
+        hi = np.searchsorted(pair_item, layered[first], side="right")
+        return group, [pair_layer[a:b] for a, b in zip(lo, hi)]
+
     def _build_groups(self) -> None:
-        """Partition the layered variables by their exact set of layers. A group enters a stage
-        that starts at layer ``a`` at its first layer >= a, whatever the range's last layer, so
-        its tiles x columns live matrix, always-live and stashed bytes are computed once."""
+        """Partition the layered variables (and programs) by their exact set of layers. A group
+        enters a stage that starts at layer ``a`` at its first layer >= a, whatever the range's
+        last layer, so its tiles x columns live matrix, always-live and stashed bytes (and its
+        programs' per-tile code) are computed once."""
         L, T = self.num_layers, self.num_tiles
         v = self.profile.variables
         nv = len(v)
-        words = max(1, (L + 63) // 64)
-        masks = np.zeros((nv, words), np.uint64)
-        bits = np.left_shift(np.uint64(1), (self.var_pair_layer % 64).astype(np.uint64))
-        np.bitwise_or.at(masks, (self.var_pair_var, self.var_pair_layer // 64), bits)
-        layered = np.flatnonzero(~self.var_shared)
-        _, first, inverse = np.unique(masks[layered], axis=0, return_index=True, return_inverse=True)
-        self.var_group = np.full(nv, -1, np.int64)
-        self.var_group[layered] = inverse.reshape(-1)
-        pair_start = np.searchsorted(self.var_pair_var, layered[first])
-        pair_end = np.searchsorted(self.var_pair_var, layered[first], side="right")
-        self.group_layers = [self.var_pair_layer[s:e] for s, e in zip(pair_start, pair_end)]
+        self.var_group, self.group_layers = self._layer_set_groups(self.var_pair_var, self.var_pair_layer, nv,
+                                                                   self.var_shared)
         ngroups = len(self.group_layers)
         g = self.var_group
         al = v.always_live & (g >= 0)
@@ -332,11 +347,29 @@ class StageCostModel:
             lo, hi = int(self.row_col_start[rows].min()), int(self.row_col_end[rows].max())
             self.group_window.append((lo, hi))
             self.group_live.append(self._live_matrix(rows, lo, hi).astype(self.live_dtype))
+        # programs: additive code per tile, and which (tile, vertex type) code each group needs
+        pr = self.profile.programs
+        self.prog_group, self.prog_group_layers = self._layer_set_groups(
+            self.prog_pair_prog, self.prog_pair_layer, len(pr), self.prog_shared)
+        npg = len(self.prog_group_layers)
+        ntypes = len(pr.vertex_types)
+        self.prog_group_code = np.zeros((npg, T), np.int64)
+        for costs in pr.categories().values():
+            g = self.prog_group[costs.program]
+            keep = g >= 0
+            np.add.at(self.prog_group_code, (g[keep], costs.tile[keep]), costs.bytes[keep])
+        vc = pr.vertex_code
+        g = self.prog_group[vc.program]
+        keep = g >= 0
+        self.prog_group_types = np.zeros((npg, T, ntypes), bool)
+        self.prog_group_types[g[keep], vc.tile[keep], vc.vertex_type[keep]] = True
+        self.vertex_code_size = np.zeros((T, ntypes), np.int64)
+        np.maximum.at(self.vertex_code_size, (vc.tile, vc.vertex_type), vc.bytes)
 
-    def _entries(self, first: int) -> list[list[int]]:
+    def _entries(self, first: int, groups: list[np.ndarray]) -> list[list[int]]:
         """For stages starting at layer ``first``: the groups each layer brings in."""
         entries: list[list[int]] = [[] for _ in range(self.num_layers)]
-        for k, layers in enumerate(self.group_layers):
+        for k, layers in enumerate(groups):
             i = np.searchsorted(layers, first)
             if i < len(layers):
                 entries[int(layers[i])].append(k)
@@ -564,12 +597,14 @@ class StageCostModel:
         done = 0
         # layer-local data reused for every first layer
         layer_cols = [np.flatnonzero(self.cover[l]) for l in range(L)]
+        base_types = np.zeros((T, len(pr.vertex_types)), bool)
+        base_code = self._program_costs(np.flatnonzero(base_progs), base_types)
+        base_code_total = sum(base_code.values())
         for a in range(L):
-            entries = self._entries(a)
-            present_prog = base_progs.copy()
-            vt_present = np.zeros((T, len(pr.vertex_types)), bool)
-            code = self._program_costs(np.flatnonzero(base_progs), vt_present)
-            code_total = code["vertex_code"] + code["vertex_state"] + code["exchange_code"] + code["control_code"]
+            entries = self._entries(a, self.group_layers)
+            prog_entries = self._entries(a, self.prog_group_layers)
+            vt_present = base_types.copy()
+            code_total = base_code_total.copy()
             acc = self.base_live.astype(self.live_dtype)
             stage_cols = self.base_stage_cols.copy()
             peak = self.base_peak.copy()
@@ -601,13 +636,13 @@ class StageCostModel:
                 outside = added[(added < lo) | (added >= hi)] if hi > lo else added
                 if len(outside):
                     peak = np.maximum(peak, acc[:, outside].max(axis=1))
-                # programs layer b brings in
-                cand = self.layer_programs.of(b)
-                newp = cand[~present_prog[cand]]
-                if len(newp):
-                    present_prog[newp] = True
-                    c = self._program_costs(newp, vt_present)
-                    code_total += c["vertex_code"] + c["vertex_state"] + c["exchange_code"] + c["control_code"]
+                # programs layer b brings in: additive code, and vertex code not yet on a tile
+                for g in prog_entries[b]:
+                    code_total += self.prog_group_code[g]
+                    fresh = self.prog_group_types[g] & ~vt_present
+                    if fresh.any():
+                        code_total += (fresh * self.vertex_code_size).sum(axis=1)
+                        vt_present |= fresh
                 total = peak + always + code_total
                 with_stash = total[None, :] + k_minus_one * stash[None, :]
                 worst_tile[:, a, b] = with_stash.argmax(axis=1)

@@ -14,7 +14,8 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
     path = Path(path)
     directory = path.parent if str(path.parent) else Path(".")
     if not directory.is_dir():
-        raise StagesplitError(f"{path}: cannot write: folder {directory} does not exist")
+        problem = "is not a folder" if directory.exists() else "does not exist"
+        raise StagesplitError(f"{path}: cannot write: folder {directory} {problem}")
     try:
         fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
     except OSError as exc:

@@ -6,6 +6,7 @@ import csv
 import io
 import json
 import math
+import numbers
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -33,7 +34,7 @@ class Table:
 
 
 def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
-    biggest = max((abs(v) for v in values if isinstance(v, (int, float)) and not _missing(v)), default=0)
+    biggest = max((abs(v) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0)
     if biggest >= 1e9:
         return "GB", 1e9
     if biggest >= 1e6:

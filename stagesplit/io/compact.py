@@ -10,6 +10,7 @@ from __future__ import annotations
 import io
 import json
 import zipfile
+import zlib
 from pathlib import Path
 from typing import Any
 
@@ -17,11 +18,15 @@ import numpy as np
 
 from ..errors import ProfileError
 from ..fileio import atomic_write_bytes
+from .fields import FieldReader
 from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode)
 
 FORMAT = "stagesplit-compact"
 VERSION = 1
+# what a damaged zip member can raise while it is read (bad CRC, bad deflate stream, cut short, an
+# unsupported or encrypted member); object arrays raise ValueError as pickling is disabled
+_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
 
 
 def _encode_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -118,7 +123,7 @@ class _Arrays:
             raise ProfileError(self.source, key, "this array in a stagesplit compact profile (file incomplete)")
         try:
             a = self.data[key]
-        except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+        except _READ_ERRORS as exc:
             raise ProfileError(self.source, key, "a readable numpy array", str(exc)) from None
         if a.dtype.kind not in kind or a.ndim != ndim:
             raise ProfileError(self.source, key, f"a {ndim}-d array of kind '{kind}'", f"{a.dtype} with {a.ndim} dims")
@@ -151,7 +156,7 @@ def read_compact(path: str | Path) -> Profile:
     source = str(path)
     try:
         data = np.load(path, allow_pickle=False)
-    except (ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+    except _READ_ERRORS as exc:
         raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
     with data:
         return _read(_Arrays(data, source))
@@ -168,11 +173,17 @@ def _read(a: _Arrays) -> Profile:
         raise ProfileError(a.source, "header.version", f"{VERSION} (this stagesplit reads compact version {VERSION})",
                            header.get("version"))
     from ..config import target_from_mapping
-    tspec = {k: v for k, v in dict(header.get("target") or {}).items() if v is not None}
+    r = FieldReader(a.source)
+    tspec = {k: v for k, v in r.mapping(header.get("target"), "header.target").items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
-    info_spec = header.get("info") or {}
-    info = ProfileInfo(**{k: info_spec[k] for k in ("name", "source", "description", "synthetic", "compute_source",
-                                                    "warnings") if k in info_spec})
+    info_spec = r.mapping(header.get("info", {}), "header.info")
+    r.known_keys(info_spec, "header.info", {"name", "source", "description", "synthetic", "compute_source", "warnings"})
+    info = ProfileInfo(**{k: r.string(info_spec.get(k, ""), f"header.info.{k}")
+                          for k in ("name", "source", "description", "compute_source")},
+                       synthetic=r.boolean(info_spec.get("synthetic", False), "header.info.synthetic"),
+                       warnings=[r.string(w, f"header.info.warnings[{i}]")
+                                 for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))])
+    compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")
     names = a.strings("names")
@@ -222,11 +233,13 @@ def _read(a: _Arrays) -> Profile:
     ground_truth = None
     categories = header.get("ground_truth_categories")
     if categories is not None:
+        categories = [r.string(c, f"header.ground_truth_categories[{k}]")
+                      for k, c in enumerate(r.list(categories, "header.ground_truth_categories"))]
         ground_truth = GroundTruth(
             always_live=a.get("gt_always_live"), not_always_live=a.get("gt_not_always_live"),
             categories={name: a.get(f"gt_category_{k}") for k, name in enumerate(categories)},
             step_tiles=a.get("gt_step_tiles"), step_bytes=a.get("gt_step_bytes", ndim=2))
     profile = Profile(target=target, steps=steps, names=names, variables=variables,
                       liveness=Liveness(Ragged(live_offsets, intervals)), programs=programs, operations=operations,
-                      compute_unit=str(header.get("compute_unit", "cycles")), ground_truth=ground_truth, info=info)
+                      compute_unit=compute_unit, ground_truth=ground_truth, info=info)
     return profile.validate(a.source)

@@ -8,6 +8,7 @@ from typing import Any
 from ..errors import ProfileError
 
 MISSING = object()
+INT64_MAX = 2**63 - 1
 
 
 class FieldReader:
@@ -50,6 +51,8 @@ class FieldReader:
             self.fail(path, "an integer" + (f" >= {minimum}" if minimum is not None else ""), value)
         if minimum is not None and value < minimum:
             self.fail(path, f"an integer >= {minimum}", value)
+        if abs(value) > INT64_MAX:          # stored as int64: larger values cannot be held
+            self.fail(path, f"an integer <= {INT64_MAX} (64-bit)", value)
         return value
 
     def number(self, value: Any, path: str, minimum: float | None = 0.0) -> float:

@@ -55,7 +55,7 @@ def profile_from_document(doc: Any, source: str) -> Profile:
     if fmt != FORMAT:
         r.fail("format", f'"{FORMAT}"', fmt)
     version = r.get(doc, "version", "")
-    if version != VERSION:
+    if isinstance(version, bool) or version != VERSION:
         r.fail("version", f"{VERSION} (this stagesplit reads profile format version {VERSION})", version)
     kind = r.choice(doc.get("kind", "full"), "kind", ("full", "layers"))
     if kind == "layers":
@@ -130,10 +130,10 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
                   kind=r.string(prog.get("type", "OnTileExecute"), f"{p}.type"),
                   cycles=math.nan if cycles is None else r.number(cycles, f"{p}.cycles"),
                   vertices=r.integer(prog.get("vertices", 0), f"{p}.vertices"),
-                  vertex_code=_vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code", r),
-                  vertex_state=_tile_pairs(prog.get("vertex_state", []), f"{p}.vertex_state", r),
-                  exchange_code=_tile_pairs(prog.get("exchange_code", []), f"{p}.exchange_code", r),
-                  control_code=_tile_pairs(prog.get("control_code", []), f"{p}.control_code", r))
+                  vertex_code=_vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code", target.tiles, r),
+                  vertex_state=_tile_pairs(prog.get("vertex_state", []), f"{p}.vertex_state", target.tiles, r),
+                  exchange_code=_tile_pairs(prog.get("exchange_code", []), f"{p}.exchange_code", target.tiles, r),
+                  control_code=_tile_pairs(prog.get("control_code", []), f"{p}.control_code", target.tiles, r))
 
     ops = r.list(r.get(doc, "operations", ""), "operations", nonempty=True)
     for i, op in enumerate(ops):
@@ -160,29 +160,37 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
     return b.build(source=r.source)
 
 
-def _tile_pairs(value: Any, path: str, r: FieldReader) -> list[tuple[int, int]]:
+def _tile(value: Any, path: str, tiles: int, r: FieldReader) -> int:
+    """A tile index, checked here so that the message names the field in the file."""
+    tile = r.integer(value, path)
+    if tile >= tiles:
+        r.fail(path, f"a tile index in 0..{tiles - 1}", tile)
+    return tile
+
+
+def _tile_pairs(value: Any, path: str, tiles: int, r: FieldReader) -> list[tuple[int, int]]:
     pairs = []
     for k, item in enumerate(r.list(value, path)):
         if not isinstance(item, list) or len(item) != 2:
             r.fail(f"{path}[{k}]", "a [tile, bytes] pair", item)
-        pairs.append((r.integer(item[0], f"{path}[{k}][0]"), r.integer(item[1], f"{path}[{k}][1]")))
+        pairs.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.integer(item[1], f"{path}[{k}][1]")))
     return pairs
 
 
-def _vertex_code(value: Any, path: str, r: FieldReader) -> list[tuple[int, str, int]]:
+def _vertex_code(value: Any, path: str, tiles: int, r: FieldReader) -> list[tuple[int, str, int]]:
     rows = []
     for k, item in enumerate(r.list(value, path)):
         if not isinstance(item, list) or len(item) != 3:
             r.fail(f"{path}[{k}]", "a [tile, vertex type name, bytes] triple", item)
-        rows.append((r.integer(item[0], f"{path}[{k}][0]"), r.string(item[1], f"{path}[{k}][1]"),
+        rows.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.string(item[1], f"{path}[{k}][1]"),
                      r.integer(item[2], f"{path}[{k}][2]")))
     return rows
 
 
-def _per_tile(value: Any, path: str, tiles: int, r: FieldReader) -> np.ndarray:
+def _per_tile(value: Any, path: str, tiles: int, r: FieldReader, per: str = "tile") -> np.ndarray:
     r.list(value, path)
     if len(value) != tiles:
-        r.fail(path, f"{tiles} values (one per tile)", f"{len(value)} values")
+        r.fail(path, f"{tiles} values (one per {per})", f"{len(value)} values")
     return np.array([r.integer(x, f"{path}[{k}]") for k, x in enumerate(value)], np.int64)
 
 
@@ -205,7 +213,7 @@ def _ground_truth(value: Any, target: Target, nsteps: int, r: FieldReader) -> Gr
         if len(rows) != len(tiles):
             r.fail(f"{p}.step_trace.bytes", f"{len(tiles)} rows (one per traced tile)", len(rows))
         gt.step_tiles = np.array(tiles, np.int64)
-        gt.step_bytes = np.array([_per_tile(row, f"{p}.step_trace.bytes[{k}]", nsteps, r)
+        gt.step_bytes = np.array([_per_tile(row, f"{p}.step_trace.bytes[{k}]", nsteps, r, per="step")
                                   for k, row in enumerate(rows)], np.int64).reshape(len(tiles), nsteps)
     return gt
 

@@ -1,0 +1,158 @@
+"""From a priced model to a plan: solve with CP-SAT, explain infeasibility, compare with the
+PopLiner-style greedy and a uniform split, and sweep the number of devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+import numpy as np
+
+from .costmodel import RangeTable, StageCostModel
+from .oracle import Solution, greedy, uniform
+from .plan import Plan, make_plan
+from .problem import SolveOptions, SplitProblem, build_problem, in_flight, with_devices
+from .solver import SolverResult, solve_cpsat
+from .traffic import Traffic, layer_traffic
+
+
+@dataclass
+class Advice:
+    plan: Plan
+    result: SolverResult | None
+    problem: SplitProblem
+    baselines: list[Plan] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> RangeTable:
+    """Price every range once for all the in-flight counts a solve (or sweep) may need."""
+    n = max(options.devices, max_devices or 0)
+    if options.schedule == "gpipe":
+        ks: tuple[int, ...] = (1, options.micro_batches)
+    elif options.schedule == "1f1b":
+        ks = tuple(range(1, min(options.micro_batches, max(n, model.num_layers)) + 1))
+    else:
+        ks = (1,)
+    return model.price_ranges(ks, progress=progress)
+
+
+def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
+    """The fewest stages (on devices like the given ones, repeated) that hold the model, by
+    first-fit with maximal reach, which is optimal for contiguous ranges whose cost grows with
+    the range. Pins and layer-count limits are ignored. None if no number of stages fits."""
+    L = table.worst_bytes.shape[1]
+    for stages in range(1, (limit or L) + 1):
+        a = 0
+        for s in range(stages):
+            k = in_flight(options.schedule, options.micro_batches, s, stages)
+            if k not in table.in_flight:
+                break
+            mem = table.worst_bytes[table.k_index(k)]
+            cap = int(capacity[s % len(capacity)])
+            e = a
+            while e < L and mem[a, e] <= cap:
+                e += 1
+            if e == a:
+                break
+            a = e
+            if a == L:
+                return stages
+    return None
+
+
+def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: RangeTable) -> str:
+    """Say plainly why nothing fits: a layer too big for any device, or how many devices would do."""
+    names = model.layers.names
+    cap = int(problem.capacity.max())
+    single = np.diagonal(table.worst_bytes[table.k_index(1)])
+    too_big = np.flatnonzero(single > cap)
+    n = problem.devices
+    if len(too_big):
+        l = int(too_big[np.argmax(single[too_big])])
+        tile = int(table.worst_tile[table.k_index(1), l, l])
+        return (f"layer '{names[l]}' alone needs {int(single[l]):,} bytes on tile {tile}, more than a device holds "
+                f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
+                f"(a finer --layer-regex) or free memory on that tile")
+    o = problem.options
+    constrained = bool(o.pinned_splits or o.pinned_layers or o.min_layers > 1 or o.max_layers)
+    enough = fewest_devices(table, problem.capacity, o)
+    if enough is None:
+        return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
+    if enough <= n:
+        return (f"no split fits on {n} device(s) under the given pins and layer-count limits; without them "
+                f"{enough} device(s) would do")
+    caveat = " (ignoring pins and layer-count limits)" if constrained else ""
+    return f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is {enough}{caveat}"
+
+
+def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | None = None,
+           table: RangeTable | None = None, profile_path: str | Path | None = None, compare: bool = False,
+           target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
+           log: Callable[[str], None] | None = None) -> Advice:
+    """Solve for ``options.devices`` devices and describe the result as a Plan."""
+    traffic = traffic or layer_traffic(model)
+    table = table if table is not None else price(model, options, progress=progress)
+    problem = build_problem(model, options, traffic=traffic, table=table)
+    warnings = []
+    if model.layer_compute.sum() == 0 and options.objective == "compute":
+        warnings.append("the profile has no compute estimates, so compute cannot be balanced: the split "
+                        "minimises the worst stage's memory instead")
+    base = greedy(problem)
+    result = solve_cpsat(problem, hint=base.split, log=log)
+    message = ""
+    if result.split is None:
+        if result.status == "infeasible":
+            message = explain_infeasible(model, problem, table)
+        else:
+            message = (f"CP-SAT found no split within the time limit ({options.time_limit:g} s); "
+                       "allow more time with --time-limit")
+    elif result.status == "feasible":
+        message = (f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal "
+                   f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
+    plan = make_plan(model, problem, result.split, method="cp-sat", traffic=traffic, profile_path=profile_path,
+                     result=result, message=message, target_names=target_names)
+    advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
+    if compare:
+        for solution in (base, uniform(problem)):
+            advice.baselines.append(_baseline_plan(model, problem, solution, traffic, profile_path, target_names))
+    return advice
+
+
+def _baseline_plan(model, problem, solution: Solution, traffic, profile_path, target_names) -> Plan:
+    split = solution.split
+    message = "" if solution.feasible else (solution.evaluation.reason if solution.evaluation else "no split found")
+    return make_plan(model, problem, split, method=solution.method, traffic=traffic, profile_path=profile_path,
+                     message=message, target_names=target_names)
+
+
+@dataclass
+class SweepRow:
+    devices: int
+    plan: Plan
+    micro_batches: int
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.feasible
+
+
+def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int], *,
+          profile_path: str | Path | None = None, target_names: list[str] | None = None,
+          progress: Callable[[int, int], None] | None = None,
+          on_row: Callable[[SweepRow], None] | None = None) -> list[SweepRow]:
+    """Solve for each device count (pricing every range once)."""
+    traffic = layer_traffic(model)
+    table = price(model, options, max_devices=max(device_counts), progress=progress)
+    rows = []
+    for n in device_counts:
+        advice = advise(model, with_devices(options, n), traffic=traffic, table=table, profile_path=profile_path,
+                        target_names=target_names)
+        row = SweepRow(n, advice.plan, options.micro_batches)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return rows
+

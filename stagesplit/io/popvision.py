@@ -1,0 +1,533 @@
+"""Read a PopVision ``profile.pop`` (and its ``debug.cbor``) into a Profile through libpva.
+
+libpva (the Python module ``pva``) ships only with Graphcore's Poplar SDK. Where the SDK is
+installed, ``stagesplit convert profile.pop debug.cbor -o model.stagesplit`` writes a compact
+file that stagesplit reads anywhere. Everything is read with single passes over libpva's
+objects into numpy columns; no per-variable Python objects are kept.
+
+How the report maps onto the Profile:
+
+* **Target**: ``tilesPerIpu`` tiles of ``bytesPerTile`` bytes at ``clockFrequency`` Hz. Only
+  the first IPU's tiles (tile index < ``tilesPerIpu``) are read: per-tile arrays are cut to
+  that length and variables on other tiles are dropped. A report of several IPUs or replicas
+  gets a warning in ``info.warnings`` saying so.
+* **Steps**: ``livenessProgramSteps[i].program.name``.
+* **Variables** come from ``loweredVariables.allBriefVars``. Variables with the same
+  equivalence class share one liveness pattern; each class's step intervals (end exclusive,
+  as in the Profile) are read once, clipped to ``[0, num_steps]``, empty intervals dropped,
+  sorted, and identical patterns share one liveness class. **Always-live rule**: a variable
+  whose class's intervals together cover every step ``[0, num_steps)`` is always live (a
+  report with no steps makes every variable always live); a class with no interval left is
+  never live (``live_class`` -1, it costs nothing); any other class is not always live.
+* **Programs**: ``compilation.programs`` in order (a program an operation refers to that is
+  not in that list is appended). Kind is ``type.name``. Control code is
+  ``controlCodeByTile``, counted for childless programs only (a parent's figure includes its
+  children's). Exchange code is ``codeBytesByTile`` of DoExchange programs. For OnTileExecute
+  programs, each ``computeset.vertices`` entry puts, on every tile where ``countByTile > 0``,
+  the code of that vertex type on that tile (``tiles[t].memory.vertices[].codeBytes``) and
+  ``countByTile[t] * type.size`` bytes of vertex state. ``vertices`` is the total vertex
+  count. Costs are stored sparse, zeros dropped.
+* **Compute** (unit "cycles"): a program's compile-time estimate is the maximum over tiles of
+  ``estimatedCyclesByTile`` (DoExchange) or ``computeset.estimatedCyclesByTile``
+  (OnTileExecute); an estimate whose maximum is 0 counts as absent. If any program has one,
+  those are used (other programs: unknown). Otherwise every program's cycles are estimated as
+  the largest vertex count on one tile times ``CYCLES_PER_VERTEX`` (vertices on a tile run one
+  after another on its worker threads; the constant is a typical codelet's cost including
+  supervisor overhead, and matters only relative to other programs). ``info.compute_source``
+  says which. Operations carry no compute of their own (it is derived from their programs).
+* **Operations** come from ``pva.OperationAnalysis(report).operations``: ``firstStepIndex``
+  and ``lastStepIndex`` are inclusive, like the Profile's; a range outside the report's steps
+  is taken as unknown (-1). Inputs are the ``inputs`` of the debug-context JSON. Operations
+  that share a debug-context id share their programs and variables, exactly as libpva reports
+  them (the cost model counts each item once per stage and each program's compute once).
+  Operations named ``""`` or ``"Call"`` get names that say what they are: ``Call(<instanceId>)``,
+  ``Tensor/<tensorId>`` (``Tensor(<instanceId>)/<tensorId>``), the user-level op name found in
+  debug.cbor for the context or its parents, or ``Anonymous`` (``Anonymous(<instanceId>)``).
+  When the JSON has no inputs, the nearest inputs recorded in debug.cbor are used.
+* **Ground truth**: per first-IPU tile ``alwaysLiveBytes``, ``notAlwaysLiveBytes`` and the
+  memory categories the report has (``vertexCode`` -> ``vertex_code``, ...); the not-always-
+  live bytes at every step for the ``TRACE_TILES`` tiles with the largest total.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from operator import attrgetter
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import ProfileError, StagesplitError
+from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
+                       Variables, VertexCode)
+from .debugcbor import DebugInfo, read_debug_cbor
+
+CYCLES_PER_VERTEX = 100.0
+TRACE_TILES = 8
+#: libpva memory category -> ground-truth category name
+CATEGORIES = {
+    "vertexCode": "vertex_code",
+    "internalExchangeCode": "internal_exchange_code",
+    "controlCode": "control_code",
+    "vertexInstanceState": "vertex_instance_state",
+    "vectorListDescriptor": "vector_list_descriptor",
+    "globalExchangeCode": "global_exchange_code",
+    "hostExchangeCode": "host_exchange_code",
+    "constant": "constant",
+}
+LIBPVA_HELP = ("reading profile.pop needs the Poplar SDK's libpva (the Python module pva){detail}: enable the SDK "
+               "with `source <sdk>/enable.sh` and run stagesplit with that same Python, or run `stagesplit convert "
+               "profile.pop debug.cbor -o model.stagesplit` where the SDK is installed and use model.stagesplit "
+               "anywhere")
+
+Progress = Callable[[int, int], None]
+
+
+def read_popvision(profile_path: str | Path, debug_path: str | Path | None = None,
+                   progress: Progress | None = None) -> Profile:
+    """Read ``profile.pop`` (and ``debug.cbor`` when given) with libpva; see the module docstring."""
+    profile_path = Path(profile_path)
+    _check_file(profile_path, "a PopVision profile.pop")
+    if debug_path is not None:
+        debug_path = Path(debug_path)
+        _check_file(debug_path, "the debug.cbor written next to profile.pop")
+    pva = import_pva()
+    debug = read_debug_cbor(debug_path) if debug_path is not None else None
+    try:
+        report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
+    except Exception as exc:  # libpva raises its own exception types for unreadable reports
+        raise StagesplitError(f"{profile_path}: libpva could not open the report: {_one_line(exc)}") from None
+    return _Reader(pva, report, profile_path, debug, progress).read()
+
+
+def import_pva():
+    """The ``pva`` module, or a one-line StagesplitError saying how to get it."""
+    try:
+        import pva
+    except (ImportError, RuntimeError) as exc:
+        detail = _one_line(exc)
+        raise StagesplitError(LIBPVA_HELP.format(detail=f", which could not be imported ({detail})")) from None
+    return pva
+
+
+def _check_file(path: Path, what: str) -> None:
+    if not path.exists():
+        raise StagesplitError(f"{path}: no such file (expected {what})")
+    if not path.is_file():
+        raise StagesplitError(f"{path}: not a file (expected {what})")
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def _load_json(text: Any) -> dict:
+    if not text or not isinstance(text, (str, bytes)):
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def _as_text(value: Any) -> str | None:
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def _json_inputs(doc: dict) -> tuple[str, ...]:
+    inputs = doc.get("inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list):
+        return ()
+    return tuple(str(x) for x in inputs if isinstance(x, (str, int)) and not isinstance(x, bool) and str(x))
+
+
+def operation_name(name: str, doc: dict, user_op_name: str | None = None) -> str:
+    """A name for operations libpva names ``""`` or ``"Call"`` (see the module docstring)."""
+    if name not in ("", "Call"):
+        return name
+    tensor = _as_text(doc.get("tensorId"))
+    instance = _as_text(doc.get("instanceId"))
+    suffix = f"({instance})" if instance else ""
+    if name == "Call":
+        return f"Call{suffix}" + (f"/{tensor}" if tensor else "")
+    if tensor:
+        return f"Tensor{suffix}/{tensor}"
+    if user_op_name:
+        return user_op_name
+    return f"Anonymous{suffix}"
+
+
+class _Reader:
+    def __init__(self, pva, report, path: Path, debug: DebugInfo | None, progress: Progress | None):
+        self.pva = pva
+        self.report = report
+        self.path = path
+        self.source = str(path)
+        self.debug = debug
+        self.progress = progress
+        self.warnings: list[str] = []
+        self.done = 0
+        self.total = 1
+
+    # -- helpers ------------------------------------------------------------------------------
+    def _tick(self, n: int = 1) -> None:
+        self.done += n
+        if self.progress is not None:
+            self.progress(min(self.done, self.total), self.total)
+
+    def _per_tile(self, values: Any, field: str, dtype=np.int64) -> np.ndarray:
+        """The first IPU's entries of a per-tile array."""
+        if values is None:
+            return np.zeros(self.tiles, dtype)
+        arr = np.asarray(values)
+        if arr.ndim != 1 or len(arr) < self.tiles:
+            raise ProfileError(self.source, field, f"{self.num_tiles} values (one per tile)",
+                               f"{len(arr) if arr.ndim == 1 else arr.shape} values")
+        return arr[: self.tiles].astype(dtype, copy=False)
+
+    # -- the whole report -----------------------------------------------------------------------
+    def read(self) -> Profile:
+        comp = self.report.compilation
+        tgt = comp.target
+        self.tiles = int(tgt.tilesPerIpu)
+        self.num_tiles = int(tgt.numTiles)
+        ipus = int(getattr(tgt, "numIPUs", 1) or 1)
+        replicas = int(getattr(tgt, "numReplicas", 1) or 1)
+        if self.tiles < 1:
+            raise ProfileError(self.source, "compilation.target.tilesPerIpu", "an integer >= 1", self.tiles)
+        if ipus > 1 or replicas > 1:
+            self.warnings.append(
+                f"the profile spans {ipus} IPU(s) and {replicas} replica(s): only the first IPU's {self.tiles} tiles "
+                "(and the variables and code on them) were read")
+        clock = float(getattr(tgt, "clockFrequency", 0) or 0)
+        target = Target(name="ipu", tiles=self.tiles, bytes_per_tile=int(tgt.bytesPerTile),
+                        clock_hz=clock if clock > 0 else None, kind="ipu", link_bytes_per_s=None,
+                        description=f"read from {self.path.name}: {ipus} IPU(s) of {self.tiles} tiles x "
+                                    f"{int(tgt.bytesPerTile):,} bytes")
+
+        steps_raw = comp.livenessProgramSteps
+        steps = [str(s.program.name) for s in steps_raw]
+        self.num_steps = len(steps)
+        brief = comp.loweredVariables.allBriefVars
+        programs = comp.programs
+        operations = self.pva.OperationAnalysis(self.report).operations
+        self.total = len(brief) + len(programs) + len(operations)
+
+        tile_objs = comp.tiles
+        self._read_tiles(tile_objs)
+        variables, liveness = self._read_variables(brief)
+        self._read_programs(programs)
+        ops = self._read_operations(operations)
+        progs = self._finish_programs()
+        gt = self._ground_truth(steps_raw)
+
+        info = ProfileInfo(
+            name=self.path.parent.name if self.path.stem == "profile" and self.path.parent.name else self.path.stem,
+            source="popvision",
+            description=f"PopVision profile {self.path.name}"
+                        + (f" with {self.debug.path.name}" if self.debug is not None else ""),
+            synthetic=False, compute_source=self.compute_source, warnings=self.warnings)
+        profile = Profile(target=target, steps=steps, names=[], variables=variables, liveness=liveness,
+                          programs=progs, operations=ops, compute_unit="cycles", ground_truth=gt, info=info)
+        return profile.validate(self.source)
+
+    # -- tiles: vertex code sizes and ground truth ------------------------------------------------
+    def _read_tiles(self, tile_objs) -> None:
+        T = self.tiles
+        self.code_by_type: dict[str, np.ndarray] = {}
+        self.gt_arrays: dict[str, np.ndarray] | None = None
+        if len(tile_objs) < T:
+            if len(tile_objs):
+                raise ProfileError(self.source, "compilation.tiles", f"{self.num_tiles} tiles", len(tile_objs))
+            return
+        first = tile_objs[0].memory.category
+        present = [(camel, snake) for camel, snake in CATEGORIES.items() if getattr(first, camel, None) is not None]
+        gt = {"always_live": np.zeros(T, np.int64), "not_always_live": np.zeros(T, np.int64)}
+        gt.update({snake: np.zeros(T, np.int64) for _, snake in present})
+        al, nal = gt["always_live"], gt["not_always_live"]
+        for t in range(T):
+            mem = tile_objs[t].memory
+            al[t] = mem.alwaysLiveBytes
+            nal[t] = mem.notAlwaysLiveBytes
+            cat = mem.category
+            for camel, snake in present:
+                gt[snake][t] = getattr(cat, camel).total
+            for v in mem.vertices:
+                name = v.type.name
+                sizes = self.code_by_type.get(name)
+                if sizes is None:
+                    sizes = self.code_by_type[name] = np.zeros(T, np.int64)
+                sizes[t] = v.codeBytes
+        self.gt_arrays = gt
+
+    # -- variables and liveness --------------------------------------------------------------------
+    def _read_variables(self, brief) -> tuple[Variables, Liveness]:
+        classes: dict[Any, list] = {}
+        n = len(brief)
+        tick = self._tick
+        every = 65536
+
+        def rows():
+            for i, v in enumerate(brief):
+                ec = v.equivalenceClass
+                cid = ec.id
+                if cid not in classes:
+                    classes[cid] = [(s.start, s.end) for s in ec.steps]
+                if i % every == every - 1:
+                    tick(every)
+                yield v.id, v.bytes, v.tileId, cid
+
+        cols = np.fromiter(rows(), dtype=[("id", np.int64), ("bytes", np.int64), ("tile", np.int64),
+                                          ("cls", np.int64)], count=n) if n else \
+            np.zeros(0, [("id", np.int64), ("bytes", np.int64), ("tile", np.int64), ("cls", np.int64)])
+        tick(n % every)
+        keep = (cols["tile"] >= 0) & (cols["tile"] < self.tiles)
+        if not np.all(cols["tile"] >= 0):
+            raise ProfileError(self.source, "loweredVariables.allBriefVars.tileId", "a tile index >= 0",
+                               int(cols["tile"][np.argmin(cols["tile"])]))
+        kept = np.flatnonzero(keep)
+        # var id -> index among kept variables (-1: on another IPU)
+        new_index = np.full(n, -1, np.int64)
+        new_index[kept] = np.arange(len(kept))
+        order = np.argsort(cols["id"], kind="stable")
+        self.sorted_ids = cols["id"][order]
+        self.sorted_target = new_index[order]
+        if n > 1 and np.any(self.sorted_ids[1:] == self.sorted_ids[:-1]):
+            dup = int(self.sorted_ids[1:][self.sorted_ids[1:] == self.sorted_ids[:-1]][0])
+            raise ProfileError(self.source, "loweredVariables.allBriefVars.id", "distinct variable ids", dup)
+
+        # classes in order of first appearance among kept variables
+        cls = cols["cls"][kept]
+        uniq, first = np.unique(cls, return_index=True)
+        by_first = uniq[np.argsort(first, kind="stable")]
+        S = self.num_steps
+        patterns: dict[tuple, int] = {}
+        intervals: list[tuple] = []
+        class_live = np.full(len(uniq), -1, np.int64)      # liveness class per unique class id
+        class_always = np.zeros(len(uniq), bool)
+        for cid in by_first.tolist():
+            k = int(np.searchsorted(uniq, cid))
+            pattern = self._clean_intervals(classes[cid], S)
+            if S == 0 or pattern == ((0, S),):
+                class_always[k] = True
+            elif pattern:
+                idx = patterns.get(pattern)
+                if idx is None:
+                    idx = patterns[pattern] = len(intervals)
+                    intervals.append(pattern)
+                class_live[k] = idx
+        pos = np.searchsorted(uniq, cls)
+        always = class_always[pos] if len(cls) else np.zeros(0, bool)
+        live = np.where(always, -1, class_live[pos]) if len(cls) else np.zeros(0, np.int64)
+        variables = Variables(bytes=cols["bytes"][kept].copy(), tile=cols["tile"][kept].copy(), always_live=always,
+                              live_class=live.astype(np.int64), name=np.full(len(kept), -1, np.int64))
+        return variables, Liveness(Ragged.from_lists(intervals, dtype=np.int64, width=2))
+
+    @staticmethod
+    def _clean_intervals(raw: list, steps: int) -> tuple:
+        """Half-open intervals clipped to [0, steps], empty ones dropped, sorted, touching or
+        overlapping ones merged."""
+        out: list[list[int]] = []
+        for start, end in sorted((max(0, int(s)), min(steps, int(e))) for s, e in raw):
+            if end <= start:
+                continue
+            if out and start <= out[-1][1]:
+                out[-1][1] = max(out[-1][1], end)
+            else:
+                out.append([start, end])
+        return tuple((s, e) for s, e in out)
+
+    # -- programs ----------------------------------------------------------------------------------
+    def _read_programs(self, programs) -> None:
+        self.prog_index: dict[Any, int] = {}
+        self.p_name: list[str] = []
+        self.p_kind: list[str] = []
+        self.p_estimate: list[float] = []
+        self.p_fallback: list[float] = []
+        self.p_vertices: list[int] = []
+        self.vertex_types: list[str] = []
+        self.vertex_type_index: dict[str, int] = {}
+        self.costs: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {
+            "vertex_state": [], "exchange_code": [], "control_code": []}
+        self.vc_chunks: list[tuple[int, np.ndarray, int, np.ndarray]] = []
+        for i, prog in enumerate(programs):
+            self._add_program(prog, f"compilation.programs[{i}]")
+            if i % 64 == 63:
+                self._tick(64)
+        self._tick(len(programs) % 64)
+
+    def _program_index(self, prog) -> int:
+        key = prog._id
+        idx = self.prog_index.get(key)
+        if idx is None:
+            idx = self._add_program(prog, f"programs[_id={key!r}]")
+        return idx
+
+    def _sparse(self, cat: str, p: int, values: np.ndarray) -> None:
+        tiles = np.flatnonzero(values)
+        if len(tiles):
+            self.costs[cat].append((p, tiles, values[tiles]))
+
+    def _add_program(self, prog, field: str) -> int:
+        p = len(self.p_name)
+        self.prog_index[prog._id] = p
+        kind = str(prog.type.name)
+        self.p_name.append(str(prog.name))
+        self.p_kind.append(kind)
+        if len(prog.children) == 0:
+            self._sparse("control_code", p, self._per_tile(prog.controlCodeByTile, f"{field}.controlCodeByTile"))
+        estimate = math.nan
+        count = np.zeros(self.tiles, np.int64)
+        if kind == "DoExchange":
+            self._sparse("exchange_code", p, self._per_tile(prog.codeBytesByTile, f"{field}.codeBytesByTile"))
+            estimate = self._estimate(getattr(prog, "estimatedCyclesByTile", None), f"{field}.estimatedCyclesByTile")
+        elif kind == "OnTileExecute":
+            cs = prog.computeset
+            state = np.zeros(self.tiles, np.int64)
+            for k, vx in enumerate(cs.vertices):
+                vtype = vx.type
+                name = str(vtype.name)
+                counts = self._per_tile(vx.countByTile, f"{field}.computeset.vertices[{k}].countByTile")
+                count += counts
+                state += counts * int(vtype.size)
+                tiles = np.flatnonzero(counts > 0)
+                sizes = self.code_by_type.get(name)
+                if sizes is not None and len(tiles):
+                    code = sizes[tiles]
+                    nz = code > 0
+                    if nz.any():
+                        t = self.vertex_type_index.get(name)
+                        if t is None:
+                            t = self.vertex_type_index[name] = len(self.vertex_types)
+                            self.vertex_types.append(name)
+                        self.vc_chunks.append((p, tiles[nz], t, code[nz]))
+            self._sparse("vertex_state", p, state)
+            estimate = self._estimate(getattr(cs, "estimatedCyclesByTile", None),
+                                      f"{field}.computeset.estimatedCyclesByTile")
+        self.p_estimate.append(estimate)
+        self.p_vertices.append(int(count.sum()))
+        self.p_fallback.append(float(count.max(initial=0)) * CYCLES_PER_VERTEX)
+        return p
+
+    def _estimate(self, values: Any, field: str) -> float:
+        if values is None or len(values) == 0:
+            return math.nan
+        peak = float(self._per_tile(values, field, np.float64).max(initial=0.0))
+        return peak if peak > 0 else math.nan
+
+    def _finish_programs(self) -> Programs:
+        estimates = np.array(self.p_estimate, float)
+        if np.any(~np.isnan(estimates)):
+            cycles = estimates
+            missing = int(np.isnan(estimates).sum())
+            self.compute_source = ("compile-time cycle estimates from the profile (per program, the most cycles on "
+                                   "one tile)" + (f"; {missing} program(s) without an estimate count 0" if missing else ""))
+        else:
+            cycles = np.array(self.p_fallback, float)
+            self.compute_source = (f"estimated from vertex counts: the most vertices on one tile x {CYCLES_PER_VERTEX:g} "
+                                   "cycles per vertex (the profile has no compile-time cycle estimates)")
+
+        def costs(cat: str) -> TileCosts:
+            chunks = self.costs[cat]
+            if not chunks:
+                return TileCosts.empty()
+            return TileCosts(np.concatenate([np.full(len(t), p, np.int64) for p, t, _ in chunks]),
+                             np.concatenate([t for _, t, _ in chunks]).astype(np.int64),
+                             np.concatenate([b for _, _, b in chunks]).astype(np.int64))
+
+        if self.vc_chunks:
+            vc = VertexCode(np.concatenate([np.full(len(t), p, np.int64) for p, t, _, _ in self.vc_chunks]),
+                            np.concatenate([t for _, t, _, _ in self.vc_chunks]).astype(np.int64),
+                            np.concatenate([np.full(len(t), k, np.int64) for _, t, k, _ in self.vc_chunks]),
+                            np.concatenate([b for _, _, _, b in self.vc_chunks]).astype(np.int64))
+        else:
+            vc = VertexCode.empty()
+        return Programs(name=self.p_name, kind=self.p_kind, cycles=cycles,
+                        vertices=np.array(self.p_vertices, np.int64), vertex_types=self.vertex_types,
+                        vertex_code=vc, vertex_state=costs("vertex_state"), exchange_code=costs("exchange_code"),
+                        control_code=costs("control_code"))
+
+    # -- operations ----------------------------------------------------------------------------------
+    def _read_operations(self, operations) -> Operations:
+        n = len(operations)
+        names: list[str] = []
+        inputs: list[tuple[str, ...]] = []
+        debug_ids = np.zeros(n, np.int64)
+        first = np.full(n, -1, np.int64)
+        last = np.full(n, -1, np.int64)
+        var_rows: list[np.ndarray] = []
+        prog_rows: list[np.ndarray] = []
+        bad_steps = unknown_vars = 0
+        get_id = attrgetter("_id")
+        S = self.num_steps
+        for i in range(n):
+            op = operations[i]
+            dc = op.debugContext
+            did = int(dc.id)
+            debug_ids[i] = did
+            doc = _load_json(getattr(dc, "json", None))
+            raw_name = str(op.name)
+            user = None
+            if self.debug is not None and raw_name == "" and not doc.get("tensorId"):
+                user = self.debug.user_op_name(did)
+            names.append(operation_name(raw_name, doc, user))
+            ins = _json_inputs(doc)
+            if not ins and self.debug is not None:
+                ins = self.debug.inputs(did)
+            inputs.append(ins)
+            prog_rows.append(np.array([self._program_index(pr) for pr in op.programs()], np.int64))
+            ids = np.fromiter(map(get_id, op.vars), np.int64)
+            pos = np.searchsorted(self.sorted_ids, ids)
+            pos = np.minimum(pos, max(len(self.sorted_ids) - 1, 0))
+            found = (self.sorted_ids[pos] == ids) if len(self.sorted_ids) else np.zeros(len(ids), bool)
+            unknown_vars += int((~found).sum())
+            idx = self.sorted_target[pos[found]]
+            var_rows.append(idx[idx >= 0])
+            f, l = int(op.firstStepIndex), int(op.lastStepIndex)
+            if 0 <= f <= l < S:
+                first[i], last[i] = f, l
+            else:
+                bad_steps += 1
+            if i % 16 == 15:
+                self._tick(16)
+        self._tick(n % 16)
+        if bad_steps:
+            self.warnings.append(f"{bad_steps} operation(s) had a step range outside the profile's {S} steps; "
+                                 "their steps were taken as unknown")
+        if unknown_vars:
+            self.warnings.append(f"{unknown_vars} variable reference(s) of operations were not among the lowered "
+                                 "variables and were ignored")
+        return Operations(name=names, debug_id=debug_ids, inputs=inputs, first_step=first, last_step=last,
+                          vars=_ragged(var_rows), programs=_ragged(prog_rows), compute=np.full(n, math.nan),
+                          layer=[None] * n)
+
+    # -- ground truth --------------------------------------------------------------------------------
+    def _ground_truth(self, steps_raw) -> GroundTruth | None:
+        if self.gt_arrays is None:
+            return None
+        g = dict(self.gt_arrays)
+        gt = GroundTruth(always_live=g.pop("always_live"), not_always_live=g.pop("not_always_live"), categories=g)
+        S = self.num_steps
+        if S and hasattr(steps_raw[0], "notAlwaysLiveMemoryForTile"):
+            top = np.argsort(-gt.tile_total(), kind="stable")[:TRACE_TILES].astype(np.int64)
+            trace = np.zeros((len(top), S), np.int64)
+            tiles = top.tolist()
+            for i, step in enumerate(steps_raw):
+                for k, t in enumerate(tiles):
+                    trace[k, i] = step.notAlwaysLiveMemoryForTile(t).bytes
+            gt.step_tiles, gt.step_bytes = top, trace
+        return gt
+
+
+def _ragged(rows: list[np.ndarray]) -> Ragged:
+    offsets = np.zeros(len(rows) + 1, np.int64)
+    np.cumsum([len(r) for r in rows], out=offsets[1:])
+    values = np.concatenate(rows).astype(np.int64) if rows else np.zeros(0, np.int64)
+    return Ragged(offsets, values)

@@ -1,0 +1,279 @@
+"""A pipeline plan: the chosen split, what each stage needs, and how the answer was obtained.
+
+Written as versioned JSON (or YAML for a ``.yaml``/``.yml`` path). Everything but the ``run``
+section (wall time, date, version) is a function of the inputs, so the same profile and
+options give the same plan.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from .costmodel import StageCostModel
+from .errors import ProfileError, StagesplitError
+from .fileio import atomic_write_text
+from .io.fields import FieldReader
+from .problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, stage_in_flight
+from .solver import PHASE_NAMES, SolverResult
+from .traffic import Traffic
+
+FORMAT = "stagesplit-plan"
+VERSION = 1
+MEMORY_KEYS = ("always_live", "not_always_live", "stashed_copies", "vertex_code", "vertex_state", "exchange_code",
+               "control_code")
+
+
+@dataclass
+class StagePlan:
+    stage: int
+    device: int
+    first_layer: int
+    last_layer: int
+    layers: list[str]
+    in_flight: int
+    capacity_bytes: int
+    worst_tile: int
+    worst_tile_bytes: int
+    memory_at_worst_tile: dict[str, int]
+    memory_total: dict[str, int]
+    compute: float
+    time_s: float | None
+    bytes_received: int
+    bytes_sent: int
+
+    @property
+    def headroom_bytes(self) -> int:
+        return self.capacity_bytes - self.worst_tile_bytes
+
+    @property
+    def headroom(self) -> float:
+        return self.headroom_bytes / self.capacity_bytes if self.capacity_bytes else 0.0
+
+    @property
+    def fits(self) -> bool:
+        return self.worst_tile_bytes <= self.capacity_bytes
+
+
+@dataclass
+class PhaseRecord:
+    quantity: str
+    status: str
+    value: int | None
+    bound: int | None
+    gap: float | None
+    seconds: float
+
+
+@dataclass
+class Plan:
+    profile: dict[str, Any]
+    inputs: dict[str, Any]
+    layer_names: list[str]
+    devices: int
+    method: str
+    status: str
+    feasible: bool
+    message: str
+    stages: list[StagePlan]
+    phases: list[PhaseRecord] = field(default_factory=list)
+    compute_unit: str = "cycles"
+    run: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def split_text(self) -> str:
+        return split_text(self.layer_names, [(s.first_layer, s.last_layer) for s in self.stages])
+
+    @property
+    def bottleneck(self) -> StagePlan | None:
+        return max(self.stages, key=lambda s: (s.compute, -s.stage)) if self.stages else None
+
+    @property
+    def worst_memory(self) -> StagePlan | None:
+        return max(self.stages, key=lambda s: (s.worst_tile_bytes / max(s.capacity_bytes, 1), -s.stage)) \
+            if self.stages else None
+
+    @property
+    def gap(self) -> float | None:
+        gaps = [p.gap for p in self.phases if p.gap is not None]
+        return max(gaps) if gaps else None
+
+    def pipeline_efficiency(self, micro_batches: int) -> float:
+        """Useful share of a pipeline step: compute balance times (1 - bubble fraction)."""
+        if not self.stages:
+            return 0.0
+        bottleneck = max(s.compute for s in self.stages)
+        if bottleneck <= 0:
+            return 1.0 - bubble_fraction(len(self.stages), micro_batches)
+        balance = sum(s.compute for s in self.stages) / (len(self.stages) * bottleneck)
+        return balance * (1.0 - bubble_fraction(len(self.stages), micro_batches))
+
+    def to_document(self) -> dict[str, Any]:
+        doc = {"format": FORMAT, "version": VERSION, "profile": self.profile, "inputs": self.inputs,
+               "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
+               "feasible": self.feasible, "message": self.message, "split": self.split_text,
+               "compute_unit": self.compute_unit,
+               "objective": [asdict(p) for p in self.phases],
+               "bottleneck_stage": self.bottleneck.stage if self.bottleneck else None,
+               "stages": [], "run": self.run}
+        for s in self.stages:
+            rec = asdict(s)
+            rec["headroom_bytes"] = s.headroom_bytes
+            rec["headroom"] = round(s.headroom, 6)
+            doc["stages"].append(rec)
+        return doc
+
+
+def split_text(names: list[str], ranges: list[tuple[int, int]]) -> str:
+    """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split."""
+    return "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
+
+
+def file_sha256(path: str | Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()
+
+
+def options_record(options: SolveOptions, shared: str, layer_options) -> dict[str, Any]:
+    rec = asdict(options)
+    rec["capacities"] = list(options.capacities) if options.capacities else None
+    rec["pinned_splits"] = list(options.pinned_splits)
+    rec["pinned_layers"] = [list(x) for x in options.pinned_layers]
+    rec["shared"] = shared
+    if layer_options is not None:
+        rec["layer_grouping"] = asdict(layer_options)
+    return rec
+
+
+def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None, *, method: str,
+              traffic: Traffic, profile_path: str | Path | None = None, result: SolverResult | None = None,
+              message: str = "", target_names: list[str] | None = None) -> Plan:
+    """Describe ``split`` stage by stage (per-tile detail recomputed from the cost model)."""
+    p = model.profile
+    o = problem.options
+    evaluation = evaluate(problem, split) if split is not None else None
+    stages: list[StagePlan] = []
+    if split is not None:
+        ks = stage_in_flight(problem, split)
+        seconds = problem.seconds_per_unit
+        for index, ((position, first, last), k) in enumerate(zip(split.stages, ks)):
+            sm = model.stage_memory(first, last)
+            total = sm.total(k)
+            tile = int(total.argmax())
+            extra = (k - 1) * sm.stash
+            at = {"always_live": sm.always_live[tile], "not_always_live": sm.not_always_live[tile],
+                  "stashed_copies": extra[tile], "vertex_code": sm.vertex_code[tile],
+                  "vertex_state": sm.vertex_state[tile], "exchange_code": sm.exchange_code[tile],
+                  "control_code": sm.control_code[tile]}
+            summed = {"always_live": sm.always_live.sum(), "not_always_live": sm.not_always_live.sum(),
+                      "stashed_copies": extra.sum(), "vertex_code": sm.vertex_code.sum(),
+                      "vertex_state": sm.vertex_state.sum(), "exchange_code": sm.exchange_code.sum(),
+                      "control_code": sm.control_code.sum()}
+            received, sent = traffic.stage_io(first, last)
+            compute = model.range_compute(first, last)
+            time_s = None
+            if seconds is not None:
+                time_s = compute * seconds
+                if o.communication and o.link_bytes_per_s:
+                    time_s += float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1]) / o.link_bytes_per_s
+            stages.append(StagePlan(
+                stage=index, device=position, first_layer=first, last_layer=last,
+                layers=model.layers.names[first:last + 1], in_flight=k,
+                capacity_bytes=int(problem.capacity[position]), worst_tile=tile, worst_tile_bytes=int(total[tile]),
+                memory_at_worst_tile={key: int(v) for key, v in at.items()},
+                memory_total={key: int(v) for key, v in summed.items()}, compute=float(compute),
+                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent)))
+    feasible = bool(evaluation is not None and evaluation.feasible)
+    phases = [PhaseRecord(PHASE_NAMES[ph.quantity], ph.status, ph.value, ph.bound, ph.gap, round(ph.seconds, 3))
+              for ph in (result.phases if result else [])]
+    status = result.status if result is not None else ("feasible" if feasible else "infeasible")
+    profile = {"name": p.info.name, "source": p.info.source, "synthetic": p.info.synthetic,
+               "target": p.target.name, "tiles": p.target.tiles, "bytes_per_tile": p.target.bytes_per_tile}
+    if profile_path is not None:
+        profile["path"] = str(profile_path)
+        profile["sha256"] = file_sha256(profile_path)
+    inputs = options_record(o, model.shared, model.layers.options)
+    if target_names:
+        inputs["targets"] = target_names
+    return Plan(profile=profile, inputs=inputs, layer_names=list(model.layers.names), devices=o.devices, method=method,
+                status=status, feasible=feasible, message=message, stages=stages, phases=phases,
+                compute_unit=p.compute_unit,
+                run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                     "solver_seconds": round(result.seconds, 3) if result else 0.0})
+
+
+def _version() -> str:
+    from . import __version__
+    return __version__
+
+
+def write_plan(plan: Plan, path: str | Path) -> None:
+    path = Path(path)
+    doc = plan.to_document()
+    if path.suffix in (".yaml", ".yml"):
+        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    else:
+        text = json.dumps(doc, indent=1) + "\n"
+    atomic_write_text(path, text)
+
+
+def read_plan(path: str | Path) -> Plan:
+    """Read a plan file written by ``write_plan``, validating what ``diagnose`` relies on."""
+    path = Path(path)
+    if not path.exists():
+        raise StagesplitError(f"{path}: no such file")
+    text = path.read_text(encoding="utf-8")
+    if path.suffix in (".yaml", ".yml"):
+        try:
+            doc = yaml.safe_load(text)
+        except yaml.YAMLError as exc:
+            raise ProfileError(path, "", "a YAML plan", str(exc).splitlines()[0]) from None
+    else:
+        from .io.jsonprofile import parse_json_text
+        doc = parse_json_text(text, str(path))
+    r = FieldReader(str(path))
+    r.mapping(doc, "document")
+    if doc.get("format") != FORMAT:
+        r.fail("format", f'"{FORMAT}"', doc.get("format"))
+    if doc.get("version") != VERSION:
+        r.fail("version", f"{VERSION} (this stagesplit reads plan version {VERSION})", doc.get("version"))
+    names = [r.string(x, f"layers[{i}]") for i, x in enumerate(r.list(r.get(doc, "layers", ""), "layers"))]
+    stages = []
+    for i, s in enumerate(r.list(r.get(doc, "stages", ""), "stages")):
+        p = f"stages[{i}]"
+        r.mapping(s, p)
+        first = r.integer(r.get(s, "first_layer", p), f"{p}.first_layer")
+        last = r.integer(r.get(s, "last_layer", p), f"{p}.last_layer")
+        if last < first or last >= len(names):
+            r.fail(f"{p}.last_layer", f"a layer index >= first_layer ({first}) and < {len(names)}", last)
+        stages.append(StagePlan(
+            stage=r.integer(s.get("stage", i), f"{p}.stage"), device=r.integer(s.get("device", i), f"{p}.device"),
+            first_layer=first, last_layer=last, layers=names[first:last + 1],
+            in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
+            capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
+            worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
+            worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
+            memory_at_worst_tile=dict(s.get("memory_at_worst_tile") or {}),
+            memory_total=dict(s.get("memory_total") or {}),
+            compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
+            time_s=s.get("time_s"), bytes_received=int(s.get("bytes_received", 0)),
+            bytes_sent=int(s.get("bytes_sent", 0))))
+    for prev, cur in zip(stages, stages[1:]):
+        if cur.first_layer != prev.last_layer + 1:
+            r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
+    phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "seconds")})
+              for ph in r.list(doc.get("objective", []), "objective") if isinstance(ph, dict)]
+    return Plan(profile=dict(doc.get("profile") or {}), inputs=dict(doc.get("inputs") or {}), layer_names=names,
+                devices=r.integer(doc.get("devices", len(stages)), "devices", minimum=1),
+                method=str(doc.get("method", "")), status=str(doc.get("status", "")),
+                feasible=bool(doc.get("feasible", True)), message=str(doc.get("message", "")), stages=stages,
+                phases=phases, compute_unit=str(doc.get("compute_unit", "cycles")), run=dict(doc.get("run") or {}))

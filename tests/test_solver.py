@@ -1,0 +1,278 @@
+"""CP-SAT splits: hand-computed optima, the exact oracle and the greedy baseline."""
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from stagesplit.advise import advise, fewest_devices, price
+from stagesplit.analysis import Analysis
+from stagesplit.config import load_target
+from stagesplit.io.layerform import LayerSpec, build_layer_profile
+from stagesplit.oracle import exact_optimum, greedy, uniform
+from stagesplit.problem import SolveOptions, Split, build_problem, evaluate, in_flight
+from stagesplit.solver import solve_cpsat
+
+UNIT = 1000
+
+
+def layer_model(weights, compute, training=False, activations=None, output=None):
+    """Per-layer profile on one tile: with no activations in inference, a stage needs exactly
+    the sum of its layers' weights."""
+    activations = activations or [0] * len(weights)
+    output = output or [0] * len(weights)
+    specs = [LayerSpec(f"l{i}", weights=w * UNIT, activations=a * UNIT, output=o * UNIT, compute=c)
+             for i, (w, c, a, o) in enumerate(zip(weights, compute, activations, output))]
+    return Analysis.of(build_layer_profile(specs, load_target("a100-80gb"), training=training)).model
+
+
+def options(devices, capacity, **kw):
+    caps = tuple(c * UNIT for c in capacity) if isinstance(capacity, (list, tuple)) else (capacity * UNIT,) * devices
+    return SolveOptions(devices=devices, capacities=caps, time_limit=20, **kw)
+
+
+def solve(model, opts):
+    problem = build_problem(model, opts)
+    return problem, solve_cpsat(problem)
+
+
+def stage_ranges(split):
+    return [(a, b) for _, a, b in split.stages]
+
+
+# Six layers of equal weight (4) on devices of capacity 12: at most three layers per stage.
+WEIGHTS = [4, 4, 4, 4, 4, 4]
+COMPUTE = [1, 1, 1, 1, 5, 5]
+
+
+class TestHandComputed:
+    def test_optimal_split_and_greedy_strictly_worse(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        problem, result = solve(model, options(3, 12))
+        # (3,2,1) layers: compute 3, 6, 5 -> bottleneck 6; every other split is worse
+        assert result.status == "optimal"
+        assert stage_ranges(result.split) == [(0, 2), (3, 4), (5, 5)]
+        assert result.evaluation.time == 6
+        assert result.phases[0].value == result.phases[0].bound == 6
+        # greedy fills 50% (6), 60% (7.2): one layer per device, fails; 70% (8.4): two per device
+        g = greedy(problem)
+        assert g.method == "greedy (70% of memory)"
+        assert stage_ranges(g.split) == [(0, 1), (2, 3), (4, 5)]
+        assert g.evaluation.time == 10 > result.evaluation.time
+        u = uniform(problem)
+        assert stage_ranges(u.split) == [(0, 1), (2, 3), (4, 5)]
+
+    def test_memory_tie_break_after_compute(self):
+        # compute ties everywhere: the secondary objective (worst memory) decides
+        model = layer_model(WEIGHTS, [1] * 6)
+        _, result = solve(model, options(3, 12))
+        assert result.evaluation.time == 2
+        assert result.evaluation.memory == 8 * UNIT
+        assert stage_ranges(result.split) == [(0, 1), (2, 3), (4, 5)]
+
+    def test_memory_objective(self):
+        model = layer_model([1, 2, 3, 4, 5, 6], [1] * 6)
+        _, result = solve(model, options(3, 100, objective="memory"))
+        # sums 1..6 = 21; the best 3-way contiguous split has a largest part of 9: [1 2 3 | 4 5 | 6]... or
+        # [1 2 3 | 4 | 5 6]? 6, 4, 11 no; [1 2 3 4 | 5 | 6] -> 10; [1 2 3 | 4 5 | 6] -> 6, 9, 6 -> 9
+        assert result.evaluation.memory == 9 * UNIT
+        assert stage_ranges(result.split) == [(0, 2), (3, 4), (5, 5)]
+
+    def test_devices_objective_uses_fewest_then_balances(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(5, 12, objective="devices"))
+        # 6 layers x 4 with at most 3 layers per device: 2 devices, only [0 1 2 | 3 4 5]
+        assert result.evaluation.devices == 2
+        assert stage_ranges(result.split) == [(0, 2), (3, 5)]
+
+    def test_infeasible_names_the_layer(self):
+        model = layer_model([1, 9, 1], [1, 1, 1])
+        opts = options(3, 5)
+        advice = advise(model, opts)
+        assert not advice.plan.feasible and advice.plan.status == "infeasible"
+        assert "layer 'l1' alone needs 9,000 bytes" in advice.plan.message
+        assert "no number of devices fits" in advice.plan.message
+
+    def test_infeasible_says_smallest_device_count(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        advice = advise(model, options(2, 8))
+        assert not advice.plan.feasible
+        assert advice.plan.message.endswith("the smallest number that fits is 3")
+
+    def test_min_layers(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(3, 12, min_layers=3))
+        assert stage_ranges(result.split) == [(0, 2), (3, 5)]
+        assert result.evaluation.time == 11
+        _, exact = solve(model, options(3, 12, min_layers=3, exact=True))
+        assert exact.status == "infeasible"
+
+    def test_max_layers(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(3, 12, max_layers=2))
+        assert stage_ranges(result.split) == [(0, 1), (2, 3), (4, 5)]
+
+    def test_pinned_split(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(3, 12, pinned_splits=(4,)))
+        # a stage must start at layer 4: [4 5] together (10) or apart (then 0..3 = 16 > 12); memory tie-break
+        assert result.evaluation.time == 10
+        assert stage_ranges(result.split) == [(0, 1), (2, 3), (4, 5)]
+
+    def test_pinned_layer_to_a_device(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(3, 12, pinned_layers=((5, 1),)))
+        # layer 5 on device 1 leaves device 2 empty: [0 1 2 | 3 4 5] would need 12 on device 1: 3 layers
+        assert [p for p, a, b in result.split.stages if a <= 5 <= b] == [1]
+        assert stage_ranges(result.split) == [(0, 2), (3, 5)]
+
+    def test_heterogeneous_capacities(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        _, result = solve(model, options(3, [4, 12, 12]))
+        # device 0 holds one layer: [0 | 1 2 3 | 4 5] -> 1, 3, 10
+        assert stage_ranges(result.split) == [(0, 0), (1, 3), (4, 5)]
+        assert result.evaluation.time == 10
+
+    def test_one_f_one_b_memory_with_four_stages(self):
+        # training: each layer 10 weights + 5 activation; stage s of 4 holds 4 - s micro-batches,
+        # each extra one adding the stashed activation (5), except the last layer, never stashed
+        model = layer_model([10] * 4, [1] * 4, training=True, activations=[5] * 4)
+        opts = options(4, 100, schedule="1f1b", micro_batches=8, exact=True)
+        advice = advise(model, opts)
+        stages = advice.plan.stages
+        assert [s.in_flight for s in stages] == [4, 3, 2, 1]
+        assert [s.worst_tile_bytes for s in stages] == [30 * UNIT, 25 * UNIT, 20 * UNIT, 15 * UNIT]
+        assert [s.memory_at_worst_tile["stashed_copies"] for s in stages] == [15 * UNIT, 10 * UNIT, 5 * UNIT, 0]
+        gpipe = advise(model, replace(opts, schedule="gpipe")).plan.stages
+        assert [s.worst_tile_bytes for s in gpipe] == [50 * UNIT, 50 * UNIT, 50 * UNIT, 15 * UNIT]
+
+    def test_one_f_one_b_limits_the_first_stage(self):
+        model = layer_model([10] * 4, [1] * 4, training=True, activations=[5] * 4)
+        # capacity 27: the first of 4 stages would hold 30; three stages: 10+5+2*5 = 25 fits for layer 0 ...
+        _, exact = solve(model, options(4, 27, schedule="1f1b", micro_batches=8, exact=True))
+        assert exact.status == "infeasible"
+
+    def test_communication_cost_moves_the_cut(self):
+        # equal compute; the cut after layer 1 carries 0 bytes, the others a lot
+        model = layer_model([1] * 4, [100] * 4, output=[20, 0, 20, 0])
+        opts = options(2, 200, communication=True, link_bytes_per_s=1e9)
+        advice = advise(model, opts)
+        assert advice.plan.split_text == "[ l0 l1 | l2 l3 ]"
+        assert advice.plan.stages[0].bytes_sent == 0
+
+
+class TestProblem:
+    def test_in_flight(self):
+        assert [in_flight("1f1b", 8, s, 4) for s in range(4)] == [4, 3, 2, 1]
+        assert [in_flight("1f1b", 2, s, 4) for s in range(4)] == [2, 2, 2, 1]
+        assert [in_flight("gpipe", 6, s, 3) for s in range(3)] == [6, 6, 6]
+        assert in_flight("none", 6, 0, 3) == 1
+
+    def test_evaluate_rejects_bad_splits(self):
+        problem = build_problem(layer_model(WEIGHTS, COMPUTE), options(3, 12))
+        assert not evaluate(problem, Split((0, 4, 6, 6))).feasible          # 4 layers = 16 > 12
+        assert not evaluate(problem, Split((0, 3, 2, 6))).feasible          # not monotone
+        assert evaluate(problem, Split((0, 3, 5, 6))).feasible
+
+    def test_option_checks(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        from stagesplit.errors import StagesplitError
+        for bad in (dict(devices=0), dict(micro_batches=0), dict(headroom=1.0), dict(pinned_splits=(0,)),
+                    dict(pinned_layers=((9, 0),)), dict(min_layers=3, max_layers=2), dict(communication=True)):
+            with pytest.raises(StagesplitError):
+                build_problem(model, replace(options(3, 12), **bad))
+
+    def test_headroom_reduces_capacity(self):
+        problem = build_problem(layer_model(WEIGHTS, COMPUTE), replace(options(3, 12), headroom=0.25))
+        assert problem.capacity.tolist() == [9 * UNIT] * 3
+
+    def test_fewest_devices(self):
+        model = layer_model(WEIGHTS, COMPUTE)
+        opts = options(1, 8)
+        problem = build_problem(model, opts)
+        assert fewest_devices(price(model, opts), problem.capacity, opts) == 3
+
+
+def test_same_inputs_give_the_same_plan(sample_analysis):
+    opts = SolveOptions(devices=4, time_limit=30)
+    first = advise(sample_analysis.model, opts).plan.to_document()
+    second = advise(sample_analysis.model, opts).plan.to_document()
+    first.pop("run"), second.pop("run")
+    for doc in (first, second):
+        for phase in doc["objective"]:
+            phase.pop("seconds")
+    assert first == second
+
+
+def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
+    model = sample_analysis.model
+    opts = SolveOptions(devices=1, time_limit=30)
+    fewest = fewest_devices(price(model, opts), build_problem(model, opts).capacity, opts)
+    assert fewest is not None and fewest > 1                 # the samples do not fit on one IPU
+    infeasible = solve_cpsat(build_problem(model, replace(opts, devices=fewest - 1)))
+    assert infeasible.status == "infeasible" and not exact_optimum(build_problem(model, replace(opts, devices=fewest - 1))).feasible
+    for n in (fewest, fewest + 3):
+        problem = build_problem(model, SolveOptions(devices=n, time_limit=30))
+        result = solve_cpsat(problem)
+        oracle = exact_optimum(problem)
+        assert result.status == "optimal"
+        assert result.evaluation.key("compute") == oracle.evaluation.key("compute")
+        g = greedy(problem)
+        if g.feasible:
+            assert result.evaluation.key("compute") <= g.evaluation.key("compute")
+
+
+@st.composite
+def random_problems(draw):
+    layers = draw(st.integers(1, 32))
+    devices = draw(st.integers(1, 8))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    training = draw(st.booleans())
+    weights = rng.integers(1, 20, layers).tolist()
+    acts = rng.integers(0, 10, layers).tolist()
+    outs = rng.integers(0, 4, layers).tolist()
+    compute = rng.integers(0, 50, layers).tolist()
+    model = layer_model(weights, compute, training=training, activations=acts, output=outs)
+    biggest = max(model.stage_memory(l, l).worst_bytes() for l in range(layers)) // UNIT
+    whole = model.stage_memory(0, layers - 1).worst_bytes() // UNIT
+    schedule = draw(st.sampled_from(["none", "1f1b", "gpipe"]))
+    micro = draw(st.integers(1, 6))
+    mixed = draw(st.booleans())
+    low, high = biggest, max(biggest + 1, 3 * whole // devices + 2)
+    caps = [int(x) for x in rng.integers(low, high, devices)] if mixed else [int(rng.integers(low, high))] * devices
+    pins = ()
+    if layers > 1 and draw(st.integers(0, 3)) == 0:
+        pins = (int(rng.integers(1, layers)),)
+    pinned_layers = ()
+    if draw(st.integers(0, 5)) == 0:
+        pinned_layers = ((int(rng.integers(0, layers)), int(rng.integers(0, devices))),)
+    exact = devices <= layers and draw(st.integers(0, 3)) == 0
+    opts = SolveOptions(devices=devices, capacities=tuple(c * UNIT for c in caps),
+                        objective=draw(st.sampled_from(["compute", "memory", "devices"])), exact=exact,
+                        schedule=schedule, micro_batches=micro, min_layers=1 + (draw(st.integers(0, 4)) == 0),
+                        max_layers=None if draw(st.integers(0, 2)) else -(-layers // devices) + draw(st.integers(0, 2)),
+                        pinned_splits=pins,
+                        pinned_layers=pinned_layers, time_limit=30)
+    return model, opts
+
+
+@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+@given(random_problems())
+def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
+    model, opts = case
+    problem = build_problem(model, opts)
+    result = solve_cpsat(problem)
+    oracle = exact_optimum(problem)
+    event(f"{result.status}, {opts.objective}, {opts.schedule}, {'exact' if opts.exact else 'at most'}")
+    assert result.status in ("optimal", "infeasible")
+    if not oracle.feasible:
+        assert result.status == "infeasible"
+        return
+    assert result.status == "optimal"
+    assert result.evaluation.feasible
+    assert result.evaluation.key(opts.objective) == oracle.evaluation.key(opts.objective)
+    g = greedy(problem)
+    if g.feasible:
+        assert result.evaluation.key(opts.objective) <= g.evaluation.key(opts.objective)
