@@ -58,7 +58,7 @@ class Breakdown:
         costs = m.operation_costs()
         la = m.layers
         t = Table("Operations (bytes summed over tiles)",
-                  [Column("#", "int"), Column("operation"), Column("layer"), Column("rule")]
+                  [Column("#", "id"), Column("operation"), Column("layer"), Column("rule")]
                   + [Column(_label(k), "bytes") for k in CODE]
                   + [Column("variables", "bytes"), Column("total", "bytes"), Column(f"compute ({m.profile.compute_unit})",
                                                                                       "compute")])
@@ -75,7 +75,7 @@ class Breakdown:
         t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
                   [Column("layer"), Column("ops", "int"), Column("always live", "bytes"),
                    Column("not always live", "bytes")] + [Column(_label(k), "bytes") for k in CODE]
-                  + [Column("total", "bytes"), Column("worst tile", "int"), Column("worst tile bytes", "bytes"),
+                  + [Column("total", "bytes"), Column("worst tile", "id"), Column("worst tile bytes", "bytes"),
                      Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")])
         for l, name in enumerate(la.names):
             sm = m.stage_memory(l, l)
@@ -116,8 +116,8 @@ class Breakdown:
         total = whole.total()
         order = np.argsort(-total, kind="stable")[:max(top, 0)]
         t = Table(f"Most loaded tiles (whole profile as one stage, top {len(order)})",
-                  [Column("tile", "int"), Column("total", "bytes"), Column("always live", "bytes"),
-                   Column("not always live", "bytes"), Column("peak step", "int")]
+                  [Column("tile", "id"), Column("total", "bytes"), Column("always live", "bytes"),
+                   Column("not always live", "bytes"), Column("peak step", "id")]
                   + [Column(_label(k), "bytes") for k in CODE] + [Column("of capacity", "percent")])
         cap = self.model.profile.target.bytes_per_tile
         for tile in order:

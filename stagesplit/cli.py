@@ -298,6 +298,45 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_diagnose(args: argparse.Namespace) -> int:
+    from .diagnose import diagnose, diagnosis_tables
+    from .table import render
+    if args.plan and args.layers:
+        raise StagesplitError("give --plan or --layers, not both")
+    analysis = _analysis(args)
+    model = analysis.model
+    names = model.layers.names
+    stages = None
+    if args.plan:
+        from .plan import read_plan
+        plan = read_plan(args.plan)
+        if plan.layer_names != names:
+            raise StagesplitError(f"{args.plan}: the plan's layers ({', '.join(plan.layer_names[:6])}...) are not this "
+                                  f"profile's ({', '.join(names[:6])}...): use the same profile and layer options")
+        stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
+        if not stages:
+            raise StagesplitError(f"{args.plan}: the plan has no stages (no split fitted)")
+    elif args.layers:
+        first, sep, last = args.layers.partition(":")
+        index = {name: i for i, name in enumerate(names)}
+        if not sep or first not in index or last not in index or index[first] > index[last]:
+            raise StagesplitError(f"--layers: expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
+                                  f"got '{args.layers}'")
+        stages = [(index[first], index[last], 1, None)]
+    result = diagnose(model, stages, top=args.top, window=args.window)
+    if args.plot:
+        from .plot import plot_liveness
+        s = max(result.stages, key=lambda x: x.total / x.capacity)
+        by_step, in_stage = model.live_bytes_by_step(s.first, s.last, s.tile)
+        code = sum(s.memory[k] for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"))
+        plot_liveness(by_step, in_stage, s.memory["always_live"] + s.memory["stashed_copies"], code, s.capacity,
+                      s.step, args.plot, f"tile {s.tile}, layers {s.layers[0]}..{s.layers[-1]}: memory over "
+                      f"program steps (peak {s.total:,} bytes at step {s.step})")
+        print(f"wrote {args.plot}", file=sys.stderr)
+    _emit(render(diagnosis_tables(result), args.format), args.out)
+    return 0
+
+
 def cmd_convert(args: argparse.Namespace) -> int:
     from .io import load_profile, save_profile
     profile = load_profile(args.profile, args.debug_cbor)
@@ -371,6 +410,17 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.add_argument("--plot", metavar="FILE", help="plot bottleneck compute and memory against devices (.png/.svg)")
     p.set_defaults(run=cmd_sweep)
+
+    p = sub.add_parser("diagnose", help="bottleneck tile and step, live variables, ground truth, grouping health")
+    _add_profile(p)
+    _add_layer_options(p)
+    _add_output(p)
+    p.add_argument("--plan", metavar="PLAN", help="diagnose each stage of this plan (from solve --out)")
+    p.add_argument("--layers", metavar="FIRST:LAST", help="diagnose one stage holding these layers (names)")
+    p.add_argument("--top", type=int, default=10, metavar="N", help="how many live variables to list")
+    p.add_argument("--window", type=int, default=5, metavar="W", help="steps to show either side of the peak")
+    p.add_argument("--plot", metavar="FILE", help="liveness plot of the fullest stage's bottleneck tile (.png/.svg)")
+    p.set_defaults(run=cmd_diagnose)
 
     p = sub.add_parser("convert", help="convert a profile (e.g. profile.pop + debug.cbor) to JSON or compact form")
     _add_profile(p)

@@ -31,8 +31,8 @@ def status_line(plan: Plan) -> str:
 
 def stages_table(plan: Plan) -> Table:
     t = Table(f"Stages ({plan.method})",
-              [Column("stage", "int"), Column("device", "int"), Column("layers"), Column("in flight", "int"),
-               Column("worst tile", "int"), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
+              [Column("stage", "id"), Column("device", "id"), Column("layers"), Column("in flight", "int"),
+               Column("worst tile", "id"), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
                Column("variables", "int"), Column("stashed copies", "int"), Column("code+state", "int"),
                Column(f"compute ({plan.compute_unit})", "compute"), Column("time (ms)", "float"),
                Column("received", "bytes"), Column("sent", "bytes")])
@@ -86,7 +86,7 @@ def comparison_table(plans: Sequence[Plan]) -> Table:
 
 
 def sweep_table(rows: Sequence) -> Table:
-    t = Table("Devices sweep", [Column("devices", "int"), Column("fits"), Column("used", "int"),
+    t = Table("Devices sweep", [Column("devices", "id"), Column("fits"), Column("used", "int"),
                                 Column("bottleneck compute", "compute"), Column("bottleneck ms", "float"),
                                 Column("efficiency", "percent"), Column("bubble", "percent"),
                                 Column("worst memory", "percent"), Column("status"), Column("split")])

@@ -15,8 +15,8 @@ FORMATS = ("text", "csv", "tsv", "json")
 
 @dataclass(frozen=True)
 class Column:
-    """``kind``: text, int, bytes (shown in MB or KB), float, compute (3 significant digits),
-    percent (a fraction shown as %)."""
+    """``kind``: text, int, id (an index: no thousands separator), bytes (shown in MB or KB),
+    float, compute (3 significant digits), percent (a fraction shown as %)."""
 
     name: str
     kind: str = "text"
@@ -55,6 +55,8 @@ def _format_cell(value: Any, kind: str, scale: float) -> str:
         return f"{value:,.0f}" if scale == 1.0 else f"{value / scale:,.2f}"
     if kind == "int":
         return f"{int(value):,}"
+    if kind == "id":
+        return str(int(value))
     if kind == "float":
         return f"{value:,.3f}"
     if kind == "compute":

@@ -249,10 +249,11 @@ def random_problems(draw):
     if draw(st.integers(0, 5)) == 0:
         pinned_layers = ((int(rng.integers(0, layers)), int(rng.integers(0, devices))),)
     exact = devices <= layers and draw(st.integers(0, 3)) == 0
+    min_layers = 1 + (draw(st.integers(0, 4)) == 0)
+    max_layers = None if draw(st.integers(0, 2)) else max(min_layers, -(-layers // devices) + draw(st.integers(0, 2)))
     opts = SolveOptions(devices=devices, capacities=tuple(c * UNIT for c in caps),
                         objective=draw(st.sampled_from(["compute", "memory", "devices"])), exact=exact,
-                        schedule=schedule, micro_batches=micro, min_layers=1 + (draw(st.integers(0, 4)) == 0),
-                        max_layers=None if draw(st.integers(0, 2)) else -(-layers // devices) + draw(st.integers(0, 2)),
+                        schedule=schedule, micro_batches=micro, min_layers=min_layers, max_layers=max_layers,
                         pinned_splits=pins,
                         pinned_layers=pinned_layers, time_limit=30)
     return model, opts

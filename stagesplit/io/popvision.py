@@ -288,10 +288,11 @@ class _Reader:
                                           ("cls", np.int64)], count=n) if n else \
             np.zeros(0, [("id", np.int64), ("bytes", np.int64), ("tile", np.int64), ("cls", np.int64)])
         tick(n % every)
-        keep = (cols["tile"] >= 0) & (cols["tile"] < self.tiles)
-        if not np.all(cols["tile"] >= 0):
-            raise ProfileError(self.source, "loweredVariables.allBriefVars.tileId", "a tile index >= 0",
-                               int(cols["tile"][np.argmin(cols["tile"])]))
+        bad = np.flatnonzero((cols["tile"] < 0) | (cols["tile"] >= self.num_tiles))
+        if len(bad):
+            raise ProfileError(self.source, f"loweredVariables.allBriefVars[{int(bad[0])}].tileId",
+                               f"a tile index in 0..{self.num_tiles - 1}", int(cols["tile"][bad[0]]))
+        keep = cols["tile"] < self.tiles
         kept = np.flatnonzero(keep)
         # var id -> index among kept variables (-1: on another IPU)
         new_index = np.full(n, -1, np.int64)

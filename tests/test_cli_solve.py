@@ -1,0 +1,97 @@
+"""End-to-end `stagesplit solve` and `stagesplit sweep` on the shipped samples."""
+
+import json
+import subprocess
+import sys
+
+from stagesplit.cli import main
+from stagesplit.plan import read_plan
+
+from helpers import PROFILES, ROOT
+
+BERT = str(PROFILES / "bert-base.stagesplit")
+CNN = str(PROFILES / "cnn.stagesplit")
+
+
+def run(capsys, *argv):
+    code = main(list(argv))
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_solve_summary_plan_and_plots(tmp_path, capsys):
+    plan, png, svg = tmp_path / "plan.json", tmp_path / "plan.png", tmp_path / "plan.svg"
+    code, out, err = run(capsys, "solve", BERT, "--devices", "4", "--out", str(plan), "--plot", str(png))
+    assert code == 0
+    assert "split: [ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]" in out
+    assert "status: optimal, proven optimal by CP-SAT" in out
+    saved = read_plan(plan)
+    assert saved.split_text == "[ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]"
+    assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000
+    assert run(capsys, "solve", BERT, "--devices", "4", "--plot", str(svg))[0] == 0
+    assert svg.read_text().lstrip().startswith("<?xml") and "<svg" in svg.read_text()
+
+
+def test_solve_compare_shows_greedy_worse(capsys):
+    code, out, _ = run(capsys, "solve", CNN, "--devices", "4", "--compare")
+    assert code == 0
+    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("cp-sat ", "greedy ", "uniform "))}
+    assert set(rows) == {"cp-sat", "greedy", "uniform"}
+    ratio = float(rows["greedy"].split()[-2])
+    assert ratio > 1.0
+
+
+def test_solve_json_matches_plan_file(tmp_path, capsys):
+    plan = tmp_path / "plan.yaml"
+    code, out, _ = run(capsys, "solve", BERT, "--devices", "3", "--format", "json", "--out", str(plan))
+    assert code == 0
+    doc = json.loads(out)
+    assert doc["split"] == read_plan(plan).split_text
+    assert doc["feasible"] is True and doc["status"] == "optimal"
+
+
+def test_solve_infeasible_says_why(capsys):
+    code, out, err = run(capsys, "solve", BERT, "--devices", "2")
+    assert code == 1
+    assert "no split of the 12 layers fits on 2 device(s); the smallest number that fits is 3" in out
+
+
+def test_solve_options(capsys):
+    code, out, _ = run(capsys, "solve", BERT, "--devices", "5", "--schedule", "1f1b", "--micro-batches", "2",
+                       "--headroom", "0.05", "--pin-split", "6", "--objective", "memory")
+    assert code == 0
+    assert "| 6 " in out.split("split: ")[1].splitlines()[0]
+    code, out, _ = run(capsys, "solve", BERT, "--devices", "4", "--target", "ipu-mk2,ipu-mk2,ipu-mk2,ipu-bow")
+    assert code == 0
+
+
+def test_solve_bad_options(capsys):
+    for argv, expected in ((["--devices", "4", "--pin-split", "nope"], "--pin-split: no layer named 'nope'"),
+                           (["--devices", "4", "--target", "ipu-mk1"], "1216 tiles per device"),
+                           (["--devices", "4", "--target", "a,b"], "--target: give one target or 4"),
+                           (["--devices", "0"], "--devices must be at least 1"),
+                           (["--devices", "4", "--pin-layer", "3"], "expected LAYER=STAGE")):
+        code, out, err = run(capsys, "solve", BERT, *argv)
+        lines = err.strip().splitlines()
+        assert code == 2 and len(lines) == 1 and lines[0].startswith("stagesplit: error:") and expected in lines[0]
+
+
+def test_sweep_table_and_plot(tmp_path, capsys):
+    png = tmp_path / "sweep.png"
+    code, out, _ = run(capsys, "sweep", BERT, "--devices", "2..5", "--plot", str(png))
+    assert code == 0
+    assert "fewest devices that fit: 3" in out
+    rows = [line.split() for line in out.splitlines() if line[:1].isdigit() or line.strip()[:1].isdigit()]
+    assert [r[0] for r in rows][:4] == ["2", "3", "4", "5"]
+    assert rows[0][1] == "no" and rows[1][1] == "yes"
+    assert png.read_bytes()[:4] == b"\x89PNG"
+    code, out, _ = run(capsys, "sweep", BERT, "--devices", "3,4", "--format", "csv")
+    assert out.splitlines()[0].startswith("devices,fits,used")
+
+
+def test_console_script_solve():
+    exe = ROOT / ".venv" / "bin" / "stagesplit"
+    command = [str(exe)] if exe.exists() else [sys.executable, "-m", "stagesplit"]
+    proc = subprocess.run(command + ["solve", BERT, "--devices", "4"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "split: [ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]" in proc.stdout
