@@ -49,8 +49,9 @@ class ProfileBuilder:
         return idx
 
     def liveness_class(self, intervals: Iterable[Sequence[int]]) -> int:
-        """The class for these half-open step intervals (shared with identical patterns)."""
-        key = tuple(sorted((int(s), int(e)) for s, e in intervals))
+        """The class for these half-open step intervals (shared with identical patterns).
+        Overlapping intervals are merged: a variable is live on their union, counted once."""
+        key = _merge_overlaps(sorted((int(s), int(e)) for s, e in intervals))
         idx = self._class_index.get(key)
         if idx is None:
             idx = self._class_index[key] = len(self._classes)
@@ -183,6 +184,17 @@ class ProfileBuilder:
                           liveness=liveness, programs=programs, operations=operations,
                           compute_unit=self.compute_unit, ground_truth=self.ground_truth, info=self.info)
         return profile.validate(source) if validate else profile
+
+
+def _merge_overlaps(intervals: list[tuple[int, int]]) -> tuple[tuple[int, int], ...]:
+    """Sorted intervals with overlapping ones merged (touching ones stay separate)."""
+    out: list[tuple[int, int]] = []
+    for s, e in intervals:
+        if out and s < out[-1][1]:
+            out[-1] = (out[-1][0], max(out[-1][1], e))
+        else:
+            out.append((s, e))
+    return tuple(out)
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:

@@ -1,7 +1,8 @@
-"""Device targets and solver settings, read from YAML (always with ``yaml.safe_load``)."""
+"""Device targets and solver settings, read from YAML (always with a safe loader)."""
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
@@ -22,13 +23,24 @@ def config_dir() -> Path:
     return Path(str(resources.files("stagesplit") / "configs"))
 
 
+class _SafeLoader(yaml.SafeLoader):
+    """``yaml.SafeLoader`` that also reads exponent numbers without a dot or exponent sign
+    (``1e9``, ``1.5e14``) as floats, as YAML 1.2 does; YAML 1.1 leaves them strings."""
+
+
+_SafeLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
+    list("-+0123456789."))
+
+
 def read_yaml(path: Path) -> Any:
     try:
         text = path.read_text(encoding="utf-8")
     except OSError as exc:
         raise StagesplitError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.safe_load(text)
+        return yaml.load(text, Loader=_SafeLoader)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "document"

@@ -327,6 +327,12 @@ def _validate(p: Profile, source: str | None) -> None:
         _check(source, (starts < 0) | (starts > steps), path, f"an interval start in 0..{steps}", starts)
         _check(source, (ends < starts) | (ends > steps), path,
                f"an interval end >= its start and <= {steps} (the number of steps)", ends)
+        # a variable is live on the union of its intervals: overlaps would count its bytes twice
+        rows = p.liveness.intervals.row_ids()
+        overlap = np.zeros(len(iv), bool)
+        overlap[1:] = (rows[1:] == rows[:-1]) & (starts[1:] < ends[:-1])
+        _check(source, overlap, path, "intervals sorted by start, each starting at or after the end of the one "
+               "before", starts)
 
     pr = p.programs
     np_ = len(pr)

@@ -1,16 +1,20 @@
 """Optimal split points with OR-Tools CP-SAT.
 
-Variables: the boundary ``b[i]`` where device position i's stage starts (``b[0] = 0``,
-``b[N] = L``, non-decreasing; an equal pair is an empty position). Each position's pair
-``(b[i], b[i+1])`` (with its in-flight count and memory cost) is constrained to a table of the
-stages that fit on that device and obey the layer-count and pin rules; stage memory is not
-additive over layers, so every candidate range was priced by the cost model beforehand. Stage
-time is read from prefix sums through element constraints. Objectives are lexicographic and
-solved in phases: each phase fixes the previous optimum (or best value found) as a bound.
+The model gives every layer ``l`` the device position ``x[l]`` of its stage (non-decreasing in
+``l``; a jump of more than one leaves positions empty). Which layers a stage may hold is
+prefix-closed: if layers ``a..e-1`` fit on a device (memory, and bounds on time or memory
+cost), so do ``a..e'-1`` for e' < e. So with ``reach[a]`` the first layer that no longer fits
+with ``a``, every stage fits if and only if ``x[reach[a]] >= x[a] + 1`` for every layer ``a``
+(a stage starting before ``a`` in the same stage reaches no further). These are difference
+constraints: CP-SAT's precedence propagation proves at the root that a bound is too tight.
+Device-dependent limits (mixed capacities, and the 1F1B in-flight count, which is one more than
+the number of stages after a stage) make the constraint conditional on the position and count.
 
-With identical devices and no layer pinned to a device, empty positions are kept in front, so
-every non-empty stage's 1F1B in-flight count is fixed by its position; otherwise that count is
-a variable, the number of non-empty stages from the position on, capped at M.
+Bottleneck objectives (stage time, stage memory) are minimised by bisection over the values a
+stage can take: each step is one CP-SAT feasibility model with the bound built into ``reach``.
+The gap is between the best split found and the smallest value not yet proven infeasible. The
+devices objective minimises the number of stages directly. Lexicographic tie-breaks run as
+further phases with the earlier optima as bounds.
 """
 
 from __future__ import annotations
@@ -19,12 +23,14 @@ import time as _time
 from dataclasses import dataclass, field
 from typing import Callable
 
+import numpy as np
 from ortools.sat.python import cp_model
 
-from .problem import Evaluation, Split, SplitProblem, evaluate, in_flight
+from .problem import Evaluation, Split, SplitProblem, evaluate
 
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
+BIG = np.iinfo(np.int64).max // 4
 
 
 @dataclass(frozen=True)
@@ -34,6 +40,7 @@ class PhaseResult:
     value: int | None
     bound: int | None
     seconds: float
+    checks: int = 0
 
     @property
     def gap(self) -> float | None:
@@ -68,130 +75,284 @@ class SolverResult:
         return sum(p.seconds for p in self.phases)
 
 
-class _Model:
-    """One CP-SAT model of the problem; phases add bounds and an objective."""
+class _Tables:
+    """Per-stage quantities for every (a, e) range, as (L+1) x (L+1) arrays (e > a)."""
 
-    def __init__(self, problem: SplitProblem, hint: Split | None):
-        self.p = problem
-        o = problem.options
-        L, N = problem.num_layers, problem.devices
-        m = self.m = cp_model.CpModel()
-        self.b = [m.NewIntVar(0, L, f"b{i}") for i in range(N + 1)]
-        m.Add(self.b[0] == 0)
-        m.Add(self.b[N] == L)
-        self.ne = [m.NewBoolVar(f"used{i}") for i in range(N)]
-        for i in range(N):
-            m.Add(self.b[i + 1] >= self.b[i] + 1).OnlyEnforceIf(self.ne[i])
-            m.Add(self.b[i + 1] == self.b[i]).OnlyEnforceIf(self.ne[i].Not())
-            if not problem.empty_allowed(i):
-                m.Add(self.ne[i] == 1)
-        self.symmetric = problem.homogeneous and not o.pinned_layers and not o.exact
-        if self.symmetric:
-            for i in range(N - 1):
-                m.AddImplication(self.ne[i], self.ne[i + 1])     # empty positions first
-        # in-flight micro-batches per position
-        self.k: list[int | cp_model.IntVar] = []
-        for i in range(N):
-            if problem.variable_in_flight:
-                count = m.NewIntVar(0, N - i, f"count{i}")
-                m.Add(count == sum(self.ne[i:]))
-                at_least_one = m.NewIntVar(1, N - i, f"count1_{i}")      # k is unused on an empty position
-                m.AddMaxEquality(at_least_one, [count, 1])
-                k = m.NewIntVar(1, max(problem.in_flight_values), f"k{i}")
-                m.AddMinEquality(k, [at_least_one, o.micro_batches])
-                self.k.append(k)
-            else:
-                self.k.append(problem.fixed_in_flight(i))
-        # stage time
-        top = int(problem.time_up.max()) - min(0, int(problem.time_down.min()))
-        self.T = m.NewIntVar(0, max(top, 0), "bottleneck_time")
-        up, down = [int(x) for x in problem.time_up], [int(x) for x in problem.time_down]
-        self.times = []
-        for i in range(N):
-            u = m.NewIntVar(min(up), max(up), f"up{i}")
-            d = m.NewIntVar(min(down), max(down), f"down{i}")
-            m.AddElement(self.b[i + 1], up, u)
-            m.AddElement(self.b[i], down, d)
-            m.Add(self.T >= u - d).OnlyEnforceIf(self.ne[i])
-            self.times.append((u, d))
-        self.used = sum(self.ne)
-        self.M = None
-        if hint is not None:
-            for var, value in zip(self.b, hint.bounds):
-                m.AddHint(var, value)
-
-    def tables(self, with_memory: bool) -> None:
-        """Restrict each position to the stages that fit (and record their memory cost)."""
-        p, m = self.p, self.m
+    def __init__(self, problem: SplitProblem):
+        p = problem
         L = p.num_layers
-        mem_vars, tops = [], []
-        for i in range(p.devices):
-            ks = p.in_flight_values if p.variable_in_flight else (self.k[i],)
-            tuples = []
-            for k in ks:
-                for a in range(L):
-                    for e in range(a + 1, L + 1):
-                        if not p.fits(i, k, a, e):
-                            break                   # longer ranges from a only need more memory
-                        if p.allowed(i, a, e):
-                            row = (a, e) + ((k,) if p.variable_in_flight else ())
-                            tuples.append(row + ((p.mem_cost(i, k, a, e),) if with_memory else ()))
-                if p.empty_allowed(i):
-                    for a in range(L + 1):
-                        row = (a, a) + ((k,) if p.variable_in_flight else ())
-                        tuples.append(row + ((0,) if with_memory else ()))
-            variables = [self.b[i], self.b[i + 1]] + ([self.k[i]] if p.variable_in_flight else [])
-            if with_memory:
-                top = max((t[-1] for t in tuples), default=0)
-                mv = m.NewIntVar(0, top, f"mem{i}")
-                variables.append(mv)
-                mem_vars.append(mv)
-                tops.append(top)
-            m.AddAllowedAssignments(variables, tuples)
-        if with_memory:
-            self.M = m.NewIntVar(0, max(tops, default=0), "worst_memory")
-            m.AddMaxEquality(self.M, mem_vars)
+        A = L + 1
+        self.p = p
+        a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
+        self.nonempty = e_idx > a_idx
+        self.time = np.where(self.nonempty, p.time_up[None, :] - p.time_down[:, None], BIG)
+        self.compute = np.where(self.nonempty, (p.time_up - p.cut_units)[None, :] - (p.time_down + p.cut_units)[:, None],
+                                BIG)
+        cap = p.options.max_layers
+        self.length_ok = self.nonempty & ((e_idx - a_idx) <= cap if cap is not None else True)
+        self.mem = {}
+        self.memcost = {}
+        for k in p.in_flight_values:
+            m = np.full((A, A), BIG, np.int64)
+            m[:L, 1:] = p.mem[p.k_index(k)]
+            self.mem[k] = np.where(self.nonempty, m, BIG)
+        for position in range(p.devices):
+            for k in p.in_flight_values:
+                m = self.mem[k]
+                if p.homogeneous:
+                    self.memcost[position, k] = m
+                else:
+                    c = int(p.capacity[position])
+                    self.memcost[position, k] = np.where(self.nonempty, -((-m * 1_000_000) // c), BIG)
 
-    def quantity(self, name: str):
-        return {"time": self.T, "memory": self.M, "devices": self.used}[name]
+    def ok(self, position: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
+        """Ranges a..e-1 that fit at ``position`` with ``k`` in flight within the bounds (ignoring
+        communication, which is not monotone and is checked separately)."""
+        fits = self.mem[k] <= int(self.p.capacity[position])
+        return (self.length_ok & fits & (self.compute <= time_bound) &
+                (self.memcost[position, k] <= memory_bound))
+
+    def reach(self, ok: np.ndarray) -> np.ndarray:
+        """reach[a] = the first e > a such that a..e-1 is not ok (L+1 when the whole rest is)."""
+        L = self.p.num_layers
+        bad = ~ok[:L, 1:]                                     # bad[a, e-1]
+        upper = np.triu(np.ones((L, L), bool))
+        bad = bad & upper
+        first_bad = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # index e-1 of the first bad end
+        return first_bad                                      # layers a..first_bad-1 fit; first_bad is too far
+
+    def candidates(self, quantity: str) -> np.ndarray:
+        """Sorted values a stage's time or memory cost can take (over ranges that fit somewhere)."""
+        fit_any = np.zeros_like(self.nonempty)
+        for position in range(self.p.devices):
+            for k in self.p.in_flight_values:
+                fit_any |= self.length_ok & (self.mem[k] <= int(self.p.capacity[position]))
+        if quantity == "time":
+            return np.unique(self.time[fit_any])
+        values = [self.memcost[position, k][fit_any & (self.mem[k] <= int(self.p.capacity[position]))]
+                  for position in range(self.p.devices) for k in self.p.in_flight_values]
+        return np.unique(np.concatenate(values)) if values else np.zeros(0, np.int64)
+
+
+class _Feasibility:
+    """One CP-SAT model: is there a split with every stage within the bounds?"""
+
+    def __init__(self, tables: _Tables, time_bound: int, memory_bound: int, devices_bound: int,
+                 minimise_devices: bool, hint: Split | None):
+        p = tables.p
+        o = p.options
+        L, N = p.num_layers, p.devices
+        self.p = p
+        m = self.m = cp_model.CpModel()
+        x = self.x = [m.NewIntVar(0, N - 1, f"x{l}") for l in range(L)]
+        # s[a]: a stage starts at layer a
+        s = self.s = [m.NewConstant(1)] + [m.NewBoolVar(f"start{a}") for a in range(1, L)]
+        symmetric = p.homogeneous and not o.pinned_layers
+        self.symmetric = symmetric
+        for a in range(1, L):
+            m.Add(x[a] >= x[a - 1])
+            m.Add(x[a] >= x[a - 1] + 1).OnlyEnforceIf(s[a])
+            m.Add(x[a] == x[a - 1]).OnlyEnforceIf(s[a].Not())
+            if o.exact or symmetric:
+                m.Add(x[a] <= x[a - 1] + 1)
+        if o.exact:
+            m.Add(x[0] == 0)
+            m.Add(x[L - 1] == N - 1)
+        elif symmetric:
+            m.Add(x[L - 1] == N - 1)                        # empty positions first
+        stages = sum(s)
+        m.Add(stages <= devices_bound)
+        # in-flight count of the stage holding layer a: min(M, 1 + stages starting after a)
+        ks = p.in_flight_values
+        k_var: list = []
+        if o.schedule == "1f1b" and len(ks) > 1:
+            for a in range(L):
+                after = m.NewIntVar(0, L - 1 - a, f"after{a}")
+                m.Add(after == sum(s[a + 1:]))
+                one_more = m.NewIntVar(1, L - a, f"stages_from{a}")
+                m.Add(one_more == after + 1)
+                k = m.NewIntVar(1, max(ks), f"k{a}")
+                m.AddMinEquality(k, [one_more, m.NewConstant(o.micro_batches)])
+                k_var.append(k)
+        # every stage fits: x[reach[a]] >= x[a] + 1 (conditional when the limit depends on where)
+        positions = [None] if p.homogeneous else list(range(N))
+        at = {}
+        if not p.homogeneous:
+            for a in range(L):
+                for position in positions:
+                    at[a, position] = self._equals(x[a], position)
+        is_k = {}
+        if k_var:
+            for a in range(L):
+                for k in ks:
+                    is_k[a, k] = self._equals(k_var[a], k)
+        for position in positions:
+            for k in (ks if k_var else ks[:1]):
+                reach = tables.reach(tables.ok(position if position is not None else 0, k, time_bound, memory_bound))
+                for a in range(L):
+                    conditions = ([at[a, position]] if position is not None else []) + \
+                        ([is_k[a, k]] if k_var else [])
+                    self._limit(a, int(reach[a]), conditions)
+        # layer-count limits and pins
+        if o.min_layers > 1:
+            for a in range(L):
+                last = a + o.min_layers - 1
+                if last < L:
+                    m.Add(x[last] == x[a]).OnlyEnforceIf(s[a])
+                elif a == 0:
+                    m.AddBoolOr([])                            # fewer layers than one stage needs
+                else:
+                    m.Add(s[a] == 0)                           # a stage starting here would be too short
+        for j in o.pinned_splits:
+            m.Add(s[j] == 1)
+        for layer, position in o.pinned_layers:
+            m.Add(x[layer] == position)
+        # communication makes stage time non-monotone: forbid the ranges it pushes over the bound
+        if o.communication and time_bound < BIG:
+            ends = [m.NewConstant(1) if e == L else s[e] for e in range(L + 1)]
+            over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.nonempty
+            for a, e in zip(*np.nonzero(over)):
+                a, e = int(a), int(e)
+                if e - a == 1:
+                    m.AddBoolOr([s[a].Not(), ends[e].Not()])
+                else:
+                    same = m.NewBoolVar("")
+                    m.Add(x[e - 1] == x[a]).OnlyEnforceIf(same)
+                    m.AddBoolOr([s[a].Not(), ends[e].Not(), same.Not()])
+        if minimise_devices:
+            m.Minimize(stages)
+        if hint is not None:
+            layer_position = np.zeros(L, np.int64)
+            for position, first, last in hint.stages:
+                layer_position[first:last + 1] = position
+            for var, value in zip(x, layer_position):
+                m.AddHint(var, int(value))
+
+    def _equals(self, var, value: int):
+        lit = self.m.NewBoolVar("")
+        self.m.Add(var == value).OnlyEnforceIf(lit)
+        self.m.Add(var != value).OnlyEnforceIf(lit.Not())
+        return lit
+
+    def _limit(self, a: int, reach: int, conditions: list) -> None:
+        """Layer ``reach`` cannot share a stage with layer ``a`` (under ``conditions``); when
+        ``reach == a``, layer ``a`` cannot be placed under them at all."""
+        m, x = self.m, self.x
+        if reach >= self.p.num_layers:
+            return
+        if reach > a:
+            c = m.Add(x[reach] >= x[a] + 1)
+            if conditions:
+                c.OnlyEnforceIf(conditions)
+        else:
+            m.AddBoolOr([lit.Not() for lit in conditions])
+
+    def solve(self, seconds: float, workers: int) -> tuple[str, Split | None, float]:
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(seconds, 0.01)
+        solver.parameters.num_workers = workers
+        solver.parameters.random_seed = 1
+        start = _time.monotonic()
+        status = solver.Solve(self.m)
+        elapsed = _time.monotonic() - start
+        name = solver.StatusName(status)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return name, None, elapsed
+        positions = [int(solver.Value(v)) for v in self.x]
+        return name, _split_from_positions(positions, self.p.devices), elapsed
+
+
+def _split_from_positions(positions: list[int], devices: int) -> Split:
+    L = len(positions)
+    bounds = [0] * (devices + 1)
+    bounds[devices] = L
+    for position in range(devices - 1, -1, -1):
+        first = next((l for l, x in enumerate(positions) if x >= position), L)
+        bounds[position] = first
+    return Split(tuple(bounds))
+
+
+def _quantity(evaluation: Evaluation, quantity: str) -> int:
+    return {"time": evaluation.time, "memory": evaluation.memory, "devices": evaluation.devices}[quantity]
 
 
 def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
                 log: Callable[[str], None] | None = None) -> SolverResult:
-    """Solve ``problem`` lexicographically with CP-SAT (see the module docstring)."""
+    """Solve ``problem`` lexicographically (see the module docstring). ``hint``: a known
+    feasible split, used as the starting upper bound."""
     o = problem.options
-    order = ORDER[o.objective]
-    bounds: dict[str, int] = {}
+    tables = _Tables(problem)
+    bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
     result = SolverResult(None, None)
-    best: Split | None = hint
-    for phase, quantity in enumerate(order):
-        model = _Model(problem, best)
-        model.tables(with_memory="memory" in order[:phase + 1])
-        for name, value in bounds.items():
-            model.m.Add(model.quantity(name) <= value)
-        model.m.Minimize(model.quantity(quantity))
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = float(o.time_limit)
-        solver.parameters.num_workers = int(o.workers)
-        solver.parameters.random_seed = 1
+    best = hint if hint is not None and evaluate(problem, hint).feasible else None
+    deadline_each = float(o.time_limit)
+    for phase, quantity in enumerate(ORDER[o.objective]):
         if log:
-            log(f"CP-SAT phase {phase + 1}/{len(order)}: minimising {PHASE_NAMES[quantity]}")
+            log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
         start = _time.monotonic()
-        status = solver.Solve(model.m)
-        seconds = _time.monotonic() - start
-        name = solver.StatusName(status)
-        if status in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            value = int(round(solver.ObjectiveValue()))
-            bound = int(round(solver.BestObjectiveBound()))
-            best = Split(tuple(int(solver.Value(v)) for v in model.b))
-            bounds[quantity] = value
-            result.phases.append(PhaseResult(quantity, name, value, bound, seconds))
+
+        def check(value: int, minimise: bool = False):
+            limits = dict(bounds)
+            limits[quantity] = value
+            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
+            remaining = deadline_each - (_time.monotonic() - start)
+            return model.solve(remaining, o.workers)
+
+        if quantity == "devices":
+            status, split, _ = check(problem.devices, minimise=True)
+            checks = 1
+            if split is None:
+                result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
+                                                 None, None, _time.monotonic() - start, checks))
+                break
+            value = evaluate(problem, split).devices
+            phase_status = status
+            bound = value if status == "OPTIMAL" else 1
         else:
-            result.phases.append(PhaseResult(quantity, name, None, None, seconds))
-            if phase == 0:
-                return result
-            break
-    if best is not None:
+            candidates = tables.candidates(quantity)
+            checks = 0
+            split = None
+            hi = None
+            if best is not None:
+                current = _quantity(evaluate(problem, best), quantity)
+                hi = int(np.searchsorted(candidates, current))
+                split = best
+            if hi is None or hi >= len(candidates):
+                if not len(candidates):
+                    result.phases.append(PhaseResult(quantity, "INFEASIBLE", None, None,
+                                                     _time.monotonic() - start, 0))
+                    break
+                status, split, _ = check(int(candidates[-1]))
+                checks += 1
+                if split is None:
+                    result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
+                                                     None, None, _time.monotonic() - start, checks))
+                    break
+                hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, split), quantity)))
+            lo = -1                      # candidates[lo] proven infeasible (none yet)
+            unknown = False
+            while hi - lo > 1:
+                if _time.monotonic() - start >= deadline_each:
+                    unknown = True
+                    break
+                mid = (lo + hi) // 2
+                status, found, _ = check(int(candidates[mid]))
+                checks += 1
+                if found is not None:
+                    split = found
+                    hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, found), quantity)))
+                elif status == "INFEASIBLE":
+                    lo = mid
+                else:
+                    unknown = True
+                    break
+            value = int(candidates[hi])
+            bound = int(candidates[lo + 1]) if lo + 1 <= hi else value
+            phase_status = "OPTIMAL" if not unknown and bound == value else "FEASIBLE"
+        best = split
+        bounds[quantity] = value
+        result.phases.append(PhaseResult(quantity, phase_status, value, bound, _time.monotonic() - start, checks))
+    if best is not None and result.phases and result.phases[0].value is not None:
         result.split = _canonical(problem, best)
         result.evaluation = evaluate(problem, result.split)
     return result

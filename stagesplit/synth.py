@@ -27,6 +27,7 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .builder import ProfileBuilder
+from .errors import StagesplitError
 from .profile import GroundTruth, Profile, ProfileInfo, Target
 
 # vertex types per operation kind, with a code size in bytes (same on every tile)
@@ -518,6 +519,11 @@ def synthesize(family: str, target: Target, seed: int = 0, piece_bytes: int | No
     """Generate a synthetic profile of one of ``FAMILIES`` on ``target``."""
     if family not in FAMILIES:
         raise KeyError(family)
+    for flag, value in (("--seed", seed), ("--piece-bytes", piece_bytes), ("--programs-per-op", programs_per_op),
+                        ("--layers", params.get("layers"))):
+        least = 0 if flag == "--seed" else 1
+        if value is not None and value < least:
+            raise StagesplitError(f"invalid {flag} {value}: expected an integer >= {least}")
     model = FAMILIES[family](tiles=target.tiles, **params)
     opt = replace(model.options, seed=seed)
     if piece_bytes is not None:

@@ -45,7 +45,8 @@ def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
 
 
 def _missing(value: Any) -> bool:
-    return value is None or (isinstance(value, float) and math.isnan(value))
+    return value is None or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
+                             and math.isnan(value))
 
 
 def _format_cell(value: Any, kind: str, scale: float) -> str:

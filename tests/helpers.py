@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
 from pathlib import Path
 
 import numpy as np
@@ -148,3 +149,42 @@ def _random_vars_and_programs(rng, ops, steps, tiles, max_vars) -> Profile:
         name = f"layer{layer}/op{i}" if layer >= 0 else f"optimizer/op{i}"
         b.operation(name, first, last, vars=uses[i], programs=progs)
     return b.build()
+
+
+# ---- added for the core test suite ---------------------------------------------------------------
+
+SAMPLE_NAMES = ("bert-base", "gpt", "cnn")
+
+
+def sample_path(name: str) -> Path:
+    return PROFILES / f"{name}.stagesplit"
+
+
+@functools.lru_cache(maxsize=None)
+def load_sample(name: str) -> Profile:
+    """A shipped sample profile, read once per session (treat it as read-only)."""
+    from stagesplit.io import load_profile
+    return load_profile(sample_path(name))
+
+
+@functools.lru_cache(maxsize=None)
+def sample_json_text(name: str) -> str:
+    """The full-form JSON text of a shipped sample (slow to make: cached for the session)."""
+    from stagesplit.io.jsonprofile import dumps_profile
+    return dumps_profile(load_sample(name))
+
+
+def error_line(excinfo, *, file: str | Path | None = None, field: str | None = None,
+               expected: str | None = None) -> str:
+    """The message of a raised StagesplitError, checked to be one line that names ``file``,
+    the ``field`` path (as ``file: field: expected ...``) and what was ``expected``."""
+    message = str(excinfo.value)
+    assert "\n" not in message and "\r" not in message, f"not one line: {message!r}"
+    if file is not None:
+        assert message.startswith(f"{file}: "), message
+    if field is not None:
+        where = f"{file}: " if file is not None else ""
+        assert f"{where}{field}: expected " in message, message
+    if expected is not None:
+        assert expected in message, message
+    return message

@@ -31,7 +31,7 @@ def load_profile(path: str | Path, debug: str | Path | None = None) -> Profile:
         head = handle.read(64)
     if head.startswith(b"PK"):
         return read_compact(path)
-    if head.lstrip()[:1] in (b"{", b"["):
+    if head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):     # a UTF-8 byte order mark may lead
         return read_json_profile(path)
     raise StagesplitError(f"{path}: not a profile: expected stagesplit JSON, a compact .stagesplit file "
                           "or a PopVision profile.pop")

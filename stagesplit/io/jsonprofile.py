@@ -41,7 +41,7 @@ def parse_json_text(text: str, source: str) -> Any:
 def read_json_profile(path: str | Path) -> Profile:
     path = Path(path)
     try:
-        text = path.read_text(encoding="utf-8")
+        text = path.read_text(encoding="utf-8-sig")
     except UnicodeDecodeError:
         raise ProfileError(path, "", "a UTF-8 JSON document") from None
     return profile_from_document(parse_json_text(text, str(path)), str(path))

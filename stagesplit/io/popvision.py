@@ -41,8 +41,9 @@ How the report maps onto the Profile:
   that share a debug-context id share their programs and variables, exactly as libpva reports
   them (the cost model counts each item once per stage and each program's compute once).
   Operations named ``""`` or ``"Call"`` get names that say what they are: ``Call(<instanceId>)``,
-  ``Tensor/<tensorId>`` (``Tensor(<instanceId>)/<tensorId>``), the user-level op name found in
-  debug.cbor for the context or its parents, or ``Anonymous`` (``Anonymous(<instanceId>)``).
+  ``Tensor/<tensorId>`` (``Tensor(<instanceId>)/<tensorId>``), the user-level op name of the
+  JSON (``op_name``/``opName``) or else the nearest one found in debug.cbor for the context or
+  its parents, or ``Anonymous`` (``Anonymous(<instanceId>)``). Other names are kept as they are.
   When the JSON has no inputs, the nearest inputs recorded in debug.cbor are used.
 * **Ground truth**: per first-IPU tile ``alwaysLiveBytes``, ``notAlwaysLiveBytes`` and the
   memory categories the report has (``vertexCode`` -> ``vertex_code``, ...); the not-always-
@@ -246,6 +247,8 @@ class _Reader:
         if len(tile_objs) < T:
             if len(tile_objs):
                 raise ProfileError(self.source, "compilation.tiles", f"{self.num_tiles} tiles", len(tile_objs))
+            self.warnings.append("the profile has no per-tile memory (compilation.tiles is empty): vertex code "
+                                 "and ground truth could not be read")
             return
         first = tile_objs[0].memory.category
         present = [(camel, snake) for camel, snake in CATEGORIES.items() if getattr(first, camel, None) is not None]
@@ -428,12 +431,14 @@ class _Reader:
         if np.any(~np.isnan(estimates)):
             cycles = estimates
             missing = int(np.isnan(estimates).sum())
+            note = f"; {missing} program(s) without an estimate count 0" if missing else ""
             self.compute_source = ("compile-time cycle estimates from the profile (per program, the most cycles on "
-                                   "one tile)" + (f"; {missing} program(s) without an estimate count 0" if missing else ""))
+                                   "one tile)" + note)
         else:
             cycles = np.array(self.p_fallback, float)
-            self.compute_source = (f"estimated from vertex counts: the most vertices on one tile x {CYCLES_PER_VERTEX:g} "
-                                   "cycles per vertex (the profile has no compile-time cycle estimates)")
+            self.compute_source = (f"estimated from vertex counts: the most vertices on one tile x "
+                                   f"{CYCLES_PER_VERTEX:g} cycles per vertex (the profile has no compile-time cycle "
+                                   "estimates)")
 
         def costs(cat: str) -> TileCosts:
             chunks = self.costs[cat]
@@ -476,8 +481,10 @@ class _Reader:
             doc = _load_json(getattr(dc, "json", None))
             raw_name = str(op.name)
             user = None
-            if self.debug is not None and raw_name == "" and not doc.get("tensorId"):
-                user = self.debug.user_op_name(did)
+            if raw_name == "" and not doc.get("tensorId"):
+                user = _as_text(doc.get("op_name")) or _as_text(doc.get("opName"))
+                if user is None and self.debug is not None:
+                    user = self.debug.user_op_name(did)
             names.append(operation_name(raw_name, doc, user))
             ins = _json_inputs(doc)
             if not ins and self.debug is not None:

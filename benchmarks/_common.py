@@ -1,0 +1,54 @@
+"""Shared by the benchmark scripts: the BERT-Large-scale profile, timing and memory helpers."""
+
+from __future__ import annotations
+
+import json
+import os
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def bert_large_profile_path() -> Path:
+    """Generate (once per machine, cached in the temp folder) the BERT-Large-scale profile:
+    26 layers (embeddings, 24 encoder layers, head), 1472 tiles, ~5,500 steps, ~1.26 M variables."""
+    from stagesplit.config import load_target
+    from stagesplit.io import save_profile
+    from stagesplit.synth import synthesize
+    path = Path(tempfile.gettempdir()) / "stagesplit-bench-bert-large-v1.stagesplit"
+    if not path.exists():
+        start = time.perf_counter()
+        profile = synthesize("bert-large", load_target("ipu-mk2"), piece_bytes=4096, programs_per_op=6)
+        save_profile(profile, path)
+        print(f"generated {path.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return path
+
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
+
+
+def run_measurement(script: str, *args: str) -> dict:
+    """Run ``script --measure args`` in a fresh interpreter (so its peak memory is its own)."""
+    proc = subprocess.run([sys.executable, script, "--measure", *args], capture_output=True, text=True,
+                          cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
+    if proc.returncode != 0:
+        raise SystemExit(proc.stderr)
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def print_table(title: str, rows: list[tuple[str, str, str]]) -> None:
+    width = [max(len(r[i]) for r in rows + [("measure", "value", "target")]) for i in range(3)]
+    print(title)
+    print("=" * len(title))
+    print(f"{'measure'.ljust(width[0])}  {'value'.rjust(width[1])}  {'target'.ljust(width[2])}")
+    print(f"{'-' * width[0]}  {'-' * width[1]}  {'-' * width[2]}")
+    for name, value, target in rows:
+        print(f"{name.ljust(width[0])}  {value.rjust(width[1])}  {target.ljust(width[2])}")
+    print()

@@ -1,0 +1,108 @@
+"""Benchmark the PopVision reader (the ``stagesplit convert profile.pop`` path) at BERT-Large scale.
+
+Builds the BERT-Large-scale synthetic profile (26 layers, 1472 tiles, ~5,500 steps, ~1.26 M
+lowered variables), turns it into a report of the fake libpva in tests/fake_pva (the real one
+ships only with the Poplar SDK), then times ``read_popvision`` and writing the compact file,
+and prints wall time and peak resident memory per phase.
+
+Run from the repository root:  python benchmarks/bench_popvision.py [--ipus 2] [--piece-bytes N]
+
+Peak RSS is the process's high-water mark after each phase (``resource.getrusage``); where
+Linux allows resetting it (``/proc/self/clear_refs``), the phase's own peak is shown too.
+The fake report holds Python objects for every brief variable, as libpva does, so the
+process peak includes it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import resource
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "tests" / "fake_pva"))
+
+import pva  # noqa: E402  (the fake libpva)
+
+from stagesplit.config import load_target  # noqa: E402
+from stagesplit.io import load_profile  # noqa: E402
+from stagesplit.io.compact import write_compact  # noqa: E402
+from stagesplit.io.popvision import read_popvision  # noqa: E402
+from stagesplit.synth import synthesize  # noqa: E402
+
+
+def _peak_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0      # KiB on Linux
+
+
+def _reset_peak() -> bool:
+    try:
+        with open("/proc/self/clear_refs", "w") as handle:
+            handle.write("5")
+        return True
+    except OSError:
+        return False
+
+
+def _rss_mb() -> float:
+    try:
+        with open("/proc/self/status") as handle:
+            for line in handle:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return float("nan")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--family", default="bert-large")
+    ap.add_argument("--target", default="ipu-mk2")
+    ap.add_argument("--piece-bytes", type=int, default=4096)
+    ap.add_argument("--programs-per-op", type=int, default=6)
+    ap.add_argument("--ipus", type=int, default=1, help="IPUs in the fake report (IPU 2.. mirror the first)")
+    args = ap.parse_args(argv)
+
+    rows = []
+
+    def phase(name, fn):
+        gc.collect()
+        before = _rss_mb()
+        resettable = _reset_peak()
+        t0 = time.perf_counter()
+        result = fn()
+        wall = time.perf_counter() - t0
+        rows.append((name, wall, _peak_mb() if resettable else float("nan"), _rss_mb() - before, _peak_mb()))
+        return result
+
+    profile = phase("synthesize profile", lambda: synthesize(
+        args.family, load_target(args.target), piece_bytes=args.piece_bytes, programs_per_op=args.programs_per_op))
+    report = phase("build fake pva report", lambda: pva.report_from_profile(profile, ipus=args.ipus))
+    with tempfile.TemporaryDirectory() as tmp:
+        pop = pva.register(Path(tmp) / "profile.pop", report)
+        read = phase("read_popvision (convert path)", lambda: read_popvision(pop))
+        out = Path(tmp) / "model.stagesplit"
+        phase("write compact .stagesplit", lambda: write_compact(read, out))
+        size = out.stat().st_size
+        back = phase("load compact .stagesplit", lambda: load_profile(out))
+        assert len(back.variables) == len(profile.variables)
+
+    print(f"{args.family} on {args.target}: {len(profile.variables):,} variables, {profile.num_steps:,} steps, "
+          f"{len(profile.programs):,} programs, {len(profile.operations):,} operations, "
+          f"{len(profile.liveness):,} liveness classes; fake report on {args.ipus} IPU(s); "
+          f"compact file {size / 1e6:.1f} MB")
+    header = ("phase", "wall s", "phase peak RSS MB", "RSS change MB", "process peak RSS MB")
+    print(f"{header[0]:<32}{header[1]:>8}{header[2]:>19}{header[3]:>15}{header[4]:>21}")
+    for name, wall, phase_peak, grew, peak in rows:
+        print(f"{name:<32}{wall:>8.2f}{phase_peak:>19.0f}{grew:>15.0f}{peak:>21.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

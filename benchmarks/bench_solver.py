@@ -1,0 +1,98 @@
+"""Solver benchmark (issue 3): pricing and CP-SAT time, and how the optimal split's bottleneck
+compares with PopLiner's greedy and a uniform split.
+
+* the BERT-Large-scale profile (26 layers, 1472 tiles) on 16 IPUs: target optimal in 10 s
+* a 200-layer additive per-layer profile on 64 devices: target optimal in 60 s
+
+Run from the repository root:  python benchmarks/bench_solver.py
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import numpy as np
+
+from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measurement
+
+
+def additive_model(layers: int = 200, seed: int = 7):
+    """200 layers of random size and compute in the per-layer form (inference: a stage needs the
+    sum of its layers' weights plus its largest activation), on an 80 GB GPU."""
+    from stagesplit.analysis import Analysis
+    from stagesplit.config import load_target
+    from stagesplit.io.layerform import LayerSpec, build_layer_profile
+    rng = np.random.default_rng(seed)
+    specs = [LayerSpec(f"block{i}", weights=int(rng.integers(200, 1400)) * 2**20,
+                       activations=int(rng.integers(20, 200)) * 2**20, output=int(rng.integers(4, 16)) * 2**20,
+                       compute=float(rng.integers(50, 400)) * 1e12) for i in range(layers)]
+    profile = build_layer_profile(specs, load_target("a100-80gb"), training=False)
+    return Analysis.of(profile).model
+
+
+def measure(case: str, path: str) -> None:
+    from stagesplit.advise import price
+    from stagesplit.analysis import Analysis
+    from stagesplit.oracle import greedy, uniform
+    from stagesplit.problem import SolveOptions, build_problem
+    from stagesplit.solver import solve_cpsat
+    t0 = time.perf_counter()
+    if case == "bert-large":
+        model = Analysis.load(path).model
+        devices = 16
+    else:
+        model = additive_model()
+        devices = 64
+    t1 = time.perf_counter()
+    options = SolveOptions(devices=devices, time_limit=120)
+    table = price(model, options)
+    problem = build_problem(model, options, table=table)
+    t2 = time.perf_counter()
+    base = greedy(problem)
+    result = solve_cpsat(problem, hint=base.split)
+    t3 = time.perf_counter()
+    flat = uniform(problem)
+    cold = solve_cpsat(problem)              # no hint: what CP-SAT needs on its own
+    t4 = time.perf_counter()
+
+    def bottleneck(solution):
+        return float(solution.evaluation.time) if solution.evaluation and solution.evaluation.feasible else None
+
+    opt = float(result.evaluation.time)
+    print(json.dumps({
+        "layers": model.num_layers, "devices": devices, "load": t1 - t0, "price": t2 - t1, "solve": t3 - t2,
+        "solve_cold": t4 - t3, "status": result.status, "status_cold": cold.status, "used": result.evaluation.devices,
+        "gap": max(p.gap or 0.0 for p in result.phases),
+        "greedy": bottleneck(base) / opt if bottleneck(base) else None, "greedy_method": base.method,
+        "greedy_used": base.evaluation.devices if base.feasible else None,
+        "uniform": bottleneck(flat) / opt if bottleneck(flat) else None,
+        "uniform_fits": flat.feasible, "rss": peak_rss_mb()}))
+
+
+def main() -> None:
+    if len(sys.argv) > 3 and sys.argv[1] == "--measure":
+        measure(sys.argv[2], sys.argv[3])
+        return
+    path = str(bert_large_profile_path())
+    for case, target in (("bert-large", "< 10 s"), ("additive-200", "< 60 s")):
+        m = run_measurement(__file__, case, path)
+        ratio = lambda x: f"{x:.3f}x" if x else "does not fit"   # noqa: E731
+        print_table(f"Solver benchmark: {case}, {m['layers']} layers on {m['devices']} devices", [
+            ("load + build model", f"{m['load']:.2f} s", ""),
+            ("price all ranges", f"{m['price']:.2f} s", ""),
+            ("CP-SAT, greedy hint (both phases)", f"{m['solve']:.2f} s", target),
+            ("CP-SAT, no hint (both phases)", f"{m['solve_cold']:.2f} s", target),
+            ("status (gap)", f"{m['status']} ({100 * m['gap']:.2f}%)", "optimal"),
+            ("devices used by the optimal split", f"{m['used']}", ""),
+            ("greedy bottleneck / optimal", ratio(m["greedy"]), f"{m['greedy_method']}, "
+             f"{m['greedy_used']} devices"),
+            ("uniform bottleneck / optimal", ratio(m["uniform"]) + ("" if m["uniform_fits"] else " (does not fit)"),
+             ""),
+            ("peak RSS", f"{m['rss']:,.0f} MB", ""),
+        ])
+
+
+if __name__ == "__main__":
+    main()
