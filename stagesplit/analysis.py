@@ -24,5 +24,5 @@ class Analysis:
 
     @classmethod
     def load(cls, path: str | Path, debug: str | Path | None = None, layer_options: LayerOptions | None = None,
-             shared: str = "every") -> "Analysis":
-        return cls.of(load_profile(path, debug), layer_options, shared)
+             shared: str = "every", progress=None) -> "Analysis":
+        return cls.of(load_profile(path, debug, progress), layer_options, shared)

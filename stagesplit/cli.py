@@ -21,7 +21,19 @@ EXIT_INTERNAL = 1
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, like every other error
-        raise StagesplitError(f"{self.prog}: {message}")
+        command = self.prog.removeprefix("stagesplit").strip()
+        raise StagesplitError(f"{command}: {message}" if command else message)
+
+
+def _count(text: str) -> int:
+    """A non-negative integer option value."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected a whole number >= 0, got '{text}'")
+    return value
 
 
 def _warn(message: str) -> None:
@@ -73,9 +85,22 @@ def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
 
 
+def _load(args: argparse.Namespace):
+    """Read the profile, with a progress line for PopVision profiles (which load slowly)."""
+    from .io import load_profile
+    progress = _progress(args)
+    slow = str(args.profile).endswith(".pop")
+    if slow:
+        progress.start(f"reading {args.profile}")
+    profile = load_profile(args.profile, args.debug_cbor, progress.update if slow else None)
+    if slow:
+        progress.done()
+    return profile
+
+
 def _analysis(args: argparse.Namespace, shared: str | None = None):
     from .analysis import Analysis
-    analysis = Analysis.load(args.profile, args.debug_cbor, _layer_options(args), shared or args.shared or "every")
+    analysis = Analysis.of(_load(args), _layer_options(args), shared or args.shared or "every")
     for message in analysis.profile.info.warnings + analysis.layers.warnings:
         _warn(message)
     return analysis
@@ -111,7 +136,6 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
     g.add_argument("--time-limit", type=float, metavar="S", help="CP-SAT seconds per objective phase (default: 60)")
     g.add_argument("--workers", type=int, metavar="W", help="CP-SAT workers (default 1: deterministic)")
     g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")
-    g.add_argument("--progress", action="store_true", help="show progress even when stderr is not a terminal")
 
 
 def _targets(args: argparse.Namespace, profile, devices: int):
@@ -175,7 +199,7 @@ def _solve_options(args: argparse.Namespace, analysis, devices: int):
 
 def _progress(args: argparse.Namespace):
     from .progress import Progress
-    return Progress(enabled=True if args.progress else None)
+    return Progress(enabled=True if getattr(args, "progress", False) else None)
 
 
 # -- commands -------------------------------------------------------------------------------------------
@@ -338,8 +362,10 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
 
 
 def cmd_convert(args: argparse.Namespace) -> int:
-    from .io import load_profile, save_profile
-    profile = load_profile(args.profile, args.debug_cbor)
+    from .io import save_profile
+    profile = _load(args)
+    for message in profile.info.warnings:
+        _warn(message)
     save_profile(profile, args.output)
     print(f"wrote {args.output}: {len(profile.variables):,} variables, {len(profile.operations):,} operations, "
           f"{len(profile.programs):,} programs, {profile.num_steps:,} steps", file=sys.stderr)
@@ -382,7 +408,17 @@ def build_parser() -> argparse.ArgumentParser:
                      "that does not fit on one accelerator.")
     parser.add_argument("--version", action="version", version=f"stagesplit {__version__}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+    common.add_argument("--progress", action="store_true",
+                        help="show progress on stderr even when it is not a terminal")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    _add_parser = sub.add_parser
+
+    def add_command(name: str, **kw):
+        return _add_parser(name, parents=[common], **kw)
+
+    sub.add_parser = add_command  # type: ignore[method-assign]
 
     p = sub.add_parser("breakdown", help="memory and compute by operation, layer, category and tile")
     _add_profile(p)
@@ -390,7 +426,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.add_argument("--sections", metavar="LIST",
                    help="comma-separated sections: grouping,operations,layers,totals,tiles,affinity,communication")
-    p.add_argument("--top-tiles", type=int, default=10, metavar="N", help="how many of the most loaded tiles to list")
+    p.add_argument("--top-tiles", type=_count, default=10, metavar="N", help="how many of the most loaded tiles to list")
     p.set_defaults(run=cmd_breakdown)
 
     p = sub.add_parser("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
@@ -417,8 +453,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_output(p)
     p.add_argument("--plan", metavar="PLAN", help="diagnose each stage of this plan (from solve --out)")
     p.add_argument("--layers", metavar="FIRST:LAST", help="diagnose one stage holding these layers (names)")
-    p.add_argument("--top", type=int, default=10, metavar="N", help="how many live variables to list")
-    p.add_argument("--window", type=int, default=5, metavar="W", help="steps to show either side of the peak")
+    p.add_argument("--top", type=_count, default=10, metavar="N", help="how many live variables to list")
+    p.add_argument("--window", type=_count, default=5, metavar="W", help="steps to show either side of the peak")
     p.add_argument("--plot", metavar="FILE", help="liveness plot of the fullest stage's bottleneck tile (.png/.svg)")
     p.set_defaults(run=cmd_diagnose)
 

@@ -354,7 +354,7 @@ def test_regex_matching_nothing(capsys):
     (["breakdown", BERT, "--bogus"], "unrecognized arguments: --bogus"),
     (["breakdown", BERT, "--format", "xml"], "argument --format: invalid choice: 'xml'"),
     (["breakdown", BERT, "--sections", "totals,peaks"], "--sections: unknown section 'peaks'"),
-    (["breakdown", BERT, "--top-tiles", "many"], "argument --top-tiles: invalid int value: 'many'"),
+    (["breakdown", BERT, "--top-tiles", "many"], "argument --top-tiles: expected a whole number >= 0, got 'many'"),
     (["breakdown"], "the following arguments are required: profile"),
     (["frobnicate"], "argument COMMAND: invalid choice: 'frobnicate'"),
     (["convert", BERT], "the following arguments are required: -o/--output"),

@@ -553,7 +553,11 @@ class TestCli:
         out = tmp_path / "model.stagesplit"
         code, captured = self.run(capsys, pop, cbor, "-o", out)
         assert code == 0 and out.exists()
-        assert captured.err.startswith(f"wrote {out}: 7 variables, 8 operations, 7 programs, 5 steps")
+        lines = captured.err.splitlines()
+        assert lines[-1].startswith(f"wrote {out}: 7 variables, 8 operations, 7 programs, 5 steps")
+        # the reader's warnings are shown, one line each
+        assert lines[:-1] == [f"stagesplit: warning: {w}" for w in read_popvision(pop, cbor).info.warnings]
+        assert any("outside the profile's 5 steps" in line for line in lines[:-1])
         loaded = load_profile(out)
         assert_profiles_equal(loaded, read_popvision(pop, cbor))
         assert loaded.operations.name[6] == "layer1/dense"

@@ -4,6 +4,7 @@ nothing downstream needs to know which reader made a Profile."""
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Callable
 
 from ..errors import StagesplitError
 from ..fileio import atomic_write_text
@@ -14,9 +15,11 @@ from .jsonprofile import dumps_profile, read_json_profile
 COMPACT_SUFFIXES = (".stagesplit", ".npz")
 
 
-def load_profile(path: str | Path, debug: str | Path | None = None) -> Profile:
+def load_profile(path: str | Path, debug: str | Path | None = None,
+                 progress: Callable[[int, int], None] | None = None) -> Profile:
     """Read a JSON profile, a compact ``.stagesplit`` profile, or a PopVision ``profile.pop``
-    (with its ``debug.cbor``; needs the Poplar SDK's libpva)."""
+    (with its ``debug.cbor``; needs the Poplar SDK's libpva). ``progress(done, total)`` is
+    called while a large PopVision profile loads."""
     path = Path(path)
     if not path.exists():
         raise StagesplitError(f"{path}: no such file")
@@ -24,7 +27,7 @@ def load_profile(path: str | Path, debug: str | Path | None = None) -> Profile:
         raise StagesplitError(f"{path}: is a folder, expected a profile file")
     if path.suffix == ".pop":
         from .popvision import read_popvision
-        return read_popvision(path, debug)
+        return read_popvision(path, debug, progress)
     if debug is not None:
         raise StagesplitError(f"{debug}: a debug.cbor file only goes with a PopVision profile.pop, not with {path.name}")
     with path.open("rb") as handle:
