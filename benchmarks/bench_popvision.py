@@ -2,8 +2,9 @@
 
 Builds the BERT-Large-scale synthetic profile (26 layers, 1472 tiles, ~5,500 steps, ~1.26 M
 lowered variables), turns it into a report of the fake libpva in tests/fake_pva (the real one
-ships only with the Poplar SDK), then times ``read_popvision`` and writing the compact file,
-and prints wall time and peak resident memory per phase.
+ships only with the Poplar SDK), then times ``read_popvision``, writing and reading the compact
+file, and ``diagnose`` of the whole profile against its ground truth, and prints wall time and
+peak resident memory per phase.
 
 Run from the repository root:  python benchmarks/bench_popvision.py [--ipus 2] [--piece-bytes N]
 
@@ -29,7 +30,9 @@ sys.path.insert(0, str(ROOT / "tests" / "fake_pva"))
 
 import pva  # noqa: E402  (the fake libpva)
 
+from stagesplit.analysis import Analysis  # noqa: E402
 from stagesplit.config import load_target  # noqa: E402
+from stagesplit.diagnose import diagnose  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.compact import write_compact  # noqa: E402
 from stagesplit.io.popvision import read_popvision  # noqa: E402
@@ -92,11 +95,17 @@ def main(argv: list[str] | None = None) -> int:
         size = out.stat().st_size
         back = phase("load compact .stagesplit", lambda: load_profile(out))
         assert len(back.variables) == len(profile.variables)
+        del report, read
+        model = phase("group layers + cost model", lambda: Analysis.of(back).model)
+        found = phase("diagnose (whole profile)", lambda: diagnose(model))
+        check = found.stages[0].ground_truth
 
     print(f"{args.family} on {args.target}: {len(profile.variables):,} variables, {profile.num_steps:,} steps, "
           f"{len(profile.programs):,} programs, {len(profile.operations):,} operations, "
           f"{len(profile.liveness):,} liveness classes; fake report on {args.ipus} IPU(s); "
           f"compact file {size / 1e6:.1f} MB")
+    print(f"diagnose: bottleneck tile {found.stages[0].tile} at step {found.stages[0].step}; modelled "
+          f"{check.modelled:,} vs ground truth {check.measured:,} bytes ({check.unexplained:,} unexplained)")
     header = ("phase", "wall s", "phase peak RSS MB", "RSS change MB", "process peak RSS MB")
     print(f"{header[0]:<32}{header[1]:>8}{header[2]:>19}{header[3]:>15}{header[4]:>21}")
     for name, wall, phase_peak, grew, peak in rows:

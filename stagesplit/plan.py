@@ -90,6 +90,9 @@ class Plan:
     def split_text(self) -> str:
         return split_text(self.layer_names, [(s.first_layer, s.last_layer) for s in self.stages])
 
+    def short_split_text(self, width: int = 100) -> str:
+        return split_text(self.layer_names, [(s.first_layer, s.last_layer) for s in self.stages], width)
+
     @property
     def bottleneck(self) -> StagePlan | None:
         return max(self.stages, key=lambda s: (s.compute, -s.stage)) if self.stages else None
@@ -130,9 +133,14 @@ class Plan:
         return doc
 
 
-def split_text(names: list[str], ranges: list[tuple[int, int]]) -> str:
-    """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split."""
-    return "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
+def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
+    """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split. With ``width``, stages of
+    more than two layers are shortened to ``first..last`` when the full text is longer."""
+    full = "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
+    if width is None or len(full) <= width:
+        return full
+    return "[ " + " | ".join(" ".join(names[a:b + 1]) if b - a < 2 else f"{names[a]}..{names[b]}"
+                             for a, b in ranges) + " ]"
 
 
 def file_sha256(path: str | Path) -> str:

@@ -133,11 +133,15 @@ def plot_sweep(rows: Sequence, path: str | Path, title: str | None = None) -> No
     ax2.plot(devices, memory, "s--", color="#ff7f0e", label="worst memory (% of capacity)")
     ax2.set_ylabel("worst tile memory (% of capacity)", color="#ff7f0e")
     ax2.axhline(100, color="black", linestyle="--", linewidth=1)
-    for d, ok in zip(devices, fits):
+    for n, (d, ok) in enumerate(zip(devices, fits)):
         if not ok:
-            ax.axvline(d, color="#d62728", alpha=0.15, linewidth=8)
+            ax.axvspan(d - 0.4, d + 0.4, color="#d62728", alpha=0.15, label="no split fits" if n == 0 or fits[n - 1] else None)
+    ax.set_ylim(bottom=0)
+    ax2.set_ylim(0, max(110.0, np.nanmax(memory) * 1.05 if any(fits) else 110.0))
     ax.set_xticks(devices)
-    ax.set_title(title or "Devices sweep (shaded: no split fits)")
+    handles = ax.get_legend_handles_labels()[0] + ax2.get_legend_handles_labels()[0]
+    ax.legend(handles, [h.get_label() for h in handles], fontsize=8, loc="lower left")
+    ax.set_title(title or "Devices sweep")
     _save(fig, path)
 
 

@@ -48,7 +48,7 @@ def stages_table(plan: Plan) -> Table:
 
 
 def plan_summary(plan: Plan, micro_batches: int = 1) -> str:
-    lines = [f"split: {plan.split_text}" if plan.stages else "split: none", status_line(plan)]
+    lines = [f"split: {plan.short_split_text(200)}" if plan.stages else "split: none", status_line(plan)]
     if plan.stages:
         b = plan.bottleneck
         w = plan.worst_memory
@@ -57,6 +57,9 @@ def plan_summary(plan: Plan, micro_batches: int = 1) -> str:
         lines.append(f"memory: fullest stage {w.stage} uses {w.worst_tile_bytes:,} of {w.capacity_bytes:,} bytes on "
                      f"tile {w.worst_tile} ({w.worst_tile_bytes / w.capacity_bytes:.1%}); "
                      f"{len(plan.stages)} of {plan.devices} devices used")
+        if len(plan.stages) < plan.devices and plan.inputs.get("schedule") == "1f1b":
+            lines.append("note: with 1F1B, stage s of P holds min(M, P - s) micro-batches, so more stages put more "
+                         "stashed activations on the first ones; here more devices do not fit or do not help")
         balance = plan.pipeline_efficiency(1) / (1 - bubble_fraction(len(plan.stages), 1))
         text = f"compute balance: {balance:.1%} (mean stage compute / bottleneck)"
         if micro_batches > 1:
@@ -79,7 +82,7 @@ def comparison_table(plans: Sequence[Plan]) -> Table:
         worst = max(s.worst_tile_bytes for s in p.stages)
         ratio_c = p.bottleneck.compute / best.bottleneck.compute if best and best.bottleneck.compute else None
         ratio_m = worst / max(s.worst_tile_bytes for s in best.stages) if best else None
-        t.add(p.method, "yes" if p.feasible else "NO", len(p.stages), p.split_text, p.bottleneck.compute, worst,
+        t.add(p.method, "yes" if p.feasible else "NO", len(p.stages), p.short_split_text(), p.bottleneck.compute, worst,
               ratio_c, ratio_m)
     t.note = "vs optimal: the method's figure divided by the optimal plan's (1.000 = as good)"
     return t
@@ -98,5 +101,5 @@ def sweep_table(rows: Sequence) -> Table:
         b, w = p.bottleneck, p.worst_memory
         t.add(r.devices, "yes", len(p.stages), b.compute, b.time_s * 1e3 if b.time_s is not None else None,
               p.pipeline_efficiency(r.micro_batches), bubble_fraction(len(p.stages), r.micro_batches),
-              w.worst_tile_bytes / w.capacity_bytes, p.status, p.split_text)
+              w.worst_tile_bytes / w.capacity_bytes, p.status, p.short_split_text())
     return t

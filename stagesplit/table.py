@@ -35,7 +35,7 @@ class Table:
 
 def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
     biggest = max((abs(v) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0)
-    if biggest >= 1e9:
+    if biggest >= 1e10:                 # GB only from 10 GB, so MB-sized rows keep their digits
         return "GB", 1e9
     if biggest >= 1e6:
         return "MB", 1e6

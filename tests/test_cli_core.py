@@ -64,9 +64,9 @@ def test_breakdown_totals_carry_the_real_numbers(capsys, bert):
     modelled = gt.tile_total() - gt.categories["constant"] - gt.categories["vector_list_descriptor"]
     lines = out.splitlines()
     assert lines[0] == "Memory totals by category (whole profile as one stage; summed over tiles)"
-    assert lines[2].split()[:3] == ["category", "modelled", "(GB)"]
+    assert lines[2].split()[:3] == ["category", "modelled", "(MB)"]
     total = next(line for line in lines if line.startswith("total "))
-    assert total.split()[1] == f"{modelled.sum() / 1e9:,.2f}"              # 1.50 GB over all tiles
+    assert total.split()[1] == f"{modelled.sum() / 1e6:,.2f}"              # about 1,500 MB over all tiles
     assert total.split()[3] == f"{modelled.max() / 1e6:,.2f}"              # the worst tile, in MB
     assert f"worst tile needs {modelled.max() / 638976:.0%} of a tile" in out
     assert f"worst tile {int(gt.tile_total().max()):,} bytes" in out
