@@ -136,6 +136,8 @@ class Plan:
 def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
     """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split. With ``width``, stages of
     more than two layers are shortened to ``first..last`` when the full text is longer."""
+    if not ranges:
+        return "none"
     full = "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
     if width is None or len(full) <= width:
         return full
