@@ -72,6 +72,8 @@ def _add_layer_options(p: argparse.ArgumentParser) -> None:
                    help="order layers by program steps or by natural sort of their names")
     g.add_argument("--shared", choices=("every", "none"), default=None,
                    help="count memory of items with no layer on every stage (default) or on none")
+    g.add_argument("--layer-compute", metavar="FILE",
+                   help="YAML/JSON mapping of layer name to compute, replacing the profile's figures for those layers")
 
 
 def _layer_options(args: argparse.Namespace):
@@ -101,6 +103,9 @@ def _load(args: argparse.Namespace):
 def _analysis(args: argparse.Namespace, shared: str | None = None):
     from .analysis import Analysis
     analysis = Analysis.of(_load(args), _layer_options(args), shared or args.shared or "every")
+    if args.layer_compute:
+        from .config import load_layer_compute
+        analysis.model.override_compute(load_layer_compute(args.layer_compute), args.layer_compute)
     for message in analysis.profile.info.warnings + analysis.layers.warnings:
         _warn(message)
     return analysis

@@ -159,3 +159,15 @@ def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
     if not 0 <= settings.headroom < 1:
         raise ProfileError(file, "headroom", "a fraction in [0, 1)", settings.headroom)
     return settings
+
+
+def load_layer_compute(path: str | Path) -> dict[str, float]:
+    """A YAML or JSON mapping of layer name to compute (in the profile's compute unit)."""
+    file = Path(path)
+    data = read_yaml(file)
+    if not isinstance(data, dict) or not data:
+        raise ProfileError(file, "", "a mapping of layer names to compute figures", type(data).__name__)
+    out = {}
+    for name, value in data.items():
+        out[str(name)] = _number(file, str(name), value, minimum=0)
+    return out

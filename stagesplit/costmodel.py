@@ -34,6 +34,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from .errors import StagesplitError
 from .layers import LayerAssignment
 from .profile import Profile
 
@@ -104,7 +105,6 @@ class RangeTable:
     in_flight: tuple[int, ...]
     worst_bytes: np.ndarray
     worst_tile: np.ndarray
-    stash_bytes: np.ndarray
     compute: np.ndarray
 
     def k_index(self, in_flight: int) -> int:
@@ -402,6 +402,17 @@ class StageCostModel:
             shared += float(cycles[progs[~inside]].sum())
         return per_layer, shared
 
+    def override_compute(self, per_layer: dict[str, float], source: str = "user") -> None:
+        """Replace the compute of the named layers (e.g. measured times, or better estimates
+        than an out-of-memory profile's); layers not named keep the profile's figures."""
+        names = self.layers.names
+        unknown = [name for name in per_layer if name not in names]
+        if unknown:
+            raise StagesplitError(f"{source}: no layer named '{unknown[0]}' (layers: {', '.join(names)})")
+        for name, value in per_layer.items():
+            self.layer_compute[names.index(name)] = float(value)
+        self.compute_prefix = np.concatenate([[0.0], np.cumsum(self.layer_compute)])
+
     def range_compute(self, first: int, last: int) -> float:
         return float(self.compute_prefix[last + 1] - self.compute_prefix[first])
 
@@ -588,7 +599,6 @@ class StageCostModel:
         ks = tuple(sorted(set(int(k) for k in in_flight)))
         worst = np.zeros((len(ks), L, L), np.int64)
         worst_tile = np.zeros((len(ks), L, L), np.int64)
-        stash_worst = np.zeros((L, L), np.int64)
         compute = np.zeros((L, L))
         pr = self.profile.programs
         k_minus_one = np.array(ks, np.int64)[:, None] - 1
@@ -647,12 +657,11 @@ class StageCostModel:
                 with_stash = total[None, :] + k_minus_one * stash[None, :]
                 worst_tile[:, a, b] = with_stash.argmax(axis=1)
                 worst[:, a, b] = with_stash[np.arange(len(ks)), worst_tile[:, a, b]]
-                stash_worst[a, b] = stash.max() if T else 0
                 compute[a, b] = self.compute_prefix[b + 1] - self.compute_prefix[a]
                 done += 1
                 if progress is not None:
                     progress(done, total_ranges)
-        return RangeTable(in_flight=ks, worst_bytes=worst, worst_tile=worst_tile, stash_bytes=stash_worst,
+        return RangeTable(in_flight=ks, worst_bytes=worst, worst_tile=worst_tile,
                           compute=compute)
 
 

@@ -102,7 +102,6 @@ class SplitProblem:
     time_down: np.ndarray
     time_scale: float                    # time units per profile compute unit
     homogeneous: bool
-    variable_in_flight: bool             # 1F1B with "at most" stages where position does not fix k
     seconds_per_unit: float | None
     cut_units: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
 
@@ -112,12 +111,6 @@ class SplitProblem:
 
     def k_index(self, k: int) -> int:
         return self.in_flight_values.index(k)
-
-    def fixed_in_flight(self, position: int) -> int:
-        """In-flight count at a position when it does not depend on the other stages: every
-        position used (exact), or empty positions kept in front (homogeneous "at most")."""
-        o = self.options
-        return in_flight(o.schedule, o.micro_batches, position, o.devices)
 
     def stage_time(self, a: int, e: int) -> int:
         """Integer time of the stage holding layers a..e-1 (e > a)."""
@@ -161,8 +154,6 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
     raw_caps = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw_caps * (1.0 - options.headroom)).astype(np.int64)
     homogeneous = bool(np.all(raw_caps == raw_caps[0]))
-    pinned_positions = bool(options.pinned_layers)
-    variable = options.schedule == "1f1b" and not options.exact and (not homogeneous or pinned_positions)
     if options.schedule == "none":
         ks = (1,)
     elif options.schedule == "gpipe":
@@ -190,7 +181,7 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
     cut_units = np.round(cut_units_raw * scale).astype(np.int64)
     return SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, mem=mem,
                         time_up=prefix + cut_units, time_down=prefix - cut_units, time_scale=scale,
-                        homogeneous=homogeneous, variable_in_flight=variable, seconds_per_unit=seconds,
+                        homogeneous=homogeneous, seconds_per_unit=seconds,
                         cut_units=cut_units)
 
 

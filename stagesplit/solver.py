@@ -148,7 +148,6 @@ class _Feasibility:
         # s[a]: a stage starts at layer a
         s = self.s = [m.NewConstant(1)] + [m.NewBoolVar(f"start{a}") for a in range(1, L)]
         symmetric = p.homogeneous and not o.pinned_layers
-        self.symmetric = symmetric
         for a in range(1, L):
             m.Add(x[a] >= x[a - 1])
             m.Add(x[a] >= x[a - 1] + 1).OnlyEnforceIf(s[a])

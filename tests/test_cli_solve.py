@@ -95,3 +95,16 @@ def test_console_script_solve():
     proc = subprocess.run(command + ["solve", BERT, "--devices", "4"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "split: [ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]" in proc.stdout
+
+
+def test_layer_compute_file_overrides_profile_compute(tmp_path, capsys):
+    override = tmp_path / "compute.yaml"
+    override.write_text('"0": 5.0e6\n"11": 2.0e5\n')
+    code, out, _ = run(capsys, "solve", BERT, "--devices", "4", "--layer-compute", str(override))
+    assert code == 0
+    assert "split: [ 0 | 1 2 3 4 | 5 6 7 8 | 9 10 11 ]" in out
+    assert "bottleneck: stage 0 (layers 0..0): 5e+06 cycles" in out
+    override.write_text("nope: 1\n")
+    code, out, err = run(capsys, "solve", BERT, "--devices", "4", "--layer-compute", str(override))
+    assert code == 2 and err.strip() == (f"stagesplit: error: {override}: no layer named 'nope' "
+                                         "(layers: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)")

@@ -277,3 +277,29 @@ def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
     g = greedy(problem)
     if g.feasible:
         assert result.evaluation.key(opts.objective) <= g.evaluation.key(opts.objective)
+
+
+def test_time_limit_returns_best_found_with_its_gap():
+    model = layer_model(WEIGHTS, COMPUTE)
+    problem = build_problem(model, options(3, 12))
+    start = greedy(problem)                               # bottleneck 10; the optimum is 6
+    stopped = solve_cpsat(build_problem(model, replace(options(3, 12), time_limit=0.0)), hint=start.split)
+    assert stopped.status == "feasible" and not stopped.proven_optimal
+    first = stopped.phases[0]
+    assert first.status == "FEASIBLE" and first.value == 10
+    assert first.bound < first.value and first.gap > 0
+    assert stopped.evaluation.time == 10
+    advice = advise(model, replace(options(3, 12), time_limit=0.0))
+    assert advice.plan.status == "feasible"
+    assert advice.plan.message.startswith("stopped by the time limit (0 s): best split found, not proven optimal")
+
+
+def test_user_compute_override_changes_the_split():
+    model = layer_model(WEIGHTS, [1] * 6)
+    model.override_compute({"l5": 100})
+    _, result = solve(model, options(3, 12))
+    assert result.evaluation.time == 100
+    assert stage_ranges(result.split)[-1] == (5, 5)           # the heavy layer alone
+    from stagesplit.errors import StagesplitError
+    with pytest.raises(StagesplitError, match="no layer named 'l9'"):
+        model.override_compute({"l9": 1})
