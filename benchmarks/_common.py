@@ -21,7 +21,12 @@ def bert_large_profile_path() -> Path:
     from stagesplit.config import load_target
     from stagesplit.io import save_profile
     from stagesplit.synth import synthesize
-    path = Path(tempfile.gettempdir()) / "stagesplit-bench-bert-large-v1.stagesplit"
+    import hashlib
+    import stagesplit.builder
+    import stagesplit.synth
+    source = "".join(Path(m.__file__).read_text() for m in (stagesplit.synth, stagesplit.builder))
+    digest = hashlib.sha256(source.encode()).hexdigest()[:12]          # regenerate when the generator changes
+    path = Path(tempfile.gettempdir()) / f"stagesplit-bench-bert-large-{digest}.stagesplit"
     if not path.exists():
         start = time.perf_counter()
         profile = synthesize("bert-large", load_target("ipu-mk2"), piece_bytes=4096, programs_per_op=6)

@@ -23,15 +23,9 @@ def config_dir() -> Path:
     return Path(str(resources.files("stagesplit") / "configs"))
 
 
-class _SafeLoader(yaml.SafeLoader):
-    """``yaml.SafeLoader`` that also reads exponent numbers without a dot or exponent sign
-    (``1e9``, ``1.5e14``) as floats, as YAML 1.2 does; YAML 1.1 leaves them strings."""
-
-
-_SafeLoader.add_implicit_resolver(
-    "tag:yaml.org,2002:float",
-    re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$"),
-    list("-+0123456789."))
+# YAML 1.1 (PyYAML) reads exponent numbers without a dot or sign (``1e9``, ``1.5e14``) as
+# strings; YAML 1.2 reads them as floats. Numeric fields accept them.
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 
 
 def read_yaml(path: Path) -> Any:
@@ -40,7 +34,7 @@ def read_yaml(path: Path) -> Any:
     except OSError as exc:
         raise StagesplitError(f"{path}: cannot read: {exc.strerror or exc}") from None
     try:
-        return yaml.load(text, Loader=_SafeLoader)
+        return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         mark = getattr(exc, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark is not None else "document"
@@ -50,6 +44,8 @@ def read_yaml(path: Path) -> Any:
 def _number(path, field_path, value, *, integer=False, minimum=None, optional=False):
     if value is None and optional:
         return None
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
+        value = float(value.replace("_", ""))
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if isinstance(value, bool) or not ok or (minimum is not None and value < minimum):
         kind = "an integer" if integer else "a number"
@@ -148,9 +144,9 @@ def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
             if not isinstance(value, bool):
                 raise ProfileError(file, f.name, "true or false", value)
         elif isinstance(default, int):
-            _number(file, f.name, value, integer=True, minimum=1)
+            value = _number(file, f.name, value, integer=True, minimum=1)
         else:
-            _number(file, f.name, value, minimum=0)
+            value = _number(file, f.name, value, minimum=0)
         values[f.name] = value
     unknown = sorted(set(data) - {f.name for f in fields(SolverSettings)})
     if unknown:
