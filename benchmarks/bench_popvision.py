@@ -95,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
         size = out.stat().st_size
         back = phase("load compact .stagesplit", lambda: load_profile(out))
         assert len(back.variables) == len(profile.variables)
-        del report, read
+        report = read = None            # let the fake report and the first read go
         model = phase("group layers + cost model", lambda: Analysis.of(back).model)
         found = phase("diagnose (whole profile)", lambda: diagnose(model))
         check = found.stages[0].ground_truth

@@ -29,7 +29,7 @@ variables (weights, optimizer state) are never duplicated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Callable, Sequence
 
 import numpy as np
@@ -200,11 +200,8 @@ class StageCostModel:
 
         # vertex code of a (tile, vertex type) is one size, whichever program brings it in
         vc = p.programs.vertex_code
-        ntypes = max(len(p.programs.vertex_types), 1)
-        key = vc.tile * ntypes + vc.vertex_type
-        size = np.zeros(T * ntypes, np.int64)
-        np.maximum.at(size, key, vc.bytes)
-        self.vertex_code_bytes = size[key]
+        self.vertex_code_size = np.zeros((T, len(p.programs.vertex_types)), np.int64)
+        np.maximum.at(self.vertex_code_size, (vc.tile, vc.vertex_type), vc.bytes)
 
         self._build_op_columns()
         self.var_stashed = self._stashed_variables()
@@ -317,7 +314,7 @@ class StageCostModel:
         enters a stage that starts at layer ``a`` at its first layer >= a, whatever the range's
         last layer, so its tiles x columns live matrix, always-live and stashed bytes (and its
         programs' per-tile code) are computed once."""
-        L, T = self.num_layers, self.num_tiles
+        T = self.num_tiles
         v = self.profile.variables
         nv = len(v)
         self.var_group, self.group_layers = self._layer_set_groups(self.var_pair_var, self.var_pair_layer, nv,
@@ -363,8 +360,6 @@ class StageCostModel:
         keep = g >= 0
         self.prog_group_types = np.zeros((npg, T, ntypes), bool)
         self.prog_group_types[g[keep], vc.tile[keep], vc.vertex_type[keep]] = True
-        self.vertex_code_size = np.zeros((T, ntypes), np.int64)
-        np.maximum.at(self.vertex_code_size, (vc.tile, vc.vertex_type), vc.bytes)
 
     def _entries(self, first: int, groups: list[np.ndarray]) -> list[list[int]]:
         """For stages starting at layer ``first``: the groups each layer brings in."""
@@ -487,7 +482,8 @@ class StageCostModel:
             out[cat] = np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T).astype(np.int64)
         vc = pr.vertex_code
         e = entries("vertex_code")
-        tiles, types, nbytes = vc.tile[e], vc.vertex_type[e], self.vertex_code_bytes[e]
+        tiles, types = vc.tile[e], vc.vertex_type[e]
+        nbytes = self.vertex_code_size[tiles, types]
         fresh = ~vt_present[tiles, types]
         code = np.zeros(T, np.int64)
         if fresh.any():

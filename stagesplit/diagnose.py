@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from .costmodel import StageCostModel, StageMemory
-from .layers import Rule
 from .table import Column, Table
 
 # profile ground-truth category -> the model's category it corresponds to (None: not modelled)

@@ -21,7 +21,6 @@ descriptors) so that diagnostics have something to explain.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -282,8 +281,6 @@ class _Generator:
         self.target = target
         self.T = target.tiles
         self.rng = np.random.default_rng(self.opt.seed)
-        self.vertex_code_size: dict[str, int] = {}
-        self.extra_code: dict[str, np.ndarray] = {}
 
     def spread(self, nbytes: int, tile0: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Split ``nbytes`` into pieces on ``width`` tiles from ``tile0`` (wrapping)."""

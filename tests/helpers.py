@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 
 from stagesplit.builder import ProfileBuilder
-from stagesplit.profile import GroundTruth, Profile, Ragged, Target
+from stagesplit.profile import GroundTruth, Profile, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"

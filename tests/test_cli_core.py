@@ -143,8 +143,8 @@ def test_breakdown_warns_on_stderr(capsys, tmp_path):
     code, out, err = run(capsys, "breakdown", path, "--sections", "grouping", "--layer-regex", r"layer1/(matmul)")
     assert code == 0
     assert err.splitlines() == [
-        f"stagesplit: warning: only 25% of operations got a layer: the model may lack layer names, or "
-        f"--layer-regex ('layer1/(matmul)') does not fit them"]
+        "stagesplit: warning: only 25% of operations got a layer: the model may lack layer names, or "
+        "--layer-regex ('layer1/(matmul)') does not fit them"]
 
 
 # --------------------------------------------------------------------------------------------------

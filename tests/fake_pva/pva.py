@@ -572,7 +572,7 @@ class _Trace:
         return int(self._totals[step])
 
 
-def report_from_profile(profile: "stagesplit.profile.Profile", ipus: int = 1, var_id_start: int = 1000,
+def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
                         var_id_step: int = 3, class_id_start: int = 500) -> Report:
     """A pva-shaped report holding ``profile`` (a stagesplit Profile).
 
