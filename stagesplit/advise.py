@@ -12,7 +12,7 @@ import numpy as np
 from .costmodel import RangeTable, StageCostModel
 from .oracle import Solution, greedy, uniform
 from .plan import Plan, make_plan
-from .problem import SolveOptions, SplitProblem, build_problem, in_flight, with_devices
+from .problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
 from .solver import SolverResult, solve_cpsat
 from .traffic import Traffic, layer_traffic
 
@@ -28,15 +28,11 @@ class Advice:
 
 def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,
           progress: Callable[[int, int], None] | None = None) -> RangeTable:
-    """Price every range once for all the in-flight counts a solve (or sweep) may need."""
-    n = max(options.devices, max_devices or 0)
-    if options.schedule == "gpipe":
-        ks: tuple[int, ...] = (1, options.micro_batches)
-    elif options.schedule == "1f1b":
-        ks = tuple(range(1, min(options.micro_batches, max(n, model.num_layers)) + 1))
-    else:
-        ks = (1,)
-    return model.price_ranges(ks, progress=progress)
+    """Price every range once for all the in-flight counts a solve (or sweep) may need, and for
+    one micro-batch and any stage count, which explaining an infeasible problem needs."""
+    stages = max(options.devices, max_devices or 0, model.num_layers)
+    ks = {1, *in_flight_values(options.schedule, options.micro_batches, stages)}
+    return model.price_ranges(tuple(sorted(ks)), progress=progress)
 
 
 def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
@@ -140,12 +136,13 @@ class SweepRow:
 
 
 def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int], *,
-          profile_path: str | Path | None = None, target_names: list[str] | None = None,
-          progress: Callable[[int, int], None] | None = None,
+          table: RangeTable | None = None, profile_path: str | Path | None = None,
+          target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
           on_row: Callable[[SweepRow], None] | None = None) -> list[SweepRow]:
-    """Solve for each device count (pricing every range once)."""
+    """Solve for each device count (pricing every range once, unless ``table`` is given)."""
     traffic = layer_traffic(model)
-    table = price(model, options, max_devices=max(device_counts), progress=progress)
+    if table is None:
+        table = price(model, options, max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
         advice = advise(model, with_devices(options, n), traffic=traffic, table=table, profile_path=profile_path,

@@ -100,6 +100,7 @@ def _load(args: argparse.Namespace):
 
 
 def _analysis(args: argparse.Namespace, shared: str | None = None):
+    """The profile, its layers and cost model; ``shared`` (else --shared, else every)."""
     from .analysis import Analysis
     analysis = Analysis.of(_load(args), _layer_options(args), shared or args.shared or "every")
     if args.layer_compute:
@@ -164,13 +165,26 @@ def _targets(args: argparse.Namespace, profile, devices: int):
     return tuple(capacities), names
 
 
-def _solve_options(args: argparse.Namespace, analysis, devices: int):
+def _prepare_solve(args: argparse.Namespace, devices: int):
+    """Solver settings (file, then flags), the analysis under their shared policy, the solve
+    options, and every layer range priced once (with a progress line)."""
+    from .advise import price
     from .config import load_solver_settings
-    from .problem import SolveOptions
     settings = load_solver_settings(args.config).with_overrides(
         objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches, headroom=args.headroom,
         time_limit=args.time_limit, workers=args.workers, communication=args.communication,
-        stages="exact" if args.exact else None)
+        stages="exact" if args.exact else None, shared=args.shared)
+    analysis = _analysis(args, settings.shared)
+    options, target_names = _solve_options(args, settings, analysis, devices)
+    progress = _progress(args)
+    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
+    table = price(analysis.model, options, max_devices=devices, progress=progress.update)
+    progress.done()
+    return analysis, options, target_names, table, progress
+
+
+def _solve_options(args: argparse.Namespace, settings, analysis, devices: int):
+    from .problem import SolveOptions
     names = analysis.layers.names
     index = {name: i for i, name in enumerate(names)}
 
@@ -198,7 +212,7 @@ def _solve_options(args: argparse.Namespace, analysis, devices: int):
         pinned_layers=tuple(pins), communication=settings.communication, link_bytes_per_s=link,
         time_limit=settings.time_limit, workers=settings.workers)
     options.check(len(names))
-    return options, target_names, settings.shared
+    return options, target_names
 
 
 def _progress(args: argparse.Namespace):
@@ -223,17 +237,10 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     import json
-    from .advise import advise, price
+    from .advise import advise
     from .report import comparison_table, plan_summary, stages_table
     from .table import render
-    analysis = _analysis(args)
-    options, target_names, shared = _solve_options(args, analysis, args.devices)
-    if shared != analysis.model.shared and args.shared is None:
-        analysis = _analysis(args, shared)
-    progress = _progress(args)
-    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
-    table = price(analysis.model, options, progress=progress.update)
-    progress.done()
+    analysis, options, target_names, table, progress = _prepare_solve(args, args.devices)
     advice = advise(analysis.model, options, table=table, profile_path=args.profile, compare=args.compare,
                     target_names=target_names, log=lambda m: progress.start(m) if progress.enabled else None)
     for message in advice.warnings:
@@ -295,20 +302,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .report import sweep_table
     from .table import render
     counts = _device_counts(args.devices)
-    analysis = _analysis(args)
-    options, target_names, shared = _solve_options(args, analysis, max(counts))
-    if shared != analysis.model.shared and args.shared is None:
-        analysis = _analysis(args, shared)
-    progress = _progress(args)
-    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
+    analysis, options, target_names, table, progress = _prepare_solve(args, max(counts))
     done = []
 
     def on_row(row):
         done.append(row)
         progress.start(f"solved {len(done)}/{len(counts)} device counts")
 
-    rows = sweep(analysis.model, options, counts, profile_path=args.profile, target_names=target_names,
-                 progress=progress.update, on_row=on_row)
+    rows = sweep(analysis.model, options, counts, table=table, profile_path=args.profile, target_names=target_names,
+                 on_row=on_row)
     progress.done()
     if args.plot:
         from .plot import plot_sweep
@@ -417,14 +419,11 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_argument("--progress", action="store_true",
                         help="show progress on stderr even when it is not a terminal")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    _add_parser = sub.add_parser
 
-    def add_command(name: str, **kw):
-        return _add_parser(name, parents=[common], **kw)
+    def command(name: str, **kw) -> argparse.ArgumentParser:
+        return sub.add_parser(name, parents=[common], **kw)
 
-    sub.add_parser = add_command  # type: ignore[method-assign]
-
-    p = sub.add_parser("breakdown", help="memory and compute by operation, layer, category and tile")
+    p = command("breakdown", help="memory and compute by operation, layer, category and tile")
     _add_profile(p)
     _add_layer_options(p)
     _add_output(p)
@@ -433,7 +432,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--top-tiles", type=_count, default=10, metavar="N", help="how many of the most loaded tiles to list")
     p.set_defaults(run=cmd_breakdown)
 
-    p = sub.add_parser("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
+    p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
     _add_profile(p)
     _add_solver_options(p)
     _add_layer_options(p)
@@ -443,7 +442,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
     p.set_defaults(run=cmd_solve)
 
-    p = sub.add_parser("sweep", help="how few devices can I use? solve for a range of device counts")
+    p = command("sweep", help="how few devices can I use? solve for a range of device counts")
     _add_profile(p)
     _add_solver_options(p, sweep=True)
     _add_layer_options(p)
@@ -451,7 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="plot bottleneck compute and memory against devices (.png/.svg)")
     p.set_defaults(run=cmd_sweep)
 
-    p = sub.add_parser("diagnose", help="bottleneck tile and step, live variables, ground truth, grouping health")
+    p = command("diagnose", help="bottleneck tile and step, live variables, ground truth, grouping health")
     _add_profile(p)
     _add_layer_options(p)
     _add_output(p)
@@ -462,13 +461,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--plot", metavar="FILE", help="liveness plot of the fullest stage's bottleneck tile (.png/.svg)")
     p.set_defaults(run=cmd_diagnose)
 
-    p = sub.add_parser("convert", help="convert a profile (e.g. profile.pop + debug.cbor) to JSON or compact form")
+    p = command("convert", help="convert a profile (e.g. profile.pop + debug.cbor) to JSON or compact form")
     _add_profile(p)
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
     p.set_defaults(run=cmd_convert)
 
-    p = sub.add_parser("synth", help="generate a synthetic profile (labelled synthetic)")
+    p = command("synth", help="generate a synthetic profile (labelled synthetic)")
     p.add_argument("family", choices=("bert-base", "bert-large", "gpt", "cnn"))
     p.add_argument("-o", "--output", required=True, metavar="FILE")
     p.add_argument("--target", default="ipu-mk2", help="device target (default: %(default)s)")
@@ -478,7 +477,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--programs-per-op", type=int, help="forward programs (liveness steps) per operation")
     p.set_defaults(run=cmd_synth)
 
-    p = sub.add_parser("targets", help="list the shipped device targets")
+    p = command("targets", help="list the shipped device targets")
     _add_output(p)
     p.set_defaults(run=cmd_targets)
     return parser

@@ -29,7 +29,7 @@ variables (weights, optimizer state) are never duplicated.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from typing import Callable, Sequence
 
 import numpy as np
@@ -157,6 +157,7 @@ class StageCostModel:
         self.profile = profile
         self.layers = layers
         self.shared = shared
+        self._stage_memory: dict[tuple[int, int], StageMemory] = {}
         p = profile
         L = layers.num_layers
         T = p.target.tiles
@@ -508,10 +509,19 @@ class StageCostModel:
         return vars_, progs, cols
 
     def stage_memory(self, first: int, last: int) -> StageMemory:
-        """Per-tile memory of the stage holding layers ``first..last`` (computed from scratch)."""
+        """Per-tile memory of the stage holding layers ``first..last`` (computed from scratch,
+        once per range: plans, plots, sweeps and breakdowns ask for the same ranges again)."""
         if not 0 <= first <= last < self.num_layers:
             raise IndexError(f"layer range {first}..{last} outside 0..{self.num_layers - 1}")
-        return self._memory_of(*self.stage_items(first, last), first, last)
+        key = (int(first), int(last))
+        if key not in self._stage_memory:
+            memory = self._memory_of(*self.stage_items(first, last), first, last)
+            for f in fields(memory):
+                value = getattr(memory, f.name)
+                if isinstance(value, np.ndarray):
+                    value.flags.writeable = False          # shared between callers
+            self._stage_memory[key] = memory
+        return self._stage_memory[key]
 
     def shared_memory(self) -> StageMemory:
         """Memory of the shared items alone (what every stage carries with shared="every")."""

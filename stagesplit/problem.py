@@ -83,6 +83,15 @@ def in_flight(schedule: str, micro_batches: int, stage: int, stages: int) -> int
     return 1
 
 
+def in_flight_values(schedule: str, micro_batches: int, max_stages: int) -> tuple[int, ...]:
+    """Every in-flight count a stage can have in a pipeline of at most ``max_stages`` stages."""
+    if schedule == "gpipe":
+        return (micro_batches,)
+    if schedule == "1f1b":
+        return tuple(range(1, min(micro_batches, max_stages) + 1))
+    return (1,)
+
+
 def bubble_fraction(stages: int, micro_batches: int) -> float:
     """Idle share of a synchronous pipeline step (GPipe and 1F1B alike): (P-1)/(M+P-1)."""
     return (stages - 1) / (micro_batches + stages - 1)
@@ -154,12 +163,7 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
     raw_caps = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw_caps * (1.0 - options.headroom)).astype(np.int64)
     homogeneous = bool(np.all(raw_caps == raw_caps[0]))
-    if options.schedule == "none":
-        ks = (1,)
-    elif options.schedule == "gpipe":
-        ks = (options.micro_batches,)
-    else:
-        ks = tuple(range(1, min(options.micro_batches, n) + 1))
+    ks = in_flight_values(options.schedule, options.micro_batches, n)
     if table is None or not set(ks) <= set(table.in_flight):
         table = model.price_ranges(ks, progress=progress)
     mem = np.stack([table.worst_bytes[table.k_index(k)] for k in ks])
