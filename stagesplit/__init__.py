@@ -1,35 +1,52 @@
 """stagesplit: a pipeline-stage partition advisor.
 
 Read a single-device memory profile, group its operations into layers, price every contiguous
-range of layers as a pipeline stage, and (see ``solve``) choose split points for N devices.
+range of layers as a pipeline stage, and choose split points for N devices (``advise``,
+``sweep``). Public names are imported on first use, so ``import stagesplit`` (and the
+command line's light commands) do not pay for the solver, plotting or pandas.
 """
+
+from __future__ import annotations
+
+import importlib
+from typing import Any
 
 __version__ = "0.1.0"
 
-from .advise import Advice, advise, sweep
-from .analysis import Analysis
-from .breakdown import Breakdown
-from .diagnose import diagnose
-from .config import SolverSettings, known_targets, load_solver_settings, load_target
-from .costmodel import RangeTable, StageCostModel, StageMemory
-from .errors import ProfileError, StagesplitError
-from .io import load_profile, save_profile
-from .io.layerform import LayerSpec, build_layer_profile
-from .layers import LayerAssignment, LayerOptions, group_layers
-from .oracle import exact_optimum, greedy, uniform
-from .plan import Plan, read_plan, write_plan
-from .problem import SolveOptions, Split, SplitProblem, build_problem
-from .profile import Profile, Target
-from .solver import solve_cpsat
-from .builder import ProfileBuilder
-from .synth import synthesize
-from .traffic import Traffic, layer_traffic
+# public name -> the module (relative to this package) that defines it
+_EXPORTS: dict[str, str] = {
+    "Advice": ".advise", "advise": ".advise", "sweep": ".advise",
+    "Analysis": ".analysis",
+    "Breakdown": ".breakdown",
+    "diagnose": ".diagnose",
+    "SolverSettings": ".config", "known_targets": ".config", "load_solver_settings": ".config",
+    "load_target": ".config",
+    "RangeTable": ".costmodel", "StageCostModel": ".costmodel", "StageMemory": ".costmodel",
+    "ProfileError": ".errors", "StagesplitError": ".errors",
+    "load_profile": ".io", "save_profile": ".io",
+    "LayerSpec": ".io.layerform", "build_layer_profile": ".io.layerform",
+    "LayerAssignment": ".layers", "LayerOptions": ".layers", "group_layers": ".layers",
+    "exact_optimum": ".oracle", "greedy": ".oracle", "uniform": ".oracle",
+    "Plan": ".plan", "read_plan": ".plan", "write_plan": ".plan",
+    "SolveOptions": ".problem", "Split": ".problem", "SplitProblem": ".problem", "build_problem": ".problem",
+    "Profile": ".profile", "Target": ".profile",
+    "solve_cpsat": ".solver",
+    "ProfileBuilder": ".builder",
+    "synthesize": ".synth",
+    "Traffic": ".traffic", "layer_traffic": ".traffic",
+}
 
-__all__ = [
-    "Advice", "Analysis", "Breakdown", "LayerAssignment", "LayerOptions", "LayerSpec", "Plan", "Profile",
-    "ProfileBuilder", "ProfileError", "RangeTable", "SolveOptions", "SolverSettings", "Split", "SplitProblem",
-    "StageCostModel", "StageMemory", "StagesplitError", "Target", "Traffic", "advise", "build_layer_profile",
-    "build_problem", "diagnose", "exact_optimum", "greedy", "group_layers", "known_targets", "layer_traffic",
-    "load_profile", "load_solver_settings", "load_target", "read_plan", "save_profile", "solve_cpsat", "sweep",
-    "synthesize", "uniform", "write_plan",
-]
+__all__ = sorted(_EXPORTS)
+
+
+def __getattr__(name: str) -> Any:
+    module = _EXPORTS.get(name)
+    if module is None:
+        raise AttributeError(f"module 'stagesplit' has no attribute '{name}'")
+    value = getattr(importlib.import_module(module, __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(__all__))
