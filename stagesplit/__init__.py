@@ -27,6 +27,7 @@ _EXPORTS: dict[str, str] = {
     "LayerSpec": ".io.layerform", "build_layer_profile": ".io.layerform",
     "LayerAssignment": ".layers", "LayerOptions": ".layers", "group_layers": ".layers",
     "exact_optimum": ".oracle", "greedy": ".oracle", "uniform": ".oracle",
+    "export_plan": ".export",
     "Plan": ".plan", "read_plan": ".plan", "write_plan": ".plan",
     "SolveOptions": ".problem", "Split": ".problem", "SplitProblem": ".problem", "build_problem": ".problem",
     "Profile": ".profile", "Target": ".profile",

@@ -57,31 +57,38 @@ class Breakdown:
         ops = m.profile.operations
         costs = m.operation_costs()
         la = m.layers
+        roof = _roofline(m)
         t = Table("Operations (bytes summed over tiles)",
                   [Column("#", "id"), Column("operation"), Column("layer"), Column("rule")]
                   + [Column(_label(k), "bytes") for k in CODE]
                   + [Column("variables", "bytes"), Column("total", "bytes"), Column(f"compute ({m.profile.compute_unit})",
-                                                                                      "compute")])
+                                                                                      "compute")]
+                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
         for i in range(len(ops)):
             layer = la.names[la.op_layer[i]] if la.op_layer[i] >= 0 else "-"
+            extra = ([roof.op_seconds[i] * 1e3, "memory" if roof.op_memory_bound[i] else "compute"]
+                     if roof is not None else [])
             t.add(i, ops.name[i] or "(unnamed)", layer, Rule(la.op_rule[i]).label,
                   *(int(getattr(costs, k)[i]) for k in CODE), int(costs.variables[i]), int(costs.total[i]),
-                  float(costs.compute[i]))
+                  float(costs.compute[i]), *extra)
         return t
 
     def layers_table(self) -> Table:
         m = self.model
         la = m.layers
+        roof = _roofline(m)
         t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
                   [Column("layer"), Column("ops", "int"), Column("always live", "bytes"),
                    Column("not always live", "bytes")] + [Column(_label(k), "bytes") for k in CODE]
                   + [Column("total", "bytes"), Column("worst tile", "id"), Column("worst tile bytes", "bytes"),
-                     Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")])
+                     Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")]
+                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
         for l, name in enumerate(la.names):
             sm = m.stage_memory(l, l)
+            extra = [roof.layer_seconds[l] * 1e3, roof.layer_bound[l]] if roof is not None else []
             t.add(name, int((la.op_layer == l).sum()), int(sm.always_live.sum()), int(sm.not_always_live.sum()),
                   *(int(sm.category(k).sum()) for k in CODE), int(sm.total().sum()), sm.worst_tile(),
-                  sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]))
+                  sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]), *extra)
         t.note = (f"shared items on every layer: {self.shared.total().sum() / 1e6:.2f} MB summed over tiles"
                   if m.shared == "every" else "shared items are not counted (--shared none)")
         return t
@@ -143,3 +150,14 @@ class Breakdown:
             t.add(name, *(int(x) for x in tr.communication[i]), int(tr.cut_bytes[i]))
         t.note = "cut before: bytes that cross a split placed just before the layer (both directions)"
         return t
+
+
+def _roofline(m: StageCostModel):
+    """Roofline times (roofline.py) to show: for FLOP/second profiles and any profile that knows
+    bytes accessed; cycle-estimated IPU profiles keep their plain columns."""
+    roof = getattr(m, "roofline", None)
+    if roof is None:
+        return None
+    if m.profile.compute_unit in ("flops", "seconds") or np.isfinite(m.profile.operations.bytes_accessed).any():
+        return roof
+    return None

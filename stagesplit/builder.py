@@ -140,10 +140,10 @@ class ProfileBuilder:
 
     def operation(self, name: str, first_step: int = -1, last_step: int = -1, vars: Iterable[int] = (),
                   programs: Iterable[int] = (), inputs: Iterable[str] = (), compute: float = float("nan"),
-                  layer: str | None = None, debug_id: int = -1) -> int:
+                  layer: str | None = None, debug_id: int = -1, bytes_accessed: float = float("nan")) -> int:
         self._ops.append((name, int(debug_id), tuple(inputs), int(first_step), int(last_step),
                           np.asarray(list(vars) if not isinstance(vars, np.ndarray) else vars, np.int64),
-                          np.asarray(list(programs), np.int64), float(compute), layer))
+                          np.asarray(list(programs), np.int64), float(compute), layer, float(bytes_accessed)))
         return len(self._ops) - 1
 
     # ---- result ----------------------------------------------------------------------------
@@ -179,7 +179,8 @@ class ProfileBuilder:
             inputs=[o[2] for o in ops],
             first_step=np.array([o[3] for o in ops], np.int64), last_step=np.array([o[4] for o in ops], np.int64),
             vars=_ragged([o[5] for o in ops]), programs=_ragged([o[6] for o in ops]),
-            compute=np.array([o[7] for o in ops], float), layer=[o[8] for o in ops])
+            compute=np.array([o[7] for o in ops], float), layer=[o[8] for o in ops],
+            bytes_accessed=np.array([o[9] for o in ops], float))
         profile = Profile(target=self.target, steps=self.steps, names=self._names, variables=variables,
                           liveness=liveness, programs=programs, operations=operations,
                           compute_unit=self.compute_unit, ground_truth=self.ground_truth, info=self.info)

@@ -13,6 +13,8 @@ from typing import Callable, Sequence
 
 from . import __version__
 from .errors import StagesplitError
+from .guards import float_in, int_in
+from .safeinput import MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -35,8 +37,27 @@ def _count(text: str) -> int:
     return value
 
 
+_BYTE_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12, "kib": 2**10, "mib": 2**20,
+               "gib": 2**30, "tib": 2**40}
+
+
+def _byte_count(text: str) -> int:
+    """A byte count >= 0: a whole number, or a number with a unit (KB, MB, GB, KiB, MiB, GiB...)."""
+    import re
+    m = re.fullmatch(r"\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*", text[:40])
+    unit = m.group(2).lower() if m else None
+    if not m or unit not in _BYTE_UNITS:
+        raise argparse.ArgumentTypeError(f"expected a number of bytes, optionally with a unit (e.g. 2GiB), "
+                                         f"got '{text[:40]}'")
+    value = float(m.group(1)) * _BYTE_UNITS[unit]
+    if value > 2**62:
+        raise argparse.ArgumentTypeError(f"expected at most {2**62:,} bytes, got '{text[:40]}'")
+    return int(value)
+
+
 def _warn(message: str) -> None:
-    print(f"stagesplit: warning: {message}", file=sys.stderr)
+    from .safeinput import one_line
+    print(f"stagesplit: warning: {one_line(str(message))}", file=sys.stderr)
 
 
 def _emit(text: str, out: str | None) -> None:
@@ -117,30 +138,55 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
         g.add_argument("--devices", required=True, metavar="RANGE",
                        help="device counts: a range like 1..16 or a list like 2,4,8")
     else:
-        g.add_argument("--devices", required=True, type=int, metavar="N", help="number of devices (pipeline stages)")
+        g.add_argument("--devices", required=True, type=int_in(-2**63, MAX_DEVICES), metavar="N",
+                       help="number of devices (pipeline stages)")
     g.add_argument("--target", metavar="T[,T...]",
                    help="device target name or YAML file (default: the profile's device); a comma-separated list "
                         "of N targets gives each device its own capacity")
+    _add_efficiency(g)
     g.add_argument("--objective", choices=("compute", "memory", "devices"),
                    help="compute: fastest slowest stage, then least memory (default); memory: least worst-stage "
                         "memory, then compute; devices: fewest devices that fit, then compute")
     g.add_argument("--exact", action="store_true", default=None, help="use exactly N devices (default: at most N)")
     g.add_argument("--schedule", choices=("none", "1f1b", "gpipe"),
                    help="pipeline schedule whose in-flight micro-batches add stashed activations (default: none)")
-    g.add_argument("--micro-batches", type=int, metavar="M", help="micro-batches per step (default: 1)")
-    g.add_argument("--headroom", type=float, metavar="F", help="fraction of every device kept free, e.g. 0.1")
-    g.add_argument("--min-layers", type=int, default=1, metavar="K", help="at least K layers per stage")
-    g.add_argument("--max-layers", type=int, metavar="K", help="at most K layers per stage")
+    g.add_argument("--micro-batches", type=int_in(1, MAX_MICRO_BATCHES), metavar="M",
+                   help="micro-batches per step (default: 1)")
+    g.add_argument("--headroom", type=float_in(0, 1, high_open=True), metavar="F",
+                   help="fraction of every device kept free, e.g. 0.1")
+    g.add_argument("--reserve", type=_byte_count, default=0, metavar="BYTES",
+                   help="memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "
+                        "workspaces, fragmentation): bytes, or with a unit, e.g. 2GiB or 1.5GB (default: 0)")
+    g.add_argument("--min-layers", type=int_in(1, 10**9), default=1, metavar="K", help="at least K layers per stage")
+    g.add_argument("--max-layers", type=int_in(1, 10**9), metavar="K", help="at most K layers per stage")
     g.add_argument("--pin-split", action="append", default=[], metavar="LAYER",
                    help="a stage must start at this layer (name as shown by breakdown); repeatable")
     g.add_argument("--pin-layer", action="append", default=[], metavar="LAYER=STAGE",
                    help="this layer must be on this device position (0-based); repeatable")
     g.add_argument("--communication", action="store_true", default=None,
                    help="add the transfer time of bytes crossing each cut (over the link bandwidth) to stage time")
-    g.add_argument("--link-bandwidth", type=float, metavar="BYTES_PER_S", help="device-to-device bandwidth")
-    g.add_argument("--time-limit", type=float, metavar="S", help="CP-SAT seconds per objective phase (default: 60)")
-    g.add_argument("--workers", type=int, metavar="W", help="CP-SAT workers (default 1: deterministic)")
+    g.add_argument("--link-bandwidth", type=float_in(1, 1e300), metavar="BYTES_PER_S",
+                   help="device-to-device bandwidth")
+    g.add_argument("--time-limit", type=float_in(0, MAX_TIME_LIMIT, low_open=True), metavar="S",
+                   help="CP-SAT seconds per objective phase (default: 60)")
+    g.add_argument("--workers", type=int_in(1, MAX_WORKERS), metavar="W",
+                   help="CP-SAT workers (default 1: deterministic)")
     g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")
+
+
+def _add_efficiency(g) -> None:
+    g.add_argument("--efficiency", type=float_in(0, 1, low_open=True), metavar="F",
+                   help="achieved over peak FLOP/s on the target (0 < F <= 1, default 1): FLOP time is divided by F")
+
+
+def _apply_roofline(args: argparse.Namespace, model) -> None:
+    """Compute time on the chosen target (the first --target; the profile's device by default):
+    per operation the slower of FLOPs at the target's rate x --efficiency and bytes accessed at
+    its memory bandwidth (stagesplit/roofline.py)."""
+    from .config import load_target
+    from .roofline import apply_roofline
+    names = [t.strip() for t in (getattr(args, "target", None) or "").split(",") if t.strip()]
+    apply_roofline(model, load_target(names[0]) if names else None, getattr(args, "efficiency", None) or 1.0)
 
 
 def _targets(args: argparse.Namespace, profile, devices: int):
@@ -176,6 +222,7 @@ def _prepare_solve(args: argparse.Namespace, devices: int):
         stages="exact" if args.exact else None, shared=args.shared)
     analysis = _analysis(args, settings.shared)
     options, target_names = _solve_options(args, settings, analysis, devices)
+    _apply_roofline(args, analysis.model)
     progress = _progress(args)
     progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
     table = price(analysis.model, options, max_devices=devices, progress=progress.update)
@@ -207,6 +254,7 @@ def _solve_options(args: argparse.Namespace, settings, analysis, devices: int):
     options = SolveOptions(
         devices=devices, objective=settings.objective, exact=settings.stages == "exact", schedule=settings.schedule,
         micro_batches=settings.micro_batches, headroom=settings.headroom, capacities=capacities,
+        reserve=getattr(args, "reserve", 0) or 0,
         min_layers=args.min_layers, max_layers=args.max_layers,
         pinned_splits=tuple(sorted({layer(x, "--pin-split") for x in args.pin_split})),
         pinned_layers=tuple(pins), communication=settings.communication, link_bytes_per_s=link,
@@ -230,9 +278,28 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
     if unknown:
         raise StagesplitError(f"--sections: unknown section '{unknown[0]}': expected some of {', '.join(SECTIONS)}")
     analysis = _analysis(args)
+    _apply_roofline(args, analysis.model)
+    gpu = _gpu_view(args, analysis.profile)
+    if gpu and not args.sections:
+        sections = tuple(s for s in sections if s != "tiles")     # one tile: nothing to rank
     tables = Breakdown.of(analysis.model).tables(sections, top_tiles=args.top_tiles)
+    if gpu:
+        from .table import gpu_view
+        tables = [gpu_view(t) for t in tables]
     _emit(render(tables, args.format), args.out)
     return 0
+
+
+def _gpu_view(args: argparse.Namespace, profile) -> bool:
+    """GPU-facing output (GiB, no IPU-only columns): the target (--target's first, else the
+    profile's device) is a GPU and --ipu-columns was not given."""
+    if getattr(args, "ipu_columns", False):
+        return False
+    names = [t.strip() for t in (getattr(args, "target", None) or "").split(",") if t.strip()]
+    if names:
+        from .config import load_target
+        return load_target(names[0]).kind == "gpu"
+    return profile.target.kind == "gpu" and profile.target.tiles == 1
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
@@ -246,10 +313,12 @@ def cmd_solve(args: argparse.Namespace) -> int:
     for message in advice.warnings:
         _warn(message)
     plan = advice.plan
-    if args.out:
+    if args.out and plan.stages:
         from .plan import write_plan
         write_plan(plan, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
+    elif args.out:                                    # no plan: an existing file is left as it was
+        _warn(f"no plan written to {args.out}: no split fits")
     if args.plot:
         if plan.stages:
             from .plot import plot_plan
@@ -266,16 +335,22 @@ def cmd_solve(args: argparse.Namespace) -> int:
     else:
         p = analysis.profile
         cap = options.capacities[0] if options.capacities else p.target.bytes_per_tile
+        gpu = _gpu_view(args, p)
+        size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.target.tiles:,} tiles x {cap:,} bytes"
+        reserve = options.reserve / 2**30 if gpu else options.reserve
         header = (f"{p.info.name or args.profile}{' (synthetic)' if p.info.synthetic else ''}: "
                   f"{analysis.model.num_layers} layers on {'exactly' if options.exact else 'at most'} {options.devices} x "
-                  f"{', '.join(sorted(set(target_names)))} ({p.target.tiles:,} tiles x {cap:,} bytes"
-                  f"{f', {options.headroom:.0%} kept free' if options.headroom else ''})\n"
+                  f"{', '.join(sorted(set(target_names)))} ({size}"
+                  f"{f', {options.headroom:.0%} kept free' if options.headroom else ''}"
+                  f"{(f', {reserve:,.2f} GiB reserved' if gpu else f', {reserve:,} bytes reserved') if options.reserve else ''})\n"
                   f"objective: {options.objective}; schedule: {options.schedule}"
                   f"{f' with {options.micro_batches} micro-batches' if options.schedule != 'none' else ''}")
-        parts = [header, plan_summary(plan, options.micro_batches)]
+        parts = [header, plan_summary(plan, options.micro_batches, gpu=gpu)]
         text = "\n".join(parts) + "\n"
         if plan.stages:
-            text += "\n" + render([stages_table(plan)])
+            from .table import gpu_view
+            table = stages_table(plan)
+            text += "\n" + render([gpu_view(table) if gpu else table])
         if advice.baselines:
             text += "\n" + render([comparison_table([plan] + advice.baselines)])
         sys.stdout.write(text)
@@ -283,17 +358,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 
 def _device_counts(text: str) -> list[int]:
-    try:
-        if ".." in text:
-            lo, hi = text.split("..", 1)
-            counts = list(range(int(lo), int(hi) + 1))
-        else:
-            counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        counts = []
-    if not counts or min(counts) < 1:
-        raise StagesplitError(f"--devices: expected a range like 1..16 or a list like 2,4,8, got '{text}'")
-    return counts
+    from .guards import device_counts
+    return device_counts(text, MAX_DEVICES)          # bounded before any list is built
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
@@ -378,6 +444,29 @@ def cmd_convert(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_import(args: argparse.Namespace) -> int:
+    """ONNX model -> full-form profile (stagesplit/io/onnximport.py)."""
+    from .config import load_target
+    from .io import save_profile
+    from .io.onnximport import import_onnx, parse_dims
+    from .layers import LayerOptions, group_layers
+    result = import_onnx(args.model, load_target(args.target), batch=args.batch, dims=parse_dims(args.dim),
+                         training=args.training, dtype=args.dtype, name=args.name)
+    profile = result.profile
+    options = _layer_options(args)
+    layers = group_layers(profile, options)
+    if options != LayerOptions():       # explicit grouping: stored with the operations
+        profile.operations.layer = [layers.names[l] if l >= 0 else None for l in layers.op_layer]
+    for message in result.warnings:
+        _warn(message)
+    save_profile(profile, args.output)
+    forward = sum(n.flops for n in result.nodes)
+    print(f"wrote {args.output}: {len(result.nodes):,} nodes, {len(layers.names):,} layers, parameters "
+          f"{result.param_bytes:,} bytes ({len(result.shared)} shared), forward {forward / 1e9:.4g} GFLOPs, "
+          f"training: {args.training}", file=sys.stderr)
+    return 0
+
+
 def cmd_synth(args: argparse.Namespace) -> int:
     from .config import load_target
     from .io import save_profile
@@ -392,6 +481,29 @@ def cmd_synth(args: argparse.Namespace) -> int:
     save_profile(profile, args.output)
     print(f"wrote {args.output}: {profile.info.name} (synthetic), {len(profile.variables):,} variables, "
           f"{len(profile.operations):,} operations, {profile.num_steps:,} steps", file=sys.stderr)
+    return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .export import export_plan
+    from .plan import read_plan
+    text = export_plan(read_plan(args.plan), args.to, training=not args.inference, model=args.model)
+    _emit(text, args.output)
+    return 0
+
+
+def cmd_capture(args: argparse.Namespace) -> int:
+    from .capture import capture
+    from .io import save_profile
+    profile = capture(args.model, optimizer=args.optimizer, dtype=args.dtype, amp=args.amp, target=args.target,
+                      allocator_round=args.allocator_round, name=args.name, layer_regex=args.layer_regex)
+    for message in profile.info.warnings:
+        _warn(message)
+    save_profile(profile, args.output)
+    v = profile.variables
+    print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
+          f"{len(v):,} tensor storages; parameters, gradients and optimizer state {v.bytes[v.always_live].sum() / 2**30:.3f} "
+          f"GiB; {profile.operations.compute.sum():.3g} FLOPs", file=sys.stderr)
     return 0
 
 
@@ -430,6 +542,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sections", metavar="LIST",
                    help="comma-separated sections: grouping,operations,layers,totals,tiles,affinity,communication")
     p.add_argument("--top-tiles", type=_count, default=10, metavar="N", help="how many of the most loaded tiles to list")
+    p.add_argument("--ipu-columns", action="store_true",
+                   help="on a GPU target, still show bytes, the tiles section and the code columns")
+    p.add_argument("--target", metavar="T", help="device target name or YAML file whose rates give the time columns "
+                   "(default: the profile's device)")
+    _add_efficiency(p)
     p.set_defaults(run=cmd_breakdown)
 
     p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
@@ -437,6 +554,8 @@ def build_parser() -> argparse.ArgumentParser:
     _add_solver_options(p)
     _add_layer_options(p)
     p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
+    p.add_argument("--ipu-columns", action="store_true",
+                   help="on a GPU target, still show bytes and the per-tile and code columns")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
     p.add_argument("--out", metavar="PLAN", help="write the plan (.json, or .yaml/.yml) atomically")
     p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
@@ -467,6 +586,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
     p.set_defaults(run=cmd_convert)
 
+    p = command("import", help="import an ONNX model as a profile (needs stagesplit[onnx])")
+    p.add_argument("model", metavar="MODEL.onnx", help="ONNX model (external data files next to it)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="output: .stagesplit or .npz for the compact form, anything else for JSON")
+    p.add_argument("--batch", type=int_in(1, 2**40), metavar="N", help="bind each input's symbolic first dimension")
+    p.add_argument("--dim", action="append", default=[], metavar="NAME=VALUE",
+                   help="bind a symbolic dimension by name; repeatable")
+    p.add_argument("--training", choices=("adam", "sgd", "none"), default="adam",
+                   help="adam: gradients + 2 fp32 moments per parameter, backward = 2x forward compute; sgd: "
+                        "gradients only; none: inference (default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "float16", "bfloat16"),
+                   help="element type of floating tensors (default: as stored in the model)")
+    p.add_argument("--target", default="a100-80gb", help="device target name or YAML file (default: %(default)s)")
+    p.add_argument("--name", help="profile name (default: the file's stem)")
+    _add_layer_options(p)
+    p.set_defaults(run=cmd_import)
+
     p = command("synth", help="generate a synthetic profile (labelled synthetic)")
     p.add_argument("family", choices=("bert-base", "bert-large", "gpt", "cnn"))
     p.add_argument("-o", "--output", required=True, metavar="FILE")
@@ -477,26 +613,102 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--programs-per-op", type=int, help="forward programs (liveness steps) per operation")
     p.set_defaults(run=cmd_synth)
 
+    from .export import FORMATS
+    p = command("export", help="write a plan's split in a training framework's own form (snippet or config)",
+                formatter_class=argparse.RawDescriptionHelpFormatter,
+                epilog="formats:\n" + "\n".join(f"  {f.name:<17} {f.description}" for f in FORMATS.values()))
+    p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
+    p.add_argument("--to", required=True, choices=tuple(FORMATS), metavar="FORMAT",
+                   help="one of: " + ", ".join(FORMATS))
+    p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
+    p.add_argument("--inference", action="store_true", help="no gradient accumulation in the pipeline options")
+    p.add_argument("--model", default="model", metavar="NAME", help="the model's Python name in snippets "
+                   "(default: %(default)s)")
+    p.set_defaults(run=cmd_export)
+
+    p = command("capture", help="record a PyTorch training step's memory and FLOPs on CPU (fake tensors) as a profile",
+                description="Run one training step (forward, loss, backward, optimizer step) of a PyTorch model "
+                "under torch's FakeTensorMode on the CPU: no real memory is allocated and no GPU is needed. Every "
+                "aten operation is one program step; every tensor storage a variable with its bytes and live "
+                "interval. Parameters, buffers, gradients and optimizer state are always live. Writes the full "
+                "form (one tile holding the target's memory) with FLOPs as compute. Needs pip install "
+                "'stagesplit[torch]'.")
+    p.add_argument("model", metavar="MODEL",
+                   help="path/to/file.py:function or package.module:function; the function takes no arguments and "
+                        "returns (model, inputs) or (model, inputs, loss_fn); inputs: a tensor, a tuple of arguments "
+                        "or a dict of keyword arguments; build the model on torch.device('meta') or under "
+                        "FakeTensorMode (a real model works too). Without loss_fn the loss is the output's sum")
+    p.add_argument("-o", "--output", required=True, metavar="FILE",
+                   help="output profile: .stagesplit (compact, recommended) or .json; written atomically")
+    p.add_argument("--optimizer", choices=("adam", "adamw", "sgd", "none"), default="adam",
+                   help="optimizer whose state is always live: adam/adamw (two states per parameter), sgd (momentum "
+                        "0.9: one), none (default: %(default)s)")
+    p.add_argument("--dtype", choices=("float32", "bfloat16", "float16"), default="float32",
+                   help="dtype of the parameters and floating-point inputs (with --amp: the autocast dtype) "
+                        "(default: %(default)s)")
+    p.add_argument("--amp", action="store_true",
+                   help="mixed precision: parameters, gradients and optimizer state stay float32 and the forward "
+                        "runs under torch.autocast in --dtype (bfloat16 when --dtype is float32)")
+    p.add_argument("--target", metavar="NAME|FILE",
+                   help="device the profile is for: a shipped target name or a YAML file (default: a100-80gb)")
+    p.add_argument("--layer-regex", metavar="RE",
+                   help="regex whose capture group names a block in the module paths; when given, every operation's "
+                        "layer is stored in the profile so later commands need no --layer-regex (default: the "
+                        "standard layer regex, applied when the profile is used)")
+    p.add_argument("--allocator-round", type=int_in(1, 2**30), default=512, metavar="BYTES",
+                   help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
+                        "(default: %(default)s; 1 for exact bytes)")
+    p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
+    p.set_defaults(run=cmd_capture)
+
     p = command("targets", help="list the shipped device targets")
     _add_output(p)
     p.set_defaults(run=cmd_targets)
     return parser
 
 
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path checked before any input is read or any file written (see guards)."""
+    from .guards import check_outputs
+    plot = getattr(args, "plot", None)
+    if plot:
+        from .plot import FORMATS as PLOT_FORMATS
+    outputs = [("--out", getattr(args, "out", None), None), ("--plot", plot, PLOT_FORMATS if plot else None),
+               ("--output", getattr(args, "output", None), None)]
+    inputs = [getattr(args, name, None) for name in ("profile", "debug_cbor", "config", "layer_compute", "plan")]
+    target = getattr(args, "target", None)
+    if isinstance(target, str):
+        inputs += [t.strip() for t in target.split(",") if t.strip().endswith((".yaml", ".yml"))]
+    check_outputs(outputs, inputs)
+
+
+def _safe_stdout() -> None:
+    """Names that UTF-8 cannot encode (lone surrogates from JSON escapes) print as escapes
+    instead of crashing the table printer."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
 def main(argv: Sequence[str] | None = None) -> int:
+    from .safeinput import one_line
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
+    _safe_stdout()
     try:
         args = build_parser().parse_args(argv)
         if not getattr(args, "command", None):
             build_parser().print_help(sys.stderr)
             return EXIT_USAGE
         run: Callable[[argparse.Namespace], int] = args.run
+        _check_outputs(args)
         return run(args)
     except StagesplitError as exc:
         if debug:
             traceback.print_exc()
-        print(f"stagesplit: error: {exc}", file=sys.stderr)
+        print(f"stagesplit: error: {one_line(str(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("stagesplit: interrupted", file=sys.stderr)
@@ -506,8 +718,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except Exception as exc:  # a bug: still one line unless --debug
         if debug:
             traceback.print_exc()
-        print(f"stagesplit: internal error: {type(exc).__name__}: {exc} (run with --debug for the traceback)",
-              file=sys.stderr)
+        print(f"stagesplit: internal error: {type(exc).__name__}: {one_line(str(exc))[:500]} (run with --debug "
+              "for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL
 
 

@@ -2,16 +2,20 @@
 
 from __future__ import annotations
 
+import math
 import re
 from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from .errors import ProfileError, StagesplitError
 from .profile import Target
+from .safeinput import (MAX_BYTES, MAX_COMPUTE, MAX_MICRO_BATCHES, MAX_TILES, MAX_TIME_LIMIT, MAX_WORKERS,
+                        read_yaml_file, show)
+
+INT64_MAX = 2**63 - 1
+MAX_FINITE = 1e300      # clock rates, bandwidths and FLOP rates: finite, with room for arithmetic
 
 
 def config_dir() -> Path:
@@ -28,29 +32,34 @@ def config_dir() -> Path:
 _EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
 
 
-def read_yaml(path: Path) -> Any:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except OSError as exc:
-        raise StagesplitError(f"{path}: cannot read: {exc.strerror or exc}") from None
-    try:
-        return yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        where = f"line {mark.line + 1}" if mark is not None else "document"
-        raise ProfileError(path, where, "valid YAML", getattr(exc, "problem", str(exc))) from None
+def read_yaml(path: Path, what: str = "YAML file") -> Any:
+    """Parse a YAML (or JSON) file safely: opened once, at most MAX_CONFIG_BYTES, no deep
+    nesting, alias bombs or duplicate keys (see stagesplit/safeinput.py)."""
+    return read_yaml_file(path, what)
 
 
-def _number(path, field_path, value, *, integer=False, minimum=None, optional=False):
+def _number(path, field_path, value, *, integer=False, minimum=None, optional=False, maximum=None):
+    """A finite number (an integer with ``integer``) in [minimum, maximum]."""
     if value is None and optional:
         return None
     if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
-        value = float(value.replace("_", ""))
+        try:
+            value = float(value.replace("_", ""))
+        except ValueError:
+            pass
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
-    if isinstance(value, bool) or not ok or (minimum is not None and value < minimum):
-        kind = "an integer" if integer else "a number"
-        bound = f" >= {minimum}" if minimum is not None else ""
-        raise ProfileError(path, field_path, kind + bound, value)
+    if ok and not isinstance(value, bool) and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    top = maximum if maximum is not None else INT64_MAX if integer else MAX_FINITE
+    if isinstance(value, bool) or not ok or (minimum is not None and value < minimum) or value > top:
+        text = "an integer" if integer else "a number"
+        if minimum is not None:
+            text += f" >= {minimum}"
+        if maximum is not None or (ok and value > top):
+            text += f" and <= {top:,}" if integer else f" and <= {top:g}"
+        if isinstance(value, float) and not math.isfinite(value):
+            text += " (finite: not inf or nan)"
+        raise ProfileError(path, field_path, text, value)
     return value
 
 
@@ -61,7 +70,8 @@ def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: s
 
     if not isinstance(spec, dict):
         raise ProfileError(path, prefix, "a mapping with tiles and bytes_per_tile", spec)
-    known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s"}
+    known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s",
+             "memory_bytes_per_s"}
     for key in spec:
         if key not in known:
             raise ProfileError(path, at(str(key)), "one of " + ", ".join(sorted(known)), key)
@@ -72,11 +82,14 @@ def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: s
         name=str(spec.get("name", name)),
         kind=kind,
         description=str(spec.get("description", "")),
-        tiles=_number(path, at("tiles"), spec.get("tiles"), integer=True, minimum=1),
-        bytes_per_tile=_number(path, at("bytes_per_tile"), spec.get("bytes_per_tile"), integer=True, minimum=1),
+        tiles=_number(path, at("tiles"), spec.get("tiles"), integer=True, minimum=1, maximum=MAX_TILES),
+        bytes_per_tile=_number(path, at("bytes_per_tile"), spec.get("bytes_per_tile"), integer=True, minimum=1,
+                               maximum=MAX_BYTES),
         clock_hz=_number(path, at("clock_hz"), spec.get("clock_hz"), minimum=0, optional=True),
         link_bytes_per_s=_number(path, at("link_bytes_per_s"), spec.get("link_bytes_per_s"), minimum=0, optional=True),
         flops_per_s=_number(path, at("flops_per_s"), spec.get("flops_per_s"), minimum=0, optional=True),
+        memory_bytes_per_s=_number(path, at("memory_bytes_per_s"), spec.get("memory_bytes_per_s"), minimum=0,
+                                   optional=True),
     )
 
 
@@ -144,9 +157,13 @@ def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
             if not isinstance(value, bool):
                 raise ProfileError(file, f.name, "true or false", value)
         elif isinstance(default, int):
-            value = _number(file, f.name, value, integer=True, minimum=1)
+            top = {"micro_batches": MAX_MICRO_BATCHES, "workers": MAX_WORKERS}.get(f.name)
+            value = _number(file, f.name, value, integer=True, minimum=1, maximum=top)
         else:
-            value = _number(file, f.name, value, minimum=0)
+            value = _number(file, f.name, value, minimum=0,
+                            maximum=MAX_TIME_LIMIT if f.name == "time_limit" else None)
+            if f.name == "time_limit" and value <= 0:
+                raise ProfileError(file, f.name, "a number of seconds > 0", value)
         values[f.name] = value
     unknown = sorted(set(data) - {f.name for f in fields(SolverSettings)})
     if unknown:
@@ -165,5 +182,8 @@ def load_layer_compute(path: str | Path) -> dict[str, float]:
         raise ProfileError(file, "", "a mapping of layer names to compute figures", type(data).__name__)
     out = {}
     for name, value in data.items():
-        out[str(name)] = _number(file, str(name), value, minimum=0)
+        out[str(name)] = _number(file, show(name), value, minimum=0, maximum=MAX_COMPUTE)
+    total = sum(out.values())
+    if total > MAX_COMPUTE:
+        raise ProfileError(file, "", f"compute figures summing to at most {MAX_COMPUTE:g}", total)
     return out

@@ -8,7 +8,10 @@ For a stage (layers ``a..b``), per tile:
     vertex state, exchange code, control code = summed over the stage's programs
 
 The stage's variables and programs are those used by its operations; an item used by several
-layers is counted once per stage. The stage's program steps are the steps its operations span.
+layers is counted once per stage. The stage's program steps are the steps its operations span
+(an operation with unknown steps: the steps where one of its not-always-live variables is live).
+An operation's compute is its own figure or its equal share of its programs' cycles (see
+docs/profile-format.md, "How a stage is priced from the full form").
 Items with no layer ("shared": used only by operations without a layer, or by no operation at
 all) are counted on *every* stage with ``shared="every"`` (the default: global buffers,
 constants and control state exist on every device, and an under-estimate means a plan that
@@ -20,11 +23,13 @@ in and the steps it adds, since a peak over more steps and more bytes can only g
 ``stage_memory`` computes one range from scratch with full per-tile detail; the two share no
 pricing code, so each checks the other.
 
-Stashed activations (for pipeline schedules): a not-always-live variable is *stashed* when,
-for a layer that uses it, it stays live from one of that layer's steps, across steps of other
-layers, to a later step of the same layer: it is written in the forward pass and read back in
-the backward pass, so a pipeline keeps one copy per micro-batch in flight. Always-live
-variables (weights, optimizer state) are never duplicated.
+Stashed activations (for pipeline schedules), the rule of docs/profile-format.md: a
+not-always-live variable is *stashed* when, for a layer ``l`` that uses it, it stays live
+(without a break, however its intervals are written) from a step where ``l`` runs, through a
+step where another layer runs and ``l`` does not, to a later step where ``l`` runs: it is
+written in the forward pass and read back in the backward pass, so a pipeline keeps one copy
+per micro-batch in flight. Always-live variables (weights, optimizer state) are never
+duplicated.
 """
 
 from __future__ import annotations
@@ -234,8 +239,11 @@ class StageCostModel:
         return np.searchsorted(self.breaks, np.asarray(step), side="right") - 1
 
     def _build_op_columns(self) -> None:
-        """Each operation's column range; an operation with unknown steps spans the hull of its
-        variables' live columns (it is taken to run whenever its data is live)."""
+        """Each operation's columns. An operation with known steps spans ``first_step..last_step``;
+        one with unknown steps runs exactly at the steps where one of its not-always-live
+        variables is live (the union of their intervals, not its hull), and at no step if it
+        has none. ``op_col_start``/``op_col_end`` are the hull; ``op_rows`` the interval rows
+        whose union an unknown-step operation runs on."""
         ops = self.profile.operations
         n = len(ops)
         c0 = np.zeros(n, np.int64)
@@ -243,55 +251,90 @@ class StageCostModel:
         known = ops.first_step >= 0
         c0[known] = self.column_of(ops.first_step[known])
         c1[known] = self.column_of(ops.last_step[known] + 1)
-        for i in np.flatnonzero(~known):
-            vars_ = ops.vars[i]
-            rows = np.concatenate([np.arange(self.var_row_offsets[x], self.var_row_offsets[x + 1]) for x in vars_]) \
-                if len(vars_) else np.zeros(0, np.int64)
-            if len(rows):
-                c0[i], c1[i] = self.row_col_start[rows].min(), self.row_col_end[rows].max()
-        self.op_col_start, self.op_col_end = c0, c1
         L, G = self.num_layers, self.num_columns
-        # cover[l, c]: some operation of layer l runs in column c (row L: operations with no layer)
-        diff = np.zeros((L + 1, G + 1), np.int64)
         lay = self.layers.op_layer
         row = np.where(lay >= 0, lay, L)
-        np.add.at(diff, (row, c0), 1)
-        np.add.at(diff, (row, c1), -1)
+        # cover[l, c]: some operation of layer l runs in column c (row L: operations with no layer)
+        diff = np.zeros((L + 1, G + 1), np.int64)
+        np.add.at(diff, (row[known], c0[known]), 1)
+        np.add.at(diff, (row[known], c1[known]), -1)
+        self.op_rows: dict[int, np.ndarray] = {}
+        for i in np.flatnonzero(~known):
+            vars_ = ops.vars[i]
+            vars_ = vars_[self.var_nal[vars_]]
+            counts = self.var_row_offsets[vars_ + 1] - self.var_row_offsets[vars_]
+            rows = np.repeat(self.var_row_offsets[vars_], counts) + _ramp(counts)
+            self.op_rows[int(i)] = rows
+            if len(rows):
+                c0[i], c1[i] = self.row_col_start[rows].min(), self.row_col_end[rows].max()
+                np.add.at(diff[row[i]], self.row_col_start[rows], 1)
+                np.add.at(diff[row[i]], self.row_col_end[rows], -1)
+        self.op_col_start, self.op_col_end = c0, c1
         live = np.cumsum(diff, axis=1)[:, :G] > 0
         self.cover = live[:L]
         self.shared_cover = live[L]
 
+    def op_columns(self, op: int) -> np.ndarray:
+        """The columns operation ``op`` runs in (sorted)."""
+        rows = self.op_rows.get(int(op))
+        if rows is None:
+            return np.arange(self.op_col_start[op], self.op_col_end[op])
+        mask = np.zeros(self.num_columns + 1, np.int64)
+        np.add.at(mask, self.row_col_start[rows], 1)
+        np.add.at(mask, self.row_col_end[rows], -1)
+        return np.flatnonzero(np.cumsum(mask)[:self.num_columns] > 0)
+
+    def _live_runs(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Maximal runs of consecutive live columns per not-always-live variable: (variable,
+        first column, end column exclusive). Touching intervals merge, so a variable's runs do
+        not depend on how its liveness was written."""
+        var, c0, c1 = self.row_var, self.row_col_start, self.row_col_end
+        if not len(var):
+            return var, c0, c1
+        # rows are sorted by variable and, within one, by start, and do not overlap (validated)
+        new = np.ones(len(var), bool)
+        new[1:] = (var[1:] != var[:-1]) | (c0[1:] != c1[:-1])
+        starts = np.flatnonzero(new)
+        ends = np.concatenate([starts[1:], [len(var)]]) - 1
+        return var[starts], c0[starts], c1[ends]
+
     def _stashed_variables(self) -> np.ndarray:
-        """Flag variables that stay live, for one of their layers, across other layers' steps."""
+        """The stash rule of docs/profile-format.md, per step: a not-always-live variable is
+        stashed when, for a layer ``l`` that uses it, it stays live from a step where ``l`` runs,
+        through a step where another layer runs and ``l`` does not, to a later step where ``l``
+        runs. Columns are uniform in liveness and in which layers run, so the rule is evaluated
+        on columns exactly."""
         L, G = self.num_layers, self.num_columns
         nv = len(self.profile.variables)
         stashed = np.zeros(nv, bool)
-        if G == 0 or not len(self.row_var):
+        run_var, run_c0, run_c1 = self._live_runs()
+        if G == 0 or not len(run_var):
             return stashed
         layers_covering = self.cover.sum(axis=0)
-        # rows of every (variable, layer) pair of not-always-live variables
+        run_offsets = np.zeros(nv + 1, np.int64)
+        np.cumsum(np.bincount(run_var, minlength=nv), out=run_offsets[1:])
         for l in range(L):
             own = self.cover[l]
             if not own.any():
                 continue
-            other = (layers_covering - own) > 0
+            gap = (layers_covering - own > 0) & ~own       # another layer runs, l does not
+            if not gap.any():
+                continue
             own_prefix = np.concatenate([[0], np.cumsum(own)])
-            other_prefix = np.concatenate([[0], np.cumsum(other)])
+            gap_prefix = np.concatenate([[0], np.cumsum(gap)])
             own_cols = np.flatnonzero(own)
             vars_l = self.layer_vars.of(l)
-            vars_l = vars_l[self.var_nal[vars_l]]
+            vars_l = vars_l[self.var_nal[vars_l] & ~stashed[vars_l]]
             if not len(vars_l):
                 continue
-            counts = self.var_row_offsets[vars_l + 1] - self.var_row_offsets[vars_l]
-            rows = np.repeat(self.var_row_offsets[vars_l], counts) + _ramp(counts)
-            c0, c1 = self.row_col_start[rows], self.row_col_end[rows]
-            n_own = own_prefix[c1] - own_prefix[c0]
-            has_two = n_own >= 2
+            counts = run_offsets[vars_l + 1] - run_offsets[vars_l]
+            runs = np.repeat(run_offsets[vars_l], counts) + _ramp(counts)
+            c0, c1 = run_c0[runs], run_c1[runs]
+            has_two = own_prefix[c1] - own_prefix[c0] >= 2
             first = own_cols[np.minimum(own_prefix[c0], len(own_cols) - 1)]
             last = own_cols[np.maximum(own_prefix[c1] - 1, 0)]
-            gap = (other_prefix[last] - other_prefix[first + 1]) > 0
-            hit = has_two & gap
-            stashed[self.row_var[rows[hit]]] = True
+            hit = has_two & (gap_prefix[last] - gap_prefix[np.minimum(first + 1, last)] > 0)
+            stashed[run_var[runs[hit]]] = True
         return stashed
 
     def _layer_set_groups(self, pair_item: np.ndarray, pair_layer: np.ndarray, n_items: int,
@@ -375,27 +418,18 @@ class StageCostModel:
     # Compute
     def _layer_compute(self) -> tuple[np.ndarray, float]:
         """Compute per layer, and of operations with no layer. An operation's own ``compute``
-        wins; otherwise it is derived from its programs' cycle estimates, each program counted
-        once, for the first operation that runs it (operations sharing a debug context share
-        programs)."""
+        wins; otherwise (``compute_unit`` "cycles") it is its share of its programs' cycle
+        estimates: a program run by ``n`` operations gives each ``cycles / n``. So every
+        program's cycles are counted once in the profile's total, whichever operations or
+        layers share it, and no layer's figure depends on the order of the operations."""
         p = self.profile
         ops = p.operations
         L = self.num_layers
-        explicit = ~np.isnan(ops.compute)
+        self.op_compute = _operation_compute(p)
         layer_of_op = self.layers.op_layer
-        per_layer = np.zeros(L)
-        lay = layer_of_op[explicit]
-        np.add.at(per_layer, lay[lay >= 0], ops.compute[explicit][lay >= 0])
-        shared = float(ops.compute[explicit][lay < 0].sum())
-        if p.compute_unit == "cycles" and len(p.programs):
-            cycles = np.nan_to_num(p.programs.cycles, nan=0.0)
-            op_of = ops.programs.row_ids()
-            derived = ~explicit[op_of]
-            progs, first = np.unique(ops.programs.values[derived], return_index=True)
-            owner_layer = layer_of_op[op_of[derived][first]]
-            inside = owner_layer >= 0
-            np.add.at(per_layer, owner_layer[inside], cycles[progs[inside]])
-            shared += float(cycles[progs[~inside]].sum())
+        inside = layer_of_op >= 0
+        per_layer = np.bincount(layer_of_op[inside], weights=self.op_compute[inside], minlength=L)[:L].astype(float)
+        shared = float(self.op_compute[~inside].sum()) if len(ops) else 0.0
         return per_layer, shared
 
     def override_compute(self, per_layer: dict[str, float], source: str = "user") -> None:
@@ -561,9 +595,6 @@ class StageCostModel:
                                                    "exchange_code", "control_code")}
         T = self.num_tiles
         ntypes = len(self.profile.programs.vertex_types)
-        cycles = np.nan_to_num(self.profile.programs.cycles, nan=0.0)
-        compute = ops.compute.copy()
-        derive = np.isnan(compute)
         for i in range(n):
             vars_ = ops.vars[i]
             out["always_live"][i] = v.bytes[vars_[v.always_live[vars_]]].sum()
@@ -572,14 +603,15 @@ class StageCostModel:
             if c1 > c0 and len(nal):
                 counts = self.var_row_offsets[nal + 1] - self.var_row_offsets[nal]
                 rows = np.repeat(self.var_row_offsets[nal], counts) + _ramp(counts)
-                out["not_always_live"][i] = self._live_matrix(rows, c0, c1).max(axis=1).sum()
+                live = self._live_matrix(rows, c0, c1)
+                if i in self.op_rows:                  # unknown steps: only where its data is live
+                    live = live[:, self.op_columns(i) - c0]
+                out["not_always_live"][i] = live.max(axis=1).sum()
             progs = np.unique(ops.programs[i])
             code = self._program_costs(progs, np.zeros((T, ntypes), bool))
             for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"):
                 out[k][i] = code[k].sum()
-            if derive[i]:
-                compute[i] = cycles[progs].sum() if self.profile.compute_unit == "cycles" else 0.0
-        return OperationCosts(compute=compute, **out)
+        return OperationCosts(compute=self.op_compute.copy(), **out)
 
     def live_bytes_by_step(self, first: int, last: int, tile: int) -> tuple[np.ndarray, np.ndarray]:
         """Not-always-live bytes of the stage's variables on ``tile`` at every step, and whether
@@ -669,6 +701,25 @@ class StageCostModel:
                     progress(done, total_ranges)
         return RangeTable(in_flight=ks, worst_bytes=worst, worst_tile=worst_tile,
                           compute=compute)
+
+
+def _operation_compute(p: Profile) -> np.ndarray:
+    """Each operation's compute: its own ``compute``, or else (unit "cycles") the sum over its
+    distinct programs of ``cycles / (operations running that program)``; 0 otherwise."""
+    ops = p.operations
+    n = len(ops)
+    compute = np.array(ops.compute, float, copy=True)
+    derive = np.isnan(compute)
+    compute[derive] = 0.0
+    if p.compute_unit == "cycles" and len(p.programs) and len(ops.programs.values):
+        nprog = len(p.programs)
+        cycles = np.nan_to_num(np.asarray(p.programs.cycles, float), nan=0.0)
+        key = _sorted_unique(ops.programs.row_ids().astype(np.int64) * nprog + ops.programs.values)
+        op, prog = key // nprog, key % nprog
+        users = np.bincount(prog, minlength=nprog)
+        take = derive[op]
+        compute += np.bincount(op[take], weights=cycles[prog[take]] / users[prog[take]], minlength=n)[:n]
+    return compute
 
 
 def _ramp(counts: np.ndarray) -> np.ndarray:

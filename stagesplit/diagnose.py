@@ -21,7 +21,8 @@ from .table import Column, Table
 GROUND_TRUTH_CATEGORIES = {"vertex_code": "vertex_code", "vertex_instance_state": "vertex_state",
                            "internal_exchange_code": "exchange_code", "control_code": "control_code",
                            "vector_list_descriptor": None, "global_exchange_code": None,
-                           "host_exchange_code": None, "constant": None}
+                           "host_exchange_code": None, "constant": None,
+                           "other": None}        # in the profile's own tile total, in no category
 
 
 @dataclass

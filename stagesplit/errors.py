@@ -21,12 +21,15 @@ class ProfileError(StagesplitError):
         self.field = field
         self.expected = expected
         self.got = got
-        where = f"{self.file}: " if self.file else ""
-        location = f"{field}: " if field else ""
+        from .safeinput import one_line
+        where = f"{one_line(self.file)}: " if self.file else ""
+        location = f"{one_line(field)}: " if field else ""
         detail = f", got {_short(got)}" if got is not None else ""
         super().__init__(f"{where}{location}expected {expected}{detail}")
 
 
 def _short(value: object, limit: int = 60) -> str:
-    text = repr(value)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
+    """A bounded one-line repr: a huge or deeply nested value (a YAML alias bomb) is never
+    printed whole."""
+    from .safeinput import short_repr
+    return short_repr(value, limit)

@@ -25,6 +25,8 @@ import numpy as np
 
 from .errors import StagesplitError
 from .profile import Profile
+from .regex import Pattern, compile_regex
+from .safeinput import short_repr
 
 DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
 DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"
@@ -58,14 +60,12 @@ class LayerOptions:
     call_regex: str = DEFAULT_CALL_REGEX
     order: str = "steps"
 
-    def compiled(self) -> tuple[re.Pattern, re.Pattern, re.Pattern, re.Pattern]:
+    def compiled(self) -> tuple[Pattern, Pattern, Pattern, Pattern]:
+        """The four patterns, compiled for linear-time matching (RE2: see stagesplit/regex.py)."""
         out = []
         for flag, pattern in (("--layer-regex", self.layer_regex), ("--first-layer-regex", self.first_layer_regex),
                               ("--last-layer-regex", self.last_layer_regex), ("--call-regex", self.call_regex)):
-            try:
-                out.append(re.compile(pattern))
-            except re.error as exc:
-                raise StagesplitError(f"invalid {flag} '{pattern}': {exc}") from None
+            out.append(compile_regex(pattern, flag))
         if self.order not in ("steps", "natural"):
             raise StagesplitError(f"invalid layer order '{self.order}': expected steps or natural")
         return out[0], out[1], out[2], out[3]
@@ -80,6 +80,9 @@ class LayerAssignment:
     op_rule: np.ndarray
     options: LayerOptions
     warnings: list[str] = field(default_factory=list)
+    #: each layer's module path (e.g. ``transformer.h.3``, ``bert/encoder/layer3``) derived from
+    #: its operations' names, or None where the names do not give one (see ``module_path``)
+    module_paths: list[str | None] = field(default_factory=list)
 
     @property
     def num_layers(self) -> int:
@@ -98,7 +101,7 @@ class LayerAssignment:
                 if call.search(profile.operations.name[i])]
 
 
-def _keys(pattern: re.Pattern, text: str) -> set[str]:
+def _keys(pattern: Pattern, text: str) -> set[str]:
     found = set()
     for m in pattern.findall(text):
         key = "".join(m) if isinstance(m, tuple) else m
@@ -109,6 +112,39 @@ def _keys(pattern: re.Pattern, text: str) -> set[str]:
 
 def _natural_key(text: str) -> list:
     return [int(part) if part.isdigit() else part for part in re.split(r"(\d+)", text)]
+
+
+_SEPARATORS = "./"
+
+
+def module_path(names: list[str], key: str, layer_re: Pattern) -> str | None:
+    """The module path of a layer whose own operations (grouped by the layer regex on their
+    names) are ``names``: the longest common dotted/slashed prefix of the names, cut after the
+    last token where the layer regex matches ``key``. ``["transformer.h.3.attn/aten.mm",
+    "transformer.h.3.mlp/aten.mm"]`` gives ``transformer.h.3``. None when there is no such
+    token: frameworks need the real path, so it is never guessed."""
+    if not names:
+        return None
+    prefix = names[0]
+    for name in names[1:]:
+        n = 0
+        for a, b in zip(prefix, name):
+            if a != b:
+                break
+            n += 1
+        prefix = prefix[:n]
+    if not all(len(name) == len(prefix) or name[len(prefix)] in _SEPARATORS for name in names):
+        cut = max(prefix.rfind(c) for c in _SEPARATORS)
+        prefix = prefix[:max(cut, 0)]
+    end = None
+    for m in layer_re.finditer(prefix):
+        groups = m.groups()
+        found = "".join(g for g in groups if g) if groups else m.group(0)
+        if found == key and (m.end() == len(prefix) or prefix[m.end()] in _SEPARATORS):
+            end = m.end()
+    if end is None:
+        return None
+    return prefix[:end].lstrip(_SEPARATORS) or None
 
 
 def group_layers(profile: Profile, options: LayerOptions | None = None) -> LayerAssignment:
@@ -160,7 +196,7 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
 
     distinct = {k for k in keys if k is not None}
     if not distinct:
-        sample = ", ".join(repr(s) for s in ops.name[:3])
+        sample = ", ".join(short_repr(s) for s in ops.name[:3])
         raise StagesplitError(
             f"the layer regex '{options.layer_regex}' matched no operation or input name "
             f"(operations are named like {sample}); pass --layer-regex with a capture group for the layer")
@@ -179,7 +215,14 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
     op_layer[rules == Rule.FIRST_LAYER] = 0
     op_layer[rules == Rule.LAST_LAYER] = len(names) - 1
 
-    assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options)
+    # module paths come from the operations the layer regex places by name, and from explicitly
+    # layered ones (captures) whose names the regex reads as the same layer
+    own = rules == Rule.NAME
+    for i in np.flatnonzero(rules == Rule.EXPLICIT):
+        own[i] = _keys(layer_re, ops.name[i]) == {keys[i]}
+    paths = [module_path([ops.name[i] for i in np.flatnonzero(own & (op_layer == j))], key, layer_re)
+             for j, key in enumerate(names)]
+    assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options, module_paths=paths)
     share = assignment.share_assigned
     if share < LOW_SHARE:
         assignment.warnings.append(

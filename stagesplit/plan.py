@@ -85,6 +85,9 @@ class Plan:
     phases: list[PhaseRecord] = field(default_factory=list)
     compute_unit: str = "cycles"
     run: dict[str, Any] = field(default_factory=dict)
+    #: each layer's module path from the profile's operation names (None: not derivable);
+    #: empty for plans written before module paths were recorded
+    module_paths: list[str | None] = field(default_factory=list)
 
     @property
     def split_text(self) -> str:
@@ -121,7 +124,7 @@ class Plan:
         doc = {"format": FORMAT, "version": VERSION, "profile": self.profile, "inputs": self.inputs,
                "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
                "feasible": self.feasible, "message": self.message, "split": self.split_text,
-               "compute_unit": self.compute_unit,
+               "compute_unit": self.compute_unit, "module_paths": self.module_paths,
                "objective": [asdict(p) for p in self.phases],
                "bottleneck_stage": self.bottleneck.stage if self.bottleneck else None,
                "stages": [], "run": self.run}
@@ -145,7 +148,12 @@ def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | Non
                              for a, b in ranges) + " ]"
 
 
-def file_sha256(path: str | Path) -> str:
+def file_sha256(path: str | Path) -> str | None:
+    """The file's SHA-256; None for a pipe or device (it cannot be read a second time)."""
+    import os
+    import stat
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
     digest = hashlib.sha256()
     with open(path, "rb") as handle:
         for chunk in iter(lambda: handle.read(1 << 20), b""):
@@ -193,6 +201,8 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
             time_s = None
             if seconds is not None:
                 time_s = compute * seconds
+                if getattr(model, "layer_time_s", None) is not None:     # roofline seconds (roofline.py)
+                    time_s = float(sum(model.layer_time_s[first:last + 1]))
                 if o.communication and o.link_bytes_per_s:
                     time_s += float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1]) / o.link_bytes_per_s
             stages.append(StagePlan(
@@ -216,7 +226,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
         inputs["targets"] = target_names
     return Plan(profile=profile, inputs=inputs, layer_names=list(model.layers.names), devices=o.devices, method=method,
                 status=status, feasible=feasible, message=message, stages=stages, phases=phases,
-                compute_unit=p.compute_unit,
+                compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
                 run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                      "solver_seconds": round(result.seconds, 3) if result else 0.0})
 
@@ -236,20 +246,40 @@ def write_plan(plan: Plan, path: str | Path) -> None:
     atomic_write_text(path, text)
 
 
+def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -> list[str]:
+    """A stage's layer names as the document lists them (kept as written, so that ``export``
+    can reject a hand edit that drops or repeats a layer), else those of its index range."""
+    if "layers" not in stage:
+        return default
+    return [r.string(x, f"{where}.layers[{i}]") for i, x in enumerate(r.list(stage["layers"], f"{where}.layers"))]
+
+
+def _plan_inputs(r: FieldReader, value: Any) -> dict[str, Any]:
+    """The plan's recorded solve inputs, with the fields readers of a plan use type-checked
+    (a hand-edited plan must fail with a one-line message, not deep inside a consumer)."""
+    inputs = dict(r.mapping(value, "inputs"))
+    if inputs.get("headroom") is not None:
+        inputs["headroom"] = r.number(inputs["headroom"], "inputs.headroom")
+        if inputs["headroom"] >= 1:
+            r.fail("inputs.headroom", "a fraction in [0, 1)", inputs["headroom"])
+    if inputs.get("micro_batches") is not None:
+        inputs["micro_batches"] = r.integer(inputs["micro_batches"], "inputs.micro_batches", minimum=1)
+    for key in ("objective", "schedule", "shared"):
+        if inputs.get(key) is not None:
+            r.string(inputs[key], f"inputs.{key}")
+    if inputs.get("layer_grouping") is not None:
+        grouping = r.mapping(inputs["layer_grouping"], "inputs.layer_grouping")
+        for key, item in grouping.items():
+            if item is not None:
+                r.string(item, f"inputs.layer_grouping.{key}")
+    return inputs
+
+
 def read_plan(path: str | Path) -> Plan:
     """Read a plan file written by ``write_plan``, validating what ``diagnose`` relies on."""
+    from .safeinput import read_document
     path = Path(path)
-    if not path.exists():
-        raise StagesplitError(f"{path}: no such file")
-    text = path.read_text(encoding="utf-8")
-    if path.suffix in (".yaml", ".yml"):
-        try:
-            doc = yaml.safe_load(text)
-        except yaml.YAMLError as exc:
-            raise ProfileError(path, "", "a YAML plan", str(exc).splitlines()[0]) from None
-    else:
-        from .io.jsonprofile import parse_json_text
-        doc = parse_json_text(text, str(path))
+    doc = read_document(path, "plan")       # opened once, size-capped, strict JSON / safe YAML
     r = FieldReader(str(path))
     r.mapping(doc, "document")
     if doc.get("format") != FORMAT:
@@ -267,23 +297,30 @@ def read_plan(path: str | Path) -> Plan:
             r.fail(f"{p}.last_layer", f"a layer index >= first_layer ({first}) and < {len(names)}", last)
         stages.append(StagePlan(
             stage=r.integer(s.get("stage", i), f"{p}.stage"), device=r.integer(s.get("device", i), f"{p}.device"),
-            first_layer=first, last_layer=last, layers=names[first:last + 1],
+            first_layer=first, last_layer=last, layers=_stage_layers(r, s, p, names[first:last + 1]),
             in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
             capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
             worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
             worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
-            memory_at_worst_tile=dict(s.get("memory_at_worst_tile") or {}),
-            memory_total=dict(s.get("memory_total") or {}),
+            memory_at_worst_tile=dict(r.mapping(s.get("memory_at_worst_tile") or {}, f"{p}.memory_at_worst_tile")),
+            memory_total=dict(r.mapping(s.get("memory_total") or {}, f"{p}.memory_total")),
             compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
-            time_s=s.get("time_s"), bytes_received=int(s.get("bytes_received", 0)),
-            bytes_sent=int(s.get("bytes_sent", 0))))
+            time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
+            bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
+            bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent")))
     for prev, cur in zip(stages, stages[1:]):
         if cur.first_layer != prev.last_layer + 1:
             r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
+    paths = r.list(doc.get("module_paths") or [], "module_paths")
+    if paths and len(paths) != len(names):
+        r.fail("module_paths", f"one entry per layer ({len(names)})", f"{len(paths)} entries")
+    paths = [None if x is None else r.string(x, f"module_paths[{i}]") for i, x in enumerate(paths)]
     phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "seconds")})
               for ph in r.list(doc.get("objective", []), "objective") if isinstance(ph, dict)]
-    return Plan(profile=dict(doc.get("profile") or {}), inputs=dict(doc.get("inputs") or {}), layer_names=names,
+    return Plan(profile=dict(r.mapping(doc.get("profile") or {}, "profile")),
+                inputs=_plan_inputs(r, doc.get("inputs") or {}), layer_names=names,
                 devices=r.integer(doc.get("devices", len(stages)), "devices", minimum=1),
                 method=str(doc.get("method", "")), status=str(doc.get("status", "")),
                 feasible=bool(doc.get("feasible", True)), message=str(doc.get("message", "")), stages=stages,
-                phases=phases, compute_unit=str(doc.get("compute_unit", "cycles")), run=dict(doc.get("run") or {}))
+                phases=phases, compute_unit=str(doc.get("compute_unit", "cycles")), run=dict(r.mapping(doc.get("run") or {}, "run")),
+                module_paths=paths)

@@ -12,6 +12,7 @@ import numpy as np
 
 from .errors import StagesplitError
 from .fileio import atomic_write_bytes
+from .safeinput import escape_surrogates
 from .plan import Plan
 
 MB = 1e6
@@ -33,6 +34,11 @@ def _save(fig, path: str | Path) -> None:
     path = Path(path)
     if path.suffix.lower() not in FORMATS:
         raise StagesplitError(f"{path}: plots are written as PNG or SVG; use a .png or .svg file name")
+    from matplotlib.text import Text
+    for text in fig.findobj(Text):          # lone surrogates (JSON escapes in names) cannot be drawn
+        label = text.get_text()
+        if isinstance(label, str) and not label.isascii():
+            text.set_text(escape_surrogates(label))
     buffer = io.BytesIO()
     fig.savefig(buffer, format=path.suffix.lower()[1:])
     atomic_write_bytes(path, buffer.getvalue())
@@ -42,7 +48,7 @@ def _stage_labels(plan: Plan) -> list[str]:
     labels = []
     for s in plan.stages:
         span = s.layers[0] if len(s.layers) == 1 else f"{s.layers[0]}..{s.layers[-1]}"
-        labels.append(f"{s.stage}\n({span})")
+        labels.append(escape_surrogates(f"{s.stage}\n({span})"))    # lone surrogates cannot be drawn
     return labels
 
 

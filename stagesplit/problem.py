@@ -38,6 +38,7 @@ class SolveOptions:
     micro_batches: int = 1
     headroom: float = 0.0
     capacities: tuple[int, ...] | None = None       # bytes per tile per device position
+    reserve: int = 0                                 # bytes per device kept back (CUDA context, workspaces)
     min_layers: int = 1
     max_layers: int | None = None
     pinned_splits: tuple[int, ...] = ()              # a stage starts at each of these layers
@@ -58,6 +59,8 @@ class SolveOptions:
             raise StagesplitError(f"--micro-batches must be at least 1, got {self.micro_batches}")
         if not 0 <= self.headroom < 1:
             raise StagesplitError(f"--headroom must be a fraction in [0, 1), got {self.headroom}")
+        if self.reserve < 0:
+            raise StagesplitError(f"--reserve must be a number of bytes >= 0, got {self.reserve}")
         if self.capacities is not None and len(self.capacities) != self.devices:
             raise StagesplitError(f"{len(self.capacities)} device capacities given for {self.devices} devices")
         if self.min_layers < 1 or (self.max_layers is not None and self.max_layers < self.min_layers):
@@ -162,6 +165,11 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
     n = options.devices
     raw_caps = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw_caps * (1.0 - options.headroom)).astype(np.int64)
+    if options.reserve:             # per device; spread over its tiles (a GPU is one tile)
+        capacity = capacity - -(-int(options.reserve) // target.tiles)
+        if (capacity <= 0).any():
+            raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device "
+                                  f"({int(raw_caps.min()) * target.tiles:,} bytes)")
     homogeneous = bool(np.all(raw_caps == raw_caps[0]))
     ks = in_flight_values(options.schedule, options.micro_batches, n)
     if table is None or not set(ks) <= set(table.in_flight):
@@ -170,6 +178,9 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
 
     compute = np.nan_to_num(model.layer_compute, nan=0.0)
     seconds = target.seconds_per_unit(model.profile.compute_unit)
+    layer_time = getattr(model, "layer_time_s", None)
+    if layer_time is not None:      # roofline seconds on the chosen target (stagesplit/roofline.py)
+        compute, seconds = np.asarray(layer_time, float), 1.0
     cut_seconds = np.zeros(L + 1)
     if options.communication:
         traffic = traffic or _traffic(model)

@@ -38,6 +38,7 @@ class Target:
     link_bytes_per_s: float | None = None
     flops_per_s: float | None = None
     description: str = ""
+    memory_bytes_per_s: float | None = None
 
     @property
     def device_bytes(self) -> int:
@@ -211,6 +212,11 @@ class Operations:
     programs: Ragged
     compute: np.ndarray
     layer: list[str | None]
+    bytes_accessed: np.ndarray | None = None   # bytes read + written per operation; NaN where unknown
+
+    def __post_init__(self) -> None:
+        if self.bytes_accessed is None:
+            self.bytes_accessed = np.full(len(self.name), np.nan)
 
     def __len__(self) -> int:
         return len(self.name)
@@ -369,6 +375,10 @@ def _validate(p: Profile, source: str | None) -> None:
            _row_path(ops.programs, "operations", "programs"), f"a program index in 0..{np_ - 1}", ops.programs.values)
     comp = ops.compute
     _check(source, comp < 0, lambda i: f"operations[{i}].compute", "a number >= 0", comp)
+    if len(ops.bytes_accessed) != no:
+        raise ProfileError(source, "operations.bytes_accessed", f"{no} entries (one per operation)")
+    _check(source, ops.bytes_accessed < 0, lambda i: f"operations[{i}].bytes_accessed", "a number >= 0 (or null)",
+           ops.bytes_accessed)
 
     gt = p.ground_truth
     if gt is not None:

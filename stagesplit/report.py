@@ -47,15 +47,16 @@ def stages_table(plan: Plan) -> Table:
     return t
 
 
-def plan_summary(plan: Plan, micro_batches: int = 1) -> str:
+def plan_summary(plan: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
     lines = [f"split: {plan.short_split_text(200)}" if plan.stages else "split: none", status_line(plan)]
     if plan.stages:
         b = plan.bottleneck
         w = plan.worst_memory
         lines.append(f"bottleneck: stage {b.stage} (layers {b.layers[0]}..{b.layers[-1]}): "
                      f"{_time(plan, b.compute, b.time_s)}")
-        lines.append(f"memory: fullest stage {w.stage} uses {w.worst_tile_bytes:,} of {w.capacity_bytes:,} bytes on "
-                     f"tile {w.worst_tile} ({w.worst_tile_bytes / w.capacity_bytes:.1%}); "
+        where = (f"{w.worst_tile_bytes / 2**30:,.2f} of {w.capacity_bytes / 2**30:,.2f} GiB" if gpu else
+                 f"{w.worst_tile_bytes:,} of {w.capacity_bytes:,} bytes on tile {w.worst_tile}")
+        lines.append(f"memory: fullest stage {w.stage} uses {where} ({w.worst_tile_bytes / w.capacity_bytes:.1%}); "
                      f"{len(plan.stages)} of {plan.devices} devices used")
         if len(plan.stages) < plan.devices and plan.inputs.get("schedule") == "1f1b":
             lines.append("note: with 1F1B, stage s of P holds min(M, P - s) micro-batches, so more stages put more "

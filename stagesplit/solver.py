@@ -26,6 +26,7 @@ from typing import Callable
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .interrupt import solve_interruptibly
 from .problem import Evaluation, Split, SplitProblem, evaluate
 
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
@@ -206,18 +207,19 @@ class _Feasibility:
             m.Add(s[j] == 1)
         for layer, position in o.pinned_layers:
             m.Add(x[layer] == position)
-        # communication makes stage time non-monotone: forbid the ranges it pushes over the bound
+        # communication makes stage time non-monotone: forbid the ranges it pushes over the bound.
+        # A stage is exactly a..e-1 iff a stage starts at a and at e (or e == L) and layers a and
+        # e-1 share a position; so given both starts, e-1 must sit on a later position than a.
+        # (The reach constraints above already exclude ranges whose compute alone is over.)
         if o.communication and time_bound < BIG:
-            ends = [m.NewConstant(1) if e == L else s[e] for e in range(L + 1)]
             over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.nonempty
             for a, e in zip(*np.nonzero(over)):
                 a, e = int(a), int(e)
+                starts = [s[a]] + ([s[e]] if e < L else [])
                 if e - a == 1:
-                    m.AddBoolOr([s[a].Not(), ends[e].Not()])
+                    m.AddBoolOr([lit.Not() for lit in starts])
                 else:
-                    same = m.NewBoolVar("")
-                    m.Add(x[e - 1] == x[a]).OnlyEnforceIf(same)
-                    m.AddBoolOr([s[a].Not(), ends[e].Not(), same.Not()])
+                    m.Add(x[e - 1] >= x[a] + 1).OnlyEnforceIf(starts)
         if minimise_devices:
             m.Minimize(stages)
         if hint is not None:
@@ -252,7 +254,7 @@ class _Feasibility:
         solver.parameters.num_workers = workers
         solver.parameters.random_seed = 1
         start = _time.monotonic()
-        status = solver.Solve(self.m)
+        status = solve_interruptibly(solver, self.m)     # Ctrl-C: stop the search, raise KeyboardInterrupt
         elapsed = _time.monotonic() - start
         name = solver.StatusName(status)
         if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):

@@ -16,7 +16,7 @@ FORMATS = ("text", "csv", "tsv", "json")
 @dataclass(frozen=True)
 class Column:
     """``kind``: text, int, id (an index: no thousands separator), bytes (shown in MB or KB),
-    float, compute (3 significant digits), percent (a fraction shown as %)."""
+    gib (bytes shown in GiB), float, compute (3 significant digits), percent (a fraction shown as %)."""
 
     name: str
     kind: str = "text"
@@ -44,6 +44,29 @@ def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
     return "B", 1.0
 
 
+#: columns that only mean something on a many-tile device (an IPU)
+IPU_ONLY_COLUMNS = ("worst tile", "tile", "tiles", "vertex code", "vertex state", "exchange code", "control code",
+                    "code+state")
+#: integer columns that hold bytes (shown in GiB on GPUs)
+BYTE_COUNT_COLUMNS = ("worst tile bytes", "variables", "stashed copies")
+
+
+def gpu_view(table: Table) -> Table:
+    """The table as a GPU user reads it: no per-tile or IPU code columns, bytes in GiB
+    ("worst tile bytes" is simply the stage's memory on a one-tile device)."""
+    keep = [j for j, c in enumerate(table.columns) if c.name not in IPU_ONLY_COLUMNS]
+    columns = []
+    for j in keep:
+        c = table.columns[j]
+        if c.kind == "bytes" or (c.kind == "int" and c.name in BYTE_COUNT_COLUMNS):
+            c = Column("memory" if c.name == "worst tile bytes" else c.name, "gib")
+        columns.append(c)
+    title = table.title.replace(" (bytes summed over tiles)", "").replace("; bytes summed over tiles", "")
+    rows = [[row[j] for j in keep] for row in table.rows
+            if not (row and isinstance(row[0], str) and row[0] in IPU_ONLY_COLUMNS)]
+    return Table(title, columns, rows, table.note)
+
+
 def _missing(value: Any) -> bool:
     return value is None or (isinstance(value, numbers.Real) and not isinstance(value, numbers.Integral)
                              and math.isnan(value))
@@ -54,6 +77,8 @@ def _format_cell(value: Any, kind: str, scale: float) -> str:
         return "-"
     if kind == "bytes":
         return f"{value:,.0f}" if scale == 1.0 else f"{value / scale:,.2f}"
+    if kind == "gib":
+        return f"{value / 2**30:,.2f}"
     if kind == "int":
         return f"{int(value):,}"
     if kind == "id":
@@ -71,7 +96,7 @@ def render_text(table: Table) -> str:
     headers, cells = [], []
     for j, col in enumerate(table.columns):
         values = [row[j] for row in table.rows]
-        unit, scale = _bytes_unit(values) if col.kind == "bytes" else ("", 1.0)
+        unit, scale = _bytes_unit(values) if col.kind == "bytes" else ("GiB", 2.0**30) if col.kind == "gib" else ("", 1.0)
         headers.append(f"{col.name} ({unit})" if unit else col.name)
         cells.append([_format_cell(v, col.kind, scale) for v in values])
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
@@ -113,7 +138,7 @@ def render(tables: Sequence[Table], fmt: str = "text") -> str:
             buffer.write("\n")
         if len(tables) > 1:
             buffer.write(f"# {t.title}\n")
-        writer.writerow([c.name + ("_bytes" if c.kind == "bytes" else "") for c in t.columns])
+        writer.writerow([c.name + ("_bytes" if c.kind in ("bytes", "gib") else "") for c in t.columns])
         for row in t.rows:
             writer.writerow(["" if _missing(v) else _plain(v) for v in row])
     return buffer.getvalue()

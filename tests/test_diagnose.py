@@ -112,3 +112,60 @@ def test_cli_diagnose_bad_input(tmp_path, capsys):
     assert main(["diagnose", str(profile), "--plan", str(bad)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "version" in err[0]
+
+
+# ------------------------------------------------------------------------------------------------
+# Ground truth read from PopVision, in either convention for alwaysLiveBytes (issue 9)
+
+import pytest  # noqa: E402
+
+from fake_pva.support import load_fake_pva  # noqa: E402
+from stagesplit.breakdown import Breakdown  # noqa: E402
+from stagesplit.io.popvision import read_popvision  # noqa: E402
+
+
+def planted_fully_modelled():
+    """planted() with a ground truth the model accounts for to the byte: per tile always-live
+    variables 200, 0, 150 (layer1.w 100 + stream buffer 50), 0; peaks 0, 400, 1210, 0; vertex
+    code 30, 30, 40, 0. Tile 2's total: 150 + 1210 + 40 = 1400."""
+    p = planted()
+    p.ground_truth = GroundTruth(always_live=np.array([200, 0, 150, 0]), not_always_live=np.array([0, 400, 1210, 0]),
+                                 categories={"vertex_code": np.array([30, 30, 40, 0])})
+    return p
+
+
+@pytest.mark.parametrize("code_in_always_live", [False, True])
+def test_popvision_profile_fully_modelled_shows_nothing_unexplained(monkeypatch, tmp_path, code_in_always_live):
+    pva = load_fake_pva(monkeypatch)
+    report = pva.report_from_profile(planted_fully_modelled(), code_in_always_live=code_in_always_live)
+    tile2 = report.compilation.tiles[2].memory
+    assert tile2.alwaysLiveBytes == (150 + 40 if code_in_always_live else 150)
+    assert tile2.total.excludingGaps == 1400
+    profile = read_popvision(pva.register(tmp_path / "profile.pop", report))
+    model = Analysis.of(profile).model
+    g = diagnose(model).stages[0].ground_truth
+    assert (g.modelled, g.measured, g.unexplained) == (1400, 1400, 0)
+    rows = {name: (ours, theirs) for name, ours, theirs in g.rows}
+    assert rows["always-live variables"] == (150, 150)
+    assert rows["not-always-live variables (peak)"] == (1210, 1210)
+    assert rows["vertex code"] == (40, 40)
+    assert "unexplained: 0 bytes (0.0% of the ground truth)" in render(diagnosis_tables(diagnose(model)))
+    # breakdown: the profile's own total (summed over tiles and on the worst tile) is the modelled one
+    note = Breakdown.of(model).totals_table().note
+    assert "worst tile 1,400 bytes" in note
+    whole = model.stage_memory(0, model.num_layers - 1).total()
+    assert whole.tolist() == [230, 430, 1400, 0] == profile.ground_truth.tile_total().tolist()
+
+
+@pytest.mark.parametrize("code_in_always_live", [False, True])
+def test_popvision_memory_in_no_category_is_unexplained(monkeypatch, tmp_path, code_in_always_live):
+    """333 bytes in tile 2's total.excludingGaps that no figure holds: exactly the unexplained."""
+    pva = load_fake_pva(monkeypatch)
+    report = pva.report_from_profile(planted_fully_modelled(), code_in_always_live=code_in_always_live,
+                                     extra_total=[0, 0, 333, 0])
+    model = Analysis.of(read_popvision(pva.register(tmp_path / "profile.pop", report))).model
+    g = diagnose(model).stages[0].ground_truth
+    assert (g.modelled, g.measured, g.unexplained) == (1400, 1733, 333)
+    rows = {name: (ours, theirs) for name, ours, theirs in g.rows}
+    assert rows["other (not modelled)"] == (0, 333)
+    assert rows["always-live variables"] == (150, 150)

@@ -45,7 +45,10 @@ def pva(monkeypatch):
 # P6 is used by an operation but missing from compilation.programs (appended to the programs).
 # Vertex code on the tiles: t0 MatMul 60, Add 20 | t1 MatMul 64 | t2 Add 22.
 
-def hand_report(pva, estimates: bool = True):
+def hand_report(pva, estimates: bool = True, code_in_always_live: bool = False, total=None):
+    """``code_in_always_live``: the tiles' alwaysLiveBytes include their categories (libpva's
+    convention); ``total``: the tiles' total.excludingGaps (default: what the figures add up
+    to; False: no total)."""
     T = pva.Program.Type
     P = pva.make_program
 
@@ -84,9 +87,11 @@ def hand_report(pva, estimates: bool = True):
             dict(vertexCode=64, internalExchangeCode=8, controlCode=11, vertexInstanceState=56, constant=3),
             dict(vertexCode=22, internalExchangeCode=14, controlCode=15, vertexInstanceState=20, constant=500)]
     code = [[("MatMul", 60), ("Add", 20)], [("MatMul", 64)], [("Add", 22)]]
-    tiles = [pva.Tile(t, pva.TileMemory(alwaysLiveBytes=al, notAlwaysLiveBytes=na,
+    tiles = [pva.Tile(t, pva.TileMemory(alwaysLiveBytes=al + (sum(cats[t].values()) if code_in_always_live else 0),
+                                        notAlwaysLiveBytes=na,
                                         vertices=[pva.TileVertex(pva.VertexType(n, 0), b) for n, b in code[t]],
-                                        category=pva.Categories(**cats[t])))
+                                        category=pva.Categories(**cats[t]), code_in_always_live=code_in_always_live,
+                                        total=total if total in (None, False) else pva.MemoryTotal(total[t], total[t])))
              for t, (al, na) in enumerate([(100, 30), (50, 40), (0, 25)])]
 
     D = pva.DebugContext
@@ -106,8 +111,8 @@ def hand_report(pva, estimates: bool = True):
     return pva.Report(comp, ops)
 
 
-def read_hand(pva, tmp_path, estimates=True, debug=None):
-    path = pva.register(tmp_path / "hand" / "profile.pop", hand_report(pva, estimates))
+def read_hand(pva, tmp_path, estimates=True, debug=None, **kwargs):
+    path = pva.register(tmp_path / "hand" / "profile.pop", hand_report(pva, estimates, **kwargs))
     return read_popvision(path, debug)
 
 
@@ -238,6 +243,48 @@ class TestHandReport:
         assert gt.categories["vertex_instance_state"].tolist() == [52, 56, 20]
         assert gt.categories["constant"].tolist() == [7, 3, 500]
         # totals 293, 232, 596: traced most loaded first
+
+    # tile totals when every figure is separate: 100+30+163 = 293, 50+40+142 = 232, 0+25+571 = 596
+    HAND_TOTALS = [293, 232, 596]
+
+    @pytest.mark.parametrize("code_in_always_live", [False, True])
+    def test_ground_truth_either_convention(self, pva, tmp_path, code_in_always_live):
+        """libpva's alwaysLiveBytes includes the code categories (always-live + not-always-live =
+        total.excludingGaps): they are taken out, so both conventions read alike."""
+        gt = read_hand(pva, tmp_path, code_in_always_live=code_in_always_live).ground_truth
+        assert gt.always_live.tolist() == [100, 50, 0]
+        assert gt.not_always_live.tolist() == [30, 40, 25]
+        assert "other" not in gt.categories
+        assert gt.tile_total().tolist() == self.HAND_TOTALS
+        assert gt.step_tiles.tolist() == [2, 0, 1]
+
+    def test_ground_truth_includes_code_on_the_report_itself(self, pva, tmp_path):
+        report = hand_report(pva, code_in_always_live=True)
+        mem = report.compilation.tiles[0].memory
+        assert mem.alwaysLiveBytes == 100 + 163
+        assert mem.alwaysLiveBytes + mem.notAlwaysLiveBytes == mem.total.excludingGaps == 293
+
+    @pytest.mark.parametrize("code_in_always_live", [False, True])
+    def test_convention_is_decided_for_the_whole_report(self, pva, tmp_path, code_in_always_live):
+        """Tile 1 has 9 bytes in no figure, so its figures fit neither convention; tiles 0 and 2
+        say which one the report follows, and tile 1's 9 bytes are ``other`` either way."""
+        p = read_hand(pva, tmp_path, code_in_always_live=code_in_always_live, total=[293, 241, 596])
+        assert p.ground_truth.always_live.tolist() == [100, 50, 0]
+        assert p.ground_truth.categories["other"].tolist() == [0, 9, 0]
+        assert all("ground truth" not in w for w in p.info.warnings)
+
+    def test_total_smaller_than_the_figures_warns(self, pva, tmp_path):
+        p = read_hand(pva, tmp_path, total=[100, 232, 596])          # less than 100 + 30 + 163 on tile 0
+        assert p.ground_truth.always_live.tolist() == [100, 50, 0]
+        assert "other" not in p.ground_truth.categories
+        assert any("ground truth: on 1 tile(s)" in w and "excludes" in w for w in p.info.warnings)
+
+    def test_without_a_total_the_figures_are_separate(self, pva, tmp_path):
+        report = hand_report(pva, total=False)
+        assert not hasattr(report.compilation.tiles[0].memory, "total")
+        gt = read_popvision(pva.register(tmp_path / "nt" / "profile.pop", report)).ground_truth
+        assert gt.always_live.tolist() == [100, 50, 0]
+        assert gt.tile_total().tolist() == self.HAND_TOTALS
         assert gt.tile_total().tolist() == [293, 232, 596]
         assert gt.step_tiles.tolist() == [2, 0, 1]
         assert gt.step_bytes.tolist() == [[0, 5, 25, 0, 20], [0, 30, 30, 0, 0], [0, 40, 40, 0, 0]]
@@ -426,6 +473,16 @@ def assert_carries_profile(read, original):
 class TestSyntheticRoundTrip:
     def test_read_matches_the_synthetic_profile(self, pva, tmp_path, synthetic):
         read = read_popvision(pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic)))
+        assert_carries_profile(read, synthetic)
+        assert read.info.warnings == []
+
+    def test_read_matches_the_synthetic_profile_in_libpva_convention(self, pva, tmp_path, synthetic):
+        """alwaysLiveBytes including the code (as libpva reports it) reads as the same profile."""
+        report = pva.report_from_profile(synthetic, code_in_always_live=True)
+        mem = report.compilation.tiles[3].memory
+        assert mem.alwaysLiveBytes + mem.notAlwaysLiveBytes == mem.total.excludingGaps
+        assert mem.alwaysLiveBytes > int(synthetic.ground_truth.always_live[3])
+        read = read_popvision(pva.register(tmp_path / "profile.pop", report))
         assert_carries_profile(read, synthetic)
         assert read.info.warnings == []
 

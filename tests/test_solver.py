@@ -224,9 +224,9 @@ def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
 
 
 @st.composite
-def random_problems(draw):
-    layers = draw(st.integers(1, 32))
-    devices = draw(st.integers(1, 8))
+def random_problems(draw, max_layers=32, max_devices=8):
+    layers = draw(st.integers(1, max_layers))
+    devices = draw(st.integers(1, max_devices))
     seed = draw(st.integers(0, 2**32 - 1))
     rng = np.random.default_rng(seed)
     training = draw(st.booleans())
@@ -251,10 +251,17 @@ def random_problems(draw):
     exact = devices <= layers and draw(st.integers(0, 3)) == 0
     min_layers = 1 + (draw(st.integers(0, 4)) == 0)
     max_layers = None if draw(st.integers(0, 2)) else max(min_layers, -(-layers // devices) + draw(st.integers(0, 2)))
+    # communication on half the instances, with the link rate drawn so that a cut costs from a
+    # tenth of to ten times a layer's compute (compute is in FLOPs at the target's rate)
+    communication = draw(st.booleans())
+    link = None
+    if communication:
+        flop_s = 1.0 / model.profile.target.seconds_per_unit("flops")
+        link = float(UNIT * flop_s / 10 ** rng.uniform(-1, 1) / 10)
     opts = SolveOptions(devices=devices, capacities=tuple(c * UNIT for c in caps),
                         objective=draw(st.sampled_from(["compute", "memory", "devices"])), exact=exact,
                         schedule=schedule, micro_batches=micro, min_layers=min_layers, max_layers=max_layers,
-                        pinned_splits=pins,
+                        pinned_splits=pins, communication=communication, link_bytes_per_s=link,
                         pinned_layers=pinned_layers, time_limit=30)
     return model, opts
 

@@ -9,6 +9,8 @@ from typing import Callable
 from ..errors import StagesplitError
 from ..fileio import atomic_write_text
 from ..profile import Profile
+from ..safeinput import InputFile, show
+from .limits import check_profile_limits
 from .compact import read_compact, write_compact
 from .jsonprofile import dumps_profile, read_json_profile
 
@@ -22,22 +24,27 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     called while a large PopVision profile loads."""
     path = Path(path)
     if not path.exists():
-        raise StagesplitError(f"{path}: no such file")
+        raise StagesplitError(f"{show(path)}: no such file")
     if path.is_dir():
-        raise StagesplitError(f"{path}: is a folder, expected a profile file")
+        raise StagesplitError(f"{show(path)}: is a folder, expected a profile file")
     if path.suffix == ".pop":
         from .popvision import read_popvision
-        return read_popvision(path, debug, progress)
+        return check_profile_limits(read_popvision(path, debug, progress), str(path))
     if debug is not None:
-        raise StagesplitError(f"{debug}: a debug.cbor file only goes with a PopVision profile.pop, not with {path.name}")
-    with path.open("rb") as handle:
-        head = handle.read(64)
-    if head.startswith(b"PK"):
-        return read_compact(path)
-    if head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):     # a UTF-8 byte order mark may lead
-        return read_json_profile(path)
-    raise StagesplitError(f"{path}: not a profile: expected stagesplit JSON, a compact .stagesplit file "
-                          "or a PopVision profile.pop")
+        raise StagesplitError(f"{show(debug)}: a debug.cbor file only goes with a PopVision profile.pop, "
+                              f"not with {show(path.name)}")
+    # opened once: the format is sniffed from the same handle that is then read to the end (a
+    # FIFO or process substitution cannot be reopened), and a pipe or device is read with a cap
+    with InputFile(path, "profile") as f:
+        head = f.head(64)
+        if head.startswith(b"PK"):
+            profile = read_compact(path, f.read_all(None))
+        elif head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):   # a UTF-8 byte order mark may lead
+            profile = read_json_profile(path, f.read_all(None))
+        else:
+            raise StagesplitError(f"{show(path)}: not a profile: expected stagesplit JSON, a compact .stagesplit "
+                                  "file or a PopVision profile.pop")
+    return check_profile_limits(profile, str(path))
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

@@ -18,6 +18,7 @@ import numpy as np
 
 from ..errors import ProfileError
 from ..fileio import atomic_write_bytes
+from ..safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
 from .fields import FieldReader
 from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode)
@@ -30,7 +31,7 @@ _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, N
 
 
 def _encode_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
-    encoded = [s.encode("utf-8") for s in items]
+    encoded = [s.encode("utf-8", "surrogatepass") for s in items]     # lone surrogates (JSON escapes) kept
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
@@ -57,7 +58,7 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
         "format": FORMAT, "version": VERSION,
         "target": {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile,
                    "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s, "flops_per_s": t.flops_per_s,
-                   "description": t.description},
+                   "memory_bytes_per_s": t.memory_bytes_per_s, "description": t.description},
         "compute_unit": p.compute_unit,
         "info": {"name": p.info.name, "source": p.info.source, "description": p.info.description,
                  "synthetic": p.info.synthetic, "compute_source": p.info.compute_source,
@@ -97,6 +98,8 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
                   op_vars_offsets=ops.vars.offsets.astype(np.int64), op_vars=_small_int(ops.vars.values),
                   op_programs_offsets=ops.programs.offsets.astype(np.int64),
                   op_programs=_small_int(ops.programs.values))
+    if np.any(np.isfinite(ops.bytes_accessed)):      # optional: files without it load as unknown (NaN)
+        arrays["op_bytes_accessed"] = ops.bytes_accessed.astype(float)
     if gt is not None:
         arrays.update(gt_always_live=gt.always_live.astype(np.int64), gt_not_always_live=gt.not_always_live.astype(np.int64),
                       gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=_small_int(gt.step_bytes))
@@ -125,6 +128,8 @@ class _Arrays:
             a = self.data[key]
         except _READ_ERRORS as exc:
             raise ProfileError(self.source, key, "a readable numpy array", str(exc)) from None
+        if not isinstance(a, np.ndarray):    # a member stored without the .npy suffix: raw bytes
+            raise ProfileError(self.source, key, "a readable numpy array", "a member that is not a .npy array")
         if a.dtype.kind not in kind or a.ndim != ndim:
             raise ProfileError(self.source, key, f"a {ndim}-d array of kind '{kind}'", f"{a.dtype} with {a.ndim} dims")
         return a.astype(np.int64) if kind == "i" else a
@@ -135,13 +140,16 @@ class _Arrays:
         if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
             raise ProfileError(self.source, f"{key}_offsets", "non-decreasing offsets from 0 to the blob's length")
         try:
-            text = blob.tobytes().decode("utf-8")
+            text = blob.tobytes().decode("utf-8", "surrogatepass")
         except UnicodeDecodeError:
             raise ProfileError(self.source, f"{key}_blob", "UTF-8 text") from None
         if len(text) == len(blob):           # pure ASCII: byte offsets are character offsets
             return [text[offsets[i]:offsets[i + 1]] for i in range(len(offsets) - 1)]
         raw = blob.tobytes()
-        return [raw[offsets[i]:offsets[i + 1]].decode("utf-8") for i in range(len(offsets) - 1)]
+        try:
+            return [raw[offsets[i]:offsets[i + 1]].decode("utf-8", "surrogatepass") for i in range(len(offsets) - 1)]
+        except UnicodeDecodeError:         # an offset inside a character
+            raise ProfileError(self.source, f"{key}_offsets", "offsets at UTF-8 character boundaries") from None
 
     def ragged(self, offsets_key: str, values_key: str, rows: int) -> Ragged:
         offsets = self.get(offsets_key)
@@ -151,11 +159,61 @@ class _Arrays:
         return Ragged(offsets, values)
 
 
-def read_compact(path: str | Path) -> Profile:
+def _check_members(raw: bytes, source: str) -> None:
+    """Refuse a zip whose members would expand past the budget, or whose .npy headers promise
+    more (or other) data than the member holds, before any array is allocated: a few
+    kilobytes of zip can otherwise expand to gigabytes or ask numpy for terabytes."""
+    budget = max(MIN_EXPANDED_BYTES, EXPANSION_RATIO * len(raw))
+    try:
+        with zipfile.ZipFile(io.BytesIO(raw)) as zf:
+            members = zf.infolist()
+            total = sum(m.file_size for m in members)
+            if total > budget:
+                raise ProfileError(source, "", f"a compact profile expanding to at most {budget:,} bytes "
+                                   f"(max({MIN_EXPANDED_BYTES:,}, {EXPANSION_RATIO} x the file's size)); its arrays "
+                                   f"declare {total:,} bytes")
+            for m in members:
+                if not m.filename.endswith(".npy"):
+                    continue                # never read as an array (a missing array is named later)
+                key = m.filename.removesuffix(".npy")
+                try:
+                    with zf.open(m) as fp:
+                        version = np.lib.format.read_magic(fp)
+                        if version == (1, 0):
+                            shape, _, dtype = np.lib.format.read_array_header_1_0(fp)
+                        elif version == (2, 0):
+                            shape, _, dtype = np.lib.format.read_array_header_2_0(fp)
+                        else:
+                            raise ValueError(f".npy format version {version}")
+                        header = fp.tell()
+                except _READ_ERRORS as exc:
+                    raise ProfileError(source, key, "a readable numpy array", str(exc)) from None
+                if dtype.hasobject:
+                    raise ProfileError(source, key, "a readable numpy array",
+                                       "an array of Python objects (pickles are never loaded)")
+                count = 1
+                for n in shape:
+                    count *= int(n)
+                if header + count * dtype.itemsize != m.file_size:
+                    raise ProfileError(source, key, "a readable numpy array",
+                                       f"a header promising {count * dtype.itemsize:,} bytes of data where the "
+                                       f"file holds {max(m.file_size - header, 0):,}")
+    except ProfileError:
+        raise
+    except _READ_ERRORS as exc:
+        raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
+
+
+def read_compact(path: str | Path, raw: bytes | None = None) -> Profile:
+    """Read a compact profile from ``path`` (opened once), or from its bytes ``raw``."""
     path = Path(path)
     source = str(path)
+    if raw is None:
+        with InputFile(path, "profile") as f:
+            raw = f.read_all(None)
+    _check_members(raw, source)
     try:
-        data = np.load(path, allow_pickle=False)
+        data = np.load(io.BytesIO(raw), allow_pickle=False)
     except _READ_ERRORS as exc:
         raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
     with data:
@@ -163,9 +221,10 @@ def read_compact(path: str | Path) -> Profile:
 
 
 def _read(a: _Arrays) -> Profile:
+    raw_header = a.get("header", kind="u").tobytes()
     try:
-        header = json.loads(a.get("header", kind="u").tobytes().decode("utf-8"))
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        header = load_json(raw_header.decode("utf-8"), a.source)
+    except (UnicodeDecodeError, ProfileError):
         raise ProfileError(a.source, "header", "a JSON header") from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ProfileError(a.source, "header.format", f'"{FORMAT}"', header.get("format") if isinstance(header, dict) else header)
@@ -228,7 +287,9 @@ def _read(a: _Arrays) -> Profile:
         inputs=[tuple(flat_inputs[bounds[i]:bounds[i + 1]]) for i in range(nops)],
         first_step=a.get("op_first_step"), last_step=a.get("op_last_step"), compute=a.get("op_compute", kind="f"),
         vars=a.ragged("op_vars_offsets", "op_vars", nops), programs=a.ragged("op_programs_offsets", "op_programs", nops),
-        layer=[name if has else None for name, has in zip(layer_names, has_layer)])
+        layer=[name if has else None for name, has in zip(layer_names, has_layer)],
+        bytes_accessed=(a.get("op_bytes_accessed", kind="f") if "op_bytes_accessed" in a.data.files
+                        else np.full(nops, np.nan)))
 
     ground_truth = None
     categories = header.get("ground_truth_categories")

@@ -19,6 +19,7 @@ from ..builder import ProfileBuilder
 from ..config import known_targets, target_from_mapping
 from ..errors import ProfileError
 from ..profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
+from ..safeinput import MAX_STEPS, InputFile, load_json
 from .fields import FieldReader
 
 FORMAT = "stagesplit-profile"
@@ -28,20 +29,23 @@ _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "s
              "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth"}
 _VAR_KEYS = {"name", "bytes", "tile", "live"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
-_OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute"}
+_OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute",
+            "bytes_accessed"}
 
 
 def parse_json_text(text: str, source: str) -> Any:
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise ProfileError(source, f"line {exc.lineno} column {exc.colno}", "valid JSON", exc.msg) from None
+    """Strict JSON (see ``safeinput.load_json``: no NaN/Infinity, duplicate keys or deep nesting)."""
+    return load_json(text, source)
 
 
-def read_json_profile(path: str | Path) -> Profile:
+def read_json_profile(path: str | Path, data: bytes | None = None) -> Profile:
+    """Read a JSON profile from ``path`` (opened once), or from ``data`` already read from it."""
     path = Path(path)
+    if data is None:
+        with InputFile(path, "profile") as f:
+            data = f.read_all(None)
     try:
-        text = path.read_text(encoding="utf-8-sig")
+        text = data.decode("utf-8-sig")
     except UnicodeDecodeError:
         raise ProfileError(path, "", "a UTF-8 JSON document") from None
     return profile_from_document(parse_json_text(text, str(path)), str(path))
@@ -92,6 +96,8 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
         steps = [r.string(s, f"steps[{i}]") for i, s in enumerate(steps_value)]
     else:
         steps = r.integer(steps_value, "steps", minimum=0)
+        if steps > MAX_STEPS:               # checked before a name is made for every step
+            r.fail("steps", f"a step count <= {MAX_STEPS:,}", steps)
     unit = r.choice(doc.get("compute_unit", "cycles"), "compute_unit", COMPUTE_UNITS)
     b = ProfileBuilder(target, steps, unit, read_info(doc, r))
     nsteps = len(b.steps)
@@ -143,6 +149,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
         inputs = r.list(op.get("inputs", []), f"{p}.inputs")
         layer = op.get("layer")
         compute = op.get("compute")
+        accessed = op.get("bytes_accessed")
         b.operation(
             name=r.string(r.get(op, "name", p), f"{p}.name"),
             layer=None if layer is None else r.string(layer, f"{p}.layer"),
@@ -153,7 +160,8 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
             vars=[r.integer(x, f"{p}.vars[{k}]") for k, x in enumerate(r.list(op.get("vars", []), f"{p}.vars"))],
             programs=[r.integer(x, f"{p}.programs[{k}]")
                       for k, x in enumerate(r.list(op.get("programs", []), f"{p}.programs"))],
-            compute=math.nan if compute is None else r.number(compute, f"{p}.compute"))
+            compute=math.nan if compute is None else r.number(compute, f"{p}.compute"),
+            bytes_accessed=math.nan if accessed is None else r.number(accessed, f"{p}.bytes_accessed"))
 
     if "ground_truth" in doc:
         b.ground_truth = _ground_truth(doc["ground_truth"], target, nsteps, r)
@@ -226,7 +234,7 @@ def profile_to_document(profile: Profile) -> dict:
     p = profile
     t = p.target
     target = {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile}
-    for key in ("clock_hz", "link_bytes_per_s", "flops_per_s"):
+    for key in ("clock_hz", "link_bytes_per_s", "flops_per_s", "memory_bytes_per_s"):
         if getattr(t, key) is not None:
             target[key] = getattr(t, key)
     if t.description:
@@ -283,6 +291,8 @@ def profile_to_document(profile: Profile) -> dict:
         rec["programs"] = ops.programs[i].tolist()
         if not math.isnan(ops.compute[i]):
             rec["compute"] = float(ops.compute[i])
+        if not math.isnan(ops.bytes_accessed[i]):
+            rec["bytes_accessed"] = float(ops.bytes_accessed[i])
         operations.append(rec)
     doc["operations"] = operations
 

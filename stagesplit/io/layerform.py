@@ -50,6 +50,7 @@ def one_tile(target: Target) -> Target:
         return target
     return Target(name=target.name, tiles=1, bytes_per_tile=target.device_bytes, clock_hz=target.clock_hz,
                   kind=target.kind, link_bytes_per_s=target.link_bytes_per_s, flops_per_s=target.flops_per_s,
+                  memory_bytes_per_s=target.memory_bytes_per_s,
                   description=f"{target.description} (whole device as one memory pool)".strip())
 
 

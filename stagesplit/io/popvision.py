@@ -47,7 +47,16 @@ How the report maps onto the Profile:
   When the JSON has no inputs, the nearest inputs recorded in debug.cbor are used.
 * **Ground truth**: per first-IPU tile ``alwaysLiveBytes``, ``notAlwaysLiveBytes`` and the
   memory categories the report has (``vertexCode`` -> ``vertex_code``, ...); the not-always-
-  live bytes at every step for the ``TRACE_TILES`` tiles with the largest total.
+  live bytes at every step for the ``TRACE_TILES`` tiles with the largest total. The Profile's
+  ground truth holds always-live *variable* bytes and its parts add up to the tile's total, so
+  it is fitted to the report's own total ``total.excludingGaps`` where the tiles have one.
+  libpva's ``alwaysLiveBytes`` includes the code and state categories: always-live +
+  not-always-live then equals the total, and the categories are taken out of the always-live
+  figure. Which convention a report follows is decided once for the report, by its tiles with
+  some code: it includes them unless more of those tiles add up to the total with the
+  categories added than without (libpva's convention wins a tie). Bytes of the total in none
+  of the figures become the category ``other``; a tile whose figures exceed its total gets a
+  warning. Without a total, the figures are taken as separate, as in the JSON form.
 """
 
 from __future__ import annotations
@@ -255,10 +264,17 @@ class _Reader:
         gt = {"always_live": np.zeros(T, np.int64), "not_always_live": np.zeros(T, np.int64)}
         gt.update({snake: np.zeros(T, np.int64) for _, snake in present})
         al, nal = gt["always_live"], gt["not_always_live"]
+        total = np.zeros(T, np.int64)
+        has_total = True
         for t in range(T):
             mem = tile_objs[t].memory
             al[t] = mem.alwaysLiveBytes
             nal[t] = mem.notAlwaysLiveBytes
+            whole = getattr(getattr(mem, "total", None), "excludingGaps", None) if has_total else None
+            if whole is None:
+                has_total = False
+            else:
+                total[t] = whole
             cat = mem.category
             for camel, snake in present:
                 gt[snake][t] = getattr(cat, camel).total
@@ -269,6 +285,7 @@ class _Reader:
                     sizes = self.code_by_type[name] = np.zeros(T, np.int64)
                 sizes[t] = v.codeBytes
         self.gt_arrays = gt
+        self.gt_total = total if has_total else None
 
     # -- variables and liveness --------------------------------------------------------------------
     def _read_variables(self, brief) -> tuple[Variables, Liveness]:
@@ -521,7 +538,10 @@ class _Reader:
         if self.gt_arrays is None:
             return None
         g = dict(self.gt_arrays)
-        gt = GroundTruth(always_live=g.pop("always_live"), not_always_live=g.pop("not_always_live"), categories=g)
+        always, peak = g.pop("always_live"), g.pop("not_always_live")
+        if self.gt_total is not None:
+            always = self._reconcile(always, peak, g, self.gt_total)
+        gt = GroundTruth(always_live=always, not_always_live=peak, categories=g)
         S = self.num_steps
         if S and hasattr(steps_raw[0], "notAlwaysLiveMemoryForTile"):
             top = np.argsort(-gt.tile_total(), kind="stable")[:TRACE_TILES].astype(np.int64)
@@ -532,6 +552,33 @@ class _Reader:
                     trace[k, i] = step.notAlwaysLiveMemoryForTile(t).bytes
             gt.step_tiles, gt.step_bytes = top, trace
         return gt
+
+
+    def _reconcile(self, always: np.ndarray, peak: np.ndarray, categories: dict[str, np.ndarray],
+                   total: np.ndarray) -> np.ndarray:
+        """Fit the ground truth to the report's own per-tile total (``total.excludingGaps``): the
+        always-live *variable* bytes (returned), and an ``other`` category (added to
+        ``categories``) for bytes of the total in no figure. See the module docstring."""
+        parts = sum(categories.values(), np.zeros(len(total), np.int64))
+        coded = parts > 0                                   # tiles where the conventions differ
+        inside = int((coded & (always + peak == total)).sum())
+        separate = int((coded & (always + peak + parts == total)).sum())
+        includes = inside >= separate
+        if includes:
+            variables = always - parts
+            other = total - always - peak
+        else:
+            variables = always
+            other = total - always - peak - parts
+        bad = int(((variables < 0) | (other < 0)).sum())
+        if bad:
+            how = "includes" if includes else "excludes"
+            self.warnings.append(
+                f"ground truth: on {bad} tile(s) the report's figures do not add up to the tile's total "
+                f"(total.excludingGaps) with alwaysLiveBytes taken to {how} the code categories, as on most tiles")
+        if (other > 0).any():
+            categories["other"] = np.maximum(other, 0)
+        return np.maximum(variables, 0)
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:

@@ -340,17 +340,26 @@ class TileVertex:
 
 
 class TileMemory:
+    """A tile's memory. Both conventions for ``alwaysLiveBytes`` are possible: with
+    ``code_in_always_live`` it already includes the categories (as libpva reports it) and the
+    default ``total`` is always-live + not-always-live; without, the default total adds the
+    categories. ``total=False`` leaves the ``total`` attribute out (an AttributeError, as for
+    a report that lacks it)."""
+
     __slots__ = ("alwaysLiveBytes", "notAlwaysLiveBytes", "total", "vertices", "category")
 
     def __init__(self, alwaysLiveBytes: int = 0, notAlwaysLiveBytes: int = 0, vertices: Sequence[TileVertex] = (),
-                 category: Categories | None = None, total: MemoryTotal | None = None):
+                 category: Categories | None = None, total: "MemoryTotal | None | bool" = None,
+                 code_in_always_live: bool = False):
         self.alwaysLiveBytes = alwaysLiveBytes
         self.notAlwaysLiveBytes = notAlwaysLiveBytes
         self.vertices = list(vertices)
         self.category = category if category is not None else Categories()
+        if total is False:
+            return
         if total is None:
             cats = sum(getattr(self.category, n).total for n in CATEGORY_NAMES if hasattr(self.category, n))
-            t = alwaysLiveBytes + notAlwaysLiveBytes + cats
+            t = alwaysLiveBytes + notAlwaysLiveBytes + (0 if code_in_always_live else cats)
             total = MemoryTotal(t, t)
         self.total = total
 
@@ -573,7 +582,8 @@ class _Trace:
 
 
 def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
-                        var_id_step: int = 3, class_id_start: int = 500) -> Report:
+                        var_id_step: int = 3, class_id_start: int = 500,
+                        code_in_always_live: bool = False, extra_total: Sequence[int] | None = None) -> Report:
     """A pva-shaped report holding ``profile`` (a stagesplit Profile).
 
     The profile's device is one IPU of ``profile.target.tiles`` tiles. With ``ipus`` > 1 the
@@ -590,6 +600,12 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     (DoExchange and OnTileExecute programs only). ``codeBytesByTile`` of programs other than
     DoExchange holds their control code (libpva reports code for every program; only
     DoExchange's is exchange code). Program ``vertices`` counts are not carried.
+
+    Ground truth (the profile's own, or one computed from it): with ``code_in_always_live``
+    each tile's ``alwaysLiveBytes`` includes its categories (libpva's convention) and its
+    ``total.excludingGaps`` is always-live + not-always-live; without, the categories are
+    separate. Either way the total is the sum of the profile's figures (its ``other`` category,
+    memory in no category, only there), plus ``extra_total[t]`` bytes on tile t when given.
     """
     from stagesplit.synth import ground_truth as computed_ground_truth
 
@@ -682,13 +698,19 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
         per_tile_types[key // ntypes].append((key % ntypes, size))
     gt = p.ground_truth if p.ground_truth is not None else computed_ground_truth(p)
     cats = {_TO_CATEGORY[name]: values for name, values in gt.categories.items() if name in _TO_CATEGORY}
+    other = gt.categories.get("other", np.zeros(T, np.int64))    # memory in no category: only in the total
     tiles = []
     for g in range(NT):
         t, m = g % T, g // T + 1
+        in_cats = sum(int(values[t]) for values in cats.values())
+        al = int(gt.always_live[t]) + (in_cats if code_in_always_live else 0)
+        whole = int(gt.always_live[t]) + int(gt.not_always_live[t]) + in_cats + int(other[t]) \
+            + (int(extra_total[t]) if extra_total is not None else 0)
         tiles.append(Tile(g, TileMemory(
-            alwaysLiveBytes=int(gt.always_live[t]) * m, notAlwaysLiveBytes=int(gt.not_always_live[t]) * m,
+            alwaysLiveBytes=al * m, notAlwaysLiveBytes=int(gt.not_always_live[t]) * m,
             vertices=[TileVertex(VertexType(pr.vertex_types[vt], 0), size * m) for vt, size in per_tile_types[t]],
-            category=Categories(**{name: int(values[t]) * m for name, values in cats.items()}))))
+            category=Categories(**{name: int(values[t]) * m for name, values in cats.items()}),
+            total=MemoryTotal(whole * m, whole * m))))
 
     # liveness steps
     trace = _Trace(p, ipus)

@@ -1,0 +1,121 @@
+"""Check capture's per-stage memory on a real GPU (issue 7): capture examples/gpt.py on the CPU
+under fake tensors, solve it for 4 stages (1F1B, 8 micro-batches), then run each planned stage
+for real on the GPU and compare the predicted peak with torch.cuda.max_memory_allocated.
+Target: every stage within 5%.
+
+Each stage runs alone: its layers' modules (the first stage has the embeddings, the last the
+final norm, the head and the loss; the tied embedding is on both), its parameters, gradients
+(kept, as gradient accumulation does) and Adam state, and ``in flight`` micro-batches: all their
+forwards, then all their backwards, then the optimizer step. The peak is measured from a
+reset after a warm-up step, so it counts only this stage's tensors (not the CUDA context).
+
+Run from the repository root on a machine with CUDA:  python benchmarks/validate_gpu.py
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+
+def main() -> int:
+    try:
+        import torch
+    except ImportError:
+        print("validate_gpu: needs PyTorch: pip install 'stagesplit[torch]'", file=sys.stderr)
+        return 2
+    if not torch.cuda.is_available():
+        print("validate_gpu: no CUDA device here: run this on a machine with an NVIDIA GPU and a CUDA build of "
+              "PyTorch", file=sys.stderr)
+        return 2
+    spec = importlib.util.spec_from_file_location("gpt_example", ROOT / "examples" / "gpt.py")
+    gpt = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = gpt
+    spec.loader.exec_module(gpt)
+
+    from stagesplit.advise import advise
+    from stagesplit.analysis import Analysis
+    from stagesplit.capture import capture
+    from stagesplit.problem import SolveOptions
+    profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
+    analysis = Analysis.of(profile)
+    device = torch.device("cuda")
+    rows = []
+    for schedule in ("none", "1f1b"):
+        plan = advise(analysis.model, SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8)).plan
+        for s in plan.stages:
+            measured = run_stage(torch, gpt, device, s.first_layer, s.last_layer, s.in_flight)
+            predicted = analysis.model.stage_memory(s.first_layer, s.last_layer).worst_bytes(s.in_flight)
+            rows.append((schedule, s.stage, f"{s.layers[0]}..{s.layers[-1]}", s.in_flight, predicted, measured))
+    name = torch.cuda.get_device_name(device)
+    title = f"Predicted vs measured stage peak on {name} (torch {torch.__version__})"
+    print(title)
+    print("=" * len(title))
+    print(f"{'schedule':<8}  {'stage':>5}  {'layers':>6}  {'in flight':>9}  {'predicted (MiB)':>15}  "
+          f"{'measured (MiB)':>14}  {'error':>7}")
+    worst = 0.0
+    for schedule, stage, span, k, pred, meas in rows:
+        err = (pred - meas) / meas
+        worst = max(worst, abs(err))
+        print(f"{schedule:<8}  {stage:>5}  {span:>6}  {k:>9}  {pred / 2**20:>15.2f}  {meas / 2**20:>14.2f}  "
+              f"{100 * err:>+6.1f}%")
+    print(f"worst error {100 * worst:.1f}% (target: within 5%)")
+    return 0 if worst <= 0.05 else 1
+
+
+def run_stage(torch, gpt, device, first: int, last: int, in_flight: int) -> int:
+    model, _ = gpt.build_real()
+    model = model.to(device)
+    cfg = model.config
+    blocks = list(model.transformer.h[first:last + 1])
+    is_first, is_last = first == 0, last == cfg.layers - 1
+    modules = list(blocks) + ([model.transformer.wte, model.transformer.wpe] if is_first else []) + \
+        ([model.transformer.ln_f, model.lm_head] if is_last else [])
+    keep = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
+    for m in model.modules():                      # free what this stage does not hold
+        for table in (m._parameters, m._buffers):
+            for key, t in list(table.items()):
+                if t is not None and id(t) not in keep:
+                    table[key] = None
+    params = list({id(p): p for m in modules for p in m.parameters()}.values())
+    opt = torch.optim.Adam(params, foreach=False)
+
+    def make_input():
+        if is_first:
+            return torch.zeros(cfg.batch, cfg.context, dtype=torch.long, device=device)
+        return torch.randn(cfg.batch, cfg.context, cfg.d_model, device=device, requires_grad=True)
+
+    def forward(x):
+        if is_first:
+            x = model.transformer.wte(x) + model.transformer.wpe(torch.arange(cfg.context, device=device))
+        for block in blocks:
+            x = block(x)
+        return model.lm_head(model.transformer.ln_f(x)).sum() if is_last else x
+
+    def backward(out):
+        out.backward() if is_last else out.backward(torch.ones_like(out))
+
+    backward(forward(make_input()))
+    opt.step()
+    opt.zero_grad(set_to_none=False)
+    torch.cuda.synchronize()
+    torch.cuda.reset_peak_memory_stats(device)
+    xs = [make_input() for _ in range(in_flight)]
+    outs = [forward(x) for x in xs]
+    for out in outs:
+        backward(out)
+    del outs, xs
+    opt.step()
+    torch.cuda.synchronize()
+    peak = torch.cuda.max_memory_allocated(device)
+    del model, opt, params, modules, blocks
+    torch.cuda.empty_cache()
+    return peak
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,71 @@
+"""Limits every loaded profile must meet, whichever reader made it: byte counts whose sums
+cannot wrap int64 (a wrapped sum reads as a negative stage that "fits"), compute figures whose
+sums stay finite, and a bounded step count. Checked once in ``load_profile``."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ProfileError
+from ..profile import Profile
+from ..safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+
+
+def _bytes(source: str | None, field: str, values: np.ndarray) -> float:
+    """Check one array of byte counts; return its sum (as a float: it cannot overflow)."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return 0.0
+    if values.dtype.kind == "f" and not np.all(np.isfinite(values)):
+        raise ProfileError(source, field, "finite byte counts")
+    if values.min() < 0:
+        raise ProfileError(source, field, "byte counts >= 0", values.min().item())
+    if values.max() > MAX_BYTES:
+        raise ProfileError(source, field, f"byte counts <= {MAX_BYTES:,} (1 PiB)", values.max().item())
+    return float(values.sum(dtype=np.float64))
+
+
+def _compute(source: str | None, field: str, values: np.ndarray) -> float:
+    values = np.asarray(values, dtype=np.float64)
+    known = values[~np.isnan(values)]        # NaN: not known (the reader's marker for a missing figure)
+    if known.size == 0:
+        return 0.0
+    if not np.all(np.isfinite(known)):
+        raise ProfileError(source, field, "finite compute figures", "inf")
+    if known.min() < 0:
+        raise ProfileError(source, field, "compute figures >= 0", float(known.min()))
+    with np.errstate(over="ignore"):
+        total = float(known.sum())
+    if not total <= MAX_COMPUTE:
+        raise ProfileError(source, field, f"compute figures summing to at most {MAX_COMPUTE:g} "
+                           f"(these sum to {total:.3g})")
+    return total
+
+
+def check_profile_limits(profile: Profile, source: str | None) -> Profile:
+    """Refuse a profile whose sizes or sums downstream arithmetic cannot hold exactly."""
+    p = profile
+    if p.num_steps > MAX_STEPS:
+        raise ProfileError(source, "steps", f"at most {MAX_STEPS:,} steps", p.num_steps)
+    total = _bytes(source, "variables.bytes", p.variables.bytes)
+    pr = p.programs
+    total += _bytes(source, "programs.vertex_code", pr.vertex_code.bytes)
+    for cat, costs in pr.categories().items():
+        total += _bytes(source, f"programs.{cat}", costs.bytes)
+    if total > MAX_BYTES:
+        raise ProfileError(source, "variables and programs", f"byte counts summing to at most {MAX_BYTES:,} "
+                           f"(1 PiB; these sum to {total:,.0f})")
+    gt = p.ground_truth
+    if gt is not None:
+        arrays = {"ground_truth.always_live": gt.always_live, "ground_truth.not_always_live": gt.not_always_live,
+                  "ground_truth.step_trace.bytes": gt.step_bytes}
+        arrays.update({f"ground_truth.categories.{k}": v for k, v in gt.categories.items()})
+        for field, values in arrays.items():
+            if _bytes(source, field, values) > MAX_BYTES:
+                raise ProfileError(source, field, f"byte counts summing to at most {MAX_BYTES:,} (1 PiB)")
+    compute = _compute(source, "operations.compute", p.operations.compute)
+    compute += _compute(source, "programs.cycles", pr.cycles)
+    if not compute <= MAX_COMPUTE:
+        raise ProfileError(source, "operations.compute and programs.cycles",
+                           f"compute figures summing to at most {MAX_COMPUTE:g} (these sum to {compute:.3g})")
+    return profile

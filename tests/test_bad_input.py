@@ -1,0 +1,862 @@
+"""Hostile input, refused cleanly (issue 9, "Bad input"): every case ends with exactly one line
+on stderr, exit status 2 (1 for an infeasible solve, 130 for Ctrl-C), no traceback, no hang,
+and no output file replaced. The corpus is generated here, class by class, several variants each.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import zipfile
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from stagesplit.cli import main
+from stagesplit.errors import ProfileError, StagesplitError
+from stagesplit.fileio import atomic_write_bytes
+from stagesplit.interrupt import deferred_signals, solve_interruptibly
+from stagesplit.io import load_profile, save_profile
+from stagesplit.io.compact import profile_to_arrays
+from stagesplit.layers import LayerOptions, group_layers
+from stagesplit.regex import compile_regex
+from stagesplit import safeinput
+from stagesplit.safeinput import load_json, load_yaml, one_line, short_repr
+
+from helpers import ROOT, tiny_profile
+
+PYTHON = sys.executable
+
+
+# -- helpers -----------------------------------------------------------------------------------------------
+
+def doc(**changes) -> dict:
+    """A valid 4-layer profile on a one-tile device (layers 0..3, 10/20/30/40 cycles)."""
+    d = {"format": "stagesplit-profile", "version": 1, "kind": "full", "name": "base",
+         "target": {"name": "hand", "tiles": 1, "bytes_per_tile": 1000, "clock_hz": 1e9, "link_bytes_per_s": 1e9},
+         "steps": 4,
+         "variables": [{"name": f"w{i}", "bytes": 100, "live": "always"} for i in range(4)],
+         "operations": [{"name": f"layer{i}/op", "layer": str(i), "first_step": i, "last_step": i, "vars": [i],
+                         "compute": 10.0 * (i + 1)} for i in range(4)]}
+    d.update(changes)
+    return d
+
+
+def write_json(path: Path, value) -> Path:
+    path.write_text(json.dumps(value) if not isinstance(value, str) else value)
+    return path
+
+
+def cli(capsys, *argv):
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def one_error(code, err, *fragments, status=2) -> str:
+    """Exactly one stderr line, the error, with the given exit status and fragments."""
+    lines = err.splitlines()
+    assert code == status, err
+    assert len(lines) == 1, err
+    assert lines[0].startswith("stagesplit: error: "), lines[0]
+    assert "Traceback" not in err and "Warning" not in err
+    for fragment in fragments:
+        assert fragment in lines[0], lines[0]
+    return lines[0]
+
+
+def sub(argv, timeout=60, **kw) -> subprocess.CompletedProcess:
+    """The CLI in a child process (for hangs, signals and real stdout encodings)."""
+    start = time.monotonic()
+    done = subprocess.run([PYTHON, "-m", "stagesplit", *map(str, argv)], capture_output=True, text=True,
+                          timeout=timeout, cwd=kw.pop("cwd", None), **kw)
+    done.seconds = time.monotonic() - start
+    return done
+
+
+def sub_error(done, *fragments, status=2) -> str:
+    assert done.stdout == "", done.stdout
+    return one_error(done.returncode, done.stderr, *fragments, status=status)
+
+
+@pytest.fixture
+def profile(tmp_path) -> Path:
+    return write_json(tmp_path / "base.json", doc())
+
+
+# -- 1. deep nesting ---------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("text", [
+    "[" * 100_000,                                                    # far past the C recursion limit
+    '{"format": "stagesplit-profile", "name": ' + "[" * 50_000 + "]" * 50_000 + "}",
+    '{"a": ' * 150 + "1" + "}" * 150,                                 # parses, but deeper than the limit
+    '{"format": "stagesplit-profile", "version": 1, "steps": 4, "operations": [' + "[" * 200 + "]" * 200 + "]}",
+])
+def test_deeply_nested_json_profile(capsys, tmp_path, text):
+    path = write_json(tmp_path / "deep.json", text)
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, str(path), "nested at most 100 deep")
+
+
+def _deep_yaml(kind: str, depth: int) -> str:
+    if kind == "flow":
+        return "[" * depth + "]" * depth
+    if kind == "block":
+        return "".join("  " * i + "- \n" for i in range(depth - 1)) + "  " * (depth - 1) + "- 1\n"
+    return "".join("  " * i + f"k{i}:\n" for i in range(depth - 1)) + "  " * (depth - 1) + "k: 1\n"
+
+
+@pytest.mark.parametrize("kind, depth", [("flow", 100_000), ("block", 3000), ("mapping", 150)])
+@pytest.mark.parametrize("option", ["--config", "--layer-compute"])
+def test_deeply_nested_yaml_options(capsys, tmp_path, profile, kind, depth, option):
+    path = write_json(tmp_path / "deep.yaml", _deep_yaml(kind, depth))
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", option, path)
+    one_error(code, err, str(path), "nested at most 100 deep")
+
+
+@pytest.mark.parametrize("suffix, text", [(".json", "[" * 100_000), (".yaml", "[" * 100_000),
+                                          (".json", '{"x": ' * 200 + "0" + "}" * 200)])
+def test_deeply_nested_plan(capsys, tmp_path, profile, suffix, text):
+    plan = write_json(tmp_path / f"plan{suffix}", text)
+    code, out, err = cli(capsys, "diagnose", profile, "--plan", plan)
+    one_error(code, err, str(plan), "nested at most 100 deep")
+    code, out, err = cli(capsys, "export", plan, "--to", "deepspeed")
+    one_error(code, err, str(plan), "nested at most 100 deep")
+
+
+def test_nesting_limit_is_exact():
+    """100 levels parse; 101 do not (JSON and YAML alike)."""
+    assert load_json("[" * 100 + "]" * 100, "x") == json.loads("[" * 100 + "]" * 100)
+    with pytest.raises(ProfileError, match="nested at most 100 deep"):
+        load_json("[" * 101 + "]" * 101, "x")
+    assert load_yaml("[" * 100 + "]" * 100, "x") == json.loads("[" * 100 + "]" * 100)
+    with pytest.raises(ProfileError, match="nested at most 100 deep"):
+        load_yaml("[" * 101 + "]" * 101, "x")
+
+
+# -- 2. sizes that would allocate before being checked ----------------------------------------------------
+
+@pytest.mark.parametrize("steps", [10**12, 2**63 - 1, safeinput.MAX_STEPS + 1])
+def test_huge_step_count(capsys, tmp_path, steps):
+    path = write_json(tmp_path / "steps.json", doc(steps=steps))
+    start = time.monotonic()
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, f"{path}: steps: expected ")
+    assert time.monotonic() - start < 5
+
+
+@pytest.mark.parametrize("tiles", [10**12, 2**40])
+def test_huge_tile_count(capsys, tmp_path, tiles):
+    d = doc()
+    d["target"]["tiles"] = tiles
+    path = write_json(tmp_path / "tiles.json", d)
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, "target.tiles: expected an integer >= 1 and <= 1,048,576")
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "--devices", "1000000000"],
+    ["solve", "--devices", str(10**30)],
+    ["solve", "--devices", "4097"],
+    ["sweep", "--devices", "1..1000000000"],
+    ["sweep", "--devices", "1," + str(10**9)],
+    ["sweep", "--devices", "1.." + "9" * 5000],
+    ["sweep", "--devices", "4000..5000"],
+])
+def test_huge_device_counts(capsys, profile, argv):
+    start = time.monotonic()
+    code, out, err = cli(capsys, argv[0], profile, *argv[1:])
+    one_error(code, err, "--devices", "4,096")
+    assert time.monotonic() - start < 5
+
+
+def _compact_bytes(arrays: dict[str, np.ndarray], replace: dict[str, bytes] | None = None) -> bytes:
+    """A compact profile zip; ``replace`` gives raw .npy bytes for some members."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for key, value in arrays.items():
+            if replace and key in replace:
+                z.writestr(f"{key}.npy", replace[key])
+            else:
+                member = io.BytesIO()
+                np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+                z.writestr(f"{key}.npy", member.getvalue())
+    return buffer.getvalue()
+
+
+def _npy_header(shape, descr="<i8") -> bytes:
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": descr, "fortran_order": False, "shape": shape})
+    return out.getvalue()
+
+
+@pytest.mark.parametrize("key, shape", [("var_bytes", (2**40,)), ("op_compute", (10**15,)),
+                                        ("live_intervals", (2**38, 2)), ("header", (2**45,))])
+def test_compact_header_promising_terabytes(capsys, tmp_path, key, shape):
+    arrays = profile_to_arrays(tiny_profile(True))
+    descr = "<f8" if key == "op_compute" else "|u1" if key == "header" else "<i8"
+    path = tmp_path / "liar.stagesplit"
+    path.write_bytes(_compact_bytes(arrays, {key: _npy_header(shape, descr) + b"\0" * 64}))
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, f"{path}: {key}: expected a readable numpy array", "header promising")
+
+
+def test_compact_zip_bomb(capsys, tmp_path):
+    """A few hundred kilobytes expanding to 600 MB of zeros: refused from the zip directory."""
+    arrays = profile_to_arrays(tiny_profile(True))
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as z:
+        for key, value in arrays.items():
+            member = io.BytesIO()
+            np.lib.format.write_array(member, np.asarray(value), allow_pickle=False)
+            z.writestr(f"{key}.npy", member.getvalue())
+        with z.open("zeros.npy", "w", force_zip64=True) as member:
+            size = 600 << 20
+            member.write(_npy_header((size // 8,)))
+            chunk = bytes(16 << 20)
+            for _ in range(size // len(chunk)):
+                member.write(chunk)
+    path = tmp_path / "bomb.stagesplit"
+    path.write_bytes(buffer.getvalue())
+    assert path.stat().st_size < 5 << 20
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, f"{path}: expected a compact profile expanding to at most")
+
+
+def test_compact_directory_lying_about_size(capsys, tmp_path):
+    """The zip directory declares a 4 GB member: refused before decompressing anything."""
+    raw = bytearray(_compact_bytes(profile_to_arrays(tiny_profile(True))))
+    with zipfile.ZipFile(io.BytesIO(bytes(raw))) as z:
+        info = z.getinfo("var_bytes.npy")
+    declared = (0xFFFFFFF0).to_bytes(4, "little")
+    raw[info.header_offset + 22:info.header_offset + 26] = declared        # local header: uncompressed size
+    central = raw.find(b"PK\x01\x02")
+    while central >= 0:                                                     # central directory entry
+        name_len = int.from_bytes(raw[central + 28:central + 30], "little")
+        if raw[central + 46:central + 46 + name_len] == b"var_bytes.npy":
+            raw[central + 24:central + 28] = declared
+            break
+        central = raw.find(b"PK\x01\x02", central + 4)
+    path = tmp_path / "liar.stagesplit"
+    path.write_bytes(bytes(raw))
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, str(path), "expanding to at most")
+
+
+@pytest.mark.parametrize("device", ["/dev/zero", "/dev/urandom"])
+def test_device_files_as_inputs(capsys, profile, tmp_path, device):
+    if not os.path.exists(device):
+        pytest.skip(f"{device} is not on this system")
+    start = time.monotonic()
+    code, out, err = cli(capsys, "breakdown", device)
+    one_error(code, err, device)
+    for argv in (["solve", profile, "--devices", "2", "--config", device],
+                 ["solve", profile, "--devices", "2", "--layer-compute", device],
+                 ["breakdown", profile, "--layer-compute", device],
+                 ["diagnose", profile, "--plan", device],
+                 ["export", device, "--to", "deepspeed"]):
+        code, out, err = cli(capsys, *argv)
+        one_error(code, err, device)
+    assert time.monotonic() - start < 30
+
+
+def test_oversized_config_file(capsys, tmp_path, profile):
+    big = tmp_path / "big.yaml"
+    with open(big, "wb") as handle:                  # sparse: no disk used
+        handle.truncate(safeinput.MAX_CONFIG_BYTES + 1)
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", "--config", big)
+    one_error(code, err, f"{big}: {safeinput.MAX_CONFIG_BYTES + 1:,} bytes is larger than")
+
+
+# -- 3. YAML alias bombs -----------------------------------------------------------------------------------
+
+def _laughs(levels: int = 9, width: int = 9, key: str = "a") -> str:
+    lines = [f'l0: &l0 ["lol"]']
+    for i in range(1, levels + 1):
+        lines.append(f"l{i}: &l{i} [" + ", ".join([f"*l{i - 1}"] * width) + "]")
+    lines.append(f"{key}: *l{levels}")
+    return "\n".join(lines) + "\n"
+
+
+@pytest.mark.parametrize("option, text", [
+    ("--config", _laughs()),
+    ("--config", _laughs(levels=7, width=20, key="time_limit")),
+    ("--layer-compute", _laughs(key="0")),
+    ("--config", "x: &a [" + ", ".join(["1"] * 10) + "]\ny: [" + ", ".join(["*a"] * 2000) + "]\n"),
+    ("--target", _laughs(key="tiles")),
+])
+def test_yaml_alias_bomb(tmp_path, profile, option, text):
+    path = write_json(tmp_path / "bomb.yaml", text)
+    done = sub(["solve", profile, "--devices", "2", option, path], timeout=60)
+    line = sub_error(done, str(path))
+    assert "alias" in line and len(line) < 400
+    assert done.seconds < 30
+
+
+def test_yaml_alias_bomb_in_plan(tmp_path, profile):
+    plan = write_json(tmp_path / "plan.yaml", _laughs(key="stages"))
+    done = sub(["diagnose", profile, "--plan", plan], timeout=60)
+    assert "alias" in sub_error(done, str(plan))
+
+
+def test_shared_yaml_values_still_read():
+    """A few aliases are fine; only expansion past the limit is refused."""
+    assert load_yaml("a: &x {b: 1}\nc: *x\nd: *x\n", "f") == {"a": {"b": 1}, "c": {"b": 1}, "d": {"b": 1}}
+    with pytest.raises(ProfileError, match="once aliases are expanded"):
+        load_yaml(_laughs(), "f")
+
+
+def test_messages_never_print_unbounded_values():
+    bomb = [[["x" * 1000] * 1000] * 1000] * 1000       # a billion leaves, shared
+    assert len(short_repr(bomb)) <= 60
+    deep: list = []
+    for _ in range(100_000):
+        deep = [deep]
+    assert len(short_repr(deep)) <= 60
+    err = ProfileError("f.json", "a", "b", bomb)
+    assert len(str(err)) < 200
+
+
+# -- 4. a FIFO as the profile ------------------------------------------------------------------------------
+
+def _fifo_writer(path: Path, data: bytes, delay: float = 0.2) -> threading.Thread:
+    def write():
+        time.sleep(delay)
+        with open(path, "wb") as handle:        # blocks until the reader opens the FIFO
+            handle.write(data)
+    t = threading.Thread(target=write, daemon=True)
+    t.start()
+    return t
+
+
+@pytest.mark.parametrize("kind", ["json", "compact"])
+def test_fifo_profile_is_read_once(tmp_path, profile, kind):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    source = profile
+    if kind == "compact":
+        source = tmp_path / "base.stagesplit"
+        save_profile(load_profile(profile), source)
+    expected = sub(["breakdown", source, "--sections", "layers"])
+    assert expected.returncode == 0
+    fifo = tmp_path / "profile.fifo"
+    os.mkfifo(fifo)
+    writer = _fifo_writer(fifo, source.read_bytes())
+    done = sub(["breakdown", fifo, "--sections", "layers"], timeout=60)
+    writer.join(10)
+    assert done.returncode == 0 and done.stderr == "", done.stderr
+    assert done.stdout == expected.stdout
+
+
+def test_fifo_with_garbage_or_no_writer(tmp_path):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    fifo = tmp_path / "garbage.fifo"
+    os.mkfifo(fifo)
+    writer = _fifo_writer(fifo, b'{"format": "stagesplit-profile", "version": 1, "steps": NaN}')
+    sub_error(sub(["breakdown", fifo], timeout=60), str(fifo))
+    writer.join(10)
+    lonely = tmp_path / "lonely.fifo"
+    os.mkfifo(lonely)
+    done = sub(["breakdown", lonely], timeout=60)
+    sub_error(done, str(lonely), "FIFO")
+    assert done.seconds < safeinput.FIFO_WAIT_S + 20
+
+
+def test_fifo_as_config(tmp_path, profile):
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no FIFOs on this system")
+    fifo = tmp_path / "settings.fifo"
+    os.mkfifo(fifo)
+    writer = _fifo_writer(fifo, b"time_limit: -3\n")
+    done = sub(["solve", profile, "--devices", "2", "--config", fifo], timeout=60)
+    writer.join(10)
+    sub_error(done, f"{fifo}: time_limit: expected a number >= 0")
+
+
+# -- 5. catastrophic regexes -------------------------------------------------------------------------------
+
+def _long_names_profile(tmp_path: Path) -> Path:
+    d = doc()
+    for i, op in enumerate(d["operations"]):
+        del op["layer"]
+        op["name"] = f"layer{i}/" + "a" * 30_000 + "!"
+        op["inputs"] = ["x" * 30_000 + "!"]
+    return write_json(tmp_path / "long.json", d)
+
+
+@pytest.mark.parametrize("option, pattern", [
+    ("--layer-regex", r"layer(\d+)/(a+)+$"),
+    ("--layer-regex", r"layer(\d)/(a|aa)*b"),
+    ("--first-layer-regex", r"(x+x+)+y"),
+    ("--last-layer-regex", r"^(a|a?)+$"),
+    ("--call-regex", r"(\w*)*\d"),
+])
+def test_catastrophic_regex_runs_in_linear_time(tmp_path, option, pattern):
+    path = _long_names_profile(tmp_path)
+    done = sub(["breakdown", path, "--sections", "layers", option, pattern], timeout=120)
+    assert done.seconds < 60
+    if done.returncode != 0:
+        sub_error(done)
+    assert "Traceback" not in done.stderr
+
+
+@pytest.mark.parametrize("pattern, fragment", [
+    (r"(?=layer)layer(\d+)", "lookaround"),
+    (r"(l)ayer(\d+)\1", "lookaround and backreferences"),
+    (r"layer(\d+", "missing )"),
+    ("x" * 20_000, "at most 10,000"),
+])
+def test_unsupported_or_bad_regex_is_one_line(capsys, profile, pattern, fragment):
+    code, out, err = cli(capsys, "breakdown", profile, "--layer-regex", pattern)
+    one_error(code, err, "--layer-regex", fragment)
+
+
+def test_default_patterns_keep_python_semantics():
+    """(?i), \\b, groups and character classes behave as under Python's re."""
+    import re
+    from stagesplit import layers
+    names = ["bert/Encoder/Layer3/attn", "transformer.h.11.mlp", "model.wte.weight", "lm_head/matmul",
+             "Loss/softmax", "swte_x", "call_7", "", "BLOCK_2-conv", "cls", "decoder:4", "layer٣"]
+    for pattern in (layers.DEFAULT_LAYER_REGEX, layers.DEFAULT_FIRST_LAYER_REGEX, layers.DEFAULT_LAST_LAYER_REGEX,
+                    layers.DEFAULT_CALL_REGEX):
+        ours, python = compile_regex(pattern), re.compile(pattern)
+        for name in names:
+            if name == "layer٣":          # non-ASCII digits: RE2's \d is ASCII only (documented)
+                continue
+            assert ours.findall(name) == python.findall(name), (pattern, name)
+            assert bool(ours.search(name)) == bool(python.search(name)), (pattern, name)
+    named = compile_regex(r"(?P<n>\d+)-(\w)?")
+    m = named.search("ab 12-")
+    assert (m.group(0), m.group(1), m.group(2), m.span(1), m.end()) == ("12-", "12", None, (3, 5), 6)
+
+
+def test_regex_on_names_with_lone_surrogates():
+    pattern = compile_regex(r"layer(\d+)")
+    assert pattern.findall("\ud800layer12\udfff") == ["12"]
+    assert pattern.search("\ud800layer12").span(1) == (6, 8)
+
+
+# -- 6. non-finite and nonsensical numbers -----------------------------------------------------------------
+
+@pytest.mark.parametrize("where, token", [
+    ("compute", "NaN"), ("compute", "Infinity"), ("compute", "-Infinity"), ("compute", "1e400"),
+    ("bytes", "NaN"), ("clock", "Infinity"), ("steps", "NaN"),
+])
+def test_non_finite_json_numbers(capsys, tmp_path, where, token):
+    text = json.dumps(doc())
+    if where == "compute":
+        text = text.replace('"compute": 20.0', f'"compute": {token}')
+    elif where == "bytes":
+        text = text.replace('"bytes": 100', f'"bytes": {token}', 1)
+    elif where == "clock":
+        text = text.replace('"clock_hz": 1000000000.0', f'"clock_hz": {token}')
+    else:
+        text = text.replace('"steps": 4', f'"steps": {token}')
+    assert token in text
+    path = write_json(tmp_path / "nan.json", text)
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, str(path), "finite")
+
+
+@pytest.mark.parametrize("text, key", [
+    ('{"format": "stagesplit-profile", "format": "stagesplit-profile", "version": 1}', "format"),
+    (json.dumps(doc()).replace('"steps": 4', '"steps": 4, "steps": 40'), "steps"),
+    (json.dumps(doc()).replace('"bytes": 100,', '"bytes": 100, "bytes": -1,', 1), "bytes"),
+])
+def test_duplicate_json_keys(capsys, tmp_path, text, key):
+    path = write_json(tmp_path / "dup.json", text)
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, str(path), "each key at most once", f"duplicate key '{key}'")
+
+
+@pytest.mark.parametrize("option, value", [
+    ("--time-limit", "-1"), ("--time-limit", "nan"), ("--time-limit", "inf"), ("--time-limit", "0"),
+    ("--workers", "-1"), ("--workers", "0"), ("--workers", "100000"),
+    ("--link-bandwidth", "-5"), ("--link-bandwidth", "nan"), ("--link-bandwidth", "inf"), ("--link-bandwidth", "0"),
+    ("--headroom", "nan"), ("--headroom", "1"), ("--headroom", "-0.1"),
+    ("--micro-batches", "-2"), ("--micro-batches", "1000000000"),
+    ("--min-layers", "-1"), ("--max-layers", "0"),
+])
+def test_nonsensical_numeric_flags(capsys, profile, option, value):
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", option, value)
+    one_error(code, err, f"argument {option}: expected ")
+
+
+@pytest.mark.parametrize("text, field", [
+    ("time_limit: .nan\n", "time_limit"), ("time_limit: .inf\n", "time_limit"), ("time_limit: -5\n", "time_limit"),
+    ("time_limit: 0\n", "time_limit"), ("headroom: .nan\n", "headroom"), ("workers: -2\n", "workers"),
+    ("micro_batches: 100000000\n", "micro_batches"), ("time_limit: 1e400\n", "time_limit"),
+])
+def test_nonsensical_solver_settings(capsys, tmp_path, profile, text, field):
+    path = write_json(tmp_path / "settings.yaml", text)
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", "--config", path)
+    one_error(code, err, f"{path}: {field}: expected ")
+
+
+@pytest.mark.parametrize("text", ["'0': .nan\n", "'0': .inf\n", "'0': -1\n", "'0': 1e308\n'1': 1e308\n",
+                                  '{"0": 1e400}'])
+def test_nonsensical_layer_compute(capsys, tmp_path, profile, text):
+    path = write_json(tmp_path / "compute.yaml", text)
+    code, out, err = cli(capsys, "breakdown", profile, "--layer-compute", path)
+    one_error(code, err, str(path))
+
+
+@pytest.mark.parametrize("text", ["tiles: 1\nbytes_per_tile: 1000\nclock_hz: .inf\n",
+                                  "tiles: 1\nbytes_per_tile: 1000\nlink_bytes_per_s: .nan\n",
+                                  "tiles: .nan\nbytes_per_tile: 1000\n",
+                                  "tiles: 1\nbytes_per_tile: 100000000000000000000000\n"])
+def test_nonsensical_target_file(capsys, tmp_path, profile, text):
+    path = write_json(tmp_path / "device.yaml", text)
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", "--target", path)
+    one_error(code, err, str(path))
+
+
+@pytest.mark.parametrize("bytes_each, count", [(2**62, 4), (2**63 - 1, 1), (2**51, 1), (2**49, 3)])
+def test_byte_sums_past_int64_or_the_limit(capsys, tmp_path, bytes_each, count):
+    d = doc()
+    for i in range(count):
+        d["variables"][i]["bytes"] = bytes_each
+    path = write_json(tmp_path / "big.json", d)
+    code, out, err = cli(capsys, "solve", path, "--devices", "2")
+    one_error(code, err, str(path), "1 PiB")
+    assert "-" not in err.split("expected")[1].split("got")[0]          # no wrapped negative sums
+
+
+def test_byte_sum_limit_in_compact_and_layer_forms(capsys, tmp_path):
+    arrays = profile_to_arrays(tiny_profile())
+    arrays["var_bytes"] = np.full(len(arrays["var_bytes"]), 2**62, np.int64)
+    path = tmp_path / "big.stagesplit"
+    path.write_bytes(_compact_bytes(arrays))
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, str(path), "1 PiB")
+    layers = {"format": "stagesplit-profile", "version": 1, "kind": "layers", "target": "ipu-mk2",
+              "layers": [{"name": f"l{i}", "weights": 2**62} for i in range(3)]}
+    path = write_json(tmp_path / "layers.json", layers)
+    code, out, err = cli(capsys, "solve", path, "--devices", "2")
+    one_error(code, err, str(path), "1 PiB")
+
+
+@pytest.mark.parametrize("form", ["full", "layers", "compact"])
+def test_compute_near_float_max(capsys, tmp_path, form):
+    if form == "full":
+        d = doc()
+        for op in d["operations"]:
+            op["compute"] = 1e308
+        path = write_json(tmp_path / "huge.json", d)
+    elif form == "layers":
+        path = write_json(tmp_path / "huge.json", {
+            "format": "stagesplit-profile", "version": 1, "kind": "layers", "target": "ipu-mk2",
+            "layers": [{"name": f"l{i}", "weights": 10, "compute": 1e308} for i in range(3)]})
+    else:
+        arrays = profile_to_arrays(tiny_profile())
+        arrays["op_compute"] = np.array([1e308, np.inf, 1.0, 1.0])
+        path = tmp_path / "huge.stagesplit"
+        path.write_bytes(_compact_bytes(arrays))
+    code, out, err = cli(capsys, "solve", path, "--devices", "2")
+    one_error(code, err, str(path), "compute")
+
+
+def test_plan_with_bad_numbers(capsys, tmp_path, profile):
+    plan_path = tmp_path / "plan.json"
+    assert cli(capsys, "solve", profile, "--devices", "2", "--out", plan_path)[0] == 0
+    plan = json.loads(plan_path.read_text())
+    for field, value in (("compute", "NaN"), ("bytes_received", '"lots"'), ("time_s", "Infinity"),
+                         ("memory_total", "[1, 2]")):
+        text = json.dumps(plan).replace(f'"{field}": ', f'"{field}": {value}, "was_{field}": ', 1)
+        bad = write_json(tmp_path / f"bad-{field}.json", text)
+        code, out, err = cli(capsys, "diagnose", profile, "--plan", bad)
+        one_error(code, err, str(bad))
+
+
+# -- 7. lone surrogates and newlines in names --------------------------------------------------------------
+
+def _named_profile(tmp_path: Path, names: list[str]) -> Path:
+    d = doc()
+    for op, name in zip(d["operations"], names):
+        op["layer"] = name
+        op["name"] = name + "/op"
+    path = tmp_path / "names.json"
+    path.write_text(json.dumps(d))            # ensure_ascii: lone surrogates become \ud800 escapes
+    return path
+
+
+NASTY = ["a\ud800", "line\nbreak", "tab\there\r", "\x1b[31mred"]
+
+
+def test_nasty_names_print_in_tables(tmp_path):
+    path = _named_profile(tmp_path, NASTY)
+    env = dict(os.environ, PYTHONIOENCODING="utf-8")
+    done = sub(["breakdown", path, "--sections", "layers"], env=env)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+    assert "\\ud800" in done.stdout
+    out = tmp_path / "plan.yaml"
+    done = sub(["solve", path, "--devices", "2", "--out", out, "--plot", tmp_path / "plan.png"], env=env)
+    assert done.returncode == 0, done.stderr
+    assert "Traceback" not in done.stderr
+    assert (tmp_path / "plan.png").read_bytes()[:4] == b"\x89PNG"
+    done = sub(["sweep", path, "--devices", "1..3", "--plot", tmp_path / "sweep.svg"], env=env)
+    assert done.returncode == 0 and "Traceback" not in done.stderr, done.stderr
+
+
+def test_nasty_names_survive_the_compact_form(tmp_path):
+    """Lone surrogates (legal JSON escapes) round-trip through the compact form."""
+    path = _named_profile(tmp_path, NASTY)
+    profile = load_profile(path)
+    save_profile(profile, tmp_path / "names.stagesplit")
+    again = load_profile(tmp_path / "names.stagesplit")
+    assert again.operations.layer == profile.operations.layer == NASTY
+    assert again.operations.name == [n + "/op" for n in NASTY]
+
+
+@pytest.mark.parametrize("argv, fragment", [
+    (["solve", "{p}", "--devices", "2", "--pin-split", "no\nsuch\ud800"], "no layer named 'no\\nsuch\\ud800'"),
+    (["diagnose", "{p}", "--layers", "x\ny:z"], "got 'x\\ny:z'"),
+    (["breakdown", "{p}", "--layer-regex", "(\n"], "--layer-regex"),
+    (["breakdown", "{d}/missing\nfile\ud800.json"], "missing\\nfile\\ud800.json: "),
+    (["solve", "{p}", "--devices", "2", "--target", "bad\ntarget"], "unknown target 'bad\\ntarget'"),
+])
+def test_nasty_names_in_messages_stay_one_line(capsys, tmp_path, argv, fragment):
+    path = _named_profile(tmp_path, NASTY)
+    argv = [a.replace("{p}", str(path)).replace("{d}", str(tmp_path)) for a in argv]
+    code, out, err = cli(capsys, *argv)      # in-process: argv with lone surrogates cannot reach a child
+    one_error(code, err, fragment)
+    err.encode("utf-8")                      # printable on any UTF-8 terminal
+
+
+def test_nasty_duplicate_layer_name(capsys, tmp_path):
+    layers = {"format": "stagesplit-profile", "version": 1, "kind": "layers", "target": "ipu-mk2",
+              "layers": [{"name": "a\nb\ud800", "weights": 1}, {"name": "a\nb\ud800", "weights": 1}]}
+    path = write_json(tmp_path / "layers.json", layers)
+    code, out, err = cli(capsys, "breakdown", path)
+    one_error(code, err, "layers[1].name", "a\\nb\\ud800")
+
+
+def test_one_line_escapes():
+    assert one_line("a\nb\r\tc\x00\ud800\u2028\U000e0001ok") == "a\\nb\\r\\tc\\x00\\ud800\\u2028\\U000e0001ok"
+    assert one_line("plain é ü 日本") == "plain é ü 日本"
+
+
+# -- 8. outputs --------------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "{p}", "--devices", "2", "--out", "{p}"],
+    ["solve", "{p}", "--devices", "2", "--out", "{dir}/./base.json"],
+    ["solve", "{p}", "--devices", "2", "--out", "{dir}/link.json"],
+    ["breakdown", "{p}", "--out", "{p}"],
+    ["sweep", "{p}", "--devices", "1..2", "--out", "{p}"],
+    ["diagnose", "{p}", "--out", "{p}"],
+    ["convert", "{p}", "-o", "{p}"],
+    ["solve", "{p}", "--devices", "2", "--config", "{dir}/s.yaml", "--out", "{dir}/s.yaml"],
+    ["solve", "{p}", "--devices", "2", "--out", "{dir}/same.json", "--plot", "{dir}/same.json"],
+])
+def test_output_that_is_an_input_is_refused(capsys, tmp_path, profile, argv):
+    (tmp_path / "link.json").symlink_to(profile)
+    (tmp_path / "s.yaml").write_text("time_limit: 5\n")
+    before = {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()}
+    argv = [a.replace("{p}", str(profile)).replace("{dir}", str(tmp_path)) for a in argv]
+    code, out, err = cli(capsys, *argv)
+    one_error(code, err)
+    assert {p.name: p.read_bytes() for p in tmp_path.iterdir() if p.is_file()} == before
+
+
+def test_infeasible_solve_keeps_the_old_plan(capsys, tmp_path):
+    d = doc()
+    d["variables"][1]["bytes"] = 5000                 # layer 1 alone exceeds the 1000-byte device
+    path = write_json(tmp_path / "too-big.json", d)
+    old = tmp_path / "plan.json"
+    old.write_text("the old plan\n")
+    code, out, err = cli(capsys, "solve", path, "--devices", "3", "--out", old, "--plot", tmp_path / "p.png")
+    assert code == 1
+    assert "Traceback" not in err and "wrote" not in err
+    assert old.read_text() == "the old plan\n"
+    assert not (tmp_path / "p.png").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["plan.json", "too-big.json"]
+
+
+@pytest.mark.parametrize("command, plot", [("solve", "plot.pdf"), ("solve", "plot"), ("sweep", "plot.jpg"),
+                                           ("solve", "missing/plot.png"), ("diagnose", "plot.txt")])
+def test_bad_plot_is_found_before_any_output_is_written(capsys, tmp_path, profile, command, plot):
+    old = tmp_path / "out.txt"
+    old.write_text("old\n")
+    devices = {"solve": ["--devices", "2"], "sweep": ["--devices", "1..2"], "diagnose": []}[command]
+    start = time.monotonic()
+    code, out, err = cli(capsys, command, profile, *devices, "--out", old, "--plot", tmp_path / plot)
+    one_error(code, err, "--plot")
+    assert old.read_text() == "old\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json", "out.txt"]
+    assert time.monotonic() - start < 5               # refused before any solving
+
+
+@pytest.mark.parametrize("out", ["missing/plan.json", ".", "/dev/null"])
+def test_bad_out_is_found_before_any_output_is_written(capsys, tmp_path, profile, out):
+    code, out_text, err = cli(capsys, "solve", profile, "--devices", "2", "--out", out, "--plot",
+                              tmp_path / "plot.png")
+    one_error(code, err, "--out")
+    assert not (tmp_path / "plot.png").exists()
+
+
+# -- 9. Ctrl-C ---------------------------------------------------------------------------------------------
+
+def _hard_model():
+    from ortools.sat.python import cp_model
+    m = cp_model.CpModel()
+    xs = [m.NewIntVar(0, 10**6, f"x{i}") for i in range(60)]
+    for i in range(60):
+        for j in range(i + 1, 60):
+            m.Add(xs[i] * (i + 3) - xs[j] * (j + 5) != (i * j) % 97)
+    m.Add(sum(xs) <= 10**6 + 7)
+    m.Maximize(sum(x * ((i * 7919) % 101) for i, x in enumerate(xs)))
+    return m
+
+
+def test_solve_interruptibly_stops_the_search():
+    from ortools.sat.python import cp_model
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = 60
+    solver.parameters.num_workers = 1
+    previous = signal.getsignal(signal.SIGINT)
+    timer = threading.Timer(1.0, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    start = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        solve_interruptibly(solver, _hard_model())
+    assert time.monotonic() - start < 15
+    assert signal.getsignal(signal.SIGINT) is previous
+    # without an interrupt the status comes back as usual
+    solver.parameters.max_time_in_seconds = 0.2
+    assert solve_interruptibly(solver, _hard_model()) in (cp_model.FEASIBLE, cp_model.OPTIMAL, cp_model.UNKNOWN)
+
+
+CTRL_C_SCRIPT = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+    import stagesplit.solver as solver
+    import stagesplit.interrupt as interrupt
+    sys.path.insert(0, {tests!r})
+    from test_bad_input import _hard_model
+    marker = Path({marker!r})
+
+    def hard(s, model):                      # the real solve, on a model that takes minutes
+        s.parameters.max_time_in_seconds = 120
+        marker.write_text("solving")
+        return interrupt.solve_interruptibly(s, _hard_model())
+
+    solver.solve_interruptibly = hard
+    from stagesplit.cli import main
+    sys.exit(main(sys.argv[1:]))
+""")
+
+
+def test_ctrl_c_during_search_exits_130_and_keeps_files(tmp_path, profile):
+    old = tmp_path / "plan.json"
+    old.write_text("the old plan\n")
+    marker = tmp_path / "marker"
+    script = tmp_path / "run.py"
+    script.write_text(CTRL_C_SCRIPT.format(tests=str(ROOT / "tests"), marker=str(marker)))
+    proc = subprocess.Popen([PYTHON, str(script), "solve", str(profile), "--devices", "3", "--out", str(old)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT))
+    try:
+        deadline = time.monotonic() + 60
+        while not marker.exists() and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.05)
+        assert marker.exists(), proc.communicate(timeout=5)
+        time.sleep(0.5)
+        start = time.monotonic()
+        proc.send_signal(signal.SIGINT)
+        out, err = proc.communicate(timeout=30)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.communicate()
+    assert time.monotonic() - start < 15
+    assert proc.returncode == 130, err
+    assert err.splitlines()[-1] == "stagesplit: interrupted" and "Traceback" not in err
+    assert old.read_text() == "the old plan\n"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["base.json", "marker", "plan.json", "run.py"]
+
+
+AFTER_SOLVE_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from stagesplit.cli import main
+    code = main(["solve", {profile!r}, "--devices", "2"])
+    try:
+        os.kill(os.getpid(), signal.SIGINT)   # the OS-level handler must still be Python's
+        for _ in range(1000):
+            pass
+    except KeyboardInterrupt:
+        print("caught", code)
+""")
+
+
+def test_sigint_handler_is_python_after_a_solve(tmp_path, profile):
+    script = tmp_path / "after.py"
+    script.write_text(AFTER_SOLVE_SCRIPT.format(profile=str(profile)))
+    done = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+    assert done.returncode == 0 and done.stdout.splitlines()[-1] == "caught 0", (done.returncode, done.stderr)
+
+
+INTERRUPTED_WRITE_SCRIPT = textwrap.dedent("""
+    import os, signal, sys
+    from stagesplit import fileio
+    signal.signal(signal.SIGINT, signal.{handler})
+    real_fsync = os.fsync
+    def fsync_then_interrupt(fd):
+        real_fsync(fd)
+        os.kill(os.getpid(), signal.SIGINT)    # Ctrl-C while the temporary file exists
+    fileio.os.fsync = fsync_then_interrupt
+    try:
+        fileio.atomic_write_text({target!r}, "new contents\\n")
+    except KeyboardInterrupt:
+        print("interrupted")
+        sys.exit(130)
+    print("not interrupted")
+""")
+
+
+@pytest.mark.parametrize("handler, status", [("default_int_handler", 130), ("SIG_DFL", -signal.SIGINT)])
+def test_interrupted_atomic_write_leaves_no_temporary_file(tmp_path, handler, status):
+    target = tmp_path / "out" / "plan.json"
+    target.parent.mkdir()
+    target.write_text("old contents\n")
+    script = tmp_path / "write.py"
+    script.write_text(INTERRUPTED_WRITE_SCRIPT.format(handler=handler, target=str(target)))
+    done = subprocess.run([PYTHON, str(script)], capture_output=True, text=True, timeout=60, cwd=str(ROOT))
+    assert done.returncode == status, done.stderr
+    assert target.read_text() == "old contents\n"
+    assert os.listdir(target.parent) == ["plan.json"]
+
+
+def test_deferred_signals_hold_and_redeliver():
+    with pytest.raises(KeyboardInterrupt):
+        with deferred_signals() as interrupted:
+            assert not interrupted()
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+            assert interrupted()
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_atomic_write_in_process_keeps_old_file_on_interrupt(tmp_path, monkeypatch):
+    target = tmp_path / "plan.json"
+    target.write_text("old\n")
+    real = os.fsync
+
+    def interrupt(fd):
+        real(fd)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    monkeypatch.setattr("stagesplit.fileio.os.fsync", interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        atomic_write_bytes(target, b"new\n")
+    assert target.read_text() == "old\n"
+    assert os.listdir(tmp_path) == ["plan.json"]
