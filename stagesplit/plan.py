@@ -47,6 +47,13 @@ class StagePlan:
     time_s: float | None
     bytes_received: int
     bytes_sent: int
+    #: stage time in the plan's compute unit with transfers in and out included (== compute
+    #: without --communication); None in plans written before it was recorded
+    time: float | None = None
+
+    @property
+    def stage_time(self) -> float:
+        return self.compute if self.time is None else self.time
 
     @property
     def headroom_bytes(self) -> int:
@@ -63,12 +70,27 @@ class StagePlan:
 
 @dataclass
 class PhaseRecord:
+    """One objective phase. ``value`` and ``bound`` are in ``unit`` (the profile's compute unit
+    for stage time, transfers included; bytes per tile, or a fraction of capacity on mixed
+    devices, for memory; a count for devices). The solver works in integers: ``solver_value``
+    = ``value`` x ``scale``. The phase's wall time is kept in the plan's ``run`` section."""
+
     quantity: str
     status: str
-    value: int | None
-    bound: int | None
+    value: float | int | None
+    bound: float | int | None
     gap: float | None
-    seconds: float
+    seconds: float = 0.0
+    unit: str = ""
+    scale: float = 1
+    solver_value: int | None = None
+    solver_bound: int | None = None
+
+    def document(self) -> dict[str, Any]:
+        """Everything but the wall time (which differs from run to run)."""
+        doc = asdict(self)
+        doc.pop("seconds")
+        return doc
 
 
 @dataclass
@@ -98,7 +120,8 @@ class Plan:
 
     @property
     def bottleneck(self) -> StagePlan | None:
-        return max(self.stages, key=lambda s: (s.compute, -s.stage)) if self.stages else None
+        """The slowest stage (transfers included)."""
+        return max(self.stages, key=lambda s: (s.stage_time, -s.stage)) if self.stages else None
 
     @property
     def worst_memory(self) -> StagePlan | None:
@@ -114,7 +137,7 @@ class Plan:
         """Useful share of a pipeline step: compute balance times (1 - bubble fraction)."""
         if not self.stages:
             return 0.0
-        bottleneck = max(s.compute for s in self.stages)
+        bottleneck = max(s.stage_time for s in self.stages)
         if bottleneck <= 0:
             return 1.0 - bubble_fraction(len(self.stages), micro_batches)
         balance = sum(s.compute for s in self.stages) / (len(self.stages) * bottleneck)
@@ -125,7 +148,7 @@ class Plan:
                "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
                "feasible": self.feasible, "message": self.message, "split": self.split_text,
                "compute_unit": self.compute_unit, "module_paths": self.module_paths,
-               "objective": [asdict(p) for p in self.phases],
+               "objective": [p.document() for p in self.phases],
                "bottleneck_stage": self.bottleneck.stage if self.bottleneck else None,
                "stages": [], "run": self.run}
         for s in self.stages:
@@ -198,6 +221,10 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                       "control_code": sm.control_code.sum()}
             received, sent = traffic.stage_io(first, last)
             compute = model.range_compute(first, last)
+            stage_time = float(compute)
+            unit_s = p.target.seconds_per_unit(p.compute_unit)
+            if o.communication and o.link_bytes_per_s and unit_s:
+                stage_time += float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1]) / o.link_bytes_per_s / unit_s
             time_s = None
             if seconds is not None:
                 time_s = compute * seconds
@@ -211,10 +238,24 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 capacity_bytes=int(problem.capacity[position]), worst_tile=tile, worst_tile_bytes=int(total[tile]),
                 memory_at_worst_tile={key: int(v) for key, v in at.items()},
                 memory_total={key: int(v) for key, v in summed.items()}, compute=float(compute),
-                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent)))
+                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent), time=stage_time))
     feasible = bool(evaluation is not None and evaluation.feasible)
-    phases = [PhaseRecord(PHASE_NAMES[ph.quantity], ph.status, ph.value, ph.bound, ph.gap, round(ph.seconds, 3))
-              for ph in (result.phases if result else [])]
+    units = {"time": problem.time_unit, "memory": "bytes" if problem.homogeneous else "fraction of capacity",
+             "devices": "devices"}
+    # the split's own figures (unrounded) as values; the solver's integer bound converted back
+    actual = {"time": max((s.stage_time for s in stages), default=None),
+              "memory": max((s.worst_tile_bytes if problem.homogeneous else s.worst_tile_bytes / s.capacity_bytes
+                             for s in stages), default=None),
+              "devices": len(stages) if stages else None}
+    phases = []
+    for ph in (result.phases if result else []):
+        value = actual[ph.quantity] if ph.value is not None and stages else problem.user_value(ph.quantity, ph.value)
+        bound = value if ph.bound is not None and ph.bound == ph.value else problem.user_value(ph.quantity, ph.bound)
+        if isinstance(bound, float):
+            bound = float(f"{bound:.9g}")
+        phases.append(PhaseRecord(PHASE_NAMES[ph.quantity], ph.status, value, bound, ph.gap, round(ph.seconds, 3),
+                                  unit=units[ph.quantity], scale=problem.objective_scale(ph.quantity),
+                                  solver_value=ph.value, solver_bound=ph.bound))
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
     profile = {"name": p.info.name, "source": p.info.source, "synthetic": p.info.synthetic,
                "target": p.target.name, "tiles": p.target.tiles, "bytes_per_tile": p.target.bytes_per_tile}
@@ -228,7 +269,8 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 status=status, feasible=feasible, message=message, stages=stages, phases=phases,
                 compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
                 run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                     "solver_seconds": round(result.seconds, 3) if result else 0.0})
+                     "solver_seconds": round(result.seconds, 3) if result else 0.0,
+                     "phase_seconds": [p.seconds for p in phases]})
 
 
 def _version() -> str:
@@ -307,7 +349,8 @@ def read_plan(path: str | Path) -> Plan:
             compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
             time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
             bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
-            bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent")))
+            bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent"),
+            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time")))
     for prev, cur in zip(stages, stages[1:]):
         if cur.first_layer != prev.last_layer + 1:
             r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
@@ -315,8 +358,13 @@ def read_plan(path: str | Path) -> Plan:
     if paths and len(paths) != len(names):
         r.fail("module_paths", f"one entry per layer ({len(names)})", f"{len(paths)} entries")
     paths = [None if x is None else r.string(x, f"module_paths[{i}]") for i, x in enumerate(paths)]
-    phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "seconds")})
-              for ph in r.list(doc.get("objective", []), "objective") if isinstance(ph, dict)]
+    run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
+    phase_seconds = run.get("phase_seconds") if isinstance(run.get("phase_seconds"), list) else []
+    phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "unit",
+                                                     "solver_value", "solver_bound") if k in ph},
+                          scale=ph.get("scale", 1), seconds=ph.get("seconds") or
+                          (phase_seconds[i] if i < len(phase_seconds) else 0.0))
+              for i, ph in enumerate(r.list(doc.get("objective", []), "objective")) if isinstance(ph, dict)]
     return Plan(profile=dict(r.mapping(doc.get("profile") or {}, "profile")),
                 inputs=_plan_inputs(r, doc.get("inputs") or {}), layer_names=names,
                 devices=r.integer(doc.get("devices", len(stages)), "devices", minimum=1),

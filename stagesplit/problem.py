@@ -116,6 +116,24 @@ class SplitProblem:
     homogeneous: bool
     seconds_per_unit: float | None
     cut_units: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    time_unit: str = "cycles"            # the user's unit of stage time (the profile's compute unit)
+
+    def user_value(self, quantity: str, value: int | None) -> float | int | None:
+        """A solver-side objective value in the user's units: stage time in ``time_unit``
+        (transfers included), memory in bytes per tile (a fraction of capacity on mixed
+        devices), devices as a count."""
+        if value is None:
+            return None
+        scale = self.objective_scale(quantity)
+        return int(value) if scale == 1 else float(value) / scale
+
+    def objective_scale(self, quantity: str) -> float:
+        """Solver units per user unit (see ``user_value``)."""
+        if quantity == "time":
+            return float(self.time_scale)
+        if quantity == "memory" and not self.homogeneous:
+            return 1_000_000.0
+        return 1
 
     @property
     def devices(self) -> int:
@@ -178,9 +196,10 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
 
     compute = np.nan_to_num(model.layer_compute, nan=0.0)
     seconds = target.seconds_per_unit(model.profile.compute_unit)
+    time_unit = model.profile.compute_unit
     layer_time = getattr(model, "layer_time_s", None)
     if layer_time is not None:      # roofline seconds on the chosen target (stagesplit/roofline.py)
-        compute, seconds = np.asarray(layer_time, float), 1.0
+        compute, seconds, time_unit = np.asarray(layer_time, float), 1.0, "seconds"
     cut_seconds = np.zeros(L + 1)
     if options.communication:
         traffic = traffic or _traffic(model)
@@ -190,14 +209,17 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
                                   f"{model.profile.compute_unit} and target {target.name} cannot convert it")
     cut_units_raw = cut_seconds / seconds if options.communication else np.zeros(L + 1)
     total = float(compute.sum() + 2 * cut_units_raw.sum())
-    integral = np.all(compute == np.round(compute)) and np.all(cut_units_raw == np.round(cut_units_raw))
+    # integral up to float noise (100 bytes / 1e9 B/s in 1 ns cycles is 99.99999999...)
+    integral = all(np.allclose(x, np.round(x), rtol=0, atol=1e-6) for x in (compute, cut_units_raw))
+    if integral:
+        compute, cut_units_raw = np.round(compute), np.round(cut_units_raw)
     scale = 1.0 if (integral and total <= TIME_SCALE_LIMIT) or total == 0 else TIME_SCALE_LIMIT / total
     prefix = np.concatenate([[0], np.cumsum(np.round(compute * scale).astype(np.int64))])
     cut_units = np.round(cut_units_raw * scale).astype(np.int64)
     return SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, mem=mem,
                         time_up=prefix + cut_units, time_down=prefix - cut_units, time_scale=scale,
                         homogeneous=homogeneous, seconds_per_unit=seconds,
-                        cut_units=cut_units)
+                        cut_units=cut_units, time_unit=time_unit)
 
 
 def _traffic(model: StageCostModel) -> Traffic:

@@ -9,9 +9,17 @@ from .problem import bubble_fraction
 from .table import Column, Table
 
 
+def seconds_text(seconds: float) -> str:
+    """A duration with a readable unit: 1.5 s, 12.3 ms, 130 ns."""
+    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
+        if abs(seconds) >= factor:
+            return f"{seconds / factor:.4g} {unit}"
+    return f"{seconds / 1e-9:.4g} ns"
+
+
 def _time(plan: Plan, compute: float, seconds: float | None) -> str:
     if seconds is not None:
-        return f"{compute:.4g} {plan.compute_unit} ({seconds * 1e3:.3g} ms)"
+        return f"{compute:.4g} {plan.compute_unit} ({seconds_text(seconds)})"
     return f"{compute:.4g} {plan.compute_unit}"
 
 
@@ -53,7 +61,8 @@ def plan_summary(plan: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
         b = plan.bottleneck
         w = plan.worst_memory
         lines.append(f"bottleneck: stage {b.stage} (layers {b.layers[0]}..{b.layers[-1]}): "
-                     f"{_time(plan, b.compute, b.time_s)}")
+                     f"{_time(plan, b.stage_time, b.time_s)}"
+                     + (" with transfers" if plan.inputs.get("communication") else ""))
         where = (f"{w.worst_tile_bytes / 2**30:,.2f} of {w.capacity_bytes / 2**30:,.2f} GiB" if gpu else
                  f"{w.worst_tile_bytes:,} of {w.capacity_bytes:,} bytes on tile {w.worst_tile}")
         lines.append(f"memory: fullest stage {w.stage} uses {where} ({w.worst_tile_bytes / w.capacity_bytes:.1%}); "

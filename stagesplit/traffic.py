@@ -31,15 +31,17 @@ class Traffic:
     var_group: np.ndarray
 
     def stage_io(self, first: int, last: int) -> tuple[int, int]:
-        """Bytes a stage holding layers ``first..last`` receives and sends per step."""
-        touches = np.array([bool(((s >= first) & (s <= last)).any()) for s in self.var_layers], bool)
-        inside_all = np.array([bool(((s >= first) & (s <= last)).all()) for s in self.var_layers], bool)
-        t = touches[self.var_group] if len(self.var_group) else np.zeros(0, bool)
-        a = inside_all[self.var_group] if len(self.var_group) else np.zeros(0, bool)
-        produced_here = (self.var_producer >= first) & (self.var_producer <= last)
-        received = int(self.var_bytes[t & ~produced_here].sum())
-        sent = int(self.var_bytes[produced_here & ~a].sum())
-        return received, sent
+        """Bytes a stage holding layers ``first..last`` receives and sends per step: exactly the
+        bytes its time is charged for, ``cut_bytes[first] + cut_bytes[last + 1]``. A variable
+        crosses the cut before layer ``j`` when its layers span it (min < j <= max); it goes from
+        its producer's side to the other. So a tensor relayed through a middle stage (used before
+        and after it, not in it) is received and sent again, as the time charges it."""
+        lo, hi, prod = self.var_min_layer, self.var_max_layer, self.var_producer
+        left = (lo < first) & (first <= hi)              # crosses the cut before ``first``
+        right = (lo <= last) & (last < hi)               # crosses the cut after ``last``
+        received = self.var_bytes[left & (prod < first)].sum() + self.var_bytes[right & (prod > last)].sum()
+        sent = self.var_bytes[left & (prod >= first)].sum() + self.var_bytes[right & (prod <= last)].sum()
+        return int(received), int(sent)
 
 
 def layer_traffic(model: StageCostModel) -> Traffic:

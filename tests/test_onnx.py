@@ -133,7 +133,7 @@ def test_cli_import_and_solve(tmp_path, capsys):
 def test_unknown_operator_counted_and_warned_once(tmp_path):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
-    nodes = [helper.make_node("HardMax" if False else "Hardmax", ["x"], ["a"], name="/layers.0/h1"),
+    nodes = [helper.make_node("Hardmax", ["x"], ["a"], name="/layers.0/h1"),
              helper.make_node("Hardmax", ["a"], ["b"], name="/layers.0/h2"),
              helper.make_node("Relu", ["b"], ["y"], name="/layers.1/r")]
     model = helper.make_model(helper.make_graph(nodes, "u", [x], [y]), opset_imports=[helper.make_opsetid("", 17)])
@@ -164,6 +164,13 @@ def test_bad_input_one_line_exit_2(tmp_path, capsys):
     code, err = _cli_error(capsys, "import", str(save(tiny_model(), tmp_path / "t.onnx")), "-o", out)
     assert code == 2 and len(err) == 1 and "dimension 'batch' of input 'x' is not bound" in err[0]
     assert not Path(out).exists()
+
+
+def test_without_onnx_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
+    path = save(tiny_model(), tmp_path / "tiny.onnx")
+    monkeypatch.setitem(sys.modules, "onnx", None)        # import onnx now raises ImportError
+    code, err = _cli_error(capsys, "import", str(path), "-o", str(tmp_path / "o.stagesplit"), "--batch", "1")
+    assert code == 2 and err == ["stagesplit: error: import needs the onnx package: pip install 'stagesplit[onnx]'"]
 
 
 def test_cyclic_graph(tmp_path, capsys):
@@ -334,3 +341,18 @@ def test_dynamic_batch_export_binds_through_shape_computations(tmp_path):
     dynamic = import_onnx(tmp_path / "dyn.onnx", A100, batch=cfg.batch, training="none")
     assert _onnx_layer_flops(dynamic) == _onnx_layer_flops(fixed)
     assert dynamic.param_bytes == fixed.param_bytes
+
+
+def test_dtype_changes_floating_tensors_only(tmp_path):
+    x = helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 3])
+    y = helper.make_tensor_value_info("y", TensorProto.FLOAT, None)
+    emb = numpy_helper.from_array(np.ones((10, 4), np.float32), "embed.w")
+    nodes = [helper.make_node("Gather", ["embed.w", "ids"], ["e"], name="/embed/Gather"),
+             helper.make_node("Relu", ["e"], ["y"], name="/layers.0/Relu")]
+    model = helper.make_model(helper.make_graph(nodes, "d", [x], [y], [emb]), opset_imports=[helper.make_opsetid("", 17)])
+    path = save(model, tmp_path / "d.onnx")
+    r = import_onnx(path, A100, training="none", dtype="bfloat16")
+    assert r.param_bytes == 10 * 4 * 2                       # float32 weights stored as bfloat16
+    gather = r.nodes[0]
+    # reads the table (80 bytes in bf16) and 2 x 3 int64 ids (48 bytes, unchanged); writes 2x3x4 bf16
+    assert (gather.bytes_read, gather.bytes_written) == (80 + 48, 2 * 3 * 4 * 2)

@@ -266,14 +266,13 @@ def random_problems(draw, max_layers=32, max_devices=8):
     return model, opts
 
 
-@settings(max_examples=500, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
-@given(random_problems())
-def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
+def check_cp_sat_against_oracle(case):
     model, opts = case
     problem = build_problem(model, opts)
     result = solve_cpsat(problem)
     oracle = exact_optimum(problem)
-    event(f"{result.status}, {opts.objective}, {opts.schedule}, {'exact' if opts.exact else 'at most'}")
+    event(f"{result.status}, {opts.objective}, {opts.schedule}, {'exact' if opts.exact else 'at most'}"
+          f"{', communication' if opts.communication else ''}")
     assert result.status in ("optimal", "infeasible")
     if not oracle.feasible:
         assert result.status == "infeasible"
@@ -284,6 +283,24 @@ def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
     g = greedy(problem)
     if g.feasible:
         assert result.evaluation.key(opts.objective) <= g.evaluation.key(opts.objective)
+
+
+_PROPERTY = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
+
+
+@settings(max_examples=100, **_PROPERTY)
+@given(random_problems(max_layers=16, max_devices=6))
+def test_property_cp_sat_equals_exact_oracle_quick(case):
+    """CP-SAT against the DP (itself checked against brute force in test_oracle.py), half of the
+    instances with communication; the slow variant below runs 500 larger ones."""
+    check_cp_sat_against_oracle(case)
+
+
+@pytest.mark.slow
+@settings(max_examples=500, **_PROPERTY)
+@given(random_problems())
+def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
+    check_cp_sat_against_oracle(case)
 
 
 def test_time_limit_returns_best_found_with_its_gap():

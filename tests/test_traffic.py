@@ -91,7 +91,9 @@ class TestThreeLayers:
 
     @pytest.mark.parametrize("first, last, received, sent", [
         (0, 0, 0, 100),          # sends x
-        (1, 1, 11, 7),           # receives g, sends y; x passes it by
+        # receives x (from stage 0) and g, sends y and x (relayed on to layer 2): 100 + 11 in,
+        # 7 + 100 out; in total cut_bytes[1] + cut_bytes[2] = 100 + 118, what its time is charged
+        (1, 1, 111, 107),
         (2, 2, 107, 11),         # receives x and y, sends g
         (0, 1, 11, 107),         # receives g, sends x and y
         (1, 2, 100, 0),          # receives x; y and g stay inside
@@ -100,6 +102,19 @@ class TestThreeLayers:
     def test_stage_io(self, first, last, received, sent):
         _, t = traffic(three_layers())
         assert t.stage_io(first, last) == (received, sent)
+
+    def test_relayed_bytes_match_the_time_charged(self):
+        """Split [0 | 1 | 2] with the middle stage relaying x: its time counts both of its cuts."""
+        import dataclasses
+        from stagesplit.problem import SolveOptions, build_problem
+        profile = three_layers()
+        m, t = traffic(dataclasses.replace(profile, target=dataclasses.replace(profile.target, clock_hz=1e9)))
+        problem = build_problem(m, SolveOptions(devices=3, communication=True, link_bytes_per_s=1e9), traffic=t)
+        assert problem.cut_units.tolist() == [0, 100, 118, 0]       # 1 ns per byte on a 1 GHz clock
+        # the middle stage's time is its compute plus 100 + 118 transfer cycles
+        assert problem.stage_time(1, 2) == round(m.range_compute(1, 1)) + 100 + 118
+        received, sent = t.stage_io(1, 1)
+        assert received + sent == 100 + 118 == int(t.cut_bytes[1] + t.cut_bytes[2])
 
     def test_producer_is_the_layer_running_when_the_variable_goes_live(self):
         _, t = traffic(three_layers())
@@ -166,6 +181,16 @@ def test_property_matches_brute_force(seed, layers, training):
     assert t.communication.tolist() == comm.tolist()
     assert t.cut_bytes.tolist() == cut.tolist()
     assert np.array_equal(t.affinity, t.affinity.T)
+    # a stage's received + sent bytes are exactly the bytes crossing its two cuts (what its
+    # time is charged for), and what one stage sends across a cut its neighbour receives
+    for first in range(layers):
+        for last in range(first, layers):
+            received, sent = t.stage_io(first, last)
+            assert received + sent == int(cut[first] + cut[last + 1])
+    for j in range(1, layers):
+        _, left_sent = t.stage_io(0, j - 1)
+        right_received, _ = t.stage_io(j, layers - 1)
+        assert left_sent == right_received
 
 
 @pytest.mark.parametrize("name, batch, seq, hidden", [("bert-base", 8, 128, 768), ("gpt", 2, 512, 1024)])

@@ -251,6 +251,8 @@ def _read(a: _Arrays) -> Profile:
     intervals = a.get("live_intervals", ndim=2)
     if intervals.shape[1:] != (2,) or len(live_offsets) < 1 or live_offsets[-1] != len(intervals):
         raise ProfileError(a.source, "live_intervals", "(K, 2) start/end pairs matching live_offsets")
+    if live_offsets[0] != 0 or np.any(np.diff(live_offsets) < 0):
+        raise ProfileError(a.source, "live_offsets", "non-decreasing offsets from 0")
     variables = Variables(bytes=a.get("var_bytes"), tile=a.get("var_tile"),
                           always_live=a.get("var_always_live", kind="b"), live_class=a.get("var_live_class"),
                           name=a.get("var_name"))

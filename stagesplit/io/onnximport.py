@@ -410,6 +410,9 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
     init = {t.name for t in g.initializer}
     float_types = {1, 10, 11, 16}
     init_float = {t.name: t.data_type in float_types for t in g.initializer}
+    elem_float = {vi.name: vi.type.tensor_type.elem_type in float_types
+                  for vi in list(g.input) + list(g.value_info) + list(g.output) if vi.type.HasField("tensor_type")}
+    elem_float.update(init_float)
 
     def nbytes(tensor: str) -> int:
         entry = shapes.get(tensor)
@@ -418,8 +421,8 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
         shp, item = entry
         if any(d is None for d in shp):
             return 0
-        if dtype is not None and item >= 2 and (tensor not in init or init_float.get(tensor, False)):
-            item = DTYPES[dtype] if item in (2, 4, 8) else item
+        if dtype is not None and elem_float.get(tensor, False):      # --dtype: floating tensors only
+            item = DTYPES[dtype]
         return _numel(shp) * item
 
     # every node output must have a bound shape: a dimension inference could not resolve never binds
