@@ -10,7 +10,7 @@ from typing import Callable
 import numpy as np
 
 from .costmodel import RangeTable, StageCostModel
-from .oracle import Solution, greedy, uniform
+from .oracle import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
 from .plan import Plan, make_plan
 from .problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
 from .solver import SolverResult, solve_cpsat
@@ -24,6 +24,16 @@ class Advice:
     problem: SplitProblem
     baselines: list[Plan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+
+
+#: the exact DP runs before CP-SAT when its work, about N^2/2 x (L+1)^2 array cells per pass, is
+#: at most this (200 layers on 64 devices: 8e7, half a second)
+DP_BUDGET = 5e8
+
+
+def dp_affordable(problem: SplitProblem) -> bool:
+    """Whether the exact DP (oracle.py) is cheap enough to give CP-SAT its optimum as a bound."""
+    return problem.devices ** 2 / 2 * (problem.num_layers + 1) ** 2 <= DP_BUDGET
 
 
 def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,
@@ -87,8 +97,10 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
 def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | None = None,
            table: RangeTable | None = None, profile_path: str | Path | None = None, compare: bool = False,
            target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
-           log: Callable[[str], None] | None = None) -> Advice:
-    """Solve for ``options.devices`` devices and describe the result as a Plan."""
+           log: Callable[[str], None] | None = None, unlayered_first: bool = False) -> Advice:
+    """Solve for ``options.devices`` devices and describe the result as a Plan. With
+    ``compare``, add PopLiner's greedy and a uniform split; ``unlayered_first`` makes the greedy
+    put the unlayered operations on the first stage, as PopLiner does (see ``popliner_tables``)."""
     traffic = traffic or layer_traffic(model)
     table = table if table is not None else price(model, options, progress=progress)
     problem = build_problem(model, options, traffic=traffic, table=table)
@@ -97,7 +109,8 @@ def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | N
         warnings.append("the profile has no compute estimates, so compute cannot be balanced: the split "
                         "minimises the worst stage's memory instead")
     base = greedy(problem)
-    result = solve_cpsat(problem, hint=base.split, log=log)
+    oracle = exact_optimum(problem) if dp_affordable(problem) else None
+    result = solve_cpsat(problem, hint=base.split, log=log, oracle=oracle)
     message = ""
     if result.split is None:
         if result.status == "infeasible":
@@ -112,9 +125,27 @@ def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | N
                      result=result, message=message, target_names=target_names)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare:
+        if unlayered_first:
+            base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, profile_path, target_names))
     return advice
+
+
+def popliner_tables(model: StageCostModel, in_flight_counts) -> UnlayeredFirst:
+    """Stage memory as PopLiner counts it: the operations with no layer (and the items only
+    they use) on the first stage, nowhere else. The first stage is priced with
+    ``shared="every"``, the others with ``shared="none"``, whatever the model's own policy."""
+    from .costmodel import StageCostModel
+    ks = tuple(in_flight_counts)
+    every = model if model.shared == "every" else StageCostModel(model.profile, model.layers, shared="every")
+    none = model if model.shared == "none" else StageCostModel(model.profile, model.layers, shared="none")
+    table = none.price_ranges(ks)
+    rest = np.stack([table.worst_bytes[table.k_index(k)] for k in ks])
+    first = np.array([[every.stage_memory(0, e).worst_bytes(k) for e in range(model.num_layers)] for k in ks],
+                     np.int64).reshape(len(ks), model.num_layers)
+    alone = np.array([every.shared_memory().worst_bytes(k) for k in ks], np.int64)
+    return UnlayeredFirst(first=first, rest=rest, alone=alone)
 
 
 def _baseline_plan(model, problem, solution: Solution, traffic, profile_path, target_names) -> Plan:
@@ -145,9 +176,10 @@ def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int]
         table = price(model, options, max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
-        advice = advise(model, with_devices(options, n), traffic=traffic, table=table, profile_path=profile_path,
+        row_options = with_devices(options, n)         # a defaulted micro-batch count follows n
+        advice = advise(model, row_options, traffic=traffic, table=table, profile_path=profile_path,
                         target_names=target_names)
-        row = SweepRow(n, advice.plan, options.micro_batches)
+        row = SweepRow(n, advice.plan, row_options.micro_batches)
         rows.append(row)
         if on_row:
             on_row(row)

@@ -151,7 +151,7 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
     g.add_argument("--schedule", choices=("none", "1f1b", "gpipe"),
                    help="pipeline schedule whose in-flight micro-batches add stashed activations (default: none)")
     g.add_argument("--micro-batches", type=int_in(1, MAX_MICRO_BATCHES), metavar="M",
-                   help="micro-batches per step (default: 1)")
+                   help="micro-batches per step (default: the number of devices with --schedule, else 1)")
     g.add_argument("--headroom", type=float_in(0, 1, high_open=True), metavar="F",
                    help="fraction of every device kept free, e.g. 0.1")
     g.add_argument("--reserve", type=_byte_count, default=0, metavar="BYTES",
@@ -251,9 +251,11 @@ def _solve_options(args: argparse.Namespace, settings, analysis, devices: int):
     if args.target and not args.link_bandwidth:
         from .config import load_target
         link = load_target(target_names[0]).link_bytes_per_s or link
+    from .problem import resolve_micro_batches
+    micro_batches, micro_auto = resolve_micro_batches(settings.schedule, settings.micro_batches, devices)
     options = SolveOptions(
         devices=devices, objective=settings.objective, exact=settings.stages == "exact", schedule=settings.schedule,
-        micro_batches=settings.micro_batches, headroom=settings.headroom, capacities=capacities,
+        micro_batches=micro_batches, micro_batches_auto=micro_auto, headroom=settings.headroom, capacities=capacities,
         reserve=getattr(args, "reserve", 0) or 0,
         min_layers=args.min_layers, max_layers=args.max_layers,
         pinned_splits=tuple(sorted({layer(x, "--pin-split") for x in args.pin_split})),
@@ -309,7 +311,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from .table import render
     analysis, options, target_names, table, progress = _prepare_solve(args, args.devices)
     advice = advise(analysis.model, options, table=table, profile_path=args.profile, compare=args.compare,
-                    target_names=target_names, log=lambda m: progress.start(m) if progress.enabled else None)
+                    target_names=target_names, log=lambda m: progress.start(m) if progress.enabled else None,
+                    unlayered_first=args.unlayered_first)
     for message in advice.warnings:
         _warn(message)
     plan = advice.plan
@@ -554,6 +557,9 @@ def build_parser() -> argparse.ArgumentParser:
     _add_solver_options(p)
     _add_layer_options(p)
     p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
+    p.add_argument("--unlayered-first", action="store_true",
+                   help="with --compare, the greedy puts operations with no layer on the first stage only, "
+                        "as PopLiner does (default: they count as --shared says, like every other method)")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes and the per-tile and code columns")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
@@ -715,6 +721,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 130
     except BrokenPipeError:
         return 0
+    except MemoryError:                    # an input too large for this machine: still bad input, one line
+        if debug:
+            traceback.print_exc()
+        print("stagesplit: error: out of memory: the input is too large for this machine", file=sys.stderr)
+        return EXIT_USAGE
     except Exception as exc:  # a bug: still one line unless --debug
         if debug:
             traceback.print_exc()

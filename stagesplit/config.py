@@ -121,7 +121,7 @@ class SolverSettings:
     objective: str = "compute"
     stages: str = "at-most"
     schedule: str = "none"
-    micro_batches: int = 1
+    micro_batches: int | None = None          # None: the number of devices with a schedule, else 1
     headroom: float = 0.0
     shared: str = "every"
     time_limit: float = 60.0
@@ -156,7 +156,7 @@ def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
         elif isinstance(default, bool):
             if not isinstance(value, bool):
                 raise ProfileError(file, f.name, "true or false", value)
-        elif isinstance(default, int):
+        elif isinstance(default, int) or f.name == "micro_batches":
             top = {"micro_batches": MAX_MICRO_BATCHES, "workers": MAX_WORKERS}.get(f.name)
             value = _number(file, f.name, value, integer=True, minimum=1, maximum=top)
         else:

@@ -5,6 +5,10 @@ The DP walks device positions from the last to the first. Its state is the first
 to place and the number ``c`` of non-empty stages from this position on, which fixes the 1F1B
 in-flight count of a stage (``min(M, c)``). A bottleneck objective combines by ``max``;
 lexicographic objectives run the DP once per objective, each bounded by the previous optimum.
+Stage times include the transfer time of both cuts (communication), and every rule of the
+problem applies per (position, count): mixed capacities, pins, layer-count limits; the devices
+objective is the smallest count with a feasible split. tests/test_oracle.py checks it against
+a brute-force enumeration of every split. Work: about N^2/2 x (L+1)^2 cells per pass.
 """
 
 from __future__ import annotations
@@ -29,42 +33,48 @@ class Solution:
         return self.evaluation is not None and self.evaluation.feasible
 
 
-def _stage_matrices(problem: SplitProblem):
-    """time[a, e], and per (position, k) the memory cost and feasibility of stage a..e-1."""
-    L = problem.num_layers
-    A = L + 1
-    a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
-    nonempty = e_idx > a_idx
-    time = np.where(nonempty, problem.time_up[None, :] - problem.time_down[:, None], INF).astype(np.int64)
-    o = problem.options
-    n = e_idx - a_idx
-    count_ok = nonempty & (n >= o.min_layers)
-    if o.max_layers is not None:
-        count_ok &= n <= o.max_layers
-    for j in o.pinned_splits:
-        count_ok &= ~((a_idx < j) & (j < e_idx))
-    allowed = []
-    for position in range(problem.devices):
-        ok = count_ok.copy()
-        for layer, pos in o.pinned_layers:
-            inside = (a_idx <= layer) & (layer < e_idx)
-            ok &= inside if pos == position else ~inside
-        allowed.append(ok)
-    mem_cost = {}
-    fits = {}
-    for position in range(problem.devices):
+class _StageTables:
+    """time[a, e], and per (position, k) the memory cost and feasibility of stage a..e-1, as
+    (L+1) x (L+1) arrays. The per-(position, k) arrays are built when asked for, not all at
+    once: 64 devices x 64 in-flight counts of 200-layer tables would take gigabytes."""
+
+    def __init__(self, problem: SplitProblem):
+        self.p = problem
+        L = problem.num_layers
+        A = L + 1
+        a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
+        self.nonempty = e_idx > a_idx
+        self.time = np.where(self.nonempty, problem.time_up[None, :] - problem.time_down[:, None], INF).astype(np.int64)
+        o = problem.options
+        n = e_idx - a_idx
+        count_ok = self.nonempty & (n >= o.min_layers)
+        if o.max_layers is not None:
+            count_ok &= n <= o.max_layers
+        for j in o.pinned_splits:
+            count_ok &= ~((a_idx < j) & (j < e_idx))
+        self.allowed = [count_ok] * problem.devices
+        if o.pinned_layers:
+            for position in range(problem.devices):
+                ok = count_ok.copy()
+                for layer, pos in o.pinned_layers:
+                    inside = (a_idx <= layer) & (layer < e_idx)
+                    ok &= inside if pos == position else ~inside
+                self.allowed[position] = ok
+        self.mem = {}
         for k in problem.in_flight_values:
             m = np.full((A, A), INF, np.int64)
             m[:L, 1:] = problem.mem[problem.k_index(k)]
-            m = np.where(nonempty, m, INF)
-            fit = nonempty & (m <= int(problem.capacity[position])) & allowed[position]
-            if problem.homogeneous:
-                cost = m
-            else:
-                cost = np.where(nonempty, -((-m * 1_000_000) // int(problem.capacity[position])), INF)
-            mem_cost[position, k] = cost
-            fits[position, k] = fit
-    return time, mem_cost, fits
+            self.mem[k] = np.where(self.nonempty, m, INF)
+
+    def fits(self, position: int, k: int) -> np.ndarray:
+        return self.nonempty & (self.mem[k] <= int(self.p.capacity[position])) & self.allowed[position]
+
+    def mem_cost(self, position: int, k: int) -> np.ndarray:
+        """Bytes, or parts per million of the position's capacity on mixed devices."""
+        m = self.mem[k]
+        if self.p.homogeneous:
+            return m
+        return np.where(self.nonempty, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
 
 
 def _k(problem: SplitProblem, c: int) -> int:
@@ -116,62 +126,108 @@ def _dp(problem: SplitProblem, value, feasible, count: int | None = None):
 
 def exact_optimum(problem: SplitProblem) -> Solution:
     """The lexicographic optimum of ``problem.options.objective`` by dynamic programming."""
-    time, mem_cost, fits = _stage_matrices(problem)
+    t = _StageTables(problem)
+    time, mem_cost, fits = t.time, t.mem_cost, t.fits
     objective = problem.options.objective
 
-    def feasible(i, k):
-        return fits[i, k]
-
     if objective == "devices":
-        used = None
-        for c in range(1, problem.devices + 1):
-            v, _ = _dp(problem, lambda i, k: np.zeros_like(time), feasible, count=c)
-            if v < INF:
-                used = c
-                break
-        if used is None:
+        # every feasible count scores 0, so the DP's tie-break (the smallest count) is the fewest devices
+        zeros = np.zeros_like(time)
+        _, fewest = _dp(problem, lambda i, k: zeros, fits)
+        if fewest is None:
             return Solution(None, None, "exact")
-        _, split = _dp(problem, lambda i, k: time, feasible, count=used)
+        _, split = _dp(problem, lambda i, k: time, fits, count=fewest.devices_used)
     else:
-        first = (lambda i, k: time) if objective == "compute" else (lambda i, k: mem_cost[i, k])
-        second = (lambda i, k: mem_cost[i, k]) if objective == "compute" else (lambda i, k: time)
-        best, split = _dp(problem, first, feasible)
+        first = (lambda i, k: time) if objective == "compute" else mem_cost
+        second = mem_cost if objective == "compute" else (lambda i, k: time)
+        best, split = _dp(problem, first, fits)
         if split is None:
             return Solution(None, None, "exact")
-        _, split = _dp(problem, second, lambda i, k: fits[i, k] & (first(i, k) <= best))
+        _, split = _dp(problem, second, lambda i, k: fits(i, k) & (first(i, k) <= best))
     return Solution(split, evaluate(problem, split), "exact")
 
 
-def greedy(problem: SplitProblem, proportions=(0.5, 0.6, 0.7, 0.8, 0.9, 1.0)) -> Solution:
-    """PopLiner's greedy first-fit: fill each device with as many layers as fit within a share
-    of its memory, trying 50%, 60%, ... 100%, and take the first share that places every layer
-    on at most N devices. It ignores compute, so the last devices often sit idle or unused."""
+@dataclass(frozen=True)
+class UnlayeredFirst:
+    """PopLiner's placement of the operations with no layer: a pseudo-layer in front of layer 0,
+    so on the first stage only (and counted in its layer count). ``first[k_index, e]`` is the
+    worst-tile bytes of the first stage holding layers 0..e with them; ``rest`` prices the other
+    stages without them (``mem`` of a problem priced with ``shared="none"``)."""
+
+    first: np.ndarray          # (K, L)
+    rest: np.ndarray           # (K, L, L)
+    alone: np.ndarray          # (K,) the unlayered operations on their own
+
+
+MIN_LAYERS_ORDER = (3, 2, 1)
+PROPORTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
+
+
+def greedy(problem: SplitProblem, proportions=PROPORTIONS, min_layers_order=MIN_LAYERS_ORDER,
+           unlayered_first: UnlayeredFirst | None = None) -> Solution:
+    """PopLiner's greedy first-fit. For at least 3 layers per stage, then 2, then 1, and for
+    each a share of memory of 50%, 60%, ... 100%: fill each device in turn, starting with that
+    many layers (fewer only for a last stage with fewer left) and adding layers while the stage
+    fits in the share; take the first (layer count, share) that places every layer on at most
+    N devices. It ignores compute, so the last devices often sit idle or unused.
+
+    With ``unlayered_first`` the operations with no layer go on the first stage, as PopLiner
+    does; the split is then returned as PopLiner would choose it, even where this project's
+    memory model (the problem's) says it does not fit (the plan shows that)."""
     L, N = problem.num_layers, problem.devices
     o = problem.options
-    for share in proportions:
-        bounds = [0]
-        a = 0
-        for position in range(N):
-            if a == L:
-                bounds.append(L)
+    orders = [m for m in min_layers_order if m >= o.min_layers] or [o.min_layers]
+    for min_layers in orders:
+        for share in proportions:
+            split = _greedy_fill(problem, share, min_layers, unlayered_first)
+            if split is None:
                 continue
-            k = in_flight(o.schedule, o.micro_batches, position, N)
-            limit = share * int(problem.capacity[position])
-            e = a
-            while e < L and problem.mem[problem.k_index(k), a, e] <= limit:
-                e += 1
-            if e - a < o.min_layers:
-                break
-            if o.max_layers is not None:
-                e = min(e, a + o.max_layers)
-            bounds.append(e)
-            a = e
-        if a == L and len(bounds) == N + 1:
-            split = Split(tuple(bounds))
             ev = evaluate(problem, split)
-            if ev.feasible:
-                return Solution(split, ev, f"greedy ({share:.0%} of memory)")
+            if ev.feasible or unlayered_first is not None:
+                placement = ", unlayered code on stage 0" if unlayered_first is not None else ""
+                return Solution(split, ev, f"greedy ({min_layers}+ layers, {share:.0%} of memory{placement})")
     return Solution(None, None, "greedy")
+
+
+def _greedy_fill(problem: SplitProblem, share: float, min_layers: int,
+                 unlayered_first: UnlayeredFirst | None) -> Split | None:
+    """One first-fit pass (see ``greedy``): the split, or None when some stage's first
+    ``min_layers`` layers already overflow or layers are left over."""
+    L, N = problem.num_layers, problem.devices
+    o = problem.options
+    bounds = [0]
+    a = 0
+    for position in range(N):
+        if a == L:
+            bounds.append(L)
+            continue
+        k = in_flight(o.schedule, o.micro_batches, position, N)
+        ki = problem.k_index(k)
+        limit = share * int(problem.capacity[position])
+        pseudo = unlayered_first is not None and position == 0
+        if pseudo:
+            need = min_layers - 1                    # the unlayered pseudo-layer counts as one
+            cost = lambda e: int(unlayered_first.first[ki, e - 1]) if e > 0 else int(unlayered_first.alone[ki])  # noqa: E731
+        else:
+            need = min_layers
+            mem = unlayered_first.rest if unlayered_first is not None else problem.mem
+            cost = lambda e, a=a: int(mem[ki, a, e - 1])                              # noqa: E731
+        e = a + max(need, 0)
+        if e > L:                                    # fewer layers left than the minimum: one at a time
+            e = a + (0 if pseudo else 1)
+        if (e > a or pseudo) and cost(e) > limit:    # the first candidate must fit
+            return None
+        while e < L and cost(e + 1) <= limit:
+            e += 1
+        if o.max_layers is not None:
+            e = min(e, a + o.max_layers)
+        if e == a and not pseudo:                    # (PopLiner's stage 0 may hold the unlayered code alone)
+            return None
+        bounds.append(e)
+        a = e
+    if a != L:
+        return None
+    return Split(tuple(bounds))
 
 
 def uniform(problem: SplitProblem) -> Solution:

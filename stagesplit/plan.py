@@ -20,7 +20,7 @@ from .costmodel import StageCostModel
 from .errors import ProfileError, StagesplitError
 from .fileio import atomic_write_text
 from .io.fields import FieldReader
-from .problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, stage_in_flight
+from .problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, schedule_note, stage_in_flight
 from .solver import PHASE_NAMES, SolverResult
 from .traffic import Traffic
 
@@ -85,6 +85,7 @@ class PhaseRecord:
     scale: float = 1
     solver_value: int | None = None
     solver_bound: int | None = None
+    proof: str = "cp-sat"              # what proved the bound: "cp-sat", or "dp" (the exact DP's optimum)
 
     def document(self) -> dict[str, Any]:
         """Everything but the wall time (which differs from run to run)."""
@@ -110,6 +111,8 @@ class Plan:
     #: each layer's module path from the profile's operation names (None: not derivable);
     #: empty for plans written before module paths were recorded
     module_paths: list[str | None] = field(default_factory=list)
+    #: things the user should know about the inputs (e.g. a defaulted micro-batch count)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def split_text(self) -> str:
@@ -147,7 +150,7 @@ class Plan:
         doc = {"format": FORMAT, "version": VERSION, "profile": self.profile, "inputs": self.inputs,
                "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
                "feasible": self.feasible, "message": self.message, "split": self.split_text,
-               "compute_unit": self.compute_unit, "module_paths": self.module_paths,
+               "compute_unit": self.compute_unit, "module_paths": self.module_paths, "notes": self.notes,
                "objective": [p.document() for p in self.phases],
                "bottleneck_stage": self.bottleneck.stage if self.bottleneck else None,
                "stages": [], "run": self.run}
@@ -255,7 +258,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
             bound = float(f"{bound:.9g}")
         phases.append(PhaseRecord(PHASE_NAMES[ph.quantity], ph.status, value, bound, ph.gap, round(ph.seconds, 3),
                                   unit=units[ph.quantity], scale=problem.objective_scale(ph.quantity),
-                                  solver_value=ph.value, solver_bound=ph.bound))
+                                  solver_value=ph.value, solver_bound=ph.bound, proof=ph.proof))
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
     profile = {"name": p.info.name, "source": p.info.source, "synthetic": p.info.synthetic,
                "target": p.target.name, "tiles": p.target.tiles, "bytes_per_tile": p.target.bytes_per_tile}
@@ -268,6 +271,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     return Plan(profile=profile, inputs=inputs, layer_names=list(model.layers.names), devices=o.devices, method=method,
                 status=status, feasible=feasible, message=message, stages=stages, phases=phases,
                 compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
+                notes=[n for n in (schedule_note(o),) if n],
                 run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                      "solver_seconds": round(result.seconds, 3) if result else 0.0,
                      "phase_seconds": [p.seconds for p in phases]})
@@ -361,7 +365,7 @@ def read_plan(path: str | Path) -> Plan:
     run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
     phase_seconds = run.get("phase_seconds") if isinstance(run.get("phase_seconds"), list) else []
     phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "unit",
-                                                     "solver_value", "solver_bound") if k in ph},
+                                                     "solver_value", "solver_bound", "proof") if k in ph},
                           scale=ph.get("scale", 1), seconds=ph.get("seconds") or
                           (phase_seconds[i] if i < len(phase_seconds) else 0.0))
               for i, ph in enumerate(r.list(doc.get("objective", []), "objective")) if isinstance(ph, dict)]
@@ -371,4 +375,5 @@ def read_plan(path: str | Path) -> Plan:
                 method=str(doc.get("method", "")), status=str(doc.get("status", "")),
                 feasible=bool(doc.get("feasible", True)), message=str(doc.get("message", "")), stages=stages,
                 phases=phases, compute_unit=str(doc.get("compute_unit", "cycles")), run=dict(r.mapping(doc.get("run") or {}, "run")),
-                module_paths=paths)
+                module_paths=paths,
+                notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])

@@ -36,6 +36,7 @@ class SolveOptions:
     exact: bool = False
     schedule: str = "none"
     micro_batches: int = 1
+    micro_batches_auto: bool = False                 # M not given: M = devices (``with_devices`` keeps it so)
     headroom: float = 0.0
     capacities: tuple[int, ...] | None = None       # bytes per tile per device position
     reserve: int = 0                                 # bytes per device kept back (CUDA context, workspaces)
@@ -298,4 +299,28 @@ def with_devices(options: SolveOptions, devices: int) -> SolveOptions:
     caps = options.capacities
     if caps is not None and len(caps) != devices:
         caps = tuple(caps[i % len(caps)] for i in range(devices))
-    return replace(options, devices=devices, capacities=caps)
+    micro = devices if options.micro_batches_auto else options.micro_batches
+    return replace(options, devices=devices, capacities=caps, micro_batches=micro)
+
+
+def resolve_micro_batches(schedule: str, micro_batches: int | None, devices: int) -> tuple[int, bool]:
+    """The micro-batch count to use and whether it was defaulted: with a schedule and no count
+    given, the number of devices, the fewest micro-batches that fill a pipeline of that many
+    stages (one micro-batch would make any schedule the same as none)."""
+    if micro_batches is None:
+        return (devices, True) if schedule != "none" else (1, False)
+    return micro_batches, False
+
+
+def schedule_note(options: SolveOptions) -> str:
+    """What the user should know about the micro-batch count ('' when nothing)."""
+    o = options
+    if o.schedule == "none":
+        return ""
+    if o.micro_batches_auto:
+        return (f"--micro-batches not given: using {o.micro_batches}, the number of devices (the fewest "
+                f"micro-batches that fill a {o.micro_batches}-stage {o.schedule} pipeline)")
+    if o.micro_batches == 1:
+        return (f"--schedule {o.schedule} with 1 micro-batch holds one micro-batch per stage, the same as "
+                f"--schedule none: give --micro-batches M (at least the number of stages) to model the pipeline")
+    return ""

@@ -119,5 +119,6 @@ def compile_regex(pattern: str, flag: str = "regex") -> Pattern:
         if isinstance(detail, bytes):
             detail = detail.decode("utf-8", "replace")
         raise StagesplitError(f"invalid {flag} {shown}: not supported by the linear-time regex engine RE2 "
-                              f"({one_line(str(detail))}); lookaround and backreferences are not available") from None
+                              f"({one_line(str(detail))}); it has no lookaround or backreferences "
+                              "(and writes \\Z as \\z)") from None
     return Pattern(pattern, compiled)

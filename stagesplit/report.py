@@ -10,11 +10,12 @@ from .table import Column, Table
 
 
 def seconds_text(seconds: float) -> str:
-    """A duration with a readable unit: 1.5 s, 12.3 ms, 130 ns."""
-    for unit, factor in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if abs(seconds) >= factor:
-            return f"{seconds / factor:.4g} {unit}"
-    return f"{seconds / 1e-9:.4g} ns"
+    """A duration in ms from 0.1 ms up (0.363 ms, 2.8 ms), else in us or ns (30 ns, not 3e-05 ms)."""
+    if abs(seconds) >= 1e-4 or seconds == 0:
+        return f"{seconds * 1e3:.3g} ms"
+    if abs(seconds) >= 1e-6:
+        return f"{seconds / 1e-6:.3g} us"
+    return f"{seconds / 1e-9:.3g} ns"
 
 
 def _time(plan: Plan, compute: float, seconds: float | None) -> str:
@@ -28,7 +29,9 @@ def status_line(plan: Plan) -> str:
         return f"status: {plan.status} - {plan.message}"
     phases = "; ".join(f"{p.quantity} {p.status.lower()}" + (f" (gap {100 * p.gap:.2f}%)" if p.gap else "")
                        for p in plan.phases)
-    proven = "proven optimal by CP-SAT" if plan.status == "optimal" else "NOT proven optimal"
+    by_dp = any(p.proof != "cp-sat" for p in plan.phases)
+    proven = ("NOT proven optimal" if plan.status != "optimal" else
+              "proven optimal by the exact DP" if by_dp else "proven optimal by CP-SAT")
     seconds = plan.run.get("solver_seconds")
     text = f"status: {plan.status}, {proven}" + (f" in {seconds:.2f} s" if seconds is not None else "")
     text += f" [{phases}]" if phases else ""
@@ -57,6 +60,7 @@ def stages_table(plan: Plan) -> Table:
 
 def plan_summary(plan: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
     lines = [f"split: {plan.short_split_text(200)}" if plan.stages else "split: none", status_line(plan)]
+    lines += [f"note: {n}" for n in plan.notes]
     if plan.stages:
         b = plan.bottleneck
         w = plan.worst_memory
@@ -112,4 +116,9 @@ def sweep_table(rows: Sequence) -> Table:
         t.add(r.devices, "yes", len(p.stages), b.compute, b.time_s * 1e3 if b.time_s is not None else None,
               p.pipeline_efficiency(r.micro_batches), bubble_fraction(len(p.stages), r.micro_batches),
               w.worst_tile_bytes / w.capacity_bytes, p.status, p.short_split_text())
+    if rows and rows[0].plan.inputs.get("micro_batches_auto"):
+        t.note = (f"--micro-batches not given: each row uses as many micro-batches as devices (the fewest that "
+                  f"fill its {rows[0].plan.inputs.get('schedule')} pipeline)")
+    elif rows and rows[0].plan.notes:
+        t.note = rows[0].plan.notes[0]
     return t

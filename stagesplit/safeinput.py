@@ -8,7 +8,6 @@ traceback or an allocation sized by the file's own claims.
 
 from __future__ import annotations
 
-import errno
 import json
 import math
 import os
@@ -42,7 +41,7 @@ MAX_COMPUTE = 1e30
 #: tiles of one device (an IPU has 1,472; per-tile arrays are allocated from this)
 MAX_TILES = 1 << 20
 #: device counts, micro-batches and solver workers accepted on the command line
-MAX_DEVICES = 4096
+MAX_DEVICES = 1024
 MAX_MICRO_BATCHES = 4096
 MAX_WORKERS = 256
 #: CP-SAT seconds per phase
@@ -377,8 +376,9 @@ def _expanded_nodes(root: Any) -> int:
 def load_yaml(text: str, source: str | Path | None) -> Any:
     """``yaml.safe_load`` with the limits above; errors name the file and line."""
     import yaml
-    loader = _yaml_loader()(text)
+    loader = None
     try:
+        loader = _yaml_loader()(text)       # the reader checks characters here already
         node = loader.get_single_node()
         if node is None:
             return None
@@ -394,20 +394,17 @@ def load_yaml(text: str, source: str | Path | None) -> Any:
         raise ProfileError(source, where, "valid YAML", getattr(exc, "problem", None) or str(exc)) from None
     except RecursionError:
         raise ProfileError(source, "document", f"lists and mappings nested at most {MAX_DEPTH} deep") from None
+    except (ValueError, OverflowError) as exc:   # e.g. an integer of more digits than Python converts
+        raise ProfileError(source, "document", "valid YAML", one_line(str(exc))[:80]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
 
 
 def read_yaml_file(path: str | Path, what: str = "YAML file") -> Any:
     """Read (once, capped at MAX_CONFIG_BYTES) and parse a YAML (or JSON) file."""
     data = read_input(path, what)
     return load_yaml(decode_text(data, path), str(path))
-
-
-def finite_number(value: Any) -> bool:
-    """A real number (not bool) that is finite."""
-    return (not isinstance(value, bool) and isinstance(value, (int, float))
-            and (isinstance(value, int) or math.isfinite(value)))
 
 
 def read_document(path: str | Path, what: str = "file") -> Any:

@@ -15,6 +15,10 @@ stage can take: each step is one CP-SAT feasibility model with the bound built i
 The gap is between the best split found and the smallest value not yet proven infeasible. The
 devices objective minimises the number of stages directly. Lexicographic tie-breaks run as
 further phases with the earlier optima as bounds.
+
+Given the exact DP's answer (``advise`` computes it where it is cheap), each phase's value is
+the DP's optimum and CP-SAT only tries to prove the next smaller value impossible; a phase it
+cannot prove in a short deterministic budget records the DP as its proof.
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from .problem import Evaluation, Split, SplitProblem, evaluate
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 BIG = np.iinfo(np.int64).max // 4
+DP_CONFIRM_S = 2.0      # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
+DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)
 
 
 @dataclass(frozen=True)
@@ -42,6 +48,7 @@ class PhaseResult:
     bound: int | None
     seconds: float
     checks: int = 0
+    proof: str = "cp-sat"        # what proved ``bound``: "cp-sat", or "dp" (the exact oracle's optimum)
 
     @property
     def gap(self) -> float | None:
@@ -92,26 +99,25 @@ class _Tables:
         cap = p.options.max_layers
         self.length_ok = self.nonempty & ((e_idx - a_idx) <= cap if cap is not None else True)
         self.mem = {}
-        self.memcost = {}
         for k in p.in_flight_values:
             m = np.full((A, A), BIG, np.int64)
             m[:L, 1:] = p.mem[p.k_index(k)]
             self.mem[k] = np.where(self.nonempty, m, BIG)
-        for position in range(p.devices):
-            for k in p.in_flight_values:
-                m = self.mem[k]
-                if p.homogeneous:
-                    self.memcost[position, k] = m
-                else:
-                    c = int(p.capacity[position])
-                    self.memcost[position, k] = np.where(self.nonempty, -((-m * 1_000_000) // c), BIG)
+
+    def memcost(self, position: int, k: int) -> np.ndarray:
+        """Memory objective of every range at a position: bytes, or ppm of its capacity on mixed
+        devices (built when asked: all positions x counts at once can take gigabytes)."""
+        m = self.mem[k]
+        if self.p.homogeneous:
+            return m
+        return np.where(self.nonempty, -((-m * 1_000_000) // int(self.p.capacity[position])), BIG)
 
     def ok(self, position: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
         """Ranges a..e-1 that fit at ``position`` with ``k`` in flight within the bounds (ignoring
         communication, which is not monotone and is checked separately)."""
         fits = self.mem[k] <= int(self.p.capacity[position])
         return (self.length_ok & fits & (self.compute <= time_bound) &
-                (self.memcost[position, k] <= memory_bound))
+                (self.memcost(position, k) <= memory_bound))
 
     def reach(self, ok: np.ndarray) -> np.ndarray:
         """reach[a] = the first e > a such that a..e-1 is not ok (L+1 when the whole rest is)."""
@@ -130,7 +136,7 @@ class _Tables:
                 fit_any |= self.length_ok & (self.mem[k] <= int(self.p.capacity[position]))
         if quantity == "time":
             return np.unique(self.time[fit_any])
-        values = [self.memcost[position, k][fit_any & (self.mem[k] <= int(self.p.capacity[position]))]
+        values = [self.memcost(position, k)[fit_any & (self.mem[k] <= int(self.p.capacity[position]))]
                   for position in range(self.p.devices) for k in self.p.in_flight_values]
         return np.unique(np.concatenate(values)) if values else np.zeros(0, np.int64)
 
@@ -248,9 +254,13 @@ class _Feasibility:
         else:
             m.AddBoolOr([lit.Not() for lit in conditions])
 
-    def solve(self, seconds: float, workers: int) -> tuple[str, Split | None, float]:
+    def solve(self, seconds: float, workers: int, deterministic: float | None = None) -> tuple[str, Split | None, float]:
+        """``deterministic``: also stop after this much of CP-SAT's deterministic time (about
+        seconds, but the same on every run and machine, so the answer does not vary)."""
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(seconds, 0.01)
+        if deterministic is not None:
+            solver.parameters.max_deterministic_time = deterministic
         solver.parameters.num_workers = workers
         solver.parameters.random_seed = 1
         start = _time.monotonic()
@@ -278,27 +288,54 @@ def _quantity(evaluation: Evaluation, quantity: str) -> int:
 
 
 def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
-                log: Callable[[str], None] | None = None) -> SolverResult:
+                log: Callable[[str], None] | None = None, oracle=None) -> SolverResult:
     """Solve ``problem`` lexicographically (see the module docstring). ``hint``: a known
-    feasible split, used as the starting upper bound."""
+    feasible split, used as the starting upper bound. ``oracle``: the exact DP's answer
+    (``oracle.exact_optimum``); its split is the answer and its optimum each phase's value.
+    CP-SAT is asked only to prove the next smaller value impossible (within ``DP_CONFIRM_S`` of
+    deterministic time, on models of at most ``DP_CONFIRM_SIZE`` fit constraints); where it
+    does not, the phase's ``proof`` is "dp": the DP's optimum is the bound."""
     o = problem.options
     tables = _Tables(problem)
     bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
     result = SolverResult(None, None)
     best = hint if hint is not None and evaluate(problem, hint).feasible else None
+    known: dict[str, int] = {}
+    if oracle is not None:
+        if not oracle.feasible:              # the DP enumerates every split implicitly: none fits
+            result.phases.append(PhaseResult(ORDER[o.objective][0], "INFEASIBLE", None, None, 0.0, 0, "dp"))
+            return result
+        best = oracle.split
+        known = {q: _quantity(oracle.evaluation, q) for q in ORDER[o.objective]}
     deadline_each = float(o.time_limit)
     for phase, quantity in enumerate(ORDER[o.objective]):
         if log:
             log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
         start = _time.monotonic()
 
-        def check(value: int, minimise: bool = False):
+        def check(value: int, minimise: bool = False, budget: float | None = None):
             limits = dict(bounds)
             limits[quantity] = value
             model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
             remaining = deadline_each - (_time.monotonic() - start)
-            return model.solve(remaining, o.workers)
+            return model.solve(remaining, o.workers, deterministic=budget)
 
+        if quantity in known:
+            # The DP's split reaches its optimum (``evaluate`` checked it). CP-SAT is asked only
+            # whether the next smaller value is possible; if it cannot say so within a short
+            # budget, the DP's optimum is the bound (proof "dp").
+            value = known[quantity]
+            proof, below = "dp", None              # large: building CP-SAT's model alone would take seconds
+            if _model_size(problem) <= DP_CONFIRM_SIZE:
+                proof, below = "cp-sat", _next_below(tables, quantity, value)
+            if below is not None:
+                status, found, _ = check(below, budget=DP_CONFIRM_S)
+                if status != "INFEASIBLE":
+                    proof = "dp"      # not proven in the budget (a split found here would contradict the DP)
+            bounds[quantity] = value
+            result.phases.append(PhaseResult(quantity, "OPTIMAL", value, value, _time.monotonic() - start,
+                                             int(below is not None), proof))
+            continue
         if quantity == "devices":
             status, split, _ = check(problem.devices, minimise=True)
             checks = 1
@@ -357,6 +394,23 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
         result.split = _canonical(problem, best)
         result.evaluation = evaluate(problem, result.split)
     return result
+
+
+def _model_size(problem: SplitProblem) -> int:
+    """Rough count of the conditional fit constraints CP-SAT's model would hold."""
+    o = problem.options
+    positions = 1 if problem.homogeneous else problem.devices
+    counts = len(problem.in_flight_values) if o.schedule == "1f1b" else 1
+    return problem.num_layers * positions * counts
+
+
+def _next_below(tables: _Tables, quantity: str, value: int) -> int | None:
+    """The largest value below ``value`` that a stage (or the device count) can take, if any."""
+    if quantity == "devices":
+        return value - 1 if value > 1 else None
+    candidates = tables.candidates(quantity)
+    i = int(np.searchsorted(candidates, value)) - 1
+    return int(candidates[i]) if i >= 0 else None
 
 
 def _canonical(problem: SplitProblem, split: Split) -> Split:

@@ -138,7 +138,8 @@ def test_shipped_solver_settings_are_the_defaults():
     assert load_solver_settings() == SolverSettings()
     s = SolverSettings()
     assert (s.objective, s.stages, s.schedule, s.micro_batches, s.headroom, s.shared, s.time_limit, s.workers,
-            s.communication) == ("compute", "at-most", "none", 1, 0.0, "every", 60.0, 1, False)
+            s.communication) == ("compute", "at-most", "none", None, 0.0, "every", 60.0, 1, False)
+    # micro_batches None: the number of devices with a schedule, else 1 (problem.resolve_micro_batches)
 
 
 def test_solver_settings_file(tmp_path):

@@ -72,3 +72,69 @@ class TestCommunicationByHand:
             if devices > 2:
                 assert exact_optimum(build_problem(model, exact)).evaluation.time > dp.evaluation.time
             check_dp_against_brute_force(model, exact)
+
+
+# -- PopLiner's greedy, re-derived from its description ---------------------------------------
+
+def popliner_reference(every, none, capacity: int, devices: int):
+    """PopLiner's loop written over its own layer list ``[None, 0, ..., L-1]`` (the unlayered
+    operations first), stage memory from ``stage_memory`` (not the range tables the greedy
+    uses): returns (min layers, share, per-device layer ranges) or None."""
+    L = every.num_layers
+    names = [None] + list(range(L))
+
+    def peak(i, j):                       # PopLiner layers names[i..j]
+        if i == 0:
+            return every.shared_memory().worst_bytes() if j == 0 else every.stage_memory(0, j - 1).worst_bytes()
+        return none.stage_memory(i - 1, j - 1).worst_bytes()
+
+    for m in (3, 2, 1):
+        for share in (0.5, 0.6, 0.7, 0.8, 0.9, 1.0):
+            limit = capacity * share
+            stages, start = [], 0
+            for _ in range(range(devices).stop):
+                end = None
+                for j in range(start + m - 1, len(names)) or range(start, len(names)):
+                    if peak(start, j) > limit:
+                        break
+                    end = j
+                if end is None:
+                    break
+                stages.append((start, end))
+                start = end + 1
+                if start >= len(names):
+                    return m, share, stages
+    return None
+
+
+def test_property_greedy_with_unlayered_first_matches_popliner():
+    import numpy as np
+    from stagesplit.advise import popliner_tables
+    from stagesplit.analysis import Analysis
+    from stagesplit.costmodel import StageCostModel
+    from stagesplit.oracle import greedy
+    from stagesplit.problem import SolveOptions
+    from helpers import random_block_profile
+    checked = 0
+    for seed in range(100):
+        rng = np.random.default_rng(seed)
+        profile = random_block_profile(rng, layers=int(rng.integers(2, 8)), training=bool(seed % 2))
+        model = Analysis.of(profile).model
+        every, none = model, StageCostModel(profile, model.layers, shared="none")
+        L = model.num_layers
+        whole = every.stage_memory(0, L - 1).worst_bytes()
+        devices = int(rng.integers(1, 5))
+        capacity = int(rng.integers(max(1, whole // 3), 2 * whole + 2))
+        problem = build_problem(model, SolveOptions(devices=devices, capacities=(capacity,) * devices))
+        got = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
+        want = popliner_reference(every, none, capacity, devices)
+        if want is None:
+            assert got.split is None
+            continue
+        m, share, stages = want
+        assert got.method == f"greedy ({m}+ layers, {share:.0%} of memory, unlayered code on stage 0)"
+        # PopLiner's stage (i, j) holds our layers max(i, 1) - 1 .. j - 1 (stage 0 the unlayered code too)
+        bounds = [0] + [j for _, j in stages] + [L] * (devices - len(stages))
+        assert got.split.bounds == tuple(bounds)
+        checked += 1
+    assert checked >= 40

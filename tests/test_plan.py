@@ -31,7 +31,8 @@ def test_plan_contents():
     assert plan.stages[0].memory_at_worst_tile["always_live"] == 12 * UNIT
     assert plan.phases[0].value == plan.phases[0].bound == 6 and plan.phases[0].gap == 0.0
     assert plan.inputs["devices"] == 3 and plan.inputs["objective"] == "compute"
-    assert [b.method for b in advice.baselines] == ["greedy (70% of memory)", "uniform"]
+    # PopLiner's loop: 3+ layers per stage first, which fit (12) only at 100% of memory
+    assert [b.method for b in advice.baselines] == ["greedy (3+ layers, 100% of memory)", "uniform"]
     assert abs(plan.pipeline_efficiency(1) - (14 / 18) / 3) < 1e-9    # balance 14/(3*6), bubble 2/3
 
 
@@ -46,6 +47,12 @@ def test_round_trip(tmp_path, suffix):
         [(s.first_layer, s.last_layer, s.worst_tile_bytes, s.compute) for s in plan.stages]
     assert back.layer_names == plan.layer_names and back.status == plan.status
     assert [p.value for p in back.phases] == [p.value for p in plan.phases]
+    # units, scale and solver values survive; wall times come back from ``run``
+    assert [(p.unit, p.scale, p.solver_value, p.solver_bound, p.seconds) for p in back.phases] == \
+        [(p.unit, p.scale, p.solver_value, p.solver_bound, p.seconds) for p in plan.phases]
+    assert [p.unit for p in plan.phases] == ["flops", "bytes"]
+    assert [s.time for s in back.stages] == [s.time for s in plan.stages] == [3.0, 6.0, 5.0]
+    assert back.notes == plan.notes == []
 
 
 def test_plan_records_profile_hash(tmp_path):

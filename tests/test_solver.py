@@ -55,11 +55,20 @@ class TestHandComputed:
         assert stage_ranges(result.split) == [(0, 2), (3, 4), (5, 5)]
         assert result.evaluation.time == 6
         assert result.phases[0].value == result.phases[0].bound == 6
-        # greedy fills 50% (6), 60% (7.2): one layer per device, fails; 70% (8.4): two per device
+        # PopLiner's greedy first asks for 3+ layers per stage (12 bytes): 50% (6) ... 90% (10.8)
+        # overflow; at 100% (12) two devices of three layers hold everything
         g = greedy(problem)
-        assert g.method == "greedy (70% of memory)"
-        assert stage_ranges(g.split) == [(0, 1), (2, 3), (4, 5)]
-        assert g.evaluation.time == 10 > result.evaluation.time
+        assert g.method == "greedy (3+ layers, 100% of memory)"
+        assert stage_ranges(g.split) == [(0, 2), (3, 5)]
+        assert g.evaluation.time == 11 > result.evaluation.time
+        # one layer at a time (the loop's last round) gives the old first-fit: 50% (6) and 60%
+        # (7.2) hold one layer per device and fail, 70% (8.4) two per device
+        g1 = greedy(problem, min_layers_order=(1,))
+        assert g1.method == "greedy (1+ layers, 70% of memory)"
+        assert stage_ranges(g1.split) == [(0, 1), (2, 3), (4, 5)]
+        # 2+ layers: 50%, 60% overflow at two layers (8); 70% (8.4) takes two per device
+        g2 = greedy(problem, min_layers_order=(2, 1))
+        assert g2.method == "greedy (2+ layers, 70% of memory)"
         u = uniform(problem)
         assert stage_ranges(u.split) == [(0, 1), (2, 3), (4, 5)]
 
@@ -195,14 +204,30 @@ class TestProblem:
 
 
 def test_same_inputs_give_the_same_plan(sample_analysis):
+    """The README's promise: only the ``run`` section (date, version, wall times) differs."""
     opts = SolveOptions(devices=4, time_limit=30)
     first = advise(sample_analysis.model, opts).plan.to_document()
     second = advise(sample_analysis.model, opts).plan.to_document()
+    assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds"}
+    assert len(first["run"]["phase_seconds"]) == len(first["objective"]) >= 1
     first.pop("run"), second.pop("run")
-    for doc in (first, second):
-        for phase in doc["objective"]:
-            phase.pop("seconds")
     assert first == second
+
+
+def test_same_command_writes_the_same_plan_but_for_run(tmp_path):
+    """Two CLI solves of one profile write plan files that differ only in ``run``."""
+    import json
+    from stagesplit.cli import main
+    from helpers import PROFILES
+    docs = []
+    for name in ("a.json", "b.json"):
+        out = tmp_path / name
+        assert main(["solve", str(PROFILES / "bert-base.stagesplit"), "--devices", "6", "--out", str(out)]) == 0
+        doc = json.loads(out.read_text())
+        doc.pop("run")
+        docs.append(doc)
+    assert docs[0] == docs[1]
+    assert all("seconds" not in phase for phase in docs[0]["objective"])
 
 
 def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
@@ -283,6 +308,11 @@ def check_cp_sat_against_oracle(case):
     g = greedy(problem)
     if g.feasible:
         assert result.evaluation.key(opts.objective) <= g.evaluation.key(opts.objective)
+    # with the DP's answer as hint and bound (what advise() does), the same optimum, proven
+    informed = solve_cpsat(problem, oracle=oracle)
+    assert informed.status == "optimal"
+    assert informed.evaluation.key(opts.objective) == oracle.evaluation.key(opts.objective)
+    assert all(p.value == p.bound for p in informed.phases)
 
 
 _PROPERTY = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
@@ -303,16 +333,24 @@ def test_property_cp_sat_equals_exact_oracle_and_never_loses_to_greedy(case):
     check_cp_sat_against_oracle(case)
 
 
-def test_time_limit_returns_best_found_with_its_gap():
+def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     model = layer_model(WEIGHTS, COMPUTE)
     problem = build_problem(model, options(3, 12))
-    start = greedy(problem)                               # bottleneck 10; the optimum is 6
+    start = greedy(problem)                               # [0 1 2 | 3 4 5]: bottleneck 11; the optimum is 6
     stopped = solve_cpsat(build_problem(model, replace(options(3, 12), time_limit=0.0)), hint=start.split)
     assert stopped.status == "feasible" and not stopped.proven_optimal
     first = stopped.phases[0]
-    assert first.status == "FEASIBLE" and first.value == 10
+    assert first.status == "FEASIBLE" and first.value == 11
     assert first.bound < first.value and first.gap > 0
-    assert stopped.evaluation.time == 10
+    assert stopped.evaluation.time == 11
+    # advise() runs the exact DP first where it is cheap: its split is optimal and its optimum
+    # the bound (CP-SAT may still prove it tight in its 0.01 s floor), whatever the time limit;
+    # with the DP out of budget, CP-SAT's time limit shows as above
+    advice = advise(model, replace(options(3, 12), time_limit=0.0))
+    assert advice.plan.status == "optimal" and {p.proof for p in advice.plan.phases} <= {"dp", "cp-sat"}
+    assert advice.plan.stages and advice.plan.phases[0].value == 6
+    import stagesplit.advise as advise_module
+    monkeypatch.setattr(advise_module, "DP_BUDGET", 0)
     advice = advise(model, replace(options(3, 12), time_limit=0.0))
     assert advice.plan.status == "feasible"
     assert advice.plan.message.startswith("stopped by the time limit (0 s): best split found, not proven optimal")
