@@ -115,9 +115,9 @@ def _check_decoded(fmt: str, plan: Plan, stages: list[list[int]], decoded: list[
 # -- the header -------------------------------------------------------------------------------------
 
 def _bytes(n: float) -> str:
-    if n >= 1e9:
-        return f"{n / 1e9:,.2f} GB"
-    return f"{n / 1e6:,.2f} MB" if n >= 1e6 else f"{int(n):,} bytes"
+    if n >= 2**30:
+        return f"{n / 2**30:,.2f} GiB"
+    return f"{n / 2**20:,.2f} MiB" if n >= 2**20 else f"{int(n):,} bytes"
 
 
 def header_lines(plan: Plan, fmt: str) -> list[str]:
@@ -134,6 +134,7 @@ def header_lines(plan: Plan, fmt: str) -> list[str]:
     head = f", {i['headroom']:.0%} headroom" if i.get("headroom") else ""
     lines.append(f"objective: {objective}{sched}{head}; status: {plan.status}; split: {plan.split_text}")
     paths = plan.module_paths or [None] * len(plan.layer_names)
+    tile_note = "" if p.get("tiles") == 1 else " at the worst tile"
     for s in plan.stages:
         first, last = s.first_layer, s.last_layer
         names = " ".join(s.layers) if len(s.layers) <= 8 else f"{s.layers[0]}..{s.layers[-1]} ({len(s.layers)} layers)"
@@ -143,7 +144,7 @@ def header_lines(plan: Plan, fmt: str) -> list[str]:
         share = f" ({s.worst_tile_bytes / s.capacity_bytes:.1%})" if s.capacity_bytes else ""
         flight = f"; {s.in_flight} micro-batches in flight" if s.in_flight > 1 else ""
         lines.append(f"stage {s.stage} on device {s.device}: layer{'s' if len(s.layers) > 1 else ''} {names}{where}; "
-                     f"memory {_bytes(s.worst_tile_bytes)} of {_bytes(s.capacity_bytes)}{share} at the worst tile"
+                     f"memory {_bytes(s.worst_tile_bytes)} of {_bytes(s.capacity_bytes)}{share}{tile_note}"
                      f"{flight}")
     return lines
 
