@@ -142,6 +142,7 @@ def test_property_round_trip_any_strings(tmp_path, steps, names, layers, inputs,
     assert_profiles_equal(p, round_trip(p, tmp_path))
 
 
+@pytest.mark.slow
 def test_compact_sample_is_much_smaller_than_its_json():
     compact = sample_path("bert-base").stat().st_size
     json_bytes = len(sample_json_text("bert-base").encode("utf-8"))

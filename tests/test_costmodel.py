@@ -158,6 +158,7 @@ def test_operations_with_unknown_steps_span_their_variables():
     assert sm.not_always_live.tolist() == [10]
 
 
+@pytest.mark.slow
 def test_samples_incremental_equals_scratch(sample_analysis):
     m = sample_analysis.model
     L = m.num_layers

@@ -63,6 +63,7 @@ def test_written_file_has_one_record_per_line(tmp_path):
     assert first_var == {"name": "layer0.w", "bytes": 100, "tile": 0, "live": "always"}
 
 
+@pytest.mark.slow
 def test_shipped_sample_round_trip():
     """A whole shipped sample (124k variables, 1907 programs on 1472 tiles) survives JSON."""
     p = load_sample("bert-base")

@@ -513,6 +513,7 @@ class TestSyntheticRoundTrip:
         two.info.warnings, two.info.name, two.target = [], one.info.name, one.target
         assert_profiles_equal(one, two)
 
+    @pytest.mark.slow
     @settings(max_examples=6, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
     @given(family=st.sampled_from(["bert-base", "gpt", "cnn"]), seed=st.integers(0, 10**6),
            piece=st.sampled_from([8192, 65536]), ipus=st.integers(1, 3))
