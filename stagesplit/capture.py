@@ -291,25 +291,19 @@ def _make_recorder(torch, allocator_round: int):
             moved = 0
             where = label or "optimizer"
             where = f"{where}/backward" if phase == "backward" else where
-            for t in flat_in:
-                if isinstance(t, torch.Tensor):
-                    moved += _tensor_bytes(t)
-                    try:
-                        st = t.untyped_storage()
-                    except Exception:
-                        continue
-                    idx = self.record(st, "activation", where, f"{where}/{name}:in")
-                    storages.append(idx)
-                    if phase == "forward" and idx in self.param_records:
-                        self.param_first_use.setdefault(idx, index)
-            for k, t in enumerate(flat_out):
-                if isinstance(t, torch.Tensor):
-                    moved += _tensor_bytes(t)
-                    try:
-                        st = t.untyped_storage()
-                    except Exception:
-                        continue
-                    storages.append(self.record(st, "activation", where, f"{where}/{name}:out{k}"))
+            tensors = [(t, ":in") for t in flat_in] + [(t, f":out{k}") for k, t in enumerate(flat_out)]
+            for t, role in tensors:
+                if not isinstance(t, torch.Tensor):
+                    continue
+                moved += _tensor_bytes(t)
+                try:
+                    st = t.untyped_storage()
+                except Exception:
+                    continue
+                idx = self.record(st, "activation", where, f"{where}/{name}{role}")
+                storages.append(idx)
+                if role == ":in" and phase == "forward" and idx in self.param_records:
+                    self.param_first_use.setdefault(idx, index)
             flops = 0.0
             counter = flop_registry.get(func._overloadpacket)
             if counter is not None:
