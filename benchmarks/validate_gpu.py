@@ -70,49 +70,28 @@ def main() -> int:
 def run_stage(torch, gpt, device, first: int, last: int, in_flight: int) -> int:
     model, _ = gpt.build_real()
     model = model.to(device)
-    cfg = model.config
-    blocks = list(model.transformer.h[first:last + 1])
-    is_first, is_last = first == 0, last == cfg.layers - 1
-    modules = list(blocks) + ([model.transformer.wte, model.transformer.wpe] if is_first else []) + \
-        ([model.transformer.ln_f, model.lm_head] if is_last else [])
-    keep = {id(p) for m in modules for p in m.parameters()} | {id(b) for m in modules for b in m.buffers()}
+    stage = gpt.PipelineStage(model, first, last, device)
+    keep = {id(t) for t in stage.params + stage.buffers}
     for m in model.modules():                      # free what this stage does not hold
         for table in (m._parameters, m._buffers):
             for key, t in list(table.items()):
                 if t is not None and id(t) not in keep:
                     table[key] = None
-    params = list({id(p): p for m in modules for p in m.parameters()}.values())
-    opt = torch.optim.Adam(params, foreach=False)
-
-    def make_input():
-        if is_first:
-            return torch.zeros(cfg.batch, cfg.context, dtype=torch.long, device=device)
-        return torch.randn(cfg.batch, cfg.context, cfg.d_model, device=device, requires_grad=True)
-
-    def forward(x):
-        if is_first:
-            x = model.transformer.wte(x) + model.transformer.wpe(torch.arange(cfg.context, device=device))
-        for block in blocks:
-            x = block(x)
-        return model.lm_head(model.transformer.ln_f(x)).sum() if is_last else x
-
-    def backward(out):
-        out.backward() if is_last else out.backward(torch.ones_like(out))
-
-    backward(forward(make_input()))
+    opt = torch.optim.Adam(stage.params, foreach=False)
+    stage.backward(stage.forward(stage.make_input()))
     opt.step()
     opt.zero_grad(set_to_none=False)
     torch.cuda.synchronize()
     torch.cuda.reset_peak_memory_stats(device)
-    xs = [make_input() for _ in range(in_flight)]
-    outs = [forward(x) for x in xs]
+    xs = [stage.make_input() for _ in range(in_flight)]
+    outs = [stage.forward(x) for x in xs]
     for out in outs:
-        backward(out)
+        stage.backward(out)
     del outs, xs
     opt.step()
     torch.cuda.synchronize()
     peak = torch.cuda.max_memory_allocated(device)
-    del model, opt, params, modules, blocks
+    del model, opt, stage
     torch.cuda.empty_cache()
     return peak
 

@@ -121,3 +121,37 @@ def build_real(cfg: GPTConfig = GPTConfig()):
     """The same model with real CPU weights, for measurements that run the step for real."""
     torch.manual_seed(0)
     return GPT(cfg), make_inputs(cfg)
+
+
+class PipelineStage:
+    """Layers ``first..last`` of a real GPT run as one pipeline stage alone, for measurements:
+    the first stage embeds token ids, the last applies the head and sums the logits, a middle
+    stage takes (and sends back the gradient of) a hidden-state tensor. The first and the last
+    stage each hold the tied embedding, as pipelines replicate it."""
+
+    def __init__(self, model: GPT, first: int, last: int, device: str | torch.device = "cpu"):
+        self.model, self.cfg, self.device = model, model.config, device
+        self.blocks = list(model.transformer.h[first:last + 1])
+        self.is_first, self.is_last = first == 0, last == self.cfg.layers - 1
+        t = model.transformer
+        self.modules = self.blocks + ([t.wte, t.wpe] if self.is_first else []) + \
+            ([t.ln_f, model.lm_head] if self.is_last else [])
+        self.params = list({id(p): p for m in self.modules for p in m.parameters()}.values())
+        self.buffers = list({id(b): b for m in self.modules for b in m.buffers()}.values())
+
+    def make_input(self) -> torch.Tensor:
+        cfg = self.cfg
+        if self.is_first:
+            return torch.zeros(cfg.batch, cfg.context, dtype=torch.long, device=self.device)
+        return torch.randn(cfg.batch, cfg.context, cfg.d_model, device=self.device, requires_grad=True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        t = self.model.transformer
+        if self.is_first:
+            x = t.wte(x) + t.wpe(torch.arange(self.cfg.context, device=self.device))
+        for block in self.blocks:
+            x = block(x)
+        return self.model.lm_head(t.ln_f(x)).sum() if self.is_last else x
+
+    def backward(self, out: torch.Tensor) -> None:
+        out.backward() if self.is_last else out.backward(torch.ones_like(out))

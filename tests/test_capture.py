@@ -90,46 +90,24 @@ def _run_stage(first: int, last: int, in_flight: int) -> int:
     input activation of a middle stage and the gradient it receives are allocated inside the
     tracker, as the receive does."""
     model, _ = gpt.build_real(CFG)
-    cfg = model.config
-    blocks = list(model.transformer.h[first:last + 1])
-    is_first, is_last = first == 0, last == cfg.layers - 1
-    modules = list(blocks) + ([model.transformer.wte, model.transformer.wpe] if is_first else []) + \
-        ([model.transformer.ln_f, model.lm_head] if is_last else [])
-    params = list({id(p): p for m in modules for p in m.parameters()}.values())
-    buffers = list({id(b): b for m in modules for b in m.buffers()}.values())
-    opt = torch.optim.Adam(params, foreach=False)
-
-    def make_input():
-        if is_first:
-            return torch.zeros(cfg.batch, cfg.context, dtype=torch.long)
-        return torch.randn(cfg.batch, cfg.context, cfg.d_model, requires_grad=True)
-
-    def forward(x):
-        if is_first:
-            x = model.transformer.wte(x) + model.transformer.wpe(torch.arange(cfg.context))
-        for block in blocks:
-            x = block(x)
-        return model.lm_head(model.transformer.ln_f(x)).sum() if is_last else x
-
-    def backward(out):
-        out.backward() if is_last else out.backward(torch.ones_like(out))
-
-    backward(forward(make_input()))
+    stage = gpt.PipelineStage(model, first, last)
+    opt = torch.optim.Adam(stage.params, foreach=False)
+    stage.backward(stage.forward(stage.make_input()))
     opt.step()
     opt.zero_grad(set_to_none=False)
 
     def step(tracker):
-        xs = [make_input() for _ in range(in_flight)]
+        xs = [stage.make_input() for _ in range(in_flight)]
         outs = []
         for x in xs:
             tracker.reset_mod_stats()              # MemTracker's per-module stats allow one call per module
-            outs.append(forward(x))
+            outs.append(stage.forward(x))
         for out in outs:
-            backward(out)
+            stage.backward(out)
         del outs, xs
         opt.step()
 
-    return _memtracker_peak(step, *params, *buffers, opt)
+    return _memtracker_peak(step, *stage.params, *stage.buffers, opt)
 
 
 @pytest.mark.slow
