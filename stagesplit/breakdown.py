@@ -8,6 +8,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .costmodel import StageCostModel, StageMemory
+from .stagememory import program_code
 from .layers import Rule
 from .table import Column, Table
 from .traffic import Traffic, layer_traffic
@@ -55,7 +56,7 @@ class Breakdown:
     def operations_table(self) -> Table:
         m = self.model
         ops = m.profile.operations
-        costs = m.operation_costs()
+        costs = operation_costs(m)
         la = m.layers
         roof = _roofline(m)
         t = Table("Operations (bytes summed over tiles)",
@@ -161,3 +162,49 @@ def _roofline(m: StageCostModel):
     if m.profile.compute_unit in ("flops", "seconds") or np.isfinite(m.profile.operations.bytes_accessed).any():
         return roof
     return None
+
+
+@dataclass
+class OperationCosts:
+    """Per-operation bytes summed over tiles, and compute."""
+
+    always_live: np.ndarray
+    not_always_live: np.ndarray
+    vertex_code: np.ndarray
+    vertex_state: np.ndarray
+    exchange_code: np.ndarray
+    control_code: np.ndarray
+    compute: np.ndarray
+
+    @property
+    def variables(self) -> np.ndarray:
+        return self.always_live + self.not_always_live
+
+    @property
+    def total(self) -> np.ndarray:
+        return self.variables + self.vertex_code + self.vertex_state + self.exchange_code + self.control_code
+
+
+def operation_costs(model: StageCostModel) -> OperationCosts:
+    """Each operation on its own, summed over tiles (PopLiner's per-operation view): its
+    variables' per-tile peak over its own steps, and its programs' code."""
+    ops = model.profile.operations
+    v = model.profile.variables
+    tl = model.timeline
+    n = len(ops)
+    out = {k: np.zeros(n, np.int64) for k in ("always_live", "not_always_live", "vertex_code", "vertex_state",
+                                               "exchange_code", "control_code")}
+    for i in range(n):
+        vars_ = ops.vars[i]
+        out["always_live"][i] = v.bytes[vars_[v.always_live[vars_]]].sum()
+        c0, c1 = int(tl.op_col_start[i]), int(tl.op_col_end[i])
+        nal = vars_[model.var_nal[vars_]]
+        if c1 > c0 and len(nal):
+            live = tl.live_matrix(tl.rows_of(nal), c0, c1)
+            if i in tl.op_rows:                  # unknown steps: only where its data is live
+                live = live[:, tl.op_columns(i) - c0]
+            out["not_always_live"][i] = live.max(axis=1).sum()
+        code = program_code(model, np.unique(ops.programs[i]))
+        for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"):
+            out[k][i] = code[k].sum()
+    return OperationCosts(compute=model.op_compute.copy(), **out)

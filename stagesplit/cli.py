@@ -126,7 +126,7 @@ def _analysis(args: argparse.Namespace, shared: str | None = None):
     analysis = Analysis.of(_load(args), _layer_options(args), shared or args.shared or "every")
     if args.layer_compute:
         from .config import load_layer_compute
-        analysis.model.override_compute(load_layer_compute(args.layer_compute), args.layer_compute)
+        analysis.model = analysis.model.with_compute(load_layer_compute(args.layer_compute), args.layer_compute)
     for message in analysis.profile.info.warnings + analysis.layers.warnings:
         _warn(message)
     return analysis
@@ -426,7 +426,8 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
     if args.plot:
         from .plot import plot_liveness
         s = max(result.stages, key=lambda x: x.total / x.capacity)
-        by_step, in_stage = model.live_bytes_by_step(s.first, s.last, s.tile)
+        from .diagnose import live_bytes_by_step
+        by_step, in_stage = live_bytes_by_step(model, s.first, s.last, s.tile)
         code = sum(s.memory[k] for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"))
         plot_liveness(by_step, in_stage, s.memory["always_live"] + s.memory["stashed_copies"], code, s.capacity,
                       s.step, args.plot, f"tile {s.tile}, layers {s.layers[0]}..{s.layers[-1]}: memory over "

@@ -140,6 +140,22 @@ def live_variables(model: StageCostModel, vars_mask: np.ndarray, tile: int, step
     return chosen[np.argsort(-v.bytes[chosen], kind="stable")]
 
 
+def live_bytes_by_step(model: StageCostModel, first: int, last: int, tile: int) -> tuple[np.ndarray, np.ndarray]:
+    """Not-always-live bytes of the stage's variables on ``tile`` at every step, and whether
+    each step is one of the stage's steps."""
+    S = model.profile.num_steps
+    vars_, _, cols = model.stage_items(first, last)
+    rows = np.flatnonzero(vars_[model.row_var] & (model.row_tile == tile))
+    per_col = np.zeros(model.num_columns + 1, np.int64)
+    np.add.at(per_col, model.row_col_start[rows], model.row_bytes[rows])
+    np.add.at(per_col, model.row_col_end[rows], -model.row_bytes[rows])
+    per_col = np.cumsum(per_col)[:model.num_columns]
+    widths = np.diff(model.breaks)
+    by_step = np.repeat(per_col, widths) if S else np.zeros(0, np.int64)
+    in_stage = np.repeat(cols, widths) if S else np.zeros(0, bool)
+    return by_step, in_stage
+
+
 def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int = 1, capacity: int | None = None,
                    top: int = 10, window: int = 5, lookup: _Lookup | None = None,
                    ground_truth: bool = False) -> StageDiagnosis:
@@ -155,7 +171,7 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
               "control_code": int(sm.control_code[tile])}
     vars_mask, _, _ = model.stage_items(first, last)
     chosen = live_variables(model, vars_mask, tile, step)
-    by_step, in_stage = model.live_bytes_by_step(first, last, tile)
+    by_step, in_stage = live_bytes_by_step(model, first, last, tile)
     around = []
     if step >= 0:
         for s in range(max(0, step - window), min(p.num_steps, step + window + 1)):

@@ -33,3 +33,17 @@ def _short(value: object, limit: int = 60) -> str:
     printed whole."""
     from .safeinput import short_repr
     return short_repr(value, limit)
+
+
+class OptionError(StagesplitError, ValueError):
+    """A library argument that cannot be used. ``parameter`` is the argument's name in the
+    Python API (``devices``, ``pin_layers``...); the command line swaps in its flag."""
+
+    def __init__(self, parameter: str, message: str):
+        self.parameter = parameter
+        self.detail = message
+        super().__init__(f"{parameter}: {message}")
+
+
+class LayerRangeError(StagesplitError, IndexError):
+    """A layer index or range outside the profile's layers."""

@@ -5,6 +5,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from stagesplit.diagnose import live_bytes_by_step
+from stagesplit.breakdown import operation_costs
 from stagesplit.builder import ProfileBuilder
 from stagesplit.config import load_target
 from stagesplit.costmodel import StageCostModel
@@ -87,12 +89,12 @@ class TestTinyProfile:
         assert m.shared_compute == 7.0
 
     def test_live_bytes_by_step(self):
-        by_step, in_stage = model(tiny_profile()).live_bytes_by_step(0, 0, tile=0)
+        by_step, in_stage = live_bytes_by_step(model(tiny_profile()), 0, 0, tile=0)
         assert by_step.tolist() == [30, 30, 70, 40, 40, 0]
         assert in_stage.tolist() == [True, True, True, False, False, True]
 
     def test_operation_costs(self):
-        costs = model(tiny_profile()).operation_costs()
+        costs = operation_costs(model(tiny_profile()))
         # op A on its steps 0..1: w0 100 + a 30; op B at step 2: a + b = 70; op C at 3..4: w1 50, b 40, c 20
         assert costs.always_live.tolist() == [100, 0, 50, 0]
         assert costs.not_always_live.tolist() == [30, 70, 40 + 20, 5]
@@ -187,6 +189,27 @@ def test_property_incremental_pricing_equals_scratch(seed, layers, shared):
     _check_incremental(random_profile(np.random.default_rng(seed), layers=layers), shared)
 
 
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 9), tiles=st.integers(1, 4),
+       shared=st.sampled_from(["every", "none"]), block=st.booleans())
+def test_property_sweep_pricing_equals_scratch_in_tile_blocks(seed, layers, tiles, shared, block):
+    """The one-sweep pricing (pricing.py) against the from-scratch stage price, with up to 9
+    layers in any order (items shared by far-apart layers), and with the tiles priced one
+    block at a time (a memory budget of 1 byte forces blocks of one tile): the same bytes and
+    the same worst tile (the lowest-numbered among equals, as np.argmax picks)."""
+    from stagesplit.pricing import price_all_ranges
+    m = model(random_profile(np.random.default_rng(seed), layers=layers, tiles=tiles, max_vars=24), shared)
+    table = price_all_ranges(m, (1, 3), memory_budget=1 if block else 2**30)
+    for a in range(m.num_layers):
+        for b in range(a, m.num_layers):
+            sm = m.stage_memory(a, b)
+            for k, inflight in enumerate(table.in_flight):
+                total = sm.total(inflight)
+                assert table.worst_bytes[k, a, b] == total.max()
+                assert table.worst_tile[k, a, b] == int(np.argmax(total))
+            assert table.compute[a, b] == pytest.approx(m.range_compute(a, b))
+
+
 @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 5))
 def test_property_adding_a_layer_never_shrinks_a_stage(seed, layers):
@@ -219,7 +242,6 @@ def test_big_byte_counts_do_not_overflow():
     y = b.variable(2**33, 0, [(1, 2)])
     b.operation("layer0/a", 0, 1, vars=[x, y])
     m = model(b.build())
-    assert m.live_dtype == np.int64
     assert m.price_ranges().worst_bytes[0, 0, 0] == 3 * 2**31 + 2**33 == m.stage_memory(0, 0).worst_bytes()
 
 

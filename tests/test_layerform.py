@@ -4,6 +4,7 @@ and bad fields."""
 
 import pytest
 
+from stagesplit.diagnose import live_bytes_by_step
 from stagesplit.config import load_target
 from stagesplit.costmodel import StageCostModel
 from stagesplit.errors import ProfileError
@@ -90,7 +91,7 @@ class TestTraining:
 
     def test_backward_steps_hold_gradients(self):
         m = model(self.profile())
-        by_step, in_stage = m.live_bytes_by_step(1, 1, tile=0)
+        by_step, in_stage = live_bytes_by_step(m, 1, 1, tile=0)
         # l1's variables and the boundary tensors it touches, step by step:
         # 0: out0 10 | 1: act1 + ws1 + out0 + out1 | 2: act1 + out1 | 3: act1 + grad1
         # 4: act1 + ws1 + grad1 + grad0 | 5: grad0

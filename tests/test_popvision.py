@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from stagesplit.breakdown import operation_costs
 from stagesplit.breakdown import Breakdown
 from stagesplit.cli import main
 from stagesplit.costmodel import StageCostModel
@@ -439,7 +440,7 @@ def assert_same_memory(a, b):
     assert np.array_equal(ba.traffic.affinity, bb.traffic.affinity)
     assert np.array_equal(ba.traffic.communication, bb.traffic.communication)
     assert np.array_equal(ba.traffic.cut_bytes, bb.traffic.cut_bytes)
-    ca, cb = a.operation_costs(), b.operation_costs()
+    ca, cb = operation_costs(a), operation_costs(b)
     for f in ("always_live", "not_always_live", "vertex_code", "vertex_state", "exchange_code", "control_code"):
         assert np.array_equal(getattr(ca, f), getattr(cb, f)), f
 

@@ -15,6 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from stagesplit.diagnose import live_bytes_by_step
+from stagesplit.breakdown import operation_costs
 from stagesplit.builder import ProfileBuilder
 from stagesplit.costmodel import StageCostModel
 from stagesplit.io import load_profile
@@ -110,7 +112,7 @@ class TestSharedProgramCompute:
         assert m.shared_compute == 0.0
         t = m.price_ranges()
         assert t.compute[0, 0] == 50.0 and t.compute[1, 1] == 50.0 and t.compute[0, 1] == 100.0
-        assert m.operation_costs().compute.tolist() == [50.0, 50.0]
+        assert operation_costs(m).compute.tolist() == [50.0, 50.0]
 
     def test_independent_of_operation_order(self):
         def edit(doc):
@@ -150,12 +152,12 @@ class TestUnknownSteps:
         sm = m.stage_memory(0, 0)
         assert sm.not_always_live.tolist() == [60]
         assert sm.peak_step.tolist() == [0]
-        by_step, in_stage = m.live_bytes_by_step(0, 0, tile=0)
+        by_step, in_stage = live_bytes_by_step(m, 0, 0, tile=0)
         assert in_stage.tolist() == [True, False, False, True, False]
         assert by_step.tolist() == [60, 150, 150, 10, 0]
         assert m.price_ranges().worst_bytes[0, 0, 0] == 60
         # u on its own steps: v1 at step 0 (10), v2 at step 3 (10): peak 10
-        assert m.operation_costs().not_always_live.tolist() == [50, 10, 0]
+        assert operation_costs(m).not_always_live.tolist() == [50, 10, 0]
 
     def test_whole_profile(self):
         m = reproducer("unknown-steps-hull")

@@ -121,7 +121,9 @@ class _Arrays:
         self.data = data
         self.source = source
 
-    def get(self, key: str, *, kind: str = "i", ndim: int = 1) -> np.ndarray:
+    def get(self, key: str, *, kind: str = "i", ndim: int = 1, narrow: bool = False) -> np.ndarray:
+        """The array ``key``; integers widened to int64 (int32 with ``narrow`` where they fit:
+        the per-program code arrays are the bulk of a large profile)."""
         if key not in self.data.files:
             raise ProfileError(self.source, key, "this array in a stagesplit compact profile (file incomplete)")
         try:
@@ -132,7 +134,9 @@ class _Arrays:
             raise ProfileError(self.source, key, "a readable numpy array", "a member that is not a .npy array")
         if a.dtype.kind not in kind or a.ndim != ndim:
             raise ProfileError(self.source, key, f"a {ndim}-d array of kind '{kind}'", f"{a.dtype} with {a.ndim} dims")
-        return a.astype(np.int64) if kind == "i" else a
+        if kind == "i":
+            return a.astype(np.int32 if narrow and a.dtype.itemsize <= 4 else np.int64)
+        return a
 
     def strings(self, key: str) -> list[str]:
         blob = self.get(f"{key}_blob", kind="u")
@@ -260,11 +264,12 @@ def _read(a: _Arrays) -> Profile:
         raise ProfileError(a.source, "var_*", f"{nvars} entries in every variable array")
 
     def costs(cat: str) -> TileCosts:
-        return TileCosts(a.get(f"{cat}_program"), a.get(f"{cat}_tile"), a.get(f"{cat}_bytes"))
+        return TileCosts(a.get(f"{cat}_program", narrow=True), a.get(f"{cat}_tile", narrow=True),
+                         a.get(f"{cat}_bytes", narrow=True))
 
     prog_names = a.strings("program_name")
-    vc = VertexCode(a.get("vertex_code_program"), a.get("vertex_code_tile"), a.get("vertex_code_type"),
-                    a.get("vertex_code_bytes"))
+    vc = VertexCode(a.get("vertex_code_program", narrow=True), a.get("vertex_code_tile", narrow=True),
+                    a.get("vertex_code_type", narrow=True), a.get("vertex_code_bytes", narrow=True))
     if len({len(vc.program), len(vc.tile), len(vc.vertex_type), len(vc.bytes)}) != 1:
         raise ProfileError(a.source, "vertex_code_*", "arrays of equal length")
     programs = Programs(name=prog_names, kind=a.strings("program_kind"), cycles=a.get("program_cycles", kind="f"),

@@ -1,0 +1,180 @@
+"""One stage's memory, priced from scratch with full per-tile detail, and its typed breakdown.
+
+For a stage (layers ``a..b``), per tile:
+
+    variables      = peak, over the stage's program-step columns, of the bytes of its live
+                     not-always-live variables, plus its always-live variable bytes
+    vertex code    = code of each vertex type present on the tile, counted once (code is shared)
+    vertex state, exchange code, control code = summed over the stage's programs
+    stash          = bytes of its stashed variables (``stash``), held once more per extra
+                     micro-batch in flight
+
+This is the reference computation: ``pricing.price_all_ranges`` prices every range in one
+sweep with no code in common, and the tests check one against the other.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from .timeline import ramp
+
+if TYPE_CHECKING:
+    from .costmodel import StageCostModel
+
+CATEGORIES = ("variables", "vertex_code", "vertex_state", "exchange_code", "control_code")
+
+
+@dataclass
+class StageMemory:
+    """Per-tile memory of one stage (layers ``first..last``), by category."""
+
+    first: int
+    last: int
+    always_live: np.ndarray
+    not_always_live: np.ndarray
+    peak_step: np.ndarray
+    vertex_code: np.ndarray
+    vertex_state: np.ndarray
+    exchange_code: np.ndarray
+    control_code: np.ndarray
+    stash: np.ndarray
+
+    @property
+    def variables(self) -> np.ndarray:
+        return self.always_live + self.not_always_live
+
+    def category(self, name: str) -> np.ndarray:
+        return getattr(self, name)
+
+    def total(self, in_flight: int = 1) -> np.ndarray:
+        """Bytes per tile with ``in_flight`` micro-batches' stashed activations held."""
+        return (self.variables + self.vertex_code + self.vertex_state + self.exchange_code + self.control_code
+                + (in_flight - 1) * self.stash)
+
+    def worst_tile(self, in_flight: int = 1) -> int:
+        return int(np.argmax(self.total(in_flight)))
+
+    def worst_bytes(self, in_flight: int = 1) -> int:
+        return int(self.total(in_flight).max())
+
+    def at_tile(self, tile: int, in_flight: int = 1) -> "MemoryBreakdown":
+        """The breakdown of one tile's bytes."""
+        return MemoryBreakdown(*(int(a[tile]) for a in self._arrays(in_flight)))
+
+    def summed(self, in_flight: int = 1) -> "MemoryBreakdown":
+        """The breakdown summed over tiles."""
+        return MemoryBreakdown(*(int(a.sum()) for a in self._arrays(in_flight)))
+
+    def _arrays(self, in_flight: int) -> tuple[np.ndarray, ...]:
+        return (self.always_live, self.not_always_live, (in_flight - 1) * self.stash, self.vertex_code,
+                self.vertex_state, self.exchange_code, self.control_code)
+
+
+@dataclass(frozen=True)
+class MemoryBreakdown:
+    """Bytes by category (of one tile, or summed over tiles). ``stashed_copies`` is the extra
+    copies of stashed activations for the micro-batches in flight beyond the first."""
+
+    always_live: int = 0
+    not_always_live: int = 0
+    stashed_copies: int = 0
+    vertex_code: int = 0
+    vertex_state: int = 0
+    exchange_code: int = 0
+    control_code: int = 0
+
+    @property
+    def total(self) -> int:
+        return sum(getattr(self, f.name) for f in fields(self))
+
+    def as_dict(self) -> dict[str, int]:
+        return asdict(self)
+
+    @classmethod
+    def keys(cls) -> tuple[str, ...]:
+        return tuple(f.name for f in fields(cls))
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> "MemoryBreakdown":
+        return cls(**{k: int(values.get(k, 0)) for k in cls.keys()})
+
+
+def stage_items(model: "StageCostModel", first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Boolean masks of the stage's variables, programs and program-step columns."""
+    vars_, progs = model.base_items()
+    vars_[model.var_items.in_range(first, last)] = True
+    progs[model.prog_items.in_range(first, last)] = True
+    cols = model.base_stage_cols | model.cover[first:last + 1].any(axis=0) if model.num_columns else \
+        np.zeros(0, bool)
+    return vars_, progs, cols
+
+
+def price_stage(model: "StageCostModel", vars_: np.ndarray, progs: np.ndarray, cols: np.ndarray, first: int,
+                last: int) -> StageMemory:
+    """The memory of the given variables, programs and columns (a stage, or the shared items)."""
+    T, G = model.num_tiles, model.num_columns
+    v = model.profile.variables
+    live = model.timeline.live_matrix(np.flatnonzero(vars_[model.row_var]), 0, G)
+    if G and cols.any():
+        masked = np.where(cols[None, :], live, -1)
+        col = masked.argmax(axis=1)
+        nal = np.maximum(masked[np.arange(T), col], 0)
+        peak_step = np.where(nal > 0, model.breaks[col], -1)
+    else:
+        nal = np.zeros(T, np.int64)
+        peak_step = np.full(T, -1, np.int64)
+    al = vars_ & v.always_live
+    st = vars_ & model.var_stashed
+    code = program_code(model, np.flatnonzero(progs))
+    return StageMemory(
+        first=first, last=last,
+        always_live=np.bincount(v.tile[al], weights=v.bytes[al], minlength=T).astype(np.int64),
+        not_always_live=nal.astype(np.int64), peak_step=peak_step.astype(np.int64),
+        vertex_code=code["vertex_code"], vertex_state=code["vertex_state"],
+        exchange_code=code["exchange_code"], control_code=code["control_code"],
+        stash=np.bincount(v.tile[st], weights=v.bytes[st], minlength=T).astype(np.int64))
+
+
+def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.ndarray]:
+    """Per-tile code of the programs ``progs`` by category; vertex code once per (tile, type)."""
+    T = model.num_tiles
+    pr = model.profile.programs
+    progs = np.asarray(progs, np.int64)
+    out = {}
+    for cat, costs in list(pr.categories().items()) + [("vertex_code", pr.vertex_code)]:
+        order, offsets = _entries_by_program(model, cat, costs)
+        counts = offsets[progs + 1] - offsets[progs]
+        e = order[np.repeat(offsets[progs], counts) + ramp(counts)]
+        if cat != "vertex_code":
+            out[cat] = np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T).astype(np.int64)
+            continue
+        ntypes = max(len(pr.vertex_types), 1)
+        key = np.unique(costs.tile[e].astype(np.int64) * ntypes + costs.vertex_type[e])
+        size = model.vertex_code_size[key // ntypes, key % ntypes]
+        out[cat] = np.bincount(key // ntypes, weights=size, minlength=T).astype(np.int64)
+    return out
+
+
+def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.ndarray, np.ndarray]:
+    """Entry indices of one code category sorted by program, and per-program offsets (cached)."""
+    cache = model.__dict__.setdefault("_entries_by_program", {})
+    if cat not in cache:
+        n = len(model.profile.programs)
+        order = np.argsort(costs.program, kind="stable")
+        offsets = np.zeros(n + 1, np.int64)
+        np.cumsum(np.bincount(costs.program, minlength=n), out=offsets[1:])
+        cache[cat] = (order, offsets)
+    return cache[cat]
+
+
+def freeze(memory: StageMemory) -> StageMemory:
+    """Make the arrays read-only (a cached StageMemory is shared between callers)."""
+    for f in fields(memory):
+        value = getattr(memory, f.name)
+        if isinstance(value, np.ndarray):
+            value.flags.writeable = False
+    return memory
