@@ -1,8 +1,8 @@
 """stagesplit: a pipeline-stage partition advisor.
 
 Read a single-device memory profile, group its operations into layers, price every contiguous
-range of layers as a pipeline stage, and choose split points for N devices (``advise``,
-``sweep``). Public names are imported on first use, so ``import stagesplit`` (and the
+range of layers as a pipeline stage, and choose split points for N devices: ``solve``,
+``sweep``, ``breakdown`` and ``reproduce`` take names, as the command line does (see api.py). Public names are imported on first use, so ``import stagesplit`` (and the
 command line's light commands) do not pay for the solver, plotting or pandas.
 """
 
@@ -15,7 +15,10 @@ __version__ = "0.1.0"
 
 # public name -> the module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
-    "Advice": ".advise", "advise": ".advise", "sweep": ".advise",
+    "solve": ".api", "sweep": ".api", "breakdown": ".api", "analyze": ".api", "reproduce": ".api",
+    "SolveRequest": ".options", "Objective": ".options", "Schedule": ".options", "SharedPolicy": ".options",
+    "MemoryBreakdown": ".stagememory", "OptionError": ".errors", "LayerRangeError": ".errors",
+    "Advice": ".advise", "advise": ".advise",
     "Analysis": ".analysis",
     "Breakdown": ".breakdown",
     "diagnose": ".diagnose",

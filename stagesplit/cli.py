@@ -71,8 +71,9 @@ def _emit(text: str, out: str | None) -> None:
 
 # -- shared option groups ---------------------------------------------------------------------------
 
-def _add_profile(p: argparse.ArgumentParser) -> None:
-    p.add_argument("profile", help="profile: stagesplit JSON, compact .stagesplit, or PopVision profile.pop")
+def _add_profile(p: argparse.ArgumentParser, optional: bool = False) -> None:
+    p.add_argument("profile", nargs="?" if optional else None,
+                   help="profile: stagesplit JSON, compact .stagesplit, or PopVision profile.pop")
     p.add_argument("debug_cbor", nargs="?", metavar="DEBUG", help="debug.cbor (with a profile.pop only)")
 
 
@@ -138,8 +139,8 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
         g.add_argument("--devices", required=True, metavar="RANGE",
                        help="device counts: a range like 1..16 or a list like 2,4,8")
     else:
-        g.add_argument("--devices", required=True, type=int_in(-2**63, MAX_DEVICES), metavar="N",
-                       help="number of devices (pipeline stages)")
+        g.add_argument("--devices", type=int_in(-2**63, MAX_DEVICES), metavar="N",
+                       help="number of devices (pipeline stages); required unless --from-plan")
     g.add_argument("--target", metavar="T[,T...]",
                    help="device target name or YAML file (default: the profile's device); a comma-separated list "
                         "of N targets gives each device its own capacity")
@@ -189,80 +190,45 @@ def _apply_roofline(args: argparse.Namespace, model) -> None:
     apply_roofline(model, load_target(names[0]) if names else None, getattr(args, "efficiency", None) or 1.0)
 
 
-def _targets(args: argparse.Namespace, profile, devices: int):
-    """Per-device capacities (bytes per tile) and target names, checked against the profile."""
-    from .config import load_target
-    if not args.target:
-        return None, [profile.target.name] * devices
-    names = [t.strip() for t in args.target.split(",") if t.strip()]
-    if len(names) not in (1, devices):
-        raise StagesplitError(f"--target: give one target or {devices} (one per device), got {len(names)}")
-    names = names * devices if len(names) == 1 else names
-    capacities = []
-    for name in names:
-        target = load_target(name)
-        if profile.target.tiles == 1:
-            capacities.append(target.device_bytes)          # a one-tile profile: the device is one pool
-        elif target.tiles == profile.target.tiles:
-            capacities.append(target.bytes_per_tile)
-        else:
-            raise StagesplitError(f"--target {name}: {target.tiles} tiles per device, but the profile was captured on "
-                                  f"{profile.target.tiles} tiles; choose a target with the same tile count")
-    return tuple(capacities), names
-
-
-def _prepare_solve(args: argparse.Namespace, devices: int):
-    """Solver settings (file, then flags), the analysis under their shared policy, the solve
-    options, and every layer range priced once (with a progress line)."""
-    from .advise import price
-    from .config import load_solver_settings
-    settings = load_solver_settings(args.config).with_overrides(
-        objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches, headroom=args.headroom,
-        time_limit=args.time_limit, workers=args.workers, communication=args.communication,
-        stages="exact" if args.exact else None, shared=args.shared)
-    analysis = _analysis(args, settings.shared)
-    options, target_names = _solve_options(args, settings, analysis, devices)
-    _apply_roofline(args, analysis.model)
-    progress = _progress(args)
-    progress.start(f"pricing {analysis.model.num_layers * (analysis.model.num_layers + 1) // 2:,} layer ranges")
-    table = price(analysis.model, options, max_devices=devices, progress=progress.update)
-    progress.done()
-    return analysis, options, target_names, table, progress
-
-
-def _solve_options(args: argparse.Namespace, settings, analysis, devices: int):
-    from .problem import SolveOptions
-    names = analysis.layers.names
-    index = {name: i for i, name in enumerate(names)}
-
-    def layer(name: str, flag: str) -> int:
-        if name not in index:
-            raise StagesplitError(f"{flag}: no layer named '{name}' (layers: {', '.join(names)})")
-        return index[name]
-
+def _request(args: argparse.Namespace, devices: int):
+    """The solve request: the settings file (--config, else the shipped one), flags winning."""
+    from .config import load_layer_compute, load_solver_settings
+    from .options import request_from_settings
     pins = []
     for item in args.pin_layer:
         name, sep, stage = item.rpartition("=")
         if not sep or not stage.isdigit():
             raise StagesplitError(f"--pin-layer: expected LAYER=STAGE, got '{item}'")
-        pins.append((layer(name, "--pin-layer"), int(stage)))
-    capacities, target_names = _targets(args, analysis.profile, devices)
-    link = args.link_bandwidth or analysis.profile.target.link_bytes_per_s
-    if args.target and not args.link_bandwidth:
-        from .config import load_target
-        link = load_target(target_names[0]).link_bytes_per_s or link
-    from .problem import resolve_micro_batches
-    micro_batches, micro_auto = resolve_micro_batches(settings.schedule, settings.micro_batches, devices)
-    options = SolveOptions(
-        devices=devices, objective=settings.objective, exact=settings.stages == "exact", schedule=settings.schedule,
-        micro_batches=micro_batches, micro_batches_auto=micro_auto, headroom=settings.headroom, capacities=capacities,
-        reserve=getattr(args, "reserve", 0) or 0,
-        min_layers=args.min_layers, max_layers=args.max_layers,
-        pinned_splits=tuple(sorted({layer(x, "--pin-split") for x in args.pin_split})),
-        pinned_layers=tuple(pins), communication=settings.communication, link_bytes_per_s=link,
-        time_limit=settings.time_limit, workers=settings.workers)
-    options.check(len(names))
-    return options, target_names
+        pins.append((name, int(stage)))
+    compute = load_layer_compute(args.layer_compute) if getattr(args, "layer_compute", None) else {}
+    settings = load_solver_settings(args.config)
+    return request_from_settings(
+        settings, devices, objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches,
+        headroom=args.headroom, time_limit=args.time_limit, workers=args.workers, communication=args.communication,
+        exact=True if args.exact else None, shared=args.shared,
+        targets=tuple(t.strip() for t in (args.target or "").split(",") if t.strip()),
+        reserve=getattr(args, "reserve", 0) or 0, min_layers=args.min_layers, max_layers=args.max_layers,
+        pin_splits=tuple(args.pin_split), pin_layers=tuple(pins), link_bandwidth=args.link_bandwidth,
+        efficiency=getattr(args, "efficiency", None), layer_compute=tuple(compute.items()),
+        layer_compute_source=getattr(args, "layer_compute", None), layering=_layer_options(args),
+        compare=getattr(args, "compare", None), unlayered_first=getattr(args, "unlayered_first", None))
+
+
+def _prepare_solve(args: argparse.Namespace, devices: int, request=None):
+    """The request, the analysis under its shared policy, the request resolved against it, and
+    every layer range priced once (with a progress line)."""
+    from .api import analyze, price, resolve
+    request = request or _request(args, devices)
+    analysis = analyze(_load(args), layering=request.layering, shared=request.shared.value)
+    for message in analysis.profile.info.warnings + analysis.layers.warnings:
+        _warn(message)
+    resolved = resolve(request, analysis)
+    progress = _progress(args)
+    L = analysis.model.num_layers
+    progress.start(f"pricing {L * (L + 1) // 2:,} layer ranges")
+    table = price(resolved, max_devices=devices, progress=progress.update)
+    progress.done()
+    return request, analysis, resolved, table, progress
 
 
 def _progress(args: argparse.Namespace):
@@ -306,16 +272,29 @@ def _gpu_view(args: argparse.Namespace, profile) -> bool:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     import json
-    from .advise import advise
+    from .api import solve_request
     from .report import comparison_table, plan_summary, stages_table
     from .table import render
-    analysis, options, target_names, table, progress = _prepare_solve(args, args.devices)
-    advice = advise(analysis.model, options, table=table, profile_path=args.profile, compare=args.compare,
-                    target_names=target_names, log=lambda m: progress.start(m) if progress.enabled else None,
-                    unlayered_first=args.unlayered_first)
-    for message in advice.warnings:
+    reproduction = None
+    if args.from_plan:
+        request, args.profile = _from_plan(args)
+        args.devices = request.devices
+    elif args.devices is None:
+        raise StagesplitError("--devices: expected the number of devices (or --from-plan PLAN)")
+    else:
+        request = None
+    if args.profile is None:
+        raise StagesplitError("expected a profile (or --from-plan PLAN, whose recorded profile is used)")
+    request, analysis, resolved, table, progress = _prepare_solve(args, args.devices, request)
+    solved = solve_request(analysis, request, table=table,
+                           log=lambda m: progress.start(m) if progress.enabled else None)
+    if args.from_plan:
+        reproduction = _compare_with_plan(args.from_plan, solved.plan)
+    for message in solved.warnings[len(analysis.profile.info.warnings) + len(analysis.layers.warnings):]:
         _warn(message)
-    plan = advice.plan
+    plan = solved.plan
+    options, target_names = resolved.options, resolved.target_names
+    advice = solved
     if args.out and plan.stages:
         from .plan import write_plan
         write_plan(plan, args.out)
@@ -325,7 +304,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.plot:
         if plan.stages:
             from .plot import plot_plan
-            totals = [analysis.model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            totals = [resolved.model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
             plot_plan(plan, totals, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
         else:
@@ -356,8 +335,47 @@ def cmd_solve(args: argparse.Namespace) -> int:
             text += "\n" + render([gpu_view(table) if gpu else table])
         if advice.baselines:
             text += "\n" + render([comparison_table([plan] + advice.baselines)])
+        if reproduction is not None:
+            text += "\n" + reproduction + "\n"
         sys.stdout.write(text)
+    if reproduction is not None and not reproduction.startswith("reproduced"):
+        return 1
     return 0 if plan.feasible else 1
+
+
+def _from_plan(args: argparse.Namespace):
+    """The request a plan recorded, and its profile (the one given, else the recorded path)."""
+    from .options import SolveRequest
+    from .plan import read_plan
+    recorded = read_plan(args.from_plan)
+    record = recorded.inputs.get("request")
+    if not isinstance(record, dict):
+        raise StagesplitError(f"{args.from_plan}: inputs.request: expected the recorded request of a plan written by "
+                              "this stagesplit version; solve again to record one")
+    profile = args.profile or recorded.profile.get("path")
+    if not profile:
+        raise StagesplitError(f"{args.from_plan}: profile.path: the plan records no profile path; give the profile")
+    return SolveRequest.from_record(record, str(args.from_plan)), profile
+
+
+def _compare_with_plan(path: str, plan) -> str:
+    """One line per finding: whether the split (and the profile it was made from) is the same."""
+    from .plan import read_plan
+    recorded = read_plan(path)
+    lines = []
+    want, got = recorded.profile.get("sha256"), plan.profile.get("sha256")
+    if want and got and want != got:
+        lines.append(f"note: the profile's SHA-256 ({got[:12]}...) differs from the one recorded ({want[:12]}...)")
+    old = [(s.first_layer, s.last_layer, s.device) for s in recorded.stages]
+    new = [(s.first_layer, s.last_layer, s.device) for s in plan.stages]
+    if old == new and recorded.layer_names == plan.layer_names:
+        lines.insert(0, f"reproduced: the split is identical to {path}'s {recorded.split_text}")
+    else:
+        lines.insert(0, f"differs from {path}: recorded {recorded.split_text}, now {plan.split_text}")
+    for a, b in zip(recorded.phases, plan.phases):
+        if a.value != b.value or a.status != b.status:
+            lines.append(f"  {a.quantity}: recorded {a.value} ({a.status}), now {b.value} ({b.status})")
+    return "\n".join(lines)
 
 
 def _device_counts(text: str) -> list[int]:
@@ -371,15 +389,19 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from .report import sweep_table
     from .table import render
     counts = _device_counts(args.devices)
-    analysis, options, target_names, table, progress = _prepare_solve(args, max(counts))
+    request, analysis, resolved, table, progress = _prepare_solve(args, max(counts))
+    options, target_names = resolved.options, resolved.target_names
     done = []
 
     def on_row(row):
         done.append(row)
         progress.start(f"solved {len(done)}/{len(counts)} device counts")
 
-    rows = sweep(analysis.model, options, counts, table=table, profile_path=args.profile, target_names=target_names,
+    rows = sweep(resolved.model, options, counts, table=table, profile_path=args.profile, target_names=target_names,
                  on_row=on_row)
+    from .api import record_request
+    for row in rows:
+        record_request(row.plan, request.with_devices(row.devices))
     progress.done()
     if args.plot:
         from .plot import plot_sweep
@@ -554,8 +576,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(run=cmd_breakdown)
 
     p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
-    _add_profile(p)
+    _add_profile(p, optional=True)
     _add_solver_options(p)
+    p.add_argument("--from-plan", metavar="PLAN",
+                   help="run the request recorded in PLAN again (on its recorded profile unless one is given) and "
+                        "report whether the split is identical (exit 1 if not)")
     _add_layer_options(p)
     p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
     p.add_argument("--unlayered-first", action="store_true",
@@ -699,6 +724,22 @@ def _safe_stdout() -> None:
             pass
 
 
+#: the Python API's parameter names (errors.OptionError.parameter) as command-line flags
+FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "objective": "--objective",
+         "schedule": "--schedule", "micro_batches": "--micro-batches", "headroom": "--headroom",
+         "reserve": "--reserve", "min_layers": "--min-layers", "max_layers": "--max-layers",
+         "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
+         "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",
+         "layer_compute": "--layer-compute", "time_limit": "--time-limit", "workers": "--workers"}
+
+
+def _with_flag(exc: StagesplitError) -> str:
+    from .errors import OptionError
+    if isinstance(exc, OptionError):
+        return f"{FLAGS.get(exc.parameter, exc.parameter)}: {exc.detail}"
+    return str(exc)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from .safeinput import one_line
     argv = list(sys.argv[1:] if argv is None else argv)
@@ -715,7 +756,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except StagesplitError as exc:
         if debug:
             traceback.print_exc()
-        print(f"stagesplit: error: {one_line(str(exc))}", file=sys.stderr)
+        print(f"stagesplit: error: {one_line(_with_flag(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
         print("stagesplit: interrupted", file=sys.stderr)

@@ -165,10 +165,7 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
     total = sm.total(in_flight)
     tile = int(total.argmax())
     step = int(sm.peak_step[tile])
-    memory = {"always_live": int(sm.always_live[tile]), "not_always_live": int(sm.not_always_live[tile]),
-              "stashed_copies": int((in_flight - 1) * sm.stash[tile]), "vertex_code": int(sm.vertex_code[tile]),
-              "vertex_state": int(sm.vertex_state[tile]), "exchange_code": int(sm.exchange_code[tile]),
-              "control_code": int(sm.control_code[tile])}
+    memory = sm.at_tile(tile, in_flight).as_dict()
     vars_mask, _, _ = model.stage_items(first, last)
     chosen = live_variables(model, vars_mask, tile, step)
     by_step, in_stage = live_bytes_by_step(model, first, last, tile)

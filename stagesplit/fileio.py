@@ -54,3 +54,16 @@ def atomic_write_text(path: str | Path, text: str) -> None:
     """UTF-8 text; characters UTF-8 cannot hold (lone surrogates from JSON escapes in names)
     are written as backslash escapes rather than failing the write."""
     atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """The file's SHA-256; None for a pipe or device (it cannot be read a second time)."""
+    import hashlib
+    import stat
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

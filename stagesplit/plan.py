@@ -17,8 +17,9 @@ from typing import Any
 import yaml
 
 from .costmodel import StageCostModel
+from .stagememory import MemoryBreakdown
 from .errors import ProfileError, StagesplitError
-from .fileio import atomic_write_text
+from .fileio import atomic_write_text, file_sha256
 from .io.fields import FieldReader
 from .problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, schedule_note, stage_in_flight
 from .solver import PHASE_NAMES, SolverResult
@@ -26,8 +27,7 @@ from .traffic import Traffic
 
 FORMAT = "stagesplit-plan"
 VERSION = 1
-MEMORY_KEYS = ("always_live", "not_always_live", "stashed_copies", "vertex_code", "vertex_state", "exchange_code",
-               "control_code")
+MEMORY_KEYS = MemoryBreakdown.keys()
 
 
 @dataclass
@@ -41,8 +41,9 @@ class StagePlan:
     capacity_bytes: int
     worst_tile: int
     worst_tile_bytes: int
-    memory_at_worst_tile: dict[str, int]
-    memory_total: dict[str, int]
+    #: bytes by category on the worst tile, and summed over tiles
+    memory_at_worst_tile: MemoryBreakdown
+    memory_total: MemoryBreakdown
     compute: float
     time_s: float | None
     bytes_received: int
@@ -113,6 +114,10 @@ class Plan:
     module_paths: list[str | None] = field(default_factory=list)
     #: things the user should know about the inputs (e.g. a defaulted micro-batch count)
     notes: list[str] = field(default_factory=list)
+    #: not written to the plan file: the greedy and uniform plans solved alongside (``compare``),
+    #: and what the command line prints as warnings
+    baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
+    warnings: list[str] = field(default_factory=list, repr=False, compare=False)
 
     @property
     def split_text(self) -> str:
@@ -174,19 +179,6 @@ def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | Non
                              for a, b in ranges) + " ]"
 
 
-def file_sha256(path: str | Path) -> str | None:
-    """The file's SHA-256; None for a pipe or device (it cannot be read a second time)."""
-    import os
-    import stat
-    if not stat.S_ISREG(os.stat(path).st_mode):
-        return None
-    digest = hashlib.sha256()
-    with open(path, "rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def options_record(options: SolveOptions, shared: str, layer_options) -> dict[str, Any]:
     rec = asdict(options)
     rec["capacities"] = list(options.capacities) if options.capacities else None
@@ -213,15 +205,6 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
             sm = model.stage_memory(first, last)
             total = sm.total(k)
             tile = int(total.argmax())
-            extra = (k - 1) * sm.stash
-            at = {"always_live": sm.always_live[tile], "not_always_live": sm.not_always_live[tile],
-                  "stashed_copies": extra[tile], "vertex_code": sm.vertex_code[tile],
-                  "vertex_state": sm.vertex_state[tile], "exchange_code": sm.exchange_code[tile],
-                  "control_code": sm.control_code[tile]}
-            summed = {"always_live": sm.always_live.sum(), "not_always_live": sm.not_always_live.sum(),
-                      "stashed_copies": extra.sum(), "vertex_code": sm.vertex_code.sum(),
-                      "vertex_state": sm.vertex_state.sum(), "exchange_code": sm.exchange_code.sum(),
-                      "control_code": sm.control_code.sum()}
             received, sent = traffic.stage_io(first, last)
             compute = model.range_compute(first, last)
             stage_time = float(compute)
@@ -239,8 +222,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 stage=index, device=position, first_layer=first, last_layer=last,
                 layers=model.layers.names[first:last + 1], in_flight=k,
                 capacity_bytes=int(problem.capacity[position]), worst_tile=tile, worst_tile_bytes=int(total[tile]),
-                memory_at_worst_tile={key: int(v) for key, v in at.items()},
-                memory_total={key: int(v) for key, v in summed.items()}, compute=float(compute),
+                memory_at_worst_tile=sm.at_tile(tile, k), memory_total=sm.summed(k), compute=float(compute),
                 time_s=time_s, bytes_received=int(received), bytes_sent=int(sent), time=stage_time))
     feasible = bool(evaluation is not None and evaluation.feasible)
     units = {"time": problem.time_unit, "memory": "bytes" if problem.homogeneous else "fraction of capacity",
@@ -262,8 +244,12 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
     profile = {"name": p.info.name, "source": p.info.source, "synthetic": p.info.synthetic,
                "target": p.target.name, "tiles": p.target.tiles, "bytes_per_tile": p.target.bytes_per_tile}
+    profile_path = profile_path if profile_path is not None else p.info.path
     if profile_path is not None:
         profile["path"] = str(profile_path)
+    if p.info.sha256 is not None:                   # hashed from the bytes as they were read
+        profile["sha256"] = p.info.sha256
+    elif profile_path is not None:
         profile["sha256"] = file_sha256(profile_path)
     inputs = options_record(o, model.shared, model.layers.options)
     if target_names:
@@ -321,6 +307,11 @@ def _plan_inputs(r: FieldReader, value: Any) -> dict[str, Any]:
     return inputs
 
 
+def _breakdown(r: FieldReader, value: Any, where: str) -> MemoryBreakdown:
+    values = r.mapping(value if value is not None else {}, where)
+    return MemoryBreakdown(**{k: r.integer(values.get(k, 0), f"{where}.{k}", minimum=0) for k in MEMORY_KEYS})
+
+
 def read_plan(path: str | Path) -> Plan:
     """Read a plan file written by ``write_plan``, validating what ``diagnose`` relies on."""
     from .safeinput import read_document
@@ -348,8 +339,8 @@ def read_plan(path: str | Path) -> Plan:
             capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
             worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
             worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
-            memory_at_worst_tile=dict(r.mapping(s.get("memory_at_worst_tile") or {}, f"{p}.memory_at_worst_tile")),
-            memory_total=dict(r.mapping(s.get("memory_total") or {}, f"{p}.memory_total")),
+            memory_at_worst_tile=_breakdown(r, s.get("memory_at_worst_tile"), f"{p}.memory_at_worst_tile"),
+            memory_total=_breakdown(r, s.get("memory_total"), f"{p}.memory_total"),
             compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
             time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
             bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),

@@ -64,7 +64,7 @@ def plot_plan(plan: Plan, tile_totals: Sequence[np.ndarray], path: str | Path, t
     labels = _stage_labels(plan)
     bottom = np.zeros(n)
     for key, label in CATEGORY_LABELS.items():
-        values = np.array([s.memory_at_worst_tile.get(key, 0) for s in plan.stages], float) / MB
+        values = np.array([getattr(s.memory_at_worst_tile, key) for s in plan.stages], float) / MB
         if not values.any():
             continue
         ax_bar.bar(x, values, bottom=bottom, color=CATEGORY_COLORS[key], label=label, width=0.7)

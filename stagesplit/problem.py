@@ -21,11 +21,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from .costmodel import RangeTable, StageCostModel
-from .errors import StagesplitError
+from .errors import OptionError, StagesplitError
+from .options import Objective, Schedule
 from .traffic import Traffic
 
-OBJECTIVES = ("compute", "memory", "devices")
-SCHEDULES = ("none", "1f1b", "gpipe")
+OBJECTIVES = tuple(o.value for o in Objective)
+SCHEDULES = tuple(s.value for s in Schedule)
 TIME_SCALE_LIMIT = 10**9
 
 
@@ -50,32 +51,35 @@ class SolveOptions:
     workers: int = 1
 
     def check(self, num_layers: int) -> None:
+        """Raise OptionError (naming the Python parameter; the command line swaps in its flag)
+        for options that cannot be used with ``num_layers`` layers."""
         if self.devices < 1:
-            raise StagesplitError(f"--devices must be at least 1, got {self.devices}")
+            raise OptionError("devices", f"expected at least 1, got {self.devices}")
         if self.objective not in OBJECTIVES:
-            raise StagesplitError(f"unknown objective '{self.objective}': expected one of {', '.join(OBJECTIVES)}")
+            raise OptionError("objective", f"expected one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
         if self.schedule not in SCHEDULES:
-            raise StagesplitError(f"unknown schedule '{self.schedule}': expected one of {', '.join(SCHEDULES)}")
+            raise OptionError("schedule", f"expected one of {', '.join(SCHEDULES)}, got '{self.schedule}'")
         if self.micro_batches < 1:
-            raise StagesplitError(f"--micro-batches must be at least 1, got {self.micro_batches}")
+            raise OptionError("micro_batches", f"expected at least 1, got {self.micro_batches}")
         if not 0 <= self.headroom < 1:
-            raise StagesplitError(f"--headroom must be a fraction in [0, 1), got {self.headroom}")
+            raise OptionError("headroom", f"expected a fraction in [0, 1), got {self.headroom}")
         if self.reserve < 0:
-            raise StagesplitError(f"--reserve must be a number of bytes >= 0, got {self.reserve}")
+            raise OptionError("reserve", f"expected a number of bytes >= 0, got {self.reserve}")
         if self.capacities is not None and len(self.capacities) != self.devices:
-            raise StagesplitError(f"{len(self.capacities)} device capacities given for {self.devices} devices")
+            raise OptionError("targets", f"{len(self.capacities)} device capacities given for {self.devices} devices")
         if self.min_layers < 1 or (self.max_layers is not None and self.max_layers < self.min_layers):
-            raise StagesplitError("--min-layers must be >= 1 and <= --max-layers")
+            raise OptionError("min_layers", "expected min_layers >= 1 and <= max_layers")
         for j in self.pinned_splits:
             if not 0 < j < num_layers:
-                raise StagesplitError(f"pinned split before layer index {j}: expected 1..{num_layers - 1}")
+                raise OptionError("pin_splits", f"a split before layer index {j}: expected 1..{num_layers - 1} "
+                                  "(a stage cannot start at the first layer's position twice)")
         for layer, position in self.pinned_layers:
             if not 0 <= layer < num_layers or not 0 <= position < self.devices:
-                raise StagesplitError(f"pinned layer {layer} to stage {position}: expected a layer in "
-                                      f"0..{num_layers - 1} and a stage in 0..{self.devices - 1}")
+                raise OptionError("pin_layers", f"layer {layer} pinned to stage {position}: expected a layer in "
+                                  f"0..{num_layers - 1} and a stage in 0..{self.devices - 1}")
         if self.communication and not self.link_bytes_per_s:
-            raise StagesplitError("communication cost needs a link bandwidth: the target has none; "
-                                  "pass --link-bandwidth BYTES_PER_S")
+            raise OptionError("link_bandwidth", "communication cost needs a link bandwidth: the target has none; "
+                              "give one")
 
 
 def in_flight(schedule: str, micro_batches: int, stage: int, stages: int) -> int:

@@ -254,6 +254,11 @@ class ProfileInfo:
     synthetic: bool = False
     compute_source: str = ""
     warnings: list[str] = field(default_factory=list)
+    #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
+    #: read (None for a profile built in memory)
+    sha256: str | None = field(default=None, compare=False)
+    #: the file it was read from (None for a profile built in memory)
+    path: str | None = field(default=None, compare=False)
 
 
 @dataclass

@@ -49,11 +49,11 @@ def stages_table(plan: Plan) -> Table:
                Column("received", "bytes"), Column("sent", "bytes")])
     for s in plan.stages:
         at = s.memory_at_worst_tile
-        code = sum(at.get(k, 0) for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"))
+        code = at.vertex_code + at.vertex_state + at.exchange_code + at.control_code
         span = s.layers[0] if len(s.layers) == 1 else f"{s.layers[0]}..{s.layers[-1]} ({len(s.layers)})"
         t.add(s.stage, s.device, span, s.in_flight, s.worst_tile, s.worst_tile_bytes,
               s.worst_tile_bytes / s.capacity_bytes if s.capacity_bytes else None,
-              at.get("always_live", 0) + at.get("not_always_live", 0), at.get("stashed_copies", 0), code,
+              at.always_live + at.not_always_live, at.stashed_copies, code,
               s.compute, s.time_s * 1e3 if s.time_s is not None else None, s.bytes_received, s.bytes_sent)
     return t
 

@@ -69,7 +69,7 @@ def test_solve_bad_options(capsys):
     for argv, expected in ((["--devices", "4", "--pin-split", "nope"], "--pin-split: no layer named 'nope'"),
                            (["--devices", "4", "--target", "ipu-mk1"], "1216 tiles per device"),
                            (["--devices", "4", "--target", "a,b"], "--target: give one target or 4"),
-                           (["--devices", "0"], "--devices must be at least 1"),
+                           (["--devices", "0"], "--devices: expected an integer >= 1"),
                            (["--devices", "4", "--pin-layer", "3"], "expected LAYER=STAGE")):
         code, out, err = run(capsys, "solve", BERT, *argv)
         lines = err.strip().splitlines()

@@ -20,6 +20,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PROFILES, ROOT
+from stagesplit.stagememory import MemoryBreakdown
 from stagesplit.cli import main
 from stagesplit.errors import StagesplitError
 from stagesplit.export import FORMATS, export_plan, header_lines
@@ -40,8 +41,8 @@ def make_plan(names, starts, paths=None, devices=None, headroom=0.0, micro_batch
     bounds = list(starts) + [len(names)]
     devices = devices or list(range(len(starts)))
     stages = [StagePlan(stage=k, device=devices[k], first_layer=a, last_layer=b - 1, layers=names[a:b], in_flight=1,
-                        capacity_bytes=1000, worst_tile=0, worst_tile_bytes=100 * (k + 1), memory_at_worst_tile={},
-                        memory_total={}, compute=float(b - a), time_s=None, bytes_received=0, bytes_sent=0)
+                        capacity_bytes=1000, worst_tile=0, worst_tile_bytes=100 * (k + 1), memory_at_worst_tile=MemoryBreakdown(),
+                        memory_total=MemoryBreakdown(), compute=float(b - a), time_s=None, bytes_received=0, bytes_sent=0)
               for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
     return Plan(profile={"name": "handmade", "sha256": "ab" * 32, "target": "ipu-mk2"},
                 inputs={"objective": "compute", "headroom": headroom, "micro_batches": micro_batches,

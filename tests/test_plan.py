@@ -28,7 +28,7 @@ def test_plan_contents():
     assert [s.headroom_bytes for s in plan.stages] == [0, 4 * UNIT, 8 * UNIT]
     assert [s.compute for s in plan.stages] == [3.0, 6.0, 5.0]
     assert plan.bottleneck.stage == 1
-    assert plan.stages[0].memory_at_worst_tile["always_live"] == 12 * UNIT
+    assert plan.stages[0].memory_at_worst_tile.always_live == 12 * UNIT
     assert plan.phases[0].value == plan.phases[0].bound == 6 and plan.phases[0].gap == 0.0
     assert plan.inputs["devices"] == 3 and plan.inputs["objective"] == "compute"
     # PopLiner's loop: 3+ layers per stage first, which fit (12) only at 100% of memory

@@ -152,7 +152,7 @@ class TestHandComputed:
         stages = advice.plan.stages
         assert [s.in_flight for s in stages] == [4, 3, 2, 1]
         assert [s.worst_tile_bytes for s in stages] == [30 * UNIT, 25 * UNIT, 20 * UNIT, 15 * UNIT]
-        assert [s.memory_at_worst_tile["stashed_copies"] for s in stages] == [15 * UNIT, 10 * UNIT, 5 * UNIT, 0]
+        assert [s.memory_at_worst_tile.stashed_copies for s in stages] == [15 * UNIT, 10 * UNIT, 5 * UNIT, 0]
         gpipe = advise(model, replace(opts, schedule="gpipe")).plan.stages
         assert [s.worst_tile_bytes for s in gpipe] == [50 * UNIT, 50 * UNIT, 50 * UNIT, 15 * UNIT]
 
@@ -358,10 +358,12 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
 
 def test_user_compute_override_changes_the_split():
     model = layer_model(WEIGHTS, [1] * 6)
-    model.override_compute({"l5": 100})
+    base = model
+    model = base.with_compute({"l5": 100})
+    assert base.range_compute(5, 5) == 1                        # the original is unchanged
     _, result = solve(model, options(3, 12))
     assert result.evaluation.time == 100
     assert stage_ranges(result.split)[-1] == (5, 5)           # the heavy layer alone
     from stagesplit.errors import StagesplitError
     with pytest.raises(StagesplitError, match="no layer named 'l9'"):
-        model.override_compute({"l9": 1})
+        model.with_compute({"l9": 1})

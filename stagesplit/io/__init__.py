@@ -3,6 +3,7 @@ nothing downstream needs to know which reader made a Profile."""
 
 from __future__ import annotations
 
+import hashlib
 from pathlib import Path
 from typing import Callable
 
@@ -29,7 +30,9 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
         raise StagesplitError(f"{show(path)}: is a folder, expected a profile file")
     if path.suffix == ".pop":
         from .popvision import read_popvision
-        return check_profile_limits(read_popvision(path, debug, progress), str(path))
+        profile = read_popvision(path, debug, progress)
+        profile.info.path = str(path)
+        return check_profile_limits(profile, str(path))
     if debug is not None:
         raise StagesplitError(f"{show(debug)}: a debug.cbor file only goes with a PopVision profile.pop, "
                               f"not with {show(path.name)}")
@@ -38,12 +41,18 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     with InputFile(path, "profile") as f:
         head = f.head(64)
         if head.startswith(b"PK"):
-            profile = read_compact(path, f.read_all(None))
+            reader = read_compact
         elif head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):   # a UTF-8 byte order mark may lead
-            profile = read_json_profile(path, f.read_all(None))
+            reader = read_json_profile
         else:
             raise StagesplitError(f"{show(path)}: not a profile: expected stagesplit JSON, a compact .stagesplit "
                                   "file or a PopVision profile.pop")
+        data = f.read_all(None)
+    digest = hashlib.sha256(data).hexdigest()           # the plan's record of its input, from the one read
+    profile = reader(path, data)
+    del data
+    profile.info.sha256 = digest
+    profile.info.path = str(path)
     return check_profile_limits(profile, str(path))
 
 

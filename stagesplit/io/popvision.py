@@ -109,7 +109,11 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
         report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
     except Exception as exc:  # libpva raises its own exception types for unreadable reports
         raise StagesplitError(f"{profile_path}: libpva could not open the report: {_one_line(exc)}") from None
-    return _Reader(pva, report, profile_path, debug, progress).read()
+    profile = _Reader(pva, report, profile_path, debug, progress).read()
+    # libpva reads the report itself, so the hash takes one more pass over profile.pop
+    from ..fileio import file_sha256
+    profile.info.sha256 = file_sha256(profile_path)
+    return profile
 
 
 def import_pva():
