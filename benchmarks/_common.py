@@ -18,9 +18,6 @@ sys.path.insert(0, str(ROOT))
 def bert_large_profile_path() -> Path:
     """Generate (once per machine, cached in the temp folder) the BERT-Large-scale profile:
     26 layers (embeddings, 24 encoder layers, head), 1472 tiles, ~5,500 steps, ~1.26 M variables."""
-    from stagesplit.config import load_target
-    from stagesplit.io import save_profile
-    from stagesplit.synth import synthesize
     import hashlib
     import stagesplit.builder
     import stagesplit.synth
@@ -28,9 +25,14 @@ def bert_large_profile_path() -> Path:
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]          # regenerate when the generator changes
     path = Path(tempfile.gettempdir()) / f"stagesplit-bench-bert-large-{digest}.stagesplit"
     if not path.exists():
+        # in a child process: Linux keeps a process's peak RSS across fork and exec, so a parent
+        # grown by the generator would show in every measurement it starts afterwards
         start = time.perf_counter()
-        profile = synthesize("bert-large", load_target("ipu-mk2"), piece_bytes=4096, programs_per_op=6)
-        save_profile(profile, path)
+        code = ("from stagesplit.config import load_target; from stagesplit.io import save_profile; "
+                "from stagesplit.synth import synthesize; import sys; save_profile(synthesize('bert-large', "
+                "load_target('ipu-mk2'), piece_bytes=4096, programs_per_op=6), sys.argv[1])")
+        subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=str(ROOT),
+                       env={**os.environ, "PYTHONPATH": str(ROOT)})
         print(f"generated {path.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
     return path
 

@@ -8,8 +8,10 @@ compares with PopLiner's greedy and a uniform split.
   objective (and compute, memory), mixed capacities (every third device half the memory) and
   communication: ``advise`` (exact DP as hint and bound, then CP-SAT) against CP-SAT alone
   (30 s limit): target proven optimal in seconds
+* each of those options alone on 200 layers x 64 devices, and all together: target proven
+  optimal in under 10 s; all together on 500 layers x 128 devices: under 60 s
 
-Run from the repository root:  python benchmarks/bench_solver.py
+Run from the repository root:  python benchmarks/bench_solver.py [--options-only]
 """
 
 from __future__ import annotations
@@ -24,7 +26,7 @@ from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measu
 
 
 def additive_model(layers: int = 200, seed: int = 7):
-    """200 layers of random size and compute in the per-layer form (inference: a stage needs the
+    """``layers`` (200) layers of random size and compute in the per-layer form (inference: a stage needs the
     sum of its layers' weights plus its largest activation), on an 80 GB GPU."""
     from stagesplit.analysis import Analysis
     from stagesplit.config import load_target
@@ -65,7 +67,44 @@ def measure_all_options(objective: str) -> None:
                       "alone_gap": max((p.gap or 0.0 for p in alone.phases), default=None), "rss": peak_rss_mb()}))
 
 
+OPTION_CASES = ("1f1b", "devices", "mixed", "communication", "all")
+
+
+def option_request(which: str, devices: int):
+    """Issue 10's solver cases: one option at a time, or all of them together."""
+    from stagesplit.problem import SolveOptions
+    cap = 80 * 2**30
+    kw: dict = {"devices": devices, "time_limit": 120.0}
+    if which in ("1f1b", "all"):
+        kw.update(schedule="1f1b", micro_batches=128)
+    if which in ("devices", "all"):
+        kw.update(objective="devices")
+    if which in ("mixed", "all"):
+        kw.update(capacities=tuple(int(cap * (0.5 if i % 3 == 0 else 1.0)) for i in range(devices)))
+    if which in ("communication", "all"):
+        kw.update(communication=True, link_bytes_per_s=600e9)
+    return SolveOptions(**kw)
+
+
+def measure_option(which: str, layers: str, devices: str) -> None:
+    from stagesplit.advise import advise, price
+    t0 = time.perf_counter()
+    model = additive_model(int(layers))
+    options = option_request(which, int(devices))
+    table = price(model, options)
+    t1 = time.perf_counter()
+    advice = advise(model, options, table=table)
+    t2 = time.perf_counter()
+    plan = advice.plan
+    print(json.dumps({"price": t1 - t0, "advise": t2 - t1, "status": plan.status,
+                      "gap": max((p.gap or 0.0 for p in plan.phases), default=None),
+                      "proof": "/".join(p.proof for p in plan.phases), "used": len(plan.stages), "rss": peak_rss_mb()}))
+
+
 def measure(case: str, path: str) -> None:
+    if case.startswith("option@"):
+        measure_option(*case.split("@")[1:])
+        return
     if case.startswith("all-options@"):
         measure_all_options(case.split("@")[1])
         return
@@ -110,6 +149,16 @@ def measure(case: str, path: str) -> None:
 def main() -> None:
     if len(sys.argv) > 3 and sys.argv[1] == "--measure":
         measure(sys.argv[2], sys.argv[3])
+        return
+    rows = []
+    for layers, devices, target in ((200, 64, "< 10 s"), (500, 128, "< 60 s")):
+        for which in OPTION_CASES if layers == 200 else ("all",):
+            m = run_measurement(__file__, f"option@{which}@{layers}@{devices}", "-")
+            rows.append((f"{layers} x {devices}: {which}", f"{m['price']:.2f} s + {m['advise']:.2f} s, "
+                         f"{m['status']} (gap {100 * (m['gap'] or 0):.2f}%, {m['proof']}), {m['used']} used, "
+                         f"{m['rss']:,.0f} MB", target))
+    print_table("Solver: each option alone and all together (issue 10): price + advise, status, peak RSS", rows)
+    if "--options-only" in sys.argv:
         return
     path = str(bert_large_profile_path())
     for case, target in (("bert-large", "< 10 s"), ("bert-large@8", ""), ("additive-200", "< 60 s")):

@@ -26,14 +26,19 @@ class Advice:
     warnings: list[str] = field(default_factory=list)
 
 
-#: the exact DP runs before CP-SAT when its work, about N^2/2 x (L+1)^2 array cells per pass, is
-#: at most this (200 layers on 64 devices: 8e7, half a second)
-DP_BUDGET = 5e8
+#: the exact DP runs before CP-SAT when its work, about N^2/2 x (L+1) x W array cells per pass
+#: (W: the most layers a stage that fits can hold), is at most this: 500 layers on 128 devices
+#: with stages of up to 100 layers is 4e8, a few seconds per pass
+DP_BUDGET = 2e9
 
 
 def dp_affordable(problem: SplitProblem) -> bool:
     """Whether the exact DP (oracle.py) is cheap enough to give CP-SAT its optimum as a bound."""
-    return problem.devices ** 2 / 2 * (problem.num_layers + 1) ** 2 <= DP_BUDGET
+    L = problem.num_layers
+    mem = problem.mem[0]                               # the fewest micro-batches in flight: the widest band
+    fits = np.triu(mem <= int(problem.capacity.max()))
+    width = int((np.where(fits, np.arange(L)[None, :] - np.arange(L)[:, None] + 1, 0)).max(initial=0))
+    return problem.devices ** 2 / 2 * (L + 1) * max(width, 1) <= DP_BUDGET
 
 
 def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,

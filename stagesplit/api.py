@@ -160,7 +160,7 @@ def solve_request(profile: str | Path | Profile | Analysis, request: SolveReques
                     target_names=resolved.target_names, log=log, unlayered_first=request.unlayered_first,
                     profile_path=_path_of(profile))
     for plan in [advice.plan] + advice.baselines:
-        record_request(plan, request)
+        record_request(plan, request, resolved.targets or [analysis.profile.target])
     return Solved(advice.plan, advice.baselines, list(analysis.profile.info.warnings) + list(analysis.layers.warnings)
                   + advice.warnings, resolved, table)
 
@@ -201,7 +201,7 @@ def sweep(profile: str | Path | Profile | Analysis, devices: Iterable[int] | str
     result = sweep_counts(resolved.model, resolved.options, counts, table=table, profile_path=_path_of(profile),
                           target_names=resolved.target_names, on_row=on_row)
     for row in result:
-        record_request(row.plan, req.with_devices(row.devices))
+        record_request(row.plan, req.with_devices(row.devices), resolved.targets or [analysis.profile.target])
     return result
 
 
@@ -221,9 +221,13 @@ def breakdown(profile: str | Path | Profile | Analysis, *, target: str | Target 
     return Breakdown.of(model)
 
 
-def record_request(plan, request: SolveRequest) -> None:
-    """Record in the plan everything needed to run it again (``solve --from-plan``)."""
+def record_request(plan, request: SolveRequest, targets: list[Target] | None = None) -> None:
+    """Record in the plan everything needed to run it again (``solve --from-plan``): the
+    request, the devices' targets in full, the layer-compute file's hash, and versions."""
+    from .options import _target_record
     record = request.to_record()
+    if targets:
+        record["resolved_targets"] = [_target_record(t) for t in targets]
     if request.layer_compute_source and Path(request.layer_compute_source).is_file():
         from .fileio import file_sha256
         record["layer_compute_sha256"] = file_sha256(request.layer_compute_source)

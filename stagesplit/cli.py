@@ -401,7 +401,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
                  on_row=on_row)
     from .api import record_request
     for row in rows:
-        record_request(row.plan, request.with_devices(row.devices))
+        record_request(row.plan, request.with_devices(row.devices), resolved.targets or [analysis.profile.target])
     progress.done()
     if args.plot:
         from .plot import plot_sweep

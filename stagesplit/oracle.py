@@ -8,7 +8,8 @@ lexicographic objectives run the DP once per objective, each bounded by the prev
 Stage times include the transfer time of both cuts (communication), and every rule of the
 problem applies per (position, count): mixed capacities, pins, layer-count limits; the devices
 objective is the smallest count with a feasible split. tests/test_oracle.py checks it against
-a brute-force enumeration of every split. Work: about N^2/2 x (L+1)^2 cells per pass.
+a brute-force enumeration of every split. Work: about N^2/2 x (L+1) x W cells per pass, where
+W is the most layers a fitting stage can hold (a stage's memory grows with its last layer).
 """
 
 from __future__ import annotations
@@ -34,14 +35,16 @@ class Solution:
 
 
 class _StageTables:
-    """time[a, e], and per (position, k) the memory cost and feasibility of stage a..e-1, as
-    (L+1) x (L+1) arrays. The per-(position, k) arrays are built when asked for, not all at
-    once: 64 devices x 64 in-flight counts of 200-layer tables would take gigabytes."""
+    """time[a, e], and per (position, k) the memory cost and feasibility of stage a..e-1, read
+    on a band of ends e = a+1..a+W per first layer a: a stage's memory only grows with its last
+    layer, so no end beyond the band fits (``width``). Nothing of size positions x counts x
+    (L+1)^2 is built: 128 devices x 128 in-flight counts of 500-layer tables would take tens of
+    gigabytes."""
 
     def __init__(self, problem: SplitProblem):
         self.p = problem
         L = problem.num_layers
-        A = L + 1
+        A = self.A = L + 1
         a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
         self.nonempty = e_idx > a_idx
         self.time = np.where(self.nonempty, problem.time_up[None, :] - problem.time_down[:, None], INF).astype(np.int64)
@@ -65,16 +68,39 @@ class _StageTables:
             m = np.full((A, A), INF, np.int64)
             m[:L, 1:] = problem.mem[problem.k_index(k)]
             self.mem[k] = np.where(self.nonempty, m, INF)
+        self._widths: dict[tuple[int, int], int] = {}
+        self.rows = np.arange(A)[:, None]
 
-    def fits(self, position: int, k: int) -> np.ndarray:
-        return self.nonempty & (self.mem[k] <= int(self.p.capacity[position])) & self.allowed[position]
+    def width(self, position: int, k: int) -> int:
+        """The most layers a stage that fits at ``position`` with ``k`` in flight holds (0 if
+        none fits): ends a+1..a+width cover every fitting stage, whatever its first layer."""
+        cap = int(self.p.capacity[position])
+        key = (cap, k)
+        if key not in self._widths:
+            fits = self.mem[k] <= cap
+            length = np.where(fits, np.arange(self.A)[None, :] - np.arange(self.A)[:, None], 0)
+            self._widths[key] = int(length.max(initial=0))
+        return self._widths[key]
 
-    def mem_cost(self, position: int, k: int) -> np.ndarray:
+    def ends(self, width: int) -> tuple[np.ndarray, np.ndarray]:
+        """End indices e = a+1..a+width per row a (clipped to L), and which are real."""
+        e = self.rows + 1 + np.arange(width)[None, :]
+        return np.minimum(e, self.A - 1), e <= self.A - 1
+
+    def fits(self, position: int, k: int, e: np.ndarray, real: np.ndarray) -> np.ndarray:
+        a = self.rows
+        return real & self.nonempty[a, e] & (self.mem[k][a, e] <= int(self.p.capacity[position])) & \
+            self.allowed[position][a, e]
+
+    def time_of(self, position: int, k: int, e: np.ndarray) -> np.ndarray:
+        return self.time[self.rows, e]
+
+    def mem_cost(self, position: int, k: int, e: np.ndarray) -> np.ndarray:
         """Bytes, or parts per million of the position's capacity on mixed devices."""
-        m = self.mem[k]
+        m = self.mem[k][self.rows, e]
         if self.p.homogeneous:
             return m
-        return np.where(self.nonempty, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
+        return np.where(m < INF, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
 
 
 def _k(problem: SplitProblem, c: int) -> int:
@@ -83,30 +109,34 @@ def _k(problem: SplitProblem, c: int) -> int:
     return in_flight(o.schedule, o.micro_batches, 0, c)
 
 
-def _dp(problem: SplitProblem, value, feasible, count: int | None = None):
-    """Minimise the max of ``value(position, k)[a, e]`` over splits whose stages satisfy
-    ``feasible(position, k)[a, e]``; with ``count``, exactly that many non-empty stages.
-    Returns (optimum, split) or (INF, None)."""
+def _dp(problem: SplitProblem, t: _StageTables, value, feasible, count: int | None = None):
+    """Minimise the max of ``value(position, k, e)`` over splits whose stages satisfy
+    ``feasible(position, k, e, real)`` (both on the band of ends ``e`` of ``t.ends``); with
+    ``count``, exactly that many non-empty stages. Returns (optimum, split) or (INF, None)."""
     L, N = problem.num_layers, problem.devices
     A = L + 1
     f = np.full((N + 1, N + 1, A), INF, np.int64)       # f[i, c, a]
     choice = np.full((N + 1, N + 1, A), -1, np.int64)    # chosen end e (== a for an empty position)
     f[N, 0, L] = 0
+    rows = np.arange(A)
     for i in range(N - 1, -1, -1):
         for c in range(0, N - i + 1):
             best = np.full(A, INF, np.int64)
             pick = np.full(A, -1, np.int64)
             if problem.empty_allowed(i):
                 best = f[i + 1, c].copy()
-                pick = np.where(best < INF, np.arange(A), -1)
+                pick = np.where(best < INF, rows, -1)
             if c >= 1:
                 k = _k(problem, c)
-                cand = np.where(feasible(i, k), np.maximum(value(i, k), f[i + 1, c - 1][None, :]), INF)
-                e = cand.argmin(axis=1)
-                v = cand[np.arange(A), e]
-                better = v < best
-                best = np.where(better, v, best)
-                pick = np.where(better, e, pick)
+                width = t.width(i, k)
+                if width:
+                    e, real = t.ends(width)
+                    cand = np.where(feasible(i, k, e, real), np.maximum(value(i, k, e), f[i + 1, c - 1][e]), INF)
+                    j = cand.argmin(axis=1)
+                    v = cand[rows, j]
+                    better = v < best
+                    best = np.where(better, v, best)
+                    pick = np.where(better, e[rows, j], pick)
             f[i, c] = best
             choice[i, c] = pick
     counts = range(N + 1) if count is None else [count]
@@ -127,23 +157,25 @@ def _dp(problem: SplitProblem, value, feasible, count: int | None = None):
 def exact_optimum(problem: SplitProblem) -> Solution:
     """The lexicographic optimum of ``problem.options.objective`` by dynamic programming."""
     t = _StageTables(problem)
-    time, mem_cost, fits = t.time, t.mem_cost, t.fits
     objective = problem.options.objective
+
+    def zero(i, k, e):
+        return np.zeros(e.shape, np.int64)
 
     if objective == "devices":
         # every feasible count scores 0, so the DP's tie-break (the smallest count) is the fewest devices
-        zeros = np.zeros_like(time)
-        _, fewest = _dp(problem, lambda i, k: zeros, fits)
+        _, fewest = _dp(problem, t, zero, t.fits)
         if fewest is None:
             return Solution(None, None, "exact")
-        _, split = _dp(problem, lambda i, k: time, fits, count=fewest.devices_used)
+        _, split = _dp(problem, t, t.time_of, t.fits, count=fewest.devices_used)
     else:
-        first = (lambda i, k: time) if objective == "compute" else mem_cost
-        second = mem_cost if objective == "compute" else (lambda i, k: time)
-        best, split = _dp(problem, first, fits)
+        first = t.time_of if objective == "compute" else t.mem_cost
+        second = t.mem_cost if objective == "compute" else t.time_of
+        best, split = _dp(problem, t, first, t.fits)
         if split is None:
             return Solution(None, None, "exact")
-        _, split = _dp(problem, second, lambda i, k: fits(i, k) & (first(i, k) <= best))
+        _, split = _dp(problem, t, second,
+                       lambda i, k, e, real: t.fits(i, k, e, real) & (first(i, k, e) <= best))
     return Solution(split, evaluate(problem, split), "exact")
 
 

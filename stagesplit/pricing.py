@@ -208,11 +208,15 @@ def _set_tile_sums(item_set: np.ndarray, tile: np.ndarray, weight: np.ndarray, n
     ``set_of[item_set]``. Done in chunks: the per-program code arrays run to tens of millions."""
     if (num_sets + 1) * T <= 2**26:
         sums = np.zeros((num_sets + 1) * T)
+        # set -1 (none) goes to the extra set num_sets, and the tile is folded into the key
+        if set_of is not None:
+            shifted = np.where(set_of < 0, num_sets, set_of).astype(np.int64) * T
         for start in range(0, len(tile), chunk):
             part = slice(start, start + chunk)
-            where = item_set[part] if set_of is None else set_of[item_set[part]]
-            where = np.where(where < 0, num_sets, where).astype(np.int64)
-            where *= T
+            if set_of is not None:
+                where = shifted[item_set[part]]
+            else:
+                where = np.where(item_set[part] < 0, num_sets, item_set[part]).astype(np.int64) * T
             where += tile[part]
             sums += np.bincount(where, weights=weight[part], minlength=(num_sets + 1) * T)
         key = np.flatnonzero(sums[:num_sets * T])
@@ -299,12 +303,15 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
     num_cells = T * ntypes
     npg = len(prog_sets)
     if num_cells * (npg + 1) <= 2**26:               # (cell, group) presence without sorting, in chunks
-        present = np.zeros((num_cells, npg + 1), bool)
+        present = np.zeros(num_cells * (npg + 1), bool)
+        column = np.where(model.prog_group < 0, npg, model.prog_group).astype(np.int64)
         for start in range(0, len(vc), 1 << 22):
             part = slice(start, start + (1 << 22))
-            group = model.prog_group[vc.program[part]]
-            present[vc.tile[part].astype(np.int64) * ntypes + vc.vertex_type[part],
-                    np.where(group < 0, npg, group)] = True
+            key = vc.tile[part].astype(np.int64) * (ntypes * (npg + 1))
+            key += vc.vertex_type[part] * (npg + 1)
+            key += column[vc.program[part]]
+            present[key] = True
+        present = present.reshape(num_cells, npg + 1)
         in_base = present[:, npg] if every else np.zeros(num_cells, bool)
         pair_cell, pair_group = np.nonzero(present[:, :npg] & ~in_base[:, None])
     else:

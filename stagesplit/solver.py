@@ -36,7 +36,7 @@ from .problem import Evaluation, Split, SplitProblem, evaluate
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 BIG = np.iinfo(np.int64).max // 4
-DP_CONFIRM_S = 2.0      # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
+DP_CONFIRM_S = 1.0      # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
 DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)
 
 
@@ -405,12 +405,21 @@ def _model_size(problem: SplitProblem) -> int:
 
 
 def _next_below(tables: _Tables, quantity: str, value: int) -> int | None:
-    """The largest value below ``value`` that a stage (or the device count) can take, if any."""
+    """The largest value below ``value`` that a stage (or the device count) can take, if any:
+    the largest of ``candidates`` below it, without sorting them all."""
     if quantity == "devices":
         return value - 1 if value > 1 else None
-    candidates = tables.candidates(quantity)
-    i = int(np.searchsorted(candidates, value)) - 1
-    return int(candidates[i]) if i >= 0 else None
+    p = tables.p
+    best = None
+    for cap in sorted({int(c) for c in p.capacity}):
+        position = int(np.flatnonzero(p.capacity == cap)[0])
+        for k in p.in_flight_values:
+            fits = tables.length_ok & (tables.mem[k] <= cap)
+            values = tables.time if quantity == "time" else tables.memcost(position, k)
+            below = values[fits & (values < value)]
+            if below.size and (best is None or below.max() > best):
+                best = int(below.max())
+    return best
 
 
 def _canonical(problem: SplitProblem, split: Split) -> Split:

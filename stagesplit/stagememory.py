@@ -116,14 +116,21 @@ def stage_items(model: "StageCostModel", first: int, last: int) -> tuple[np.ndar
 def price_stage(model: "StageCostModel", vars_: np.ndarray, progs: np.ndarray, cols: np.ndarray, first: int,
                 last: int) -> StageMemory:
     """The memory of the given variables, programs and columns (a stage, or the shared items)."""
-    T, G = model.num_tiles, model.num_columns
+    T = model.num_tiles
     v = model.profile.variables
-    live = model.timeline.live_matrix(np.flatnonzero(vars_[model.row_var]), 0, G)
-    if G and cols.any():
-        masked = np.where(cols[None, :], live, -1)
-        col = masked.argmax(axis=1)
-        nal = np.maximum(masked[np.arange(T), col], 0)
-        peak_step = np.where(nal > 0, model.breaks[col], -1)
+    stage_cols = np.flatnonzero(cols)
+    if len(stage_cols):
+        # live bytes on the stage's own columns only: a row covers the stage columns between
+        # the first at or after its start and the first at or after its end
+        rows = np.flatnonzero(vars_[model.row_var])
+        first = np.searchsorted(stage_cols, model.row_col_start[rows])
+        end = np.searchsorted(stage_cols, model.row_col_end[rows])
+        keep = end > first
+        tl = model.timeline
+        live = _live_on(tl.row_tile[rows][keep], tl.row_bytes[rows][keep], first[keep], end[keep], T, len(stage_cols))
+        col = live.argmax(axis=1)
+        nal = np.maximum(live[np.arange(T), col], 0)
+        peak_step = np.where(nal > 0, model.breaks[stage_cols[col]], -1)
     else:
         nal = np.zeros(T, np.int64)
         peak_step = np.full(T, -1, np.int64)
@@ -139,6 +146,15 @@ def price_stage(model: "StageCostModel", vars_: np.ndarray, progs: np.ndarray, c
         stash=np.bincount(v.tile[st], weights=v.bytes[st], minlength=T).astype(np.int64))
 
 
+def _live_on(tile: np.ndarray, nbytes: np.ndarray, first: np.ndarray, end: np.ndarray, T: int,
+             width: int) -> np.ndarray:
+    """Live bytes per (tile, column) of rows covering columns first..end-1 of ``width``."""
+    idx = np.concatenate([tile * (width + 1) + first, tile * (width + 1) + end])
+    b = nbytes.astype(float)
+    diff = np.bincount(idx, weights=np.concatenate([b, -b]), minlength=T * (width + 1))
+    return np.rint(np.cumsum(diff.reshape(T, width + 1)[:, :width], axis=1)).astype(np.int64)
+
+
 def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.ndarray]:
     """Per-tile code of the programs ``progs`` by category; vertex code once per (tile, type)."""
     T = model.num_tiles
@@ -148,7 +164,9 @@ def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.nda
     for cat, costs in list(pr.categories().items()) + [("vertex_code", pr.vertex_code)]:
         order, offsets = _entries_by_program(model, cat, costs)
         counts = offsets[progs + 1] - offsets[progs]
-        e = order[np.repeat(offsets[progs], counts) + ramp(counts)]
+        e = np.repeat(offsets[progs], counts) + ramp(counts)
+        if order is not None:
+            e = order[e]
         if cat != "vertex_code":
             out[cat] = np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T).astype(np.int64)
             continue
@@ -159,14 +177,18 @@ def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.nda
     return out
 
 
-def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.ndarray, np.ndarray]:
-    """Entry indices of one code category sorted by program, and per-program offsets (cached)."""
+def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.ndarray | None, np.ndarray]:
+    """Entry order of one code category by program (None: already in program order, as
+    readers write it) and per-program offsets into that order; cached on the model."""
     cache = model.__dict__.setdefault("_entries_by_program", {})
     if cat not in cache:
         n = len(model.profile.programs)
-        order = np.argsort(costs.program, kind="stable")
+        program = costs.program
+        order = None
+        if len(program) > 1 and np.any(program[1:] < program[:-1]):
+            order = np.argsort(program, kind="stable").astype(np.int32 if len(program) < 2**31 else np.int64)
         offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(costs.program, minlength=n), out=offsets[1:])
+        np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
         cache[cat] = (order, offsets)
     return cache[cat]
 
