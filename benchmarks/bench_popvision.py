@@ -32,7 +32,7 @@ import pva  # noqa: E402  (the fake libpva)
 
 from stagesplit.analysis import Analysis  # noqa: E402
 from stagesplit.config import load_target  # noqa: E402
-from stagesplit.diagnose import diagnose  # noqa: E402
+from stagesplit.diagnosis import diagnose  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.compact import write_compact  # noqa: E402
 from stagesplit.io.popvision import read_popvision  # noqa: E402

@@ -39,7 +39,7 @@ def main() -> int:
 
     from stagesplit.advise import advise
     from stagesplit.analysis import Analysis
-    from stagesplit.capture import capture
+    from stagesplit.torchcapture import capture
     from stagesplit.problem import SolveOptions
     profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
     analysis = Analysis.of(profile)

@@ -2,8 +2,10 @@
 
 Read a single-device memory profile, group its operations into layers, price every contiguous
 range of layers as a pipeline stage, and choose split points for N devices: ``solve``,
-``sweep``, ``breakdown`` and ``reproduce`` take names, as the command line does (see api.py). Public names are imported on first use, so ``import stagesplit`` (and the
-command line's light commands) do not pay for the solver, plotting or pandas.
+``sweep``, ``breakdown``, ``diagnose`` and ``reproduce`` take names, as the command line does
+(see api.py). Public names are imported on first use, so ``import stagesplit`` (and the
+command line's light commands) do not pay for the solver, plotting or pandas. No public
+function shares its name with a module of the package (importing the module would replace it).
 """
 
 from __future__ import annotations
@@ -18,10 +20,10 @@ _EXPORTS: dict[str, str] = {
     "solve": ".api", "sweep": ".api", "breakdown": ".api", "analyze": ".api", "reproduce": ".api",
     "SolveRequest": ".options", "Objective": ".options", "Schedule": ".options", "SharedPolicy": ".options",
     "MemoryBreakdown": ".stagememory", "OptionError": ".errors", "LayerRangeError": ".errors",
-    "Advice": ".advise", "advise": ".advise",
+    "Advice": ".advise",
     "Analysis": ".analysis",
-    "Breakdown": ".breakdown",
-    "diagnose": ".diagnose",
+    "Breakdown": ".breakdowns",
+    "diagnose": ".api",
     "SolverSettings": ".config", "known_targets": ".config", "load_solver_settings": ".config",
     "load_target": ".config",
     "RangeTable": ".costmodel", "StageCostModel": ".costmodel", "StageMemory": ".costmodel",
@@ -31,7 +33,7 @@ _EXPORTS: dict[str, str] = {
     "LayerAssignment": ".layers", "LayerOptions": ".layers", "group_layers": ".layers",
     "exact_optimum": ".oracle", "greedy": ".oracle", "uniform": ".oracle",
     "export_plan": ".export",
-    "capture": ".capture", "capture_model": ".capture",
+    "capture": ".torchcapture", "capture_model": ".torchcapture",
     "import_onnx": ".io.onnximport",
     "apply_roofline": ".roofline",
     "Plan": ".plan", "read_plan": ".plan", "write_plan": ".plan",

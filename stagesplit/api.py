@@ -209,7 +209,7 @@ def breakdown(profile: str | Path | Profile | Analysis, *, target: str | Target 
               efficiency: float = 1.0, layering: LayerOptions | None = None, shared: str = "every",
               layer_compute: Mapping[str, float] | None = None):
     """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
-    from .breakdown import Breakdown
+    from .breakdowns import Breakdown
     from .config import load_target
     from .options import _number
     from .roofline import apply_roofline
@@ -219,6 +219,46 @@ def breakdown(profile: str | Path | Profile | Analysis, *, target: str | Target 
     apply_roofline(model, load_target(target) if isinstance(target, str) else target,
                    _number("efficiency", efficiency, 0, 1, low_open=True))
     return Breakdown.of(model)
+
+
+def diagnose(profile: Any, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
+             window: int = 5, layering: LayerOptions | None = None, shared: str = "every",
+             layer_compute: Mapping[str, float] | None = None):
+    """The bottleneck tile and step of each stage of ``plan`` (a ``Plan`` or a plan file), or of
+    one stage holding ``layers`` ("FIRST:LAST" or a pair of names), or of the whole profile;
+    the variables live there, and how well the operations were grouped into layers."""
+    from .costmodel import StageCostModel
+    from .diagnosis import diagnose as diagnose_model
+    from .safeinput import show
+    if isinstance(profile, StageCostModel):
+        model = profile
+    else:
+        model = analyze(profile, layering=layering, shared=shared).model
+    if layer_compute:
+        model = model.with_compute(dict(layer_compute), "layer_compute")
+    names = model.layers.names
+    if plan is not None and layers is not None:
+        raise OptionError("plan", "give plan or layers, not both")
+    stages = None
+    if plan is not None:
+        from .plan import Plan, read_plan
+        where = "plan" if isinstance(plan, Plan) else str(plan)
+        plan = plan if isinstance(plan, Plan) else read_plan(plan)
+        if plan.layer_names != names:
+            raise StagesplitError(f"{show(where)}: the plan's layers ({', '.join(plan.layer_names[:6])}...) are not this "
+                                  f"profile's ({', '.join(names[:6])}...): use the same profile and layer options")
+        stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
+        if not stages:
+            raise StagesplitError(f"{show(where)}: the plan has no stages (no split fitted)")
+    elif layers is not None:
+        first, sep, last = layers.partition(":") if isinstance(layers, str) else (*layers[:1], ":", *layers[1:2])
+        index = {name: i for i, name in enumerate(names)}
+        if not sep or first not in index or last not in index or index[first] > index[last]:
+            raise OptionError("layers", f"expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
+                              f"got '{show(str(layers))}'")
+        stages = [(index[first], index[last], 1, None)]
+    from .options import _integer
+    return diagnose_model(model, stages, top=_integer("top", top, 1), window=_integer("window", window, 0))
 
 
 def record_request(plan, request: SolveRequest, targets: list[Target] | None = None) -> None:

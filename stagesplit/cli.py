@@ -239,7 +239,7 @@ def _progress(args: argparse.Namespace):
 # -- commands -------------------------------------------------------------------------------------------
 
 def cmd_breakdown(args: argparse.Namespace) -> int:
-    from .breakdown import SECTIONS, Breakdown
+    from .breakdowns import SECTIONS, Breakdown
     from .table import render
     sections = tuple(args.sections.split(",")) if args.sections else SECTIONS
     unknown = [s for s in sections if s not in SECTIONS]
@@ -420,35 +420,15 @@ def cmd_sweep(args: argparse.Namespace) -> int:
 
 
 def cmd_diagnose(args: argparse.Namespace) -> int:
-    from .diagnose import diagnose, diagnosis_tables
+    from .api import diagnose
+    from .diagnosis import diagnosis_tables
     from .table import render
-    if args.plan and args.layers:
-        raise StagesplitError("give --plan or --layers, not both")
-    analysis = _analysis(args)
-    model = analysis.model
-    names = model.layers.names
-    stages = None
-    if args.plan:
-        from .plan import read_plan
-        plan = read_plan(args.plan)
-        if plan.layer_names != names:
-            raise StagesplitError(f"{args.plan}: the plan's layers ({', '.join(plan.layer_names[:6])}...) are not this "
-                                  f"profile's ({', '.join(names[:6])}...): use the same profile and layer options")
-        stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
-        if not stages:
-            raise StagesplitError(f"{args.plan}: the plan has no stages (no split fitted)")
-    elif args.layers:
-        first, sep, last = args.layers.partition(":")
-        index = {name: i for i, name in enumerate(names)}
-        if not sep or first not in index or last not in index or index[first] > index[last]:
-            raise StagesplitError(f"--layers: expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
-                                  f"got '{args.layers}'")
-        stages = [(index[first], index[last], 1, None)]
-    result = diagnose(model, stages, top=args.top, window=args.window)
+    model = _analysis(args).model
+    result = diagnose(model, plan=args.plan, layers=args.layers, top=args.top, window=args.window)
     if args.plot:
         from .plot import plot_liveness
         s = max(result.stages, key=lambda x: x.total / x.capacity)
-        from .diagnose import live_bytes_by_step
+        from .diagnosis import live_bytes_by_step
         by_step, in_stage = live_bytes_by_step(model, s.first, s.last, s.tile)
         code = sum(s.memory[k] for k in ("vertex_code", "vertex_state", "exchange_code", "control_code"))
         plot_liveness(by_step, in_stage, s.memory["always_live"] + s.memory["stashed_copies"], code, s.capacity,
@@ -519,7 +499,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    from .capture import capture
+    from .torchcapture import capture
     from .io import save_profile
     profile = capture(args.model, optimizer=args.optimizer, dtype=args.dtype, amp=args.amp, target=args.target,
                       allocator_round=args.allocator_round, name=args.name, layer_regex=args.layer_regex)
@@ -730,7 +710,8 @@ FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "o
          "reserve": "--reserve", "min_layers": "--min-layers", "max_layers": "--max-layers",
          "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
          "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",
-         "layer_compute": "--layer-compute", "time_limit": "--time-limit", "workers": "--workers"}
+         "layer_compute": "--layer-compute", "time_limit": "--time-limit", "workers": "--workers",
+         "plan": "--plan", "layers": "--layers", "top": "--top", "window": "--window"}
 
 
 def _with_flag(exc: StagesplitError) -> str:

@@ -225,3 +225,36 @@ def test_profile_hash_is_taken_from_the_bytes_read(tmp_path):
     profile = load_profile(BERT)
     assert profile.info.sha256 == hashlib.sha256(open(BERT, "rb").read()).hexdigest()
     assert profile.info.path == BERT
+
+
+def test_diagnose_by_layer_names_and_by_plan(tmp_path):
+    analysis = stagesplit.analyze(BERT)
+    one = stagesplit.diagnose(analysis, layers="3:5")
+    pair = stagesplit.diagnose(analysis, layers=("3", "5"))
+    sm = analysis.model.stage_memory(3, 5)
+    for d in (one, pair):
+        assert [(s.first, s.last) for s in d.stages] == [(3, 5)]
+        assert d.stages[0].tile == sm.worst_tile() and d.stages[0].total == sm.worst_bytes()
+    plan = stagesplit.solve(analysis, devices=4)
+    stagesplit.write_plan(plan, tmp_path / "plan.json")
+    by_path = stagesplit.diagnose(analysis, plan=tmp_path / "plan.json")
+    assert [(s.first, s.last) for s in by_path.stages] == [(s.first_layer, s.last_layer) for s in plan.stages]
+    assert [s.total for s in by_path.stages] == [s.worst_tile_bytes for s in plan.stages]
+    with pytest.raises(OptionError) as info:
+        stagesplit.diagnose(analysis, layers="5:3")
+    assert info.value.parameter == "layers"
+    with pytest.raises(OptionError) as info:
+        stagesplit.diagnose(analysis, layers="3:5", plan=plan)
+    assert info.value.parameter == "plan"
+
+
+def test_public_functions_stay_functions_after_their_modules_load():
+    """A package attribute named like a submodule is replaced when the submodule is imported;
+    no public name may share a module's name."""
+    import importlib
+    import pkgutil
+    modules = {m.name for m in pkgutil.iter_modules(stagesplit.__path__)}
+    assert not modules & set(stagesplit.__all__)
+    for name in modules:
+        importlib.import_module(f"stagesplit.{name}") if name not in ("torchcapture", "__main__") else None
+    assert callable(stagesplit.breakdown) and callable(stagesplit.diagnose) and callable(stagesplit.solve)

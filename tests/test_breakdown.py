@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from stagesplit.analysis import Analysis
-from stagesplit.breakdown import SECTIONS, Breakdown
+from stagesplit.breakdowns import SECTIONS, Breakdown
 from stagesplit.layers import LayerOptions
 from stagesplit.table import render
 

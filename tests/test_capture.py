@@ -18,7 +18,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stagesplit.analysis import Analysis  # noqa: E402
-from stagesplit.capture import capture, capture_model, peak_bytes  # noqa: E402
+from stagesplit.torchcapture import capture, capture_model, peak_bytes  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.layers import Rule  # noqa: E402
@@ -446,7 +446,7 @@ def test_nothing_but_capture_imports_torch():
         import importlib, pkgutil, sys
         import stagesplit
         for m in pkgutil.walk_packages(stagesplit.__path__, "stagesplit."):
-            if m.name not in ("stagesplit.capture", "stagesplit.__main__"):
+            if m.name not in ("stagesplit.torchcapture", "stagesplit.__main__"):
                 importlib.import_module(m.name)
         from stagesplit.cli import build_parser
         build_parser().parse_args(["capture", "x.py:f", "-o", "y.stagesplit"])

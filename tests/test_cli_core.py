@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from stagesplit.analysis import Analysis
-from stagesplit.breakdown import Breakdown
+from stagesplit.breakdowns import Breakdown
 from stagesplit.cli import main
 from stagesplit.config import known_targets
 from stagesplit.io import load_profile, save_profile

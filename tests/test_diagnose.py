@@ -5,7 +5,7 @@ import numpy as np
 from stagesplit.analysis import Analysis
 from stagesplit.builder import ProfileBuilder
 from stagesplit.cli import main
-from stagesplit.diagnose import diagnose, diagnosis_tables
+from stagesplit.diagnosis import diagnose, diagnosis_tables
 from stagesplit.io import save_profile
 from stagesplit.profile import GroundTruth, Target
 from stagesplit.table import render
@@ -120,7 +120,7 @@ def test_cli_diagnose_bad_input(tmp_path, capsys):
 import pytest  # noqa: E402
 
 from fake_pva.support import load_fake_pva  # noqa: E402
-from stagesplit.breakdown import Breakdown  # noqa: E402
+from stagesplit.breakdowns import Breakdown  # noqa: E402
 from stagesplit.io.popvision import read_popvision  # noqa: E402
 
 

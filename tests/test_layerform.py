@@ -4,7 +4,7 @@ and bad fields."""
 
 import pytest
 
-from stagesplit.diagnose import live_bytes_by_step
+from stagesplit.diagnosis import live_bytes_by_step
 from stagesplit.config import load_target
 from stagesplit.costmodel import StageCostModel
 from stagesplit.errors import ProfileError

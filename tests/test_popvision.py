@@ -12,8 +12,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.breakdown import operation_costs
-from stagesplit.breakdown import Breakdown
+from stagesplit.breakdowns import operation_costs
+from stagesplit.breakdowns import Breakdown
 from stagesplit.cli import main
 from stagesplit.costmodel import StageCostModel
 from stagesplit.errors import ProfileError, StagesplitError

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.diagnose import live_bytes_by_step
-from stagesplit.breakdown import operation_costs
+from stagesplit.diagnosis import live_bytes_by_step
+from stagesplit.breakdowns import operation_costs
 from stagesplit.builder import ProfileBuilder
 from stagesplit.costmodel import StageCostModel
 from stagesplit.io import load_profile

@@ -1,0 +1,59 @@
+"""Start-up benchmark (issue 11): the light commands import neither the solver (OR-Tools) nor
+plotting (matplotlib) nor pandas, and `stagesplit --help` answers in under 0.3 s.
+
+Each command runs 5 times in a fresh interpreter; the table shows the median wall time and the
+heavy modules that ``python -X importtime`` saw imported.
+
+Run from the repository root:  python benchmarks/bench_startup.py
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from _common import ROOT, print_table
+
+HEAVY = ("ortools", "matplotlib", "pandas", "torch", "onnx", "scipy")
+COMMANDS = (["--help"], ["targets"], ["breakdown", "profiles/tiny.json", "--sections", "totals"],
+            ["convert", "profiles/tiny.json", "-o", os.path.join(tempfile.gettempdir(), "stagesplit-startup.json")])
+
+
+def heavy_imports(argv: list[str]) -> list[str]:
+    proc = subprocess.run([sys.executable, "-X", "importtime", "-m", "stagesplit", *argv], capture_output=True,
+                          text=True, cwd=str(ROOT))
+    seen = set()
+    for line in proc.stderr.splitlines():
+        if line.startswith("import time:"):
+            module = line.rsplit("|", 1)[-1].strip().split(".")[0]
+            if module in HEAVY:
+                seen.add(module)
+    return sorted(seen)
+
+
+def wall(argv: list[str], runs: int = 5) -> float:
+    times = []
+    for _ in range(runs):
+        start = time.perf_counter()
+        subprocess.run([sys.executable, "-m", "stagesplit", *argv], capture_output=True, cwd=str(ROOT))
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
+
+
+def main() -> None:
+    rows = []
+    for argv in COMMANDS:
+        label = "stagesplit " + " ".join(argv[:2])
+        heavy = heavy_imports(argv)
+        target = "< 0.3 s" if argv == ["--help"] else ""
+        rows.append((label, f"{wall(argv):.2f} s; heavy imports: {', '.join(heavy) or 'none'}",
+                     target + ("; none" if target else "none")))
+    print_table("Start-up: median of 5 runs in a fresh interpreter, and heavy modules imported", rows)
+
+
+if __name__ == "__main__":
+    main()
