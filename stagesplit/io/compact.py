@@ -122,8 +122,9 @@ class _Arrays:
         self.source = source
 
     def get(self, key: str, *, kind: str = "i", ndim: int = 1, narrow: bool = False) -> np.ndarray:
-        """The array ``key``; integers widened to int64 (int32 with ``narrow`` where they fit:
-        the per-program code arrays are the bulk of a large profile)."""
+        """The array ``key``; integers widened to int64 (kept as stored, at most int32, with
+        ``narrow``: the per-program code arrays are the bulk of a large profile, and their users
+        widen before any arithmetic that could overflow)."""
         if key not in self.data.files:
             raise ProfileError(self.source, key, "this array in a stagesplit compact profile (file incomplete)")
         try:
@@ -135,7 +136,9 @@ class _Arrays:
         if a.dtype.kind not in kind or a.ndim != ndim:
             raise ProfileError(self.source, key, f"a {ndim}-d array of kind '{kind}'", f"{a.dtype} with {a.ndim} dims")
         if kind == "i":
-            return a.astype(np.int32 if narrow and a.dtype.itemsize <= 4 else np.int64)
+            if narrow and a.dtype.itemsize <= 4:
+                return a if a.dtype.isnative else a.astype(a.dtype.newbyteorder("="))
+            return a.astype(np.int64)
         return a
 
     def strings(self, key: str) -> list[str]:
