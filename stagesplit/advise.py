@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
 import numpy as np
 
@@ -171,11 +171,91 @@ class SweepRow:
         return self.plan.feasible
 
 
+@dataclass(repr=False)
+class SweepResult:
+    """The rows of a devices sweep, one per device count, in the order asked for. Behaves as a
+    sequence of ``SweepRow`` (iterate, ``len``, index); ``frame()`` gives a pandas DataFrame and
+    notebooks show it as a table."""
+
+    rows: list[SweepRow] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[SweepRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        """A row by position; a slice gives a ``SweepResult`` of those rows."""
+        if isinstance(index, slice):
+            return SweepResult(self.rows[index])
+        return self.rows[index]
+
+    def __repr__(self) -> str:
+        fewest = self.fewest_devices
+        return (f"SweepResult(devices {[r.devices for r in self.rows]}, "
+                f"{f'fewest that fit: {fewest}' if fewest is not None else 'none fits'})")
+
+    @property
+    def fewest_devices(self) -> int | None:
+        """The fewest device counts of the sweep whose plan fits (None if none does)."""
+        return min((r.devices for r in self.rows if r.fits), default=None)
+
+    def frame(self):
+        """A pandas DataFrame with one row per device count (index ``devices``): ``fits``,
+        ``stages`` (devices used), ``micro_batches``, ``status``, ``bottleneck_stage``,
+        ``bottleneck_compute`` (in ``attrs["compute_unit"]``), ``bottleneck_time`` (compute
+        unit, transfers included), ``bottleneck_time_s`` (NaN without seconds),
+        ``efficiency`` (pipeline efficiency), ``bubble``, ``worst_memory`` (fullest stage's
+        fraction of its capacity), ``worst_memory_bytes``, ``split`` and ``message``. A row whose
+        plan has no split has ``stages`` 0, NaN figures and <NA> in the nullable Int64 columns."""
+        from .frames import frame
+        from .problem import bubble_fraction
+        rows = self.rows
+
+        def each(f):                                   # f(row, bottleneck stage, fullest stage); None: no split
+            return [f(r, r.plan.bottleneck, r.plan.worst_memory) if r.plan.stages else None for r in rows]
+
+        cols = {
+            "fits": ([r.fits for r in rows], "bool"),
+            "stages": ([len(r.plan.stages) for r in rows], "int64"),
+            "micro_batches": ([r.micro_batches for r in rows], "int64"),
+            "status": ([r.plan.status for r in rows], object),
+            "bottleneck_stage": (each(lambda r, b, w: b.stage), "Int64"),
+            "bottleneck_compute": (each(lambda r, b, w: b.compute), "float64"),
+            "bottleneck_time": (each(lambda r, b, w: b.stage_time), "float64"),
+            "bottleneck_time_s": (each(lambda r, b, w: b.time_s), "float64"),
+            "efficiency": (each(lambda r, b, w: r.plan.pipeline_efficiency(r.micro_batches)), "float64"),
+            "bubble": (each(lambda r, b, w: bubble_fraction(len(r.plan.stages), r.micro_batches)), "float64"),
+            "worst_memory": (each(lambda r, b, w: w.worst_tile_bytes / w.capacity_bytes if w.capacity_bytes else None),
+                             "float64"),
+            "worst_memory_bytes": (each(lambda r, b, w: w.worst_tile_bytes), "Int64"),
+            "split": ([r.plan.short_split_text() if r.plan.stages else None for r in rows], object),
+            "message": ([r.plan.message for r in rows], object),
+        }
+        unit = rows[0].plan.compute_unit if rows else ""
+        return frame(cols, index=("devices", [r.devices for r in rows], "int64"), attrs={"compute_unit": unit})
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the fewest devices that fit, then the frame; names are escaped."""
+        from .frames import html_summary
+        name = self.rows[0].plan.profile.get("name") if self.rows else ""
+        counts = [r.devices for r in self.rows]
+        title = f"stagesplit devices sweep of {name or 'a profile'}" + \
+            (f": {min(counts)}..{max(counts)} devices" if counts else "")
+        fewest = self.fewest_devices
+        lines = [f"fewest devices that fit: {fewest}" if fewest is not None else "no device count in the sweep fits"]
+        if self.rows and self.rows[0].plan.notes:
+            lines.append(f"note: {self.rows[0].plan.notes[0]}")
+        return html_summary(title, lines, self.frame().to_html())
+
+
 def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int], *,
           table: RangeTable | None = None, profile_path: str | Path | None = None,
           target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
-          on_row: Callable[[SweepRow], None] | None = None) -> list[SweepRow]:
-    """Solve for each device count (pricing every range once, unless ``table`` is given)."""
+          on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
+    """Solve for each device count (pricing every range once, unless ``table`` is given); the
+    rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows)."""
     traffic = layer_traffic(model)
     if table is None:
         table = price(model, options, max_devices=max(device_counts), progress=progress)
@@ -188,5 +268,5 @@ def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int]
         rows.append(row)
         if on_row:
             on_row(row)
-    return rows
+    return SweepResult(rows)
 

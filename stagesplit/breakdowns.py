@@ -152,6 +152,145 @@ class Breakdown:
         t.note = "cut before: bytes that cross a split placed just before the layer (both directions)"
         return t
 
+    # -- pandas DataFrames (built from the arrays, not the tables; pandas imported only here) -----
+    def grouping_frame(self):
+        """Operations per grouping rule: index ``rule`` (label), ``operations`` (int64) and
+        ``share`` (fraction of all operations); rules no operation used are left out."""
+        from .frames import frame
+        la = self.model.layers
+        rules = [r for r in Rule if (la.op_rule == r).any()]
+        counts = [int((la.op_rule == r).sum()) for r in rules]
+        n = max(len(la.op_rule), 1)
+        return frame({"operations": (counts, "int64"), "share": ([c / n for c in counts], "float64")},
+                     index=("rule", [r.label for r in rules], object))
+
+    def operations_frame(self):
+        """One row per operation (index ``operation``, its number in program order): ``name``,
+        ``layer`` (name, None without one), ``layer_index`` (-1 without one), ``rule``, the
+        bytes it needs on its own summed over tiles (``always_live_bytes``,
+        ``not_always_live_bytes``, ``vertex_code_bytes``, ``vertex_state_bytes``,
+        ``exchange_code_bytes``, ``control_code_bytes``, ``variables_bytes``, ``total_bytes``;
+        int64), ``compute`` (in ``attrs["compute_unit"]``) and, where the profile has roofline
+        times, ``time_s`` and ``bound`` ("memory" or "compute")."""
+        from .frames import frame
+        m = self.model
+        la = m.layers
+        costs = operation_costs(m)
+        layer = np.asarray(la.op_layer, np.int64)
+        cols = {"name": (list(m.profile.operations.name), object),
+                "layer": ([la.names[l] if l >= 0 else None for l in layer], object),
+                "layer_index": (layer, "int64"),
+                "rule": ([Rule(r).label for r in la.op_rule], object)}
+        for k in ("always_live", "not_always_live") + CODE + ("variables", "total"):
+            cols[f"{k}_bytes"] = (getattr(costs, k), "int64")
+        cols["compute"] = (costs.compute, "float64")
+        roof = _roofline(m)
+        if roof is not None:
+            cols["time_s"] = (roof.op_seconds, "float64")
+            cols["bound"] = (np.where(roof.op_memory_bound, "memory", "compute").tolist(), object)
+        return frame(cols, index=("operation", np.arange(len(layer)), "int64"), attrs=self._attrs())
+
+    def layers_frame(self):
+        """One row per layer (index ``layer``, its number), each priced as a stage of its own:
+        ``name``, ``ops``, bytes summed over tiles (``always_live_bytes``,
+        ``not_always_live_bytes``, ``vertex_code_bytes`` ... ``control_code_bytes``,
+        ``total_bytes``), ``worst_tile`` and ``worst_tile_bytes``, ``stashed_bytes``,
+        ``cut_before_bytes`` (bytes crossing a split placed just before the layer), ``compute``
+        and, with roofline times, ``time_s`` and ``bound``. Bytes are int64."""
+        from .frames import frame
+        m = self.model
+        la = m.layers
+        stages = [m.stage_memory(l, l) for l in range(len(la.names))]
+        cols = {"name": (list(la.names), object),
+                "ops": (np.bincount(la.op_layer[la.op_layer >= 0], minlength=len(la.names)), "int64"),
+                "always_live_bytes": ([sm.always_live.sum() for sm in stages], "int64"),
+                "not_always_live_bytes": ([sm.not_always_live.sum() for sm in stages], "int64")}
+        for k in CODE:
+            cols[f"{k}_bytes"] = ([sm.category(k).sum() for sm in stages], "int64")
+        cols.update({"total_bytes": ([sm.total().sum() for sm in stages], "int64"),
+                     "worst_tile": ([sm.worst_tile() for sm in stages], "int64"),
+                     "worst_tile_bytes": ([sm.worst_bytes() for sm in stages], "int64"),
+                     "stashed_bytes": ([sm.stash.sum() for sm in stages], "int64"),
+                     "cut_before_bytes": (self.traffic.cut_bytes[:len(la.names)], "int64"),
+                     "compute": (m.layer_compute, "float64")})
+        roof = _roofline(m)
+        if roof is not None:
+            cols["time_s"] = (roof.layer_seconds, "float64")
+            cols["bound"] = (list(roof.layer_bound), object)
+        return frame(cols, index=("layer", np.arange(len(la.names)), "int64"), attrs=self._attrs())
+
+    def totals_frame(self):
+        """The whole profile as one stage, by category (index ``category``: ``always_live``,
+        ``not_always_live``, ``vertex_code``, ``vertex_state``, ``exchange_code``,
+        ``control_code``, ``total``): ``modelled_bytes`` and ``shared_bytes`` (the part from
+        items no layer owns) summed over tiles, and ``worst_tile_bytes`` (the most any one
+        tile holds of that category; for ``total``, the fullest tile)."""
+        from .frames import frame
+        whole, shared = self.whole, self.shared
+        keys = ("always_live", "not_always_live") + CODE
+        return frame({"modelled_bytes": ([whole.category(k).sum() for k in keys] + [whole.total().sum()], "int64"),
+                      "shared_bytes": ([shared.category(k).sum() for k in keys] + [shared.total().sum()], "int64"),
+                      "worst_tile_bytes": ([whole.category(k).max(initial=0) for k in keys] + [whole.worst_bytes()],
+                                           "int64")},
+                     index=("category", list(keys) + ["total"], object), attrs=self._attrs())
+
+    def tiles_frame(self, top: int | None = None):
+        """Tiles of the whole profile as one stage, fullest first (ties in tile order; the
+        ``top`` fullest, or all): index ``tile``; ``total_bytes``, ``always_live_bytes``,
+        ``not_always_live_bytes``, ``peak_step`` (nullable Int64: <NA> where nothing
+        not-always-live is live), the code categories' ``*_bytes`` and ``of_capacity``
+        (fraction of a tile's bytes)."""
+        from .frames import frame
+        whole = self.whole
+        total = whole.total()
+        order = np.argsort(-total, kind="stable")
+        if top is not None:
+            order = order[:max(top, 0)]
+        steps = whole.peak_step[order]
+        cols = {"total_bytes": (total[order], "int64"), "always_live_bytes": (whole.always_live[order], "int64"),
+                "not_always_live_bytes": (whole.not_always_live[order], "int64"),
+                "peak_step": ([int(s) if s >= 0 else None for s in steps], "Int64")}
+        for k in CODE:
+            cols[f"{k}_bytes"] = (whole.category(k)[order], "int64")
+        cols["of_capacity"] = (total[order] / self.model.profile.target.bytes_per_tile, "float64")
+        return frame(cols, index=("tile", order, "int64"), attrs=self._attrs())
+
+    def affinity_frame(self):
+        """Bytes of variables used by both layers: a square int64 frame, layer names on both axes."""
+        return self._layer_matrix(self.traffic.affinity, "layer", "layer")
+
+    def communication_frame(self):
+        """Bytes created in the row layer and used in the column layer: a square int64 frame
+        (index ``from``, columns ``to``, layer names). The bytes a split just before each layer
+        cuts are ``layers_frame()["cut_before_bytes"]``."""
+        return self._layer_matrix(self.traffic.communication, "from", "to")
+
+    def _layer_matrix(self, values: np.ndarray, rows: str, columns: str):
+        from .frames import pandas
+        pd = pandas()
+        names = list(self.model.layers.names)
+        return pd.DataFrame(np.asarray(values, np.int64), index=pd.Index(names, name=rows, dtype=object),
+                            columns=pd.Index(names, name=columns, dtype=object))
+
+    def _attrs(self) -> dict:
+        p = self.model.profile
+        return {"compute_unit": p.compute_unit, "profile": p.info.name, "target": p.target.name}
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the profile's size and memory totals, then the per-layer frame
+        (the layers' main columns); names are escaped."""
+        from .frames import html_summary
+        m = self.model
+        p = m.profile
+        title = (f"stagesplit breakdown of {p.info.name or 'a profile'}: {len(m.layers.names)} layers, "
+                 f"{len(p.operations)} operations on {p.target.name}")
+        lines = self.totals_table().note.splitlines()
+        layers = self.layers_frame()
+        keep = [c for c in ("name", "ops", "always_live_bytes", "not_always_live_bytes", "total_bytes",
+                            "worst_tile_bytes", "stashed_bytes", "cut_before_bytes", "compute", "time_s", "bound")
+                if c in layers.columns]
+        return html_summary(title, lines, layers[keep].to_html())
+
 
 def _roofline(m: StageCostModel):
     """Roofline times (roofline.py) to show: for FLOP/second profiles and any profile that knows

@@ -28,6 +28,10 @@ from .traffic import Traffic
 FORMAT = "stagesplit-plan"
 VERSION = 1
 MEMORY_KEYS = MemoryBreakdown.keys()
+#: the stages frame's columns a notebook shows (``Plan.stages_frame()`` has them all)
+HTML_STAGE_COLUMNS = ("device", "target", "first_layer_name", "last_layer_name", "num_layers", "in_flight",
+                      "memory_bytes", "capacity_bytes", "headroom", "fits", "compute", "stage_time", "time_s",
+                      "bytes_received", "bytes_sent")
 
 
 @dataclass
@@ -165,6 +169,90 @@ class Plan:
             rec["headroom"] = round(s.headroom, 6)
             doc["stages"].append(rec)
         return doc
+
+    # -- notebooks (pandas is imported only here) -----------------------------------------------
+    def stage_target(self, stage: StagePlan) -> str:
+        """The name of the device target a stage runs on: the plan's per-position targets when
+        it was solved for named (possibly mixed) targets, else the profile's own device."""
+        targets = self.inputs.get("targets") or []
+        if 0 <= stage.device < len(targets):
+            return str(targets[stage.device])
+        return str(self.profile.get("target", ""))
+
+    def stages_frame(self):
+        """A pandas DataFrame with one row per stage, indexed by stage number.
+
+        Columns: ``device`` (position), ``target``, ``first_layer``/``last_layer`` (layer
+        indices), ``first_layer_name``/``last_layer_name``, ``num_layers``, ``in_flight``,
+        ``memory_bytes`` (bytes on the stage's fullest tile, the whole device on a one-tile
+        GPU: what must fit), ``worst_tile``, ``capacity_bytes``, ``headroom_bytes``,
+        ``headroom`` (fraction of capacity left), ``fits``, the fullest tile's bytes by
+        category (``always_live_bytes`` ... ``control_code_bytes``), ``total_bytes`` (summed
+        over tiles), ``compute`` (in ``attrs["compute_unit"]``), ``stage_time`` (compute unit,
+        transfers included), ``time_s`` (NaN when the target gives no seconds),
+        ``bytes_received``, ``bytes_sent`` and ``bottleneck``. Bytes are int64; an
+        infeasible plan gives an empty frame with the same columns and dtypes."""
+        from .frames import frame
+        st = self.stages
+        bottleneck = self.bottleneck
+        cols: dict[str, tuple[Any, Any]] = {
+            "device": ([s.device for s in st], "int64"),
+            "target": ([self.stage_target(s) for s in st], object),
+            "first_layer": ([s.first_layer for s in st], "int64"),
+            "last_layer": ([s.last_layer for s in st], "int64"),
+            "first_layer_name": ([self.layer_names[s.first_layer] for s in st], object),
+            "last_layer_name": ([self.layer_names[s.last_layer] for s in st], object),
+            "num_layers": ([s.last_layer - s.first_layer + 1 for s in st], "int64"),
+            "in_flight": ([s.in_flight for s in st], "int64"),
+            "memory_bytes": ([s.worst_tile_bytes for s in st], "int64"),
+            "worst_tile": ([s.worst_tile for s in st], "int64"),
+            "capacity_bytes": ([s.capacity_bytes for s in st], "int64"),
+            "headroom_bytes": ([s.headroom_bytes for s in st], "int64"),
+            "headroom": ([s.headroom for s in st], "float64"),
+            "fits": ([s.fits for s in st], "bool"),
+        }
+        for key in MEMORY_KEYS:
+            cols[f"{key}_bytes"] = ([getattr(s.memory_at_worst_tile, key) for s in st], "int64")
+        cols.update({
+            "total_bytes": ([s.memory_total.total for s in st], "int64"),
+            "compute": ([s.compute for s in st], "float64"),
+            "stage_time": ([s.stage_time for s in st], "float64"),
+            "time_s": ([s.time_s for s in st], "float64"),
+            "bytes_received": ([s.bytes_received for s in st], "int64"),
+            "bytes_sent": ([s.bytes_sent for s in st], "int64"),
+            "bottleneck": ([s is bottleneck for s in st], "bool"),
+        })
+        return frame(cols, index=("stage", [s.stage for s in st], "int64"),
+                     attrs={"compute_unit": self.compute_unit, "method": self.method, "status": self.status})
+
+    def layers_frame(self):
+        """A pandas DataFrame with one row per layer (indexed by layer number): ``name``,
+        ``module_path`` (None where not derivable), and the ``stage`` and ``device`` holding it
+        (nullable Int64: <NA> everywhere when the plan has no split)."""
+        from .frames import frame
+        n = len(self.layer_names)
+        stage: list[int | None] = [None] * n
+        device: list[int | None] = [None] * n
+        for s in self.stages:
+            for layer in range(s.first_layer, min(s.last_layer, n - 1) + 1):
+                stage[layer], device[layer] = s.stage, s.device
+        paths = self.module_paths if len(self.module_paths) == n else [None] * n
+        return frame({"name": (self.layer_names, object), "module_path": (paths, object),
+                      "stage": (stage, "Int64"), "device": (device, "Int64")},
+                     index=("layer", range(n), "int64"))
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the plan's summary (split, status, bottleneck, memory) and its
+        stages frame; names are escaped."""
+        from .frames import html_summary
+        from .report import plan_summary
+        micro = self.inputs.get("micro_batches")
+        summary = plan_summary(self, micro if isinstance(micro, int) and micro > 0 else 1,
+                               gpu=self.profile.get("tiles") == 1)
+        title = f"stagesplit plan ({self.method}) of {self.profile.get('name') or 'a profile'}: " \
+                f"{len(self.layer_names)} layers on {self.devices} devices"
+        table = self.stages_frame()[list(HTML_STAGE_COLUMNS)].to_html() if self.stages else ""
+        return html_summary(title, summary.splitlines(), table)
 
 
 def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:

@@ -7,6 +7,21 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from helpers import PROFILES  # noqa: E402
 
+# Hypothesis profiles. "ci" (the default, what the README's test command and CI run): the same
+# examples every run (derandomized), so a red build is reproducible; no per-example deadline on
+# a shared 2-core machine. "dev": five times the examples, random, to hunt for new failures:
+#   HYPOTHESIS_PROFILE=dev pytest ...   or   pytest --hypothesis-profile dev
+# A test's own @settings(max_examples=...) still applies (it overrides the profile's count).
+import os  # noqa: E402
+
+from hypothesis import HealthCheck, settings  # noqa: E402
+
+settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("dev", max_examples=500, deadline=None, print_blob=True,
+                          suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
 SAMPLES = ["bert-base.stagesplit", "gpt.stagesplit", "cnn.stagesplit"]
 
 

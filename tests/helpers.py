@@ -7,8 +7,13 @@ import functools
 from pathlib import Path
 
 import numpy as np
+from hypothesis import strategies as st
 
+from stagesplit.analysis import Analysis
 from stagesplit.builder import ProfileBuilder
+from stagesplit.config import load_target
+from stagesplit.io.layerform import LayerSpec, build_layer_profile
+from stagesplit.problem import SolveOptions
 from stagesplit.profile import GroundTruth, Profile, Target
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -189,3 +194,83 @@ def error_line(excinfo, *, file: str | Path | None = None, field: str | None = N
     if expected is not None:
         assert expected in message, message
     return message
+
+
+# ---- small per-layer models and random split problems (solver, oracle, plan and plot tests) ------
+
+UNIT = 1000
+
+
+def layer_model(weights, compute, training=False, activations=None, output=None):
+    """Per-layer profile on one tile: with no activations in inference, a stage needs exactly
+    the sum of its layers' weights."""
+    activations = activations or [0] * len(weights)
+    output = output or [0] * len(weights)
+    specs = [LayerSpec(f"l{i}", weights=w * UNIT, activations=a * UNIT, output=o * UNIT, compute=c)
+             for i, (w, c, a, o) in enumerate(zip(weights, compute, activations, output))]
+    return Analysis.of(build_layer_profile(specs, load_target("a100-80gb"), training=training)).model
+
+
+def options(devices, capacity, **kw):
+    caps = tuple(c * UNIT for c in capacity) if isinstance(capacity, (list, tuple)) else (capacity * UNIT,) * devices
+    return SolveOptions(devices=devices, capacities=caps, time_limit=20, **kw)
+
+
+def stage_ranges(split):
+    return [(a, b) for _, a, b in split.stages]
+
+
+@st.composite
+def random_problems(draw, max_layers=32, max_devices=8):
+    layers = draw(st.integers(1, max_layers))
+    devices = draw(st.integers(1, max_devices))
+    seed = draw(st.integers(0, 2**32 - 1))
+    rng = np.random.default_rng(seed)
+    training = draw(st.booleans())
+    weights = rng.integers(1, 20, layers).tolist()
+    acts = rng.integers(0, 10, layers).tolist()
+    outs = rng.integers(0, 4, layers).tolist()
+    compute = rng.integers(0, 50, layers).tolist()
+    model = layer_model(weights, compute, training=training, activations=acts, output=outs)
+    biggest = max(model.stage_memory(l, l).worst_bytes() for l in range(layers)) // UNIT
+    whole = model.stage_memory(0, layers - 1).worst_bytes() // UNIT
+    schedule = draw(st.sampled_from(["none", "1f1b", "gpipe"]))
+    micro = draw(st.integers(1, 6))
+    mixed = draw(st.booleans())
+    low, high = biggest, max(biggest + 1, 3 * whole // devices + 2)
+    caps = [int(x) for x in rng.integers(low, high, devices)] if mixed else [int(rng.integers(low, high))] * devices
+    pins = ()
+    if layers > 1 and draw(st.integers(0, 3)) == 0:
+        pins = (int(rng.integers(1, layers)),)
+    pinned_layers = ()
+    if draw(st.integers(0, 5)) == 0:
+        pinned_layers = ((int(rng.integers(0, layers)), int(rng.integers(0, devices))),)
+    exact = devices <= layers and draw(st.integers(0, 3)) == 0
+    min_layers = 1 + (draw(st.integers(0, 4)) == 0)
+    max_layers = None if draw(st.integers(0, 2)) else max(min_layers, -(-layers // devices) + draw(st.integers(0, 2)))
+    # communication on half the instances, with the link rate drawn so that a cut costs from a
+    # tenth of to ten times a layer's compute (compute is in FLOPs at the target's rate)
+    communication = draw(st.booleans())
+    link = None
+    if communication:
+        flop_s = 1.0 / model.profile.target.seconds_per_unit("flops")
+        link = float(UNIT * flop_s / 10 ** rng.uniform(-1, 1) / 10)
+    opts = SolveOptions(devices=devices, capacities=tuple(c * UNIT for c in caps),
+                        objective=draw(st.sampled_from(["compute", "memory", "devices"])), exact=exact,
+                        schedule=schedule, micro_batches=micro, min_layers=min_layers, max_layers=max_layers,
+                        pinned_splits=pins, communication=communication, link_bytes_per_s=link,
+                        pinned_layers=pinned_layers, time_limit=30)
+    return model, opts
+
+
+def hard_cp_model():
+    """A CP-SAT model that takes far longer than any test waits (for the Ctrl-C tests)."""
+    from ortools.sat.python import cp_model
+    m = cp_model.CpModel()
+    xs = [m.NewIntVar(0, 10**6, f"x{i}") for i in range(60)]
+    for i in range(60):
+        for j in range(i + 1, 60):
+            m.Add(xs[i] * (i + 3) - xs[j] * (j + 5) != (i * j) % 97)
+    m.Add(sum(xs) <= 10**6 + 7)
+    m.Maximize(sum(x * ((i * 7919) % 101) for i, x in enumerate(xs)))
+    return m

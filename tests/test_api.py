@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+from pathlib import Path
 
 import pytest
 
@@ -223,7 +224,7 @@ def test_profile_hash_is_taken_from_the_bytes_read(tmp_path):
     import hashlib
     from stagesplit.io import load_profile
     profile = load_profile(BERT)
-    assert profile.info.sha256 == hashlib.sha256(open(BERT, "rb").read()).hexdigest()
+    assert profile.info.sha256 == hashlib.sha256(Path(BERT).read_bytes()).hexdigest()
     assert profile.info.path == BERT
 
 

@@ -30,7 +30,7 @@ from stagesplit.regex import compile_regex
 from stagesplit import safeinput
 from stagesplit.safeinput import load_json, load_yaml, one_line, short_repr
 
-from helpers import ROOT, tiny_profile
+from helpers import ROOT, tiny_profile, hard_cp_model
 
 PYTHON = sys.executable
 
@@ -759,18 +759,6 @@ def test_bad_out_is_found_before_any_output_is_written(capsys, tmp_path, profile
 
 # -- 9. Ctrl-C ---------------------------------------------------------------------------------------------
 
-def _hard_model():
-    from ortools.sat.python import cp_model
-    m = cp_model.CpModel()
-    xs = [m.NewIntVar(0, 10**6, f"x{i}") for i in range(60)]
-    for i in range(60):
-        for j in range(i + 1, 60):
-            m.Add(xs[i] * (i + 3) - xs[j] * (j + 5) != (i * j) % 97)
-    m.Add(sum(xs) <= 10**6 + 7)
-    m.Maximize(sum(x * ((i * 7919) % 101) for i, x in enumerate(xs)))
-    return m
-
-
 def test_solve_interruptibly_stops_the_search():
     from ortools.sat.python import cp_model
     solver = cp_model.CpSolver()
@@ -781,12 +769,12 @@ def test_solve_interruptibly_stops_the_search():
     timer.start()
     start = time.monotonic()
     with pytest.raises(KeyboardInterrupt):
-        solve_interruptibly(solver, _hard_model())
+        solve_interruptibly(solver, hard_cp_model())
     assert time.monotonic() - start < 15
     assert signal.getsignal(signal.SIGINT) is previous
     # without an interrupt the status comes back as usual
     solver.parameters.max_time_in_seconds = 0.2
-    assert solve_interruptibly(solver, _hard_model()) in (cp_model.FEASIBLE, cp_model.OPTIMAL, cp_model.UNKNOWN)
+    assert solve_interruptibly(solver, hard_cp_model()) in (cp_model.FEASIBLE, cp_model.OPTIMAL, cp_model.UNKNOWN)
 
 
 CTRL_C_SCRIPT = textwrap.dedent("""
@@ -795,13 +783,13 @@ CTRL_C_SCRIPT = textwrap.dedent("""
     import stagesplit.solver as solver
     import stagesplit.interrupt as interrupt
     sys.path.insert(0, {tests!r})
-    from test_bad_input import _hard_model
+    from helpers import hard_cp_model
     marker = Path({marker!r})
 
     def hard(s, model):                      # the real solve, on a model that takes minutes
         s.parameters.max_time_in_seconds = 120
         marker.write_text("solving")
-        return interrupt.solve_interruptibly(s, _hard_model())
+        return interrupt.solve_interruptibly(s, hard_cp_model())
 
     solver.solve_interruptibly = hard
     from stagesplit.cli import main

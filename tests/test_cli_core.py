@@ -169,7 +169,7 @@ def test_out_replaces_an_existing_file_atomically(capsys, tmp_path, monkeypatch)
 
     def checking_replace(src, dst):
         # at the moment of the rename the new text is complete beside the old, untouched file
-        seen.append((open(src).read(), open(dst).read()))
+        seen.append((Path(src).read_text(), Path(dst).read_text()))
         return real_replace(src, dst)
 
     monkeypatch.setattr(os, "replace", checking_replace)

@@ -10,7 +10,7 @@ from stagesplit.oracle import exact_optimum
 from stagesplit.problem import build_problem, evaluate
 
 from bruteforce import brute_evaluate, brute_force, brute_key
-from test_solver import UNIT, layer_model, options, random_problems, stage_ranges
+from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 
 
 def check_dp_against_brute_force(model, opts):

@@ -10,7 +10,7 @@ from stagesplit.plan import read_plan, split_text, write_plan
 from stagesplit.problem import SolveOptions
 
 from helpers import PROFILES
-from test_solver import UNIT, layer_model, options
+from helpers import UNIT, layer_model, options
 
 
 def small_plan(tmp_path=None):

@@ -8,7 +8,7 @@ from stagesplit.errors import StagesplitError
 from stagesplit.plot import plot_liveness, plot_plan, plot_sweep
 from stagesplit.problem import SolveOptions
 
-from test_solver import layer_model
+from helpers import layer_model
 
 
 def twenty_stage_plan():

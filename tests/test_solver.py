@@ -2,43 +2,19 @@
 
 from dataclasses import replace
 
-import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings, strategies as st
+from hypothesis import HealthCheck, event, given, settings
 
 from stagesplit.advise import advise, fewest_devices, price
-from stagesplit.analysis import Analysis
-from stagesplit.config import load_target
-from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.oracle import exact_optimum, greedy, uniform
 from stagesplit.problem import SolveOptions, Split, build_problem, evaluate, in_flight
 from stagesplit.solver import solve_cpsat
 
-UNIT = 1000
-
-
-def layer_model(weights, compute, training=False, activations=None, output=None):
-    """Per-layer profile on one tile: with no activations in inference, a stage needs exactly
-    the sum of its layers' weights."""
-    activations = activations or [0] * len(weights)
-    output = output or [0] * len(weights)
-    specs = [LayerSpec(f"l{i}", weights=w * UNIT, activations=a * UNIT, output=o * UNIT, compute=c)
-             for i, (w, c, a, o) in enumerate(zip(weights, compute, activations, output))]
-    return Analysis.of(build_layer_profile(specs, load_target("a100-80gb"), training=training)).model
-
-
-def options(devices, capacity, **kw):
-    caps = tuple(c * UNIT for c in capacity) if isinstance(capacity, (list, tuple)) else (capacity * UNIT,) * devices
-    return SolveOptions(devices=devices, capacities=caps, time_limit=20, **kw)
-
+from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 
 def solve(model, opts):
     problem = build_problem(model, opts)
     return problem, solve_cpsat(problem)
-
-
-def stage_ranges(split):
-    return [(a, b) for _, a, b in split.stages]
 
 
 # Six layers of equal weight (4) on devices of capacity 12: at most three layers per stage.
@@ -246,49 +222,6 @@ def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
         g = greedy(problem)
         if g.feasible:
             assert result.evaluation.key("compute") <= g.evaluation.key("compute")
-
-
-@st.composite
-def random_problems(draw, max_layers=32, max_devices=8):
-    layers = draw(st.integers(1, max_layers))
-    devices = draw(st.integers(1, max_devices))
-    seed = draw(st.integers(0, 2**32 - 1))
-    rng = np.random.default_rng(seed)
-    training = draw(st.booleans())
-    weights = rng.integers(1, 20, layers).tolist()
-    acts = rng.integers(0, 10, layers).tolist()
-    outs = rng.integers(0, 4, layers).tolist()
-    compute = rng.integers(0, 50, layers).tolist()
-    model = layer_model(weights, compute, training=training, activations=acts, output=outs)
-    biggest = max(model.stage_memory(l, l).worst_bytes() for l in range(layers)) // UNIT
-    whole = model.stage_memory(0, layers - 1).worst_bytes() // UNIT
-    schedule = draw(st.sampled_from(["none", "1f1b", "gpipe"]))
-    micro = draw(st.integers(1, 6))
-    mixed = draw(st.booleans())
-    low, high = biggest, max(biggest + 1, 3 * whole // devices + 2)
-    caps = [int(x) for x in rng.integers(low, high, devices)] if mixed else [int(rng.integers(low, high))] * devices
-    pins = ()
-    if layers > 1 and draw(st.integers(0, 3)) == 0:
-        pins = (int(rng.integers(1, layers)),)
-    pinned_layers = ()
-    if draw(st.integers(0, 5)) == 0:
-        pinned_layers = ((int(rng.integers(0, layers)), int(rng.integers(0, devices))),)
-    exact = devices <= layers and draw(st.integers(0, 3)) == 0
-    min_layers = 1 + (draw(st.integers(0, 4)) == 0)
-    max_layers = None if draw(st.integers(0, 2)) else max(min_layers, -(-layers // devices) + draw(st.integers(0, 2)))
-    # communication on half the instances, with the link rate drawn so that a cut costs from a
-    # tenth of to ten times a layer's compute (compute is in FLOPs at the target's rate)
-    communication = draw(st.booleans())
-    link = None
-    if communication:
-        flop_s = 1.0 / model.profile.target.seconds_per_unit("flops")
-        link = float(UNIT * flop_s / 10 ** rng.uniform(-1, 1) / 10)
-    opts = SolveOptions(devices=devices, capacities=tuple(c * UNIT for c in caps),
-                        objective=draw(st.sampled_from(["compute", "memory", "devices"])), exact=exact,
-                        schedule=schedule, micro_batches=micro, min_layers=min_layers, max_layers=max_layers,
-                        pinned_splits=pins, communication=communication, link_bytes_per_s=link,
-                        pinned_layers=pinned_layers, time_limit=30)
-    return model, opts
 
 
 def check_cp_sat_against_oracle(case):

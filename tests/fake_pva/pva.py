@@ -10,7 +10,9 @@ INCLUSIVE, ``_id`` attributes on programs and operation variables, ``debugContex
 ``pva.Program.Type`` / ``pva.ProgramVisitor``.
 
 Reports are registered under a path (``register``); ``openReport(path, debug)`` returns the
-report registered there and, like libpva, fails when the file does not exist. Reports can be
+report registered there and, like libpva, fails when the file does not exist. A report can
+also live in a file (``write_report_file``: a header, then a stagesplit compact profile) that
+``openReport`` reads in any process, building a fresh report on every call as libpva does. Reports can be
 built from explicit parts (the classes below) or from a stagesplit Profile
 (``report_from_profile``), optionally mirrored onto more IPUs. ``write_debug_cbor`` writes a
 small valid debug.cbor. Large per-tile arrays are stored sparse and made dense on access (as
@@ -505,9 +507,67 @@ def openReport(profile_path: str, debug_path: str | None = None) -> Report:
         raise RuntimeError(f"Failed to open debug information {debug_path}: file not found")
     report = _REGISTRY.get(_key(profile_path))
     if report is None:
+        report = _read_report_file(profile_path)
+    if report is None:
         raise RuntimeError(f"{profile_path} is not a valid profile report")
     opened.append((profile_path, debug_path))
     return report
+
+
+# ----------------------------------------------------------------------------------------------
+# Report files: a profile.pop this double can open in any process
+
+#: first line of a report file; the second is a JSON object of ``report_from_profile`` options,
+#: the rest the bytes of a stagesplit compact profile (``.stagesplit``)
+FILE_MAGIC = b"fake-pva profile.pop v1\n"
+_FILE_OPTIONS = ("ipus", "var_id_start", "var_id_step", "class_id_start", "code_in_always_live", "extra_total")
+
+
+def write_report_file(path: str | os.PathLike, profile: Any, **options: Any) -> Path:
+    """Write a profile.pop holding ``profile`` (a stagesplit Profile, or the path of a compact
+    ``.stagesplit`` file, copied byte for byte); ``openReport`` turns it into
+    ``report_from_profile(profile, **options)``."""
+    unknown = set(options) - set(_FILE_OPTIONS)
+    if unknown:
+        raise TypeError(f"write_report_file(): unknown report options {sorted(unknown)}")
+    if "extra_total" in options and options["extra_total"] is not None:
+        options["extra_total"] = [int(x) for x in options["extra_total"]]
+    if isinstance(profile, (str, os.PathLike)):
+        body = Path(profile).read_bytes()
+    else:
+        import tempfile
+        from stagesplit.io.compact import write_compact
+        with tempfile.TemporaryDirectory() as tmp:
+            compact = Path(tmp) / "profile.stagesplit"
+            write_compact(profile, compact)
+            body = compact.read_bytes()
+    if not body.startswith(b"PK"):
+        raise ValueError("write_report_file(): the profile must be a stagesplit compact file (a zip)")
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    part = path.with_name(path.name + ".part")
+    with part.open("wb") as handle:
+        handle.write(FILE_MAGIC)
+        handle.write(json.dumps(options, sort_keys=True).encode() + b"\n")
+        handle.write(body)
+    os.replace(part, path)
+    return path
+
+
+def _read_report_file(profile_path: str) -> "Report | None":
+    """The report in a file written by ``write_report_file``; None for any other file."""
+    with open(profile_path, "rb") as handle:
+        if handle.read(len(FILE_MAGIC)) != FILE_MAGIC:
+            return None
+        header = handle.readline()
+        body = handle.read()
+    from stagesplit.io.compact import read_compact
+    try:
+        options = json.loads(header)
+        profile = read_compact(profile_path, raw=body)
+    except Exception as exc:                # libpva: a damaged file is a RuntimeError
+        raise RuntimeError(f"{profile_path} is not a valid profile report: {exc}") from None
+    return report_from_profile(profile, **options)
 
 
 # ----------------------------------------------------------------------------------------------
