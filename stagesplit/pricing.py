@@ -308,7 +308,7 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
         for start in range(0, len(vc), 1 << 22):
             part = slice(start, start + (1 << 22))
             key = vc.tile[part].astype(np.int64) * (ntypes * (npg + 1))
-            key += vc.vertex_type[part] * (npg + 1)
+            key += vc.vertex_type[part].astype(np.int64) * (npg + 1)   # stored as narrow as int8
             key += column[vc.program[part]]
             present[key] = True
         present = present.reshape(num_cells, npg + 1)

@@ -495,9 +495,10 @@ def ground_truth(profile: Profile, rng: np.random.Generator | None = None, trace
     peak = by_step.max(axis=1) if S else np.zeros(T, np.int64)
     pr = p.programs
     vc = pr.vertex_code
-    key = np.unique(vc.tile * max(len(pr.vertex_types), 1) + vc.vertex_type)
+    cell = vc.tile.astype(np.int64) * max(len(pr.vertex_types), 1) + vc.vertex_type
+    key = np.unique(cell)
     size = np.zeros(len(key), np.int64)
-    np.maximum.at(size, np.searchsorted(key, vc.tile * max(len(pr.vertex_types), 1) + vc.vertex_type), vc.bytes)
+    np.maximum.at(size, np.searchsorted(key, cell), vc.bytes)
     vertex_code = np.bincount(key // max(len(pr.vertex_types), 1), weights=size, minlength=T).astype(np.int64)
     categories = {"vertex_code": vertex_code}
     for cat, costs in pr.categories().items():

@@ -248,3 +248,21 @@ def test_big_byte_counts_do_not_overflow():
 def test_range_outside_layers_is_rejected():
     with pytest.raises(IndexError):
         model(tiny_profile()).stage_memory(1, 2)
+
+
+def test_sweep_pricing_on_a_compact_sample_with_narrow_arrays():
+    """The compact reader keeps per-program code arrays as stored (int8/int16 here), so every
+    index computation on them must widen first: an int8 vertex type times the number of
+    program groups once wrapped around. Every third range of the bert-base sample, both ways."""
+    from stagesplit.io import load_profile
+    from stagesplit.pricing import price_all_ranges
+    from helpers import sample_path
+    profile = load_profile(sample_path("bert-base"))
+    assert profile.programs.vertex_code.vertex_type.dtype.itemsize == 1       # the case that wrapped
+    m = model(profile)
+    table = price_all_ranges(m, (1, 3))
+    for a in range(m.num_layers):
+        for b in range(a, m.num_layers, 3):
+            sm = m.stage_memory(a, b)
+            assert table.worst_bytes[0, a, b] == sm.worst_bytes()
+            assert table.worst_bytes[1, a, b] == sm.worst_bytes(3)
