@@ -692,6 +692,7 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     check(pr.vertex_code, Program.Type.OnTileExecute, "vertex code")
 
     def mirrored(tiles: np.ndarray, values: np.ndarray, dtype=np.int64) -> Sparse:
+        tiles = np.asarray(tiles, np.int64)            # a compact file's tiles may be int8/int16
         all_tiles = np.concatenate([tiles + k * T for k in range(ipus)])
         all_values = np.concatenate([np.asarray(values, dtype) * (k + 1) for k in range(ipus)])
         return Sparse(NT, all_tiles, all_values, dtype)
@@ -751,7 +752,7 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     # tiles: vertex code sizes and ground truth
     ntypes = max(len(pr.vertex_types), 1)
     code_size = np.zeros(T * ntypes, np.int64)
-    np.maximum.at(code_size, vc.tile * ntypes + vc.vertex_type, vc.bytes)
+    np.maximum.at(code_size, vc.tile.astype(np.int64) * ntypes + vc.vertex_type, vc.bytes)   # narrow dtypes overflow
     present = np.flatnonzero(code_size)
     per_tile_types: list[list[tuple[int, int]]] = [[] for _ in range(T)]
     for key, size in zip(present.tolist(), code_size[present].tolist()):
