@@ -33,6 +33,7 @@ class Breakdown:
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
 
     def tables(self, sections: tuple[str, ...] = SECTIONS, top_tiles: int = 10) -> list[Table]:
+        """The text tables of the given sections, in order."""
         builders = {"grouping": self.grouping_table, "operations": self.operations_table, "layers": self.layers_table,
                     "totals": self.totals_table, "tiles": lambda: self.tiles_table(top_tiles),
                     "affinity": self.affinity_table, "communication": self.communication_table}
@@ -40,6 +41,7 @@ class Breakdown:
 
     # -- tables -----------------------------------------------------------------------------------
     def grouping_table(self) -> Table:
+        """How operations were assigned to layers, by rule."""
         la = self.model.layers
         t = Table("Layer grouping", [Column("rule"), Column("operations", "int"), Column("share", "percent")])
         n = max(len(la.op_rule), 1)
@@ -54,6 +56,7 @@ class Breakdown:
         return t
 
     def operations_table(self) -> Table:
+        """Each operation's memory by category and compute."""
         m = self.model
         ops = m.profile.operations
         costs = operation_costs(m)
@@ -75,6 +78,7 @@ class Breakdown:
         return t
 
     def layers_table(self) -> Table:
+        """Each layer's memory by category, worst tile, stashed bytes, cut bytes and compute."""
         m = self.model
         la = m.layers
         roof = _roofline(m)
@@ -95,6 +99,7 @@ class Breakdown:
         return t
 
     def totals_table(self) -> Table:
+        """The whole profile's memory by category, modelled against the profile's own totals."""
         m = self.model
         whole, shared = self.whole, self.shared
         t = Table("Memory totals by category (whole profile as one stage; summed over tiles)",
@@ -120,6 +125,7 @@ class Breakdown:
         return t
 
     def tiles_table(self, top: int = 10) -> Table:
+        """The ``top`` most loaded tiles, by category."""
         whole = self.whole
         total = whole.total()
         order = np.argsort(-total, kind="stable")[:max(top, 0)]
@@ -135,6 +141,7 @@ class Breakdown:
         return t
 
     def affinity_table(self) -> Table:
+        """Bytes each pair of layers shares (items used by both)."""
         names = self.model.layers.names
         t = Table("Memory affinity (bytes of variables used by both layers)",
                   [Column("layer")] + [Column(n, "bytes") for n in names])
@@ -143,6 +150,7 @@ class Breakdown:
         return t
 
     def communication_table(self) -> Table:
+        """Bytes each layer sends to each later layer."""
         names = self.model.layers.names
         tr = self.traffic
         t = Table("Inter-layer communication (bytes created in the row layer, used in the column layer)",

@@ -14,6 +14,9 @@ ALWAYS = "always"
 
 
 class ProfileBuilder:
+    """Build a Profile in code (tests, the per-layer form, synthetic profiles): variables, programs and
+    operations by name, validated on build()."""
+
     def __init__(self, target: Target, steps: int | Sequence[str], compute_unit: str = "cycles",
                  info: ProfileInfo | None = None):
         self.target = target
@@ -40,6 +43,7 @@ class ProfileBuilder:
 
     # ---- strings and liveness -------------------------------------------------------------
     def name_id(self, name: str | None) -> int:
+        """The index of ``name`` in the profile's name table (added once)."""
         if name is None:
             return -1
         idx = self._name_index.get(name)
@@ -59,6 +63,7 @@ class ProfileBuilder:
         return idx
 
     def vertex_type(self, name: str) -> int:
+        """The index of vertex type ``name`` (added once)."""
         idx = self._vertex_type_index.get(name)
         if idx is None:
             idx = self._vertex_type_index[name] = len(self._vertex_types)
@@ -141,6 +146,8 @@ class ProfileBuilder:
     def operation(self, name: str, first_step: int = -1, last_step: int = -1, vars: Iterable[int] = (),
                   programs: Iterable[int] = (), inputs: Iterable[str] = (), compute: float = float("nan"),
                   layer: str | None = None, debug_id: int = -1, bytes_accessed: float = float("nan")) -> int:
+        """Add an operation running steps first..last (-1: unknown) with its variables and programs; returns
+        its index."""
         self._ops.append((name, int(debug_id), tuple(inputs), int(first_step), int(last_step),
                           np.asarray(list(vars) if not isinstance(vars, np.ndarray) else vars, np.int64),
                           np.asarray(list(programs), np.int64), float(compute), layer, float(bytes_accessed)))
@@ -148,6 +155,7 @@ class ProfileBuilder:
 
     # ---- result ----------------------------------------------------------------------------
     def build(self, validate: bool = True, source: str | None = None) -> Profile:
+        """The Profile, validated unless ``validate`` is false."""
         self._flush_rows()
         if self._var_chunks:
             cols = [np.concatenate([c[i] for c in self._var_chunks]) for i in range(5)]

@@ -94,6 +94,7 @@ def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: s
 
 
 def known_targets() -> dict[str, Target]:
+    """The shipped device targets by name (configs/targets.yaml)."""
     path = config_dir() / "targets.yaml"
     data = read_yaml(path)
     if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
@@ -132,6 +133,7 @@ class SolverSettings:
                "schedule": ("none", "1f1b", "gpipe"), "shared": ("every", "none")}   # = options.py's enums (tested)
 
     def with_overrides(self, **overrides: Any) -> "SolverSettings":
+        """These settings with the given non-None values replacing theirs."""
         return replace(self, **{k: v for k, v in overrides.items() if v is not None})
 
 

@@ -121,6 +121,7 @@ class StageCostModel:
         return other
 
     def range_compute(self, first: int, last: int) -> float:
+        """Compute of the stage holding layers first..last."""
         return float(self.compute_prefix[last + 1] - self.compute_prefix[first])
 
     # -- memory ----------------------------------------------------------------------------------

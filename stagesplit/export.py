@@ -205,8 +205,8 @@ def _render_poptorch(ctx: _Context):
     starts = [layers[0] for layers in ctx.stages]
     paths = _paths(ctx, "poptorch", starts)
     decoded_starts = []
-    lines = ["import poptorch", "", f"# one BeginBlock per stage start: the stage runs from this module to the next "
-             f"BeginBlock"]
+    lines = ["import poptorch", "", "# one BeginBlock per stage start: the stage runs from this module to the next "
+             "BeginBlock"]
     for k, (layer, path) in enumerate(zip(starts, paths)):
         expr = python_path(ctx.model, path)
         lines.append(f'{expr} = poptorch.BeginBlock({expr}, "stage{k}", ipu_id={ctx.devices[k]})')

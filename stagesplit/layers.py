@@ -93,9 +93,11 @@ class LayerAssignment:
         return float(np.mean(self.op_layer >= 0)) if len(self.op_layer) else 0.0
 
     def ops_in(self, layer: int) -> np.ndarray:
+        """Indices of the operations assigned to ``layer``."""
         return np.flatnonzero(self.op_layer == layer)
 
     def calls_with_multiple_input_layers(self, profile: Profile) -> list[int]:
+        """Call operations whose inputs come from more than one layer (grouping warnings)."""
         call = self.options.compiled()[3]
         return [i for i in np.flatnonzero(self.op_rule == Rule.MULTIPLE_INPUT_LAYERS)
                 if call.search(profile.operations.name[i])]

@@ -206,7 +206,6 @@ def greedy(problem: SplitProblem, proportions=PROPORTIONS, min_layers_order=MIN_
     With ``unlayered_first`` the operations with no layer go on the first stage, as PopLiner
     does; the split is then returned as PopLiner would choose it, even where this project's
     memory model (the problem's) says it does not fit (the plan shows that)."""
-    L, N = problem.num_layers, problem.devices
     o = problem.options
     orders = [m for m in min_layers_order if m >= o.min_layers] or [o.min_layers]
     for min_layers in orders:

@@ -8,7 +8,6 @@ options give the same plan.
 from __future__ import annotations
 
 import datetime as _dt
-import hashlib
 import json
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -18,7 +17,6 @@ import yaml
 
 from .costmodel import StageCostModel
 from .stagememory import MemoryBreakdown
-from .errors import ProfileError, StagesplitError
 from .fileio import atomic_write_text, file_sha256
 from .io.fields import FieldReader
 from .problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, schedule_note, stage_in_flight
@@ -128,6 +126,7 @@ class Plan:
         return split_text(self.layer_names, [(s.first_layer, s.last_layer) for s in self.stages])
 
     def short_split_text(self, width: int = 100) -> str:
+        """The split text, long stages shortened to first..last when it is wider than ``width``."""
         return split_text(self.layer_names, [(s.first_layer, s.last_layer) for s in self.stages], width)
 
     @property
@@ -156,6 +155,7 @@ class Plan:
         return balance * (1.0 - bubble_fraction(len(self.stages), micro_batches))
 
     def to_document(self) -> dict[str, Any]:
+        """The plan as the JSON/YAML document ``write_plan`` writes."""
         doc = {"format": FORMAT, "version": VERSION, "profile": self.profile, "inputs": self.inputs,
                "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
                "feasible": self.feasible, "message": self.message, "split": self.split_text,
@@ -357,6 +357,7 @@ def _version() -> str:
 
 
 def write_plan(plan: Plan, path: str | Path) -> None:
+    """Write ``plan`` atomically as JSON, or YAML for a .yaml/.yml path."""
     path = Path(path)
     doc = plan.to_document()
     if path.suffix in (".yaml", ".yml"):

@@ -53,6 +53,7 @@ class RangeTable:
     compute: np.ndarray
 
     def k_index(self, in_flight: int) -> int:
+        """Index of an in-flight count in ``in_flight``."""
         return self.in_flight.index(in_flight)
 
 

@@ -145,6 +145,7 @@ class SplitProblem:
         return self.options.devices
 
     def k_index(self, k: int) -> int:
+        """Index of an in-flight count in ``in_flight_values``."""
         return self.in_flight_values.index(k)
 
     def stage_time(self, a: int, e: int) -> int:
@@ -160,6 +161,7 @@ class SplitProblem:
         return math.ceil(nbytes * 1_000_000 / int(self.capacity[position]))
 
     def fits(self, position: int, k: int, a: int, e: int) -> bool:
+        """Whether layers a..e-1 fit at ``position`` with ``k`` micro-batches in flight."""
         return int(self.mem[self.k_index(k), a, e - 1]) <= int(self.capacity[position])
 
     def allowed(self, position: int, a: int, e: int) -> bool:
@@ -176,6 +178,7 @@ class SplitProblem:
         return True
 
     def empty_allowed(self, position: int) -> bool:
+        """Whether device position ``position`` may hold no stage."""
         return not self.options.exact and all(pos != position for _, pos in self.options.pinned_layers)
 
 

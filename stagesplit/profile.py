@@ -279,6 +279,7 @@ class Profile:
         return len(self.steps)
 
     def variable_name(self, v: int) -> str:
+        """Variable ``v``'s name, or var#v when it has none."""
         idx = int(self.variables.name[v])
         return self.names[idx] if idx >= 0 else f"var#{v}"
 

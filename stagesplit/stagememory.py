@@ -48,6 +48,7 @@ class StageMemory:
         return self.always_live + self.not_always_live
 
     def category(self, name: str) -> np.ndarray:
+        """One category's per-tile bytes by name."""
         return getattr(self, name)
 
     def total(self, in_flight: int = 1) -> np.ndarray:
@@ -56,9 +57,11 @@ class StageMemory:
                 + (in_flight - 1) * self.stash)
 
     def worst_tile(self, in_flight: int = 1) -> int:
+        """The fullest tile with ``in_flight`` micro-batches in flight (lowest index on ties)."""
         return int(np.argmax(self.total(in_flight)))
 
     def worst_bytes(self, in_flight: int = 1) -> int:
+        """The fullest tile's bytes with ``in_flight`` micro-batches in flight."""
         return int(self.total(in_flight).max())
 
     def at_tile(self, tile: int, in_flight: int = 1) -> "MemoryBreakdown":
@@ -92,6 +95,7 @@ class MemoryBreakdown:
         return sum(getattr(self, f.name) for f in fields(self))
 
     def as_dict(self) -> dict[str, int]:
+        """The categories as a plain mapping (plan files, diagnose tables)."""
         return asdict(self)
 
     @classmethod

@@ -38,9 +38,12 @@ import sys
 import weakref
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .errors import StagesplitError
+
+if TYPE_CHECKING:
+    from .profile import Profile
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 DTYPES = ("float32", "bfloat16", "float16")

@@ -259,3 +259,14 @@ def test_public_functions_stay_functions_after_their_modules_load():
     for name in modules:
         importlib.import_module(f"stagesplit.{name}") if name not in ("torchcapture", "__main__") else None
     assert callable(stagesplit.breakdown) and callable(stagesplit.diagnose) and callable(stagesplit.solve)
+
+
+def test_every_public_name_and_method_has_a_docstring():
+    import inspect
+    for name in stagesplit.__all__:
+        obj = getattr(stagesplit, name)
+        assert (obj.__doc__ or "").strip(), name
+        if inspect.isclass(obj):
+            for attr, value in vars(obj).items():
+                if not attr.startswith("_") and callable(value):
+                    assert (value.__doc__ or "").strip(), f"{name}.{attr}"
