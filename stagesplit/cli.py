@@ -239,18 +239,20 @@ def _progress(args: argparse.Namespace):
 # -- commands -------------------------------------------------------------------------------------------
 
 def cmd_breakdown(args: argparse.Namespace) -> int:
-    from .breakdowns import SECTIONS, Breakdown
+    from .breakdowns import SECTIONS
     from .table import render
     sections = tuple(args.sections.split(",")) if args.sections else SECTIONS
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
         raise StagesplitError(f"--sections: unknown section '{unknown[0]}': expected some of {', '.join(SECTIONS)}")
+    from .api import breakdown
     analysis = _analysis(args)
-    _apply_roofline(args, analysis.model)
     gpu = _gpu_view(args, analysis.profile)
     if gpu and not args.sections:
         sections = tuple(s for s in sections if s != "tiles")     # one tile: nothing to rank
-    tables = Breakdown.of(analysis.model).tables(sections, top_tiles=args.top_tiles)
+    target = next((t.strip() for t in (args.target or "").split(",") if t.strip()), None)
+    result = breakdown(analysis, target=target, efficiency=args.efficiency or 1.0, shared=analysis.model.shared)
+    tables = result.tables(sections, top_tiles=args.top_tiles)
     if gpu:
         from .table import gpu_view
         tables = [gpu_view(t) for t in tables]
