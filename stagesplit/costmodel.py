@@ -67,8 +67,9 @@ class StageCostModel:
 
         # vertex code of a (tile, vertex type) is one size, whichever program brings it in
         vc = pr.vertex_code
-        self.vertex_code_size = np.zeros((self.num_tiles, len(pr.vertex_types)), np.int64)
-        np.maximum.at(self.vertex_code_size, (vc.tile, vc.vertex_type), vc.bytes)
+        self.vertex_code_size = _scatter_max(vc.tile.astype(np.int64) * len(pr.vertex_types) + vc.vertex_type,
+                                             vc.bytes, self.num_tiles * len(pr.vertex_types)
+                                             ).reshape(self.num_tiles, len(pr.vertex_types))
         self.base_stage_cols = self.timeline.shared_cover.copy() if shared == "every" else \
             np.zeros(self.timeline.num_columns, bool)
 
@@ -154,6 +155,18 @@ class StageCostModel:
                      progress: Callable[[int, int], None] | None = None) -> RangeTable:
         """Worst-tile bytes (for each in-flight count) and compute of every range a..b."""
         return price_all_ranges(self, in_flight, progress)
+
+
+def _scatter_max(key: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
+    """out[k] = max of the values at key k (0 where none). A plain assignment first (the same
+    code size is usually reported by every program on a tile), then ``np.maximum.at``, which
+    is slow on tens of millions of entries, only on the entries the assignment left larger."""
+    out = np.zeros(size, np.int64)
+    out[key] = values
+    larger = values > out[key]
+    if larger.any():
+        np.maximum.at(out, key[larger], values[larger])
+    return out
 
 
 def _operation_compute(p: Profile) -> np.ndarray:
