@@ -149,6 +149,30 @@ def _owner_cells(sets: LayerSets, m: int, base: int | None) -> _Cells:
     return _Cells.of(*(np.concatenate([p[i] for p in parts]).astype(np.int64) for i in range(4)))
 
 
+def _local(cells: _Cells, groups: np.ndarray, num_groups: int) -> _Cells:
+    """The cells of the given groups only, renumbered 0..len(groups)-1 (groups are sorted)."""
+    keep = np.isin(cells.group, groups)
+    local = np.full(num_groups, -1, np.int64)
+    local[groups] = np.arange(len(groups))
+    return _Cells.of(local[cells.group[keep]], cells.sign[keep], cells.row[keep], cells.col[keep])
+
+
+def _groups_by_owner(model: "StageCostModel", row_group: np.ndarray, num_groups: int,
+                     limit: int = 1 << 26) -> dict[int, np.ndarray] | None:
+    """For each layer m, the groups with a live interval in one of m's columns (the only
+    ones whose state can be non-zero where m runs); None when the group x column table would
+    exceed ``limit`` cells (then every group is read)."""
+    G, L = model.num_columns, model.num_layers
+    if num_groups * (G + 1) > limit or G == 0:
+        return None
+    keep = row_group >= 0
+    diff = np.zeros((num_groups, G + 1), np.int32)
+    np.add.at(diff, (row_group[keep], model.row_col_start[keep]), 1)
+    np.add.at(diff, (row_group[keep], model.row_col_end[keep]), -1)
+    live = np.cumsum(diff, axis=1)[:, :G] > 0
+    return {m: np.flatnonzero(live[:, model.cover[m]].any(axis=1)) for m in range(L)}
+
+
 def _every_cells(sets: LayerSets, num_layers: int, base: int | None) -> _Cells:
     """Cells of the full grid (row a, column b) for a column every stage holds."""
     group, lo, hi, sign = sets.atoms()
@@ -169,7 +193,7 @@ def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.n
     grid[cells.cell_row[keep] * cols + cells.cell_col[keep]] = sums[keep]
     grid = grid.reshape(rows, cols, n)
     grid = np.cumsum(grid[::-1], axis=0)[::-1]
-    return np.cumsum(grid, axis=1)
+    return np.cumsum(grid, axis=1) if cols > 1 else grid
 
 
 class _Events:
@@ -374,7 +398,8 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
     every_cols = model.base_stage_cols if every else np.zeros(G, bool)
     owner_col, owner_layer = np.nonzero(cover.T)
     owner_ptr = np.searchsorted(owner_col, np.arange(G + 1))
-    owner_cells: dict[int, _Cells] = {}
+    owner_cells: dict[int, tuple[_Cells, np.ndarray | None]] = {}
+    owner_groups = _groups_by_owner(model, row_group, num_groups)
     every_cells = _every_cells(sets, L, base) if every_cols.any() else None
 
     # tile blocks: per-layer maxima grow to about L²/2 x (a few columns) x tiles int64
@@ -408,10 +433,14 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
                 tiles = changed if (c > 0 and cover[m, c - 1]) else all_tiles
                 if not len(tiles):
                     continue
-                cells = owner_cells.get(m)
+                cells, groups = owner_cells.get(m, (None, None))
                 if cells is None:
-                    cells = owner_cells[m] = _owner_cells(sets, m, base)
-                sub = state[:, tiles]
+                    cells, groups = _owner_cells(sets, m, base), None
+                    if owner_groups is not None:
+                        groups = owner_groups[m]
+                        cells = _local(cells, groups, num_groups)
+                    owner_cells[m] = cells, groups
+                sub = state[:, tiles] if groups is None else state[np.ix_(groups, tiles)]
                 live = sub.any(axis=1)[cells.group]
                 extent = int(cells.col[live].max(initial=0)) + 1
                 peak = peaks.get(m)
