@@ -175,7 +175,9 @@ def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.nda
             out[cat] = np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T).astype(np.int64)
             continue
         ntypes = max(len(pr.vertex_types), 1)
-        key = np.unique(costs.tile[e].astype(np.int64) * ntypes + costs.vertex_type[e])
+        present = np.zeros(T * ntypes, bool)            # each (tile, vertex type) once
+        present[costs.tile[e].astype(np.int64) * ntypes + costs.vertex_type[e]] = True
+        key = np.flatnonzero(present)
         size = model.vertex_code_size[key // ntypes, key % ntypes]
         out[cat] = np.bincount(key // ntypes, weights=size, minlength=T).astype(np.int64)
     return out
