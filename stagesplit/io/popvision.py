@@ -461,19 +461,25 @@ class _Reader:
                                    f"{CYCLES_PER_VERTEX:g} cycles per vertex (the profile has no compile-time cycle "
                                    "estimates)")
 
+        def as_int64(a: np.ndarray) -> np.ndarray:
+            return a.astype(np.int64, copy=False)
+
+        def repeat(values: list[int], chunks: list[np.ndarray]) -> np.ndarray:
+            return np.repeat(np.array(values, np.int64), np.fromiter(map(len, chunks), np.int64, len(chunks)))
+
         def costs(cat: str) -> TileCosts:
             chunks = self.costs[cat]
             if not chunks:
                 return TileCosts.empty()
-            return TileCosts(np.concatenate([np.full(len(t), p, np.int64) for p, t, _ in chunks]),
-                             np.concatenate([t for _, t, _ in chunks]).astype(np.int64),
-                             np.concatenate([b for _, _, b in chunks]).astype(np.int64))
+            tiles = [t for _, t, _ in chunks]
+            return TileCosts(repeat([p for p, _, _ in chunks], tiles), as_int64(np.concatenate(tiles)),
+                             as_int64(np.concatenate([b for _, _, b in chunks])))
 
         if self.vc_chunks:
-            vc = VertexCode(np.concatenate([np.full(len(t), p, np.int64) for p, t, _, _ in self.vc_chunks]),
-                            np.concatenate([t for _, t, _, _ in self.vc_chunks]).astype(np.int64),
-                            np.concatenate([np.full(len(t), k, np.int64) for _, t, k, _ in self.vc_chunks]),
-                            np.concatenate([b for _, _, _, b in self.vc_chunks]).astype(np.int64))
+            tiles = [t for _, t, _, _ in self.vc_chunks]
+            vc = VertexCode(repeat([p for p, _, _, _ in self.vc_chunks], tiles), as_int64(np.concatenate(tiles)),
+                            repeat([k for _, _, k, _ in self.vc_chunks], tiles),
+                            as_int64(np.concatenate([b for _, _, _, b in self.vc_chunks])))
         else:
             vc = VertexCode.empty()
         return Programs(name=self.p_name, kind=self.p_kind, cycles=cycles,
