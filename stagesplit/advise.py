@@ -51,26 +51,45 @@ def price(model: StageCostModel, options: SolveOptions, max_devices: int | None 
 
 
 def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
-    """The fewest stages (on devices like the given ones, repeated) that hold the model, by
-    first-fit with maximal reach, which is optimal for contiguous ranges whose cost grows with
-    the range. Pins and layer-count limits are ignored. None if no number of stages fits."""
+    """The fewest stages, stage s on a device like ``capacity[s % len(capacity)]``, that hold
+    the model; pins and layer-count limits are ignored. None if no number of stages fits.
+
+    For each stage count, the prefixes of layers the first s stages can hold are tracked as a
+    set: a stage starting at layer a can end anywhere up to the last layer that still fits
+    (a stage's memory grows with its last layer). First fit, which always takes as many layers
+    as fit, is optimal on identical devices but not on mixed ones: taking one more layer onto a
+    large device can leave a layer in front of a small device that cannot hold it."""
     L = table.worst_bytes.shape[1]
+    rows = np.arange(L)
+    reach_cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def reach(k: int, cap: int) -> np.ndarray:
+        """reach[a] = the end (exclusive) of the longest stage starting at layer a that fits."""
+        key = (k, cap)
+        if key not in reach_cache:
+            bad = (table.worst_bytes[table.k_index(k)] > cap) & (rows[None, :] >= rows[:, None])
+            reach_cache[key] = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # == a: no stage fits
+        return reach_cache[key]
+
     for stages in range(1, (limit or L) + 1):
-        a = 0
+        starts = np.zeros(L + 1, bool)                          # prefixes the stages so far can hold
+        starts[0] = True
         for s in range(stages):
             k = in_flight(options.schedule, options.micro_batches, s, stages)
             if k not in table.in_flight:
+                starts[:] = False
                 break
-            mem = table.worst_bytes[table.k_index(k)]
-            cap = int(capacity[s % len(capacity)])
-            e = a
-            while e < L and mem[a, e] <= cap:
-                e += 1
-            if e == a:
+            end = reach(k, int(capacity[s % len(capacity)]))
+            a = np.flatnonzero(starts[:L])
+            diff = np.zeros(L + 2, np.int64)                    # ends a+1 .. end[a] become reachable
+            ok = end[a] > a
+            np.add.at(diff, a[ok] + 1, 1)
+            np.add.at(diff, end[a[ok]] + 1, -1)
+            starts = np.cumsum(diff)[:L + 1] > 0
+            if not starts.any():
                 break
-            a = e
-            if a == L:
-                return stages
+        if starts[L]:
+            return stages
     return None
 
 
