@@ -125,12 +125,12 @@ class ProfileBuilder:
         self._prog_vertices.append(int(vertices))
         rows = [(p, int(tile), self.vertex_type(vtype), int(nbytes)) for tile, vtype, nbytes in vertex_code]
         if rows:
-            self._costs["vertex_code"].append(np.array(rows, np.int64))
+            self._costs["vertex_code"].append(_held(np.array(rows, np.int64)))
         for cat, pairs in (("vertex_state", vertex_state), ("exchange_code", exchange_code),
                            ("control_code", control_code)):
             rows = [(p, int(tile), int(nbytes)) for tile, nbytes in pairs]
             if rows:
-                self._costs[cat].append(np.array(rows, np.int64))
+                self._costs[cat].append(_held(np.array(rows, np.int64)))
         return p
 
     def program_costs(self, category: str, program: int, tiles: np.ndarray, nbytes: np.ndarray,
@@ -141,7 +141,7 @@ class ProfileBuilder:
         if category == "vertex_code":
             cols.append(np.full(len(tiles), self.vertex_type(vertex_type), np.int64))
         cols.append(np.broadcast_to(np.asarray(nbytes, np.int64), tiles.shape))
-        self._costs[category].append(np.stack(cols, axis=1))
+        self._costs[category].append(_held(np.stack(cols, axis=1)))
 
     def operation(self, name: str, first_step: int = -1, last_step: int = -1, vars: Iterable[int] = (),
                   programs: Iterable[int] = (), inputs: Iterable[str] = (), compute: float = float("nan"),
@@ -165,20 +165,20 @@ class ProfileBuilder:
         variables = Variables(bytes=cols[0], tile=cols[1], always_live=cols[2], live_class=cols[3], name=cols[4])
         liveness = Liveness(Ragged.from_lists(self._classes, dtype=np.int64, width=2))
 
-        def stacked(cat: str, width: int) -> np.ndarray:
+        def columns(cat: str, width: int) -> list[np.ndarray]:
+            # each int64 column straight from the held chunks: no (rows x width) copy on the way
             chunks = self._costs[cat]
-            return np.concatenate(chunks) if chunks else np.zeros((0, width), np.int64)
+            return [np.concatenate([c[:, j] for c in chunks], dtype=np.int64) if chunks else np.zeros(0, np.int64)
+                    for j in range(width)]
 
         def tile_costs(cat: str) -> TileCosts:
-            rows = stacked(cat, 3)
-            return TileCosts(rows[:, 0].copy(), rows[:, 1].copy(), rows[:, 2].copy())
+            return TileCosts(*columns(cat, 3))
 
-        vc = stacked("vertex_code", 4)
         programs = Programs(
             name=self._prog_name, kind=self._prog_kind,
             cycles=np.array(self._prog_cycles, float), vertices=np.array(self._prog_vertices, np.int64),
             vertex_types=self._vertex_types,
-            vertex_code=VertexCode(vc[:, 0].copy(), vc[:, 1].copy(), vc[:, 2].copy(), vc[:, 3].copy()),
+            vertex_code=VertexCode(*columns("vertex_code", 4)),
             vertex_state=tile_costs("vertex_state"), exchange_code=tile_costs("exchange_code"),
             control_code=tile_costs("control_code"))
         ops = self._ops
@@ -204,6 +204,14 @@ def _merge_overlaps(intervals: list[tuple[int, int]]) -> tuple[tuple[int, int], 
         else:
             out.append((s, e))
     return tuple(out)
+
+
+def _held(rows: np.ndarray) -> np.ndarray:
+    """Per-program cost rows as the builder holds them until build(): int32 where they fit
+    (half the memory of a large profile's tens of millions of rows), widened again on build."""
+    if rows.size and np.iinfo(np.int32).min <= rows.min() and rows.max() <= np.iinfo(np.int32).max:
+        return rows.astype(np.int32)
+    return rows
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:

@@ -466,6 +466,7 @@ class _Generator:
         b.program_costs("control_code", p, np.arange(self.T), 32)
         b.operation("optimizer/StepCounter", epilogue[0], epilogue[1], vars=counter, programs=[p], debug_id=debug)
         profile = b.build()
+        self.b = b = None                   # the builder's copies of the cost rows are not needed any more
         profile.ground_truth = ground_truth(profile, self.rng)
         return profile
 

@@ -5,7 +5,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from helpers import PROFILES  # noqa: E402
+from helpers import PROFILES, load_sample, sample_json_text  # noqa: E402
 
 # Hypothesis profiles. "ci" (the default, what the README's test command and CI run): the same
 # examples every run (derandomized), so a red build is reproducible; no per-example deadline on
@@ -25,7 +25,17 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 SAMPLES = ["bert-base.stagesplit", "gpt.stagesplit", "cnn.stagesplit"]
 
 
-@pytest.fixture(scope="session", params=SAMPLES)
+# Memory: the quick suite is kept under 1.5 GB peak RSS. The shipped samples load in a
+# fraction of a second, so they are kept for one module at a time, not for the whole session.
+@pytest.fixture(scope="module", params=SAMPLES)
 def sample_analysis(request):
     from stagesplit.analysis import Analysis
     return Analysis.load(PROFILES / request.param)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _forget_cached_samples():
+    """Drop the samples ``helpers.load_sample`` (and ``sample_json_text``) cached for a module."""
+    yield
+    load_sample.cache_clear()
+    sample_json_text.cache_clear()

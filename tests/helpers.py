@@ -168,14 +168,15 @@ def sample_path(name: str) -> Path:
 
 @functools.lru_cache(maxsize=None)
 def load_sample(name: str) -> Profile:
-    """A shipped sample profile, read once per session (treat it as read-only)."""
+    """A shipped sample profile, read once per test module (conftest forgets it after each; treat it
+    as read-only)."""
     from stagesplit.io import load_profile
     return load_profile(sample_path(name))
 
 
 @functools.lru_cache(maxsize=None)
 def sample_json_text(name: str) -> str:
-    """The full-form JSON text of a shipped sample (slow to make: cached for the session)."""
+    """The full-form JSON text of a shipped sample (slow to make: cached for the module)."""
     from stagesplit.io.jsonprofile import dumps_profile
     return dumps_profile(load_sample(name))
 
