@@ -827,6 +827,9 @@ def test_ctrl_c_during_search_exits_130_and_keeps_files(tmp_path, profile):
 
 AFTER_SOLVE_SCRIPT = textwrap.dedent("""
     import os, signal, sys
+    # Python's own handler, whatever this process inherited (a shell's background job starts
+    # with SIGINT ignored, and Python then leaves it ignored)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
     from stagesplit.cli import main
     code = main(["solve", {profile!r}, "--devices", "2"])
     try:
@@ -876,7 +879,16 @@ def test_interrupted_atomic_write_leaves_no_temporary_file(tmp_path, handler, st
     assert os.listdir(target.parent) == ["plan.json"]
 
 
-def test_deferred_signals_hold_and_redeliver():
+@pytest.fixture
+def python_sigint_handler():
+    """SIGINT handled by Python's default handler for the test (a process started as a shell's
+    background job inherits SIGINT ignored), and the inherited handler put back after."""
+    inherited = signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    signal.signal(signal.SIGINT, inherited)
+
+
+def test_deferred_signals_hold_and_redeliver(python_sigint_handler):
     with pytest.raises(KeyboardInterrupt):
         with deferred_signals() as interrupted:
             assert not interrupted()
@@ -886,7 +898,7 @@ def test_deferred_signals_hold_and_redeliver():
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
 
 
-def test_atomic_write_in_process_keeps_old_file_on_interrupt(tmp_path, monkeypatch):
+def test_atomic_write_in_process_keeps_old_file_on_interrupt(tmp_path, monkeypatch, python_sigint_handler):
     target = tmp_path / "plan.json"
     target.write_text("old\n")
     real = os.fsync
