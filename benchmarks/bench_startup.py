@@ -35,13 +35,18 @@ def heavy_imports(argv: list[str]) -> list[str]:
     return sorted(seen)
 
 
-def wall(argv: list[str], runs: int = 5) -> float:
-    times = []
+def wall(argv: list[str], runs: int = 5) -> tuple[float, float]:
+    """Median wall seconds and the largest peak RSS (MB) of ``runs`` runs."""
+    times, peaks = [], []
     for _ in range(runs):
         start = time.perf_counter()
-        subprocess.run([sys.executable, "-m", "stagesplit", *argv], capture_output=True, cwd=str(ROOT))
+        proc = subprocess.Popen([sys.executable, "-m", "stagesplit", *argv], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL, cwd=str(ROOT))
+        _, _, usage = os.wait4(proc.pid, 0)                # this child's own peak RSS
         times.append(time.perf_counter() - start)
-    return statistics.median(times)
+        peaks.append(usage.ru_maxrss / 1024)
+        proc.returncode = 0
+    return statistics.median(times), max(peaks)
 
 
 def main() -> None:
@@ -50,9 +55,10 @@ def main() -> None:
         label = "stagesplit " + " ".join(argv[:2])
         heavy = heavy_imports(argv)
         target = "< 0.3 s" if argv == ["--help"] else ""
-        rows.append((label, f"{wall(argv):.2f} s; heavy imports: {', '.join(heavy) or 'none'}",
+        seconds, rss = wall(argv)
+        rows.append((label, f"{seconds:.2f} s, {rss:,.0f} MB peak RSS; heavy imports: {', '.join(heavy) or 'none'}",
                      target + ("; none" if target else "none")))
-    print_table("Start-up: median of 5 runs in a fresh interpreter, and heavy modules imported", rows)
+    print_table("Start-up: median of 5 runs in a fresh interpreter, peak RSS, heavy modules imported", rows)
 
 
 if __name__ == "__main__":
