@@ -34,6 +34,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from .itemgroups import sorted_unique
+from .timeline import ramp as _ramp
 
 if TYPE_CHECKING:
     from .costmodel import StageCostModel
@@ -502,11 +503,3 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
         progress(total_work, total_work)
     return RangeTable(in_flight=ks, worst_bytes=worst, worst_tile=worst_tile, compute=compute)
 
-
-def _ramp(counts: np.ndarray) -> np.ndarray:
-    """0..c-1 for each count c, concatenated: the offsets within each CSR row."""
-    total = int(counts.sum())
-    if total == 0:
-        return np.zeros(0, np.int64)
-    starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return np.arange(total) - np.repeat(starts, counts)
