@@ -183,6 +183,25 @@ def _every_cells(sets: LayerSets, num_layers: int, base: int | None) -> _Cells:
     return _Cells.of(group.astype(np.int64), sign.astype(np.int64), lo.astype(np.int64), hi.astype(np.int64))
 
 
+class _Run:
+    """A run of consecutive columns of one layer: per tile, the (a, b) grid at its last full
+    evaluation, and since then the total shift and the largest shift of that grid."""
+
+    def __init__(self, tiles: int):
+        self.base: np.ndarray | None = None
+        self.shift = np.zeros(tiles, np.int64)
+        self.top = np.zeros(tiles, np.int64)
+
+
+def _widen(grid: np.ndarray, extent: int) -> np.ndarray:
+    """``grid`` with its b axis extended to ``extent`` columns, repeating the last (a stage's
+    bytes stop depending on b beyond the groups seen)."""
+    out = np.empty((grid.shape[0], extent, grid.shape[2]), np.int64)
+    out[:, :grid.shape[1]] = grid
+    out[:, grid.shape[1]:] = grid[:, -1:]
+    return out
+
+
 def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.ndarray:
     """Live bytes of every (a, b) cell of the grid for the tiles in ``state`` (groups x tiles):
     the signed sum of the cells with row >= a and column <= b."""
@@ -282,8 +301,13 @@ class _AtomTable:
         T = self.T
         key = np.concatenate([p[0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
         tile = np.concatenate([p[1] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
-        keys, inverse = np.unique(key, return_inverse=True)
-        at = inverse.reshape(-1) * T + tile
+        # atoms are (lo, hi) pairs of layers: a dense map of L x L numbers them without sorting
+        present = np.zeros(self.L * self.L, bool)
+        present[key] = True
+        keys = np.flatnonzero(present)
+        number = np.zeros(self.L * self.L, np.int64)
+        number[keys] = np.arange(len(keys))
+        at = number[key] * T + tile
         out = []
         for i in (2, 3):
             w = np.concatenate([p[i] for p in self.parts]).astype(float) if self.parts else np.zeros(0)
@@ -401,6 +425,13 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
     owner_ptr = np.searchsorted(owner_col, np.arange(G + 1))
     owner_cells: dict[int, tuple[_Cells, np.ndarray | None]] = {}
     owner_groups = _groups_by_owner(model, row_group, num_groups)
+    holding: dict[int, np.ndarray] = {}
+
+    def holds_m(m: int) -> np.ndarray:
+        """Which groups (the base one included) hold layer m."""
+        if m not in holding:
+            holding[m] = np.append(sets.around(m)[0], True)
+        return holding[m]
     every_cells = _every_cells(sets, L, base) if every_cols.any() else None
 
     # tile blocks: per-layer maxima grow to about L²/2 x (a few columns) x tiles int64
@@ -420,6 +451,45 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
         every_peak = np.zeros((L, L, tb), np.int64) if every_cells is not None else None
         all_tiles = np.arange(tb)
         touched = np.zeros(tb, bool)
+        runs: dict[int, _Run] = {}
+
+        def cells_of(m: int) -> tuple[_Cells, np.ndarray | None]:
+            if m not in owner_cells:
+                cells, groups = _owner_cells(sets, m, base), None
+                if owner_groups is not None:
+                    groups = owner_groups[m]
+                    cells = _local(cells, groups, num_groups)
+                owner_cells[m] = cells, groups
+            return owner_cells[m]
+
+        def peak_of(m: int, extent: int, run: _Run) -> np.ndarray:
+            """Layer m's maxima (and the run's grids) with at least ``extent`` b columns."""
+            peak = peaks.get(m)
+            if peak is None:
+                peak = peaks[m] = np.zeros((m + 1, extent, tb), np.int64)
+            elif extent > peak.shape[1]:                 # b now matters further: extend with the last column
+                peak = peaks[m] = _widen(peak, extent)
+            if run.base is None:
+                run.base = np.zeros_like(peak)
+            elif run.base.shape[1] < peak.shape[1]:
+                run.base = _widen(run.base, peak.shape[1])
+            return peak
+
+        def fold(m: int, run: _Run, tiles: np.ndarray) -> None:
+            """peak = max(peak, grid at the last evaluation + the largest shift since)."""
+            peak = peaks[m]
+            peak[:, :, tiles] = np.maximum(peak[:, :, tiles], run.base[:, :, tiles] + run.top[tiles])
+
+        def evaluate(m: int, run: _Run, tiles: np.ndarray) -> None:
+            """The (a, b) grid of the given tiles from the current state, after folding the old."""
+            cells, groups = cells_of(m)
+            sub = state[:, tiles] if groups is None else state[np.ix_(groups, tiles)]
+            live = sub.any(axis=1)[cells.group]
+            peak = peak_of(m, int(cells.col[live].max(initial=0)) + 1, run)
+            fold(m, run, tiles)
+            run.base[:, :, tiles] = _grid_values(cells, sub, m + 1, peak.shape[1])
+            run.shift[tiles] = 0
+            run.top[tiles] = 0
         for c in range(G):
             lo, hi = ev_ptr[c], ev_ptr[c + 1]
             if hi > lo:
@@ -429,31 +499,24 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
                 touched[changed] = False
             else:
                 changed = ev_tile[lo:hi]
+            here = ev_group[lo:hi]
             for m in owner_layer[owner_ptr[c]:owner_ptr[c + 1]]:
                 m = int(m)
-                tiles = changed if (c > 0 and cover[m, c - 1]) else all_tiles
-                if not len(tiles):
-                    continue
-                cells, groups = owner_cells.get(m, (None, None))
-                if cells is None:
-                    cells, groups = _owner_cells(sets, m, base), None
-                    if owner_groups is not None:
-                        groups = owner_groups[m]
-                        cells = _local(cells, groups, num_groups)
-                    owner_cells[m] = cells, groups
-                sub = state[:, tiles] if groups is None else state[np.ix_(groups, tiles)]
-                live = sub.any(axis=1)[cells.group]
-                extent = int(cells.col[live].max(initial=0)) + 1
-                peak = peaks.get(m)
-                if peak is None:
-                    peak = peaks[m] = np.zeros((m + 1, extent, tb), np.int64)
-                elif extent > peak.shape[1]:                 # b now matters further: extend with the last column
-                    grown = np.empty((m + 1, extent, tb), np.int64)
-                    grown[:, :peak.shape[1]] = peak
-                    grown[:, peak.shape[1]:] = peak[:, -1:]
-                    peak = peaks[m] = grown
-                grid = _grid_values(cells, sub, m + 1, peak.shape[1])
-                peak[:, :, tiles] = np.maximum(peak[:, :, tiles], grid)
+                if not (c > 0 and cover[m, c - 1]):                   # a run of m's columns starts
+                    run = runs[m] = _Run(tb)
+                    evaluate(m, run, all_tiles)
+                elif len(changed):
+                    run = runs[m]
+                    if holds_m(m)[here].all():
+                        # every change is to a group holding m: the same bytes for every stage
+                        # a <= m <= b, so the (a, b) grid of each changed tile just shifts
+                        np.add.at(run.shift, ev_tile[lo:hi], ev_delta[lo:hi])
+                        run.top[changed] = np.maximum(run.top[changed], run.shift[changed])
+                    else:
+                        evaluate(m, run, changed)
+                if c + 1 == G or not cover[m, c + 1]:                 # the run ends: fold it
+                    run = runs.pop(m)
+                    fold(m, run, all_tiles)
             if every_peak is not None and every_cols[c]:
                 tiles = changed if (c > 0 and every_cols[c - 1]) else all_tiles
                 if len(tiles):
