@@ -22,8 +22,6 @@ from .layers import LayerOptions
 from .options import SolveRequest
 from .profile import Profile, Target
 
-ProfileLike = "str | Path | Profile | Analysis"
-
 
 def analyze(profile: str | Path | Profile | Analysis, *, layering: LayerOptions | None = None,
             shared: str = "every", debug: str | Path | None = None,

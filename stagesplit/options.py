@@ -7,7 +7,7 @@ from __future__ import annotations
 import math
 from dataclasses import asdict, dataclass, field, fields, replace
 from enum import Enum
-from typing import Any, Mapping, Sequence
+from typing import Any, Mapping
 
 from .errors import OptionError
 from .layers import LayerOptions
@@ -212,6 +212,3 @@ def request_from_settings(settings, devices: int, **overrides: Any) -> SolveRequ
     base.update({k: v for k, v in overrides.items() if v is not None})
     return SolveRequest(devices=devices, **base)
 
-
-def names_of(values: Sequence[Enum]) -> tuple[str, ...]:
-    return tuple(v.value for v in values)

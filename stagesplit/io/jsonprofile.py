@@ -8,10 +8,11 @@ ground truth) and ``"layers"`` (one record per layer, for quick what-if use and 
 
 from __future__ import annotations
 
+import io
 import json
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 import numpy as np
 
@@ -229,8 +230,9 @@ def _ground_truth(value: Any, target: Target, nsteps: int, r: FieldReader) -> Gr
 # --------------------------------------------------------------------------------------------
 # Writer
 
-def profile_to_document(profile: Profile) -> dict:
-    """The full-form JSON document for ``profile`` (the inverse of ``profile_from_document``)."""
+def profile_to_document(profile: Profile, lazy: bool = False) -> dict:
+    """The full-form JSON document for ``profile`` (the inverse of ``profile_from_document``);
+    with ``lazy``, programs and operations are iterators of records, made as they are read."""
     p = profile
     t = p.target
     target = {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile}
@@ -258,26 +260,51 @@ def profile_to_document(profile: Profile) -> dict:
         variables.append(rec)
     doc["variables"] = variables
 
-    pr = p.programs
-    programs = [{"name": pr.name[i], "type": pr.kind[i]} for i in range(len(pr))]
-    for i, rec in enumerate(programs):
+    doc["programs"] = _program_records(p.programs)
+    doc["operations"] = _operation_records(p.operations)
+    gt = p.ground_truth
+    if gt is not None:
+        g: dict[str, Any] = {"always_live": gt.always_live.tolist(), "not_always_live": gt.not_always_live.tolist(),
+                             "categories": {k: a.tolist() for k, a in gt.categories.items()}}
+        if len(gt.step_tiles):
+            g["step_trace"] = {"tiles": gt.step_tiles.tolist(), "bytes": gt.step_bytes.tolist()}
+        doc["ground_truth"] = g
+    if not lazy:
+        doc["programs"] = list(doc["programs"])
+        doc["operations"] = list(doc["operations"])
+    return doc
+
+
+def _program_records(pr) -> Iterator[dict[str, Any]]:
+    """One record per program, made one at a time (the per-tile code lists are the bulk of a
+    large profile's document)."""
+    n = len(pr)
+    grouped = []
+    for cat, costs in [("vertex_code", pr.vertex_code)] + list(pr.categories().items()):
+        order = np.argsort(costs.program, kind="stable")
+        grouped.append((cat, costs, order, np.searchsorted(costs.program[order], np.arange(n + 1))))
+    for i in range(n):
+        rec: dict[str, Any] = {"name": pr.name[i], "type": pr.kind[i]}
         if not math.isnan(pr.cycles[i]):
             rec["cycles"] = float(pr.cycles[i])
         if pr.vertices[i]:
             rec["vertices"] = int(pr.vertices[i])
-    vc = pr.vertex_code
-    for k in range(len(vc)):
-        programs[vc.program[k]].setdefault("vertex_code", []).append(
-            [int(vc.tile[k]), pr.vertex_types[vc.vertex_type[k]], int(vc.bytes[k])])
-    for cat, costs in pr.categories().items():
-        for k in range(len(costs)):
-            programs[costs.program[k]].setdefault(cat, []).append([int(costs.tile[k]), int(costs.bytes[k])])
-    doc["programs"] = programs
+        for cat, costs, order, offsets in grouped:
+            k = order[offsets[i]:offsets[i + 1]]
+            if not len(k):
+                continue
+            if cat == "vertex_code":
+                types = pr.vertex_types
+                rec[cat] = [[t, types[vt], b] for t, vt, b in zip(costs.tile[k].tolist(),
+                                                                 costs.vertex_type[k].tolist(), costs.bytes[k].tolist())]
+            else:
+                rec[cat] = [[t, b] for t, b in zip(costs.tile[k].tolist(), costs.bytes[k].tolist())]
+        yield rec
 
-    ops = p.operations
-    operations = []
+
+def _operation_records(ops) -> Iterator[dict[str, Any]]:
     for i in range(len(ops)):
-        rec = {"name": ops.name[i]}
+        rec: dict[str, Any] = {"name": ops.name[i]}
         if ops.layer[i] is not None:
             rec["layer"] = ops.layer[i]
         if ops.debug_id[i] >= 0:
@@ -293,30 +320,28 @@ def profile_to_document(profile: Profile) -> dict:
             rec["compute"] = float(ops.compute[i])
         if not math.isnan(ops.bytes_accessed[i]):
             rec["bytes_accessed"] = float(ops.bytes_accessed[i])
-        operations.append(rec)
-    doc["operations"] = operations
-
-    gt = p.ground_truth
-    if gt is not None:
-        g: dict[str, Any] = {"always_live": gt.always_live.tolist(), "not_always_live": gt.not_always_live.tolist(),
-                             "categories": {k: a.tolist() for k, a in gt.categories.items()}}
-        if len(gt.step_tiles):
-            g["step_trace"] = {"tiles": gt.step_tiles.tolist(), "bytes": gt.step_bytes.tolist()}
-        doc["ground_truth"] = g
-    return doc
+        yield rec
 
 
 def dumps_profile(profile: Profile) -> str:
-    """JSON text with one record per line, so large profiles stay readable and diffable."""
-    doc = profile_to_document(profile)
-    lines = ["{"]
+    """JSON text with one record per line, so large profiles stay readable and diffable. Lists
+    of records are written as they are made, never held whole as Python objects."""
+    doc = profile_to_document(profile, lazy=True)
+    out = io.StringIO()
+    out.write("{\n")
     items = list(doc.items())
     for n, (key, value) in enumerate(items):
         comma = "," if n < len(items) - 1 else ""
-        if isinstance(value, list) and value and isinstance(value[0], (dict, list)) or key == "steps" and value:
-            inner = ",\n".join("    " + json.dumps(x, separators=(", ", ": ")) for x in value)
-            lines.append(f'  "{key}": [\n{inner}\n  ]{comma}')
-        else:
-            lines.append(f"  {json.dumps(key)}: {json.dumps(value)}{comma}")
-    lines.append("}")
-    return "\n".join(lines) + "\n"
+        one_per_line = isinstance(value, Iterator) or (
+            isinstance(value, list) and value and isinstance(value[0], (dict, list)) or key == "steps" and value)
+        records = iter(value) if one_per_line else None
+        first = next(records, None) if records is not None else None
+        if first is None:
+            out.write(f"  {json.dumps(key)}: {json.dumps([] if records is not None else value)}{comma}\n")
+            continue
+        out.write(f'  "{key}": [\n    {json.dumps(first, separators=(", ", ": "))}')
+        for record in records:
+            out.write(",\n    " + json.dumps(record, separators=(", ", ": ")))
+        out.write(f"\n  ]{comma}\n")
+    out.write("}\n")
+    return out.getvalue()
