@@ -266,3 +266,30 @@ def test_sweep_pricing_on_a_compact_sample_with_narrow_arrays():
             sm = m.stage_memory(a, b)
             assert table.worst_bytes[0, a, b] == sm.worst_bytes()
             assert table.worst_bytes[1, a, b] == sm.worst_bytes(3)
+
+
+@settings(max_examples=80, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 7), tiles=st.integers(1, 3),
+       shared=st.sampled_from(["every", "none"]))
+def test_property_sweep_pricing_with_layers_running_together(seed, layers, tiles, shared):
+    """Operations of several layers (and of none) running in the same steps, so that columns
+    belong to several layers at once and runs of one layer's columns interleave with others':
+    the sweep's per-layer runs and its shift-only updates against the from-scratch price."""
+    from stagesplit.pricing import price_all_ranges
+    from helpers import _random_vars_and_programs
+    rng = np.random.default_rng(seed)
+    steps = int(rng.integers(3, 12))
+    ops = []
+    for _ in range(int(rng.integers(layers, 3 * layers + 2))):
+        first = int(rng.integers(0, steps))
+        last = int(rng.integers(first, min(steps, first + 4)))
+        ops.append((int(rng.integers(-1, layers)), first, last))
+    ops += [(layer, int(rng.integers(0, steps)), -1) for layer in range(layers)]   # every layer present
+    ops = [(layer, first, last if last >= first else first) for layer, first, last in ops]
+    m = model(_random_vars_and_programs(rng, ops, steps, tiles, 20), shared)
+    table = price_all_ranges(m, (1, 2))
+    for a in range(m.num_layers):
+        for b in range(a, m.num_layers):
+            sm = m.stage_memory(a, b)
+            for k, inflight in enumerate(table.in_flight):
+                assert table.worst_bytes[k, a, b] == sm.worst_bytes(inflight)
