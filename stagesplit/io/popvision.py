@@ -63,6 +63,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import islice
 from operator import attrgetter
 from pathlib import Path
 from typing import Any, Callable
@@ -293,25 +294,23 @@ class _Reader:
 
     # -- variables and liveness --------------------------------------------------------------------
     def _read_variables(self, brief) -> tuple[Variables, Liveness]:
-        classes: dict[Any, list] = {}
         n = len(brief)
-        tick = self._tick
-        every = 65536
-
-        def rows():
-            for i, v in enumerate(brief):
-                ec = v.equivalenceClass
-                cid = ec.id
-                if cid not in classes:
-                    classes[cid] = [(s.start, s.end) for s in ec.steps]
-                if i % every == every - 1:
-                    tick(every)
-                yield v.id, v.bytes, v.tileId, cid
-
-        cols = np.fromiter(rows(), dtype=[("id", np.int64), ("bytes", np.int64), ("tile", np.int64),
-                                          ("cls", np.int64)], count=n) if n else \
-            np.zeros(0, [("id", np.int64), ("bytes", np.int64), ("tile", np.int64), ("cls", np.int64)])
-        tick(n % every)
+        fields = [("id", np.int64), ("bytes", np.int64), ("tile", np.int64), ("cls", np.int64)]
+        every = 1 << 18
+        chunks = []
+        row = attrgetter("id", "bytes", "tileId", "equivalenceClass.id")       # one C-level pass per chunk
+        rows = map(row, brief)
+        for start in range(0, n, every):
+            count = min(every, n - start)
+            chunks.append(np.fromiter(islice(rows, count), dtype=fields, count=count))
+            self._tick(count)
+        cols = np.concatenate(chunks) if len(chunks) > 1 else (chunks[0] if chunks else np.zeros(0, fields))
+        # each equivalence class's steps, read once from its first variable
+        _, first_of_class = np.unique(cols["cls"], return_index=True)
+        classes: dict[Any, list] = {}
+        for i in first_of_class.tolist():
+            ec = brief[i].equivalenceClass
+            classes[int(cols["cls"][i])] = [(s.start, s.end) for s in ec.steps]
         bad = np.flatnonzero((cols["tile"] < 0) | (cols["tile"] >= self.num_tiles))
         if len(bad):
             raise ProfileError(self.source, f"loweredVariables.allBriefVars[{int(bad[0])}].tileId",
@@ -379,9 +378,8 @@ class _Reader:
         self.p_vertices: list[int] = []
         self.vertex_types: list[str] = []
         self.vertex_type_index: dict[str, int] = {}
-        self.costs: dict[str, list[tuple[int, np.ndarray, np.ndarray]]] = {
-            "vertex_state": [], "exchange_code": [], "control_code": []}
-        self.vc_chunks: list[tuple[int, np.ndarray, int, np.ndarray]] = []
+        self.rows = {cat: _SparseRows(self.tiles, 1) for cat in ("vertex_state", "exchange_code", "control_code")}
+        self.rows["vertex_code"] = _SparseRows(self.tiles, 2)          # keys: program, vertex type
         for i, prog in enumerate(programs):
             self._add_program(prog, f"compilation.programs[{i}]")
             if i % 64 == 63:
@@ -395,23 +393,19 @@ class _Reader:
             idx = self._add_program(prog, f"programs[_id={key!r}]")
         return idx
 
-    def _sparse(self, cat: str, p: int, values: np.ndarray) -> None:
-        tiles = np.flatnonzero(values)
-        if len(tiles):
-            self.costs[cat].append((p, tiles, values[tiles]))
-
     def _add_program(self, prog, field: str) -> int:
         p = len(self.p_name)
         self.prog_index[prog._id] = p
         kind = str(prog.type.name)
         self.p_name.append(str(prog.name))
         self.p_kind.append(kind)
+        rows = self.rows
         if len(prog.children) == 0:
-            self._sparse("control_code", p, self._per_tile(prog.controlCodeByTile, f"{field}.controlCodeByTile"))
+            rows["control_code"].add(self._per_tile(prog.controlCodeByTile, f"{field}.controlCodeByTile"), p)
         estimate = math.nan
         count = np.zeros(self.tiles, np.int64)
         if kind == "DoExchange":
-            self._sparse("exchange_code", p, self._per_tile(prog.codeBytesByTile, f"{field}.codeBytesByTile"))
+            rows["exchange_code"].add(self._per_tile(prog.codeBytesByTile, f"{field}.codeBytesByTile"), p)
             estimate = self._estimate(getattr(prog, "estimatedCyclesByTile", None), f"{field}.estimatedCyclesByTile")
         elif kind == "OnTileExecute":
             cs = prog.computeset
@@ -422,18 +416,16 @@ class _Reader:
                 counts = self._per_tile(vx.countByTile, f"{field}.computeset.vertices[{k}].countByTile")
                 count += counts
                 state += counts * int(vtype.size)
-                tiles = np.flatnonzero(counts > 0)
                 sizes = self.code_by_type.get(name)
-                if sizes is not None and len(tiles):
-                    code = sizes[tiles]
-                    nz = code > 0
-                    if nz.any():
+                if sizes is not None:
+                    code = np.where(counts > 0, sizes, 0)
+                    if code.any():
                         t = self.vertex_type_index.get(name)
                         if t is None:
                             t = self.vertex_type_index[name] = len(self.vertex_types)
                             self.vertex_types.append(name)
-                        self.vc_chunks.append((p, tiles[nz], t, code[nz]))
-            self._sparse("vertex_state", p, state)
+                        rows["vertex_code"].add(code, p, t)
+            rows["vertex_state"].add(state, p)
             estimate = self._estimate(getattr(cs, "estimatedCyclesByTile", None),
                                       f"{field}.computeset.estimatedCyclesByTile")
         self.p_estimate.append(estimate)
@@ -461,27 +453,12 @@ class _Reader:
                                    f"{CYCLES_PER_VERTEX:g} cycles per vertex (the profile has no compile-time cycle "
                                    "estimates)")
 
-        def as_int64(a: np.ndarray) -> np.ndarray:
-            return a.astype(np.int64, copy=False)
-
-        def repeat(values: list[int], chunks: list[np.ndarray]) -> np.ndarray:
-            return np.repeat(np.array(values, np.int64), np.fromiter(map(len, chunks), np.int64, len(chunks)))
-
         def costs(cat: str) -> TileCosts:
-            chunks = self.costs[cat]
-            if not chunks:
-                return TileCosts.empty()
-            tiles = [t for _, t, _ in chunks]
-            return TileCosts(repeat([p for p, _, _ in chunks], tiles), as_int64(np.concatenate(tiles)),
-                             as_int64(np.concatenate([b for _, _, b in chunks])))
+            (program,), tile, values = self.rows[cat].finish()
+            return TileCosts(program, tile, values)
 
-        if self.vc_chunks:
-            tiles = [t for _, t, _, _ in self.vc_chunks]
-            vc = VertexCode(repeat([p for p, _, _, _ in self.vc_chunks], tiles), as_int64(np.concatenate(tiles)),
-                            repeat([k for _, _, k, _ in self.vc_chunks], tiles),
-                            as_int64(np.concatenate([b for _, _, _, b in self.vc_chunks])))
-        else:
-            vc = VertexCode.empty()
+        (program, vertex_type), tile, values = self.rows["vertex_code"].finish()
+        vc = VertexCode(program, tile, vertex_type, values)
         return Programs(name=self.p_name, kind=self.p_kind, cycles=cycles,
                         vertices=np.array(self.p_vertices, np.int64), vertex_types=self.vertex_types,
                         vertex_code=vc, vertex_state=costs("vertex_state"), exchange_code=costs("exchange_code"),
@@ -589,6 +566,63 @@ class _Reader:
         if (other > 0).any():
             categories["other"] = np.maximum(other, 0)
         return np.maximum(variables, 0)
+
+
+class _SparseRows:
+    """Per-tile rows (one per program, or per program and vertex type), gathered in dense
+    blocks and kept sparse: the keys, tile and value of every non-zero entry, in row order and
+    tile order within a row. One ``np.nonzero`` per block instead of one per row."""
+
+    BLOCK = 256
+
+    def __init__(self, tiles: int, n_keys: int):
+        self.block = np.zeros((self.BLOCK, tiles), np.int64)
+        self.n_keys = n_keys
+        self.keys: list[tuple[int, ...]] = []
+        self.parts: list[tuple[list[np.ndarray], np.ndarray, np.ndarray]] = []
+
+    def add(self, values: np.ndarray, *keys: int) -> None:
+        self.block[len(self.keys)] = values
+        self.keys.append(keys)
+        if len(self.keys) == self.BLOCK:
+            self._flush()
+
+    def _flush(self) -> None:
+        filled = self.block[: len(self.keys)]
+        rows, tiles = np.nonzero(filled)
+        values = filled[rows, tiles]
+        key_columns = np.array(self.keys, np.int64).reshape(len(self.keys), self.n_keys)
+        self.parts.append(([_narrow(key_columns[rows, k]) for k in range(self.n_keys)], _narrow(tiles),
+                           _narrow(values)))
+        self.keys = []
+
+    def finish(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
+        """(key columns, tile, value) of every non-zero entry, each in the narrowest integer
+        type that holds it (as the compact reader gives them; users widen before arithmetic)."""
+        if self.keys:
+            self._flush()
+        parts = self.parts
+        self.parts = []
+
+        def joined(arrays: list[np.ndarray]) -> np.ndarray:
+            if not arrays:
+                return np.zeros(0, np.int8)
+            return np.concatenate(arrays, dtype=np.result_type(*arrays)) if len(arrays) > 1 else arrays[0]
+
+        keys = [joined([part[0][k] for part in parts]) for k in range(self.n_keys)]
+        return keys, joined([part[1] for part in parts]), joined([part[2] for part in parts])
+
+
+def _narrow(values: np.ndarray) -> np.ndarray:
+    """``values`` (integers) in the narrowest of int8/int16/int32/int64 that holds them all."""
+    if len(values) == 0:
+        return values.astype(np.int8)
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values.astype(np.int64, copy=False)
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:

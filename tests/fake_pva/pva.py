@@ -16,14 +16,18 @@ also live in a file (``write_report_file``: a header, then a stagesplit compact 
 built from explicit parts (the classes below) or from a stagesplit Profile
 (``report_from_profile``), optionally mirrored onto more IPUs. ``write_debug_cbor`` writes a
 small valid debug.cbor. Large per-tile arrays are stored sparse and made dense on access (as
-libpva builds a fresh list on every access); every object uses ``__slots__`` so a report can
-hold over a million brief variables.
+libpva builds a fresh list on every access); every object uses ``__slots__``. A report built
+from a profile makes its parts on first access, as libpva reads the file on demand, and hands
+out brief variables and operation variables from C arrays (ctypes structs made on access, as
+a C++ vector bound into Python does), so that a report of millions of variables costs what a
+real reader pays, not the price of a Python object per variable up front.
 
 This module imports only the standard library and numpy at import time.
 """
 
 from __future__ import annotations
 
+import ctypes
 import enum
 import json
 import math
@@ -38,19 +42,28 @@ import numpy as np
 
 
 class Sparse:
-    """A per-tile array stored as (tiles, values); ``dense()`` gives the numTiles-long array."""
+    """A per-tile array stored as (tiles, values); ``dense()`` gives the numTiles-long array.
+    ``values`` is one value per listed tile or a single value for all of them."""
 
     __slots__ = ("n", "tiles", "values", "dtype")
 
     def __init__(self, n: int, tiles: Sequence[int] = (), values: Sequence[float] | float = (), dtype=np.int64):
         self.n = int(n)
-        self.tiles = np.asarray(tiles, np.int64)
-        self.values = np.broadcast_to(np.asarray(values, dtype), self.tiles.shape)
+        self.tiles = np.asarray(tiles) if len(tiles) else np.zeros(0, np.int64)
+        values = np.asarray(values)
+        self.values = values if values.shape == self.tiles.shape else np.broadcast_to(values, self.tiles.shape)
         self.dtype = dtype
 
     def dense(self) -> np.ndarray:
         out = np.zeros(self.n, self.dtype)
-        np.add.at(out, self.tiles, self.values)
+        tiles = self.tiles
+        if len(tiles) > 1:
+            seen = np.zeros(self.n, bool)
+            seen[tiles] = True
+            if int(np.count_nonzero(seen)) < len(tiles):         # a tile listed twice: add up
+                np.add.at(out, tiles, self.values)
+                return out
+        out[tiles] = self.values
         return out
 
 
@@ -226,11 +239,27 @@ class BriefVar:
         self.equivalenceClass = equivalenceClass
 
 
-class LoweredVariables:
-    __slots__ = ("allBriefVars",)
+def _built(owner: Any, slot: str) -> Any:
+    """The value in ``slot``; a callable there (a part built on first access, as libpva reads
+    the file on demand) is called once and replaced by what it returns."""
+    value = getattr(owner, slot)
+    if callable(value):
+        value = value()
+        setattr(owner, slot, value)
+    return value
 
-    def __init__(self, allBriefVars: Sequence[BriefVar]):
-        self.allBriefVars = allBriefVars
+
+class LoweredVariables:
+    """``allBriefVars``: a sequence, or a callable that builds it on first access."""
+
+    __slots__ = ("_brief",)
+
+    def __init__(self, allBriefVars: "Sequence[BriefVar] | Callable[[], Sequence[BriefVar]]"):
+        self._brief = allBriefVars
+
+    @property
+    def allBriefVars(self) -> Sequence[BriefVar]:
+        return _built(self, "_brief")
 
 
 class Variable:
@@ -243,8 +272,10 @@ class Variable:
 
 
 def _variables(value: Any) -> list[Variable]:
+    if callable(value):
+        return value()
     if isinstance(value, np.ndarray):
-        return [Variable(i) for i in value.tolist()]
+        return list(map(Variable, value.tolist()))
     return [v if isinstance(v, Variable) else Variable(v) for v in value]
 
 
@@ -441,17 +472,33 @@ class Operation:
 
 
 class Compilation:
-    __slots__ = ("target", "tiles", "livenessProgramSteps", "loweredVariables", "programs", "_always_live")
+    """A compilation. ``tiles``, ``livenessProgramSteps`` and ``programs`` may be given as
+    callables: each is built on first access and kept."""
 
-    def __init__(self, target: Target, tiles: Sequence[Tile], livenessProgramSteps: Sequence[LivenessStep],
-                 loweredVariables: LoweredVariables, programs: Sequence[Program],
+    __slots__ = ("target", "_tiles", "_steps", "loweredVariables", "_programs", "_always_live")
+
+    def __init__(self, target: Target, tiles: Sequence[Tile] | Callable[[], list[Tile]],
+                 livenessProgramSteps: Sequence[LivenessStep] | Callable[[], list[LivenessStep]],
+                 loweredVariables: LoweredVariables, programs: Sequence[Program] | Callable[[], list[Program]],
                  alwaysLiveVariables: Sequence[NamedVariable] | Callable[[], list[NamedVariable]] = ()):
         self.target = target
-        self.tiles = list(tiles)
-        self.livenessProgramSteps = list(livenessProgramSteps)
+        self._tiles = tiles if callable(tiles) else list(tiles)
+        self._steps = livenessProgramSteps if callable(livenessProgramSteps) else list(livenessProgramSteps)
         self.loweredVariables = loweredVariables
-        self.programs = list(programs)
+        self._programs = programs if callable(programs) else list(programs)
         self._always_live = alwaysLiveVariables
+
+    @property
+    def tiles(self) -> list[Tile]:
+        return _built(self, "_tiles")
+
+    @property
+    def livenessProgramSteps(self) -> list[LivenessStep]:
+        return _built(self, "_steps")
+
+    @property
+    def programs(self) -> list[Program]:
+        return _built(self, "_programs")
 
     @property
     def alwaysLiveVariables(self) -> list[NamedVariable]:
@@ -460,16 +507,63 @@ class Compilation:
 
 
 class Report:
-    __slots__ = ("compilation", "_operations")
+    """A report; ``operations`` may be a callable that builds them on first access."""
 
-    def __init__(self, compilation: Compilation, operations: Sequence[Operation]):
+    __slots__ = ("compilation", "_ops")
+
+    def __init__(self, compilation: Compilation, operations: Sequence[Operation] | Callable[[], list[Operation]]):
         self.compilation = compilation
-        self._operations = list(operations)
+        self._ops = operations if callable(operations) else list(operations)
+
+    @property
+    def _operations(self) -> list[Operation]:
+        return _built(self, "_ops")
 
 
 class OperationAnalysis:
     def __init__(self, report: Report):
         self.operations = report._operations
+
+
+# ----------------------------------------------------------------------------------------------
+# C-backed arrays: how a report built from a profile hands out its millions of variables
+
+
+class _VariableRecord(ctypes.Structure):
+    """An operation's variable as a C struct: ``_id``."""
+
+    _fields_ = [("_id", ctypes.c_int64)]
+
+
+def _c_variables(ids: np.ndarray) -> Sequence[Variable]:
+    """Operation variables backed by one C array, as libpva's are by C++ memory: a sequence
+    that makes each element's Python object on access, with the ``_id`` attribute."""
+    ids = np.ascontiguousarray(ids, np.int64)
+    if len(ids) == 0:
+        return []
+    return (_VariableRecord * len(ids)).from_buffer(ids.copy())
+
+
+def _c_brief_vars(columns: np.ndarray, classes: dict[int, EquivalenceClass]) -> Sequence[BriefVar]:
+    """Brief variables backed by one C array of (id, bytes, tileId, equivalence class id):
+    ``equivalenceClass.steps`` looks the class up in ``classes``. Like a C++ vector bound
+    into Python: len(), indexing and iteration, each element made on access."""
+
+    class EquivalenceClassRecord(ctypes.Structure):
+        _fields_ = [("id", ctypes.c_int64)]
+
+        @property
+        def steps(self) -> list[Interval]:
+            return classes[self.id].steps
+
+    class BriefVarRecord(ctypes.Structure):
+        _fields_ = [("id", ctypes.c_int64), ("bytes", ctypes.c_int64), ("tileId", ctypes.c_int64),
+                    ("equivalenceClass", EquivalenceClassRecord)]
+
+    columns = np.ascontiguousarray(columns, np.int64)
+    if len(columns) == 0:
+        return []
+    return (BriefVarRecord * len(columns)).from_buffer(columns)
 
 
 # ----------------------------------------------------------------------------------------------
@@ -580,11 +674,15 @@ _TO_CATEGORY = {"vertex_code": "vertexCode", "internal_exchange_code": "internal
 STATE_VERTEX = "stagesplit::VertexState"
 
 
-def _by_program(program: np.ndarray, n: int) -> tuple[np.ndarray, np.ndarray]:
-    order = np.argsort(program, kind="stable")
+def _by_program(program: np.ndarray, n: int) -> tuple[np.ndarray | None, list[int]]:
+    """(order, offsets): rows order[offsets[q]:offsets[q + 1]] belong to program q; order is
+    None when the rows are already in program order."""
+    program = np.asarray(program, np.int64)
+    order = None if len(program) < 2 or bool(np.all(program[1:] >= program[:-1])) else \
+        np.argsort(program, kind="stable")
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
-    return order, offsets
+    return order, offsets.tolist()
 
 
 class _Trace:
@@ -666,6 +764,9 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     ``total.excludingGaps`` is always-live + not-always-live; without, the categories are
     separate. Either way the total is the sum of the profile's figures (its ``other`` category,
     memory in no category, only there), plus ``extra_total[t]`` bytes on tile t when given.
+
+    Like libpva, which reads the file on demand, the report builds its programs, tiles, steps,
+    brief variables and operations on first access; the checks below run at once.
     """
     from stagesplit.synth import ground_truth as computed_ground_truth
 
@@ -682,7 +783,8 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
             raise ValueError(f"program {i} has kind {kind!r}, which is not a pva.Program.Type") from None
 
     def check(costs, allowed: Program.Type, what: str) -> None:
-        bad = [int(q) for q in np.unique(costs.program) if kinds[q] is not allowed]
+        has = np.flatnonzero(np.bincount(np.asarray(costs.program, np.int64), minlength=n_prog))
+        bad = [int(q) for q in has if kinds[q] is not allowed]
         if bad:
             raise ValueError(f"program {bad[0]} ({pr.kind[bad[0]]}) has {what}: a pva report holds it only for "
                              f"{allowed.name} programs")
@@ -692,135 +794,155 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     check(pr.vertex_code, Program.Type.OnTileExecute, "vertex code")
 
     def mirrored(tiles: np.ndarray, values: np.ndarray, dtype=np.int64) -> Sparse:
+        if ipus == 1:                                  # narrow dtypes are fine here: dense() widens
+            return Sparse(NT, tiles, values, dtype)
         tiles = np.asarray(tiles, np.int64)            # a compact file's tiles may be int8/int16
         all_tiles = np.concatenate([tiles + k * T for k in range(ipus)])
         all_values = np.concatenate([np.asarray(values, dtype) * (k + 1) for k in range(ipus)])
         return Sparse(NT, all_tiles, all_values, dtype)
 
-    cat_index = {cat: _by_program(costs.program, n_prog) for cat, costs in pr.categories().items()}
-    vc = pr.vertex_code
-    vc_order, vc_offsets = _by_program(vc.program, n_prog)
-
-    def entries(cat: str, q: int):
-        costs = pr.categories()[cat] if cat != "vertex_code" else vc
-        order, offsets = cat_index[cat] if cat != "vertex_code" else (vc_order, vc_offsets)
-        e = order[offsets[q]:offsets[q + 1]]
-        return costs, e
-
     programs: list[Program] = []
-    for q in range(n_prog):
-        kind = kinds[q]
-        ctl, e = entries("control_code", q)
-        control = mirrored(ctl.tile[e], ctl.bytes[e])
-        costs_tiles = [ctl.tile[e]]
-        cycles = float(pr.cycles[q])
-        kwargs: dict[str, Any] = {"controlCodeByTile": control}
-        if kind is Program.Type.DoExchange:
-            ex, e = entries("exchange_code", q)
-            kwargs["codeBytesByTile"] = mirrored(ex.tile[e], ex.bytes[e])
-            costs_tiles.append(ex.tile[e])
-        else:
-            kwargs["codeBytesByTile"] = control
-        vertices = []
-        if kind is Program.Type.OnTileExecute:
-            codes, e = entries("vertex_code", q)
-            for t in np.unique(codes.vertex_type[e]):
-                tiles = np.unique(codes.tile[e][codes.vertex_type[e] == t])
-                vertices.append(ComputeSetVertices(VertexType(pr.vertex_types[t], 0),
-                                                   mirrored(tiles, np.ones(len(tiles), np.int64))))
-                costs_tiles.append(tiles)
-            st, e = entries("vertex_state", q)
-            nz = e[st.bytes[e] > 0]
-            if len(nz):
-                size = int(np.gcd.reduce(st.bytes[nz]))
-                vertices.append(ComputeSetVertices(VertexType(STATE_VERTEX, size),
-                                                   mirrored(st.tile[nz], st.bytes[nz] // size)))
-                costs_tiles.append(st.tile[nz])
-        all_tiles = np.concatenate(costs_tiles)
-        first_tile = int(all_tiles.min()) if len(all_tiles) else 0
-        estimate = None
-        if not math.isnan(cycles) and kind in (Program.Type.DoExchange, Program.Type.OnTileExecute):
-            estimate = mirrored(np.array([first_tile]), np.array([cycles]), np.float64)
-        if kind is Program.Type.DoExchange:
-            programs.append(make_program(("prog", q), pr.name[q], kind, estimatedCyclesByTile=estimate, **kwargs))
-        elif kind is Program.Type.OnTileExecute:
-            cs = ComputeSet(pr.name[q], vertices, estimate)
-            programs.append(make_program(("prog", q), pr.name[q], kind, computeset=cs, **kwargs))
-        else:
-            programs.append(make_program(("prog", q), pr.name[q], kind, **kwargs))
 
-    # tiles: vertex code sizes and ground truth
-    ntypes = max(len(pr.vertex_types), 1)
-    code_size = np.zeros(T * ntypes, np.int64)
-    np.maximum.at(code_size, vc.tile.astype(np.int64) * ntypes + vc.vertex_type, vc.bytes)   # narrow dtypes overflow
-    present = np.flatnonzero(code_size)
-    per_tile_types: list[list[tuple[int, int]]] = [[] for _ in range(T)]
-    for key, size in zip(present.tolist(), code_size[present].tolist()):
-        per_tile_types[key // ntypes].append((key % ntypes, size))
-    gt = p.ground_truth if p.ground_truth is not None else computed_ground_truth(p)
-    cats = {_TO_CATEGORY[name]: values for name, values in gt.categories.items() if name in _TO_CATEGORY}
-    other = gt.categories.get("other", np.zeros(T, np.int64))    # memory in no category: only in the total
-    tiles = []
-    for g in range(NT):
-        t, m = g % T, g // T + 1
-        in_cats = sum(int(values[t]) for values in cats.values())
-        al = int(gt.always_live[t]) + (in_cats if code_in_always_live else 0)
-        whole = int(gt.always_live[t]) + int(gt.not_always_live[t]) + in_cats + int(other[t]) \
-            + (int(extra_total[t]) if extra_total is not None else 0)
-        tiles.append(Tile(g, TileMemory(
-            alwaysLiveBytes=al * m, notAlwaysLiveBytes=int(gt.not_always_live[t]) * m,
-            vertices=[TileVertex(VertexType(pr.vertex_types[vt], 0), size * m) for vt, size in per_tile_types[t]],
-            category=Categories(**{name: int(values[t]) * m for name, values in cats.items()}),
-            total=MemoryTotal(whole * m, whole * m))))
+    def build_programs() -> list[Program]:
+        if programs:
+            return programs
+        cats = dict(pr.categories())
+        cats["vertex_code"] = pr.vertex_code
+        index = {cat: _by_program(costs.program, n_prog) for cat, costs in cats.items()}
 
-    # liveness steps
-    trace = _Trace(p, ipus)
-    by_name: dict[str, Program] = {}
-    for prog in programs:
-        by_name.setdefault(prog.name, prog)
-    steps = []
-    for i, name in enumerate(p.steps):
-        prog = by_name.get(name) or make_program(("step", i), name, Program.Type.Sync)
-        steps.append(LivenessStep(prog, (lambda t, i=i: trace.bytes(i, t)), (lambda t, i=i: trace.variables(i, t)),
-                                  (lambda i=i: trace.total(i))))
+        def entries(cat: str, q: int):
+            order, offsets = index[cat]
+            if order is None:                          # already in program order: a slice, no copy
+                return cats[cat], slice(offsets[q], offsets[q + 1])
+            return cats[cat], order[offsets[q]:offsets[q + 1]]
 
-    # variables
+        for q in range(n_prog):
+            kind = kinds[q]
+            ctl, e = entries("control_code", q)
+            control = mirrored(ctl.tile[e], ctl.bytes[e])
+            costs_tiles = [ctl.tile[e]]
+            cycles = float(pr.cycles[q])
+            kwargs: dict[str, Any] = {"controlCodeByTile": control}
+            if kind is Program.Type.DoExchange:
+                ex, e = entries("exchange_code", q)
+                kwargs["codeBytesByTile"] = mirrored(ex.tile[e], ex.bytes[e])
+                costs_tiles.append(ex.tile[e])
+            else:
+                kwargs["codeBytesByTile"] = control
+            vertices = []
+            if kind is Program.Type.OnTileExecute:
+                codes, e = entries("vertex_code", q)
+                types, tiles_of = codes.vertex_type[e], codes.tile[e]
+                for t in np.flatnonzero(np.bincount(types)) if len(types) else ():
+                    present = np.zeros(T, bool)
+                    present[tiles_of[types == t]] = True
+                    tiles = np.flatnonzero(present)
+                    vertices.append(ComputeSetVertices(VertexType(pr.vertex_types[t], 0),
+                                                       mirrored(tiles, np.ones(len(tiles), np.int64))))
+                    costs_tiles.append(tiles)
+                st, e = entries("vertex_state", q)
+                nz = np.flatnonzero(st.bytes[e] > 0) + e.start if isinstance(e, slice) else e[st.bytes[e] > 0]
+                if len(nz):
+                    size = int(np.gcd.reduce(np.asarray(st.bytes[nz], np.int64)))
+                    vertices.append(ComputeSetVertices(VertexType(STATE_VERTEX, size),
+                                                       mirrored(st.tile[nz], st.bytes[nz] // size)))
+                    costs_tiles.append(st.tile[nz])
+            first_tile = min((int(a.min()) for a in costs_tiles if len(a)), default=0)
+            estimate = None
+            if not math.isnan(cycles) and kind in (Program.Type.DoExchange, Program.Type.OnTileExecute):
+                estimate = mirrored(np.array([first_tile]), np.array([cycles]), np.float64)
+            if kind is Program.Type.DoExchange:
+                programs.append(make_program(("prog", q), pr.name[q], kind, estimatedCyclesByTile=estimate, **kwargs))
+            elif kind is Program.Type.OnTileExecute:
+                cs = ComputeSet(pr.name[q], vertices, estimate)
+                programs.append(make_program(("prog", q), pr.name[q], kind, computeset=cs, **kwargs))
+            else:
+                programs.append(make_program(("prog", q), pr.name[q], kind, **kwargs))
+        return programs
+
+    def build_tiles() -> list[Tile]:
+        vc = pr.vertex_code
+        ntypes = max(len(pr.vertex_types), 1)
+        code_size = np.zeros(T * ntypes, np.int64)
+        key = vc.tile.astype(np.int64) * ntypes + vc.vertex_type        # narrow dtypes would overflow
+        code_size[key] = vc.bytes                      # one size per (tile, type) as a rule; else the largest
+        if bool(np.any(vc.bytes > code_size[key])):
+            np.maximum.at(code_size, key, vc.bytes)
+        present = np.flatnonzero(code_size)
+        per_tile_types: list[list[tuple[int, int]]] = [[] for _ in range(T)]
+        for key, size in zip(present.tolist(), code_size[present].tolist()):
+            per_tile_types[key // ntypes].append((key % ntypes, size))
+        gt = p.ground_truth if p.ground_truth is not None else computed_ground_truth(p)
+        cats = {_TO_CATEGORY[name]: values for name, values in gt.categories.items() if name in _TO_CATEGORY}
+        other = gt.categories.get("other", np.zeros(T, np.int64))    # memory in no category: only in the total
+        tiles = []
+        for g in range(NT):
+            t, m = g % T, g // T + 1
+            in_cats = sum(int(values[t]) for values in cats.values())
+            al = int(gt.always_live[t]) + (in_cats if code_in_always_live else 0)
+            whole = int(gt.always_live[t]) + int(gt.not_always_live[t]) + in_cats + int(other[t]) \
+                + (int(extra_total[t]) if extra_total is not None else 0)
+            tiles.append(Tile(g, TileMemory(
+                alwaysLiveBytes=al * m, notAlwaysLiveBytes=int(gt.not_always_live[t]) * m,
+                vertices=[TileVertex(VertexType(pr.vertex_types[vt], 0), size * m) for vt, size in per_tile_types[t]],
+                category=Categories(**{name: int(values[t]) * m for name, values in cats.items()}),
+                total=MemoryTotal(whole * m, whole * m))))
+        return tiles
+
+    def build_steps() -> list[LivenessStep]:
+        trace = _Trace(p, ipus)
+        by_name: dict[str, Program] = {}
+        for prog in build_programs():
+            by_name.setdefault(prog.name, prog)
+        steps = []
+        for i, name in enumerate(p.steps):
+            prog = by_name.get(name) or make_program(("step", i), name, Program.Type.Sync)
+            steps.append(LivenessStep(prog, (lambda t, i=i: trace.bytes(i, t)), (lambda t, i=i: trace.variables(i, t)),
+                                      (lambda i=i: trace.total(i))))
+        return steps
+
     v = p.variables
     n = len(v)
-    ncls = len(p.liveness)
-    classes = [EquivalenceClass(class_id_start + c, [Interval(int(s), int(e)) for s, e in p.liveness.intervals[c]])
-               for c in range(ncls)]
-    always = EquivalenceClass(class_id_start + ncls, [Interval(0, S)])
-    never = EquivalenceClass(class_id_start + ncls + 1, [])
-    cls_of = [always if a else (classes[c] if c >= 0 else never)
-              for a, c in zip(v.always_live.tolist(), v.live_class.tolist())]
     ids = var_id_start + var_id_step * np.arange(n * ipus, dtype=np.int64).reshape(n, ipus)
-    id_list = ids.tolist()
-    nbytes, tile_list = v.bytes.tolist(), v.tile.tolist()
-    brief: list[BriefVar] = []
-    append = brief.append
-    for j in range(n):
-        row = id_list[j]
+
+    def build_brief() -> Sequence[BriefVar]:
+        ncls = len(p.liveness)
+        classes = [EquivalenceClass(class_id_start + c, [Interval(int(s), int(e)) for s, e in p.liveness.intervals[c]])
+                   for c in range(ncls)]
+        classes.append(EquivalenceClass(class_id_start + ncls, [Interval(0, S)]))      # always live
+        classes.append(EquivalenceClass(class_id_start + ncls + 1, []))                # never live
+        cls_index = np.where(v.always_live, ncls, np.where(np.asarray(v.live_class) >= 0, v.live_class, ncls + 1))
+        columns = np.empty((n, ipus, 4), np.int64)                 # brief variables of all IPUs interleaved
         for k in range(ipus):
-            append(BriefVar(row[k], nbytes[j] * (k + 1), tile_list[j] + k * T, cls_of[j]))
+            columns[:, k, 0] = ids[:, k]
+            columns[:, k, 1] = np.asarray(v.bytes, np.int64) * (k + 1)
+            columns[:, k, 2] = np.asarray(v.tile, np.int64) + k * T
+            columns[:, k, 3] = class_id_start + cls_index
+        return _c_brief_vars(columns.reshape(n * ipus, 4), {c.id: c for c in classes})
 
     def always_live_variables() -> list[NamedVariable]:
         return [NamedVariable(p.variable_name(j), int(v.bytes[j])) for j in np.flatnonzero(v.always_live)]
 
-    # operations
-    ops = p.operations
-    operations = []
-    for i in range(len(ops)):
-        did = int(ops.debug_id[i]) if ops.debug_id[i] >= 0 else 10**6 + i
-        doc = {"inputs": list(ops.inputs[i])} if ops.inputs[i] else {}
-        operations.append(Operation(
-            ops.name[i], [programs[q] for q in ops.programs[i].tolist()], int(ops.first_step[i]),
-            int(ops.last_step[i]), ids[ops.vars[i]].reshape(-1), DebugContext(did, json.dumps(doc))))
+    def build_operations() -> list[Operation]:
+        ops = p.operations
+        progs = build_programs()
+        operations = []
+        per_ipu = np.arange(ipus, dtype=np.int64)
+        for i in range(len(ops)):
+            did = int(ops.debug_id[i]) if ops.debug_id[i] >= 0 else 10**6 + i
+            doc = {"inputs": list(ops.inputs[i])} if ops.inputs[i] else {}
+            rows = (np.asarray(ops.vars[i], np.int64)[:, None] * ipus + per_ipu).reshape(-1)
+            operations.append(Operation(
+                ops.name[i], [progs[q] for q in ops.programs[i].tolist()], int(ops.first_step[i]),
+                int(ops.last_step[i]), lambda rows=rows: _c_variables(ids.reshape(-1)[rows]),
+                DebugContext(did, json.dumps(doc))))
+        return operations
 
     target = Target(tilesPerIpu=T, bytesPerTile=p.target.bytes_per_tile, numIPUs=ipus,
                     clockFrequency=p.target.clock_hz or 1.33e9)
-    comp = Compilation(target, tiles, steps, LoweredVariables(brief), programs, always_live_variables)
-    return Report(comp, operations)
+    comp = Compilation(target, build_tiles, build_steps, LoweredVariables(build_brief), build_programs,
+                       always_live_variables)
+    return Report(comp, build_operations)
 
 
 # ----------------------------------------------------------------------------------------------
