@@ -691,3 +691,33 @@ class TestFakeShapes:
         assert all(i.end > i.start for i in interval)
         with pytest.raises(RuntimeError):
             pva.openReport(str(tmp_path / "other.pop"))
+
+
+class TestSparseRows:
+    """The reader gathers per-tile program costs in dense blocks: the result must be what one
+    ``flatnonzero`` per row gives, in row order, whatever the block boundaries."""
+
+    @given(st.lists(st.tuples(st.lists(st.integers(-2**40, 2**40) | st.just(0), min_size=5, max_size=5),
+                              st.integers(0, 40_000), st.integers(0, 300)), max_size=40),
+           st.sampled_from([1, 2, 3, 256]))
+    @settings(max_examples=60, deadline=None)
+    def test_blocks_give_each_rows_nonzero_entries_in_order(self, rows, block):
+        from stagesplit.io import popvision
+        sparse = popvision._SparseRows(5, 2)
+        sparse.BLOCK = block
+        sparse.block = np.zeros((block, 5), np.int64)
+        for values, p, t in rows:
+            sparse.add(np.array(values, np.int64), p, t)
+        (program, vtype), tile, value = sparse.finish()
+        expected = [(p, t, k, x) for values, p, t in rows for k, x in enumerate(values) if x != 0]
+        got = list(zip(program.tolist(), vtype.tolist(), tile.tolist(), value.tolist()))
+        assert got == expected
+        for column, top in ((program, 40_000), (vtype, 300), (tile, 4)):
+            assert column.dtype.itemsize <= np.dtype(popvision._narrow(np.array([top])).dtype).itemsize
+
+    def test_narrow_keeps_every_value(self):
+        from stagesplit.io.popvision import _narrow
+        for values, dtype in (([0, 127, -128], np.int8), ([128], np.int16), ([-40_000, 5], np.int32),
+                              ([2**31], np.int64), ([-2**63, 2**63 - 1], np.int64)):
+            out = _narrow(np.array(values, np.int64))
+            assert out.dtype == dtype and out.tolist() == values
