@@ -78,9 +78,26 @@ def _layer_set_groups(pair_item: np.ndarray, pair_layer: np.ndarray, n_items: in
     bits = np.left_shift(np.uint64(1), (pair_layer % 64).astype(np.uint64))
     np.bitwise_or.at(masks, (pair_item, pair_layer // 64), bits)
     layered = np.flatnonzero(~shared)
-    _, first, inverse = np.unique(masks[layered], axis=0, return_index=True, return_inverse=True)
+    first, inverse = _unique_rows(masks[layered])
     group = np.full(n_items, -1, np.int64)
-    group[layered] = inverse.reshape(-1)
+    group[layered] = inverse
     lo = np.searchsorted(pair_item, layered[first])
     hi = np.searchsorted(pair_item, layered[first], side="right")
     return group, [pair_layer[a:b] for a, b in zip(lo, hi)]
+
+
+def _unique_rows(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """``np.unique(rows, axis=0, return_index=True, return_inverse=True)[1:]`` (distinct rows in
+    lexicographic order, each one's first occurrence, each row's distinct row) without the
+    structured-dtype sort that ``axis=0`` does: one integer sort for a single column, else a
+    lexsort of the columns."""
+    if rows.shape[1] == 1:
+        _, first, inverse = np.unique(rows[:, 0], return_index=True, return_inverse=True)
+        return first, inverse.reshape(-1)
+    order = np.lexsort(rows.T[::-1])                  # stable: the first occurrence leads each run
+    ordered = rows[order]
+    new = np.ones(len(ordered), bool)
+    new[1:] = (ordered[1:] != ordered[:-1]).any(axis=1)
+    inverse = np.empty(len(ordered), np.int64)
+    inverse[order] = np.cumsum(new) - 1
+    return order[new], inverse
