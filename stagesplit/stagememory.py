@@ -160,27 +160,48 @@ def _live_on(tile: np.ndarray, nbytes: np.ndarray, first: np.ndarray, end: np.nd
 
 
 def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.ndarray]:
-    """Per-tile code of the programs ``progs`` by category; vertex code once per (tile, type)."""
+    """Per-tile code of the programs ``progs`` (sorted, distinct) by category; vertex code once
+    per (tile, type)."""
     T = model.num_tiles
     pr = model.profile.programs
     progs = np.asarray(progs, np.int64)
+    ntypes = max(len(pr.vertex_types), 1)
     out = {}
     for cat, costs in list(pr.categories().items()) + [("vertex_code", pr.vertex_code)]:
         order, offsets = _entries_by_program(model, cat, costs)
-        counts = offsets[progs + 1] - offsets[progs]
-        e = np.repeat(offsets[progs], counts) + ramp(counts)
-        if order is not None:
-            e = order[e]
-        if cat != "vertex_code":
-            out[cat] = np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T).astype(np.int64)
-            continue
-        ntypes = max(len(pr.vertex_types), 1)
-        present = np.zeros(T * ntypes, bool)            # each (tile, vertex type) once
-        present[costs.tile[e].astype(np.int64) * ntypes + costs.vertex_type[e]] = True
-        key = np.flatnonzero(present)
-        size = model.vertex_code_size[key // ntypes, key % ntypes]
-        out[cat] = np.bincount(key // ntypes, weights=size, minlength=T).astype(np.int64)
+        if cat == "vertex_code":
+            present = np.zeros(T * ntypes, bool)            # each (tile, vertex type) once
+            for e in _entry_chunks(order, offsets, progs):
+                present[costs.tile[e].astype(np.int64) * ntypes + costs.vertex_type[e]] = True
+            key = np.flatnonzero(present)
+            size = model.vertex_code_size[key // ntypes, key % ntypes]
+            out[cat] = np.bincount(key // ntypes, weights=size, minlength=T).astype(np.int64)
+        else:
+            total = np.zeros(T)
+            for e in _entry_chunks(order, offsets, progs):
+                total += np.bincount(costs.tile[e], weights=costs.bytes[e], minlength=T)
+            out[cat] = np.rint(total).astype(np.int64)
     return out
+
+
+def _entry_chunks(order: np.ndarray | None, offsets: np.ndarray, progs: np.ndarray):
+    """The entries of the programs ``progs`` (sorted), as slices where the entries are in
+    program order (a stage's programs are mostly runs of consecutive numbers: one slice per
+    run, no index arrays), else as one index array."""
+    if len(progs) == 0:
+        return
+    if order is None:
+        breaks = np.flatnonzero(np.diff(progs) != 1) + 1
+        starts = progs[np.concatenate([[0], breaks])]
+        ends = progs[np.concatenate([breaks - 1, [len(progs) - 1]])]
+        if len(starts) <= 4096:
+            for lo, hi in zip(offsets[starts].tolist(), offsets[ends + 1].tolist()):
+                if hi > lo:
+                    yield slice(lo, hi)
+            return
+    counts = offsets[progs + 1] - offsets[progs]
+    e = np.repeat(offsets[progs], counts) + ramp(counts)
+    yield e if order is None else order[e]
 
 
 def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.ndarray | None, np.ndarray]:
@@ -193,8 +214,10 @@ def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.nd
         order = None
         if len(program) > 1 and np.any(program[1:] < program[:-1]):
             order = np.argsort(program, kind="stable").astype(np.int32 if len(program) < 2**31 else np.int64)
-        offsets = np.zeros(n + 1, np.int64)
-        np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
+            offsets = np.zeros(n + 1, np.int64)
+            np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
+        else:
+            offsets = np.searchsorted(program, np.arange(n + 1)).astype(np.int64)
         cache[cat] = (order, offsets)
     return cache[cat]
 
