@@ -206,6 +206,8 @@ def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.n
     """Live bytes of every (a, b) cell of the grid for the tiles in ``state`` (groups x tiles):
     the signed sum of the cells with row >= a and column <= b."""
     n = state.shape[1]
+    if not state.any():                                # nothing live: every cell is 0
+        return np.zeros((rows, cols, n), np.int64)
     keep = cells.cell_col < cols
     vals = state[cells.group] * cells.sign[:, None]
     sums = np.add.reduceat(vals, cells.starts, axis=0) if len(vals) else np.zeros((0, n), np.int64)
@@ -448,7 +450,7 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
         ev_tile, ev_group, ev_delta = events.tile[in_block] - t0, events.group[in_block], events.delta[in_block]
         state = np.zeros((num_groups, tb), np.int64)
         peaks: dict[int, np.ndarray] = {}                    # layer m -> (m + 1, b extent, tiles)
-        every_peak = np.zeros((L, L, tb), np.int64) if every_cells is not None else None
+        every_peak: np.ndarray | None = None               # (L, L, tiles), made at the first live bytes
         all_tiles = np.arange(tb)
         touched = np.zeros(tb, bool)
         runs: dict[int, _Run] = {}
@@ -517,10 +519,12 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
                 if c + 1 == G or not cover[m, c + 1]:                 # the run ends: fold it
                     run = runs.pop(m)
                     fold(m, run, all_tiles)
-            if every_peak is not None and every_cols[c]:
+            if every_cells is not None and every_cols[c]:
                 tiles = changed if (c > 0 and every_cols[c - 1]) else all_tiles
-                if len(tiles):
+                if len(tiles) and state[:, tiles].any():        # no live bytes: the grid is 0, the peak stays
                     grid = _grid_values(every_cells, state[:, tiles], L, L)
+                    if every_peak is None:
+                        every_peak = np.zeros((L, L, tb), np.int64)
                     every_peak[:, :, tiles] = np.maximum(every_peak[:, :, tiles], grid)
             done += 1
             if progress is not None and c % 256 == 0:
