@@ -67,9 +67,7 @@ class StageCostModel:
 
         # vertex code of a (tile, vertex type) is one size, whichever program brings it in
         vc = pr.vertex_code
-        self.vertex_code_size = _scatter_max(vc.tile.astype(np.int64) * len(pr.vertex_types) + vc.vertex_type,
-                                             vc.bytes, self.num_tiles * len(pr.vertex_types)
-                                             ).reshape(self.num_tiles, len(pr.vertex_types))
+        self.vertex_code_size = _vertex_code_sizes(vc, self.num_tiles, len(pr.vertex_types))
         self.base_stage_cols = self.timeline.shared_cover.copy() if shared == "every" else \
             np.zeros(self.timeline.num_columns, bool)
 
@@ -157,16 +155,26 @@ class StageCostModel:
         return price_all_ranges(self, in_flight, progress)
 
 
-def _scatter_max(key: np.ndarray, values: np.ndarray, size: int) -> np.ndarray:
-    """out[k] = max of the values at key k (0 where none). A plain assignment first (the same
-    code size is usually reported by every program on a tile), then ``np.maximum.at``, which
-    is slow on tens of millions of entries, only on the entries the assignment left larger."""
-    out = np.zeros(size, np.int64)
-    out[key] = values
-    larger = values > out[key]
-    if larger.any():
-        np.maximum.at(out, key[larger], values[larger])
-    return out
+def _vertex_code_sizes(vc, num_tiles: int, num_types: int, chunk: int = 1 << 22) -> np.ndarray:
+    """The code size of each (tile, vertex type): the largest any program reports (0 where
+    none), as a (tiles, types) array. In chunks, so that tens of millions of entries make no
+    large temporaries; in each, a plain assignment first (every program on a tile usually
+    reports the same size), then ``np.maximum.at``, which is slow, only on what is left larger."""
+    out = np.zeros(num_tiles * num_types, np.int64)
+    for start in range(0, len(vc), chunk):
+        part = slice(start, start + chunk)
+        key = vc.tile[part].astype(np.int64)
+        key *= num_types
+        key += vc.vertex_type[part]
+        values = vc.bytes[part]
+        larger = values > out[key]
+        if larger.any():
+            key, values = key[larger], values[larger]
+            out[key] = values
+            larger = values > out[key]
+            if larger.any():
+                np.maximum.at(out, key[larger], values[larger])
+    return out.reshape(num_tiles, num_types)
 
 
 def _operation_compute(p: Profile) -> np.ndarray:

@@ -293,3 +293,17 @@ def test_property_sweep_pricing_with_layers_running_together(seed, layers, tiles
             sm = m.stage_memory(a, b)
             for k, inflight in enumerate(table.in_flight):
                 assert table.worst_bytes[k, a, b] == sm.worst_bytes(inflight)
+
+
+@given(st.lists(st.tuples(st.integers(0, 3), st.integers(0, 2), st.integers(0, 2**40)), max_size=40),
+       st.integers(1, 7))
+@settings(max_examples=60, deadline=None)
+def test_vertex_code_sizes_are_the_largest_reported(entries, chunk):
+    from stagesplit.costmodel import _vertex_code_sizes
+    from stagesplit.profile import VertexCode
+    tile, vtype, size = (np.array([e[i] for e in entries], np.int64) for i in range(3))
+    vc = VertexCode(np.zeros(len(entries), np.int64), tile.astype(np.int16), vtype.astype(np.int8), size)
+    expected = np.zeros((4, 3), np.int64)
+    for t, k, s in entries:
+        expected[t, k] = max(expected[t, k], s)
+    assert _vertex_code_sizes(vc, 4, 3, chunk=chunk).tolist() == expected.tolist()
