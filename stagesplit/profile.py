@@ -297,6 +297,13 @@ def _first_bad(mask: np.ndarray) -> int | None:
     return int(bad[0]) if len(bad) else None
 
 
+def _check_range(source, values: np.ndarray, low: int, high: int, path_of, expected: str) -> None:
+    """Every value in low..high (inclusive); two reductions, and a mask only when one is not
+    (a profile's per-program code arrays run to tens of millions of entries)."""
+    if len(values) and (values.min() < low or values.max() > high):
+        _check(source, (values < low) | (values > high), path_of, expected, values)
+
+
 def _check(source, mask: np.ndarray, path_of, expected: str, values: np.ndarray) -> None:
     i = _first_bad(mask)
     if i is not None:
@@ -304,9 +311,8 @@ def _check(source, mask: np.ndarray, path_of, expected: str, values: np.ndarray)
 
 
 def _row_path(ragged: Ragged, prefix: str, member: str):
-    rows = ragged.row_ids()
-    def path(k: int) -> str:
-        r = int(rows[k])
+    def path(k: int) -> str:                           # the row is found only when there is an error
+        r = int(np.searchsorted(ragged.offsets, k, side="right")) - 1
         return f"{prefix}[{r}].{member}[{k - int(ragged.offsets[r])}]"
     return path
 
@@ -351,14 +357,16 @@ def _validate(p: Profile, source: str | None) -> None:
     if len(pr.kind) != np_ or len(pr.cycles) != np_ or len(pr.vertices) != np_:
         raise ProfileError(source, "programs", "name, type, cycles and vertices for every program")
     for cat, costs in list(pr.categories().items()) + [("vertex_code", pr.vertex_code)]:
-        _check(source, (costs.program < 0) | (costs.program >= np_), lambda i, c=cat: f"programs.{c}[{i}].program",
-               f"a program index in 0..{np_ - 1}", costs.program)
-        _check(source, (costs.tile < 0) | (costs.tile >= t.tiles), lambda i, c=cat: f"programs.{c}[{i}].tile",
-               f"a tile index in 0..{t.tiles - 1}", costs.tile)
-        _check(source, costs.bytes < 0, lambda i, c=cat: f"programs.{c}[{i}].bytes", "an integer >= 0", costs.bytes)
+        _check_range(source, costs.program, 0, np_ - 1, lambda i, c=cat: f"programs.{c}[{i}].program",
+                     f"a program index in 0..{np_ - 1}")
+        _check_range(source, costs.tile, 0, t.tiles - 1, lambda i, c=cat: f"programs.{c}[{i}].tile",
+                     f"a tile index in 0..{t.tiles - 1}")
+        if len(costs.bytes) and costs.bytes.min() < 0:
+            _check(source, costs.bytes < 0, lambda i, c=cat: f"programs.{c}[{i}].bytes", "an integer >= 0",
+                   costs.bytes)
     vt = pr.vertex_code.vertex_type
-    _check(source, (vt < 0) | (vt >= len(pr.vertex_types)), lambda i: f"programs.vertex_code[{i}].vertex_type",
-           "a known vertex type", vt)
+    _check_range(source, vt, 0, len(pr.vertex_types) - 1, lambda i: f"programs.vertex_code[{i}].vertex_type",
+                 "a known vertex type")
 
     ops = p.operations
     no = len(ops)
@@ -375,10 +383,10 @@ def _validate(p: Profile, source: str | None) -> None:
            f"a step index >= first_step and <= {steps - 1} (inclusive)", ls)
     _check(source, ~known & (ls != -1), lambda i: f"operations[{i}].last_step",
            "-1 when first_step is unknown", ls)
-    _check(source, (ops.vars.values < 0) | (ops.vars.values >= n), _row_path(ops.vars, "operations", "vars"),
-           f"a variable index in 0..{n - 1}", ops.vars.values)
-    _check(source, (ops.programs.values < 0) | (ops.programs.values >= np_),
-           _row_path(ops.programs, "operations", "programs"), f"a program index in 0..{np_ - 1}", ops.programs.values)
+    _check_range(source, ops.vars.values, 0, n - 1, _row_path(ops.vars, "operations", "vars"),
+                 f"a variable index in 0..{n - 1}")
+    _check_range(source, ops.programs.values, 0, np_ - 1, _row_path(ops.programs, "operations", "programs"),
+                 f"a program index in 0..{np_ - 1}")
     comp = ops.compute
     _check(source, comp < 0, lambda i: f"operations[{i}].compute", "a number >= 0", comp)
     if len(ops.bytes_accessed) != no:
