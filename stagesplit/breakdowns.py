@@ -12,6 +12,7 @@ from .stagememory import program_code
 from .layers import Rule
 from .table import Column, Table
 from .traffic import Traffic, layer_traffic
+from .safeinput import one_line
 
 SECTIONS = ("grouping", "operations", "layers", "totals", "tiles", "affinity", "communication")
 CODE = ("vertex_code", "vertex_state", "exchange_code", "control_code")
@@ -52,7 +53,7 @@ class Breakdown:
         notes = [f"{len(la.names)} layers in {la.options.order} order: {', '.join(la.names)}",
                  f"{la.share_assigned:.0%} of operations have a layer; shared items are counted on "
                  f"{'every stage' if self.model.shared == 'every' else 'no stage'} (--shared {self.model.shared})"]
-        t.note = "\n".join(notes + [f"warning: {w}" for w in la.warnings])
+        t.note = "\n".join(one_line(line) for line in notes + [f"warning: {w}" for w in la.warnings])
         return t
 
     def operations_table(self) -> Table:
@@ -121,7 +122,7 @@ class Breakdown:
             total = gt.tile_total()
             notes.append(f"profile ground truth: {total.sum() / 1e6:.2f} MB summed over tiles, worst tile "
                          f"{int(total.max()):,} bytes; modelled {whole.total().sum() / 1e6:.2f} MB")
-        t.note = "\n".join(notes)
+        t.note = "\n".join(one_line(line) for line in notes)
         return t
 
     def tiles_table(self, top: int = 10) -> Table:

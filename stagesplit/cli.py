@@ -14,7 +14,7 @@ from typing import Callable, Sequence
 from . import __version__
 from .errors import StagesplitError
 from .guards import float_in, int_in
-from .safeinput import MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
+from .safeinput import MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS, one_line
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
@@ -322,7 +322,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         gpu = _gpu_view(args, p)
         size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.target.tiles:,} tiles x {cap:,} bytes"
         reserve = options.reserve / 2**30 if gpu else options.reserve
-        header = (f"{p.info.name or args.profile}{' (synthetic)' if p.info.synthetic else ''}: "
+        header = (f"{one_line(str(p.info.name or args.profile))}{' (synthetic)' if p.info.synthetic else ''}: "
                   f"{analysis.model.num_layers} layers on {'exactly' if options.exact else 'at most'} {options.devices} x "
                   f"{', '.join(sorted(set(target_names)))} ({size}"
                   f"{f', {options.headroom:.0%} kept free' if options.headroom else ''}"

@@ -16,6 +16,7 @@ import numpy as np
 
 from .costmodel import StageCostModel, StageMemory
 from .table import Column, Table
+from .safeinput import one_line
 
 # profile ground-truth category -> the model's category it corresponds to (None: not modelled)
 GROUND_TRUTH_CATEGORIES = {"vertex_code": "vertex_code", "vertex_instance_state": "vertex_state",
@@ -280,6 +281,6 @@ def diagnosis_tables(d: Diagnosis) -> list[Table]:
     t.add("operations with a layer", f"{h.share:.1%} ({h.layers} layers)")
     t.add("operations without a layer", ", ".join(h.without_layer) or "none")
     t.add("calls with inputs from several layers", ", ".join(h.calls_with_several_input_layers) or "none")
-    t.note = "\n".join(f"warning: {w}" for w in h.warnings)
+    t.note = "\n".join(one_line(f"warning: {w}") for w in h.warnings)
     tables.append(t)
     return tables

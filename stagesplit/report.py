@@ -6,6 +6,7 @@ from typing import Sequence
 
 from .plan import Plan
 from .problem import bubble_fraction
+from .safeinput import one_line
 from .table import Column, Table
 
 
@@ -59,7 +60,9 @@ def stages_table(plan: Plan) -> Table:
 
 
 def plan_summary(plan: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
-    lines = [f"split: {plan.short_split_text(200)}" if plan.stages else "split: none", status_line(plan)]
+    """The plan in a few lines; names from the input (layers, notes) are escaped, so each line
+    stays one line whatever the names hold."""
+    lines = [f"split: {plan.short_split_text(200)}" if plan.stages else "split: none", *status_line(plan).split("\n")]
     lines += [f"note: {n}" for n in plan.notes]
     if plan.stages:
         b = plan.bottleneck
@@ -81,7 +84,7 @@ def plan_summary(plan: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
                      f"{plan.pipeline_efficiency(micro_batches):.1%} (bubble "
                      f"{bubble_fraction(len(plan.stages), micro_batches):.1%})")
         lines.append(text)
-    return "\n".join(lines)
+    return "\n".join(one_line(line) for line in lines)
 
 
 def comparison_table(plans: Sequence[Plan]) -> Table:

@@ -10,6 +10,8 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
+from .safeinput import one_line
+
 FORMATS = ("text", "csv", "tsv", "json")
 
 
@@ -89,7 +91,7 @@ def _format_cell(value: Any, kind: str, scale: float) -> str:
         return f"{value:.3g}"
     if kind == "percent":
         return f"{100 * value:.1f}%"
-    return str(value)
+    return one_line(str(value))                        # a name with a line break must not break the table
 
 
 def render_text(table: Table) -> str:
@@ -97,7 +99,7 @@ def render_text(table: Table) -> str:
     for j, col in enumerate(table.columns):
         values = [row[j] for row in table.rows]
         unit, scale = _bytes_unit(values) if col.kind == "bytes" else ("GiB", 2.0**30) if col.kind == "gib" else ("", 1.0)
-        headers.append(f"{col.name} ({unit})" if unit else col.name)
+        headers.append(one_line(f"{col.name} ({unit})" if unit else col.name))
         cells.append([_format_cell(v, col.kind, scale) for v in values])
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
     right = [col.kind != "text" for col in table.columns]
@@ -105,7 +107,8 @@ def render_text(table: Table) -> str:
     def line(items: Sequence[str]) -> str:
         return "  ".join(s.rjust(w) if r else s.ljust(w) for s, w, r in zip(items, widths, right)).rstrip()
 
-    out = [table.title, "=" * len(table.title), line(headers), line(["-" * w for w in widths])]
+    title = one_line(table.title)
+    out = [title, "=" * len(title), line(headers), line(["-" * w for w in widths])]
     out += [line([col[i] for col in cells]) for i in range(len(table.rows))]
     if table.note:
         out.append(table.note)

@@ -108,3 +108,29 @@ def test_layer_compute_file_overrides_profile_compute(tmp_path, capsys):
     code, out, err = run(capsys, "solve", BERT, "--devices", "4", "--layer-compute", str(override))
     assert code == 2 and err.strip() == (f"stagesplit: error: {override}: no layer named 'nope' "
                                          "(layers: 0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11)")
+
+
+def test_layer_names_with_line_breaks_stay_on_their_row(tmp_path, capsys):
+    """A hostile per-layer file whose layer names hold line breaks and control characters: the
+    text tables escape them, so every row of the stage table is one line; JSON keeps them."""
+    layers = [{"name": name, "weights": 4 * 2**30, "activations": 2**30, "output": 2**20, "compute": 1e12}
+              for name in ("embed\nding", "block\r0", "block\t1", "head\x1b[31m")]
+    doc = {"format": "stagesplit-profile", "version": 1, "kind": "layers", "name": "hostile", "target": "a100-80gb",
+           "training": True, "compute_unit": "flops", "layers": layers}
+    path = tmp_path / "hostile.json"
+    path.write_text(json.dumps(doc))
+    code, out, _ = run(capsys, "solve", str(path), "--devices", "2")
+    assert code == 0
+    assert "embed\\nding" in out and "block\\r0" in out and "head\\x1b[31m" in out
+    assert "\x1b" not in out and "\r" not in out
+    assert not any(line in ("ding", "embed") for line in out.splitlines())
+    code, out, _ = run(capsys, "solve", str(path), "--devices", "2", "--format", "json")
+    assert code == 0 and "embed\\nding" in out and json.loads(out)
+    plan = tmp_path / "plan.json"
+    assert run(capsys, "solve", str(path), "--devices", "2", "--compare", "--out", str(plan))[0] == 0
+    for argv in (["breakdown", str(path)], ["sweep", str(path), "--devices", "1..3"],
+                 ["diagnose", str(path), "--plan", str(plan)]):
+        code, out, _ = run(capsys, *argv)
+        assert code == 0, argv
+        assert not any(ord(ch) < 32 and ch != "\n" for ch in out), argv
+        assert "embed\\nding" in out and not any(line.startswith("ding") for line in out.splitlines()), argv
