@@ -345,7 +345,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     return Plan(profile=profile, inputs=inputs, layer_names=list(model.layers.names), devices=o.devices, method=method,
                 status=status, feasible=feasible, message=message, stages=stages, phases=phases,
                 compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
-                notes=[n for n in (schedule_note(o),) if n],
+                notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
                 run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                      "solver_seconds": round(result.seconds, 3) if result else 0.0,
                      "phase_seconds": [p.seconds for p in phases]})

@@ -62,6 +62,8 @@ class SolverResult:
     split: Split | None
     evaluation: Evaluation | None
     phases: list[PhaseResult] = field(default_factory=list)
+    #: what a reader of the plan must know about how it was found (e.g. the DP set aside)
+    notes: list[str] = field(default_factory=list)
 
     @property
     def status(self) -> str:
@@ -328,14 +330,26 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             proof, below = "dp", None              # large: building CP-SAT's model alone would take seconds
             if _model_size(problem) <= DP_CONFIRM_SIZE:
                 proof, below = "cp-sat", _next_below(tables, quantity, value)
+            contradiction = None
             if below is not None:
                 status, found, _ = check(below, budget=DP_CONFIRM_S)
-                if status != "INFEASIBLE":
-                    proof = "dp"      # not proven in the budget (a split found here would contradict the DP)
-            bounds[quantity] = value
-            result.phases.append(PhaseResult(quantity, "OPTIMAL", value, value, _time.monotonic() - start,
-                                             int(below is not None), proof))
-            continue
+                found_eval = evaluate(problem, found) if found is not None else None
+                if found_eval is not None and found_eval.feasible and _quantity(found_eval, quantity) < value:
+                    contradiction = (found, _quantity(found_eval, quantity))
+                elif status != "INFEASIBLE":
+                    proof = "dp"                   # not proven in the budget: the DP's optimum is the bound
+            if contradiction is None:
+                bounds[quantity] = value
+                result.phases.append(PhaseResult(quantity, "OPTIMAL", value, value, _time.monotonic() - start,
+                                                 int(below is not None), proof))
+                continue
+            # CP-SAT found a split the exact DP says cannot exist: one of the two is wrong. Trust
+            # the split that evaluates better, drop the DP's answers, and search with CP-SAT alone.
+            result.notes.append(
+                f"CP-SAT found a split with {PHASE_NAMES[quantity]} {contradiction[1]:,}, below the exact DP's optimum "
+                f"{value:,}: the DP's answer was set aside and CP-SAT searched alone (please report this profile)")
+            known.clear()
+            best = contradiction[0]
         if quantity == "devices":
             status, split, _ = check(problem.devices, minimise=True)
             checks = 1

@@ -172,3 +172,28 @@ class TestGreedyIsPopLiners:
             "of memory, unlayered code on stage 0)")
         _, plain, _ = solve_json(capsys, self.PROFILE, "--devices", 6, "--compare")
         assert "unlayered" not in plain["compare"][0]["method"]
+
+
+def test_a_wrong_dp_optimum_is_caught_not_proven():
+    """If the exact DP ever claimed a worse split optimal, CP-SAT's confirmation finds a better
+    one: the solver must take that split, say so, and search on; never report the DP's worse
+    answer as proven optimal."""
+    from stagesplit.advise import build_problem
+    from stagesplit.oracle import Solution, exact_optimum, uniform
+    from stagesplit.problem import evaluate
+    from stagesplit.solver import solve_cpsat
+    from helpers import layer_model, options
+    # six layers, compute 1 2 3 4 5 6 on 3 roomy devices: the optimum bottleneck is 9 (1+2+3+4 | 5 | 6
+    # would be 10; 1 2 3 | 4 5 | 6 gives 6, 9, 6), the uniform split 1 2 | 3 4 | 5 6 gives 11
+    model = layer_model([1] * 6, [1, 2, 3, 4, 5, 6])
+    problem = build_problem(model, options(3, 100))
+    truth = exact_optimum(problem)
+    wrong = uniform(problem)
+    assert wrong.feasible and evaluate(problem, wrong.split).time > truth.evaluation.time
+    lying_oracle = Solution(wrong.split, evaluate(problem, wrong.split), "dp")
+    result = solve_cpsat(problem, oracle=lying_oracle)
+    assert result.evaluation.key("compute") == truth.evaluation.key("compute")
+    assert result.status == "optimal" and all(p.proof == "cp-sat" for p in result.phases)
+    assert len(result.notes) == 1 and "below the exact DP's optimum" in result.notes[0]
+    honest = solve_cpsat(problem, oracle=truth)
+    assert honest.notes == [] and honest.evaluation.key("compute") == truth.evaluation.key("compute")
