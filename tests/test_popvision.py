@@ -593,6 +593,26 @@ class TestErrors:
         assert "compilation.programs[2].controlCodeByTile: expected 3 values" in one_line(err.value)
 
 
+    @pytest.mark.parametrize("damage, part", [
+        (lambda r: setattr(r.compilation.loweredVariables.allBriefVars[2], "id", "one hundred"),
+         "compilation.loweredVariables.allBriefVars"),
+        (lambda r: setattr(r.compilation.loweredVariables.allBriefVars[3], "bytes", 2**70),
+         "compilation.loweredVariables.allBriefVars"),
+        (lambda r: setattr(r.compilation.loweredVariables.allBriefVars[0], "equivalenceClass", None),
+         "compilation.loweredVariables.allBriefVars"),
+        (lambda r: setattr(r.compilation.programs[1], "type", "OnTileExecute"), "compilation.programs"),
+        (lambda r: setattr(r._operations[0], "firstStepIndex", "first"), "OperationAnalysis(report).operations"),
+        (lambda r: setattr(r.compilation.tiles[1].memory, "alwaysLiveBytes", [1, 2]), "compilation.tiles"),
+    ], ids=["id-text", "bytes-huge", "class-missing", "type-text", "step-text", "tile-list"])
+    def test_damaged_report_objects_give_one_line(self, pva, tmp_path, damage, part):
+        report = hand_report(pva)
+        damage(report)
+        with pytest.raises(ProfileError) as err:
+            read_popvision(pva.register(tmp_path / "profile.pop", report))
+        text = one_line(err.value)
+        assert text.startswith(f"{tmp_path / 'profile.pop'}: {part}: expected objects with the attributes") and \
+            "\n" not in str(err.value), text
+
 class TestCli:
     def run(self, capsys, *args):
         code = main(["convert", *map(str, args)])

@@ -110,7 +110,17 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
         report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
     except Exception as exc:  # libpva raises its own exception types for unreadable reports
         raise StagesplitError(f"{profile_path}: libpva could not open the report: {_one_line(exc)}") from None
-    profile = _Reader(pva, report, profile_path, debug, progress).read()
+    reader = _Reader(pva, report, profile_path, debug, progress)
+    try:
+        profile = reader.read()
+    except StagesplitError:
+        raise
+    except (AttributeError, TypeError, ValueError, OverflowError, IndexError, KeyError) as exc:
+        # a report whose objects do not have libpva's shapes (a hostile or damaged file, or a
+        # libpva version that changed them): one line naming the part being read
+        raise ProfileError(str(profile_path), reader.part, "objects with the attributes and integer values "
+                           "libpva gives (see the module docstring)", f"{type(exc).__name__}: {_one_line(exc)}") \
+            from None
     # libpva reads the report itself, so the hash takes one more pass over profile.pop
     from ..fileio import file_sha256
     profile.info.sha256 = file_sha256(profile_path)
@@ -190,6 +200,7 @@ class _Reader:
         self.warnings: list[str] = []
         self.done = 0
         self.total = 1
+        self.part = "compilation"                       # what is being read, for an error message
 
     # -- helpers ------------------------------------------------------------------------------
     def _tick(self, n: int = 1) -> None:
@@ -235,12 +246,17 @@ class _Reader:
         operations = self.pva.OperationAnalysis(self.report).operations
         self.total = len(brief) + len(programs) + len(operations)
 
+        self.part = "compilation.tiles"
         tile_objs = comp.tiles
         self._read_tiles(tile_objs)
+        self.part = "compilation.loweredVariables.allBriefVars"
         variables, liveness = self._read_variables(brief)
+        self.part = "compilation.programs"
         self._read_programs(programs)
+        self.part = "OperationAnalysis(report).operations"
         ops = self._read_operations(operations)
         progs = self._finish_programs()
+        self.part = "compilation.livenessProgramSteps"
         gt = self._ground_truth(steps_raw)
 
         info = ProfileInfo(
