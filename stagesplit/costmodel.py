@@ -85,22 +85,6 @@ class StageCostModel:
     def num_columns(self) -> int:
         return self.timeline.num_columns
 
-    def __getattr__(self, name: str):
-        timeline_names = {"breaks", "column_of", "row_var", "row_col_start", "row_col_end", "row_tile",
-                          "row_bytes", "var_row_offsets", "cover", "shared_cover", "op_col_start", "op_col_end",
-                          "op_rows", "op_columns"}
-        if name in timeline_names:
-            return getattr(self.__dict__["timeline"], name)
-        items = {"var_pair_var": ("var_items", "pair_item"), "var_pair_layer": ("var_items", "pair_layer"),
-                 "var_shared": ("var_items", "shared"), "var_group": ("var_items", "group"),
-                 "group_layers": ("var_items", "group_layers"), "prog_pair_prog": ("prog_items", "pair_item"),
-                 "prog_pair_layer": ("prog_items", "pair_layer"), "prog_shared": ("prog_items", "shared"),
-                 "prog_group": ("prog_items", "group"), "prog_group_layers": ("prog_items", "group_layers")}
-        if name in items:
-            part, attr = items[name]
-            return getattr(self.__dict__[part], attr)
-        raise AttributeError(name)
-
     # -- compute ---------------------------------------------------------------------------------
     def _set_compute(self, per_layer: Mapping[str, float], source: str) -> None:
         names = self.layers.names

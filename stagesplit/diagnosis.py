@@ -133,9 +133,10 @@ def live_variables(model: StageCostModel, vars_mask: np.ndarray, tile: int, step
     always = np.flatnonzero(on_tile & v.always_live)
     live = np.zeros(0, np.int64)
     if step >= 0 and model.num_columns:
-        col = int(model.column_of(step))
-        rows = np.flatnonzero((model.row_tile == tile) & (model.row_col_start <= col) & (col < model.row_col_end))
-        live = np.unique(model.row_var[rows])
+        tl = model.timeline
+        col = int(tl.column_of(step))
+        rows = np.flatnonzero((tl.row_tile == tile) & (tl.row_col_start <= col) & (col < tl.row_col_end))
+        live = np.unique(tl.row_var[rows])
         live = live[on_tile[live]]
     chosen = np.concatenate([always, live])
     return chosen[np.argsort(-v.bytes[chosen], kind="stable")]
@@ -146,12 +147,12 @@ def live_bytes_by_step(model: StageCostModel, first: int, last: int, tile: int) 
     each step is one of the stage's steps."""
     S = model.profile.num_steps
     vars_, _, cols = model.stage_items(first, last)
-    rows = np.flatnonzero(vars_[model.row_var] & (model.row_tile == tile))
+    rows = np.flatnonzero(vars_[model.timeline.row_var] & (model.timeline.row_tile == tile))
     per_col = np.zeros(model.num_columns + 1, np.int64)
-    np.add.at(per_col, model.row_col_start[rows], model.row_bytes[rows])
-    np.add.at(per_col, model.row_col_end[rows], -model.row_bytes[rows])
+    np.add.at(per_col, model.timeline.row_col_start[rows], model.timeline.row_bytes[rows])
+    np.add.at(per_col, model.timeline.row_col_end[rows], -model.timeline.row_bytes[rows])
     per_col = np.cumsum(per_col)[:model.num_columns]
-    widths = np.diff(model.breaks)
+    widths = np.diff(model.timeline.breaks)
     by_step = np.repeat(per_col, widths) if S else np.zeros(0, np.int64)
     in_stage = np.repeat(cols, widths) if S else np.zeros(0, bool)
     return by_step, in_stage
@@ -195,7 +196,7 @@ def _ground_truth_check(model: StageCostModel, sm: StageMemory, tile: int, step:
     modelled = int(sm.total()[tile])
     measured = int(gt.tile_total()[tile])
     # variables live on the tile that no layer's operation uses: counted only with --shared every
-    unlayered = model.var_shared
+    unlayered = model.var_items.shared
     missed = live_variables(model, unlayered, tile, step)
     return GroundTruthCheck(rows=rows, modelled=modelled, measured=measured,
                             unattributed=lookup.describe_grouped(missed, top))

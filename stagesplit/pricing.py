@@ -168,10 +168,10 @@ def _groups_by_owner(model: "StageCostModel", row_group: np.ndarray, num_groups:
         return None
     keep = row_group >= 0
     diff = np.zeros((num_groups, G + 1), np.int32)
-    np.add.at(diff, (row_group[keep], model.row_col_start[keep]), 1)
-    np.add.at(diff, (row_group[keep], model.row_col_end[keep]), -1)
+    np.add.at(diff, (row_group[keep], model.timeline.row_col_start[keep]), 1)
+    np.add.at(diff, (row_group[keep], model.timeline.row_col_end[keep]), -1)
     live = np.cumsum(diff, axis=1)[:, :G] > 0
-    return {m: np.flatnonzero(live[:, model.cover[m]].any(axis=1)) for m in range(L)}
+    return {m: np.flatnonzero(live[:, model.timeline.cover[m]].any(axis=1)) for m in range(L)}
 
 
 def _every_cells(sets: LayerSets, num_layers: int, base: int | None) -> _Cells:
@@ -224,10 +224,10 @@ class _Events:
     def __init__(self, model: "StageCostModel", row_group: np.ndarray, num_groups: int):
         G, T = model.num_columns, model.num_tiles
         keep = row_group >= 0
-        col = np.concatenate([model.row_col_start[keep], model.row_col_end[keep]])
+        col = np.concatenate([model.timeline.row_col_start[keep], model.timeline.row_col_end[keep]])
         group = np.concatenate([row_group[keep], row_group[keep]])
-        tile = np.concatenate([model.row_tile[keep], model.row_tile[keep]])
-        nbytes = model.row_bytes[keep].astype(np.int64)
+        tile = np.concatenate([model.timeline.row_tile[keep], model.timeline.row_tile[keep]])
+        nbytes = model.timeline.row_bytes[keep].astype(np.int64)
         delta = np.concatenate([nbytes, -nbytes])
         inside = col < G
         key = (col[inside] * num_groups + group[inside]) * T + tile[inside]
@@ -343,12 +343,13 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
 
     # variables: always-live bytes, and stashed bytes (held once per micro-batch in flight)
     zero = np.zeros(len(v), np.int64)
-    add(LayerSets.of(model.group_layers), model.var_group, v.tile, np.where(v.always_live, v.bytes, zero),
+    items = model.var_items
+    add(LayerSets.of(items.group_layers), items.group, v.tile, np.where(v.always_live, v.bytes, zero),
         np.where(model.var_stashed, v.bytes, zero))
     # additive program code
-    prog_sets = LayerSets.of(model.prog_group_layers)
+    prog_sets = LayerSets.of(model.prog_items.group_layers)
     for costs in pr.categories().values():
-        add(prog_sets, costs.program, costs.tile, costs.bytes, None, set_of=model.prog_group)
+        add(prog_sets, costs.program, costs.tile, costs.bytes, None, set_of=model.prog_items.group)
     # vertex code: one size per (tile, vertex type), present when any program bringing it is
     vc = pr.vertex_code
     ntypes = max(len(pr.vertex_types), 1)
@@ -356,7 +357,7 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
     npg = len(prog_sets)
     if num_cells * (npg + 1) <= 2**26:               # (cell, group) presence without sorting, in chunks
         present = np.zeros(num_cells * (npg + 1), bool)
-        column = np.where(model.prog_group < 0, npg, model.prog_group).astype(np.int64)
+        column = np.where(model.prog_items.group < 0, npg, model.prog_items.group).astype(np.int64)
         for start in range(0, len(vc), 1 << 22):
             part = slice(start, start + (1 << 22))
             key = vc.tile[part].astype(np.int64) * (ntypes * (npg + 1))
@@ -367,7 +368,7 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
         in_base = present[:, npg] if every else np.zeros(num_cells, bool)
         pair_cell, pair_group = np.nonzero(present[:, :npg] & ~in_base[:, None])
     else:
-        group = model.prog_group[vc.program]
+        group = model.prog_items.group[vc.program]
         cell = vc.tile.astype(np.int64) * ntypes + vc.vertex_type
         key = np.unique(cell * (npg + 1) + np.where(group < 0, npg, group))
         kc, kg = key // (npg + 1), key % (npg + 1)
@@ -410,10 +411,10 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
         return RangeTable(ks, worst, worst_tile, compute)
 
     every = model.shared == "every"
-    sets = LayerSets.of(model.group_layers)
+    sets = LayerSets.of(model.var_items.group_layers)
     base = len(sets) if every else None
     num_groups = len(sets) + 1
-    row_group = model.var_group[model.row_var]
+    row_group = model.var_items.group[model.timeline.row_var]
     if every:
         row_group = np.where(row_group < 0, len(sets), row_group)
     events = _Events(model, row_group, num_groups)
@@ -421,7 +422,7 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
     by_hi = np.argsort(add_hi, kind="stable")
     hi_ptr = np.searchsorted(add_hi[by_hi], np.arange(L + 1))
 
-    cover = model.cover
+    cover = model.timeline.cover
     every_cols = model.base_stage_cols if every else np.zeros(G, bool)
     owner_col, owner_layer = np.nonzero(cover.T)
     owner_ptr = np.searchsorted(owner_col, np.arange(G + 1))

@@ -112,7 +112,7 @@ def stage_items(model: "StageCostModel", first: int, last: int) -> tuple[np.ndar
     vars_, progs = model.base_items()
     vars_[model.var_items.in_range(first, last)] = True
     progs[model.prog_items.in_range(first, last)] = True
-    cols = model.base_stage_cols | model.cover[first:last + 1].any(axis=0) if model.num_columns else \
+    cols = model.base_stage_cols | model.timeline.cover[first:last + 1].any(axis=0) if model.num_columns else \
         np.zeros(0, bool)
     return vars_, progs, cols
 
@@ -126,15 +126,15 @@ def price_stage(model: "StageCostModel", vars_: np.ndarray, progs: np.ndarray, c
     if len(stage_cols):
         # live bytes on the stage's own columns only: a row covers the stage columns between
         # the first at or after its start and the first at or after its end
-        rows = np.flatnonzero(vars_[model.row_var])
-        first = np.searchsorted(stage_cols, model.row_col_start[rows])
-        end = np.searchsorted(stage_cols, model.row_col_end[rows])
+        rows = np.flatnonzero(vars_[model.timeline.row_var])
+        first = np.searchsorted(stage_cols, model.timeline.row_col_start[rows])
+        end = np.searchsorted(stage_cols, model.timeline.row_col_end[rows])
         keep = end > first
         tl = model.timeline
         live = _live_on(tl.row_tile[rows][keep], tl.row_bytes[rows][keep], first[keep], end[keep], T, len(stage_cols))
         col = live.argmax(axis=1)
         nal = np.maximum(live[np.arange(T), col], 0)
-        peak_step = np.where(nal > 0, model.breaks[stage_cols[col]], -1)
+        peak_step = np.where(nal > 0, model.timeline.breaks[stage_cols[col]], -1)
     else:
         nal = np.zeros(T, np.int64)
         peak_step = np.full(T, -1, np.int64)

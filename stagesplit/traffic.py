@@ -48,29 +48,29 @@ def layer_traffic(model: StageCostModel) -> Traffic:
     """Affinity, communication and cut bytes for the model's layers."""
     L = model.num_layers
     v = model.profile.variables
-    groups = model.group_layers
+    groups = model.var_items.group_layers
     ng = len(groups)
-    group_bytes = np.bincount(model.var_group[model.var_group >= 0], weights=v.bytes[model.var_group >= 0],
-                              minlength=ng)
+    group = model.var_items.group
+    group_bytes = np.bincount(group[group >= 0], weights=v.bytes[group >= 0], minlength=ng)
     affinity = np.zeros((L, L), np.int64)
     for layers, nbytes in zip(groups, group_bytes):
         affinity[np.ix_(layers, layers)] += int(nbytes)
 
     multi_group = np.array([len(g) > 1 for g in groups], bool)
-    is_multi = (model.var_group >= 0) & model.var_nal
-    is_multi[is_multi] = multi_group[model.var_group[is_multi]]
-    idx = np.flatnonzero(is_multi & (model.var_row_offsets[1:] > model.var_row_offsets[:-1]))
+    is_multi = (model.var_items.group >= 0) & model.var_nal
+    is_multi[is_multi] = multi_group[model.var_items.group[is_multi]]
+    idx = np.flatnonzero(is_multi & (model.timeline.var_row_offsets[1:] > model.timeline.var_row_offsets[:-1]))
     first_col = np.full(len(v), model.num_columns, np.int64)
-    np.minimum.at(first_col, model.row_var, model.row_col_start)
+    np.minimum.at(first_col, model.timeline.row_var, model.timeline.row_col_start)
     start_col = first_col[idx]
     # producer: the first layer of the variable whose operations run where it goes live
-    pair_lo = np.searchsorted(model.var_pair_var, idx)
-    pair_hi = np.searchsorted(model.var_pair_var, idx, side="right")
+    pair_lo = np.searchsorted(model.var_items.pair_item, idx)
+    pair_hi = np.searchsorted(model.var_items.pair_item, idx, side="right")
     counts = pair_hi - pair_lo
     pair_idx = np.repeat(pair_lo, counts) + np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
-    pair_layer = model.var_pair_layer[pair_idx]
+    pair_layer = model.var_items.pair_layer[pair_idx]
     owner = np.repeat(np.arange(len(idx)), counts)
-    covering = model.cover[pair_layer, np.repeat(start_col, counts)] if model.num_columns else \
+    covering = model.timeline.cover[pair_layer, np.repeat(start_col, counts)] if model.num_columns else \
         np.zeros(len(pair_layer), bool)
     producer = np.full(len(idx), -1, np.int64)
     hit = np.flatnonzero(covering)
@@ -94,4 +94,4 @@ def layer_traffic(model: StageCostModel) -> Traffic:
     cut[L] = 0
     return Traffic(affinity=affinity, communication=communication, cut_bytes=cut, var_index=idx,
                    var_producer=producer, var_min_layer=min_layer, var_max_layer=max_layer, var_bytes=nbytes,
-                   var_layers=groups, var_group=model.var_group[idx])
+                   var_layers=groups, var_group=model.var_items.group[idx])

@@ -141,7 +141,7 @@ def test_gpt_blocks_embeddings_and_head_become_eight_layers(gpt_capture):
     assert layers.names == [str(i) for i in range(8)]
     assert layers.module_paths == [f"transformer.h.{i}" for i in range(8)]
     assert (layers.op_layer >= 0).all()                 # nothing shared
-    assert not analysis.model.var_shared.any()
+    assert not analysis.model.var_items.shared.any()
     names = profile.operations.name
     by = {name: set() for name in ("transformer.wte", "transformer.wpe", "transformer.ln_f", "lm_head", "loss",
                                    "transformer/")}

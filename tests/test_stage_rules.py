@@ -170,7 +170,7 @@ class TestUnknownSteps:
             doc["variables"].append({"name": "w", "bytes": 1})            # always live
             doc["operations"].append({"name": "n", "layer": "1", "vars": [4], "compute": 1})
         m = reproducer_with("unknown-steps-hull", edit)
-        assert m.cover[m.layers.names.index("1")].sum() == 1               # still only z's step
+        assert m.timeline.cover[m.layers.names.index("1")].sum() == 1               # still only z's step
         assert m.stage_memory(1, 1).always_live.tolist() == [1]
 
 
