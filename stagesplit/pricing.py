@@ -77,18 +77,27 @@ class LayerSets:
         return len(self.offsets) - 1
 
     def atoms(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """Interval atoms: (set, lo, hi, sign) such that, for every range a..b, the number of
-        atoms of a set with ``a <= lo`` and ``hi <= b``, signed, is 1 if the set meets a..b and 0
-        otherwise (k of its layers inside give k points minus k-1 consecutive pairs)."""
-        set_of = np.repeat(np.arange(len(self)), np.diff(self.offsets))
+        """Interval atoms: (set, lo, hi, sign) such that, for every range a..b (a <= b), the
+        number of atoms of a set with ``a <= lo`` and ``hi <= b``, signed, is 1 if the set meets
+        a..b and 0 otherwise. One atom (last, first) per run of consecutive layers first..last
+        (a..b meets the run when a <= last and first <= b), minus one (last of a run, first of
+        the next) per gap between runs (a..b meets both runs when it spans the gap); the runs a
+        range meets are consecutive, so k of them count k - (k - 1) = 1."""
         values = self.values
-        pair = np.ones(len(values), bool)
-        ends = self.offsets[1:][np.diff(self.offsets) > 0] - 1
-        pair[ends] = False                              # the last layer of a set starts no pair
-        pair = np.flatnonzero(pair)
-        return (np.concatenate([set_of, set_of[pair]]), np.concatenate([values, values[pair]]),
-                np.concatenate([values, values[pair + 1]]),
-                np.concatenate([np.ones(len(values), np.int64), -np.ones(len(pair), np.int64)]))
+        n = len(values)
+        if n == 0:
+            empty = np.zeros(0, np.int64)
+            return empty, empty.copy(), empty.copy(), empty.copy()
+        set_of = np.repeat(np.arange(len(self)), np.diff(self.offsets))
+        first_of_set = np.zeros(n, bool)
+        first_of_set[self.offsets[:-1][np.diff(self.offsets) > 0]] = True
+        starts = np.flatnonzero(first_of_set | np.concatenate([[True], values[1:] != values[:-1] + 1]))
+        ends = np.append(starts[1:], n) - 1
+        run_set = set_of[starts]
+        gap = np.flatnonzero(run_set[1:] == run_set[:-1])     # run i and run i + 1 of the same set
+        return (np.concatenate([run_set, run_set[gap]]), np.concatenate([values[ends], values[ends[gap]]]),
+                np.concatenate([values[starts], values[starts[gap + 1]]]),
+                np.concatenate([np.ones(len(starts), np.int64), -np.ones(len(gap), np.int64)]))
 
     def around(self, m: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """For each set: whether it holds layer ``m``, its largest layer below ``m`` (-1 if
@@ -281,40 +290,47 @@ def _set_tile_sums(item_set: np.ndarray, tile: np.ndarray, weight: np.ndarray, n
 
 
 class _AtomTable:
-    """Per-tile bytes summed by interval atom (lo, hi): the additive part of a stage's memory."""
+    """Per-tile bytes summed by interval atom (lo, hi): the additive part of a stage's memory,
+    in two kinds: ``plain`` (held once) and ``stash`` (held once per micro-batch in flight)."""
+
+    KINDS = ("plain", "stash")
 
     def __init__(self, num_layers: int, num_tiles: int):
         self.L, self.T = max(num_layers, 1), num_tiles
-        self.parts: list[tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]] = []   # key, tile, plain, stash
+        self.parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {k: [] for k in self.KINDS}
 
-    def add(self, sets: LayerSets, set_id: np.ndarray, tile: np.ndarray, plain: np.ndarray,
-            stash: np.ndarray) -> None:
-        """Add (set, tile, bytes) rows through each set's atoms."""
+    def add(self, sets: LayerSets, set_id: np.ndarray, tile: np.ndarray, weight: np.ndarray, kind: str) -> None:
+        """Add (set, tile, bytes) rows of one kind through each set's atoms. ``set_id`` None:
+        row i is set i, each set once (no sort or repeat needed)."""
         s_of, lo, hi, sign = sets.atoms()
+        if set_id is None:                                  # one row per set: every atom once
+            self.parts[kind].append((lo * self.L + hi, tile[s_of], weight[s_of] * sign))
+            return
         order = np.argsort(s_of, kind="stable")
         offsets = np.searchsorted(s_of[order], np.arange(len(sets) + 1))
         counts = offsets[1:][set_id] - offsets[:-1][set_id]
         atom = order[np.repeat(offsets[:-1][set_id], counts) + _ramp(counts)]
-        self.parts.append((lo[atom] * self.L + hi[atom], np.repeat(tile, counts),
-                           np.repeat(plain, counts) * sign[atom], np.repeat(stash, counts) * sign[atom]))
+        self.parts[kind].append((lo[atom] * self.L + hi[atom], np.repeat(tile, counts),
+                                 np.repeat(weight, counts) * sign[atom]))
 
     def finish(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(lo, hi, plain bytes per tile, stashed bytes per tile), one row per distinct atom."""
         T = self.T
-        key = np.concatenate([p[0] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
-        tile = np.concatenate([p[1] for p in self.parts]) if self.parts else np.zeros(0, np.int64)
         # atoms are (lo, hi) pairs of layers: a dense map of L x L numbers them without sorting
         present = np.zeros(self.L * self.L, bool)
-        present[key] = True
+        for kind in self.KINDS:
+            for key, _, _ in self.parts[kind]:
+                present[key] = True
         keys = np.flatnonzero(present)
         number = np.zeros(self.L * self.L, np.int64)
         number[keys] = np.arange(len(keys))
-        at = number[key] * T + tile
         out = []
-        for i in (2, 3):
-            w = np.concatenate([p[i] for p in self.parts]).astype(float) if self.parts else np.zeros(0)
-            out.append(np.rint(np.bincount(at, weights=w, minlength=len(keys) * T)).astype(np.int64)
-                       .reshape(len(keys), T))
+        for kind in self.KINDS:
+            total = np.zeros(len(keys) * T)
+            for key, tile, weight in self.parts[kind]:
+                at = number[key] * T + tile
+                total += np.bincount(at, weights=weight.astype(float), minlength=len(keys) * T)
+            out.append(np.rint(total).astype(np.int64).reshape(len(keys), T))
         return keys // self.L, keys % self.L, out[0], out[1]
 
 
@@ -336,8 +352,7 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
             if weight is None:
                 continue
             s, t, w, shared = _set_tile_sums(item_set, tile, weight, len(sets), T, set_of)
-            zero = np.zeros(len(s), np.int64)
-            table.add(sets, s, t, w if is_plain else zero, zero if is_plain else w)
+            table.add(sets, s, t, w, "plain" if is_plain else "stash")
             if every:
                 (base_plain if is_plain else base_stash)[:] += shared
 
@@ -390,10 +405,36 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
     cells = pair_cell[first]
     cell_sets = LayerSets(np.append(first, len(pair_cell)).astype(np.int64), pair_layer.astype(np.int64))
     size = model.vertex_code_size[cells // ntypes, cells % ntypes].astype(np.int64)
-    table.add(cell_sets, np.arange(len(cells), dtype=np.int64), (cells // ntypes).astype(np.int64), size,
-              np.zeros(len(cells), np.int64))
+    table.add(cell_sets, None, (cells // ntypes).astype(np.int64), size, "plain")
     lo, hi, plain, stash = table.finish()
     return lo, hi, plain, stash, base_plain, base_stash
+
+
+def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.ndarray, base_plain: np.ndarray,
+                base_stash: np.ndarray, L: int) -> tuple[np.ndarray, ...]:
+    """The additive atoms as the merge adds them. An atom (lo, hi) counts for a range a..b
+    when a <= lo and hi <= b: it joins at b = hi, for the first layers a <= min(lo, hi) (one
+    row per distinct (min(lo, hi), hi), summed); a run atom (lo > hi) also counts for the first
+    layers hi < a <= lo, whose rows start after b = hi: ``start_*[a]`` gives them it then.
+    Returns (row, hi, plain, stash, start_plain, start_stash, base_plain, base_stash)."""
+    T = plain.shape[1] if plain.ndim == 2 else len(base_plain)
+    starts = []
+    late = np.flatnonzero(lo > hi)
+    for weights in (plain, stash):
+        diff = np.zeros((L + 1, T), np.int64)
+        if len(late):
+            np.add.at(diff, hi[late] + 1, weights[late])
+            np.add.at(diff, lo[late] + 1, -weights[late])
+        starts.append(np.cumsum(diff, axis=0)[:L])
+    row = np.minimum(lo, hi)
+    key, inverse = np.unique(row * max(L, 1) + hi, return_inverse=True)
+    inverse = inverse.reshape(-1)
+    merged = []
+    for weights in (plain, stash):
+        out = np.zeros((len(key), T), np.int64)
+        np.add.at(out, inverse, weights)
+        merged.append(out)
+    return (key // max(L, 1), key % max(L, 1), merged[0], merged[1], starts[0], starts[1], base_plain, base_stash)
 
 
 def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
@@ -418,7 +459,8 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
     if every:
         row_group = np.where(row_group < 0, len(sets), row_group)
     events = _Events(model, row_group, num_groups)
-    add_lo, add_hi, add_plain, add_stash, base_plain, base_stash = _additive_atoms(model, T)
+    add_row, add_hi, add_plain, add_stash, start_plain, start_stash, base_plain, base_stash = \
+        _merge_rows(*_additive_atoms(model, T), L)
     by_hi = np.argsort(add_hi, kind="stable")
     hi_ptr = np.searchsorted(add_hi[by_hi], np.arange(L + 1))
 
@@ -541,15 +583,15 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
         stash = np.zeros((L, tb), np.int64)
         add_plain_b, add_stash_b = add_plain[:, t0:t1], add_stash[:, t0:t1]
         for b in range(L):
-            plain[b] = base_plain[t0:t1]
-            stash[b] = base_stash[t0:t1]
+            plain[b] = base_plain[t0:t1] + start_plain[b, t0:t1]
+            stash[b] = base_stash[t0:t1] + start_stash[b, t0:t1]
             for m in by_end.get(b, ()):
                 np.maximum(cur[:m + 1], peaks[m][:, b - m], out=cur[:m + 1])
             if every_peak is not None:
                 np.maximum(cur[:b + 1], every_peak[:b + 1, b], out=cur[:b + 1])
             atoms = by_hi[hi_ptr[b]:hi_ptr[b + 1]]
             if len(atoms):
-                rows = add_lo[atoms]
+                rows = add_row[atoms]
                 for src, dst in ((add_plain_b, plain), (add_stash_b, stash)):
                     z = np.zeros((b + 1, tb), np.int64)
                     z[rows] = src[atoms]

@@ -307,3 +307,21 @@ def test_vertex_code_sizes_are_the_largest_reported(entries, chunk):
     for t, k, s in entries:
         expected[t, k] = max(expected[t, k], s)
     assert _vertex_code_sizes(vc, 4, 3, chunk=chunk).tolist() == expected.tolist()
+
+
+@given(st.lists(st.sets(st.integers(0, 11)), max_size=8))
+@settings(max_examples=150, deadline=None)
+def test_interval_atoms_count_one_exactly_for_the_ranges_a_set_meets(sets):
+    """LayerSets.atoms: for every range a..b, the signed count of a set's atoms with a <= lo and
+    hi <= b is 1 when the set holds a layer of a..b, else 0 (runs of consecutive layers give one
+    atom each, gaps between runs one negative atom)."""
+    from stagesplit.pricing import LayerSets
+    layer_sets = LayerSets.of([np.array(sorted(s), np.int64) for s in sets])
+    s_of, lo, hi, sign = layer_sets.atoms()
+    for a in range(12):
+        for b in range(a, 12):
+            counted = np.bincount(s_of[(a <= lo) & (hi <= b)], weights=sign[(a <= lo) & (hi <= b)],
+                                  minlength=len(sets))
+            assert counted.tolist() == [float(any(a <= x <= b for x in s)) for s in sets], (a, b)
+    runs = sum(sum(1 for x in s if x - 1 not in s) for s in sets)
+    assert int((sign > 0).sum()) == runs and int((sign < 0).sum()) == runs - sum(1 for s in sets if s)
