@@ -217,7 +217,10 @@ def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.nd
             offsets = np.zeros(n + 1, np.int64)
             np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
         else:
-            offsets = np.searchsorted(program, np.arange(n + 1)).astype(np.int64)
+            # needles of the entries' own (narrow) type: no int64 copy of tens of millions of entries
+            narrow = program.dtype.kind in "iu" and np.iinfo(program.dtype).max >= n
+            needles = np.arange(n + 1, dtype=program.dtype if narrow else np.int64)
+            offsets = np.searchsorted(program, needles).astype(np.int64)
         cache[cat] = (order, offsets)
     return cache[cat]
 

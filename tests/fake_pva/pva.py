@@ -677,9 +677,10 @@ STATE_VERTEX = "stagesplit::VertexState"
 def _by_program(program: np.ndarray, n: int) -> tuple[np.ndarray | None, list[int]]:
     """(order, offsets): rows order[offsets[q]:offsets[q + 1]] belong to program q; order is
     None when the rows are already in program order."""
-    program = np.asarray(program, np.int64)
-    order = None if len(program) < 2 or bool(np.all(program[1:] >= program[:-1])) else \
-        np.argsort(program, kind="stable")
+    if len(program) < 2 or bool(np.all(program[1:] >= program[:-1])):      # narrow dtypes are fine here
+        needles = np.arange(n + 1, dtype=program.dtype if np.iinfo(program.dtype).max >= n else np.int64)
+        return None, np.searchsorted(program, needles).tolist()
+    order = np.argsort(program, kind="stable")
     offsets = np.zeros(n + 1, np.int64)
     np.cumsum(np.bincount(program, minlength=n), out=offsets[1:])
     return order, offsets.tolist()
@@ -864,10 +865,15 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
         vc = pr.vertex_code
         ntypes = max(len(pr.vertex_types), 1)
         code_size = np.zeros(T * ntypes, np.int64)
-        key = vc.tile.astype(np.int64) * ntypes + vc.vertex_type        # narrow dtypes would overflow
-        code_size[key] = vc.bytes                      # one size per (tile, type) as a rule; else the largest
-        if bool(np.any(vc.bytes > code_size[key])):
-            np.maximum.at(code_size, key, vc.bytes)
+        for start in range(0, len(vc), 1 << 21):      # in chunks: no large temporaries
+            part = slice(start, start + (1 << 21))
+            key = vc.tile[part].astype(np.int64)       # narrow dtypes would overflow
+            key *= ntypes
+            key += vc.vertex_type[part]
+            values = vc.bytes[part]
+            larger = values > code_size[key]            # one size per (tile, type) as a rule; else the largest
+            if larger.any():
+                np.maximum.at(code_size, key[larger], values[larger])
         present = np.flatnonzero(code_size)
         per_tile_types: list[list[tuple[int, int]]] = [[] for _ in range(T)]
         for key, size in zip(present.tolist(), code_size[present].tolist()):
