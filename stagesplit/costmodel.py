@@ -24,6 +24,7 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
+from .chunks import CHUNK
 from .errors import LayerRangeError, OptionError, StagesplitError
 from .itemgroups import ItemGroups, sorted_unique
 from .layers import LayerAssignment
@@ -139,7 +140,7 @@ class StageCostModel:
         return price_all_ranges(self, in_flight, progress)
 
 
-def _vertex_code_sizes(vc, num_tiles: int, num_types: int, chunk: int = 1 << 22) -> np.ndarray:
+def _vertex_code_sizes(vc, num_tiles: int, num_types: int, chunk: int = CHUNK) -> np.ndarray:
     """The code size of each (tile, vertex type): the largest any program reports (0 where
     none), as a (tiles, types) array. In chunks, so that tens of millions of entries make no
     large temporaries; in each, a plain assignment first (every program on a tile usually

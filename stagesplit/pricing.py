@@ -33,6 +33,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from .chunks import CHUNK
 from .itemgroups import sorted_unique
 from .timeline import ramp as _ramp
 
@@ -258,7 +259,7 @@ class _Events:
 
 def _set_tile_sums(item_set: np.ndarray, tile: np.ndarray, weight: np.ndarray, num_sets: int,
                    T: int, set_of: np.ndarray | None = None,
-                   chunk: int = 1 << 22) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+                   chunk: int = CHUNK) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     """(set, tile, summed weight) of the items with a set, one row per nonzero pair, and the
     per-tile sum of the items with none (set -1). With ``set_of``, an item's set is
     ``set_of[item_set]``. Done in chunks: the per-program code arrays run to tens of millions."""
@@ -373,8 +374,8 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
     if num_cells * (npg + 1) <= 2**26:               # (cell, group) presence without sorting, in chunks
         present = np.zeros(num_cells * (npg + 1), bool)
         column = np.where(model.prog_items.group < 0, npg, model.prog_items.group).astype(np.int64)
-        for start in range(0, len(vc), 1 << 22):
-            part = slice(start, start + (1 << 22))
+        for start in range(0, len(vc), CHUNK):
+            part = slice(start, start + CHUNK)
             key = vc.tile[part].astype(np.int64) * (ntypes * (npg + 1))
             key += vc.vertex_type[part].astype(np.int64) * (npg + 1)   # stored as narrow as int8
             key += column[vc.program[part]]

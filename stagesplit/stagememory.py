@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from .chunks import CHUNK
 from .timeline import ramp
 
 if TYPE_CHECKING:
@@ -196,8 +197,8 @@ def _entry_chunks(order: np.ndarray | None, offsets: np.ndarray, progs: np.ndarr
         ends = progs[np.concatenate([breaks - 1, [len(progs) - 1]])]
         if len(starts) <= 4096:
             for lo, hi in zip(offsets[starts].tolist(), offsets[ends + 1].tolist()):
-                if hi > lo:
-                    yield slice(lo, hi)
+                for at in range(lo, hi, CHUNK):          # bounded pieces: small temporaries, reused memory
+                    yield slice(at, min(at + CHUNK, hi))
             return
     counts = offsets[progs + 1] - offsets[progs]
     e = np.repeat(offsets[progs], counts) + ramp(counts)
