@@ -313,20 +313,13 @@ class _Reader:
         n = len(brief)
         fields = [("id", np.int64), ("bytes", np.int64), ("tile", np.int64), ("cls", np.int64)]
         every = 1 << 18
-        chunks = []
-        row = attrgetter("id", "bytes", "tileId", "equivalenceClass.id")       # one C-level pass per chunk
+        cols = np.empty(n, fields)                     # filled piece by piece: one allocation, no concatenation
+        row = attrgetter("id", "bytes", "tileId", "equivalenceClass.id")       # one C-level pass per piece
         rows = map(row, brief)
         for start in range(0, n, every):
             count = min(every, n - start)
-            chunks.append(np.fromiter(islice(rows, count), dtype=fields, count=count))
+            cols[start:start + count] = np.fromiter(islice(rows, count), dtype=fields, count=count)
             self._tick(count)
-        cols = np.concatenate(chunks) if len(chunks) > 1 else (chunks[0] if chunks else np.zeros(0, fields))
-        # each equivalence class's steps, read once from its first variable
-        _, first_of_class = np.unique(cols["cls"], return_index=True)
-        classes: dict[Any, list] = {}
-        for i in first_of_class.tolist():
-            ec = brief[i].equivalenceClass
-            classes[int(cols["cls"][i])] = [(s.start, s.end) for s in ec.steps]
         bad = np.flatnonzero((cols["tile"] < 0) | (cols["tile"] >= self.num_tiles))
         if len(bad):
             raise ProfileError(self.source, f"loweredVariables.allBriefVars[{int(bad[0])}].tileId",
@@ -343,18 +336,26 @@ class _Reader:
             dup = int(self.sorted_ids[1:][self.sorted_ids[1:] == self.sorted_ids[:-1]][0])
             raise ProfileError(self.source, "loweredVariables.allBriefVars.id", "distinct variable ids", dup)
 
-        # classes in order of first appearance among kept variables
-        cls = cols["cls"][kept]
-        uniq, first = np.unique(cls, return_index=True)
-        by_first = uniq[np.argsort(first, kind="stable")]
+        # equivalence classes: one stable sort gives each variable's class and, per class, its
+        # first variable on the first IPU (classes only elsewhere are never read)
+        by_class = np.argsort(cols["cls"], kind="stable")
+        sorted_cls = cols["cls"][by_class]
+        starts = np.flatnonzero(np.concatenate([[True], sorted_cls[1:] != sorted_cls[:-1]])) if n else \
+            np.zeros(0, np.int64)
+        uniq = sorted_cls[starts]
+        inverse = np.empty(n, np.int64)
+        inverse[by_class] = np.repeat(np.arange(len(uniq)), np.diff(np.append(starts, n)))
+        first_kept = np.minimum.reduceat(np.where(keep[by_class], by_class, n), starts) if n else \
+            np.zeros(0, np.int64)
+        present = np.flatnonzero(first_kept < n)
         S = self.num_steps
         patterns: dict[tuple, int] = {}
         intervals: list[tuple] = []
         class_live = np.full(len(uniq), -1, np.int64)      # liveness class per unique class id
         class_always = np.zeros(len(uniq), bool)
-        for cid in by_first.tolist():
-            k = int(np.searchsorted(uniq, cid))
-            pattern = self._clean_intervals(classes[cid], S)
+        for k in present[np.argsort(first_kept[present], kind="stable")].tolist():   # by first appearance
+            steps = brief[int(first_kept[k])].equivalenceClass.steps
+            pattern = self._clean_intervals([(s.start, s.end) for s in steps], S)
             if S == 0 or pattern == ((0, S),):
                 class_always[k] = True
             elif pattern:
@@ -363,9 +364,9 @@ class _Reader:
                     idx = patterns[pattern] = len(intervals)
                     intervals.append(pattern)
                 class_live[k] = idx
-        pos = np.searchsorted(uniq, cls)
-        always = class_always[pos] if len(cls) else np.zeros(0, bool)
-        live = np.where(always, -1, class_live[pos]) if len(cls) else np.zeros(0, np.int64)
+        pos = inverse[kept]
+        always = class_always[pos]
+        live = np.where(always, -1, class_live[pos])
         variables = Variables(bytes=cols["bytes"][kept].copy(), tile=cols["tile"][kept].copy(), always_live=always,
                               live_class=live.astype(np.int64), name=np.full(len(kept), -1, np.int64))
         return variables, Liveness(Ragged.from_lists(intervals, dtype=np.int64, width=2))
