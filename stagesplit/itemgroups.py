@@ -38,11 +38,15 @@ class ItemGroups:
     def of(cls, ragged_offsets: np.ndarray, ragged_values: np.ndarray, op_layer: np.ndarray, num_items: int,
            num_layers: int) -> "ItemGroups":
         """From the operations' item lists (CSR) and each operation's layer (-1: none)."""
-        op_of = np.repeat(np.arange(len(ragged_offsets) - 1), np.diff(ragged_offsets))
-        layer = op_layer[op_of]
+        layer = np.repeat(op_layer, np.diff(ragged_offsets))
         keep = layer >= 0
-        key = sorted_unique(ragged_values[keep].astype(np.int64) * num_layers + layer[keep])
-        pair_item, pair_layer = key // num_layers, key % num_layers
+        # (item, layer) keys; 32-bit where they fit, which numpy sorts several times faster
+        dtype = np.int32 if max(num_items, 1) * max(num_layers, 1) < 2**31 else np.int64
+        key = ragged_values[keep].astype(dtype)
+        key *= num_layers
+        key += layer[keep].astype(dtype)
+        key = sorted_unique(key)
+        pair_item, pair_layer = (key // num_layers).astype(np.int64), (key % num_layers).astype(np.int64)
         shared = np.bincount(pair_item, minlength=num_items) == 0
         group, group_layers = _layer_set_groups(pair_item, pair_layer, num_items, num_layers, shared)
         return cls(pair_item, pair_layer, shared, group, group_layers)
@@ -76,7 +80,11 @@ def _layer_set_groups(pair_item: np.ndarray, pair_layer: np.ndarray, n_items: in
     words = max(1, (num_layers + 63) // 64)
     masks = np.zeros((n_items, words), np.uint64)
     bits = np.left_shift(np.uint64(1), (pair_layer % 64).astype(np.uint64))
-    np.bitwise_or.at(masks, (pair_item, pair_layer // 64), bits)
+    # pairs are sorted by item then layer: OR each (item, word)'s bits over its run of pairs
+    cell = pair_item * words + pair_layer // 64
+    if len(cell):
+        starts = np.flatnonzero(np.concatenate([[True], cell[1:] != cell[:-1]]))
+        masks.reshape(-1)[cell[starts]] = np.bitwise_or.reduceat(bits, starts)
     layered = np.flatnonzero(~shared)
     first, inverse = _unique_rows(masks[layered])
     group = np.full(n_items, -1, np.int64)
