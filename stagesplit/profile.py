@@ -289,6 +289,21 @@ class Profile:
         return self
 
 
+def narrowest_int(values: np.ndarray) -> np.ndarray:
+    """Integers in the narrowest of int8/int16/int32/int64 that holds them all: how the compact
+    writer stores profile arrays and the PopVision reader keeps its per-program costs (tens of
+    millions of entries). Users widen before arithmetic."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return values.astype(np.int32)
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values.astype(np.int64, copy=False)
+
+
 # --------------------------------------------------------------------------------------------
 # Validation. Field paths use the JSON format's names so a message points into the user's file.
 

@@ -21,7 +21,7 @@ from ..fileio import atomic_write_bytes
 from ..safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
 from .fields import FieldReader
 from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
-                       TileCosts, Variables, VertexCode)
+                       TileCosts, Variables, VertexCode, narrowest_int)
 
 FORMAT = "stagesplit-compact"
 VERSION = 1
@@ -35,19 +35,6 @@ def _encode_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
     offsets = np.zeros(len(encoded) + 1, np.int64)
     np.cumsum([len(e) for e in encoded], out=offsets[1:])
     return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
-
-
-def _small_int(a: np.ndarray) -> np.ndarray:
-    """Store integers in the narrowest type that holds them (the loader widens to int64)."""
-    a = np.asarray(a)
-    if a.size == 0:
-        return a.astype(np.int32)
-    lo, hi = int(a.min()), int(a.max())
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= lo and hi <= info.max:
-            return a.astype(dtype)
-    return a.astype(np.int64)
 
 
 def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
@@ -73,36 +60,36 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
     strings("steps", p.steps)
     strings("names", p.names)
     v = p.variables
-    arrays.update(var_bytes=_small_int(v.bytes), var_tile=_small_int(v.tile), var_always_live=v.always_live.astype(bool),
-                  var_live_class=_small_int(v.live_class), var_name=_small_int(v.name),
+    arrays.update(var_bytes=narrowest_int(v.bytes), var_tile=narrowest_int(v.tile), var_always_live=v.always_live.astype(bool),
+                  var_live_class=narrowest_int(v.live_class), var_name=narrowest_int(v.name),
                   live_offsets=p.liveness.intervals.offsets.astype(np.int64),
-                  live_intervals=_small_int(p.liveness.intervals.values.reshape(-1, 2)))
+                  live_intervals=narrowest_int(p.liveness.intervals.values.reshape(-1, 2)))
     pr = p.programs
     strings("program_name", pr.name)
     strings("program_kind", pr.kind)
     strings("vertex_types", pr.vertex_types)
-    arrays.update(program_cycles=pr.cycles.astype(float), program_vertices=_small_int(pr.vertices))
+    arrays.update(program_cycles=pr.cycles.astype(float), program_vertices=narrowest_int(pr.vertices))
     vc = pr.vertex_code
-    arrays.update(vertex_code_program=_small_int(vc.program), vertex_code_tile=_small_int(vc.tile),
-                  vertex_code_type=_small_int(vc.vertex_type), vertex_code_bytes=_small_int(vc.bytes))
+    arrays.update(vertex_code_program=narrowest_int(vc.program), vertex_code_tile=narrowest_int(vc.tile),
+                  vertex_code_type=narrowest_int(vc.vertex_type), vertex_code_bytes=narrowest_int(vc.bytes))
     for cat, costs in pr.categories().items():
-        arrays.update({f"{cat}_program": _small_int(costs.program), f"{cat}_tile": _small_int(costs.tile),
-                       f"{cat}_bytes": _small_int(costs.bytes)})
+        arrays.update({f"{cat}_program": narrowest_int(costs.program), f"{cat}_tile": narrowest_int(costs.tile),
+                       f"{cat}_bytes": narrowest_int(costs.bytes)})
     strings("op_name", ops.name)
     strings("op_layer", [l or "" for l in ops.layer])
     arrays["op_has_layer"] = np.array([l is not None for l in ops.layer], bool)
     strings("op_inputs", [x for row in ops.inputs for x in row])
-    arrays["op_inputs_count"] = _small_int(np.array([len(row) for row in ops.inputs], np.int64))
-    arrays.update(op_debug_id=ops.debug_id.astype(np.int64), op_first_step=_small_int(ops.first_step),
-                  op_last_step=_small_int(ops.last_step), op_compute=ops.compute.astype(float),
-                  op_vars_offsets=ops.vars.offsets.astype(np.int64), op_vars=_small_int(ops.vars.values),
+    arrays["op_inputs_count"] = narrowest_int(np.array([len(row) for row in ops.inputs], np.int64))
+    arrays.update(op_debug_id=ops.debug_id.astype(np.int64), op_first_step=narrowest_int(ops.first_step),
+                  op_last_step=narrowest_int(ops.last_step), op_compute=ops.compute.astype(float),
+                  op_vars_offsets=ops.vars.offsets.astype(np.int64), op_vars=narrowest_int(ops.vars.values),
                   op_programs_offsets=ops.programs.offsets.astype(np.int64),
-                  op_programs=_small_int(ops.programs.values))
+                  op_programs=narrowest_int(ops.programs.values))
     if np.any(np.isfinite(ops.bytes_accessed)):      # optional: files without it load as unknown (NaN)
         arrays["op_bytes_accessed"] = ops.bytes_accessed.astype(float)
     if gt is not None:
         arrays.update(gt_always_live=gt.always_live.astype(np.int64), gt_not_always_live=gt.not_always_live.astype(np.int64),
-                      gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=_small_int(gt.step_bytes))
+                      gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=narrowest_int(gt.step_bytes))
         for k, (name, values) in enumerate(gt.categories.items()):
             arrays[f"gt_category_{k}"] = values.astype(np.int64)
     return arrays

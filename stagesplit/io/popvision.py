@@ -72,7 +72,7 @@ import numpy as np
 
 from ..errors import ProfileError, StagesplitError
 from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
-                       Variables, VertexCode)
+                       Variables, VertexCode, narrowest_int)
 from .debugcbor import DebugInfo, read_debug_cbor
 
 CYCLES_PER_VERTEX = 100.0
@@ -609,8 +609,8 @@ class _SparseRows:
         rows, tiles = np.nonzero(filled)
         values = filled[rows, tiles]
         key_columns = np.array(self.keys, np.int64).reshape(len(self.keys), self.n_keys)
-        self.parts.append(([_narrow(key_columns[rows, k]) for k in range(self.n_keys)], _narrow(tiles),
-                           _narrow(values)))
+        self.parts.append(([narrowest_int(key_columns[rows, k]) for k in range(self.n_keys)], narrowest_int(tiles),
+                           narrowest_int(values)))
         self.keys = []
 
     def finish(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
@@ -628,18 +628,6 @@ class _SparseRows:
 
         keys = [joined([part[0][k] for part in parts]) for k in range(self.n_keys)]
         return keys, joined([part[1] for part in parts]), joined([part[2] for part in parts])
-
-
-def _narrow(values: np.ndarray) -> np.ndarray:
-    """``values`` (integers) in the narrowest of int8/int16/int32/int64 that holds them all."""
-    if len(values) == 0:
-        return values.astype(np.int8)
-    low, high = int(values.min()), int(values.max())
-    for dtype in (np.int8, np.int16, np.int32):
-        info = np.iinfo(dtype)
-        if info.min <= low and high <= info.max:
-            return values.astype(dtype)
-    return values.astype(np.int64, copy=False)
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:
