@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
 
     profile = phase("synthesize profile", lambda: synthesize(
         args.family, load_target(args.target), piece_bytes=args.piece_bytes, programs_per_op=args.programs_per_op))
-    report = phase("build fake pva report", lambda: pva.report_from_profile(profile, ipus=args.ipus))
+    report = phase("fake pva report (lazy)", lambda: pva.report_from_profile(profile, ipus=args.ipus))
     with tempfile.TemporaryDirectory() as tmp:
         pop = pva.register(Path(tmp) / "profile.pop", report)
         read = phase("read_popvision (convert path)", lambda: read_popvision(pop))
