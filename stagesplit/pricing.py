@@ -411,14 +411,14 @@ def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.nda
     return lo, hi, plain, stash, base_plain, base_stash
 
 
-def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.ndarray, base_plain: np.ndarray,
-                base_stash: np.ndarray, L: int) -> tuple[np.ndarray, ...]:
-    """The additive atoms as the merge adds them. An atom (lo, hi) counts for a range a..b
-    when a <= lo and hi <= b: it joins at b = hi, for the first layers a <= min(lo, hi) (one
-    row per distinct (min(lo, hi), hi), summed); a run atom (lo > hi) also counts for the first
-    layers hi < a <= lo, whose rows start after b = hi: ``start_*[a]`` gives them it then.
-    Returns (row, hi, plain, stash, start_plain, start_stash, base_plain, base_stash)."""
-    T = plain.shape[1] if plain.ndim == 2 else len(base_plain)
+def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.ndarray,
+                L: int) -> tuple[np.ndarray, ...]:
+    """The additive atoms (``plain``/``stash``: one row of per-tile bytes each) as the merge adds
+    them. An atom (lo, hi) counts for a range a..b when a <= lo and hi <= b: it joins at b = hi,
+    for the first layers a <= min(lo, hi) (one row per distinct (min(lo, hi), hi), summed); a run
+    atom (lo > hi) also counts for the first layers hi < a <= lo, whose rows start after b = hi:
+    ``start_*[a]`` gives them it then. Returns (row, hi, plain, stash, start_plain, start_stash)."""
+    T = plain.shape[1]
     starts = []
     late = np.flatnonzero(lo > hi)
     for weights in (plain, stash):
@@ -435,7 +435,7 @@ def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.nda
         out = np.zeros((len(key), T), np.int64)
         np.add.at(out, inverse, weights)
         merged.append(out)
-    return (key // max(L, 1), key % max(L, 1), merged[0], merged[1], starts[0], starts[1], base_plain, base_stash)
+    return key // max(L, 1), key % max(L, 1), merged[0], merged[1], starts[0], starts[1]
 
 
 def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
@@ -460,8 +460,9 @@ def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
     if every:
         row_group = np.where(row_group < 0, len(sets), row_group)
     events = _Events(model, row_group, num_groups)
-    add_row, add_hi, add_plain, add_stash, start_plain, start_stash, base_plain, base_stash = \
-        _merge_rows(*_additive_atoms(model, T), L)
+    add_lo, add_hi, add_plain, add_stash, base_plain, base_stash = _additive_atoms(model, T)
+    add_row, add_hi, add_plain, add_stash, start_plain, start_stash = _merge_rows(add_lo, add_hi, add_plain,
+                                                                                 add_stash, L)
     by_hi = np.argsort(add_hi, kind="stable")
     hi_ptr = np.searchsorted(add_hi[by_hi], np.arange(L + 1))
 
