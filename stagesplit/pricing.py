@@ -177,10 +177,15 @@ def _groups_by_owner(model: "StageCostModel", row_group: np.ndarray, num_groups:
     if num_groups * (G + 1) > limit or G == 0:
         return None
     keep = row_group >= 0
-    diff = np.zeros((num_groups, G + 1), np.int32)
-    np.add.at(diff, (row_group[keep], model.timeline.row_col_start[keep]), 1)
-    np.add.at(diff, (row_group[keep], model.timeline.row_col_end[keep]), -1)
-    live = np.cumsum(diff, axis=1)[:, :G] > 0
+    at = row_group[keep].astype(np.int64) * (G + 1)
+    starts, ends = at + model.timeline.row_col_start[keep], at + model.timeline.row_col_end[keep]
+    # +1 where a live interval starts, -1 where it ends, per (group, column): one bincount
+    # (float64: exact for any count of rows, and one table instead of two)
+    steps = np.ones(2 * len(at))
+    steps[len(at):] = -1
+    diff = np.bincount(np.concatenate([starts, ends]), weights=steps, minlength=num_groups * (G + 1))
+    diff = diff.reshape(num_groups, G + 1)
+    live = np.cumsum(diff, axis=1, out=diff)[:, :G] > 0.5
     return {m: np.flatnonzero(live[:, model.timeline.cover[m]].any(axis=1)) for m in range(L)}
 
 

@@ -325,3 +325,20 @@ def test_interval_atoms_count_one_exactly_for_the_ranges_a_set_meets(sets):
             assert counted.tolist() == [float(any(a <= x <= b for x in s)) for s in sets], (a, b)
     runs = sum(sum(1 for x in s if x - 1 not in s) for s in sets)
     assert int((sign > 0).sum()) == runs and int((sign < 0).sum()) == runs - sum(1 for s in sets if s)
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(seed=st.integers(0, 2**32 - 1), layers=st.integers(1, 7), shared=st.sampled_from(["every", "none"]))
+def test_groups_by_owner_are_the_groups_live_in_each_layers_columns(seed, layers, shared):
+    """Against a plain loop over the interval rows: group g is listed for layer m exactly when
+    one of g's rows is live in a column where m runs."""
+    from stagesplit.pricing import _groups_by_owner
+    m = model(random_profile(np.random.default_rng(seed), layers=layers, max_vars=24), shared)
+    tl = m.timeline
+    groups = m.var_items.group[tl.row_var]
+    num_groups = int(groups.max(initial=-1)) + 2
+    found = _groups_by_owner(m, groups, num_groups)
+    for layer in range(m.num_layers):
+        expected = sorted({int(g) for g, s, e in zip(groups, tl.row_col_start, tl.row_col_end)
+                           if g >= 0 and tl.cover[layer, s:e].any()})
+        assert found[layer].tolist() == expected

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import sys
 
 import numpy as np
@@ -19,6 +20,7 @@ from stagesplit.costmodel import StageCostModel
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io import load_profile
 from stagesplit.io.jsonprofile import dumps_profile, profile_from_document
+from stagesplit.io import forked, popvision
 from stagesplit.io.popvision import CYCLES_PER_VERTEX, read_popvision
 from stagesplit.layers import group_layers
 from stagesplit.profile import Target
@@ -34,6 +36,17 @@ SMALL = Target("small", tiles=16, bytes_per_tile=638976, clock_hz=1.33e9)
 def pva(monkeypatch):
     """The fake libpva as the module ``pva`` for this test (a fresh, empty registry)."""
     return load_fake_pva(monkeypatch)
+
+
+@pytest.fixture(params=["one process", "two processes"])
+def read_mode(request, monkeypatch):
+    """Run the test with every report read in one process, and again with every report read
+    by two (the program side in a forked child, see ``read_popvision``'s ``workers``)."""
+    two = request.param == "two processes"
+    if two and not forked.can_fork():
+        pytest.skip("fork is not available here")
+    monkeypatch.setattr(popvision, "PARALLEL_FROM", 0 if two else 10**18)
+    return request.param
 
 
 # ------------------------------------------------------------------------------------------------
@@ -123,6 +136,7 @@ def pairs(costs, program=None):
     return sorted(r for r in rows if program is None or r[0] == program)
 
 
+@pytest.mark.usefixtures("read_mode")
 class TestHandReport:
     def test_target_steps_and_info(self, pva, tmp_path):
         p = read_hand(pva, tmp_path)
@@ -371,6 +385,7 @@ def two_ipu_report(pva, replicas: int = 1, ipus: int = 2):
     return pva.Report(pva.Compilation(target, tiles[:n], steps, pva.LoweredVariables(brief), [q0, q1]), ops)
 
 
+@pytest.mark.usefixtures("read_mode")
 class TestSeveralIpus:
     def test_only_first_ipu_read(self, pva, tmp_path):
         report = two_ipu_report(pva)
@@ -471,6 +486,7 @@ def assert_carries_profile(read, original):
     assert_profiles_equal(read.ground_truth, original.ground_truth)
 
 
+@pytest.mark.usefixtures("read_mode")
 class TestSyntheticRoundTrip:
     def test_read_matches_the_synthetic_profile(self, pva, tmp_path, synthetic):
         read = read_popvision(pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic)))
@@ -536,6 +552,7 @@ def one_line(exc: BaseException) -> str:
     return text
 
 
+@pytest.mark.usefixtures("read_mode")
 class TestErrors:
     def test_missing_profile(self, pva, tmp_path):
         with pytest.raises(StagesplitError) as err:
@@ -612,6 +629,127 @@ class TestErrors:
         text = one_line(err.value)
         assert text.startswith(f"{tmp_path / 'profile.pop'}: {part}: expected objects with the attributes") and \
             "\n" not in str(err.value), text
+
+needs_fork = pytest.mark.skipif(not forked.can_fork(), reason="fork is not available here")
+
+
+def program_dtypes(p):
+    pr = p.programs
+    return {name: str(arr.dtype) for name, arr in [
+        ("vc.program", pr.vertex_code.program), ("vc.tile", pr.vertex_code.tile),
+        ("vc.type", pr.vertex_code.vertex_type), ("vc.bytes", pr.vertex_code.bytes)]
+        + [(f"{cat}.{f}", getattr(costs, f)) for cat, costs in pr.categories().items()
+           for f in ("program", "tile", "bytes")]}
+
+
+@needs_fork
+class TestTwoProcesses:
+    """``workers=2``: the programs, tiles and ground truth are read in a forked child while the
+    parent reads variables and operations; the Profile must be the one a single process reads."""
+
+    @pytest.fixture
+    def forks(self, monkeypatch):
+        made = []
+
+        class Counted(forked.Forked):
+            def __init__(self, fn):
+                made.append(fn)
+                super().__init__(fn)
+
+        monkeypatch.setattr(popvision, "Forked", Counted)
+        return made
+
+    @pytest.mark.parametrize("ipus", [1, 2])
+    def test_same_profile_as_one_process(self, pva, tmp_path, synthetic, forks, ipus):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic, ipus=ipus))
+        one = read_popvision(path, workers=1)
+        assert forks == []
+        two = read_popvision(path, workers=2)
+        assert len(forks) == 1
+        assert_profiles_equal(one, two)
+        assert program_dtypes(one) == program_dtypes(two)
+        assert one.info.warnings == two.info.warnings and len(two.info.warnings) == (ipus > 1)
+
+    def test_hand_report_with_a_program_only_an_operation_names(self, pva, tmp_path, forks):
+        path = pva.register(tmp_path / "profile.pop", hand_report(pva))
+        one, two = read_popvision(path, workers=1), read_popvision(path, workers=2)
+        assert len(forks) == 1
+        assert_profiles_equal(one, two)
+        assert two.programs.name[-1] == "layer1/extra"          # p6: appended after compilation.programs
+        assert two.operations.programs[4].tolist() == [4, 6]
+        assert program_dtypes(one) == program_dtypes(two)
+
+    def test_auto_reads_large_reports_in_two(self, pva, tmp_path, synthetic, forks, monkeypatch):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
+        work = len(synthetic.variables) + popvision.PROGRAM_WEIGHT * len(synthetic.programs)
+        monkeypatch.setattr(popvision, "PARALLEL_FROM", work + 1)
+        read_popvision(path)
+        assert forks == []
+        monkeypatch.setattr(popvision, "PARALLEL_FROM", work)
+        read_popvision(path)
+        assert len(forks) == 1
+
+    def test_environment_variable_chooses(self, pva, tmp_path, synthetic, forks, monkeypatch):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
+        monkeypatch.setattr(popvision, "PARALLEL_FROM", 0)
+        monkeypatch.setenv("STAGESPLIT_READ_WORKERS", "1")
+        read_popvision(path)
+        assert forks == []
+        monkeypatch.setattr(popvision, "PARALLEL_FROM", 10**18)
+        monkeypatch.setenv("STAGESPLIT_READ_WORKERS", "2")
+        read_popvision(path)
+        assert len(forks) == 1
+        read_popvision(path, workers=1)                          # the argument wins
+        assert len(forks) == 1
+        monkeypatch.setenv("STAGESPLIT_READ_WORKERS", "many")
+        with pytest.raises(StagesplitError) as err:
+            read_popvision(path)
+        assert one_line(err.value) == ("environment variable STAGESPLIT_READ_WORKERS: expected 1 (read in one "
+                                       "process) or 2 (two processes), got 'many'")
+
+    def test_a_child_that_dies_is_read_here_instead(self, pva, tmp_path, synthetic, forks, monkeypatch):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
+        one = read_popvision(path, workers=1)
+        monkeypatch.setattr(popvision._Reader, "_program_side_in_child", lambda *args: os._exit(3))
+        two = read_popvision(path, workers=2)
+        assert len(forks) == 1
+        assert_profiles_equal(one, two)
+
+    def test_both_sides_damaged_reports_the_program_side_as_one_process_does(self, pva, tmp_path):
+        report = hand_report(pva)
+        report.compilation.programs[1].type = "OnTileExecute"
+        report._operations[0].firstStepIndex = "first"
+        path = pva.register(tmp_path / "profile.pop", report)
+        messages = []
+        for workers in (1, 2):
+            with pytest.raises(ProfileError) as err:
+                read_popvision(path, workers=workers)
+            messages.append(one_line(err.value))
+        assert messages[0] == messages[1] and ": compilation.programs: " in messages[0]
+
+    def test_progress_counts_the_childs_part(self, pva, tmp_path):
+        calls = []
+        read_popvision(pva.register(tmp_path / "profile.pop", hand_report(pva)), workers=2,
+                       progress=lambda done, total: calls.append((done, total)))
+        total = 7 + 6 + 8
+        assert calls and all(t == total for _, t in calls)
+        done = [d for d, _ in calls]
+        assert done == sorted(done) and done[-1] == total
+
+    def test_no_child_is_left_behind(self, pva, tmp_path, synthetic):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
+        read_popvision(path, workers=2)
+        report = hand_report(pva)
+        report._operations[0].firstStepIndex = "first"          # the parent fails while the child runs
+        with pytest.raises(ProfileError):
+            read_popvision(pva.register(tmp_path / "bad.pop", report), workers=2)
+        with pytest.raises(ChildProcessError):
+            os.waitpid(-1, os.WNOHANG)
+
+    def test_workers_below_one_is_refused(self, pva, tmp_path):
+        with pytest.raises(ValueError, match="workers"):
+            read_popvision(pva.register(tmp_path / "profile.pop", hand_report(pva)), workers=0)
+
 
 class TestCli:
     def run(self, capsys, *args):

@@ -5,6 +5,12 @@ installed, ``stagesplit convert profile.pop debug.cbor -o model.stagesplit`` wri
 file that stagesplit reads anywhere. Everything is read with single passes over libpva's
 objects into numpy columns; no per-variable Python objects are kept.
 
+A large report is read on two cores: after ``openReport`` the process forks (see ``forked``),
+the child reads the tiles, every program's per-tile costs and the ground truth, and the parent
+reads the variables and operations meanwhile; the child's arrays come back through a pipe
+(no pickle). Where fork is unavailable, or the child fails, everything is read in one process;
+the Profile is the same either way, errors included (the program side's come first).
+
 How the report maps onto the Profile:
 
 * **Target**: ``tilesPerIpu`` tiles of ``bytesPerTile`` bytes at ``clockFrequency`` Hz. Only
@@ -63,6 +69,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 from itertools import islice
 from operator import attrgetter
 from pathlib import Path
@@ -74,9 +81,14 @@ from ..errors import ProfileError, StagesplitError
 from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
                        Variables, VertexCode, narrowest_int)
 from .debugcbor import DebugInfo, read_debug_cbor
+from .forked import ChildFailed, Forked, can_fork
 
 CYCLES_PER_VERTEX = 100.0
 TRACE_TILES = 8
+#: reports with at least this many brief variables + PROGRAM_WEIGHT x programs are read by two processes
+PARALLEL_FROM = 200_000
+PROGRAM_WEIGHT = 64
+WORKERS_VARIABLE = "STAGESPLIT_READ_WORKERS"
 #: libpva memory category -> ground-truth category name
 CATEGORIES = {
     "vertexCode": "vertex_code",
@@ -97,8 +109,14 @@ Progress = Callable[[int, int], None]
 
 
 def read_popvision(profile_path: str | Path, debug_path: str | Path | None = None,
-                   progress: Progress | None = None) -> Profile:
-    """Read ``profile.pop`` (and ``debug.cbor`` when given) with libpva; see the module docstring."""
+                   progress: Progress | None = None, workers: int | None = None) -> Profile:
+    """Read ``profile.pop`` (and ``debug.cbor`` when given) with libpva; see the module docstring.
+
+    ``workers``: 2 reads the programs, tiles and ground truth in a forked child process while
+    this one reads the variables and operations (where fork is available, see
+    ``forked.can_fork``); 1 reads everything here; ``None`` (the default) takes the environment
+    variable ``STAGESPLIT_READ_WORKERS`` (1 or 2) if set, else uses two for reports of at least
+    ``PARALLEL_FROM`` units of work. The Profile is the same either way."""
     profile_path = Path(profile_path)
     _check_file(profile_path, "a PopVision profile.pop")
     if debug_path is not None:
@@ -110,7 +128,9 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
         report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
     except Exception as exc:  # libpva raises its own exception types for unreadable reports
         raise StagesplitError(f"{profile_path}: libpva could not open the report: {_one_line(exc)}") from None
-    reader = _Reader(pva, report, profile_path, debug, progress)
+    if workers is None:
+        workers = _workers_from_environment()
+    reader = _Reader(pva, report, profile_path, debug, progress, workers)
     try:
         profile = reader.read()
     except StagesplitError:
@@ -125,6 +145,16 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
     from ..fileio import file_sha256
     profile.info.sha256 = file_sha256(profile_path)
     return profile
+
+
+def _workers_from_environment() -> int | None:
+    text = os.environ.get(WORKERS_VARIABLE, "").strip()
+    if not text:
+        return None
+    if text not in ("1", "2"):
+        raise StagesplitError(f"environment variable {WORKERS_VARIABLE}: expected 1 (read in one process) or 2 "
+                              f"(two processes), got {text!r}")
+    return int(text)
 
 
 def import_pva():
@@ -190,7 +220,11 @@ def operation_name(name: str, doc: dict, user_op_name: str | None = None) -> str
 
 
 class _Reader:
-    def __init__(self, pva, report, path: Path, debug: DebugInfo | None, progress: Progress | None):
+    def __init__(self, pva, report, path: Path, debug: DebugInfo | None, progress: Progress | None,
+                 workers: int | None = None):
+        if workers is not None and workers < 1:
+            raise ValueError(f"workers must be None or >= 1, not {workers}")
+        self.workers = workers
         self.pva = pva
         self.report = report
         self.path = path
@@ -198,6 +232,8 @@ class _Reader:
         self.debug = debug
         self.progress = progress
         self.warnings: list[str] = []
+        self.operation_warnings: list[str] = []
+        self.ground_truth: GroundTruth | None = None
         self.done = 0
         self.total = 1
         self.part = "compilation"                       # what is being read, for an error message
@@ -245,29 +281,99 @@ class _Reader:
         programs = comp.programs
         operations = self.pva.OperationAnalysis(self.report).operations
         self.total = len(brief) + len(programs) + len(operations)
-
-        self.part = "compilation.tiles"
-        tile_objs = comp.tiles
-        self._read_tiles(tile_objs)
-        self.part = "compilation.loweredVariables.allBriefVars"
-        variables, liveness = self._read_variables(brief)
-        self.part = "compilation.programs"
-        self._read_programs(programs)
+        if self._in_two(len(brief), len(programs)):
+            with Forked(lambda: self._program_side_in_child(comp, programs, steps_raw)) as child:
+                try:
+                    self._operation_side(brief, programs, operations)
+                except Exception:
+                    # report what a serial read reports: a damaged program side comes first
+                    self._apply_program_side(self._child_result(child, comp, programs, steps_raw))
+                    raise
+                self._apply_program_side(self._child_result(child, comp, programs, steps_raw))
+            self._tick(len(programs))
+        else:
+            self._program_side(comp, programs, steps_raw)
+            self._operation_side(brief, programs, operations)
         self.part = "OperationAnalysis(report).operations"
-        ops = self._read_operations(operations)
+        for k, prog in enumerate(self.extra_programs):      # programs only operations refer to
+            self._add_program(prog, f"programs[_id={prog._id!r}]")
         progs = self._finish_programs()
-        self.part = "compilation.livenessProgramSteps"
-        gt = self._ground_truth(steps_raw)
+        ops = self.operations
+        gt = self.ground_truth
 
         info = ProfileInfo(
             name=self.path.parent.name if self.path.stem == "profile" and self.path.parent.name else self.path.stem,
             source="popvision",
             description=f"PopVision profile {self.path.name}"
                         + (f" with {self.debug.path.name}" if self.debug is not None else ""),
-            synthetic=False, compute_source=self.compute_source, warnings=self.warnings)
-        profile = Profile(target=target, steps=steps, names=[], variables=variables, liveness=liveness,
+            synthetic=False, compute_source=self.compute_source, warnings=self.warnings + self.operation_warnings)
+        profile = Profile(target=target, steps=steps, names=[], variables=self.variables, liveness=self.liveness,
                           programs=progs, operations=ops, compute_unit="cycles", ground_truth=gt, info=info)
         return profile.validate(self.source)
+
+    # -- the two sides: programs, tiles and ground truth | variables and operations ---------------
+    def _in_two(self, n_brief: int, n_programs: int) -> bool:
+        if self.workers == 1 or not can_fork():
+            return False
+        return self.workers is not None or n_brief + PROGRAM_WEIGHT * n_programs >= PARALLEL_FROM
+
+    def _program_side(self, comp, programs, steps_raw) -> None:
+        """Tiles (vertex code sizes, ground truth), every program's costs, the ground truth's
+        per-step trace: everything the operation side does not need."""
+        self.part = "compilation.tiles"
+        self._read_tiles(comp.tiles)
+        self.part = "compilation.programs"
+        self._read_programs(programs)
+        self.part = "compilation.livenessProgramSteps"
+        self.ground_truth = self._ground_truth(steps_raw)
+
+    def _program_side_in_child(self, comp, programs, steps_raw) -> dict:
+        self.progress = None                            # the parent reports progress
+        self._program_side(comp, programs, steps_raw)
+        gt = self.ground_truth
+        return {
+            "code_by_type": self.code_by_type, "names": self.p_name, "kinds": self.p_kind,
+            "estimates": self.p_estimate, "fallback": self.p_fallback, "vertices": self.p_vertices,
+            "vertex_types": self.vertex_types, "warnings": self.warnings,
+            "rows": {cat: rows.finish() for cat, rows in self.rows.items()},
+            "ground_truth": None if gt is None else {
+                "always_live": gt.always_live, "not_always_live": gt.not_always_live,
+                "categories": gt.categories, "step_tiles": gt.step_tiles, "step_bytes": gt.step_bytes},
+        }
+
+    def _child_result(self, child: Forked, comp, programs, steps_raw) -> dict | None:
+        try:
+            return child.result()
+        except ChildFailed:                             # read it here instead (and meet its error, if any)
+            self._program_side(comp, programs, steps_raw)
+            return None
+
+    def _apply_program_side(self, side: dict | None) -> None:
+        if side is None:                                # already read in this process
+            return
+        self.code_by_type = side["code_by_type"]
+        self.p_name, self.p_kind = side["names"], side["kinds"]
+        self.p_estimate, self.p_fallback, self.p_vertices = side["estimates"], side["fallback"], side["vertices"]
+        self.vertex_types = side["vertex_types"]
+        self.vertex_type_index = {name: t for t, name in enumerate(self.vertex_types)}
+        self.warnings = side["warnings"]
+        n_keys = {"vertex_code": 2}
+        self.rows = {cat: _SparseRows.finished(self.tiles, n_keys.get(cat, 1), *part)
+                     for cat, part in side["rows"].items()}
+        gt = side["ground_truth"]
+        self.ground_truth = None if gt is None else GroundTruth(**gt)
+
+    def _operation_side(self, brief, programs, operations) -> None:
+        """Variables and operations; programs are referred to by their place in ``programs``
+        (programs only operations refer to are kept in ``extra_programs``)."""
+        self.part = "compilation.programs"
+        self.program_index = {prog._id: p for p, prog in enumerate(programs)}
+        self.n_listed = len(programs)
+        self.extra_programs: list[Any] = []
+        self.part = "compilation.loweredVariables.allBriefVars"
+        self.variables, self.liveness = self._read_variables(brief)
+        self.part = "OperationAnalysis(report).operations"
+        self.operations = self._read_operations(operations)
 
     # -- tiles: vertex code sizes and ground truth ------------------------------------------------
     def _read_tiles(self, tile_objs) -> None:
@@ -387,7 +493,6 @@ class _Reader:
 
     # -- programs ----------------------------------------------------------------------------------
     def _read_programs(self, programs) -> None:
-        self.prog_index: dict[Any, int] = {}
         self.p_name: list[str] = []
         self.p_kind: list[str] = []
         self.p_estimate: list[float] = []
@@ -402,17 +507,20 @@ class _Reader:
             if i % 64 == 63:
                 self._tick(64)
         self._tick(len(programs) % 64)
+        for rows in self.rows.values():                 # as a read in two processes has them
+            rows.finish()
 
     def _program_index(self, prog) -> int:
+        """The place of an operation's program: in ``compilation.programs``, or after them."""
         key = prog._id
-        idx = self.prog_index.get(key)
+        idx = self.program_index.get(key)
         if idx is None:
-            idx = self._add_program(prog, f"programs[_id={key!r}]")
+            idx = self.program_index[key] = self.n_listed + len(self.extra_programs)
+            self.extra_programs.append(prog)
         return idx
 
     def _add_program(self, prog, field: str) -> int:
         p = len(self.p_name)
-        self.prog_index[prog._id] = p
         kind = str(prog.type.name)
         self.p_name.append(str(prog.name))
         self.p_kind.append(kind)
@@ -528,10 +636,10 @@ class _Reader:
                 self._tick(16)
         self._tick(n % 16)
         if bad_steps:
-            self.warnings.append(f"{bad_steps} operation(s) had a step range outside the profile's {S} steps; "
+            self.operation_warnings.append(f"{bad_steps} operation(s) had a step range outside the profile's {S} steps; "
                                  "their steps were taken as unknown")
         if unknown_vars:
-            self.warnings.append(f"{unknown_vars} variable reference(s) of operations were not among the lowered "
+            self.operation_warnings.append(f"{unknown_vars} variable reference(s) of operations were not among the lowered "
                                  "variables and were ignored")
         return Operations(name=names, debug_id=debug_ids, inputs=inputs, first_step=first, last_step=last,
                           vars=_ragged(var_rows), programs=_ragged(prog_rows), compute=np.full(n, math.nan),
@@ -613,13 +721,21 @@ class _SparseRows:
                            narrowest_int(values)))
         self.keys = []
 
+    @classmethod
+    def finished(cls, tiles: int, n_keys: int, keys: list[np.ndarray], tile: np.ndarray,
+                 values: np.ndarray) -> "_SparseRows":
+        """Rows that hold what ``finish`` returned (more can be added)."""
+        rows = cls(tiles, n_keys)
+        rows.parts = [(list(keys), tile, values)]
+        return rows
+
     def finish(self) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-        """(key columns, tile, value) of every non-zero entry, each in the narrowest integer
-        type that holds it (as the compact reader gives them; users widen before arithmetic)."""
+        """(key columns, tile, value) of every non-zero entry so far, each in the narrowest
+        integer type that holds it (as the compact reader gives them; users widen before
+        arithmetic). More rows can be added after it."""
         if self.keys:
             self._flush()
         parts = self.parts
-        self.parts = []
 
         def joined(arrays: list[np.ndarray]) -> np.ndarray:
             if not arrays:
@@ -627,7 +743,9 @@ class _SparseRows:
             return np.concatenate(arrays, dtype=np.result_type(*arrays)) if len(arrays) > 1 else arrays[0]
 
         keys = [joined([part[0][k] for part in parts]) for k in range(self.n_keys)]
-        return keys, joined([part[1] for part in parts]), joined([part[2] for part in parts])
+        whole = keys, joined([part[1] for part in parts]), joined([part[2] for part in parts])
+        self.parts = [whole]
+        return whole
 
 
 def _ragged(rows: list[np.ndarray]) -> Ragged:

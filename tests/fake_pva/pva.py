@@ -98,7 +98,7 @@ class Program:
         WriteUndef = 16
         Abort = 17
 
-    __slots__ = ("_id", "name", "type", "children", "_vars", "_control", "_code")
+    __slots__ = ("_id", "name", "type", "children", "_vars", "_control", "_code", "_detail")
 
     def __init__(self, _id: Any, name: str, type: "Program.Type", children: Sequence["Program"] = (),
                  controlCodeByTile: Any = None, codeBytesByTile: Any = None, vars: Any = ()):
@@ -109,13 +109,29 @@ class Program:
         self._control = controlCodeByTile
         self._code = codeBytesByTile
         self._vars = vars
+        self._detail: Callable[[], dict] | None = None
+
+    def _fill(self) -> None:
+        """Make the per-tile fields of a lazy program (see ``make_lazy_program``) on first access."""
+        detail, self._detail = self._detail, None
+        fields = detail()
+        self._control = fields.get("controlCodeByTile")
+        self._code = fields.get("codeBytesByTile")
+        self._fill_more(fields)
+
+    def _fill_more(self, fields: dict) -> None:
+        pass
 
     @property
     def controlCodeByTile(self):
+        if self._detail is not None:
+            self._fill()
         return _dense(self._control)
 
     @property
     def codeBytesByTile(self):
+        if self._detail is not None:
+            self._fill()
         return _dense(self._code)
 
     @property
@@ -136,17 +152,32 @@ class DoExchangeProgram(Program):
         super().__init__(*args, **kwargs)
         self._estimated = estimatedCyclesByTile
 
+    def _fill_more(self, fields: dict) -> None:
+        self._estimated = fields.get("estimatedCyclesByTile")
+
     @property
     def estimatedCyclesByTile(self):
+        if self._detail is not None:
+            self._fill()
         return _dense(self._estimated)
 
 
 class OnTileExecuteProgram(Program):
-    __slots__ = ("computeset",)
+    __slots__ = ("_computeset",)
 
     def __init__(self, *args, computeset: "ComputeSet | None" = None, **kwargs):
         super().__init__(*args, **kwargs)
-        self.computeset = computeset if computeset is not None else ComputeSet(self.name, [])
+        self._computeset = computeset if computeset is not None else ComputeSet(self.name, [])
+
+    def _fill_more(self, fields: dict) -> None:
+        computeset = fields.get("computeset")
+        self._computeset = computeset if computeset is not None else ComputeSet(self.name, [])
+
+    @property
+    def computeset(self) -> "ComputeSet":
+        if self._detail is not None:
+            self._fill()
+        return self._computeset
 
 
 def make_program(_id: Any, name: str, type: "Program.Type | str", *, estimatedCyclesByTile: Any = None,
@@ -163,6 +194,14 @@ def make_program(_id: Any, name: str, type: "Program.Type | str", *, estimatedCy
         raise TypeError("only OnTileExecute programs have a computeset")
     return Program(_id, name, type, **kwargs)
 
+
+
+def make_lazy_program(_id: Any, name: str, type: Program.Type, detail: Callable[[], dict]) -> Program:
+    """A program whose per-tile fields (the keyword arguments of ``make_program``, returned by
+    ``detail``) are made on first access, as libpva reads a program's fields from the file."""
+    program = make_program(_id, name, type)
+    program._detail = detail
+    return program
 
 class ProgramVisitor:
     """Base visitor: one no-op ``visit<Type>`` method per program type."""
@@ -809,27 +848,29 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
             return programs
         cats = dict(pr.categories())
         cats["vertex_code"] = pr.vertex_code
-        index = {cat: _by_program(costs.program, n_prog) for cat, costs in cats.items()}
+        index: dict[str, tuple] = {}                    # per category, made on the first program's access
 
         def entries(cat: str, q: int):
+            if cat not in index:
+                index[cat] = _by_program(cats[cat].program, n_prog)
             order, offsets = index[cat]
             if order is None:                          # already in program order: a slice, no copy
                 return cats[cat], slice(offsets[q], offsets[q + 1])
             return cats[cat], order[offsets[q]:offsets[q + 1]]
 
-        for q in range(n_prog):
+        def detail(q: int) -> dict:
             kind = kinds[q]
             ctl, e = entries("control_code", q)
             control = mirrored(ctl.tile[e], ctl.bytes[e])
             costs_tiles = [ctl.tile[e]]
             cycles = float(pr.cycles[q])
-            kwargs: dict[str, Any] = {"controlCodeByTile": control}
+            fields: dict[str, Any] = {"controlCodeByTile": control}
             if kind is Program.Type.DoExchange:
                 ex, e = entries("exchange_code", q)
-                kwargs["codeBytesByTile"] = mirrored(ex.tile[e], ex.bytes[e])
+                fields["codeBytesByTile"] = mirrored(ex.tile[e], ex.bytes[e])
                 costs_tiles.append(ex.tile[e])
             else:
-                kwargs["codeBytesByTile"] = control
+                fields["codeBytesByTile"] = control
             vertices = []
             if kind is Program.Type.OnTileExecute:
                 codes, e = entries("vertex_code", q)
@@ -853,12 +894,13 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
             if not math.isnan(cycles) and kind in (Program.Type.DoExchange, Program.Type.OnTileExecute):
                 estimate = mirrored(np.array([first_tile]), np.array([cycles]), np.float64)
             if kind is Program.Type.DoExchange:
-                programs.append(make_program(("prog", q), pr.name[q], kind, estimatedCyclesByTile=estimate, **kwargs))
+                fields["estimatedCyclesByTile"] = estimate
             elif kind is Program.Type.OnTileExecute:
-                cs = ComputeSet(pr.name[q], vertices, estimate)
-                programs.append(make_program(("prog", q), pr.name[q], kind, computeset=cs, **kwargs))
-            else:
-                programs.append(make_program(("prog", q), pr.name[q], kind, **kwargs))
+                fields["computeset"] = ComputeSet(pr.name[q], vertices, estimate)
+            return fields
+
+        for q in range(n_prog):
+            programs.append(make_lazy_program(("prog", q), pr.name[q], kinds[q], lambda q=q: detail(q)))
         return programs
 
     def build_tiles() -> list[Tile]:
