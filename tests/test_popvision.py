@@ -779,6 +779,22 @@ class TestCli:
         assert_profiles_equal(loaded, read_popvision(pop, cbor))
         assert loaded.operations.name[6] == "layer1/dense"
 
+    def test_convert_in_two_processes_writes_the_same_file(self, pva, tmp_path, capsys, monkeypatch):
+        if not forked.can_fork():
+            pytest.skip("fork is not available here")
+        pop = pva.register(tmp_path / "profile.pop", hand_report(pva))
+        for workers in ("1", "2"):
+            monkeypatch.setenv("STAGESPLIT_READ_WORKERS", workers)
+            assert self.run(capsys, pop, "-o", tmp_path / f"w{workers}.stagesplit")[0] == 0
+        assert (tmp_path / "w1.stagesplit").read_bytes() == (tmp_path / "w2.stagesplit").read_bytes()
+
+    def test_bad_workers_variable_is_one_line(self, pva, tmp_path, capsys, monkeypatch):
+        pop = pva.register(tmp_path / "profile.pop", hand_report(pva))
+        monkeypatch.setenv("STAGESPLIT_READ_WORKERS", "0")
+        line = self.assert_one_error(self.run(capsys, pop, "-o", tmp_path / "m.stagesplit"))
+        assert "STAGESPLIT_READ_WORKERS" in line and "expected 1" in line
+        assert not (tmp_path / "m.stagesplit").exists()
+
     def test_missing_profile(self, pva, tmp_path, capsys):
         line = self.assert_one_error(self.run(capsys, tmp_path / "profile.pop", tmp_path / "debug.cbor",
                                               "-o", tmp_path / "m.stagesplit"))
