@@ -290,12 +290,11 @@ class _Reader:
                     self._apply_program_side(self._child_result(child, comp, programs, steps_raw))
                     raise
                 self._apply_program_side(self._child_result(child, comp, programs, steps_raw))
-            self._tick(len(programs))
         else:
             self._program_side(comp, programs, steps_raw)
             self._operation_side(brief, programs, operations)
         self.part = "OperationAnalysis(report).operations"
-        for k, prog in enumerate(self.extra_programs):      # programs only operations refer to
+        for prog in self.extra_programs:                    # programs only operations refer to
             self._add_program(prog, f"programs[_id={prog._id!r}]")
         progs = self._finish_programs()
         ops = self.operations
@@ -351,6 +350,7 @@ class _Reader:
     def _apply_program_side(self, side: dict | None) -> None:
         if side is None:                                # already read in this process
             return
+        self._tick(len(side["names"]))
         self.code_by_type = side["code_by_type"]
         self.p_name, self.p_kind = side["names"], side["kinds"]
         self.p_estimate, self.p_fallback, self.p_vertices = side["estimates"], side["fallback"], side["vertices"]
