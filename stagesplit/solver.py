@@ -36,7 +36,7 @@ from .problem import Evaluation, Split, SplitProblem, evaluate
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 BIG = np.iinfo(np.int64).max // 4
-DP_CONFIRM_S = 1.0      # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
+DP_CONFIRM_S = 0.25     # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
 DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)
 
 
