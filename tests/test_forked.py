@@ -93,3 +93,14 @@ def test_encode_decode_round_trip_in_process():
     header, buffers = _encode(value)
     got = _decode(header["value"], buffers)
     assert got["a"][0].tolist() == [0, 1, 2] and got["a"][1]["b"].tolist() == [[1, 1], [1, 1]]
+
+
+def test_no_child_process_gives_child_failed_and_leaks_no_descriptor(monkeypatch):
+    def no_fork():
+        raise BlockingIOError(11, "Resource temporarily unavailable")
+    before = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    monkeypatch.setattr(os, "fork", no_fork)
+    with pytest.raises(ChildFailed, match="no child process"):
+        Forked(lambda: 1)
+    if before is not None:
+        assert len(os.listdir("/proc/self/fd")) == before

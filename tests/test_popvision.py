@@ -715,6 +715,15 @@ class TestTwoProcesses:
         assert len(forks) == 1
         assert_profiles_equal(one, two)
 
+    def test_no_child_process_reads_in_one_process(self, pva, tmp_path, synthetic, monkeypatch):
+        path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
+        one = read_popvision(path, workers=1)
+
+        def no_fork():
+            raise OSError(12, "Cannot allocate memory")
+        monkeypatch.setattr(os, "fork", no_fork)
+        assert_profiles_equal(one, read_popvision(path, workers=2))
+
     def test_both_sides_damaged_reports_the_program_side_as_one_process_does(self, pva, tmp_path):
         report = hand_report(pva)
         report.compilation.programs[1].type = "OnTileExecute"

@@ -47,15 +47,24 @@ def can_fork() -> bool:
 
 class Forked:
     """``fn()`` running in a forked child. ``result()`` waits for it and returns its value or
-    raises ChildFailed; leaving the ``with`` block without the result stops the child."""
+    raises ChildFailed; leaving the ``with`` block without the result stops the child. Making
+    one raises ChildFailed when no child can be started."""
 
     def __init__(self, fn: Callable[[], Any]):
-        read_end, write_end = os.pipe()
-        with warnings.catch_warnings():
-            # Python 3.12+ warns when native threads exist (a BLAS pool, say); the child runs
-            # only Python and numpy code of its own and never waits on their locks
-            warnings.simplefilter("ignore", DeprecationWarning)
-            pid = os.fork()
+        try:
+            read_end, write_end = os.pipe()
+        except OSError as exc:
+            raise ChildFailed(f"no pipe: {exc}") from None
+        try:
+            with warnings.catch_warnings():
+                # Python 3.12+ warns when native threads exist (a BLAS pool, say); the child runs
+                # only Python and numpy code of its own and never waits on their locks
+                warnings.simplefilter("ignore", DeprecationWarning)
+                pid = os.fork()
+        except OSError as exc:                         # no memory or process slot for a child
+            os.close(read_end)
+            os.close(write_end)
+            raise ChildFailed(f"no child process: {exc}") from None
         if pid == 0:                                   # the child: never returns into the caller
             status = 1
             try:

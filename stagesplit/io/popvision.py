@@ -281,8 +281,9 @@ class _Reader:
         programs = comp.programs
         operations = self.pva.OperationAnalysis(self.report).operations
         self.total = len(brief) + len(programs) + len(operations)
-        if self._in_two(len(brief), len(programs)):
-            with Forked(lambda: self._program_side_in_child(comp, programs, steps_raw)) as child:
+        child = self._start_child(comp, programs, steps_raw) if self._in_two(len(brief), len(programs)) else None
+        if child is not None:
+            with child:
                 try:
                     self._operation_side(brief, programs, operations)
                 except Exception:
@@ -325,6 +326,12 @@ class _Reader:
         self._read_programs(programs)
         self.part = "compilation.livenessProgramSteps"
         self.ground_truth = self._ground_truth(steps_raw)
+
+    def _start_child(self, comp, programs, steps_raw) -> Forked | None:
+        try:
+            return Forked(lambda: self._program_side_in_child(comp, programs, steps_raw))
+        except ChildFailed:                             # no child could be started: read in one process
+            return None
 
     def _program_side_in_child(self, comp, programs, steps_raw) -> dict:
         self.progress = None                            # the parent reports progress
