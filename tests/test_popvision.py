@@ -649,12 +649,13 @@ class TestTwoProcesses:
 
     @pytest.fixture
     def forks(self, monkeypatch):
+        """The process id of every child the reader forks, in order."""
         made = []
 
         class Counted(forked.Forked):
             def __init__(self, fn):
-                made.append(fn)
                 super().__init__(fn)
+                made.append(self.pid)
 
         monkeypatch.setattr(popvision, "Forked", Counted)
         return made
@@ -745,15 +746,17 @@ class TestTwoProcesses:
         done = [d for d, _ in calls]
         assert done == sorted(done) and done[-1] == total
 
-    def test_no_child_is_left_behind(self, pva, tmp_path, synthetic):
+    def test_no_child_is_left_behind(self, pva, tmp_path, synthetic, forks):
         path = pva.register(tmp_path / "profile.pop", pva.report_from_profile(synthetic))
         read_popvision(path, workers=2)
         report = hand_report(pva)
         report._operations[0].firstStepIndex = "first"          # the parent fails while the child runs
         with pytest.raises(ProfileError):
             read_popvision(pva.register(tmp_path / "bad.pop", report), workers=2)
-        with pytest.raises(ChildProcessError):
-            os.waitpid(-1, os.WNOHANG)
+        assert len(forks) == 2
+        for pid in forks:                                       # each has exited and been reaped
+            with pytest.raises(ChildProcessError):
+                os.waitpid(pid, os.WNOHANG)
 
     def test_workers_below_one_is_refused(self, pva, tmp_path):
         with pytest.raises(ValueError, match="workers"):
