@@ -364,9 +364,7 @@ class _Reader:
         self.vertex_types = side["vertex_types"]
         self.vertex_type_index = {name: t for t, name in enumerate(self.vertex_types)}
         self.warnings = side["warnings"]
-        n_keys = {"vertex_code": 2}
-        self.rows = {cat: _SparseRows.finished(self.tiles, n_keys.get(cat, 1), *part)
-                     for cat, part in side["rows"].items()}
+        self.rows = {cat: _SparseRows.finished(self.tiles, *part) for cat, part in side["rows"].items()}
         gt = side["ground_truth"]
         self.ground_truth = None if gt is None else GroundTruth(**gt)
 
@@ -729,10 +727,9 @@ class _SparseRows:
         self.keys = []
 
     @classmethod
-    def finished(cls, tiles: int, n_keys: int, keys: list[np.ndarray], tile: np.ndarray,
-                 values: np.ndarray) -> "_SparseRows":
+    def finished(cls, tiles: int, keys: list[np.ndarray], tile: np.ndarray, values: np.ndarray) -> "_SparseRows":
         """Rows that hold what ``finish`` returned (more can be added)."""
-        rows = cls(tiles, n_keys)
+        rows = cls(tiles, len(keys))
         rows.parts = [(list(keys), tile, values)]
         return rows
 
