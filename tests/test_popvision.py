@@ -11,7 +11,7 @@ import sys
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from stagesplit.breakdowns import operation_costs
 from stagesplit.breakdowns import Breakdown
@@ -887,6 +887,7 @@ class TestSparseRows:
                               st.integers(0, 40_000), st.integers(0, 300)), max_size=40),
            st.sampled_from([1, 2, 3, 256]))
     @settings(max_examples=60, deadline=None)
+    @example(rows=[([0] * 5, 0, 0), ([0, 0, 1, 0, 0], 0, 0)], block=1)   # an all-zero block first
     def test_blocks_give_each_rows_nonzero_entries_in_order(self, rows, block):
         from stagesplit.io import popvision
         from stagesplit.profile import narrowest_int

@@ -742,9 +742,10 @@ class _SparseRows:
         parts = self.parts
 
         def joined(arrays: list[np.ndarray]) -> np.ndarray:
-            if not arrays:
+            filled = [a for a in arrays if len(a)]       # an empty block's arrays must not widen the type
+            if not filled:
                 return np.zeros(0, np.int8)
-            return np.concatenate(arrays, dtype=np.result_type(*arrays)) if len(arrays) > 1 else arrays[0]
+            return np.concatenate(filled, dtype=np.result_type(*filled)) if len(filled) > 1 else filled[0]
 
         keys = [joined([part[0][k] for part in parts]) for k in range(self.n_keys)]
         whole = keys, joined([part[1] for part in parts]), joined([part[2] for part in parts])
