@@ -19,17 +19,17 @@ def bert_large_profile_path() -> Path:
     """Generate (once per machine, cached in the temp folder) the BERT-Large-scale profile:
     26 layers (embeddings, 24 encoder layers, head), 1472 tiles, ~5,500 steps, ~1.26 M variables."""
     import hashlib
-    import stagesplit.builder
-    import stagesplit.synth
-    source = "".join(Path(m.__file__).read_text() for m in (stagesplit.synth, stagesplit.builder))
+    import stagesplit.io.builder
+    import stagesplit.io.synth
+    source = "".join(Path(m.__file__).read_text() for m in (stagesplit.io.synth, stagesplit.io.builder))
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]          # regenerate when the generator changes
     path = Path(tempfile.gettempdir()) / f"stagesplit-bench-bert-large-{digest}.stagesplit"
     if not path.exists():
         # in a child process: Linux keeps a process's peak RSS across fork and exec, so a parent
         # grown by the generator would show in every measurement it starts afterwards
         start = time.perf_counter()
-        code = ("from stagesplit.config import load_target; from stagesplit.io import save_profile; "
-                "from stagesplit.synth import synthesize; import sys; save_profile(synthesize('bert-large', "
+        code = ("from stagesplit.io.targets import load_target; from stagesplit.io import save_profile; "
+                "from stagesplit.io.synth import synthesize; import sys; save_profile(synthesize('bert-large', "
                 "load_target('ipu-mk2'), piece_bytes=4096, programs_per_op=6), sys.argv[1])")
         subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=str(ROOT),
                        env={**os.environ, "PYTHONPATH": str(ROOT)})

@@ -94,16 +94,16 @@ def llama_factory(layers=32, d=4096, ffn=11008, heads=32, vocab=32000, seq=4096,
 def measure() -> None:
     t0 = time.perf_counter()
     import torch  # noqa: F401  (the import is part of what a user waits for)
-    from stagesplit.torchcapture import capture_model
+    from stagesplit.io.capture import capture_model
     t1 = time.perf_counter()
     model, inputs = llama_factory()
     profile = capture_model(model, inputs, dtype="bfloat16", amp=True, optimizer="adam", target="a100-80gb",
                             name="llama-2-7b-shaped")
     t2 = time.perf_counter()
     capture_rss = peak_rss_mb()
-    from stagesplit.advise import advise
-    from stagesplit.analysis import Analysis
-    from stagesplit.problem import SolveOptions
+    from stagesplit.solver.cpsat.advise import advise
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.solver.cpsat.problem import SolveOptions
     analysis = Analysis.of(profile)
     plan = advise(analysis.model, SolveOptions(devices=8, schedule="1f1b", micro_batches=16)).plan
     t3 = time.perf_counter()
@@ -123,7 +123,7 @@ def main() -> None:
         return
     r = run_measurement(__file__)
     print_table("stagesplit capture: LLaMA-2-7B-shaped training step on CPU (fake tensors)", [
-        ("import torch + stagesplit.torchcapture", f"{r['import_s']:.1f} s", ""),
+        ("import torch + stagesplit.io.capture", f"{r['import_s']:.1f} s", ""),
         ("capture (32 layers, seq 4096, bf16 amp, Adam)", f"{r['capture_s']:.1f} s", "< 120 s"),
         ("peak RSS after capture", f"{r['capture_rss_mb'] / 1024:.2f} GB", "< 4 GB"),
         ("operations (program steps) / storages", f"{r['ops']:,} / {r['storages']:,}", ""),

@@ -14,7 +14,7 @@ from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measu
 
 
 def measure(path: str) -> None:
-    from stagesplit.costmodel import StageCostModel
+    from stagesplit.model.costmodel import StageCostModel
     from stagesplit.io import load_profile
     from stagesplit.layers import group_layers
     t0 = time.perf_counter()

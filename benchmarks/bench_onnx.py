@@ -53,7 +53,7 @@ def generate(path: Path) -> int:
 
 
 def measure(path: str) -> None:
-    from stagesplit.config import load_target
+    from stagesplit.io.targets import load_target
     from stagesplit.io import save_profile
     from stagesplit.io.onnximport import import_onnx
     t0 = time.perf_counter()

@@ -29,9 +29,9 @@ def profile_path(layers: int, piece_bytes: int) -> Path:
     head), cached in the temp folder and regenerated when the generator changes."""
     import hashlib
 
-    import stagesplit.builder
-    import stagesplit.synth as synth
-    source = "".join(Path(m.__file__).read_text() for m in (synth, stagesplit.builder))
+    import stagesplit.io.builder
+    import stagesplit.io.synth as synth
+    source = "".join(Path(m.__file__).read_text() for m in (synth, stagesplit.io.builder))
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"stagesplit-bench-scale-{layers}-{piece_bytes}-{digest}.stagesplit"
     if not path.exists():
@@ -46,8 +46,8 @@ def profile_path(layers: int, piece_bytes: int) -> Path:
 def generate(layers: str, piece_bytes: str, path: str) -> None:
     from dataclasses import replace
 
-    import stagesplit.synth as synth
-    from stagesplit.config import load_target
+    import stagesplit.io.synth as synth
+    from stagesplit.io.targets import load_target
     from stagesplit.io import save_profile
     model = synth.bert(layers=int(layers) - 2, hidden=1024, heads=16, numbered_embeddings=True, tiles=1472)
     model.options = replace(model.options, piece_bytes=int(piece_bytes), programs_per_op=6)
@@ -67,10 +67,10 @@ def measure_solve(path: str, devices: str) -> None:
             with z.open(name) as f:
                 total_bytes += np.lib.format.read_array(f, allow_pickle=False).nbytes
     floor = time.perf_counter() - t0
-    from stagesplit.advise import advise, price
+    from stagesplit.solver.cpsat.advise import advise, price
     from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
-    from stagesplit.options import SolveRequest
+    from stagesplit.solver.cpsat.request import SolveRequest
     t1 = time.perf_counter()
     profile = load_profile(path)
     t2 = time.perf_counter()

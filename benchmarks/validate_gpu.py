@@ -37,10 +37,10 @@ def main() -> int:
     sys.modules[spec.name] = gpt
     spec.loader.exec_module(gpt)
 
-    from stagesplit.advise import advise
-    from stagesplit.analysis import Analysis
-    from stagesplit.torchcapture import capture
-    from stagesplit.problem import SolveOptions
+    from stagesplit.solver.cpsat.advise import advise
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.io.capture import capture
+    from stagesplit.solver.cpsat.problem import SolveOptions
     profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
     analysis = Analysis.of(profile)
     device = torch.device("cuda")

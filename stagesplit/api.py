@@ -16,11 +16,11 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
-from .analysis import Analysis
+from .model.analysis import Analysis
 from .errors import OptionError, StagesplitError
 from .layers import LayerOptions
-from .options import SolveRequest
-from .profile import Profile, Target
+from .solver.request import SolveRequest
+from .io.profile import Profile, Target
 
 
 def analyze(profile: str | Path | Profile | Analysis, *, layering: LayerOptions | None = None,
@@ -77,16 +77,16 @@ class Resolved:
 
 def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     """Check ``request`` against the profile's layers and targets; names become indices."""
-    from .config import load_target
-    from .problem import SolveOptions, resolve_micro_batches
-    from .roofline import apply_roofline
+    from .io.targets import load_target
+    from .solver.problem import SolveOptions, resolve_micro_batches
+    from .model.roofline import apply_roofline
     profile = analysis.profile
     names = analysis.layers.names
     index = {name: i for i, name in enumerate(names)}
 
     def layer(name: str, parameter: str) -> int:
         if name not in index:
-            from .safeinput import show
+            from .common.safeinput import show
             raise OptionError(parameter, f"no layer named '{show(name)}' (layers: {', '.join(names)})")
         return index[name]
 
@@ -141,7 +141,7 @@ class Solved:
 
 def price(resolved: Resolved, max_devices: int | None = None, progress: Callable[[int, int], None] | None = None):
     """Every layer range priced once, for every in-flight count the request can need."""
-    from .advise import price as price_ranges
+    from .solver.advise import price as price_ranges
     return price_ranges(resolved.model, resolved.options, max_devices=max_devices, progress=progress)
 
 
@@ -149,7 +149,7 @@ def solve_request(profile: str | Path | Profile | Analysis, request: SolveReques
                   progress: Callable[[int, int], None] | None = None,
                   log: Callable[[str], None] | None = None) -> Solved:
     """Solve ``request`` on ``profile`` and describe the result (see ``solve``)."""
-    from .advise import advise
+    from .solver.advise import advise
     analysis = analyze(profile, layering=request.layering, shared=request.shared.value)
     resolved = resolve(request, analysis)
     if table is None:
@@ -186,9 +186,9 @@ def sweep(profile: str | Path | Profile | Analysis, devices: Iterable[int] | str
           progress: Callable[[int, int], None] | None = None, **options: Any):
     """Solve for each device count in ``devices`` (a range like ``range(1, 17)``, a list, or
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
-    from .advise import sweep as sweep_counts
-    from .guards import device_counts
-    from .safeinput import MAX_DEVICES
+    from .solver.advise import sweep as sweep_counts
+    from .common.guards import device_counts
+    from .common.safeinput import MAX_DEVICES
     counts = device_counts(devices, MAX_DEVICES) if isinstance(devices, str) else [int(n) for n in devices]
     if not counts:
         raise OptionError("devices", "expected at least one device count")
@@ -207,10 +207,10 @@ def breakdown(profile: str | Path | Profile | Analysis, *, target: str | Target 
               efficiency: float = 1.0, layering: LayerOptions | None = None, shared: str = "every",
               layer_compute: Mapping[str, float] | None = None):
     """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
-    from .breakdowns import Breakdown
-    from .config import load_target
-    from .options import _number
-    from .roofline import apply_roofline
+    from .reporting.breakdown import Breakdown
+    from .io.targets import load_target
+    from .solver.request import _number
+    from .model.roofline import apply_roofline
     analysis = analyze(profile, layering=layering, shared=shared)
     model = analysis.model.with_compute(dict(layer_compute), "layer_compute") if layer_compute else \
         copy.copy(analysis.model)
@@ -225,9 +225,9 @@ def diagnose(profile: Any, *, plan: Any = None, layers: str | tuple[str, str] | 
     """The bottleneck tile and step of each stage of ``plan`` (a ``Plan`` or a plan file), or of
     one stage holding ``layers`` ("FIRST:LAST" or a pair of names), or of the whole profile;
     the variables live there, and how well the operations were grouped into layers."""
-    from .costmodel import StageCostModel
-    from .diagnosis import diagnose as diagnose_model
-    from .safeinput import show
+    from .model.costmodel import StageCostModel
+    from .reporting.diagnosis import diagnose as diagnose_model
+    from .common.safeinput import show
     if isinstance(profile, StageCostModel):
         model = profile
     else:
@@ -239,7 +239,7 @@ def diagnose(profile: Any, *, plan: Any = None, layers: str | tuple[str, str] | 
         raise OptionError("plan", "give plan or layers, not both")
     stages = None
     if plan is not None:
-        from .plan import Plan, read_plan
+        from .plan.records import Plan, read_plan
         where = "plan" if isinstance(plan, Plan) else str(plan)
         plan = plan if isinstance(plan, Plan) else read_plan(plan)
         if plan.layer_names != names:
@@ -255,19 +255,19 @@ def diagnose(profile: Any, *, plan: Any = None, layers: str | tuple[str, str] | 
             raise OptionError("layers", f"expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
                               f"got '{show(str(layers))}'")
         stages = [(index[first], index[last], 1, None)]
-    from .options import _integer
+    from .solver.request import _integer
     return diagnose_model(model, stages, top=_integer("top", top, 1), window=_integer("window", window, 0))
 
 
 def record_request(plan, request: SolveRequest, targets: list[Target] | None = None) -> None:
     """Record in the plan everything needed to run it again (``solve --from-plan``): the
     request, the devices' targets in full, the layer-compute file's hash, and versions."""
-    from .options import _target_record
+    from .solver.request import _target_record
     record = request.to_record()
     if targets:
         record["resolved_targets"] = [_target_record(t) for t in targets]
     if request.layer_compute_source and Path(request.layer_compute_source).is_file():
-        from .fileio import file_sha256
+        from .common.fileio import file_sha256
         record["layer_compute_sha256"] = file_sha256(request.layer_compute_source)
     plan.inputs["request"] = record
     plan.run["versions"] = versions()
@@ -300,7 +300,7 @@ class Reproduction:
 def reproduce(plan_path: str | Path, profile: str | Path | Profile | Analysis | None = None) -> Reproduction:
     """Run a plan's recorded request again on its profile (the recorded path unless
     ``profile`` is given) and compare the split and objective values."""
-    from .plan import read_plan
+    from .plan.records import read_plan
     recorded = read_plan(plan_path)
     record = recorded.inputs.get("request")
     if not isinstance(record, dict):

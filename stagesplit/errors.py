@@ -21,7 +21,7 @@ class ProfileError(StagesplitError):
         self.field = field
         self.expected = expected
         self.got = got
-        from .safeinput import one_line
+        from .common.safeinput import one_line
         where = f"{one_line(self.file)}: " if self.file else ""
         location = f"{one_line(field)}: " if field else ""
         detail = f", got {_short(got)}" if got is not None else ""
@@ -31,7 +31,7 @@ class ProfileError(StagesplitError):
 def _short(value: object, limit: int = 60) -> str:
     """A bounded one-line repr: a huge or deeply nested value (a YAML alias bomb) is never
     printed whole."""
-    from .safeinput import short_repr
+    from .common.safeinput import short_repr
     return short_repr(value, limit)
 
 

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Callable
 from .errors import StagesplitError
 
 if TYPE_CHECKING:                    # the plan module loads the solver; --help must not
-    from .plan import Plan
+    from .plan.records import Plan
 
 DEEPSPEED_VERSION = "0.19"           # PipelineModule API the deepspeed export targets
 DEFAULT_MEMORY_PROPORTION = 0.6      # PopTorch's and optimum-graphcore's default availableMemoryProportion

@@ -24,9 +24,9 @@ from enum import IntEnum
 import numpy as np
 
 from .errors import StagesplitError
-from .profile import Profile
-from .regex import Pattern, compile_regex
-from .safeinput import short_repr
+from .io.profile import Profile
+from .common.regex import Pattern, compile_regex
+from .common.safeinput import short_repr
 
 DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
 DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"

@@ -12,7 +12,7 @@ from __future__ import annotations
 import itertools
 import math
 
-from stagesplit.problem import SplitProblem
+from stagesplit.solver.problem import SplitProblem
 
 
 def in_flight_here(schedule: str, micro_batches: int, stage: int, stages: int) -> int:

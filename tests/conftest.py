@@ -29,7 +29,7 @@ SAMPLES = ["bert-base.stagesplit", "gpt.stagesplit", "cnn.stagesplit"]
 # fraction of a second, so they are kept for one module at a time, not for the whole session.
 @pytest.fixture(scope="module", params=SAMPLES)
 def sample_analysis(request):
-    from stagesplit.analysis import Analysis
+    from stagesplit.model.analysis import Analysis
     return Analysis.load(PROFILES / request.param)
 
 

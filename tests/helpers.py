@@ -9,12 +9,12 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from stagesplit.analysis import Analysis
-from stagesplit.builder import ProfileBuilder
-from stagesplit.config import load_target
+from stagesplit.model.analysis import Analysis
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.io.targets import load_target
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
-from stagesplit.problem import SolveOptions
-from stagesplit.profile import GroundTruth, Profile, Target
+from stagesplit.solver.problem import SolveOptions
+from stagesplit.io.profile import GroundTruth, Profile, Target
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"

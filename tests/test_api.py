@@ -9,12 +9,12 @@ from pathlib import Path
 import pytest
 
 import stagesplit
-from stagesplit.advise import advise
-from stagesplit.cli import main
+from stagesplit.solver.advise import advise
+from stagesplit.cli.commands import main
 from stagesplit.errors import LayerRangeError, OptionError, StagesplitError
-from stagesplit.options import Objective, Schedule, SharedPolicy, SolveRequest
-from stagesplit.plan import read_plan
-from stagesplit.problem import SolveOptions
+from stagesplit.solver.request import Objective, Schedule, SharedPolicy, SolveRequest
+from stagesplit.plan.records import read_plan
+from stagesplit.solver.problem import SolveOptions
 
 from helpers import PROFILES
 
@@ -68,8 +68,8 @@ def test_request_is_frozen_with_enums():
 
 
 def test_enums_are_the_settings_files_choices():
-    from stagesplit.config import SolverSettings
-    from stagesplit.problem import OBJECTIVES, SCHEDULES
+    from stagesplit.io.targets import SolverSettings
+    from stagesplit.solver.problem import OBJECTIVES, SCHEDULES
     assert SolverSettings.CHOICES["objective"] == OBJECTIVES == tuple(o.value for o in Objective)
     assert SolverSettings.CHOICES["schedule"] == SCHEDULES == tuple(s.value for s in Schedule)
     assert SolverSettings.CHOICES["shared"] == tuple(s.value for s in SharedPolicy)

@@ -20,15 +20,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagesplit.cli import main
+from stagesplit.cli.commands import main
 from stagesplit.errors import ProfileError
-from stagesplit.fileio import atomic_write_bytes
-from stagesplit.interrupt import deferred_signals, solve_interruptibly
+from stagesplit.common.fileio import atomic_write_bytes
+from stagesplit.common.interrupt import deferred_signals, solve_interruptibly
 from stagesplit.io import load_profile, save_profile
 from stagesplit.io.compact import profile_to_arrays
-from stagesplit.regex import compile_regex
-from stagesplit import safeinput
-from stagesplit.safeinput import load_json, load_yaml, one_line, short_repr
+from stagesplit.common.regex import compile_regex
+from stagesplit.common import safeinput as safeinput
+from stagesplit.common.safeinput import load_json, load_yaml, one_line, short_repr
 
 from helpers import ROOT, tiny_profile, hard_cp_model
 
@@ -780,8 +780,8 @@ def test_solve_interruptibly_stops_the_search():
 CTRL_C_SCRIPT = textwrap.dedent("""
     import sys
     from pathlib import Path
-    import stagesplit.solver as solver
-    import stagesplit.interrupt as interrupt
+    import stagesplit.solver.cpsat as solver
+    import stagesplit.common.interrupt as interrupt
     sys.path.insert(0, {tests!r})
     from helpers import hard_cp_model
     marker = Path({marker!r})
@@ -792,7 +792,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
         return interrupt.solve_interruptibly(s, hard_cp_model())
 
     solver.solve_interruptibly = hard
-    from stagesplit.cli import main
+    from stagesplit.cli.commands import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -830,7 +830,7 @@ AFTER_SOLVE_SCRIPT = textwrap.dedent("""
     # Python's own handler, whatever this process inherited (a shell's background job starts
     # with SIGINT ignored, and Python then leaves it ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from stagesplit.cli import main
+    from stagesplit.cli.commands import main
     code = main(["solve", {profile!r}, "--devices", "2"])
     try:
         os.kill(os.getpid(), signal.SIGINT)   # the OS-level handler must still be Python's
@@ -850,7 +850,7 @@ def test_sigint_handler_is_python_after_a_solve(tmp_path, profile):
 
 INTERRUPTED_WRITE_SCRIPT = textwrap.dedent("""
     import os, signal, sys
-    from stagesplit import fileio
+    from stagesplit.common import fileio as fileio
     signal.signal(signal.SIGINT, signal.{handler})
     real_fsync = os.fsync
     def fsync_then_interrupt(fd):
@@ -907,7 +907,7 @@ def test_atomic_write_in_process_keeps_old_file_on_interrupt(tmp_path, monkeypat
         real(fd)
         os.kill(os.getpid(), signal.SIGINT)
 
-    monkeypatch.setattr("stagesplit.fileio.os.fsync", interrupt)
+    monkeypatch.setattr("stagesplit.common.fileio.os.fsync", interrupt)
     with pytest.raises(KeyboardInterrupt):
         atomic_write_bytes(target, b"new\n")
     assert target.read_text() == "old\n"

@@ -20,12 +20,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from helpers import PROFILES, ROOT
-from stagesplit.stagememory import MemoryBreakdown
-from stagesplit.cli import main
+from stagesplit.model.stagememory import MemoryBreakdown
+from stagesplit.cli.commands import main
 from stagesplit.errors import StagesplitError
 from stagesplit.export import FORMATS, export_plan, header_lines
 from stagesplit.layers import LayerOptions, group_layers, module_path
-from stagesplit.plan import Plan, StagePlan, read_plan, write_plan
+from stagesplit.plan.records import Plan, StagePlan, read_plan, write_plan
 
 PYTHON_FORMATS = ("poptorch", "popart", "tf-ipu", "optimum-ipu", "torch-pipelining", "deepspeed")
 
@@ -93,8 +93,8 @@ def test_group_layers_records_module_paths_and_none_for_explicit_layers():
 
 
 def test_explicitly_layered_operations_give_a_path_only_when_their_names_agree():
-    from stagesplit.builder import ProfileBuilder
-    from stagesplit.profile import Target
+    from stagesplit.io.builder import ProfileBuilder
+    from stagesplit.io.profile import Target
     b = ProfileBuilder(Target("cpu", tiles=1, bytes_per_tile=1 << 30), 4)
     b.operation("model.layers.0.mlp/aten.mm", 0, 0, layer="0")            # a capture stating the layer
     b.operation("model.layers.0.attn/aten.bmm", 1, 1, layer="0")

@@ -8,9 +8,9 @@ from pathlib import Path
 from typing import Callable
 
 from ..errors import StagesplitError
-from ..fileio import atomic_write_text
-from ..profile import Profile
-from ..safeinput import InputFile, show
+from ..common.fileio import atomic_write_text
+from .profile import Profile
+from ..common.safeinput import InputFile, show
 from .limits import check_profile_limits
 from .compact import read_compact, write_compact
 from .jsonprofile import dumps_profile, read_json_profile

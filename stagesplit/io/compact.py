@@ -17,10 +17,10 @@ from typing import Any
 import numpy as np
 
 from ..errors import ProfileError
-from ..fileio import atomic_write_bytes
-from ..safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
-from .fields import FieldReader
-from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
+from ..common.fileio import atomic_write_bytes
+from ..common.safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
+from ..common.fields import FieldReader
+from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode, narrowest_int)
 
 FORMAT = "stagesplit-compact"
@@ -225,7 +225,7 @@ def _read(a: _Arrays) -> Profile:
     if header.get("version") != VERSION:
         raise ProfileError(a.source, "header.version", f"{VERSION} (this stagesplit reads compact version {VERSION})",
                            header.get("version"))
-    from ..config import target_from_mapping
+    from .targets import target_from_mapping
     r = FieldReader(a.source)
     tspec = {k: v for k, v in r.mapping(header.get("target"), "header.target").items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")

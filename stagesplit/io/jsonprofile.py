@@ -16,12 +16,12 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..builder import ProfileBuilder
-from ..config import known_targets, target_from_mapping
+from .builder import ProfileBuilder
+from .targets import known_targets, target_from_mapping
 from ..errors import ProfileError
-from ..profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
-from ..safeinput import MAX_STEPS, InputFile, load_json
-from .fields import FieldReader
+from .profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
+from ..common.safeinput import MAX_STEPS, InputFile, load_json
+from ..common.fields import FieldReader
 
 FORMAT = "stagesplit-profile"
 VERSION = 1

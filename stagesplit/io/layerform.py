@@ -21,9 +21,9 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Sequence
 
-from ..builder import ProfileBuilder
-from ..profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
-from .fields import FieldReader
+from .builder import ProfileBuilder
+from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
+from ..common.fields import FieldReader
 
 _TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
         "compute_unit", "training", "layers", "shared"}

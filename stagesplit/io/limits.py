@@ -7,8 +7,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ProfileError
-from ..profile import Profile
-from ..safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+from .profile import Profile
+from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 
 
 def _bytes(source: str | None, field: str, values: np.ndarray) -> float:

@@ -32,9 +32,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..builder import ProfileBuilder
+from .builder import ProfileBuilder
 from ..errors import ProfileError, StagesplitError
-from ..profile import Profile, ProfileInfo, Target
+from .profile import Profile, ProfileInfo, Target
 from .layerform import one_tile
 
 TRAINING = ("adam", "sgd", "none")

@@ -78,7 +78,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import ProfileError, StagesplitError
-from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
+from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
                        Variables, VertexCode, narrowest_int)
 from .debugcbor import DebugInfo, read_debug_cbor
 from .forked import ChildFailed, Forked, can_fork
@@ -142,7 +142,7 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
                            "libpva gives (see the module docstring)", f"{type(exc).__name__}: {_one_line(exc)}") \
             from None
     # libpva reads the report itself, so the hash takes one more pass over profile.pop
-    from ..fileio import file_sha256
+    from ..common.fileio import file_sha256
     profile.info.sha256 = file_sha256(profile_path)
     return profile
 

@@ -808,7 +808,7 @@ def report_from_profile(profile, ipus: int = 1, var_id_start: int = 1000,
     Like libpva, which reads the file on demand, the report builds its programs, tiles, steps,
     brief variables and operations on first access; the checks below run at once.
     """
-    from stagesplit.synth import ground_truth as computed_ground_truth
+    from stagesplit.io.synth import ground_truth as computed_ground_truth
 
     p = profile
     T, S = p.target.tiles, p.num_steps

@@ -1,0 +1,69 @@
+"""Atomic file output: write to a temporary file beside the target, then rename over it, so a
+reader never sees a half-written file and an interrupted run leaves the old file intact."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import StagesplitError
+from .interrupt import deferred_signals
+from .safeinput import show
+
+
+def atomic_write_bytes(path: str | Path, data: bytes) -> None:
+    """Write ``data`` to ``path`` through a temporary file renamed over it. Ctrl-C (or SIGTERM)
+    arriving meanwhile is held until the temporary file is gone: before the rename the write
+    is abandoned (the old file stays), then the interrupt takes effect."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        problem = "is not a folder" if directory.exists() else "does not exist"
+        raise StagesplitError(f"{show(path)}: cannot write: folder {show(directory)} {problem}")
+    with deferred_signals() as interrupted:
+        try:
+            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        except OSError as exc:
+            raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            os.chmod(tmp, 0o644)
+            if interrupted():
+                raise KeyboardInterrupt
+            os.replace(tmp, path)
+        except OSError as exc:
+            _remove(tmp)
+            raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
+        except BaseException:
+            _remove(tmp)
+            raise
+
+
+def _remove(tmp: str) -> None:
+    try:
+        os.unlink(tmp)
+    except OSError:
+        pass
+
+
+def atomic_write_text(path: str | Path, text: str) -> None:
+    """UTF-8 text; characters UTF-8 cannot hold (lone surrogates from JSON escapes in names)
+    are written as backslash escapes rather than failing the write."""
+    atomic_write_bytes(path, text.encode("utf-8", "backslashreplace"))
+
+
+def file_sha256(path: str | Path) -> str | None:
+    """The file's SHA-256; None for a pipe or device (it cannot be read a second time)."""
+    import hashlib
+    import stat
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        return None
+    digest = hashlib.sha256()
+    with open(path, "rb") as handle:
+        for chunk in iter(lambda: handle.read(1 << 20), b""):
+            digest.update(chunk)
+    return digest.hexdigest()

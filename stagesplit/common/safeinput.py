@@ -1,0 +1,425 @@
+"""Reading untrusted input safely: one open per file, size caps for pipes and devices, JSON
+and YAML parsing with nesting, alias and number checks, and bounded text for messages.
+
+Every limit is a module constant here so the README, the readers and the tests agree on it.
+A hostile file must end in a one-line ``ProfileError``/``StagesplitError``, never a hang, a
+traceback or an allocation sized by the file's own claims.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import reprlib
+import select
+import stat
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProfileError, StagesplitError
+
+#: deepest nesting of lists/objects accepted in JSON and YAML (profiles need 5, plans 4)
+MAX_DEPTH = 100
+#: YAML aliases (``*name``) accepted in one document, and nodes after expanding them
+MAX_YAML_ALIASES = 1000
+MAX_YAML_NODES = 1_000_000
+#: config, target, layer-compute and plan files are small; larger ones are refused
+MAX_CONFIG_BYTES = 64 << 20
+#: a profile read from a pipe, FIFO or device (no size known in advance) is capped at this
+MAX_STREAM_BYTES = 512 << 20
+#: seconds to wait for the first byte from a FIFO (no writer ever opening it would hang)
+FIFO_WAIT_S = 5.0
+#: limits on what a profile may declare, checked before anything is allocated from them
+MAX_STEPS = 10_000_000
+#: any one byte count, and the sum of a profile's byte counts (so that every stage sum, even
+#: times the largest micro-batch count, stays far inside int64 and exact in float64)
+MAX_BYTES = 1 << 50
+#: compute figures (cycles, FLOPs, seconds...) in one profile sum to at most this
+MAX_COMPUTE = 1e30
+#: tiles of one device (an IPU has 1,472; per-tile arrays are allocated from this)
+MAX_TILES = 1 << 20
+#: device counts, micro-batches and solver workers accepted on the command line
+MAX_DEVICES = 1024
+MAX_MICRO_BATCHES = 4096
+MAX_WORKERS = 256
+#: CP-SAT seconds per phase
+MAX_TIME_LIMIT = 1e6
+#: a compact (zip) profile may expand to at most max(this, EXPANSION_RATIO x its size)
+MIN_EXPANDED_BYTES = 512 << 20
+EXPANSION_RATIO = 100
+
+_CHUNK = 1 << 20
+
+
+# -- messages ------------------------------------------------------------------------------------------
+
+_repr = reprlib.Repr()
+_repr.maxlevel = 2
+_repr.maxstring = 60
+_repr.maxother = 60
+_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
+_repr.maxlong = 40
+
+
+def short_repr(value: Any, limit: int = 60) -> str:
+    """A bounded, one-line repr: never walks more than a few levels or items of ``value``
+    (a YAML alias bomb or a deeply nested list prints in constant time)."""
+    try:
+        text = _repr.repr(value)
+    except Exception:                       # a hostile __repr__ is no reason to crash a message
+        text = f"<{type(value).__name__}>"
+    text = one_line(text)
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def one_line(text: str) -> str:
+    """``text`` with line breaks, other control characters and lone surrogates escaped, so a
+    message stays one printable line whatever names the input holds."""
+    if text.isprintable():
+        return text
+    out = []
+    for ch in text:
+        if ch.isprintable() and not 0xD800 <= ord(ch) <= 0xDFFF:
+            out.append(ch)
+        else:
+            code = ord(ch)
+            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or
+                       (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
+    return "".join(out)
+
+
+def show(name: str) -> str:
+    """A name from the input, escaped for a message or a table cell."""
+    return one_line(str(name))
+
+
+# -- reading files once ---------------------------------------------------------------------------------
+
+def _describe(mode: int) -> str:
+    if stat.S_ISFIFO(mode):
+        return "a pipe"
+    if stat.S_ISCHR(mode):
+        return "a character device"
+    if stat.S_ISSOCK(mode):
+        return "a socket"
+    if stat.S_ISBLK(mode):
+        return "a block device"
+    return "not a regular file"
+
+
+class InputFile:
+    """One open of an input file. Regular files report their size; pipes, FIFOs and devices
+    are read in chunks up to a cap. ``head`` and ``read_all`` share the single handle, so
+    sniffing the format never reopens (reopening a FIFO waits forever for a new writer)."""
+
+    def __init__(self, path: str | Path, what: str = "file"):
+        self.path = Path(path)
+        self.what = what
+        self._buffer = b""
+        self._eof = False
+        try:
+            st = os.stat(self.path)
+        except OSError as exc:
+            raise StagesplitError(f"{show(self.path)}: cannot read: {exc.strerror or exc}") from None
+        if stat.S_ISDIR(st.st_mode):
+            raise StagesplitError(f"{show(self.path)}: is a folder, expected a {what}")
+        self.regular = stat.S_ISREG(st.st_mode)
+        self.kind = "a regular file" if self.regular else _describe(st.st_mode)
+        self.size = st.st_size if self.regular else None
+        fifo = stat.S_ISFIFO(st.st_mode)
+        try:
+            # a FIFO is opened without blocking, then waited on with a time limit (below)
+            self.fd = os.open(self.path, os.O_RDONLY | (os.O_NONBLOCK if fifo else 0) | getattr(os, "O_CLOEXEC", 0))
+        except OSError as exc:
+            raise StagesplitError(f"{show(self.path)}: cannot read: {exc.strerror or exc}") from None
+        self.fifo = fifo
+        self._started = False
+
+    def close(self) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)
+            self.fd = -1
+
+    def __enter__(self) -> "InputFile":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def _read_chunk(self) -> bytes:
+        if not self.fifo:
+            try:
+                return os.read(self.fd, _CHUNK)
+            except OSError as exc:
+                raise StagesplitError(f"{show(self.path)}: cannot read: {exc.strerror or exc}") from None
+        deadline = None if self._started else time.monotonic() + FIFO_WAIT_S
+        while True:
+            timeout = None if deadline is None else max(0.0, deadline - time.monotonic())
+            ready, _, _ = select.select([self.fd], [], [], timeout)
+            if not ready:
+                raise StagesplitError(f"{show(self.path)}: is a FIFO and nothing was written to it within "
+                                      f"{FIFO_WAIT_S:g} s")
+            try:
+                chunk = os.read(self.fd, _CHUNK)
+            except BlockingIOError:
+                continue
+            except OSError as exc:
+                raise StagesplitError(f"{show(self.path)}: cannot read: {exc.strerror or exc}") from None
+            if chunk:
+                self._started = True
+                return chunk
+            if self._started:
+                return b""                  # the writer closed: end of data
+            # no writer has opened the FIFO yet: select reports it readable at EOF, so wait a bit
+            if time.monotonic() >= deadline:
+                raise StagesplitError(f"{show(self.path)}: is a FIFO and nothing was written to it within "
+                                      f"{FIFO_WAIT_S:g} s")
+            time.sleep(0.02)
+
+    def head(self, n: int) -> bytes:
+        """The first ``n`` bytes (fewer at end of file), kept for ``read_all``."""
+        while len(self._buffer) < n and not self._eof:
+            chunk = self._read_chunk()
+            if not chunk:
+                self._eof = True
+            self._buffer += chunk
+        return self._buffer[:n]
+
+    def read_all(self, limit: int | None) -> bytes:
+        """Everything, refusing more than ``limit`` bytes (None: no limit for a regular file,
+        MAX_STREAM_BYTES for anything else)."""
+        if limit is None and not self.regular:
+            limit = MAX_STREAM_BYTES
+        if self.regular and limit is not None and self.size is not None and self.size > limit:
+            raise StagesplitError(f"{show(self.path)}: {self.size:,} bytes is larger than the {limit:,} bytes "
+                                  f"accepted for a {self.what}")
+        parts = [self._buffer]
+        total = len(self._buffer)
+        while not self._eof:
+            chunk = self._read_chunk()
+            if not chunk:
+                break
+            parts.append(chunk)
+            total += len(chunk)
+            if limit is not None and total > limit:
+                raise StagesplitError(f"{show(self.path)}: more than {limit:,} bytes read from {self.kind}; a "
+                                      f"{self.what} is at most {limit:,} bytes")
+        self._eof = True
+        self._buffer = b"".join(parts)
+        return self._buffer
+
+
+def read_input(path: str | Path, what: str = "file", limit: int | None = MAX_CONFIG_BYTES) -> bytes:
+    """All bytes of ``path``, opened once, refusing more than ``limit`` bytes."""
+    with InputFile(path, what) as f:
+        return f.read_all(limit)
+
+
+def decode_text(data: bytes, path: str | Path, what: str = "UTF-8 text") -> str:
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise ProfileError(path, f"byte {exc.start}", f"{what} (the file is not valid UTF-8)") from None
+
+
+# -- JSON ----------------------------------------------------------------------------------------------
+
+class _JSONRefused(ValueError):
+    def __init__(self, expected: str, got: str | None = None):
+        super().__init__(expected)
+        self.expected = expected
+        self.got = got
+
+
+def _no_constant(name: str) -> Any:
+    raise _JSONRefused("a finite JSON number (NaN, Infinity and -Infinity are not JSON)", name)
+
+
+def _finite_float(text: str) -> float:
+    value = float(text)
+    if not math.isfinite(value):
+        raise _JSONRefused("a finite number (this one overflows a 64-bit float)", text[:40])
+    return value
+
+
+def _big_int(text: str) -> int:
+    if len(text.lstrip("-")) > 40:          # int() of a huge digit string is slow; no field needs one
+        raise _JSONRefused("a number of at most 40 digits", text[:20] + "...")
+    return int(text)
+
+
+def _pairs(pairs: list[tuple[str, Any]]) -> dict:
+    out = dict(pairs)
+    if len(out) != len(pairs):
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise _JSONRefused("each key at most once in an object", f"duplicate key {short_repr(key)}")
+            seen.add(key)
+    return out
+
+
+def check_depth(doc: Any, source: str | Path | None, limit: int = MAX_DEPTH) -> None:
+    """Refuse a document nested deeper than ``limit`` (walked without recursion)."""
+    stack = [(doc, 1)]
+    seen: set[int] = set()
+    while stack:
+        value, depth = stack.pop()
+        if isinstance(value, dict):
+            children = value.values()
+        elif isinstance(value, list):
+            children = value
+        else:
+            continue
+        if depth > limit:
+            raise ProfileError(source, "document", f"lists and objects nested at most {limit} deep")
+        if id(value) in seen:               # YAML aliases share objects: visit each once
+            continue
+        seen.add(id(value))
+        for child in children:
+            if isinstance(child, (dict, list)):
+                stack.append((child, depth + 1))
+
+
+def load_json(text: str, source: str | Path | None) -> Any:
+    """Parse JSON strictly: no NaN/Infinity, no numbers that overflow, no duplicate keys, no
+    nesting deeper than MAX_DEPTH. Errors name the file and the line and column."""
+    try:
+        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_big_int,
+                         object_pairs_hook=_pairs)
+    except json.JSONDecodeError as exc:
+        raise ProfileError(source, f"line {exc.lineno} column {exc.colno}", "valid JSON", exc.msg) from None
+    except _JSONRefused as exc:
+        raise ProfileError(source, "", exc.expected, exc.got) from None
+    except RecursionError:
+        raise ProfileError(source, "document", f"lists and objects nested at most {MAX_DEPTH} deep") from None
+    check_depth(doc, source)
+    return doc
+
+
+# -- YAML ----------------------------------------------------------------------------------------------
+
+def _yaml_loader():
+    import yaml
+
+    class Loader(yaml.SafeLoader):
+        """SafeLoader that refuses deep nesting, too many aliases, duplicate keys and
+        documents whose aliases expand past MAX_YAML_NODES nodes."""
+
+        depth = 0
+        aliases = 0
+
+        def compose_node(self, parent, index):
+            if self.check_event(yaml.AliasEvent):
+                self.aliases += 1
+                if self.aliases > MAX_YAML_ALIASES:
+                    raise _YAMLRefused(f"at most {MAX_YAML_ALIASES} aliases (*name) in a document",
+                                       self.peek_event().start_mark)
+                return super().compose_node(parent, index)
+            self.depth += 1
+            if self.depth > MAX_DEPTH:
+                raise _YAMLRefused(f"lists and mappings nested at most {MAX_DEPTH} deep", self.peek_event().start_mark)
+            try:
+                return super().compose_node(parent, index)
+            finally:
+                self.depth -= 1
+
+        def construct_mapping(self, node, deep=False):
+            if isinstance(node, yaml.MappingNode):
+                seen = set()
+                for key_node, _ in node.value:
+                    if isinstance(key_node, yaml.ScalarNode):
+                        key = (key_node.tag, key_node.value)
+                        if key in seen:
+                            raise _YAMLRefused(f"each key at most once in a mapping (duplicate "
+                                               f"{short_repr(key_node.value)})", key_node.start_mark)
+                        seen.add(key)
+            return super().construct_mapping(node, deep)
+
+    return Loader
+
+
+class _YAMLRefused(Exception):
+    def __init__(self, expected: str, mark: Any = None):
+        super().__init__(expected)
+        self.expected = expected
+        self.mark = mark
+
+
+def _expanded_nodes(root: Any) -> int:
+    """Nodes of the composed YAML graph with every alias expanded, counted without expanding
+    (each shared node's size is computed once)."""
+    import yaml
+    sizes: dict[int, int] = {}
+    stack = [(root, False)]
+    while stack:
+        node, done = stack.pop()
+        if id(node) in sizes:
+            continue
+        if isinstance(node, yaml.SequenceNode):
+            children = node.value
+        elif isinstance(node, yaml.MappingNode):
+            children = [x for pair in node.value for x in pair]
+        else:
+            sizes[id(node)] = 1
+            continue
+        if done:
+            sizes[id(node)] = min(1 + sum(sizes[id(c)] for c in children), MAX_YAML_NODES + 1)
+        else:
+            stack.append((node, True))
+            stack.extend((c, False) for c in children if id(c) not in sizes)
+    return sizes[id(root)]
+
+
+def load_yaml(text: str, source: str | Path | None) -> Any:
+    """``yaml.safe_load`` with the limits above; errors name the file and line."""
+    import yaml
+    loader = None
+    try:
+        loader = _yaml_loader()(text)       # the reader checks characters here already
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        if _expanded_nodes(node) > MAX_YAML_NODES:
+            raise _YAMLRefused(f"at most {MAX_YAML_NODES:,} values once aliases are expanded")
+        return loader.construct_document(node)
+    except _YAMLRefused as exc:
+        where = f"line {exc.mark.line + 1}" if exc.mark is not None else "document"
+        raise ProfileError(source, where, exc.expected) from None
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark is not None else "document"
+        raise ProfileError(source, where, "valid YAML", getattr(exc, "problem", None) or str(exc)) from None
+    except RecursionError:
+        raise ProfileError(source, "document", f"lists and mappings nested at most {MAX_DEPTH} deep") from None
+    except (ValueError, OverflowError) as exc:   # e.g. an integer of more digits than Python converts
+        raise ProfileError(source, "document", "valid YAML", one_line(str(exc))[:80]) from None
+    finally:
+        if loader is not None:
+            loader.dispose()
+
+
+def read_yaml_file(path: str | Path, what: str = "YAML file") -> Any:
+    """Read (once, capped at MAX_CONFIG_BYTES) and parse a YAML (or JSON) file."""
+    data = read_input(path, what)
+    return load_yaml(decode_text(data, path), str(path))
+
+
+def read_document(path: str | Path, what: str = "file") -> Any:
+    """A small JSON or YAML document (by suffix: .yaml/.yml are YAML), read once and capped at
+    MAX_CONFIG_BYTES, parsed with the limits above."""
+    data = read_input(path, what)
+    text = decode_text(data, path)
+    if Path(path).suffix.lower() in (".yaml", ".yml"):
+        return load_yaml(text, str(path))
+    return load_json(text, str(path))
+
+
+def escape_surrogates(text: str) -> str:
+    """``text`` with only lone surrogates escaped (``\\ud800``): for output that keeps line
+    breaks (plot labels, text files) but must encode as UTF-8."""
+    if text.isascii():
+        return text
+    return "".join(f"\\u{ord(ch):04x}" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)

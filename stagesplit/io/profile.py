@@ -1,0 +1,422 @@
+"""The one in-memory profile model every reader fills and everything downstream uses.
+
+A profile describes one model compiled (or run) on a single device: the device (``Target``),
+the ordered program steps that form the liveness timeline, the variables with their sizes,
+tiles and liveness, the programs with their per-tile code costs, and the operations that tie
+names, programs and variables together. The PopVision data model is the richest case; a GPU is
+a device with one tile, and the per-layer form maps onto the same records.
+
+Everything large is a numpy array; variable-length lists are stored as ``Ragged`` (CSR).
+Step intervals are half-open ``[start, end)``; operation step ranges are inclusive
+``[first_step, last_step]``, as in libpva.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Sequence
+
+import numpy as np
+
+from ..errors import ProfileError
+
+COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
+
+
+@dataclass(frozen=True)
+class Target:
+    """The device a profile was captured on, or a device to split onto.
+
+    A GPU is a device with one tile whose ``bytes_per_tile`` is the whole device memory.
+    """
+
+    name: str
+    tiles: int
+    bytes_per_tile: int
+    clock_hz: float | None = None
+    kind: str = "ipu"
+    link_bytes_per_s: float | None = None
+    flops_per_s: float | None = None
+    description: str = ""
+    memory_bytes_per_s: float | None = None
+
+    @property
+    def device_bytes(self) -> int:
+        return self.tiles * self.bytes_per_tile
+
+    def seconds_per_unit(self, unit: str) -> float | None:
+        """Seconds per unit of compute in ``unit``, or None when the target cannot say."""
+        if unit == "seconds":
+            return 1.0
+        if unit == "cycles" and self.clock_hz:
+            return 1.0 / self.clock_hz
+        if unit == "flops" and self.flops_per_s:
+            return 1.0 / self.flops_per_s
+        return None
+
+
+@dataclass
+class Ragged:
+    """A list of variable-length rows stored as CSR: row ``i`` is ``values[offsets[i]:offsets[i+1]]``."""
+
+    offsets: np.ndarray
+    values: np.ndarray
+
+    @classmethod
+    def from_lists(cls, rows: Sequence[Sequence], dtype=np.int64, width: int | None = None) -> "Ragged":
+        lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
+        offsets = np.zeros(len(rows) + 1, dtype=np.int64)
+        np.cumsum(lengths, out=offsets[1:])
+        flat = [x for r in rows for x in r]
+        shape = (len(flat),) if width is None else (len(flat), width)
+        values = np.array(flat, dtype=dtype).reshape(shape) if flat else np.zeros(shape, dtype=dtype)
+        return cls(offsets, values)
+
+    @classmethod
+    def empty(cls, rows: int, dtype=np.int64, width: int | None = None) -> "Ragged":
+        shape = (0,) if width is None else (0, width)
+        return cls(np.zeros(rows + 1, dtype=np.int64), np.zeros(shape, dtype=dtype))
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def __getitem__(self, i: int) -> np.ndarray:
+        return self.values[self.offsets[i] : self.offsets[i + 1]]
+
+    def lengths(self) -> np.ndarray:
+        return np.diff(self.offsets)
+
+    def row_ids(self) -> np.ndarray:
+        """The row index of every value (the CSR expanded to COO)."""
+        return np.repeat(np.arange(len(self), dtype=np.int64), self.lengths())
+
+    def tolist(self) -> list[list]:
+        return [self[i].tolist() for i in range(len(self))]
+
+
+@dataclass
+class Liveness:
+    """Liveness classes: class ``c`` is live on the half-open step intervals ``intervals[c]``.
+
+    Variables that share a liveness pattern share a class (PopVision's equivalence classes).
+    ``intervals.values`` has shape (K, 2): columns are start and end (end exclusive).
+    """
+
+    intervals: Ragged
+
+    def __len__(self) -> int:
+        return len(self.intervals)
+
+
+@dataclass
+class Variables:
+    """Lowered variables: one entry per (tensor piece, tile).
+
+    ``live_class`` indexes ``Liveness``; it is -1 for always-live variables and for variables
+    that are never live. ``name`` indexes ``Profile.names`` (-1: unnamed).
+    """
+
+    bytes: np.ndarray
+    tile: np.ndarray
+    always_live: np.ndarray
+    live_class: np.ndarray
+    name: np.ndarray
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+
+@dataclass
+class TileCosts:
+    """Sparse per-tile bytes of one code category, owned by programs: (program, tile, bytes)."""
+
+    program: np.ndarray
+    tile: np.ndarray
+    bytes: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "TileCosts":
+        return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+
+@dataclass
+class VertexCode:
+    """Vertex code per (program, tile, vertex type). Code is shared on a tile: a stage pays
+    for each vertex type present on a tile once, however many programs use it."""
+
+    program: np.ndarray
+    tile: np.ndarray
+    vertex_type: np.ndarray
+    bytes: np.ndarray
+
+    @classmethod
+    def empty(cls) -> "VertexCode":
+        z = np.zeros(0, np.int64)
+        return cls(z, z.copy(), z.copy(), z.copy())
+
+    def __len__(self) -> int:
+        return len(self.bytes)
+
+
+@dataclass
+class Programs:
+    """Compiled programs and their per-tile code costs.
+
+    ``cycles`` is a compute estimate per program (NaN where unknown); ``vertices`` the number
+    of vertex instances it runs (used to estimate compute when no cycle estimate exists).
+    """
+
+    name: list[str]
+    kind: list[str]
+    cycles: np.ndarray
+    vertices: np.ndarray
+    vertex_types: list[str]
+    vertex_code: VertexCode
+    vertex_state: TileCosts
+    exchange_code: TileCosts
+    control_code: TileCosts
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+    @classmethod
+    def empty(cls) -> "Programs":
+        return cls([], [], np.zeros(0), np.zeros(0, np.int64), [], VertexCode.empty(),
+                   TileCosts.empty(), TileCosts.empty(), TileCosts.empty())
+
+    def categories(self) -> dict[str, TileCosts]:
+        """The additive code categories (vertex code, which is shared per type, is separate)."""
+        return {"vertex_state": self.vertex_state, "exchange_code": self.exchange_code,
+                "control_code": self.control_code}
+
+
+@dataclass
+class Operations:
+    """High-level operations (framework ops), in program order.
+
+    ``layer`` holds an explicit layer name where the source states one (per-layer profiles,
+    PyTorch captures), else None and the layer comes from the layer regex. ``first_step`` and
+    ``last_step`` are inclusive; -1 where unknown. ``compute`` is NaN where unknown, in which
+    case it is derived from the operation's programs.
+    """
+
+    name: list[str]
+    debug_id: np.ndarray
+    inputs: list[tuple[str, ...]]
+    first_step: np.ndarray
+    last_step: np.ndarray
+    vars: Ragged
+    programs: Ragged
+    compute: np.ndarray
+    layer: list[str | None]
+    bytes_accessed: np.ndarray | None = None   # bytes read + written per operation; NaN where unknown
+
+    def __post_init__(self) -> None:
+        if self.bytes_accessed is None:
+            self.bytes_accessed = np.full(len(self.name), np.nan)
+
+    def __len__(self) -> int:
+        return len(self.name)
+
+
+@dataclass
+class GroundTruth:
+    """What the profile itself says the memory was (PopVision's own totals), for comparison.
+
+    Per tile: ``always_live`` and ``not_always_live`` (peak over steps) variable bytes and the
+    profile's memory categories. ``step_tiles``/``step_bytes`` give the not-always-live bytes
+    at every step for a few tiles (usually the most loaded ones).
+    """
+
+    always_live: np.ndarray
+    not_always_live: np.ndarray
+    categories: dict[str, np.ndarray] = field(default_factory=dict)
+    step_tiles: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
+    step_bytes: np.ndarray = field(default_factory=lambda: np.zeros((0, 0), np.int64))
+
+    def tile_total(self) -> np.ndarray:
+        total = self.always_live + self.not_always_live
+        for values in self.categories.values():
+            total = total + values
+        return total
+
+
+@dataclass
+class ProfileInfo:
+    """Descriptive fields: where the profile came from."""
+
+    name: str = ""
+    source: str = ""
+    description: str = ""
+    synthetic: bool = False
+    compute_source: str = ""
+    warnings: list[str] = field(default_factory=list)
+    #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
+    #: read (None for a profile built in memory)
+    sha256: str | None = field(default=None, compare=False)
+    #: the file it was read from (None for a profile built in memory)
+    path: str | None = field(default=None, compare=False)
+
+
+@dataclass
+class Profile:
+    target: Target
+    steps: list[str]
+    names: list[str]
+    variables: Variables
+    liveness: Liveness
+    programs: Programs
+    operations: Operations
+    compute_unit: str = "cycles"
+    ground_truth: GroundTruth | None = None
+    info: ProfileInfo = field(default_factory=ProfileInfo)
+
+    @property
+    def num_steps(self) -> int:
+        return len(self.steps)
+
+    def variable_name(self, v: int) -> str:
+        """Variable ``v``'s name, or var#v when it has none."""
+        idx = int(self.variables.name[v])
+        return self.names[idx] if idx >= 0 else f"var#{v}"
+
+    def validate(self, source: str | None = None) -> "Profile":
+        """Check every cross-reference and range; raise ProfileError naming the first bad field."""
+        _validate(self, source)
+        return self
+
+
+def narrowest_int(values: np.ndarray) -> np.ndarray:
+    """Integers in the narrowest of int8/int16/int32/int64 that holds them all: how the compact
+    writer stores profile arrays and the PopVision reader keeps its per-program costs (tens of
+    millions of entries). Users widen before arithmetic."""
+    values = np.asarray(values)
+    if values.size == 0:
+        return values.astype(np.int32)
+    low, high = int(values.min()), int(values.max())
+    for dtype in (np.int8, np.int16, np.int32):
+        info = np.iinfo(dtype)
+        if info.min <= low and high <= info.max:
+            return values.astype(dtype)
+    return values.astype(np.int64, copy=False)
+
+
+# --------------------------------------------------------------------------------------------
+# Validation. Field paths use the JSON format's names so a message points into the user's file.
+
+def _first_bad(mask: np.ndarray) -> int | None:
+    bad = np.flatnonzero(mask)
+    return int(bad[0]) if len(bad) else None
+
+
+def _check_range(source, values: np.ndarray, low: int, high: int, path_of, expected: str) -> None:
+    """Every value in low..high (inclusive); two reductions, and a mask only when one is not
+    (a profile's per-program code arrays run to tens of millions of entries)."""
+    if len(values) and (values.min() < low or values.max() > high):
+        _check(source, (values < low) | (values > high), path_of, expected, values)
+
+
+def _check(source, mask: np.ndarray, path_of, expected: str, values: np.ndarray) -> None:
+    i = _first_bad(mask)
+    if i is not None:
+        raise ProfileError(source, path_of(i), expected, values[i].item() if hasattr(values[i], "item") else values[i])
+
+
+def _row_path(ragged: Ragged, prefix: str, member: str):
+    def path(k: int) -> str:                           # the row is found only when there is an error
+        r = int(np.searchsorted(ragged.offsets, k, side="right")) - 1
+        return f"{prefix}[{r}].{member}[{k - int(ragged.offsets[r])}]"
+    return path
+
+
+def _validate(p: Profile, source: str | None) -> None:
+    t = p.target
+    if t.tiles < 1:
+        raise ProfileError(source, "target.tiles", "an integer >= 1", t.tiles)
+    if t.bytes_per_tile < 1:
+        raise ProfileError(source, "target.bytes_per_tile", "an integer >= 1", t.bytes_per_tile)
+    if p.compute_unit not in COMPUTE_UNITS:
+        raise ProfileError(source, "compute_unit", "one of " + ", ".join(COMPUTE_UNITS), p.compute_unit)
+    steps = p.num_steps
+    v = p.variables
+    n = len(v)
+    for name in ("tile", "always_live", "live_class", "name"):
+        if len(getattr(v, name)) != n:
+            raise ProfileError(source, f"variables.{name}", f"{n} entries (one per variable)", len(getattr(v, name)))
+    _check(source, v.bytes < 0, lambda i: f"variables[{i}].bytes", "an integer >= 0", v.bytes)
+    _check(source, (v.tile < 0) | (v.tile >= t.tiles), lambda i: f"variables[{i}].tile",
+           f"a tile index in 0..{t.tiles - 1}", v.tile)
+    _check(source, (v.live_class < -1) | (v.live_class >= len(p.liveness)),
+           lambda i: f"variables[{i}].live", "a valid liveness class", v.live_class)
+    _check(source, (v.name < -1) | (v.name >= len(p.names)), lambda i: f"variables[{i}].name",
+           "a valid name index", v.name)
+    iv = p.liveness.intervals.values
+    if len(iv):
+        starts, ends = iv[:, 0], iv[:, 1]
+        path = _row_path(p.liveness.intervals, "liveness", "intervals")
+        _check(source, (starts < 0) | (starts > steps), path, f"an interval start in 0..{steps}", starts)
+        _check(source, (ends < starts) | (ends > steps), path,
+               f"an interval end >= its start and <= {steps} (the number of steps)", ends)
+        # a variable is live on the union of its intervals: overlaps would count its bytes twice
+        rows = p.liveness.intervals.row_ids()
+        overlap = np.zeros(len(iv), bool)
+        overlap[1:] = (rows[1:] == rows[:-1]) & (starts[1:] < ends[:-1])
+        _check(source, overlap, path, "intervals sorted by start, each starting at or after the end of the one "
+               "before", starts)
+
+    pr = p.programs
+    np_ = len(pr)
+    if len(pr.kind) != np_ or len(pr.cycles) != np_ or len(pr.vertices) != np_:
+        raise ProfileError(source, "programs", "name, type, cycles and vertices for every program")
+    for cat, costs in list(pr.categories().items()) + [("vertex_code", pr.vertex_code)]:
+        _check_range(source, costs.program, 0, np_ - 1, lambda i, c=cat: f"programs.{c}[{i}].program",
+                     f"a program index in 0..{np_ - 1}")
+        _check_range(source, costs.tile, 0, t.tiles - 1, lambda i, c=cat: f"programs.{c}[{i}].tile",
+                     f"a tile index in 0..{t.tiles - 1}")
+        if len(costs.bytes) and costs.bytes.min() < 0:
+            _check(source, costs.bytes < 0, lambda i, c=cat: f"programs.{c}[{i}].bytes", "an integer >= 0",
+                   costs.bytes)
+    vt = pr.vertex_code.vertex_type
+    _check_range(source, vt, 0, len(pr.vertex_types) - 1, lambda i: f"programs.vertex_code[{i}].vertex_type",
+                 "a known vertex type")
+
+    ops = p.operations
+    no = len(ops)
+    for name in ("debug_id", "first_step", "last_step", "compute"):
+        if len(getattr(ops, name)) != no:
+            raise ProfileError(source, f"operations.{name}", f"{no} entries (one per operation)")
+    if len(ops.inputs) != no or len(ops.layer) != no or len(ops.vars) != no or len(ops.programs) != no:
+        raise ProfileError(source, "operations", "inputs, layer, vars and programs for every operation")
+    fs, ls = ops.first_step, ops.last_step
+    known = fs >= 0
+    _check(source, (fs < -1) | (fs >= max(steps, 0)) & known, lambda i: f"operations[{i}].first_step",
+           f"a step index in 0..{steps - 1} (or -1 if unknown)", fs)
+    _check(source, known & ((ls < fs) | (ls >= steps)), lambda i: f"operations[{i}].last_step",
+           f"a step index >= first_step and <= {steps - 1} (inclusive)", ls)
+    _check(source, ~known & (ls != -1), lambda i: f"operations[{i}].last_step",
+           "-1 when first_step is unknown", ls)
+    _check_range(source, ops.vars.values, 0, n - 1, _row_path(ops.vars, "operations", "vars"),
+                 f"a variable index in 0..{n - 1}")
+    _check_range(source, ops.programs.values, 0, np_ - 1, _row_path(ops.programs, "operations", "programs"),
+                 f"a program index in 0..{np_ - 1}")
+    comp = ops.compute
+    _check(source, comp < 0, lambda i: f"operations[{i}].compute", "a number >= 0", comp)
+    if len(ops.bytes_accessed) != no:
+        raise ProfileError(source, "operations.bytes_accessed", f"{no} entries (one per operation)")
+    _check(source, ops.bytes_accessed < 0, lambda i: f"operations[{i}].bytes_accessed", "a number >= 0 (or null)",
+           ops.bytes_accessed)
+
+    gt = p.ground_truth
+    if gt is not None:
+        for name, arr in [("always_live", gt.always_live), ("not_always_live", gt.not_always_live)] + [
+                (f"categories.{k}", a) for k, a in gt.categories.items()]:
+            if len(arr) != t.tiles:
+                raise ProfileError(source, f"ground_truth.{name}", f"{t.tiles} values (one per tile)", len(arr))
+        if gt.step_bytes.size and gt.step_bytes.shape != (len(gt.step_tiles), steps):
+            raise ProfileError(source, "ground_truth.step_trace.bytes",
+                               f"one row of {steps} values per traced tile", gt.step_bytes.shape)
+        _check(source, (gt.step_tiles < 0) | (gt.step_tiles >= t.tiles), lambda i: f"ground_truth.step_trace.tiles[{i}]",
+               f"a tile index in 0..{t.tiles - 1}", gt.step_tiles)

@@ -1,0 +1,191 @@
+"""Device targets and solver settings, read from YAML (always with a safe loader)."""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, fields, replace
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+from ..errors import ProfileError, StagesplitError
+from .profile import Target
+from ..common.safeinput import (MAX_BYTES, MAX_COMPUTE, MAX_MICRO_BATCHES, MAX_TILES, MAX_TIME_LIMIT, MAX_WORKERS,
+                        read_yaml_file, show)
+
+INT64_MAX = 2**63 - 1
+MAX_FINITE = 1e300      # clock rates, bandwidths and FLOP rates: finite, with room for arithmetic
+
+
+def config_dir() -> Path:
+    """The shipped ``configs`` folder: the source checkout's when running from one (so edits
+    take effect in an editable install), else the copy installed inside the package."""
+    checkout = Path(__file__).resolve().parents[2]
+    if (checkout / "pyproject.toml").is_file() and (checkout / "configs" / "targets.yaml").is_file():
+        return checkout / "configs"
+    return Path(str(resources.files("stagesplit") / "configs"))
+
+
+# YAML 1.1 (PyYAML) reads exponent numbers without a dot or sign (``1e9``, ``1.5e14``) as
+# strings; YAML 1.2 reads them as floats. Numeric fields accept them.
+_EXPONENT_NUMBER = re.compile(r"^[-+]?(?:[0-9][0-9_]*(?:\.[0-9_]*)?|\.[0-9_]+)[eE][-+]?[0-9]+$")
+
+
+def read_yaml(path: Path, what: str = "YAML file") -> Any:
+    """Parse a YAML (or JSON) file safely: opened once, at most MAX_CONFIG_BYTES, no deep
+    nesting, alias bombs or duplicate keys (see stagesplit/safeinput.py)."""
+    return read_yaml_file(path, what)
+
+
+def _number(path, field_path, value, *, integer=False, minimum=None, optional=False, maximum=None):
+    """A finite number (an integer with ``integer``) in [minimum, maximum]."""
+    if value is None and optional:
+        return None
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
+        try:
+            value = float(value.replace("_", ""))
+        except ValueError:
+            pass
+    ok = isinstance(value, int) if integer else isinstance(value, (int, float))
+    if ok and not isinstance(value, bool) and isinstance(value, float) and not math.isfinite(value):
+        ok = False
+    top = maximum if maximum is not None else INT64_MAX if integer else MAX_FINITE
+    if isinstance(value, bool) or not ok or (minimum is not None and value < minimum) or value > top:
+        text = "an integer" if integer else "a number"
+        if minimum is not None:
+            text += f" >= {minimum}"
+        if maximum is not None or (ok and value > top):
+            text += f" and <= {top:,}" if integer else f" and <= {top:g}"
+        if isinstance(value, float) and not math.isfinite(value):
+            text += " (finite: not inf or nan)"
+        raise ProfileError(path, field_path, text, value)
+    return value
+
+
+def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:
+    """Build a Target from a YAML/JSON mapping, naming the file and field on bad input."""
+    def at(key: str) -> str:      # field paths inside the file ("" prefix: the file is the target)
+        return f"{prefix}.{key}" if prefix else key
+
+    if not isinstance(spec, dict):
+        raise ProfileError(path, prefix, "a mapping with tiles and bytes_per_tile", spec)
+    known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s",
+             "memory_bytes_per_s"}
+    for key in spec:
+        if key not in known:
+            raise ProfileError(path, at(str(key)), "one of " + ", ".join(sorted(known)), key)
+    kind = spec.get("kind", "ipu")
+    if not isinstance(kind, str):
+        raise ProfileError(path, at("kind"), "a string", kind)
+    return Target(
+        name=str(spec.get("name", name)),
+        kind=kind,
+        description=str(spec.get("description", "")),
+        tiles=_number(path, at("tiles"), spec.get("tiles"), integer=True, minimum=1, maximum=MAX_TILES),
+        bytes_per_tile=_number(path, at("bytes_per_tile"), spec.get("bytes_per_tile"), integer=True, minimum=1,
+                               maximum=MAX_BYTES),
+        clock_hz=_number(path, at("clock_hz"), spec.get("clock_hz"), minimum=0, optional=True),
+        link_bytes_per_s=_number(path, at("link_bytes_per_s"), spec.get("link_bytes_per_s"), minimum=0, optional=True),
+        flops_per_s=_number(path, at("flops_per_s"), spec.get("flops_per_s"), minimum=0, optional=True),
+        memory_bytes_per_s=_number(path, at("memory_bytes_per_s"), spec.get("memory_bytes_per_s"), minimum=0,
+                                   optional=True),
+    )
+
+
+def known_targets() -> dict[str, Target]:
+    """The shipped device targets by name (configs/targets.yaml)."""
+    path = config_dir() / "targets.yaml"
+    data = read_yaml(path)
+    if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
+        raise ProfileError(path, "targets", "a mapping of target names to targets")
+    return {name: target_from_mapping(name, spec, path, f"targets.{name}") for name, spec in data["targets"].items()}
+
+
+def load_target(name_or_path: str) -> Target:
+    """A shipped target by name (``ipu-mk2``), or a YAML file holding one target."""
+    targets = known_targets()
+    if name_or_path in targets:
+        return targets[name_or_path]
+    path = Path(name_or_path)
+    if path.suffix in (".yaml", ".yml") and path.exists():
+        data = read_yaml(path)
+        return target_from_mapping(path.stem, data, path, "")
+    raise StagesplitError(f"unknown target '{name_or_path}': expected one of {', '.join(targets)} "
+                          "or the path of a YAML target file")
+
+
+@dataclass(frozen=True)
+class SolverSettings:
+    """Solver options that can come from ``configs/solver.yaml`` or ``--config FILE``."""
+
+    objective: str = "compute"
+    stages: str = "at-most"
+    schedule: str = "none"
+    micro_batches: int | None = None          # None: the number of devices with a schedule, else 1
+    headroom: float = 0.0
+    shared: str = "every"
+    time_limit: float = 60.0
+    workers: int = 1
+    communication: bool = False
+
+    CHOICES = {"objective": ("compute", "memory", "devices"), "stages": ("at-most", "exact"),
+               "schedule": ("none", "1f1b", "gpipe"), "shared": ("every", "none")}   # = options.py's enums (tested)
+
+    def with_overrides(self, **overrides: Any) -> "SolverSettings":
+        """These settings with the given non-None values replacing theirs."""
+        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
+
+
+def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
+    """Settings from ``path`` (or the shipped defaults), validated field by field."""
+    file = Path(path) if path is not None else config_dir() / "solver.yaml"
+    data = read_yaml(file)
+    if data is None:
+        return SolverSettings()
+    if not isinstance(data, dict):
+        raise ProfileError(file, "", "a mapping of solver settings", type(data).__name__)
+    values: dict[str, Any] = {}
+    defaults = SolverSettings()
+    for f in fields(SolverSettings):
+        if f.name not in data:
+            continue
+        value = data[f.name]
+        default = getattr(defaults, f.name)
+        if f.name in SolverSettings.CHOICES:
+            if value not in SolverSettings.CHOICES[f.name]:
+                raise ProfileError(file, f.name, "one of " + ", ".join(SolverSettings.CHOICES[f.name]), value)
+        elif isinstance(default, bool):
+            if not isinstance(value, bool):
+                raise ProfileError(file, f.name, "true or false", value)
+        elif isinstance(default, int) or f.name == "micro_batches":
+            top = {"micro_batches": MAX_MICRO_BATCHES, "workers": MAX_WORKERS}.get(f.name)
+            value = _number(file, f.name, value, integer=True, minimum=1, maximum=top)
+        else:
+            value = _number(file, f.name, value, minimum=0,
+                            maximum=MAX_TIME_LIMIT if f.name == "time_limit" else None)
+            if f.name == "time_limit" and value <= 0:
+                raise ProfileError(file, f.name, "a number of seconds > 0", value)
+        values[f.name] = value
+    unknown = sorted(set(data) - {f.name for f in fields(SolverSettings)})
+    if unknown:
+        raise ProfileError(file, unknown[0], "a known setting (" + ", ".join(f.name for f in fields(SolverSettings)) + ")")
+    settings = SolverSettings(**values)
+    if not 0 <= settings.headroom < 1:
+        raise ProfileError(file, "headroom", "a fraction in [0, 1)", settings.headroom)
+    return settings
+
+
+def load_layer_compute(path: str | Path) -> dict[str, float]:
+    """A YAML or JSON mapping of layer name to compute (in the profile's compute unit)."""
+    file = Path(path)
+    data = read_yaml(file)
+    if not isinstance(data, dict) or not data:
+        raise ProfileError(file, "", "a mapping of layer names to compute figures", type(data).__name__)
+    out = {}
+    for name, value in data.items():
+        out[str(name)] = _number(file, show(name), value, minimum=0, maximum=MAX_COMPUTE)
+    total = sum(out.values())
+    if total > MAX_COMPUTE:
+        raise ProfileError(file, "", f"compute figures summing to at most {MAX_COMPUTE:g}", total)
+    return out

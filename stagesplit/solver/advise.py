@@ -1,0 +1,291 @@
+"""From a priced model to a plan: solve with CP-SAT, explain infeasibility, compare with the
+PopLiner-style greedy and a uniform split, and sweep the number of devices."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Iterator
+
+import numpy as np
+
+from ..model.costmodel import RangeTable, StageCostModel
+from .dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
+from ..plan.records import Plan, make_plan
+from .problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
+from .cpsat import SolverResult, solve_cpsat
+from ..model.traffic import Traffic, layer_traffic
+
+
+@dataclass
+class Advice:
+    plan: Plan
+    result: SolverResult | None
+    problem: SplitProblem
+    baselines: list[Plan] = field(default_factory=list)
+    warnings: list[str] = field(default_factory=list)
+
+
+#: the exact DP runs before CP-SAT when its work, about N^2/2 x (L+1) x W array cells per pass
+#: (W: the most layers a stage that fits can hold), is at most this: 500 layers on 128 devices
+#: with stages of up to 100 layers is 4e8, a few seconds per pass
+DP_BUDGET = 2e9
+
+
+def dp_affordable(problem: SplitProblem) -> bool:
+    """Whether the exact DP (oracle.py) is cheap enough to give CP-SAT its optimum as a bound."""
+    L = problem.num_layers
+    mem = problem.mem[0]                               # the fewest micro-batches in flight: the widest band
+    fits = np.triu(mem <= int(problem.capacity.max()))
+    width = int((np.where(fits, np.arange(L)[None, :] - np.arange(L)[:, None] + 1, 0)).max(initial=0))
+    return problem.devices ** 2 / 2 * (L + 1) * max(width, 1) <= DP_BUDGET
+
+
+def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,
+          progress: Callable[[int, int], None] | None = None) -> RangeTable:
+    """Price every range once for all the in-flight counts a solve (or sweep) may need, and for
+    one micro-batch and any stage count, which explaining an infeasible problem needs."""
+    stages = max(options.devices, max_devices or 0, model.num_layers)
+    ks = {1, *in_flight_values(options.schedule, options.micro_batches, stages)}
+    return model.price_ranges(tuple(sorted(ks)), progress=progress)
+
+
+def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
+    """The fewest stages, stage s on a device like ``capacity[s % len(capacity)]``, that hold
+    the model; pins and layer-count limits are ignored. None if no number of stages fits.
+
+    For each stage count, the prefixes of layers the first s stages can hold are tracked as a
+    set: a stage starting at layer a can end anywhere up to the last layer that still fits
+    (a stage's memory grows with its last layer). First fit, which always takes as many layers
+    as fit, is optimal on identical devices but not on mixed ones: taking one more layer onto a
+    large device can leave a layer in front of a small device that cannot hold it."""
+    L = table.worst_bytes.shape[1]
+    rows = np.arange(L)
+    reach_cache: dict[tuple[int, int], np.ndarray] = {}
+
+    def reach(k: int, cap: int) -> np.ndarray:
+        """reach[a] = the end (exclusive) of the longest stage starting at layer a that fits."""
+        key = (k, cap)
+        if key not in reach_cache:
+            bad = (table.worst_bytes[table.k_index(k)] > cap) & (rows[None, :] >= rows[:, None])
+            reach_cache[key] = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # == a: no stage fits
+        return reach_cache[key]
+
+    for stages in range(1, (limit or L) + 1):
+        starts = np.zeros(L + 1, bool)                          # prefixes the stages so far can hold
+        starts[0] = True
+        for s in range(stages):
+            k = in_flight(options.schedule, options.micro_batches, s, stages)
+            if k not in table.in_flight:
+                starts[:] = False
+                break
+            end = reach(k, int(capacity[s % len(capacity)]))
+            a = np.flatnonzero(starts[:L])
+            diff = np.zeros(L + 2, np.int64)                    # ends a+1 .. end[a] become reachable
+            ok = end[a] > a
+            np.add.at(diff, a[ok] + 1, 1)
+            np.add.at(diff, end[a[ok]] + 1, -1)
+            starts = np.cumsum(diff)[:L + 1] > 0
+            if not starts.any():
+                break
+        if starts[L]:
+            return stages
+    return None
+
+
+def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: RangeTable) -> str:
+    """Say plainly why nothing fits: a layer too big for any device, or how many devices would do."""
+    names = model.layers.names
+    cap = int(problem.capacity.max())
+    single = np.diagonal(table.worst_bytes[table.k_index(1)])
+    too_big = np.flatnonzero(single > cap)
+    n = problem.devices
+    if len(too_big):
+        l = int(too_big[np.argmax(single[too_big])])
+        tile = int(table.worst_tile[table.k_index(1), l, l])
+        return (f"layer '{names[l]}' alone needs {int(single[l]):,} bytes on tile {tile}, more than a device holds "
+                f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
+                f"(a finer --layer-regex) or free memory on that tile")
+    o = problem.options
+    constrained = bool(o.pinned_splits or o.pinned_layers or o.min_layers > 1 or o.max_layers)
+    enough = fewest_devices(table, problem.capacity, o)
+    if enough is None:
+        return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
+    if enough <= n:
+        return (f"no split fits on {n} device(s) under the given pins and layer-count limits; without them "
+                f"{enough} device(s) would do")
+    caveat = " (ignoring pins and layer-count limits)" if constrained else ""
+    return f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is {enough}{caveat}"
+
+
+def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | None = None,
+           table: RangeTable | None = None, profile_path: str | Path | None = None, compare: bool = False,
+           target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
+           log: Callable[[str], None] | None = None, unlayered_first: bool = False) -> Advice:
+    """Solve for ``options.devices`` devices and describe the result as a Plan. With
+    ``compare``, add PopLiner's greedy and a uniform split; ``unlayered_first`` makes the greedy
+    put the unlayered operations on the first stage, as PopLiner does (see ``popliner_tables``)."""
+    traffic = traffic or layer_traffic(model)
+    table = table if table is not None else price(model, options, progress=progress)
+    problem = build_problem(model, options, traffic=traffic, table=table)
+    warnings = []
+    if model.layer_compute.sum() == 0 and options.objective == "compute":
+        warnings.append("the profile has no compute estimates, so compute cannot be balanced: the split "
+                        "minimises the worst stage's memory instead")
+    base = greedy(problem)
+    oracle = exact_optimum(problem) if dp_affordable(problem) else None
+    result = solve_cpsat(problem, hint=base.split, log=log, oracle=oracle)
+    message = ""
+    if result.split is None:
+        if result.status == "infeasible":
+            message = explain_infeasible(model, problem, table)
+        else:
+            message = (f"CP-SAT found no split within the time limit ({options.time_limit:g} s); "
+                       "allow more time with --time-limit")
+    elif result.status == "feasible":
+        message = (f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal "
+                   f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
+    plan = make_plan(model, problem, result.split, method="cp-sat", traffic=traffic, profile_path=profile_path,
+                     result=result, message=message, target_names=target_names)
+    advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
+    if compare:
+        if unlayered_first:
+            base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
+        for solution in (base, uniform(problem)):
+            advice.baselines.append(_baseline_plan(model, problem, solution, traffic, profile_path, target_names))
+    return advice
+
+
+def popliner_tables(model: StageCostModel, in_flight_counts) -> UnlayeredFirst:
+    """Stage memory as PopLiner counts it: the operations with no layer (and the items only
+    they use) on the first stage, nowhere else. The first stage is priced with
+    ``shared="every"``, the others with ``shared="none"``, whatever the model's own policy."""
+    from ..model.costmodel import StageCostModel
+    ks = tuple(in_flight_counts)
+    every = model if model.shared == "every" else StageCostModel(model.profile, model.layers, shared="every")
+    none = model if model.shared == "none" else StageCostModel(model.profile, model.layers, shared="none")
+    table = none.price_ranges(ks)
+    rest = np.stack([table.worst_bytes[table.k_index(k)] for k in ks])
+    first = np.array([[every.stage_memory(0, e).worst_bytes(k) for e in range(model.num_layers)] for k in ks],
+                     np.int64).reshape(len(ks), model.num_layers)
+    alone = np.array([every.shared_memory().worst_bytes(k) for k in ks], np.int64)
+    return UnlayeredFirst(first=first, rest=rest, alone=alone)
+
+
+def _baseline_plan(model, problem, solution: Solution, traffic, profile_path, target_names) -> Plan:
+    split = solution.split
+    message = "" if solution.feasible else (solution.evaluation.reason if solution.evaluation else "no split found")
+    return make_plan(model, problem, split, method=solution.method, traffic=traffic, profile_path=profile_path,
+                     message=message, target_names=target_names)
+
+
+@dataclass
+class SweepRow:
+    devices: int
+    plan: Plan
+    micro_batches: int
+
+    @property
+    def fits(self) -> bool:
+        return self.plan.feasible
+
+
+@dataclass(repr=False)
+class SweepResult:
+    """The rows of a devices sweep, one per device count, in the order asked for. Behaves as a
+    sequence of ``SweepRow`` (iterate, ``len``, index); ``frame()`` gives a pandas DataFrame and
+    notebooks show it as a table."""
+
+    rows: list[SweepRow] = field(default_factory=list)
+
+    def __iter__(self) -> Iterator[SweepRow]:
+        return iter(self.rows)
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def __getitem__(self, index):
+        """A row by position; a slice gives a ``SweepResult`` of those rows."""
+        if isinstance(index, slice):
+            return SweepResult(self.rows[index])
+        return self.rows[index]
+
+    def __repr__(self) -> str:
+        fewest = self.fewest_devices
+        return (f"SweepResult(devices {[r.devices for r in self.rows]}, "
+                f"{f'fewest that fit: {fewest}' if fewest is not None else 'none fits'})")
+
+    @property
+    def fewest_devices(self) -> int | None:
+        """The fewest device counts of the sweep whose plan fits (None if none does)."""
+        return min((r.devices for r in self.rows if r.fits), default=None)
+
+    def frame(self):
+        """A pandas DataFrame with one row per device count (index ``devices``): ``fits``,
+        ``stages`` (devices used), ``micro_batches``, ``status``, ``bottleneck_stage``,
+        ``bottleneck_compute`` (in ``attrs["compute_unit"]``), ``bottleneck_time`` (compute
+        unit, transfers included), ``bottleneck_time_s`` (NaN without seconds),
+        ``efficiency`` (pipeline efficiency), ``bubble``, ``worst_memory`` (fullest stage's
+        fraction of its capacity), ``worst_memory_bytes``, ``split`` and ``message``. A row whose
+        plan has no split has ``stages`` 0, NaN figures and <NA> in the nullable Int64 columns."""
+        from ..common.frames import frame
+        from .problem import bubble_fraction
+        rows = self.rows
+
+        def each(f):                                   # f(row, bottleneck stage, fullest stage); None: no split
+            return [f(r, r.plan.bottleneck, r.plan.worst_memory) if r.plan.stages else None for r in rows]
+
+        cols = {
+            "fits": ([r.fits for r in rows], "bool"),
+            "stages": ([len(r.plan.stages) for r in rows], "int64"),
+            "micro_batches": ([r.micro_batches for r in rows], "int64"),
+            "status": ([r.plan.status for r in rows], object),
+            "bottleneck_stage": (each(lambda r, b, w: b.stage), "Int64"),
+            "bottleneck_compute": (each(lambda r, b, w: b.compute), "float64"),
+            "bottleneck_time": (each(lambda r, b, w: b.stage_time), "float64"),
+            "bottleneck_time_s": (each(lambda r, b, w: b.time_s), "float64"),
+            "efficiency": (each(lambda r, b, w: r.plan.pipeline_efficiency(r.micro_batches)), "float64"),
+            "bubble": (each(lambda r, b, w: bubble_fraction(len(r.plan.stages), r.micro_batches)), "float64"),
+            "worst_memory": (each(lambda r, b, w: w.worst_tile_bytes / w.capacity_bytes if w.capacity_bytes else None),
+                             "float64"),
+            "worst_memory_bytes": (each(lambda r, b, w: w.worst_tile_bytes), "Int64"),
+            "split": ([r.plan.short_split_text() if r.plan.stages else None for r in rows], object),
+            "message": ([r.plan.message for r in rows], object),
+        }
+        unit = rows[0].plan.compute_unit if rows else ""
+        return frame(cols, index=("devices", [r.devices for r in rows], "int64"), attrs={"compute_unit": unit})
+
+    def _repr_html_(self) -> str:
+        """Notebook display: the fewest devices that fit, then the frame; names are escaped."""
+        from ..common.frames import html_summary
+        name = self.rows[0].plan.profile.get("name") if self.rows else ""
+        counts = [r.devices for r in self.rows]
+        title = f"stagesplit devices sweep of {name or 'a profile'}" + \
+            (f": {min(counts)}..{max(counts)} devices" if counts else "")
+        fewest = self.fewest_devices
+        lines = [f"fewest devices that fit: {fewest}" if fewest is not None else "no device count in the sweep fits"]
+        if self.rows and self.rows[0].plan.notes:
+            lines.append(f"note: {self.rows[0].plan.notes[0]}")
+        return html_summary(title, lines, self.frame().to_html())
+
+
+def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int], *,
+          table: RangeTable | None = None, profile_path: str | Path | None = None,
+          target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
+          on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
+    """Solve for each device count (pricing every range once, unless ``table`` is given); the
+    rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows)."""
+    traffic = layer_traffic(model)
+    if table is None:
+        table = price(model, options, max_devices=max(device_counts), progress=progress)
+    rows = []
+    for n in device_counts:
+        row_options = with_devices(options, n)         # a defaulted micro-batch count follows n
+        advice = advise(model, row_options, traffic=traffic, table=table, profile_path=profile_path,
+                        target_names=target_names)
+        row = SweepRow(n, advice.plan, row_options.micro_batches)
+        rows.append(row)
+        if on_row:
+            on_row(row)
+    return SweepResult(rows)
+

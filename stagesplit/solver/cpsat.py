@@ -1,0 +1,446 @@
+"""Optimal split points with OR-Tools CP-SAT.
+
+The model gives every layer ``l`` the device position ``x[l]`` of its stage (non-decreasing in
+``l``; a jump of more than one leaves positions empty). Which layers a stage may hold is
+prefix-closed: if layers ``a..e-1`` fit on a device (memory, and bounds on time or memory
+cost), so do ``a..e'-1`` for e' < e. So with ``reach[a]`` the first layer that no longer fits
+with ``a``, every stage fits if and only if ``x[reach[a]] >= x[a] + 1`` for every layer ``a``
+(a stage starting before ``a`` in the same stage reaches no further). These are difference
+constraints: CP-SAT's precedence propagation proves at the root that a bound is too tight.
+Device-dependent limits (mixed capacities, and the 1F1B in-flight count, which is one more than
+the number of stages after a stage) make the constraint conditional on the position and count.
+
+Bottleneck objectives (stage time, stage memory) are minimised by bisection over the values a
+stage can take: each step is one CP-SAT feasibility model with the bound built into ``reach``.
+The gap is between the best split found and the smallest value not yet proven infeasible. The
+devices objective minimises the number of stages directly. Lexicographic tie-breaks run as
+further phases with the earlier optima as bounds.
+
+Given the exact DP's answer (``advise`` computes it where it is cheap), each phase's value is
+the DP's optimum and CP-SAT only tries to prove the next smaller value impossible; a phase it
+cannot prove in a short deterministic budget records the DP as its proof.
+"""
+
+from __future__ import annotations
+
+import time as _time
+from dataclasses import dataclass, field
+from typing import Callable
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..common.interrupt import solve_interruptibly
+from .problem import Evaluation, Split, SplitProblem, evaluate
+
+PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
+ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
+BIG = np.iinfo(np.int64).max // 4
+DP_CONFIRM_S = 0.25     # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
+DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)
+
+
+@dataclass(frozen=True)
+class PhaseResult:
+    quantity: str
+    status: str
+    value: int | None
+    bound: int | None
+    seconds: float
+    checks: int = 0
+    proof: str = "cp-sat"        # what proved ``bound``: "cp-sat", or "dp" (the exact oracle's optimum)
+
+    @property
+    def gap(self) -> float | None:
+        if self.value is None or self.bound is None:
+            return None
+        return 0.0 if self.value == self.bound else (self.value - self.bound) / max(abs(self.value), 1)
+
+
+@dataclass
+class SolverResult:
+    split: Split | None
+    evaluation: Evaluation | None
+    phases: list[PhaseResult] = field(default_factory=list)
+    #: what a reader of the plan must know about how it was found (e.g. the DP set aside)
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def status(self) -> str:
+        """optimal | feasible (stopped by the time limit) | infeasible | unknown (nothing found in time)."""
+        if not self.phases:
+            return "unknown"
+        if self.phases[0].status == "INFEASIBLE":
+            return "infeasible"
+        if self.split is None:
+            return "unknown"
+        return "optimal" if all(p.status == "OPTIMAL" for p in self.phases) else "feasible"
+
+    @property
+    def proven_optimal(self) -> bool:
+        return self.status == "optimal"
+
+    @property
+    def seconds(self) -> float:
+        return sum(p.seconds for p in self.phases)
+
+
+class _Tables:
+    """Per-stage quantities for every (a, e) range, as (L+1) x (L+1) arrays (e > a)."""
+
+    def __init__(self, problem: SplitProblem):
+        p = problem
+        L = p.num_layers
+        A = L + 1
+        self.p = p
+        a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
+        self.nonempty = e_idx > a_idx
+        self.time = np.where(self.nonempty, p.time_up[None, :] - p.time_down[:, None], BIG)
+        self.compute = np.where(self.nonempty, (p.time_up - p.cut_units)[None, :] - (p.time_down + p.cut_units)[:, None],
+                                BIG)
+        cap = p.options.max_layers
+        self.length_ok = self.nonempty & ((e_idx - a_idx) <= cap if cap is not None else True)
+        self.mem = {}
+        for k in p.in_flight_values:
+            m = np.full((A, A), BIG, np.int64)
+            m[:L, 1:] = p.mem[p.k_index(k)]
+            self.mem[k] = np.where(self.nonempty, m, BIG)
+
+    def memcost(self, position: int, k: int) -> np.ndarray:
+        """Memory objective of every range at a position: bytes, or ppm of its capacity on mixed
+        devices (built when asked: all positions x counts at once can take gigabytes)."""
+        m = self.mem[k]
+        if self.p.homogeneous:
+            return m
+        return np.where(self.nonempty, -((-m * 1_000_000) // int(self.p.capacity[position])), BIG)
+
+    def ok(self, position: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
+        """Ranges a..e-1 that fit at ``position`` with ``k`` in flight within the bounds (ignoring
+        communication, which is not monotone and is checked separately)."""
+        fits = self.mem[k] <= int(self.p.capacity[position])
+        return (self.length_ok & fits & (self.compute <= time_bound) &
+                (self.memcost(position, k) <= memory_bound))
+
+    def reach(self, ok: np.ndarray) -> np.ndarray:
+        """reach[a] = the first e > a such that a..e-1 is not ok (L+1 when the whole rest is)."""
+        L = self.p.num_layers
+        bad = ~ok[:L, 1:]                                     # bad[a, e-1]
+        upper = np.triu(np.ones((L, L), bool))
+        bad = bad & upper
+        first_bad = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # index e-1 of the first bad end
+        return first_bad                                      # layers a..first_bad-1 fit; first_bad is too far
+
+    def candidates(self, quantity: str) -> np.ndarray:
+        """Sorted values a stage's time or memory cost can take (over ranges that fit somewhere)."""
+        fit_any = np.zeros_like(self.nonempty)
+        for position in range(self.p.devices):
+            for k in self.p.in_flight_values:
+                fit_any |= self.length_ok & (self.mem[k] <= int(self.p.capacity[position]))
+        if quantity == "time":
+            return np.unique(self.time[fit_any])
+        values = [self.memcost(position, k)[fit_any & (self.mem[k] <= int(self.p.capacity[position]))]
+                  for position in range(self.p.devices) for k in self.p.in_flight_values]
+        return np.unique(np.concatenate(values)) if values else np.zeros(0, np.int64)
+
+
+class _Feasibility:
+    """One CP-SAT model: is there a split with every stage within the bounds?"""
+
+    def __init__(self, tables: _Tables, time_bound: int, memory_bound: int, devices_bound: int,
+                 minimise_devices: bool, hint: Split | None):
+        p = tables.p
+        o = p.options
+        L, N = p.num_layers, p.devices
+        self.p = p
+        m = self.m = cp_model.CpModel()
+        x = self.x = [m.NewIntVar(0, N - 1, f"x{l}") for l in range(L)]
+        # s[a]: a stage starts at layer a
+        s = self.s = [m.NewConstant(1)] + [m.NewBoolVar(f"start{a}") for a in range(1, L)]
+        symmetric = p.homogeneous and not o.pinned_layers
+        for a in range(1, L):
+            m.Add(x[a] >= x[a - 1])
+            m.Add(x[a] >= x[a - 1] + 1).OnlyEnforceIf(s[a])
+            m.Add(x[a] == x[a - 1]).OnlyEnforceIf(s[a].Not())
+            if o.exact or symmetric:
+                m.Add(x[a] <= x[a - 1] + 1)
+        if o.exact:
+            m.Add(x[0] == 0)
+            m.Add(x[L - 1] == N - 1)
+        elif symmetric:
+            m.Add(x[L - 1] == N - 1)                        # empty positions first
+        stages = sum(s)
+        m.Add(stages <= devices_bound)
+        # in-flight count of the stage holding layer a: min(M, 1 + stages starting after a)
+        ks = p.in_flight_values
+        k_var: list = []
+        if o.schedule == "1f1b" and len(ks) > 1:
+            for a in range(L):
+                after = m.NewIntVar(0, L - 1 - a, f"after{a}")
+                m.Add(after == sum(s[a + 1:]))
+                one_more = m.NewIntVar(1, L - a, f"stages_from{a}")
+                m.Add(one_more == after + 1)
+                k = m.NewIntVar(1, max(ks), f"k{a}")
+                m.AddMinEquality(k, [one_more, m.NewConstant(o.micro_batches)])
+                k_var.append(k)
+        # every stage fits: x[reach[a]] >= x[a] + 1 (conditional when the limit depends on where)
+        positions = [None] if p.homogeneous else list(range(N))
+        at = {}
+        if not p.homogeneous:
+            for a in range(L):
+                for position in positions:
+                    at[a, position] = self._equals(x[a], position)
+        is_k = {}
+        if k_var:
+            for a in range(L):
+                for k in ks:
+                    is_k[a, k] = self._equals(k_var[a], k)
+        for position in positions:
+            for k in (ks if k_var else ks[:1]):
+                reach = tables.reach(tables.ok(position if position is not None else 0, k, time_bound, memory_bound))
+                for a in range(L):
+                    conditions = ([at[a, position]] if position is not None else []) + \
+                        ([is_k[a, k]] if k_var else [])
+                    self._limit(a, int(reach[a]), conditions)
+        # layer-count limits and pins
+        if o.min_layers > 1:
+            for a in range(L):
+                last = a + o.min_layers - 1
+                if last < L:
+                    m.Add(x[last] == x[a]).OnlyEnforceIf(s[a])
+                elif a == 0:
+                    m.AddBoolOr([])                            # fewer layers than one stage needs
+                else:
+                    m.Add(s[a] == 0)                           # a stage starting here would be too short
+        for j in o.pinned_splits:
+            m.Add(s[j] == 1)
+        for layer, position in o.pinned_layers:
+            m.Add(x[layer] == position)
+        # communication makes stage time non-monotone: forbid the ranges it pushes over the bound.
+        # A stage is exactly a..e-1 iff a stage starts at a and at e (or e == L) and layers a and
+        # e-1 share a position; so given both starts, e-1 must sit on a later position than a.
+        # (The reach constraints above already exclude ranges whose compute alone is over.)
+        if o.communication and time_bound < BIG:
+            over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.nonempty
+            for a, e in zip(*np.nonzero(over)):
+                a, e = int(a), int(e)
+                starts = [s[a]] + ([s[e]] if e < L else [])
+                if e - a == 1:
+                    m.AddBoolOr([lit.Not() for lit in starts])
+                else:
+                    m.Add(x[e - 1] >= x[a] + 1).OnlyEnforceIf(starts)
+        if minimise_devices:
+            m.Minimize(stages)
+        if hint is not None:
+            layer_position = np.zeros(L, np.int64)
+            for position, first, last in hint.stages:
+                layer_position[first:last + 1] = position
+            for var, value in zip(x, layer_position):
+                m.AddHint(var, int(value))
+
+    def _equals(self, var, value: int):
+        lit = self.m.NewBoolVar("")
+        self.m.Add(var == value).OnlyEnforceIf(lit)
+        self.m.Add(var != value).OnlyEnforceIf(lit.Not())
+        return lit
+
+    def _limit(self, a: int, reach: int, conditions: list) -> None:
+        """Layer ``reach`` cannot share a stage with layer ``a`` (under ``conditions``); when
+        ``reach == a``, layer ``a`` cannot be placed under them at all."""
+        m, x = self.m, self.x
+        if reach >= self.p.num_layers:
+            return
+        if reach > a:
+            c = m.Add(x[reach] >= x[a] + 1)
+            if conditions:
+                c.OnlyEnforceIf(conditions)
+        else:
+            m.AddBoolOr([lit.Not() for lit in conditions])
+
+    def solve(self, seconds: float, workers: int, deterministic: float | None = None) -> tuple[str, Split | None, float]:
+        """``deterministic``: also stop after this much of CP-SAT's deterministic time (about
+        seconds, but the same on every run and machine, so the answer does not vary)."""
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = max(seconds, 0.01)
+        if deterministic is not None:
+            solver.parameters.max_deterministic_time = deterministic
+        solver.parameters.num_workers = workers
+        solver.parameters.random_seed = 1
+        start = _time.monotonic()
+        status = solve_interruptibly(solver, self.m)     # Ctrl-C: stop the search, raise KeyboardInterrupt
+        elapsed = _time.monotonic() - start
+        name = solver.StatusName(status)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return name, None, elapsed
+        positions = [int(solver.Value(v)) for v in self.x]
+        return name, _split_from_positions(positions, self.p.devices), elapsed
+
+
+def _split_from_positions(positions: list[int], devices: int) -> Split:
+    L = len(positions)
+    bounds = [0] * (devices + 1)
+    bounds[devices] = L
+    for position in range(devices - 1, -1, -1):
+        first = next((l for l, x in enumerate(positions) if x >= position), L)
+        bounds[position] = first
+    return Split(tuple(bounds))
+
+
+def _quantity(evaluation: Evaluation, quantity: str) -> int:
+    return {"time": evaluation.time, "memory": evaluation.memory, "devices": evaluation.devices}[quantity]
+
+
+def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
+                log: Callable[[str], None] | None = None, oracle=None) -> SolverResult:
+    """Solve ``problem`` lexicographically (see the module docstring). ``hint``: a known
+    feasible split, used as the starting upper bound. ``oracle``: the exact DP's answer
+    (``oracle.exact_optimum``); its split is the answer and its optimum each phase's value.
+    CP-SAT is asked only to prove the next smaller value impossible (within ``DP_CONFIRM_S`` of
+    deterministic time, on models of at most ``DP_CONFIRM_SIZE`` fit constraints); where it
+    does not, the phase's ``proof`` is "dp": the DP's optimum is the bound."""
+    o = problem.options
+    tables = _Tables(problem)
+    bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
+    result = SolverResult(None, None)
+    best = hint if hint is not None and evaluate(problem, hint).feasible else None
+    known: dict[str, int] = {}
+    if oracle is not None:
+        if not oracle.feasible:              # the DP enumerates every split implicitly: none fits
+            result.phases.append(PhaseResult(ORDER[o.objective][0], "INFEASIBLE", None, None, 0.0, 0, "dp"))
+            return result
+        best = oracle.split
+        known = {q: _quantity(oracle.evaluation, q) for q in ORDER[o.objective]}
+    deadline_each = float(o.time_limit)
+    for phase, quantity in enumerate(ORDER[o.objective]):
+        if log:
+            log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
+        start = _time.monotonic()
+
+        def check(value: int, minimise: bool = False, budget: float | None = None):
+            limits = dict(bounds)
+            limits[quantity] = value
+            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
+            remaining = deadline_each - (_time.monotonic() - start)
+            return model.solve(remaining, o.workers, deterministic=budget)
+
+        if quantity in known:
+            # The DP's split reaches its optimum (``evaluate`` checked it). CP-SAT is asked only
+            # whether the next smaller value is possible; if it cannot say so within a short
+            # budget, the DP's optimum is the bound (proof "dp").
+            value = known[quantity]
+            proof, below = "dp", None              # large: building CP-SAT's model alone would take seconds
+            if _model_size(problem) <= DP_CONFIRM_SIZE:
+                proof, below = "cp-sat", _next_below(tables, quantity, value)
+            contradiction = None
+            if below is not None:
+                status, found, _ = check(below, budget=DP_CONFIRM_S)
+                found_eval = evaluate(problem, found) if found is not None else None
+                if found_eval is not None and found_eval.feasible and _quantity(found_eval, quantity) < value:
+                    contradiction = (found, _quantity(found_eval, quantity))
+                elif status != "INFEASIBLE":
+                    proof = "dp"                   # not proven in the budget: the DP's optimum is the bound
+            if contradiction is None:
+                bounds[quantity] = value
+                result.phases.append(PhaseResult(quantity, "OPTIMAL", value, value, _time.monotonic() - start,
+                                                 int(below is not None), proof))
+                continue
+            # CP-SAT found a split the exact DP says cannot exist: one of the two is wrong. Trust
+            # the split that evaluates better, drop the DP's answers, and search with CP-SAT alone.
+            result.notes.append(
+                f"CP-SAT found a split with {PHASE_NAMES[quantity]} {contradiction[1]:,}, below the exact DP's optimum "
+                f"{value:,}: the DP's answer was set aside and CP-SAT searched alone (please report this profile)")
+            known.clear()
+            best = contradiction[0]
+        if quantity == "devices":
+            status, split, _ = check(problem.devices, minimise=True)
+            checks = 1
+            if split is None:
+                result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
+                                                 None, None, _time.monotonic() - start, checks))
+                break
+            value = evaluate(problem, split).devices
+            phase_status = status
+            bound = value if status == "OPTIMAL" else 1
+        else:
+            candidates = tables.candidates(quantity)
+            checks = 0
+            split = None
+            hi = None
+            if best is not None:
+                current = _quantity(evaluate(problem, best), quantity)
+                hi = int(np.searchsorted(candidates, current))
+                split = best
+            if hi is None or hi >= len(candidates):
+                if not len(candidates):
+                    result.phases.append(PhaseResult(quantity, "INFEASIBLE", None, None,
+                                                     _time.monotonic() - start, 0))
+                    break
+                status, split, _ = check(int(candidates[-1]))
+                checks += 1
+                if split is None:
+                    result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
+                                                     None, None, _time.monotonic() - start, checks))
+                    break
+                hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, split), quantity)))
+            lo = -1                      # candidates[lo] proven infeasible (none yet)
+            unknown = False
+            while hi - lo > 1:
+                if _time.monotonic() - start >= deadline_each:
+                    unknown = True
+                    break
+                mid = (lo + hi) // 2
+                status, found, _ = check(int(candidates[mid]))
+                checks += 1
+                if found is not None:
+                    split = found
+                    hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, found), quantity)))
+                elif status == "INFEASIBLE":
+                    lo = mid
+                else:
+                    unknown = True
+                    break
+            value = int(candidates[hi])
+            bound = int(candidates[lo + 1]) if lo + 1 <= hi else value
+            phase_status = "OPTIMAL" if not unknown and bound == value else "FEASIBLE"
+        best = split
+        bounds[quantity] = value
+        result.phases.append(PhaseResult(quantity, phase_status, value, bound, _time.monotonic() - start, checks))
+    if best is not None and result.phases and result.phases[0].value is not None:
+        result.split = _canonical(problem, best)
+        result.evaluation = evaluate(problem, result.split)
+    return result
+
+
+def _model_size(problem: SplitProblem) -> int:
+    """Rough count of the conditional fit constraints CP-SAT's model would hold."""
+    o = problem.options
+    positions = 1 if problem.homogeneous else problem.devices
+    counts = len(problem.in_flight_values) if o.schedule == "1f1b" else 1
+    return problem.num_layers * positions * counts
+
+
+def _next_below(tables: _Tables, quantity: str, value: int) -> int | None:
+    """The largest value below ``value`` that a stage (or the device count) can take, if any:
+    the largest of ``candidates`` below it, without sorting them all."""
+    if quantity == "devices":
+        return value - 1 if value > 1 else None
+    p = tables.p
+    best = None
+    for cap in sorted({int(c) for c in p.capacity}):
+        position = int(np.flatnonzero(p.capacity == cap)[0])
+        for k in p.in_flight_values:
+            fits = tables.length_ok & (tables.mem[k] <= cap)
+            values = tables.time if quantity == "time" else tables.memcost(position, k)
+            below = values[fits & (values < value)]
+            if below.size and (best is None or below.max() > best):
+                best = int(below.max())
+    return best
+
+
+def _canonical(problem: SplitProblem, split: Split) -> Split:
+    """With identical devices, present the stages on the first positions (devices 0..P-1)."""
+    if not (problem.homogeneous and not problem.options.pinned_layers):
+        return split
+    stages = split.stages
+    bounds = [a for _, a, _ in stages] + [problem.num_layers] * (problem.devices - len(stages) + 1)
+    moved = Split(tuple(bounds))
+    return moved if evaluate(problem, moved).feasible else split

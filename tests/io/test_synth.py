@@ -1,0 +1,193 @@
+"""Synthetic profiles: labelled, reproducible, internally consistent, with realistic magnitudes."""
+
+import numpy as np
+import pytest
+
+from stagesplit.io.targets import load_target
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.errors import StagesplitError
+from stagesplit.layers import group_layers
+from stagesplit.io.profile import Target
+from stagesplit.io.synth import FAMILIES, ground_truth, synthesize
+
+from helpers import SAMPLE_NAMES, assert_profiles_equal, load_sample, sample_path
+
+SMALL = Target("small", tiles=16, bytes_per_tile=10**7, clock_hz=1e9)
+
+
+def small(family="gpt", seed=0, **kw):
+    params = {"layers": 2} if family in ("gpt", "bert-base") else {}
+    params.update(kw)
+    return synthesize(family, SMALL, seed=seed, **params)
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_samples_are_labelled_synthetic(name):
+    info = load_sample(name).info
+    assert info.synthetic is True
+    assert info.source == "synthetic"
+    assert "(synthetic)" in info.description
+    assert info.compute_source == "compile-time cycle estimates (synthetic)"
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_shipped_samples_are_reproducible(name):
+    """Each shipped sample is exactly what the generator makes for that family on an IPU Mk2."""
+    assert_profiles_equal(load_sample(name), synthesize(name, load_target("ipu-mk2")))
+
+
+@pytest.mark.parametrize("family", sorted(FAMILIES))
+def test_deterministic_for_a_seed(family):
+    target = SMALL if family != "cnn" else Target("small", 64, 10**8)
+    a = synthesize(family, target, seed=11)
+    b = synthesize(family, target, seed=11)
+    assert_profiles_equal(a, b)
+    c = synthesize(family, target, seed=12)
+    assert not np.array_equal(a.variables.tile, c.variables.tile)      # the seed places tensors
+    assert len(a.variables) == len(c.variables)                         # but the model is the same
+
+
+def test_unknown_family():
+    with pytest.raises(KeyError):
+        synthesize("resnet", SMALL)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"piece_bytes": 0}, "invalid --piece-bytes 0: expected an integer >= 1"),
+    ({"piece_bytes": -5}, "invalid --piece-bytes -5: expected an integer >= 1"),
+    ({"programs_per_op": 0}, "invalid --programs-per-op 0: expected an integer >= 1"),
+    ({"layers": 0}, "invalid --layers 0: expected an integer >= 1"),
+    ({"seed": -1}, "invalid --seed -1: expected an integer >= 0"),
+])
+def test_bad_parameters(kw, message):
+    with pytest.raises(StagesplitError) as excinfo:
+        small(**kw)
+    assert str(excinfo.value) == message
+
+
+def _first_start(p):
+    """Each not-always-live variable's first live step (-1 for the others)."""
+    v = p.variables
+    start = np.full(len(v), -1, np.int64)
+    nal = np.flatnonzero(~v.always_live & (v.live_class >= 0))
+    iv = p.liveness.intervals
+    firsts = np.array([iv[c][:, 0].min() for c in range(len(iv))], np.int64)
+    start[nal] = firsts[v.live_class[nal]]
+    return start
+
+
+def check_liveness(p):
+    v = p.variables
+    ops = p.operations
+    nal = ~v.always_live & (v.live_class >= 0)
+    assert (v.always_live | nal).all()                   # every variable is live some time
+    start = _first_start(p)
+    op_of = ops.vars.row_ids()
+    var = ops.vars.values
+    # every not-always-live variable goes live at a step of an operation that uses it ...
+    goes_live_in_user = (ops.first_step[op_of] <= start[var]) & (start[var] <= ops.last_step[op_of])
+    born = np.zeros(len(v), bool)
+    born[var[goes_live_in_user]] = True
+    assert born[nal].all(), f"{int((nal & ~born).sum())} variables go live outside their operations"
+    # ... and is live during every operation that lists it
+    iv = p.liveness.intervals
+    for o, x in zip(op_of.tolist(), var.tolist()):
+        if not nal[x]:
+            continue
+        spans = iv[v.live_class[x]]
+        assert ((spans[:, 0] <= ops.last_step[o]) & (spans[:, 1] > ops.first_step[o])).any(), \
+            (ops.name[o], p.variable_name(x))
+    # variables no operation uses are always live (stream buffers)
+    used = np.zeros(len(v), bool)
+    used[var] = True
+    assert v.always_live[~used].all()
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_sample_liveness_is_consistent(name):
+    check_liveness(load_sample(name))
+
+
+@pytest.mark.parametrize("family, kw", [("gpt", {"programs_per_op": 1}), ("gpt", {"programs_per_op": 2}),
+                                        ("bert-base", {"piece_bytes": 4096}), ("cnn", {"piece_bytes": 2**20}),
+                                        ("gpt", {"programs_per_op": 6, "seed": 9}), ("bert-large", {})])
+def test_generated_liveness_is_consistent(family, kw):
+    check_liveness(small(family, **kw))
+
+
+def test_every_step_has_an_operation_and_operations_do_not_overlap():
+    p = load_sample("bert-base")
+    ops = p.operations
+    covered = np.zeros(p.num_steps, int)
+    for f, l in zip(ops.first_step.tolist(), ops.last_step.tolist()):
+        covered[f:l + 1] += 1
+    assert (covered == 1).all()
+
+
+# --------------------------------------------------------------------------------------------------
+# Magnitudes
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_sample_magnitudes(name):
+    p = load_sample(name)
+    m = StageCostModel(p, group_layers(p))
+    assert 1000 <= p.num_steps <= 10000                                      # thousands of steps
+    assert p.target == load_target("ipu-mk2")
+    per_layer = [m.stage_memory(l, l) for l in range(m.num_layers)]
+    variables = np.array([sm.variables.sum() for sm in per_layer])
+    # tens to hundreds of MB of variables per layer
+    assert 10e6 <= np.median(variables) <= 300e6 and variables.max() <= 1e9
+    for category in ("vertex_code", "vertex_state", "exchange_code", "control_code"):
+        code = np.array([sm.category(category).sum() for sm in per_layer])
+        assert 1e6 <= np.median(code) <= 20e6, category                     # a few MB per category
+    # and the whole model does not fit on one device: that is what the samples are for
+    whole = m.stage_memory(0, m.num_layers - 1)
+    assert whole.worst_bytes() > p.target.bytes_per_tile
+
+
+def test_bert_encoder_layer_weights_by_hand():
+    """A BERT-base encoder layer: q, k, v, attention output (768 x 768 + 768 each), two
+    LayerNorms (2 x 768 each), intermediate (768 x 3072 + 3072) and output (3072 x 768 + 768):
+    7,087,872 parameters at 8 bytes (weight, gradient and optimizer state)."""
+    params = 4 * (768 * 768 + 768) + 2 * (2 * 768) + (768 * 3072 + 3072) + (3072 * 768 + 768)
+    assert params == 7_087_872
+    p = load_sample("bert-base")
+    m = StageCostModel(p, group_layers(p), shared="none")
+    for layer in range(1, 11):                          # encoder layers without embeddings or head
+        assert m.stage_memory(layer, layer).always_live.sum() == params * 8
+    shared = StageCostModel(p, group_layers(p)).shared_memory()
+    assert shared.always_live.sum() == 1472 * (768 + 16)      # stream buffers and the step counter
+
+
+def test_activation_sizes_by_hand():
+    """The output of every BERT encoder layer is batch 8 x sequence 128 x hidden 768 halves."""
+    p = load_sample("bert-base")
+    idx = p.names.index("bert/encoder/layer3/output/LayerNorm/output")
+    sizes = p.variables.bytes[p.variables.name == idx]
+    assert sizes.sum() == 8 * 128 * 768 * 2
+    # lowered into pieces of piece_bytes (16 KiB): 1,572,864 / 16,384 = 96, one per tile
+    assert sizes.tolist() == [16384] * 96
+    assert len(np.unique(p.variables.tile[p.variables.name == idx])) == 96
+
+
+@pytest.mark.parametrize("name", SAMPLE_NAMES)
+def test_shipped_sample_files_are_small(name):
+    assert sample_path(name).stat().st_size < 5 * 2**20
+
+
+def test_ground_truth_is_independent_of_the_cost_model():
+    """synth.ground_truth on a generated profile adds the two unmodelled categories and traces
+    the most loaded tiles step by step."""
+    p = small("gpt")
+    gt = ground_truth(p, np.random.default_rng(3), trace_tiles=4)
+    assert list(gt.categories) == ["vertex_code", "vertex_instance_state", "internal_exchange_code", "control_code",
+                                   "constant", "vector_list_descriptor"]
+    assert ((64 <= gt.categories["constant"]) & (gt.categories["constant"] < 512)).all()
+    assert ((0 <= gt.categories["vector_list_descriptor"]) & (gt.categories["vector_list_descriptor"] < 256)).all()
+    assert gt.step_bytes.shape == (4, p.num_steps)
+    assert np.array_equal(gt.step_bytes.max(axis=1), gt.not_always_live[gt.step_tiles])
+    total = gt.tile_total()
+    assert (total[gt.step_tiles] >= np.delete(total, gt.step_tiles).max()).all()
+    v = p.variables
+    assert np.array_equal(gt.always_live, np.bincount(v.tile[v.always_live], weights=v.bytes[v.always_live],
+                                                      minlength=p.target.tiles).astype(np.int64))

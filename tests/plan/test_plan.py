@@ -1,0 +1,86 @@
+"""Plan records and files: contents, round trips through JSON and YAML, validation."""
+
+import json
+
+import pytest
+
+from stagesplit.solver.advise import advise
+from stagesplit.errors import ProfileError, StagesplitError
+from stagesplit.plan.records import read_plan, split_text, write_plan
+from stagesplit.solver.problem import SolveOptions
+
+from helpers import PROFILES
+from helpers import UNIT, layer_model, options
+
+
+def small_plan(tmp_path=None):
+    model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
+    return advise(model, options(3, 12), compare=True)
+
+
+def test_plan_contents():
+    advice = small_plan()
+    plan = advice.plan
+    assert plan.feasible and plan.status == "optimal" and plan.method == "cp-sat"
+    assert plan.split_text == "[ l0 l1 l2 | l3 l4 | l5 ]"
+    assert [s.worst_tile_bytes for s in plan.stages] == [12 * UNIT, 8 * UNIT, 4 * UNIT]
+    assert [s.capacity_bytes for s in plan.stages] == [12 * UNIT] * 3
+    assert [s.headroom_bytes for s in plan.stages] == [0, 4 * UNIT, 8 * UNIT]
+    assert [s.compute for s in plan.stages] == [3.0, 6.0, 5.0]
+    assert plan.bottleneck.stage == 1
+    assert plan.stages[0].memory_at_worst_tile.always_live == 12 * UNIT
+    assert plan.phases[0].value == plan.phases[0].bound == 6 and plan.phases[0].gap == 0.0
+    assert plan.inputs["devices"] == 3 and plan.inputs["objective"] == "compute"
+    # PopLiner's loop: 3+ layers per stage first, which fit (12) only at 100% of memory
+    assert [b.method for b in advice.baselines] == ["greedy (3+ layers, 100% of memory)", "uniform"]
+    assert abs(plan.pipeline_efficiency(1) - (14 / 18) / 3) < 1e-9    # balance 14/(3*6), bubble 2/3
+
+
+@pytest.mark.parametrize("suffix", [".json", ".yaml"])
+def test_round_trip(tmp_path, suffix):
+    plan = small_plan().plan
+    path = tmp_path / f"plan{suffix}"
+    write_plan(plan, path)
+    back = read_plan(path)
+    assert back.split_text == plan.split_text
+    assert [(s.first_layer, s.last_layer, s.worst_tile_bytes, s.compute) for s in back.stages] == \
+        [(s.first_layer, s.last_layer, s.worst_tile_bytes, s.compute) for s in plan.stages]
+    assert back.layer_names == plan.layer_names and back.status == plan.status
+    assert [p.value for p in back.phases] == [p.value for p in plan.phases]
+    # units, scale and solver values survive; wall times come back from ``run``
+    assert [(p.unit, p.scale, p.solver_value, p.solver_bound, p.seconds) for p in back.phases] == \
+        [(p.unit, p.scale, p.solver_value, p.solver_bound, p.seconds) for p in plan.phases]
+    assert [p.unit for p in plan.phases] == ["flops", "bytes"]
+    assert [s.time for s in back.stages] == [s.time for s in plan.stages] == [3.0, 6.0, 5.0]
+    assert back.notes == plan.notes == []
+
+
+def test_plan_records_profile_hash(tmp_path):
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.plan.records import file_sha256
+    path = PROFILES / "bert-base.stagesplit"
+    plan = advise(Analysis.load(path).model, SolveOptions(devices=4), profile_path=path).plan
+    assert plan.profile["sha256"] == file_sha256(path) and len(plan.profile["sha256"]) == 64
+    assert plan.profile["synthetic"] is True
+
+
+def test_bad_plan_files(tmp_path):
+    path = tmp_path / "p.json"
+    with pytest.raises(StagesplitError):
+        read_plan(path)
+    path.write_text("{not json")
+    with pytest.raises(ProfileError, match="valid JSON"):
+        read_plan(path)
+    doc = small_plan().plan.to_document()
+    doc["stages"][1]["first_layer"] = 4
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"stages\[1\]\.first_layer: expected 3 \(stages are contiguous\)"):
+        read_plan(path)
+    doc["format"] = "other"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match="format"):
+        read_plan(path)
+
+
+def test_split_text():
+    assert split_text(["a", "b", "c"], [(0, 1), (2, 2)]) == "[ a b | c ]"

@@ -1,0 +1,234 @@
+"""The pure helpers of stagesplit/advise.py on tiny hand-made range tables: ``fewest_devices``
+(against hand-worked first-fit runs and a brute force over every split), ``explain_infeasible``
+(each of its messages) and ``dp_affordable`` (the DP's work estimate and its budget)."""
+
+import itertools
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+from hypothesis import given, strategies as st
+
+from stagesplit.solver import advise as advise
+from stagesplit.solver.advise import dp_affordable, explain_infeasible, fewest_devices
+from stagesplit.model.costmodel import RangeTable
+from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
+
+from helpers import UNIT, layer_model, options
+
+
+def range_table(weights, stash=None, in_flights=(1,), tiles=None) -> RangeTable:
+    """Range ``a..b`` needs sum(weights[a..b]) + (k - 1) x sum(stash[a..b]) bytes with k
+    micro-batches in flight; its worst tile is ``tiles[a]`` (0 by default)."""
+    L = len(weights)
+    stash = stash or [0] * L
+    w, s = np.cumsum([0, *weights]), np.cumsum([0, *stash])
+    worst = np.zeros((len(in_flights), L, L), np.int64)
+    tile = np.zeros((len(in_flights), L, L), np.int64)
+    for i, k in enumerate(in_flights):
+        for a in range(L):
+            for b in range(a, L):
+                worst[i, a, b] = w[b + 1] - w[a] + (k - 1) * (s[b + 1] - s[a])
+                tile[i, a, b] = tiles[a] if tiles else 0
+    return RangeTable(tuple(in_flights), worst, tile, np.zeros((len(in_flights), L, L)))
+
+
+def opts(schedule="none", micro_batches=1, **kw) -> SolveOptions:
+    return SolveOptions(devices=kw.pop("devices", 1), schedule=schedule, micro_batches=micro_batches, **kw)
+
+
+# -- fewest_devices ----------------------------------------------------------------------------------
+
+WEIGHTS = [4, 3, 5, 2]
+
+
+@pytest.mark.parametrize("capacity, expected", [
+    ([14], 1),          # everything on one device
+    ([13], 2),
+    ([7], 2),           # [4 3 | 5 2]: 7 and 7
+    ([6], 4),           # 4+3 > 6, 3+5 > 6, 5+2 > 6: one layer each
+    ([5], 4),
+    ([4], None),        # layer 2 (5 bytes) fits nowhere
+    ([12, 5], 2),       # [4 3 5 | 2]: the first device takes all it can
+    ([5, 12], 2),       # [4 | 3 5 2]
+    ([3, 100], None),   # layer 0 must go on the first device (positions in order), which cannot hold it
+])
+def test_fewest_devices_first_fit(capacity, expected):
+    assert fewest_devices(range_table(WEIGHTS), np.array(capacity), opts()) == expected
+
+
+def test_fewest_devices_limit():
+    table = range_table(WEIGHTS)
+    assert fewest_devices(table, np.array([6]), opts(), limit=4) == 4
+    assert fewest_devices(table, np.array([6]), opts(), limit=3) is None
+    assert fewest_devices(table, np.array([7]), opts(), limit=1) is None
+
+
+def test_fewest_devices_1f1b_holds_more_on_the_first_stages():
+    # one stashed byte per layer and micro-batch; 1F1B with 2 micro-batches: stage s of P holds
+    # min(2, P - s). Capacity 8:
+    #   P=1: k=1           4, 4+3=7, 7+5 > 8           stops at layer 2
+    #   P=2: k=2, 1        5, 7+2 > 8 | 3, 8, 10 > 8   stops at layer 3
+    #   P=3: k=2, 2, 1     5 | 4, 8+2 > 8 | 5, 7       fits
+    table = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(1, 2))
+    assert fewest_devices(table, np.array([8]), opts("1f1b", 2)) == 3
+    # with no schedule one micro-batch is in flight everywhere: [4 3 | 5 2]
+    assert fewest_devices(table, np.array([8]), opts()) == 2
+    # GPipe holds both micro-batches on every stage: 5 | 4 | 6 | 3
+    gpipe = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(2,))
+    assert fewest_devices(gpipe, np.array([8]), opts("gpipe", 2)) == 4
+    assert fewest_devices(gpipe, np.array([5]), opts("gpipe", 2)) is None
+
+
+def test_fewest_devices_stops_where_the_table_lacks_an_in_flight_count():
+    # only k=1 priced: one stage works, any 1F1B pipeline of 2+ stages cannot be judged
+    table = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(1,))
+    assert fewest_devices(table, np.array([100]), opts("1f1b", 2)) == 1
+    assert fewest_devices(table, np.array([8]), opts("1f1b", 2)) is None
+
+
+def brute_force_fewest(table, capacity, schedule, micro_batches):
+    """The fewest stages of any split (every one tried) whose stage s fits position s's capacity."""
+    L = table.worst_bytes.shape[1]
+    for stages in range(1, L + 1):
+        for cuts in itertools.combinations(range(1, L), stages - 1):
+            bounds = [0, *cuts, L]
+            if all(table.worst_bytes[table.k_index(in_flight(schedule, micro_batches, s, stages)),
+                                     bounds[s], bounds[s + 1] - 1] <= capacity[s % len(capacity)]
+                   for s in range(stages)):
+                return stages
+    return None
+
+
+@given(weights=st.lists(st.integers(1, 9), min_size=1, max_size=7), data=st.data())
+def test_fewest_devices_matches_brute_force(weights, data):
+    L = len(weights)
+    stash = data.draw(st.lists(st.integers(0, 4), min_size=L, max_size=L))
+    schedule = data.draw(st.sampled_from(["none", "1f1b", "gpipe"]))
+    micro = data.draw(st.integers(1, 4))
+    ks = sorted({1, *range(1, micro + 1)}) if schedule == "1f1b" else sorted({1, micro})
+    capacity = data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=3))   # a repeating pattern of devices
+    table = range_table(weights, stash, tuple(ks))
+    assert fewest_devices(table, np.array(capacity), opts(schedule, micro)) == \
+        brute_force_fewest(table, capacity, schedule, micro)
+
+
+def test_fewest_devices_on_mixed_devices():
+    """First fit is not optimal on mixed devices: taking all it can on a large device can leave
+    a layer in front of a small one that cannot hold it (fewest_devices tracks every prefix)."""
+    # capacities 2, 1, 2, 1, ...: [1 | 1 | 1 | 1 | 2] fits on 5; first fit takes [1 1 | 1 | 1] and then
+    # finds the last layer (2) in front of a device of 1, for any number of devices
+    table = range_table([1, 1, 1, 1, 2])
+    assert brute_force_fewest(table, [2, 1], "none", 1) == 5
+    assert fewest_devices(table, np.array([2, 1]), opts()) == 5
+
+
+# -- explain_infeasible ------------------------------------------------------------------------------
+
+def explain(table, names, capacity, **kw):
+    model = SimpleNamespace(layers=SimpleNamespace(names=names))
+    o = opts(devices=kw.pop("devices"), **kw)
+    problem = SimpleNamespace(capacity=np.array(capacity), devices=o.devices, options=o)
+    return explain_infeasible(model, problem, table)
+
+
+def test_explain_a_layer_too_big_names_the_biggest_and_its_tile():
+    table = range_table([2, 9, 7], tiles=[0, 3, 1])
+    assert explain(table, ["a", "b", "c"], [5, 5], devices=2) == (
+        "layer 'b' alone needs 9 bytes on tile 3, more than a device holds (5 bytes per tile after headroom), "
+        "so no number of devices fits; split that layer (a finer --layer-regex) or free memory on that tile")
+
+
+def test_explain_a_layer_too_big_for_every_device_of_a_mixed_set():
+    # 7,000 fits the larger device (8,000), so only layer 'b' (9,000) is named, with the larger capacity
+    table = range_table([2000, 9000, 7000], tiles=[0, 3, 1])
+    message = explain(table, ["a", "b", "c"], [5000, 8000], devices=2)
+    assert message.startswith("layer 'b' alone needs 9,000 bytes on tile 3, more than a device holds "
+                              "(8,000 bytes per tile after headroom)")
+
+
+def test_explain_more_devices_needed():
+    table = range_table([3, 3, 3, 3])
+    # 6 per device: [3 3 | 3 3] needs two
+    assert explain(table, list("abcd"), [6], devices=1) == \
+        "no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2"
+    assert explain(table, list("abcd"), [6], devices=1, max_layers=4) == \
+        ("no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2 "
+         "(ignoring pins and layer-count limits)")
+    # 5 per device: one layer each
+    assert explain(table, list("abcd"), [5, 5, 5], devices=3, pinned_splits=(2,)).endswith(
+        "the smallest number that fits is 4 (ignoring pins and layer-count limits)")
+
+
+def test_explain_constraints_to_blame():
+    table = range_table([3, 3, 3, 3])
+    # two devices would do, but at most one layer per stage needs four
+    assert explain(table, list("abcd"), [6, 6], devices=2, max_layers=1) == \
+        ("no split fits on 2 device(s) under the given pins and layer-count limits; without them 2 device(s) "
+         "would do")
+    assert explain(table, list("abcd"), [12, 12], devices=2, pinned_layers=((0, 1), (3, 0))).endswith(
+        "without them 1 device(s) would do")
+
+
+def test_explain_nothing_fits_with_stashed_micro_batches():
+    # each layer fits alone with one micro-batch (5, 4 <= 6), both together do not (9), and the
+    # first stage of any 1F1B pipeline of 2+ stages holds 2 micro-batches of layer 0 (8 > 6)
+    table = range_table([5, 4], stash=[3, 3], in_flights=(1, 2))
+    assert explain(table, ["x", "y"], [6, 6, 6], devices=3, schedule="1f1b", micro_batches=2) == \
+        "no split of the 2 layers fits on 3 device(s), nor on any number of such devices"
+
+
+def test_explain_on_a_priced_model():
+    # a per-layer model in inference with no activations: a stage needs exactly its weights
+    model = layer_model([2, 9, 3], [1, 1, 1])
+    o = options(2, 5)
+    table = model.price_ranges((1,))
+    problem = build_problem(model, o, table=table)
+    assert explain_infeasible(model, problem, table) == (
+        f"layer 'l1' alone needs {9 * UNIT:,} bytes on tile 0, more than a device holds ({5 * UNIT:,} bytes per "
+        "tile after headroom), so no number of devices fits; split that layer (a finer --layer-regex) or free "
+        "memory on that tile")
+    model = layer_model([3, 3, 3, 3], [1, 1, 1, 1])
+    problem = build_problem(model, options(1, 7), table=model.price_ranges((1,)))
+    assert explain_infeasible(model, problem, model.price_ranges((1,))) == \
+        "no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2"
+
+
+# -- dp_affordable -----------------------------------------------------------------------------------
+
+def dp_problem(layer_bytes, capacity, devices, extra_k=False):
+    """``mem[0][a, b]`` = sum of layer_bytes[a..b] (zero below the diagonal, as in a RangeTable)."""
+    table = range_table(layer_bytes, stash=[10**6] * len(layer_bytes), in_flights=(1, 2) if extra_k else (1,))
+    return SimpleNamespace(num_layers=len(layer_bytes), mem=table.worst_bytes, capacity=np.array(capacity),
+                           devices=devices)
+
+
+@pytest.mark.parametrize("capacity, devices, affordable", [
+    # 4 layers of 1 byte; work = N^2 / 2 x (L + 1) x W with W the longest range that fits; budget 1000
+    ([2], 14, True),     # W = 2: 98 x 5 x 2 = 980
+    ([2], 15, False),    # 112.5 x 5 x 2 = 1125
+    ([3], 11, True),     # W = 3: 60.5 x 5 x 3 = 907.5
+    ([3], 12, False),    # 72 x 5 x 3 = 1080
+    ([1, 3], 11, True),  # the largest capacity sets W
+    ([1, 3], 12, False),
+    ([0], 20, True),     # nothing fits: W counts as 1, 200 x 5 = 1000
+    ([0], 21, False),
+])
+def test_dp_affordable_against_the_budget(monkeypatch, capacity, devices, affordable):
+    monkeypatch.setattr(advise, "DP_BUDGET", 1000)
+    assert dp_affordable(dp_problem([1, 1, 1, 1], capacity, devices)) is affordable
+
+
+def test_dp_affordable_uses_the_fewest_micro_batches_in_flight(monkeypatch):
+    # with 2 in flight no range fits (a million stashed bytes per layer), but the DP's band is
+    # as wide as the widest stage that fits with the fewest in flight
+    monkeypatch.setattr(advise, "DP_BUDGET", 1000)
+    assert dp_affordable(dp_problem([1, 1, 1, 1], [3], 12, extra_k=True)) is False
+    assert dp_affordable(dp_problem([1, 1, 1, 1], [3], 11, extra_k=True)) is True
+
+
+def test_dp_affordable_at_the_documented_scale():
+    # 500 layers on 128 devices with stages of up to 100 layers: 128^2 / 2 x 501 x 100 = 4.1e8
+    assert dp_affordable(dp_problem([1] * 500, [100], 128))
+    # 1000 layers that all fit on one device, 128 devices: 8192 x 1001 x 1000 = 8.2e9, over 2e9
+    assert not dp_affordable(dp_problem([1] * 1000, [1000], 128))
