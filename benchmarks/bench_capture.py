@@ -101,9 +101,9 @@ def measure() -> None:
                             name="llama-2-7b-shaped")
     t2 = time.perf_counter()
     capture_rss = peak_rss_mb()
-    from stagesplit.solver.cpsat.advise import advise
+    from stagesplit.plan.advise import advise
     from stagesplit.model.analysis import Analysis
-    from stagesplit.solver.cpsat.problem import SolveOptions
+    from stagesplit.solver.problem import SolveOptions
     analysis = Analysis.of(profile)
     plan = advise(analysis.model, SolveOptions(devices=8, schedule="1f1b", micro_batches=16)).plan
     t3 = time.perf_counter()

@@ -67,10 +67,10 @@ def measure_solve(path: str, devices: str) -> None:
             with z.open(name) as f:
                 total_bytes += np.lib.format.read_array(f, allow_pickle=False).nbytes
     floor = time.perf_counter() - t0
-    from stagesplit.solver.cpsat.advise import advise, price
+    from stagesplit.plan.advise import advise, price
     from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
-    from stagesplit.solver.cpsat.request import SolveRequest
+    from stagesplit.solver.request import SolveRequest
     t1 = time.perf_counter()
     profile = load_profile(path)
     t2 = time.perf_counter()

@@ -40,7 +40,7 @@ def additive_model(layers: int = 200, seed: int = 7):
 
 
 def all_options(objective: str, time_limit: float = 60):
-    from stagesplit.solver.cpsat.problem import SolveOptions
+    from stagesplit.solver.problem import SolveOptions
     cap = 80 * 2**30
     caps = tuple(int(cap * (0.5 if i % 3 == 0 else 1.0)) for i in range(64))
     return SolveOptions(devices=64, objective=objective, schedule="1f1b", micro_batches=128, capacities=caps,
@@ -48,9 +48,9 @@ def all_options(objective: str, time_limit: float = 60):
 
 
 def measure_all_options(objective: str) -> None:
-    from stagesplit.solver.cpsat.advise import advise, price
-    from stagesplit.solver.cpsat.problem import build_problem
-    from stagesplit.solver.cpsat.cpsat import solve_cpsat
+    from stagesplit.plan.advise import advise, price
+    from stagesplit.solver.problem import build_problem
+    from stagesplit.solver.cpsat import solve_cpsat
     t0 = time.perf_counter()
     model = additive_model()
     options = all_options(objective)
@@ -72,7 +72,7 @@ OPTION_CASES = ("1f1b", "devices", "mixed", "communication", "all")
 
 def option_request(which: str, devices: int):
     """Issue 10's solver cases: one option at a time, or all of them together."""
-    from stagesplit.solver.cpsat.problem import SolveOptions
+    from stagesplit.solver.problem import SolveOptions
     cap = 80 * 2**30
     kw: dict = {"devices": devices, "time_limit": 120.0}
     if which in ("1f1b", "all"):
@@ -87,7 +87,7 @@ def option_request(which: str, devices: int):
 
 
 def measure_option(which: str, layers: str, devices: str) -> None:
-    from stagesplit.solver.cpsat.advise import advise, price
+    from stagesplit.plan.advise import advise, price
     t0 = time.perf_counter()
     model = additive_model(int(layers))
     options = option_request(which, int(devices))
@@ -108,11 +108,11 @@ def measure(case: str, path: str) -> None:
     if case.startswith("all-options@"):
         measure_all_options(case.split("@")[1])
         return
-    from stagesplit.solver.cpsat.advise import price
+    from stagesplit.plan.advise import price
     from stagesplit.model.analysis import Analysis
-    from stagesplit.solver.cpsat.dp import greedy, uniform
-    from stagesplit.solver.cpsat.problem import SolveOptions, build_problem
-    from stagesplit.solver.cpsat.cpsat import solve_cpsat
+    from stagesplit.solver.dp import greedy, uniform
+    from stagesplit.solver.problem import SolveOptions, build_problem
+    from stagesplit.solver.cpsat import solve_cpsat
     t0 = time.perf_counter()
     if case.startswith("bert-large"):
         model = Analysis.load(path).model

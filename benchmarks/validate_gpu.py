@@ -37,10 +37,10 @@ def main() -> int:
     sys.modules[spec.name] = gpt
     spec.loader.exec_module(gpt)
 
-    from stagesplit.solver.cpsat.advise import advise
+    from stagesplit.plan.advise import advise
     from stagesplit.model.analysis import Analysis
     from stagesplit.io.capture import capture
-    from stagesplit.solver.cpsat.problem import SolveOptions
+    from stagesplit.solver.problem import SolveOptions
     profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
     analysis = Analysis.of(profile)
     device = torch.device("cuda")

@@ -1,11 +1,17 @@
 """stagesplit: a pipeline-stage partition advisor.
 
 Read a single-device memory profile, group its operations into layers, price every contiguous
-range of layers as a pipeline stage, and choose split points for N devices: ``solve``,
-``sweep``, ``breakdown``, ``diagnose`` and ``reproduce`` take names, as the command line does
-(see api.py). Public names are imported on first use, so ``import stagesplit`` (and the
-command line's light commands) do not pay for the solver, plotting or pandas. No public
-function shares its name with a module of the package (importing the module would replace it).
+range of layers as a pipeline stage, and choose split points for N devices. The front door is
+one function per command, taking names as the command line does (``stagesplit.api``):
+
+    plan = stagesplit.solve("profiles/bert-base.stagesplit", devices=4, schedule="1f1b")
+
+plus the records they return and the errors they raise. Everything else lives in the
+subpackages, by stage of the data flow: ``io`` (readers and capture) -> ``layers`` ->
+``model`` (the stage cost model) -> ``solver`` -> ``plan`` -> ``reporting`` and ``exporters``
+-> ``api`` -> ``cli``. Public names are imported on first use, so ``import stagesplit`` (and
+the command line's light commands) do not pay for the solver, plotting or pandas. No public
+name is also the name of a module of the package (importing the module would replace it).
 """
 
 from __future__ import annotations
@@ -13,39 +19,27 @@ from __future__ import annotations
 import importlib
 from typing import Any
 
-__version__ = "0.1.0"
+from .common.versions import VERSION as __version__
 
 # public name -> the module (relative to this package) that defines it
 _EXPORTS: dict[str, str] = {
-    "solve": ".api", "sweep": ".api", "breakdown": ".api", "analyze": ".api", "reproduce": ".api",
-    "SolveRequest": ".solver.request", "Objective": ".solver.request", "Schedule": ".solver.request", "SharedPolicy": ".solver.request",
-    "MemoryBreakdown": ".model.stagememory", "OptionError": ".errors", "LayerRangeError": ".errors",
-    "Advice": ".solver.advise",
-    "Analysis": ".model.analysis",
-    "Breakdown": ".reporting.breakdown",
-    "diagnose": ".api",
-    "SolverSettings": ".io.targets", "known_targets": ".io.targets", "load_solver_settings": ".io.targets",
-    "load_target": ".io.targets",
-    "RangeTable": ".model.costmodel", "StageCostModel": ".model.costmodel", "StageMemory": ".model.costmodel",
-    "ProfileError": ".errors", "StagesplitError": ".errors",
-    "load_profile": ".io", "save_profile": ".io",
-    "LayerSpec": ".io.layerform", "build_layer_profile": ".io.layerform",
-    "LayerAssignment": ".layers", "LayerOptions": ".layers", "group_layers": ".layers",
-    "exact_optimum": ".solver.dp", "greedy": ".solver.dp", "uniform": ".solver.dp",
-    "export_plan": ".export",
-    "capture": ".io.capture", "capture_model": ".io.capture",
-    "import_onnx": ".io.onnximport",
-    "apply_roofline": ".model.roofline",
-    "Plan": ".plan.records", "read_plan": ".plan.records", "write_plan": ".plan.records",
-    "SolveOptions": ".solver.problem", "Split": ".solver.problem", "SplitProblem": ".solver.problem", "build_problem": ".solver.problem",
-    "Profile": ".io.profile", "Target": ".io.profile",
-    "solve_cpsat": ".solver.cpsat",
-    "ProfileBuilder": ".io.builder",
-    "synthesize": ".io.synth",
-    "Traffic": ".model.traffic", "layer_traffic": ".model.traffic",
+    # one function per command
+    "solve": ".api", "sweep": ".api", "reproduce": ".api", "breakdown": ".api", "diagnose": ".api",
+    "analyze": ".api", "convert": ".api", "import_onnx": ".api", "capture": ".api", "synthesize": ".api",
+    "export": ".api", "targets": ".api", "Events": ".api", "Reproduction": ".api",
+    # the records they take and return
+    "SolveRequest": ".solver.request", "Objective": ".solver.request", "Schedule": ".solver.request",
+    "SharedPolicy": ".solver.request", "LayerOptions": ".layers",
+    "Profile": ".io.profile", "Target": ".io.profile", "load_profile": ".io", "save_profile": ".io",
+    "Analysis": ".model.analysis", "MemoryBreakdown": ".model.stagememory",
+    "Plan": ".plan.records", "StagePlan": ".plan.records", "PlanInputs": ".plan.records",
+    "read_plan": ".plan.files", "write_plan": ".plan.files", "SweepResult": ".plan.advise",
+    "Breakdown": ".reporting.breakdown", "Diagnosis": ".reporting.diagnosis",
+    # the errors
+    "StagesplitError": ".errors", "ProfileError": ".errors", "OptionError": ".errors", "LayerRangeError": ".errors",
 }
 
-__all__ = sorted(_EXPORTS)
+__all__ = sorted(_EXPORTS) + ["__version__"]
 
 
 def __getattr__(name: str) -> Any:

@@ -1,5 +1,5 @@
 import sys
 
-from .cli.commands import main
+from .cli import main
 
 sys.exit(main())

@@ -2,53 +2,144 @@
 
     plan = stagesplit.solve("profiles/bert-base.stagesplit", devices=4, schedule="1f1b")
 
-``solve``, ``sweep``, ``breakdown`` and ``analyze`` accept a profile path, a loaded ``Profile``
-or an ``Analysis`` (profile, layers and cost model, reusable across calls). Options are the
-fields of ``options.SolveRequest``; errors are ``StagesplitError``s naming the parameter.
-The command line parses its flags into the same request and renders what these return.
+``solve``, ``sweep``, ``breakdown`` and ``diagnose`` accept a profile path, a loaded ``Profile``
+or an ``Analysis`` (profile, layers and cost model, reusable across calls). Solve options are
+the fields of ``SolveRequest``, the one options record. Every argument is checked here: a bad
+one raises a ``StagesplitError`` (``OptionError`` naming the parameter). Progress and warnings
+go through one channel, an ``Events`` object; the command line passes one that prints them,
+and the default collects warnings into the result (``plan.warnings``). Functions that write
+files take the output paths and refuse one that is also an input.
 """
 
 from __future__ import annotations
 
 import copy
-import platform
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable
 
-from .model.analysis import Analysis
+from .common.guards import check_outputs, device_counts
+from .common.limits import MAX_DEVICES
+from .common.text import show, short_repr
+from .common.validate import choice, integer, number
 from .errors import OptionError, StagesplitError
-from .layers import LayerOptions
-from .solver.request import SolveRequest
 from .io.profile import Profile, Target
+from .layers import LayerOptions
+from .model.analysis import Analysis
+from .solver.request import SharedPolicy, SolveRequest
+
+__all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
+           "import_onnx", "reproduce", "solve", "sweep", "synthesize", "targets"]
+
+ProfileLike = str | Path | Profile | Analysis
 
 
-def analyze(profile: str | Path | Profile | Analysis, *, layering: LayerOptions | None = None,
-            shared: str = "every", debug: str | Path | None = None,
-            progress: Callable[[int, int], None] | None = None) -> Analysis:
-    """The profile (read from a path if given one), its layers and its cost model."""
+class Events:
+    """The one channel for progress and warnings. ``start``/``update``/``done`` frame a long
+    phase (loading, pricing, solving); ``warn`` reports something the user should know. This
+    base class keeps the warnings (``warnings``) and shows nothing; the command line subclasses
+    it to print them."""
+
+    def __init__(self) -> None:
+        self.warnings: list[str] = []
+
+    def warn(self, message: str) -> None:
+        """Something the user should know (kept in ``warnings``)."""
+        self.warnings.append(message)
+
+    def start(self, label: str) -> None:
+        """A phase begins."""
+
+    def update(self, done: int, total: int) -> None:
+        """``done`` of ``total`` units of the current phase."""
+
+    def done(self, detail: str = "") -> None:
+        """The current phase ended."""
+
+
+# -- arguments ----------------------------------------------------------------------------------
+
+def _events(events: Events | None) -> Events:
+    if events is not None and not isinstance(events, Events):
+        raise OptionError("events", f"expected a stagesplit.Events, got {type(events).__name__}")
+    return events if events is not None else Events()
+
+
+def _path(parameter: str, value: Any, *, optional: bool = False) -> str | None:
+    if value is None and optional:
+        return None
+    if not isinstance(value, (str, Path)) or not str(value):
+        raise OptionError(parameter, f"expected a file path, got {short_repr(value)}")
+    return str(value)
+
+
+def _layering(value: Any) -> LayerOptions | None:
+    if value is not None and not isinstance(value, LayerOptions):
+        raise OptionError("layering", f"expected a LayerOptions, got {type(value).__name__}")
+    return value
+
+
+def _target(parameter: str, value: Any) -> Target | None:
+    from .io.targets import load_target
+    if value is None or isinstance(value, Target):
+        return value
+    if isinstance(value, str):
+        return load_target(value)
+    raise OptionError(parameter, f"expected a target name, a YAML path or a Target, got {short_repr(value)}")
+
+
+def _layer_compute(value: Any) -> dict[str, float]:
+    if value is None:
+        return {}
+    if not isinstance(value, Mapping):
+        raise OptionError("layer_compute", f"expected a mapping of layer names to compute figures, "
+                          f"got {short_repr(value)}")
+    return {str(k): number("layer_compute", v, 0, 1e30) for k, v in value.items()}
+
+
+# -- analysis -----------------------------------------------------------------------------------
+
+def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
+            debug: str | Path | None = None, events: Events | None = None) -> Analysis:
+    """The profile (read from a path if given one), its layers and its cost model. Warnings of
+    the profile and of the grouping go to ``events``."""
     from .io import load_profile
+    events = _events(events)
+    layering = _layering(layering)
+    shared = choice(SharedPolicy, "shared", shared)
     if isinstance(profile, Analysis):
-        if (layering is None or layering == profile.layers.options) and profile.model.shared == str(_value(shared)):
+        if (layering is None or layering == profile.layers.options) and profile.model.shared == shared.value:
             return profile
         profile = profile.profile
     if isinstance(profile, (str, Path)):
-        profile = load_profile(profile, debug, progress)
+        path = _path("profile", profile)
+        slow = path.endswith(".pop")
+        if slow:
+            events.start(f"reading {show(path)}")
+        profile = load_profile(path, _path("debug", debug, optional=True), events.update if slow else None)
+        if slow:
+            events.done()
     elif not isinstance(profile, Profile):
         raise OptionError("profile", f"expected a path, a Profile or an Analysis, got {type(profile).__name__}")
-    return Analysis.of(profile, layering, str(_value(shared)))
+    analysis = Analysis.of(profile, layering, shared.value)
+    for message in list(profile.info.warnings) + list(analysis.layers.warnings):
+        events.warn(message)
+    return analysis
 
 
-def _value(x: Any) -> Any:
-    return getattr(x, "value", x)
-
-
-def make_request(devices: int | None = None, request: SolveRequest | None = None, **options: Any) -> SolveRequest:
+def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]) -> SolveRequest:
     """A ``SolveRequest`` from keyword options (``target=`` is accepted for one target)."""
+    if request is not None and not isinstance(request, SolveRequest):
+        raise OptionError("request", f"expected a SolveRequest, got {type(request).__name__}")
     if "target" in options:
         if "targets" in options:
             raise OptionError("target", "give target or targets, not both")
         options["targets"] = options.pop("target")
+    known = set(SolveRequest.__dataclass_fields__)
+    unknown = sorted(k for k in options if k not in known)
+    if unknown:
+        raise OptionError(unknown[0], f"not an option of solve (options: {', '.join(sorted(known - {'devices'}))})")
     if request is not None:
         changes = dict(options)
         if devices is not None:
@@ -56,41 +147,36 @@ def make_request(devices: int | None = None, request: SolveRequest | None = None
         return replace(request, **changes) if changes else request
     if devices is None:
         raise OptionError("devices", "expected the number of devices")
-    try:
-        return SolveRequest(devices=devices, **options)
-    except TypeError as exc:              # an unknown keyword: name it, as a parameter error
-        raise OptionError(str(exc).rsplit(" ", 1)[-1].strip("'"), "not an option of solve") from None
+    return SolveRequest(devices=devices, **options)
 
 
 @dataclass
 class Resolved:
-    """A request resolved against an analysis: solver options in indices and integers, the
-    targets it names, and the cost model with its compute on those targets."""
+    """A request resolved against an analysis: the cost model with compute on the first target,
+    the solver's options (names as indices), and the plan's record of the inputs."""
 
-    request: SolveRequest
     analysis: Analysis
     model: Any
-    options: Any
-    targets: list[Target]
-    target_names: list[str]
+    inputs: Any                       # plan.records.PlanInputs
 
 
 def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
-    """Check ``request`` against the profile's layers and targets; names become indices."""
-    from .io.targets import load_target
-    from .solver.problem import SolveOptions, resolve_micro_batches
+    """Check ``request`` against the profile's layers and targets: names become indices,
+    targets capacities; the micro-batch count is chosen when the request gives none."""
+    from .common.fileio import file_sha256
     from .model.roofline import apply_roofline
+    from .plan.records import PlanInputs
+    from .solver.problem import SolveOptions, resolve_micro_batches
     profile = analysis.profile
     names = analysis.layers.names
     index = {name: i for i, name in enumerate(names)}
 
     def layer(name: str, parameter: str) -> int:
         if name not in index:
-            from .common.safeinput import show
             raise OptionError(parameter, f"no layer named '{show(name)}' (layers: {', '.join(names)})")
         return index[name]
 
-    targets = [load_target(t) if isinstance(t, str) else t for t in request.targets]
+    targets = list(request.resolved_targets())
     if len(targets) == 1:
         targets = targets * request.devices
     capacities = None
@@ -105,185 +191,108 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
                 raise OptionError("targets", f"{t.name} has {t.tiles} tiles per device, but the profile was captured "
                                   f"on {profile.target.tiles} tiles; choose a target with the same tile count")
         capacities = tuple(capacities)
-    target_names = [t.name for t in targets] or [profile.target.name] * request.devices
     link = request.link_bandwidth or (targets[0].link_bytes_per_s if targets else None) or \
         profile.target.link_bytes_per_s
     micro_batches, micro_auto = resolve_micro_batches(request.schedule.value, request.micro_batches, request.devices)
     options = SolveOptions(
-        devices=request.devices, objective=request.objective.value, exact=request.exact,
-        schedule=request.schedule.value, micro_batches=micro_batches, micro_batches_auto=micro_auto,
+        devices=request.devices, objective=request.objective, exact=request.exact,
+        schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
         headroom=request.headroom, capacities=capacities, reserve=request.reserve, min_layers=request.min_layers,
         max_layers=request.max_layers, pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
         pinned_layers=tuple((layer(n, "pin_layers"), p) for n, p in request.pin_layers),
         communication=request.communication, link_bytes_per_s=link, time_limit=request.time_limit,
         workers=request.workers)
-    options.check(len(names))
     model = analysis.model
     if request.layer_compute:
         model = model.with_compute(dict(request.layer_compute), request.layer_compute_source or "layer_compute")
     else:
         model = copy.copy(model)                      # the roofline below is attached to this copy only
     apply_roofline(model, targets[0] if targets else None, request.efficiency)
-    return Resolved(request, analysis, model, options, targets, target_names)
+    sha = None
+    if request.layer_compute_source and Path(request.layer_compute_source).is_file():
+        sha = file_sha256(request.layer_compute_source)
+    inputs = PlanInputs(request=request, options=options,
+                        targets=tuple(targets) or (profile.target,) * request.devices, layer_compute_sha256=sha)
+    return Resolved(analysis, model, inputs)
 
 
-@dataclass
-class Solved:
-    """What ``solve_request`` returns: the plan, the greedy/uniform baselines (``compare``),
-    warnings for the user, and what it was solved from."""
-
-    plan: Any
-    baselines: list = field(default_factory=list)
-    warnings: list[str] = field(default_factory=list)
-    resolved: Resolved | None = None
-    table: Any = None
-
-
-def price(resolved: Resolved, max_devices: int | None = None, progress: Callable[[int, int], None] | None = None):
+def _price(resolved: Resolved, events: Events, max_devices: int | None = None):
     """Every layer range priced once, for every in-flight count the request can need."""
-    from .solver.advise import price as price_ranges
-    return price_ranges(resolved.model, resolved.options, max_devices=max_devices, progress=progress)
+    from .plan.advise import price
+    L = resolved.model.num_layers
+    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")
+    table = price(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
+    events.done()
+    return table
 
 
-def solve_request(profile: str | Path | Profile | Analysis, request: SolveRequest, *, table=None,
-                  progress: Callable[[int, int], None] | None = None,
-                  log: Callable[[str], None] | None = None) -> Solved:
-    """Solve ``request`` on ``profile`` and describe the result (see ``solve``)."""
-    from .solver.advise import advise
-    analysis = analyze(profile, layering=request.layering, shared=request.shared.value)
-    resolved = resolve(request, analysis)
-    if table is None:
-        table = price(resolved, progress=progress)
-    advice = advise(resolved.model, resolved.options, table=table, compare=request.compare,
-                    target_names=resolved.target_names, log=log, unlayered_first=request.unlayered_first,
-                    profile_path=_path_of(profile))
-    for plan in [advice.plan] + advice.baselines:
-        record_request(plan, request, resolved.targets or [analysis.profile.target])
-    return Solved(advice.plan, advice.baselines, list(analysis.profile.info.warnings) + list(analysis.layers.warnings)
-                  + advice.warnings, resolved, table)
+# -- solving ------------------------------------------------------------------------------------
 
-
-def solve(profile: str | Path | Profile | Analysis, devices: int | None = None, *,
-          request: SolveRequest | None = None, **options: Any):
+def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveRequest | None = None,
+          events: Events | None = None, debug: str | Path | None = None, **options: Any):
     """Split ``profile`` into pipeline stages for ``devices`` devices and return the ``Plan``.
 
-    Options (see ``SolveRequest``): ``target``/``targets``, ``objective`` ("compute", "memory",
-    "devices"), ``exact``, ``schedule`` ("none", "1f1b", "gpipe"), ``micro_batches``,
+    Options are ``SolveRequest``'s fields: ``target``/``targets``, ``objective`` ("compute",
+    "memory", "devices"), ``exact``, ``schedule`` ("none", "1f1b", "gpipe"), ``micro_batches``,
     ``headroom``, ``reserve``, ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
     ``pin_layers`` ({layer name: device position}), ``communication``, ``link_bandwidth``,
     ``efficiency``, ``shared``, ``layer_compute`` ({layer name: compute}), ``layering``,
     ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds the
-    greedy and uniform plans. ``plan.warnings`` lists what the command line would print.
+    greedy and uniform plans. ``plan.warnings`` lists what the command line prints as warnings.
     """
-    solved = solve_request(profile, make_request(devices, request, **options))
-    solved.plan.baselines = solved.baselines
-    solved.plan.warnings = solved.warnings
-    return solved.plan
+    from .plan.advise import advise
+    events = _events(events)
+    req = _request(devices, request, options)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
+    resolved = resolve(req, analysis)
+    table = _price(resolved, events, max_devices=req.devices)
+    events.start("solving")
+    advice = advise(resolved.model, resolved.inputs, table=table, log=events.start)
+    events.done()
+    for message in advice.warnings:
+        events.warn(message)
+    plan = advice.plan
+    plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved.model
+    for baseline in plan.baselines:
+        baseline.analysis = resolved.model
+    return plan
 
 
-def sweep(profile: str | Path | Profile | Analysis, devices: Iterable[int] | str, *,
-          request: SolveRequest | None = None, on_row: Callable | None = None,
-          progress: Callable[[int, int], None] | None = None, **options: Any):
+def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveRequest | None = None,
+          events: Events | None = None, on_row: Callable | None = None, debug: str | Path | None = None,
+          **options: Any):
     """Solve for each device count in ``devices`` (a range like ``range(1, 17)``, a list, or
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
-    from .solver.advise import sweep as sweep_counts
-    from .common.guards import device_counts
-    from .common.safeinput import MAX_DEVICES
-    counts = device_counts(devices, MAX_DEVICES) if isinstance(devices, str) else [int(n) for n in devices]
+    from .plan.advise import sweep as sweep_counts
+    events = _events(events)
+    if isinstance(devices, str):
+        counts = device_counts(devices, MAX_DEVICES)
+    elif isinstance(devices, Iterable) and not isinstance(devices, (bytes, Mapping)):
+        counts = [integer("devices", n, 1, MAX_DEVICES) for n in devices]
+    else:
+        raise OptionError("devices", f"expected device counts (a list, a range or '1..16'), got {short_repr(devices)}")
     if not counts:
         raise OptionError("devices", "expected at least one device count")
-    req = make_request(max(counts), request, **options)
-    analysis = analyze(profile, layering=req.layering, shared=req.shared.value)
+    if on_row is not None and not callable(on_row):
+        raise OptionError("on_row", f"expected a function of one row, got {short_repr(on_row)}")
+    req = _request(max(counts), request, options)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
-    table = price(resolved, max_devices=max(counts), progress=progress)
-    result = sweep_counts(resolved.model, resolved.options, counts, table=table, profile_path=_path_of(profile),
-                          target_names=resolved.target_names, on_row=on_row)
+    table = _price(resolved, events, max_devices=max(counts))
+    done: list = []
+
+    def row_done(row) -> None:
+        done.append(row)
+        events.start(f"solved {len(done)}/{len(counts)} device counts")
+        if on_row is not None:
+            on_row(row)
+
+    result = sweep_counts(resolved.model, resolved.inputs, counts, table=table, on_row=row_done)
+    events.done()
     for row in result:
-        record_request(row.plan, req.with_devices(row.devices), resolved.targets or [analysis.profile.target])
+        row.plan.analysis = resolved.model
+    result.warnings = list(events.warnings)
     return result
-
-
-def breakdown(profile: str | Path | Profile | Analysis, *, target: str | Target | None = None,
-              efficiency: float = 1.0, layering: LayerOptions | None = None, shared: str = "every",
-              layer_compute: Mapping[str, float] | None = None):
-    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
-    from .reporting.breakdown import Breakdown
-    from .io.targets import load_target
-    from .solver.request import _number
-    from .model.roofline import apply_roofline
-    analysis = analyze(profile, layering=layering, shared=shared)
-    model = analysis.model.with_compute(dict(layer_compute), "layer_compute") if layer_compute else \
-        copy.copy(analysis.model)
-    apply_roofline(model, load_target(target) if isinstance(target, str) else target,
-                   _number("efficiency", efficiency, 0, 1, low_open=True))
-    return Breakdown.of(model)
-
-
-def diagnose(profile: Any, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
-             window: int = 5, layering: LayerOptions | None = None, shared: str = "every",
-             layer_compute: Mapping[str, float] | None = None):
-    """The bottleneck tile and step of each stage of ``plan`` (a ``Plan`` or a plan file), or of
-    one stage holding ``layers`` ("FIRST:LAST" or a pair of names), or of the whole profile;
-    the variables live there, and how well the operations were grouped into layers."""
-    from .model.costmodel import StageCostModel
-    from .reporting.diagnosis import diagnose as diagnose_model
-    from .common.safeinput import show
-    if isinstance(profile, StageCostModel):
-        model = profile
-    else:
-        model = analyze(profile, layering=layering, shared=shared).model
-    if layer_compute:
-        model = model.with_compute(dict(layer_compute), "layer_compute")
-    names = model.layers.names
-    if plan is not None and layers is not None:
-        raise OptionError("plan", "give plan or layers, not both")
-    stages = None
-    if plan is not None:
-        from .plan.records import Plan, read_plan
-        where = "plan" if isinstance(plan, Plan) else str(plan)
-        plan = plan if isinstance(plan, Plan) else read_plan(plan)
-        if plan.layer_names != names:
-            raise StagesplitError(f"{show(where)}: the plan's layers ({', '.join(plan.layer_names[:6])}...) are not this "
-                                  f"profile's ({', '.join(names[:6])}...): use the same profile and layer options")
-        stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
-        if not stages:
-            raise StagesplitError(f"{show(where)}: the plan has no stages (no split fitted)")
-    elif layers is not None:
-        first, sep, last = layers.partition(":") if isinstance(layers, str) else (*layers[:1], ":", *layers[1:2])
-        index = {name: i for i, name in enumerate(names)}
-        if not sep or first not in index or last not in index or index[first] > index[last]:
-            raise OptionError("layers", f"expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
-                              f"got '{show(str(layers))}'")
-        stages = [(index[first], index[last], 1, None)]
-    from .solver.request import _integer
-    return diagnose_model(model, stages, top=_integer("top", top, 1), window=_integer("window", window, 0))
-
-
-def record_request(plan, request: SolveRequest, targets: list[Target] | None = None) -> None:
-    """Record in the plan everything needed to run it again (``solve --from-plan``): the
-    request, the devices' targets in full, the layer-compute file's hash, and versions."""
-    from .solver.request import _target_record
-    record = request.to_record()
-    if targets:
-        record["resolved_targets"] = [_target_record(t) for t in targets]
-    if request.layer_compute_source and Path(request.layer_compute_source).is_file():
-        from .common.fileio import file_sha256
-        record["layer_compute_sha256"] = file_sha256(request.layer_compute_source)
-    plan.inputs["request"] = record
-    plan.run["versions"] = versions()
-
-
-def versions() -> dict[str, str]:
-    """Versions of stagesplit and what its answers depend on."""
-    from importlib import metadata
-    from . import __version__
-    out = {"stagesplit": __version__, "python": platform.python_version()}
-    for package in ("numpy", "ortools"):
-        try:
-            out[package] = metadata.version(package)
-        except metadata.PackageNotFoundError:
-            out[package] = "not installed"
-    return out
 
 
 @dataclass
@@ -294,27 +303,40 @@ class Reproduction:
     plan: Any
     identical: bool
     profile_matches: bool | None
-    differences: list[str]
+    differences: list[str] = field(default_factory=list)
+
+    def text(self, path: str) -> str:
+        """One line per finding, as the command line prints them."""
+        lines = []
+        if self.profile_matches is False:
+            lines.append(f"note: the profile's SHA-256 ({self.plan.profile.sha256[:12]}...) differs from the one "
+                         f"recorded ({self.recorded.profile.sha256[:12]}...)")
+        if self.identical:
+            lines.insert(0, f"reproduced: the split is identical to {show(path)}'s {self.recorded.split_text}")
+        else:
+            lines.insert(0, f"differs from {show(path)}: recorded {self.recorded.split_text}, now {self.plan.split_text}")
+        for a, b in zip(self.recorded.phases, self.plan.phases):
+            if a.value != b.value or a.status != b.status:
+                lines.append(f"  {a.quantity}: recorded {a.value} ({a.status}), now {b.value} ({b.status})")
+        return "\n".join(lines)
 
 
-def reproduce(plan_path: str | Path, profile: str | Path | Profile | Analysis | None = None) -> Reproduction:
+def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, events: Events | None = None,
+              out: str | Path | None = None) -> Reproduction:
     """Run a plan's recorded request again on its profile (the recorded path unless
     ``profile`` is given) and compare the split and objective values."""
-    from .plan.records import read_plan
+    from .plan.files import read_plan
+    plan_path = _path("plan_path", plan_path)
+    if out is not None:
+        check_outputs([("out", _path("out", out), None)],
+                      [plan_path, profile if isinstance(profile, (str, Path)) else None])
     recorded = read_plan(plan_path)
-    record = recorded.inputs.get("request")
-    if not isinstance(record, dict):
-        raise StagesplitError(f"{plan_path}: the plan has no recorded request (inputs.request): it was written by "
-                              "an older stagesplit; solve again to record one")
-    request = SolveRequest.from_record(record, str(plan_path))
     if profile is None:
-        profile = recorded.profile.get("path")
+        profile = recorded.profile.path
         if not profile:
-            raise StagesplitError(f"{plan_path}: the plan records no profile path: give the profile")
-    solved = solve_request(profile, request)
-    plan = solved.plan
-    plan.baselines, plan.warnings = solved.baselines, solved.warnings
-    want, got = recorded.profile.get("sha256"), plan.profile.get("sha256")
+            raise StagesplitError(f"{show(plan_path)}: profile.path: the plan records no profile path; give the profile")
+    plan = solve(profile, request=recorded.inputs.request, events=events)
+    want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
     differences = []
     if matches is False:
@@ -332,5 +354,208 @@ def reproduce(plan_path: str | Path, profile: str | Path | Profile | Analysis | 
     return Reproduction(recorded, plan, identical, matches, differences)
 
 
-def _path_of(profile: Any) -> str | None:
-    return str(profile) if isinstance(profile, (str, Path)) else None
+# -- looking at a profile -----------------------------------------------------------------------
+
+def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events):
+    model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events).model
+    compute = _layer_compute(layer_compute)
+    return model.with_compute(compute, "layer_compute") if compute else copy.copy(model)
+
+
+def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
+              layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
+              layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
+              events: Events | None = None):
+    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
+    from .model.roofline import apply_roofline
+    from .reporting.breakdown import Breakdown
+    events = _events(events)
+    efficiency = number("efficiency", efficiency, 0, 1, low_open=True)
+    target = _target("target", target)
+    model = _model(profile, layering, shared, layer_compute, debug, events)
+    apply_roofline(model, target, efficiency)
+    return Breakdown.of(model)
+
+
+def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
+             window: int = 5, layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
+             layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
+             events: Events | None = None):
+    """The bottleneck tile and step of each stage of ``plan`` (a ``Plan`` or a plan file), or of
+    one stage holding ``layers`` ("FIRST:LAST" or a pair of names), or of the whole profile;
+    the variables live there, and how well the operations were grouped into layers."""
+    from .plan.files import read_plan
+    from .plan.records import Plan
+    from .reporting.diagnosis import diagnose as diagnose_model
+    events = _events(events)
+    top, window = integer("top", top, 1), integer("window", window, 0)
+    if plan is not None and layers is not None:
+        raise OptionError("plan", "give plan or layers, not both")
+    if plan is not None and not isinstance(plan, (Plan, str, Path)):
+        raise OptionError("plan", f"expected a Plan or a plan file path, got {type(plan).__name__}")
+    if layers is not None and not (isinstance(layers, str) or (isinstance(layers, (tuple, list)) and len(layers) == 2
+                                                                and all(isinstance(x, str) for x in layers))):
+        raise OptionError("layers", f"expected 'FIRST:LAST' or a pair of layer names, got {short_repr(layers)}")
+    model = _model(profile, layering, shared, layer_compute, debug, events)
+    names = model.layers.names
+    stages = None
+    if plan is not None:
+        where = "plan" if isinstance(plan, Plan) else str(plan)
+        plan = plan if isinstance(plan, Plan) else read_plan(plan)
+        if plan.layer_names != names:
+            made_for = plan.profile.name or plan.profile.path or "another profile"
+            raise StagesplitError(f"{show(where)}: the plan was made for {show(made_for)} with {len(plan.layer_names)} "
+                                  f"layers ({show(', '.join(plan.layer_names[:4]))}...), but this profile "
+                                  f"({show(model.profile.info.name or 'unnamed')}) has {len(names)} "
+                                  f"({show(', '.join(names[:4]))}...): diagnose the plan with the profile and layer "
+                                  "options it was solved with")
+        stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
+        if not stages:
+            raise StagesplitError(f"{show(where)}: the plan has no stages (no split fitted)")
+    elif layers is not None:
+        first, sep, last = layers.partition(":") if isinstance(layers, str) else (layers[0], ":", layers[1])
+        index = {name: i for i, name in enumerate(names)}
+        if not sep or first not in index or last not in index or index[first] > index[last]:
+            raise OptionError("layers", f"expected FIRST:LAST with layer names in order (layers: {', '.join(names)}), "
+                              f"got '{show(str(layers))}'")
+        stages = [(index[first], index[last], 1, None)]
+    result = diagnose_model(model, stages, top=top, window=window)
+    result.model = model
+    return result
+
+
+# -- reading, converting, capturing, writing ----------------------------------------------------
+
+def convert(profile: str | Path, output: str | Path, *, debug: str | Path | None = None,
+            events: Events | None = None) -> Profile:
+    """Read a profile (e.g. ``profile.pop`` + ``debug.cbor``) and write it as JSON or compact form."""
+    from .io import load_profile, save_profile
+    events = _events(events)
+    source, output = _path("profile", profile), _path("output", output)
+    check_outputs([("output", output, None)], [source, _path("debug", debug, optional=True)])
+    slow = source.endswith(".pop")
+    if slow:
+        events.start(f"reading {show(source)}")
+    loaded = load_profile(source, debug, events.update if slow else None)
+    if slow:
+        events.done()
+    for message in loaded.info.warnings:
+        events.warn(message)
+    save_profile(loaded, output)
+    return loaded
+
+
+def import_onnx(model: str | Path, output: str | Path | None = None, *, target: str | Target = "a100-80gb",
+                batch: int | None = None, dims: Mapping[str, int] | None = None, training: str = "adam",
+                dtype: str | None = None, name: str | None = None, layering: LayerOptions | None = None,
+                events: Events | None = None):
+    """Import an ONNX model as a profile on ``target`` (``OnnxImport``: the profile and per-node
+    figures), written to ``output`` when given. With ``layering``, each operation's layer is
+    stored in the profile so later commands need no grouping options."""
+    from .io import save_profile
+    from .io.onnximport import import_onnx as read_onnx
+    from .layers import group_layers
+    events = _events(events)
+    source = _path("model", model)
+    output = _path("output", output, optional=True)
+    if output is not None:
+        check_outputs([("output", output, None)], [source])
+    target = _target("target", target)
+    batch = integer("batch", batch, 1, 2**40, optional=True)
+    if dims is not None and not isinstance(dims, Mapping):
+        raise OptionError("dims", f"expected a mapping of dimension names to sizes, got {short_repr(dims)}")
+    dims = {str(k): integer("dims", v, 1, 2**40) for k, v in (dims or {}).items()}
+    if name is not None and not isinstance(name, str):
+        raise OptionError("name", f"expected a string, got {short_repr(name)}")
+    layering = _layering(layering)
+    result = read_onnx(source, target, batch=batch, dims=dims, training=training, dtype=dtype, name=name)
+    layers = group_layers(result.profile, layering)
+    if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
+        result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]
+    result.layers = list(layers.names)
+    for message in result.warnings:
+        events.warn(message)
+    if output is not None:
+        save_profile(result.profile, output)
+    return result
+
+
+def capture(model: str, output: str | Path | None = None, *, events: Events | None = None, **options: Any) -> Profile:
+    """Capture one training step of the model the factory ``model`` names
+    (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
+    (see ``stagesplit.io.capture``), written to ``output`` when given."""
+    from .io import save_profile
+    from .io.capture import capture as capture_step
+    events = _events(events)
+    if not isinstance(model, str):
+        raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "
+                          f"got {short_repr(model)}")
+    output = _path("output", output, optional=True)
+    if output is not None:
+        where = model.rpartition(":")[0]
+        check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
+    events.start(f"capturing {show(model)}")
+    profile = capture_step(model, **options)
+    events.done()
+    for message in profile.info.warnings:
+        events.warn(message)
+    if output is not None:
+        save_profile(profile, output)
+    return profile
+
+
+def synthesize(family: str, output: str | Path | None = None, *, target: str | Target = "ipu-mk2", seed: int = 0,
+               layers: int | None = None, piece_bytes: int | None = None, programs_per_op: int | None = None,
+               events: Events | None = None) -> Profile:
+    """A synthetic profile (labelled synthetic) of ``family`` (bert-base, bert-large, gpt, cnn)."""
+    from .io import save_profile
+    from .io.synth import FAMILIES, synthesize as make
+    events = _events(events)
+    if family not in FAMILIES:
+        raise OptionError("family", f"expected one of {', '.join(FAMILIES)}, got {short_repr(family)}")
+    output = _path("output", output, optional=True)
+    target = _target("target", target)
+    seed = integer("seed", seed, 0, 2**32 - 1)
+    params = {}
+    if layers is not None:
+        if family not in ("bert-base", "gpt"):
+            raise OptionError("layers", f"applies to bert-base and gpt, not {family}")
+        params["layers"] = integer("layers", layers, 1, 10_000)
+    piece_bytes = integer("piece_bytes", piece_bytes, 1, 2**40, optional=True)
+    programs_per_op = integer("programs_per_op", programs_per_op, 1, 1000, optional=True)
+    events.start(f"synthesizing {family}")
+    profile = make(family, target, seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
+    events.done()
+    if output is not None:
+        save_profile(profile, output)
+    return profile
+
+
+def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: bool = True,
+           model: str = "model") -> str:
+    """The plan's split in a training framework's own form (``stagesplit.exporters.FORMATS``);
+    ``plan`` is a ``Plan`` or a plan file. Written to ``output`` (atomically) when given."""
+    from .common.fileio import atomic_write_text
+    from .plan.files import read_plan
+    from .plan.records import Plan
+    from .exporters import export_plan
+    source = None
+    if isinstance(plan, (str, Path)):
+        source = str(plan)
+        if output is not None:
+            check_outputs([("output", _path("output", output), None)], [source])
+        plan = read_plan(plan)
+    elif not isinstance(plan, Plan):
+        raise OptionError("plan", f"expected a Plan or a plan file path, got {type(plan).__name__}")
+    if not isinstance(training, bool):
+        raise OptionError("training", f"expected true or false, got {short_repr(training)}")
+    text = export_plan(plan, fmt, training=training, model=model)
+    if output is not None:
+        atomic_write_text(_path("output", output), text)
+    return text
+
+
+def targets() -> dict[str, Target]:
+    """The shipped device targets by name (configs/targets.yaml)."""
+    from .io.targets import known_targets
+    return known_targets()

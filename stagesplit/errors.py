@@ -4,6 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from .common.text import one_line, short_repr
+
+__all__ = ["LayerRangeError", "OptionError", "ProfileError", "StagesplitError"]
+
 
 class StagesplitError(Exception):
     """An error caused by the user's input or options, reported without a traceback."""
@@ -21,7 +25,6 @@ class ProfileError(StagesplitError):
         self.field = field
         self.expected = expected
         self.got = got
-        from .common.safeinput import one_line
         where = f"{one_line(self.file)}: " if self.file else ""
         location = f"{one_line(field)}: " if field else ""
         detail = f", got {_short(got)}" if got is not None else ""
@@ -31,7 +34,6 @@ class ProfileError(StagesplitError):
 def _short(value: object, limit: int = 60) -> str:
     """A bounded one-line repr: a huge or deeply nested value (a YAML alias bomb) is never
     printed whole."""
-    from .common.safeinput import short_repr
     return short_repr(value, limit)
 
 

@@ -18,12 +18,15 @@ Operations are taken in program order (the order of the profile's operation list
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass, field
-from enum import IntEnum
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+from enum import Enum, IntEnum
+from typing import Any
 
 import numpy as np
 
-from .errors import StagesplitError
+from .common.validate import choice
+from .errors import OptionError, ProfileError, StagesplitError
 from .io.profile import Profile
 from .common.regex import Pattern, compile_regex
 from .common.safeinput import short_repr
@@ -52,13 +55,48 @@ class Rule(IntEnum):
         return self.name.lower().replace("_", " ")
 
 
+class LayerOrder(str, Enum):
+    """How layers are ordered: by the program steps they run at, or by natural sort of their names."""
+
+    STEPS = "steps"
+    NATURAL = "natural"
+
+
 @dataclass(frozen=True)
 class LayerOptions:
+    """How operations are grouped into layers (see the module docstring for the rules)."""
+
     layer_regex: str = DEFAULT_LAYER_REGEX
     first_layer_regex: str = DEFAULT_FIRST_LAYER_REGEX
     last_layer_regex: str = DEFAULT_LAST_LAYER_REGEX
     call_regex: str = DEFAULT_CALL_REGEX
-    order: str = "steps"
+    order: LayerOrder = LayerOrder.STEPS
+
+    def __post_init__(self) -> None:
+        for name in ("layer_regex", "first_layer_regex", "last_layer_regex", "call_regex"):
+            if not isinstance(getattr(self, name), str):
+                raise OptionError(name, f"expected a regular expression (a string), got {short_repr(getattr(self, name))}")
+        object.__setattr__(self, "order", choice(LayerOrder, "layer_order", self.order))
+
+    def to_record(self) -> dict[str, str]:
+        """The options as plain JSON values."""
+        return {"layer_regex": self.layer_regex, "first_layer_regex": self.first_layer_regex,
+                "last_layer_regex": self.last_layer_regex, "call_regex": self.call_regex, "order": self.order.value}
+
+    @classmethod
+    def from_record(cls, record: Any, source: str, prefix: str) -> "LayerOptions":
+        """Options a plan recorded, each field checked (``ProfileError`` naming ``source`` and the field)."""
+        if not isinstance(record, Mapping):
+            raise ProfileError(source, prefix, "a mapping of layer-grouping options", type(record).__name__)
+        known = {f.name for f in fields(cls)}
+        for key in record:
+            if key not in known:
+                raise ProfileError(source, f"{prefix}.{key}", "one of " + ", ".join(sorted(known)))
+        try:
+            return cls(**record)
+        except OptionError as exc:
+            field_name = "order" if exc.parameter == "layer_order" else exc.parameter
+            raise ProfileError(source, f"{prefix}.{field_name}", exc.detail.removeprefix("expected ")) from None
 
     def compiled(self) -> tuple[Pattern, Pattern, Pattern, Pattern]:
         """The four patterns, compiled for linear-time matching (RE2: see stagesplit/regex.py)."""
@@ -66,8 +104,6 @@ class LayerOptions:
         for flag, pattern in (("--layer-regex", self.layer_regex), ("--first-layer-regex", self.first_layer_regex),
                               ("--last-layer-regex", self.last_layer_regex), ("--call-regex", self.call_regex)):
             out.append(compile_regex(pattern, flag))
-        if self.order not in ("steps", "natural"):
-            raise StagesplitError(f"invalid layer order '{self.order}': expected steps or natural")
         return out[0], out[1], out[2], out[3]
 
 

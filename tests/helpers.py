@@ -275,3 +275,16 @@ def hard_cp_model():
     m.Add(sum(xs) <= 10**6 + 7)
     m.Maximize(sum(x * ((i * 7919) % 101) for i, x in enumerate(xs)))
     return m
+
+
+def plan_inputs(devices: int = 1, *, micro_batches_auto: bool = False, **request):
+    """A plan's typed inputs for hand-built plans: a ``SolveRequest`` with ``request``'s fields
+    and its resolved options (the micro-batch count given, or 1; ``micro_batches_auto`` as given)."""
+    from stagesplit.plan.records import PlanInputs
+    from stagesplit.solver.request import SolveRequest
+    req = SolveRequest(devices=devices, **request)
+    options = SolveOptions(devices=devices, objective=req.objective, exact=req.exact, schedule=req.schedule,
+                           micro_batches=req.micro_batches or 1, micro_batches_auto=micro_batches_auto,
+                           headroom=req.headroom, communication=req.communication,
+                           link_bytes_per_s=1e9 if req.communication else None)
+    return PlanInputs(request=req, options=options)

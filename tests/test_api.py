@@ -9,11 +9,12 @@ from pathlib import Path
 import pytest
 
 import stagesplit
-from stagesplit.solver.advise import advise
-from stagesplit.cli.commands import main
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.plan.advise import advise
+from stagesplit.cli import main
 from stagesplit.errors import LayerRangeError, OptionError, StagesplitError
 from stagesplit.solver.request import Objective, Schedule, SharedPolicy, SolveRequest
-from stagesplit.plan.records import read_plan
+from stagesplit.plan import read_plan
 from stagesplit.solver.problem import SolveOptions
 
 from helpers import PROFILES
@@ -67,12 +68,15 @@ def test_request_is_frozen_with_enums():
     assert SolveRequest(devices=4, objective=Objective.DEVICES).objective is Objective.DEVICES
 
 
-def test_enums_are_the_settings_files_choices():
-    from stagesplit.io.targets import SolverSettings
+def test_enums_are_the_settings_files_choices(tmp_path):
+    """A settings file is a template of the request: its choices are the request's enums."""
     from stagesplit.solver.problem import OBJECTIVES, SCHEDULES
-    assert SolverSettings.CHOICES["objective"] == OBJECTIVES == tuple(o.value for o in Objective)
-    assert SolverSettings.CHOICES["schedule"] == SCHEDULES == tuple(s.value for s in Schedule)
-    assert SolverSettings.CHOICES["shared"] == tuple(s.value for s in SharedPolicy)
+    assert OBJECTIVES == tuple(o.value for o in Objective) and SCHEDULES == tuple(s.value for s in Schedule)
+    for field, kind in (("objective", Objective), ("schedule", Schedule), ("shared", SharedPolicy)):
+        for member in kind:
+            path = tmp_path / "s.yaml"
+            path.write_text(f"{field}: {member.value}\n")
+            assert getattr(SolveRequest.from_settings(path), field) is member
 
 
 def test_record_round_trip_keeps_every_option():
@@ -81,7 +85,7 @@ def test_record_round_trip_keeps_every_option():
                      pin_splits=("4",), pin_layers=(("7", 2),), communication=True, link_bandwidth=1e9,
                      efficiency=0.5, shared="none", layer_compute={"3": 12.5}, time_limit=5, workers=2)
     record = json.loads(json.dumps(r.to_record()))
-    back = SolveRequest.from_record(record)
+    back = SolveRequest.from_record(record, "plan.json")
     assert back.to_record() == record
     assert [t.name for t in back.targets] == ["ipu-mk2", "ipu-bow", "ipu-mk2"]      # in full, not by name
     assert back.layer_compute == (("3", 12.5),) and back.objective is Objective.DEVICES
@@ -117,8 +121,8 @@ def test_solve_matches_the_command_line(tmp_path, capsys):
     cli = read_plan(out)
     api = stagesplit.solve(BERT, devices=4, headroom=0.05, objective="memory")
     assert api.split_text == cli.split_text
-    assert api.inputs["request"] == cli.inputs["request"]
-    assert api.profile["sha256"] == cli.profile["sha256"]
+    assert api.inputs.request == cli.inputs.request
+    assert api.profile.sha256 == cli.profile.sha256
 
 
 def test_unknown_layer_or_option_is_an_option_error():
@@ -145,7 +149,7 @@ def test_layer_compute_is_recorded_and_does_not_change_the_analysis():
     before = analysis.model.layer_compute.copy()
     plan = stagesplit.solve(analysis, devices=4, layer_compute={"0": 1e9})
     assert (analysis.model.layer_compute == before).all()
-    assert plan.inputs["request"]["layer_compute"] == {"0": 1e9}
+    assert plan.inputs.request.layer_compute == (("0", 1e9),)
     assert plan.stages[0].layers == ["0"]                          # the heavy layer alone
     assert plan.stages[0].compute == 1e9
 
@@ -157,7 +161,7 @@ def test_library_errors_stay_in_the_hierarchy():
     with pytest.raises(IndexError):                                # and it is still an IndexError
         analysis.model.stage_memory(-1, 2)
     with pytest.raises(OptionError) as info:
-        stagesplit.StageCostModel(analysis.profile, analysis.layers, shared="sometimes")
+        StageCostModel(analysis.profile, analysis.layers, shared="sometimes")
     assert info.value.parameter == "shared"
     with pytest.raises(OptionError):
         stagesplit.analyze(42)
@@ -166,8 +170,8 @@ def test_library_errors_stay_in_the_hierarchy():
 def test_sweep_records_each_rows_request():
     rows = stagesplit.sweep(str(PROFILES / "cnn.stagesplit"), "2..4", micro_batches=8, schedule="1f1b")
     assert [r.devices for r in rows] == [2, 3, 4]
-    assert [r.plan.inputs["request"]["devices"] for r in rows] == [2, 3, 4]
-    assert all(r.plan.inputs["request"]["micro_batches"] == 8 for r in rows)
+    assert [r.plan.inputs.request.devices for r in rows] == [2, 3, 4]
+    assert all(r.plan.inputs.request.micro_batches == 8 for r in rows)
 
 
 # -- reproducible plans ------------------------------------------------------------------------
@@ -214,10 +218,10 @@ def test_from_plan_without_a_recorded_request_says_so(tmp_path, capsys):
     plan_path = tmp_path / "plan.json"
     assert run(capsys, "solve", BERT, "--devices", "4", "--out", str(plan_path))[0] == 0
     doc = json.loads(plan_path.read_text())
-    del doc["inputs"]["request"]
+    del doc["request"]
     plan_path.write_text(json.dumps(doc))
     code, _, err = run(capsys, "solve", "--from-plan", str(plan_path))
-    assert code == 2 and "inputs.request" in err and len(err.strip().splitlines()) == 1
+    assert code == 2 and f"{plan_path}: request: expected" in err and len(err.strip().splitlines()) == 1
 
 
 def test_profile_hash_is_taken_from_the_bytes_read(tmp_path):

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagesplit.cli.commands import main
+from stagesplit.cli import main
 from stagesplit.errors import ProfileError
 from stagesplit.common.fileio import atomic_write_bytes
 from stagesplit.common.interrupt import deferred_signals, solve_interruptibly
@@ -406,7 +406,7 @@ def test_fifo_as_config(tmp_path, profile):
     writer = _fifo_writer(fifo, b"time_limit: -3\n")
     done = sub(["solve", profile, "--devices", "2", "--config", fifo], timeout=60)
     writer.join(10)
-    sub_error(done, f"{fifo}: time_limit: expected a number >= 0")
+    sub_error(done, f"{fifo}: time_limit: expected a number in (0, 1e+06]")
 
 
 # -- 5. catastrophic regexes -------------------------------------------------------------------------------
@@ -606,20 +606,20 @@ def test_plan_with_bad_numbers(capsys, tmp_path, profile):
 
 
 @pytest.mark.parametrize("field, value, expected", [
-    ("headroom", [1, 2], "inputs.headroom: expected a number >= 0"),
-    ("headroom", 1.5, "inputs.headroom: expected a fraction in [0, 1)"),
-    ("micro_batches", "a\nb", "inputs.micro_batches: expected an integer >= 1"),
-    ("layer_grouping", {"first_layer_regex": 5}, "inputs.layer_grouping.first_layer_regex: expected a string"),
-    ("layer_grouping", {"last_layer_regex": "(a+)+$"}, None),
-    ("layer_grouping", {"last_layer_regex": "(?<=x)y"}, "lookaround"),
+    ("headroom", [1, 2], "request.headroom: expected a number in [0, 1)"),
+    ("headroom", 1.5, "request.headroom: expected a number in [0, 1)"),
+    ("micro_batches", "a\nb", "request.micro_batches: expected an integer >= 1"),
+    ("layering", {"first_layer_regex": 5}, "request.layering.first_layer_regex: expected a regular expression"),
+    ("layering", {"last_layer_regex": "(a+)+$"}, None),
+    ("layering", {"last_layer_regex": "(?<=x)y"}, "lookaround"),
 ])
 def test_plan_inputs_checked_before_use(capsys, tmp_path, profile, field, value, expected):
     plan_path = tmp_path / "plan.json"
     assert cli(capsys, "solve", profile, "--devices", "2", "--out", plan_path)[0] == 0
     plan = json.loads(plan_path.read_text())
-    plan["inputs"][field] = value
+    plan["request"][field] = value
     write_json(plan_path, plan)
-    from stagesplit.export import FORMATS
+    from stagesplit.exporters import FORMATS
     refused = 0
     for to in FORMATS:
         code, out, err = cli(capsys, "export", plan_path, "--to", to)
@@ -792,7 +792,7 @@ CTRL_C_SCRIPT = textwrap.dedent("""
         return interrupt.solve_interruptibly(s, hard_cp_model())
 
     solver.solve_interruptibly = hard
-    from stagesplit.cli.commands import main
+    from stagesplit.cli import main
     sys.exit(main(sys.argv[1:]))
 """)
 
@@ -830,7 +830,7 @@ AFTER_SOLVE_SCRIPT = textwrap.dedent("""
     # Python's own handler, whatever this process inherited (a shell's background job starts
     # with SIGINT ignored, and Python then leaves it ignored)
     signal.signal(signal.SIGINT, signal.default_int_handler)
-    from stagesplit.cli.commands import main
+    from stagesplit.cli import main
     code = main(["solve", {profile!r}, "--devices", "2"])
     try:
         os.kill(os.getpid(), signal.SIGINT)   # the OS-level handler must still be Python's

@@ -19,13 +19,14 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from helpers import PROFILES, ROOT
+from helpers import PROFILES, ROOT, plan_inputs
 from stagesplit.model.stagememory import MemoryBreakdown
-from stagesplit.cli.commands import main
+from stagesplit.cli import main
 from stagesplit.errors import StagesplitError
-from stagesplit.export import FORMATS, export_plan, header_lines
+from stagesplit.exporters import FORMATS, export_plan, header_lines
 from stagesplit.layers import LayerOptions, group_layers, module_path
-from stagesplit.plan.records import Plan, StagePlan, read_plan, write_plan
+from stagesplit.plan.records import Plan, PlanProfile, StagePlan
+from stagesplit.plan import read_plan, write_plan
 
 PYTHON_FORMATS = ("poptorch", "popart", "tf-ipu", "optimum-ipu", "torch-pipelining", "deepspeed")
 
@@ -44,9 +45,8 @@ def make_plan(names, starts, paths=None, devices=None, headroom=0.0, micro_batch
                         capacity_bytes=1000, worst_tile=0, worst_tile_bytes=100 * (k + 1), memory_at_worst_tile=MemoryBreakdown(),
                         memory_total=MemoryBreakdown(), compute=float(b - a), time_s=None, bytes_received=0, bytes_sent=0)
               for k, (a, b) in enumerate(zip(bounds, bounds[1:]))]
-    return Plan(profile={"name": "handmade", "sha256": "ab" * 32, "target": "ipu-mk2"},
-                inputs={"objective": "compute", "headroom": headroom, "micro_batches": micro_batches,
-                        "schedule": "none"},
+    return Plan(profile=PlanProfile(name="handmade", sha256="ab" * 32, target="ipu-mk2", tiles=1472),
+                inputs=plan_inputs(max(devices) + 1, headroom=headroom, micro_batches=micro_batches),
                 layer_names=list(names), devices=max(devices) + 1, method="cp-sat", status="optimal", feasible=True,
                 message="", stages=stages, module_paths=list(paths) if paths is not None else [])
 
@@ -59,10 +59,10 @@ splits = st.integers(1, 12).flatmap(
     lambda n: st.tuples(st.just(n), st.sets(st.integers(1, n - 1), max_size=n - 1) if n > 1 else st.just(set())))
 
 
-def plan_from(n_and_cuts, root="blocks") -> Plan:
+def plan_from(n_and_cuts, root="blocks", headroom=0.0) -> Plan:
     n, cuts = n_and_cuts
     names = [str(i) for i in range(n)]
-    return make_plan(names, [0] + sorted(cuts), paths=[f"{root}.{i}" for i in range(n)])
+    return make_plan(names, [0] + sorted(cuts), paths=[f"{root}.{i}" for i in range(n)], headroom=headroom)
 
 
 # -- module paths ---------------------------------------------------------------------------------
@@ -229,7 +229,7 @@ def test_header_names_profile_hash_objective_and_every_stage(capsys, tmp_path):
             assert all(line.startswith("# ") for line in out.splitlines()[:4 + len(plan.stages)])
         assert header[0] == f"stagesplit export --to {fmt}"
         assert header[1].startswith("profile: bert-base (synthetic) from ")
-        assert header[2] == f"profile sha256: {plan.profile['sha256']}"
+        assert header[2] == f"profile sha256: {plan.profile.sha256}"
         assert header[3].startswith("objective: compute, 10% headroom; status: optimal; split: [ 0 1 2 ")
         for s, line in zip(plan.stages, header[4:]):
             assert line == (f"stage {s.stage} on device {s.device}: layers {' '.join(s.layers)} "
@@ -335,8 +335,7 @@ def _stages_from_starts(plan, start_paths):
 @settings(max_examples=30, deadline=None)
 def test_poptorch_snippet_begins_a_block_at_every_stage_start(case, headroom):
     with pytest.MonkeyPatch.context() as monkeypatch:
-        plan = plan_from(case)
-        plan.inputs["headroom"] = headroom
+        plan = plan_from(case, headroom=headroom)
         blocks, assigned, options = _run_poptorch(monkeypatch, export_plan(plan, "poptorch"))
     paths = [p.removeprefix("model.") for p, _, _ in blocks]
     assert _stages_from_starts(plan, paths) == stages_of(plan)
@@ -436,8 +435,7 @@ def test_tf_ipu_snippet_runs_each_stage_s_layers_in_order(case):
 @given(splits, st.sampled_from([0.0, 0.2]))
 @settings(max_examples=30, deadline=None)
 def test_optimum_ipu_config_reproduces_the_plan(case, headroom):
-    plan = plan_from(case)
-    plan.inputs["headroom"] = headroom
+    plan = plan_from(case, headroom=headroom)
     configs = []
     with pytest.MonkeyPatch.context() as monkeypatch:
         optimum = _install(monkeypatch, "optimum")

@@ -266,4 +266,4 @@ def test_names_with_newlines_keep_the_message_on_one_line():
 def test_bad_order():
     with pytest.raises(StagesplitError) as excinfo:
         group("layer1/a", order="alphabetical")
-    assert str(excinfo.value) == "invalid layer order 'alphabetical': expected steps or natural"
+    assert str(excinfo.value) == "layer_order: expected one of steps, natural, got 'alphabetical'"

@@ -1,5 +1,95 @@
-"""The ``stagesplit`` command line: parse argv into the API's request, call the API, render."""
+"""The ``stagesplit`` command line: parse argv (``parser``), call the API and render what comes
+back (``commands``). Bad input ends with one line on stderr and exit status 2; ``--debug``
+shows the traceback; a bug is one line and exit status 1."""
 
-from .commands import main
+from __future__ import annotations
+
+import argparse
+import sys
+import traceback
+from typing import Sequence
+
+from ..common.text import one_line
+from ..errors import OptionError, StagesplitError
 
 __all__ = ["main"]
+
+EXIT_USAGE = 2
+EXIT_INTERNAL = 1
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """Every output path checked before any input is read or any file written (see guards)."""
+    from ..common.guards import check_outputs
+    plot = getattr(args, "plot", None)
+    plot_formats = None
+    if plot:
+        from ..reporting.plot import FORMATS as plot_formats
+    outputs = [("--out", getattr(args, "out", None), None), ("--plot", plot, plot_formats),
+               ("--output", getattr(args, "output", None), None)]
+    inputs = [getattr(args, name, None) for name in ("profile", "debug_cbor", "config", "layer_compute", "plan",
+                                                     "from_plan")]
+    model = getattr(args, "model", None)
+    if isinstance(model, str) and model.rpartition(":")[0].endswith(".py"):
+        inputs.append(model.rpartition(":")[0])               # capture's factory file
+    elif args.command == "import" and isinstance(model, str):
+        inputs.append(model)                                   # the ONNX file
+    target = getattr(args, "target", None)
+    if isinstance(target, str):
+        inputs += [t.strip() for t in target.split(",") if t.strip().endswith((".yaml", ".yml"))]
+    check_outputs(outputs, inputs)
+
+
+def _safe_stdout() -> None:
+    """Names that UTF-8 cannot encode (lone surrogates from JSON escapes) print as escapes
+    instead of crashing the table printer."""
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.reconfigure(errors="backslashreplace")
+        except (AttributeError, ValueError, OSError):
+            pass
+
+
+def _message(exc: StagesplitError) -> str:
+    """The error as the user should read it: an API parameter named by its flag."""
+    from .parser import FLAGS
+    if isinstance(exc, OptionError):
+        return f"{FLAGS.get(exc.parameter, exc.parameter)}: {exc.detail}"
+    return str(exc)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the command line; returns the exit status."""
+    from .parser import build_parser
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv
+    _safe_stdout()
+    try:
+        args = build_parser().parse_args(argv)
+        if not getattr(args, "command", None):
+            build_parser().print_help(sys.stderr)
+            return EXIT_USAGE
+        from .commands import COMMANDS
+        _check_outputs(args)
+        return COMMANDS[args.command](args)
+    except StagesplitError as exc:
+        if debug:
+            traceback.print_exc()
+        print(f"stagesplit: error: {one_line(_message(exc))}", file=sys.stderr)
+        return EXIT_USAGE
+    except KeyboardInterrupt:
+        print("stagesplit: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:
+        return 0
+    except MemoryError:                    # an input too large for this machine: still bad input, one line
+        if debug:
+            traceback.print_exc()
+        print("stagesplit: error: out of memory: the input is too large for this machine", file=sys.stderr)
+        return EXIT_USAGE
+    except Exception as exc:  # a bug: still one line unless --debug
+        if debug:
+            traceback.print_exc()
+        print(f"stagesplit: internal error: {type(exc).__name__}: {one_line(str(exc))[:500]} (run with --debug "
+              "for the traceback)", file=sys.stderr)
+        return EXIT_INTERNAL

@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import reprlib
 import select
 import stat
 import time
@@ -19,80 +18,12 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ProfileError, StagesplitError
-
-#: deepest nesting of lists/objects accepted in JSON and YAML (profiles need 5, plans 4)
-MAX_DEPTH = 100
-#: YAML aliases (``*name``) accepted in one document, and nodes after expanding them
-MAX_YAML_ALIASES = 1000
-MAX_YAML_NODES = 1_000_000
-#: config, target, layer-compute and plan files are small; larger ones are refused
-MAX_CONFIG_BYTES = 64 << 20
-#: a profile read from a pipe, FIFO or device (no size known in advance) is capped at this
-MAX_STREAM_BYTES = 512 << 20
-#: seconds to wait for the first byte from a FIFO (no writer ever opening it would hang)
-FIFO_WAIT_S = 5.0
-#: limits on what a profile may declare, checked before anything is allocated from them
-MAX_STEPS = 10_000_000
-#: any one byte count, and the sum of a profile's byte counts (so that every stage sum, even
-#: times the largest micro-batch count, stays far inside int64 and exact in float64)
-MAX_BYTES = 1 << 50
-#: compute figures (cycles, FLOPs, seconds...) in one profile sum to at most this
-MAX_COMPUTE = 1e30
-#: tiles of one device (an IPU has 1,472; per-tile arrays are allocated from this)
-MAX_TILES = 1 << 20
-#: device counts, micro-batches and solver workers accepted on the command line
-MAX_DEVICES = 1024
-MAX_MICRO_BATCHES = 4096
-MAX_WORKERS = 256
-#: CP-SAT seconds per phase
-MAX_TIME_LIMIT = 1e6
-#: a compact (zip) profile may expand to at most max(this, EXPANSION_RATIO x its size)
-MIN_EXPANDED_BYTES = 512 << 20
-EXPANSION_RATIO = 100
+from .limits import (EXPANSION_RATIO, FIFO_WAIT_S, MAX_BYTES, MAX_COMPUTE, MAX_CONFIG_BYTES, MAX_DEPTH,  # noqa: F401
+                     MAX_DEVICES, MAX_MICRO_BATCHES, MAX_STEPS, MAX_STREAM_BYTES, MAX_TILES, MAX_TIME_LIMIT,
+                     MAX_WORKERS, MAX_YAML_ALIASES, MAX_YAML_NODES, MIN_EXPANDED_BYTES)
+from .text import escape_surrogates, one_line, short_repr, show  # noqa: F401
 
 _CHUNK = 1 << 20
-
-
-# -- messages ------------------------------------------------------------------------------------------
-
-_repr = reprlib.Repr()
-_repr.maxlevel = 2
-_repr.maxstring = 60
-_repr.maxother = 60
-_repr.maxlist = _repr.maxtuple = _repr.maxdict = _repr.maxset = 4
-_repr.maxlong = 40
-
-
-def short_repr(value: Any, limit: int = 60) -> str:
-    """A bounded, one-line repr: never walks more than a few levels or items of ``value``
-    (a YAML alias bomb or a deeply nested list prints in constant time)."""
-    try:
-        text = _repr.repr(value)
-    except Exception:                       # a hostile __repr__ is no reason to crash a message
-        text = f"<{type(value).__name__}>"
-    text = one_line(text)
-    return text if len(text) <= limit else text[: limit - 3] + "..."
-
-
-def one_line(text: str) -> str:
-    """``text`` with line breaks, other control characters and lone surrogates escaped, so a
-    message stays one printable line whatever names the input holds."""
-    if text.isprintable():
-        return text
-    out = []
-    for ch in text:
-        if ch.isprintable() and not 0xD800 <= ord(ch) <= 0xDFFF:
-            out.append(ch)
-        else:
-            code = ord(ch)
-            out.append({"\n": "\\n", "\r": "\\r", "\t": "\\t"}.get(ch) or
-                       (f"\\x{code:02x}" if code < 0x100 else f"\\u{code:04x}" if code < 0x10000 else f"\\U{code:08x}"))
-    return "".join(out)
-
-
-def show(name: str) -> str:
-    """A name from the input, escaped for a message or a table cell."""
-    return one_line(str(name))
 
 
 # -- reading files once ---------------------------------------------------------------------------------
@@ -415,11 +346,3 @@ def read_document(path: str | Path, what: str = "file") -> Any:
     if Path(path).suffix.lower() in (".yaml", ".yml"):
         return load_yaml(text, str(path))
     return load_json(text, str(path))
-
-
-def escape_surrogates(text: str) -> str:
-    """``text`` with only lone surrogates escaped (``\\ud800``): for output that keeps line
-    breaks (plot labels, text files) but must encode as UTF-8."""
-    if text.isascii():
-        return text
-    return "".join(f"\\u{ord(ch):04x}" if 0xD800 <= ord(ch) <= 0xDFFF else ch for ch in text)

@@ -85,6 +85,8 @@ class OnnxImport:
     shared: list[str]                         # initializers read by more than one node
     unknown_ops: Counter = field(default_factory=Counter)
     warnings: list[str] = field(default_factory=list)
+    #: the layers the profile's operations group into (set by ``stagesplit.api.import_onnx``)
+    layers: list[str] = field(default_factory=list)
 
 
 # view operators: their output aliases their first input (no memory of its own)

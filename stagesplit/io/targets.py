@@ -1,18 +1,21 @@
-"""Device targets and solver settings, read from YAML (always with a safe loader)."""
+"""Device targets and per-layer compute files, read from YAML (always with a safe loader)."""
 
 from __future__ import annotations
 
 import math
 import re
-from dataclasses import dataclass, fields, replace
 from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_TILES
+from ..common.safeinput import read_yaml_file
+from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target
-from ..common.safeinput import (MAX_BYTES, MAX_COMPUTE, MAX_MICRO_BATCHES, MAX_TILES, MAX_TIME_LIMIT, MAX_WORKERS,
-                        read_yaml_file, show)
+
+__all__ = ["config_dir", "known_targets", "load_layer_compute", "load_target", "read_yaml", "target_from_mapping",
+           "target_record", "yaml_number"]
 
 INT64_MAX = 2**63 - 1
 MAX_FINITE = 1e300      # clock rates, bandwidths and FLOP rates: finite, with room for arithmetic
@@ -38,15 +41,21 @@ def read_yaml(path: Path, what: str = "YAML file") -> Any:
     return read_yaml_file(path, what)
 
 
+def yaml_number(value: Any) -> Any:
+    """``value``, or the float a YAML 1.1 exponent string (``1e9``) stands for."""
+    if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
+        try:
+            return float(value.replace("_", ""))
+        except ValueError:
+            pass
+    return value
+
+
 def _number(path, field_path, value, *, integer=False, minimum=None, optional=False, maximum=None):
     """A finite number (an integer with ``integer``) in [minimum, maximum]."""
     if value is None and optional:
         return None
-    if isinstance(value, str) and _EXPONENT_NUMBER.match(value):
-        try:
-            value = float(value.replace("_", ""))
-        except ValueError:
-            pass
+    value = yaml_number(value)
     ok = isinstance(value, int) if integer else isinstance(value, (int, float))
     if ok and not isinstance(value, bool) and isinstance(value, float) and not math.isfinite(value):
         ok = False
@@ -115,65 +124,11 @@ def load_target(name_or_path: str) -> Target:
                           "or the path of a YAML target file")
 
 
-@dataclass(frozen=True)
-class SolverSettings:
-    """Solver options that can come from ``configs/solver.yaml`` or ``--config FILE``."""
-
-    objective: str = "compute"
-    stages: str = "at-most"
-    schedule: str = "none"
-    micro_batches: int | None = None          # None: the number of devices with a schedule, else 1
-    headroom: float = 0.0
-    shared: str = "every"
-    time_limit: float = 60.0
-    workers: int = 1
-    communication: bool = False
-
-    CHOICES = {"objective": ("compute", "memory", "devices"), "stages": ("at-most", "exact"),
-               "schedule": ("none", "1f1b", "gpipe"), "shared": ("every", "none")}   # = options.py's enums (tested)
-
-    def with_overrides(self, **overrides: Any) -> "SolverSettings":
-        """These settings with the given non-None values replacing theirs."""
-        return replace(self, **{k: v for k, v in overrides.items() if v is not None})
-
-
-def load_solver_settings(path: str | Path | None = None) -> SolverSettings:
-    """Settings from ``path`` (or the shipped defaults), validated field by field."""
-    file = Path(path) if path is not None else config_dir() / "solver.yaml"
-    data = read_yaml(file)
-    if data is None:
-        return SolverSettings()
-    if not isinstance(data, dict):
-        raise ProfileError(file, "", "a mapping of solver settings", type(data).__name__)
-    values: dict[str, Any] = {}
-    defaults = SolverSettings()
-    for f in fields(SolverSettings):
-        if f.name not in data:
-            continue
-        value = data[f.name]
-        default = getattr(defaults, f.name)
-        if f.name in SolverSettings.CHOICES:
-            if value not in SolverSettings.CHOICES[f.name]:
-                raise ProfileError(file, f.name, "one of " + ", ".join(SolverSettings.CHOICES[f.name]), value)
-        elif isinstance(default, bool):
-            if not isinstance(value, bool):
-                raise ProfileError(file, f.name, "true or false", value)
-        elif isinstance(default, int) or f.name == "micro_batches":
-            top = {"micro_batches": MAX_MICRO_BATCHES, "workers": MAX_WORKERS}.get(f.name)
-            value = _number(file, f.name, value, integer=True, minimum=1, maximum=top)
-        else:
-            value = _number(file, f.name, value, minimum=0,
-                            maximum=MAX_TIME_LIMIT if f.name == "time_limit" else None)
-            if f.name == "time_limit" and value <= 0:
-                raise ProfileError(file, f.name, "a number of seconds > 0", value)
-        values[f.name] = value
-    unknown = sorted(set(data) - {f.name for f in fields(SolverSettings)})
-    if unknown:
-        raise ProfileError(file, unknown[0], "a known setting (" + ", ".join(f.name for f in fields(SolverSettings)) + ")")
-    settings = SolverSettings(**values)
-    if not 0 <= settings.headroom < 1:
-        raise ProfileError(file, "headroom", "a fraction in [0, 1)", settings.headroom)
-    return settings
+def target_record(t: Target) -> dict[str, Any]:
+    """A target as plain JSON values (``target_from_mapping`` reads it back)."""
+    return {"name": t.name, "kind": t.kind, "description": t.description, "tiles": t.tiles,
+            "bytes_per_tile": t.bytes_per_tile, "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s,
+            "flops_per_s": t.flops_per_s, "memory_bytes_per_s": t.memory_bytes_per_s}
 
 
 def load_layer_compute(path: str | Path) -> dict[str, float]:

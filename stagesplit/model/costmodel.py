@@ -80,6 +80,8 @@ class StageCostModel:
         if compute:
             self._set_compute(compute, compute_source)
         self.compute_prefix = np.concatenate([[0.0], np.cumsum(self.layer_compute)])
+        #: seconds per layer on a chosen target (``roofline.apply_roofline``); None: from compute
+        self.layer_time_s: np.ndarray | None = None
 
     # -- names the rest of the package reads (each part owns its data) ---------------------------
     @property

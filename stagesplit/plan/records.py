@@ -1,30 +1,22 @@
-"""A pipeline plan: the chosen split, what each stage needs, and how the answer was obtained.
-
-Written as versioned JSON (or YAML for a ``.yaml``/``.yml`` path). Everything but the ``run``
-section (wall time, date, version) is a function of the inputs, so the same profile and
-options give the same plan.
+"""A pipeline plan as typed records: the chosen split, what each stage needs, what it was
+solved from (``PlanInputs``: the request, recorded once, and what it resolved to), and how the
+answer was obtained. ``plan/files.py`` writes and reads it as versioned JSON or YAML.
 """
 
 from __future__ import annotations
 
-import datetime as _dt
-import json
 from dataclasses import asdict, dataclass, field
-from pathlib import Path
-from typing import Any
+from typing import Any, Mapping
 
-import yaml
-
-from ..model.costmodel import StageCostModel
+from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
-from ..common.fileio import atomic_write_text, file_sha256
-from ..common.fields import FieldReader
-from ..solver.problem import Split, SplitProblem, SolveOptions, bubble_fraction, evaluate, schedule_note, stage_in_flight
-from ..solver.cpsat import PHASE_NAMES, SolverResult
-from ..model.traffic import Traffic
+from ..solver.problem import SolveOptions, bubble_fraction
+from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
+from ..common.text import one_line
+from .text import seconds_text, split_text
 
-FORMAT = "stagesplit-plan"
-VERSION = 1
+__all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "StagePlan"]
+
 MEMORY_KEYS = MemoryBreakdown.keys()
 #: the stages frame's columns a notebook shows (``Plan.stages_frame()`` has them all)
 HTML_STAGE_COLUMNS = ("device", "target", "first_layer_name", "last_layer_name", "num_layers", "in_flight",
@@ -97,10 +89,91 @@ class PhaseRecord:
         return doc
 
 
+@dataclass(frozen=True)
+class PlanProfile:
+    """The profile a plan was made from: its name and device, and the file and hash it was read
+    from (None for a profile built in memory)."""
+
+    name: str = ""
+    source: str = ""
+    synthetic: bool = False
+    target: str = ""                   # the device it was captured on
+    tiles: int = 1
+    bytes_per_tile: int = 0
+    path: str | None = None
+    sha256: str | None = None
+
+    @property
+    def one_tile(self) -> bool:
+        """A one-tile device (a GPU): memory is one pool, not per tile."""
+        return self.tiles == 1
+
+
+@dataclass(frozen=True)
+class PlanInputs:
+    """What the plan was solved from: the ``request`` as the user gave it (the one record of the
+    options), and what it resolved to on the profile (``options``: layer indices, capacities,
+    the micro-batch count chosen), with each device position's target."""
+
+    request: SolveRequest
+    options: SolveOptions
+    #: the target of each device position (the profile's own device when none was named)
+    targets: tuple[Target, ...] = ()
+    #: SHA-256 of the layer-compute file the request names, when it was read from one
+    layer_compute_sha256: str | None = None
+
+    # the fields readers of a plan use, by name
+    @property
+    def objective(self) -> Objective:
+        return self.request.objective
+
+    @property
+    def schedule(self) -> Schedule:
+        return self.request.schedule
+
+    @property
+    def micro_batches(self) -> int:
+        """The micro-batch count used (the request's, or the one chosen when it gave none)."""
+        return self.options.micro_batches
+
+    @property
+    def micro_batches_auto(self) -> bool:
+        return self.options.micro_batches_auto
+
+    @property
+    def headroom(self) -> float:
+        return self.request.headroom
+
+    @property
+    def communication(self) -> bool:
+        return self.request.communication
+
+    @property
+    def shared(self) -> SharedPolicy:
+        return self.request.shared
+
+    @property
+    def target_names(self) -> tuple[str, ...]:
+        return tuple(t.name for t in self.targets)
+
+
+@dataclass(frozen=True)
+class PlanRun:
+    """How and when the plan was made: not a function of the inputs (a reproduction compares
+    everything but this)."""
+
+    stagesplit: str = ""
+    created: str = ""
+    solver_seconds: float | None = None          # None: not recorded
+    phase_seconds: tuple[float, ...] = ()
+    #: versions of stagesplit, Python and what the answer depends on (numpy, ortools)
+    versions: Mapping[str, str] = field(default_factory=dict)
+
+
 @dataclass
 class Plan:
-    profile: dict[str, Any]
-    inputs: dict[str, Any]
+    profile: PlanProfile
+    inputs: PlanInputs
     layer_names: list[str]
     devices: int
     method: str
@@ -110,7 +183,7 @@ class Plan:
     stages: list[StagePlan]
     phases: list[PhaseRecord] = field(default_factory=list)
     compute_unit: str = "cycles"
-    run: dict[str, Any] = field(default_factory=dict)
+    run: PlanRun = field(default_factory=PlanRun)
     #: each layer's module path from the profile's operation names (None: not derivable);
     #: empty for plans written before module paths were recorded
     module_paths: list[str | None] = field(default_factory=list)
@@ -120,6 +193,8 @@ class Plan:
     #: and what the command line prints as warnings
     baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
+    #: the cost model the plan was solved on (for plots and reports); None for a plan read from a file
+    analysis: Any = field(default=None, repr=False, compare=False)
 
     @property
     def split_text(self) -> str:
@@ -156,28 +231,70 @@ class Plan:
 
     def to_document(self) -> dict[str, Any]:
         """The plan as the JSON/YAML document ``write_plan`` writes."""
-        doc = {"format": FORMAT, "version": VERSION, "profile": self.profile, "inputs": self.inputs,
-               "layers": self.layer_names, "devices": self.devices, "method": self.method, "status": self.status,
-               "feasible": self.feasible, "message": self.message, "split": self.split_text,
-               "compute_unit": self.compute_unit, "module_paths": self.module_paths, "notes": self.notes,
-               "objective": [p.document() for p in self.phases],
-               "bottleneck_stage": self.bottleneck.stage if self.bottleneck else None,
-               "stages": [], "run": self.run}
-        for s in self.stages:
-            rec = asdict(s)
-            rec["headroom_bytes"] = s.headroom_bytes
-            rec["headroom"] = round(s.headroom, 6)
-            doc["stages"].append(rec)
-        return doc
+        from .files import plan_document
+        return plan_document(self)
+
+    # -- text ----------------------------------------------------------------------------------
+    def status_line(self) -> str:
+        """The status, what proved it and how long the solver took (a second line for a note)."""
+        if not self.feasible:
+            return f"status: {self.status} - {self.message}"
+        phases = "; ".join(f"{p.quantity} {p.status.lower()}" + (f" (gap {100 * p.gap:.2f}%)" if p.gap else "")
+                           for p in self.phases)
+        by_dp = any(p.proof != "cp-sat" for p in self.phases)
+        proven = ("NOT proven optimal" if self.status != "optimal" else
+                  "proven optimal by the exact DP" if by_dp else "proven optimal by CP-SAT")
+        text = f"status: {self.status}, {proven}"
+        if self.run.solver_seconds is not None:
+            text += f" in {self.run.solver_seconds:.2f} s"
+        text += f" [{phases}]" if phases else ""
+        if self.message:
+            text += f"\nnote: {self.message}"
+        return text
+
+    def summary(self, micro_batches: int = 1, gpu: bool = False) -> str:
+        """The plan in a few lines; names from the input (layers, notes) are escaped, so each
+        line stays one line whatever the names hold."""
+        lines = [f"split: {self.short_split_text(200)}" if self.stages else "split: none",
+                 *self.status_line().split("\n")]
+        lines += [f"note: {n}" for n in self.notes]
+        if self.stages:
+            b = self.bottleneck
+            w = self.worst_memory
+            lines.append(f"bottleneck: stage {b.stage} (layers {b.layers[0]}..{b.layers[-1]}): "
+                         f"{self.time_text(b.stage_time, b.time_s)}"
+                         + (" with transfers" if self.inputs.communication else ""))
+            where = (f"{w.worst_tile_bytes / 2**30:,.2f} of {w.capacity_bytes / 2**30:,.2f} GiB" if gpu else
+                     f"{w.worst_tile_bytes:,} of {w.capacity_bytes:,} bytes on tile {w.worst_tile}")
+            lines.append(f"memory: fullest stage {w.stage} uses {where} "
+                         f"({w.worst_tile_bytes / w.capacity_bytes:.1%}); {len(self.stages)} of {self.devices} "
+                         f"devices used")
+            if len(self.stages) < self.devices and self.inputs.schedule == Schedule.ONE_F_ONE_B:
+                lines.append("note: with 1F1B, stage s of P holds min(M, P - s) micro-batches, so more stages put "
+                             "more stashed activations on the first ones; here more devices do not fit or do not help")
+            balance = self.pipeline_efficiency(1) / (1 - bubble_fraction(len(self.stages), 1))
+            text = f"compute balance: {balance:.1%} (mean stage compute / bottleneck)"
+            if micro_batches > 1:
+                text += (f"; pipeline efficiency with {micro_batches} micro-batches: "
+                         f"{self.pipeline_efficiency(micro_batches):.1%} (bubble "
+                         f"{bubble_fraction(len(self.stages), micro_batches):.1%})")
+            lines.append(text)
+        return "\n".join(one_line(line) for line in lines)
+
+    def time_text(self, compute: float, seconds: float | None) -> str:
+        """A stage time in the plan's compute unit, with seconds where known."""
+        if seconds is not None:
+            return f"{compute:.4g} {self.compute_unit} ({seconds_text(seconds)})"
+        return f"{compute:.4g} {self.compute_unit}"
 
     # -- notebooks (pandas is imported only here) -----------------------------------------------
     def stage_target(self, stage: StagePlan) -> str:
         """The name of the device target a stage runs on: the plan's per-position targets when
         it was solved for named (possibly mixed) targets, else the profile's own device."""
-        targets = self.inputs.get("targets") or []
+        targets = self.inputs.targets
         if 0 <= stage.device < len(targets):
-            return str(targets[stage.device])
-        return str(self.profile.get("target", ""))
+            return targets[stage.device].name
+        return self.profile.target
 
     def stages_frame(self):
         """A pandas DataFrame with one row per stage, indexed by stage number.
@@ -245,215 +362,8 @@ class Plan:
         """Notebook display: the plan's summary (split, status, bottleneck, memory) and its
         stages frame; names are escaped."""
         from ..common.frames import html_summary
-        from ..reporting.summary import plan_summary
-        micro = self.inputs.get("micro_batches")
-        summary = plan_summary(self, micro if isinstance(micro, int) and micro > 0 else 1,
-                               gpu=self.profile.get("tiles") == 1)
-        title = f"stagesplit plan ({self.method}) of {self.profile.get('name') or 'a profile'}: " \
+        summary = self.summary(self.inputs.micro_batches, gpu=self.profile.one_tile)
+        title = f"stagesplit plan ({self.method}) of {self.profile.name or 'a profile'}: " \
                 f"{len(self.layer_names)} layers on {self.devices} devices"
         table = self.stages_frame()[list(HTML_STAGE_COLUMNS)].to_html() if self.stages else ""
         return html_summary(title, summary.splitlines(), table)
-
-
-def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
-    """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split. With ``width``, stages of
-    more than two layers are shortened to ``first..last`` when the full text is longer."""
-    if not ranges:
-        return "none"
-    full = "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
-    if width is None or len(full) <= width:
-        return full
-    return "[ " + " | ".join(" ".join(names[a:b + 1]) if b - a < 2 else f"{names[a]}..{names[b]}"
-                             for a, b in ranges) + " ]"
-
-
-def options_record(options: SolveOptions, shared: str, layer_options) -> dict[str, Any]:
-    rec = asdict(options)
-    rec["capacities"] = list(options.capacities) if options.capacities else None
-    rec["pinned_splits"] = list(options.pinned_splits)
-    rec["pinned_layers"] = [list(x) for x in options.pinned_layers]
-    rec["shared"] = shared
-    if layer_options is not None:
-        rec["layer_grouping"] = asdict(layer_options)
-    return rec
-
-
-def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None, *, method: str,
-              traffic: Traffic, profile_path: str | Path | None = None, result: SolverResult | None = None,
-              message: str = "", target_names: list[str] | None = None) -> Plan:
-    """Describe ``split`` stage by stage (per-tile detail recomputed from the cost model)."""
-    p = model.profile
-    o = problem.options
-    evaluation = evaluate(problem, split) if split is not None else None
-    stages: list[StagePlan] = []
-    if split is not None:
-        ks = stage_in_flight(problem, split)
-        seconds = problem.seconds_per_unit
-        for index, ((position, first, last), k) in enumerate(zip(split.stages, ks)):
-            sm = model.stage_memory(first, last)
-            total = sm.total(k)
-            tile = int(total.argmax())
-            received, sent = traffic.stage_io(first, last)
-            compute = model.range_compute(first, last)
-            stage_time = float(compute)
-            unit_s = p.target.seconds_per_unit(p.compute_unit)
-            if o.communication and o.link_bytes_per_s and unit_s:
-                stage_time += float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1]) / o.link_bytes_per_s / unit_s
-            time_s = None
-            if seconds is not None:
-                time_s = compute * seconds
-                if getattr(model, "layer_time_s", None) is not None:     # roofline seconds (roofline.py)
-                    time_s = float(sum(model.layer_time_s[first:last + 1]))
-                if o.communication and o.link_bytes_per_s:
-                    time_s += float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1]) / o.link_bytes_per_s
-            stages.append(StagePlan(
-                stage=index, device=position, first_layer=first, last_layer=last,
-                layers=model.layers.names[first:last + 1], in_flight=k,
-                capacity_bytes=int(problem.capacity[position]), worst_tile=tile, worst_tile_bytes=int(total[tile]),
-                memory_at_worst_tile=sm.at_tile(tile, k), memory_total=sm.summed(k), compute=float(compute),
-                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent), time=stage_time))
-    feasible = bool(evaluation is not None and evaluation.feasible)
-    units = {"time": problem.time_unit, "memory": "bytes" if problem.homogeneous else "fraction of capacity",
-             "devices": "devices"}
-    # the split's own figures (unrounded) as values; the solver's integer bound converted back
-    actual = {"time": max((s.stage_time for s in stages), default=None),
-              "memory": max((s.worst_tile_bytes if problem.homogeneous else s.worst_tile_bytes / s.capacity_bytes
-                             for s in stages), default=None),
-              "devices": len(stages) if stages else None}
-    phases = []
-    for ph in (result.phases if result else []):
-        value = actual[ph.quantity] if ph.value is not None and stages else problem.user_value(ph.quantity, ph.value)
-        bound = value if ph.bound is not None and ph.bound == ph.value else problem.user_value(ph.quantity, ph.bound)
-        if isinstance(bound, float):
-            bound = float(f"{bound:.9g}")
-        phases.append(PhaseRecord(PHASE_NAMES[ph.quantity], ph.status, value, bound, ph.gap, round(ph.seconds, 3),
-                                  unit=units[ph.quantity], scale=problem.objective_scale(ph.quantity),
-                                  solver_value=ph.value, solver_bound=ph.bound, proof=ph.proof))
-    status = result.status if result is not None else ("feasible" if feasible else "infeasible")
-    profile = {"name": p.info.name, "source": p.info.source, "synthetic": p.info.synthetic,
-               "target": p.target.name, "tiles": p.target.tiles, "bytes_per_tile": p.target.bytes_per_tile}
-    profile_path = profile_path if profile_path is not None else p.info.path
-    if profile_path is not None:
-        profile["path"] = str(profile_path)
-    if p.info.sha256 is not None:                   # hashed from the bytes as they were read
-        profile["sha256"] = p.info.sha256
-    elif profile_path is not None:
-        profile["sha256"] = file_sha256(profile_path)
-    inputs = options_record(o, model.shared, model.layers.options)
-    if target_names:
-        inputs["targets"] = target_names
-    return Plan(profile=profile, inputs=inputs, layer_names=list(model.layers.names), devices=o.devices, method=method,
-                status=status, feasible=feasible, message=message, stages=stages, phases=phases,
-                compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
-                notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
-                run={"stagesplit": _version(), "created": _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
-                     "solver_seconds": round(result.seconds, 3) if result else 0.0,
-                     "phase_seconds": [p.seconds for p in phases]})
-
-
-def _version() -> str:
-    from .. import __version__
-    return __version__
-
-
-def write_plan(plan: Plan, path: str | Path) -> None:
-    """Write ``plan`` atomically as JSON, or YAML for a .yaml/.yml path."""
-    path = Path(path)
-    doc = plan.to_document()
-    if path.suffix in (".yaml", ".yml"):
-        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
-    else:
-        text = json.dumps(doc, indent=1) + "\n"
-    atomic_write_text(path, text)
-
-
-def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -> list[str]:
-    """A stage's layer names as the document lists them (kept as written, so that ``export``
-    can reject a hand edit that drops or repeats a layer), else those of its index range."""
-    if "layers" not in stage:
-        return default
-    return [r.string(x, f"{where}.layers[{i}]") for i, x in enumerate(r.list(stage["layers"], f"{where}.layers"))]
-
-
-def _plan_inputs(r: FieldReader, value: Any) -> dict[str, Any]:
-    """The plan's recorded solve inputs, with the fields readers of a plan use type-checked
-    (a hand-edited plan must fail with a one-line message, not deep inside a consumer)."""
-    inputs = dict(r.mapping(value, "inputs"))
-    if inputs.get("headroom") is not None:
-        inputs["headroom"] = r.number(inputs["headroom"], "inputs.headroom")
-        if inputs["headroom"] >= 1:
-            r.fail("inputs.headroom", "a fraction in [0, 1)", inputs["headroom"])
-    if inputs.get("micro_batches") is not None:
-        inputs["micro_batches"] = r.integer(inputs["micro_batches"], "inputs.micro_batches", minimum=1)
-    for key in ("objective", "schedule", "shared"):
-        if inputs.get(key) is not None:
-            r.string(inputs[key], f"inputs.{key}")
-    if inputs.get("layer_grouping") is not None:
-        grouping = r.mapping(inputs["layer_grouping"], "inputs.layer_grouping")
-        for key, item in grouping.items():
-            if item is not None:
-                r.string(item, f"inputs.layer_grouping.{key}")
-    return inputs
-
-
-def _breakdown(r: FieldReader, value: Any, where: str) -> MemoryBreakdown:
-    values = r.mapping(value if value is not None else {}, where)
-    return MemoryBreakdown(**{k: r.integer(values.get(k, 0), f"{where}.{k}", minimum=0) for k in MEMORY_KEYS})
-
-
-def read_plan(path: str | Path) -> Plan:
-    """Read a plan file written by ``write_plan``, validating what ``diagnose`` relies on."""
-    from ..common.safeinput import read_document
-    path = Path(path)
-    doc = read_document(path, "plan")       # opened once, size-capped, strict JSON / safe YAML
-    r = FieldReader(str(path))
-    r.mapping(doc, "document")
-    if doc.get("format") != FORMAT:
-        r.fail("format", f'"{FORMAT}"', doc.get("format"))
-    if doc.get("version") != VERSION:
-        r.fail("version", f"{VERSION} (this stagesplit reads plan version {VERSION})", doc.get("version"))
-    names = [r.string(x, f"layers[{i}]") for i, x in enumerate(r.list(r.get(doc, "layers", ""), "layers"))]
-    stages = []
-    for i, s in enumerate(r.list(r.get(doc, "stages", ""), "stages")):
-        p = f"stages[{i}]"
-        r.mapping(s, p)
-        first = r.integer(r.get(s, "first_layer", p), f"{p}.first_layer")
-        last = r.integer(r.get(s, "last_layer", p), f"{p}.last_layer")
-        if last < first or last >= len(names):
-            r.fail(f"{p}.last_layer", f"a layer index >= first_layer ({first}) and < {len(names)}", last)
-        stages.append(StagePlan(
-            stage=r.integer(s.get("stage", i), f"{p}.stage"), device=r.integer(s.get("device", i), f"{p}.device"),
-            first_layer=first, last_layer=last, layers=_stage_layers(r, s, p, names[first:last + 1]),
-            in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
-            capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
-            worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
-            worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
-            memory_at_worst_tile=_breakdown(r, s.get("memory_at_worst_tile"), f"{p}.memory_at_worst_tile"),
-            memory_total=_breakdown(r, s.get("memory_total"), f"{p}.memory_total"),
-            compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
-            time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
-            bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
-            bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent"),
-            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time")))
-    for prev, cur in zip(stages, stages[1:]):
-        if cur.first_layer != prev.last_layer + 1:
-            r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
-    paths = r.list(doc.get("module_paths") or [], "module_paths")
-    if paths and len(paths) != len(names):
-        r.fail("module_paths", f"one entry per layer ({len(names)})", f"{len(paths)} entries")
-    paths = [None if x is None else r.string(x, f"module_paths[{i}]") for i, x in enumerate(paths)]
-    run = doc.get("run") if isinstance(doc.get("run"), dict) else {}
-    phase_seconds = run.get("phase_seconds") if isinstance(run.get("phase_seconds"), list) else []
-    phases = [PhaseRecord(**{k: ph.get(k) for k in ("quantity", "status", "value", "bound", "gap", "unit",
-                                                     "solver_value", "solver_bound", "proof") if k in ph},
-                          scale=ph.get("scale", 1), seconds=ph.get("seconds") or
-                          (phase_seconds[i] if i < len(phase_seconds) else 0.0))
-              for i, ph in enumerate(r.list(doc.get("objective", []), "objective")) if isinstance(ph, dict)]
-    return Plan(profile=dict(r.mapping(doc.get("profile") or {}, "profile")),
-                inputs=_plan_inputs(r, doc.get("inputs") or {}), layer_names=names,
-                devices=r.integer(doc.get("devices", len(stages)), "devices", minimum=1),
-                method=str(doc.get("method", "")), status=str(doc.get("status", "")),
-                feasible=bool(doc.get("feasible", True)), message=str(doc.get("message", "")), stages=stages,
-                phases=phases, compute_unit=str(doc.get("compute_unit", "cycles")), run=dict(r.mapping(doc.get("run") or {}, "run")),
-                module_paths=paths,
-                notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])

@@ -50,7 +50,7 @@ class Breakdown:
             count = int((la.op_rule == rule).sum())
             if count:
                 t.add(rule.label, count, count / n)
-        notes = [f"{len(la.names)} layers in {la.options.order} order: {', '.join(la.names)}",
+        notes = [f"{len(la.names)} layers in {la.options.order.value} order: {', '.join(la.names)}",
                  f"{la.share_assigned:.0%} of operations have a layer; shared items are counted on "
                  f"{'every stage' if self.model.shared == 'every' else 'no stage'} (--shared {self.model.shared})"]
         t.note = "\n".join(one_line(line) for line in notes + [f"warning: {w}" for w in la.warnings])

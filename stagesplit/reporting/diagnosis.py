@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..model.costmodel import StageCostModel, StageMemory
+from ..model.stagememory import MemoryBreakdown
 from .table import Column, Table
 from ..common.safeinput import one_line
 
@@ -61,14 +62,14 @@ class StageDiagnosis:
     tile: int
     step: int
     step_name: str
-    memory: dict[str, int]
+    memory: MemoryBreakdown
     top_variables: list[LiveVariable]
     around: list[tuple[int, str, int, bool]]   # (step, name, not-always-live bytes, a step of this stage)
     ground_truth: GroundTruthCheck | None = None
 
     @property
     def total(self) -> int:
-        return sum(self.memory.values())
+        return self.memory.total
 
 
 @dataclass
@@ -84,6 +85,8 @@ class GroupingHealth:
 class Diagnosis:
     stages: list[StageDiagnosis]
     grouping: GroupingHealth
+    #: the cost model diagnosed (for plots of a stage's liveness); not part of the result's values
+    model: StageCostModel | None = field(default=None, repr=False, compare=False)
 
 
 class _Lookup:
@@ -167,7 +170,7 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
     total = sm.total(in_flight)
     tile = int(total.argmax())
     step = int(sm.peak_step[tile])
-    memory = sm.at_tile(tile, in_flight).as_dict()
+    memory = sm.at_tile(tile, in_flight)
     vars_mask, _, _ = model.stage_items(first, last)
     chosen = live_variables(model, vars_mask, tile, step)
     by_step, in_stage = live_bytes_by_step(model, first, last, tile)
@@ -238,7 +241,7 @@ def diagnosis_tables(d: Diagnosis) -> list[Table]:
         head = f"Stage {n} (layers {_span(s.layers)})" if len(d.stages) > 1 else f"Layers {_span(s.layers)}"
         t = Table(f"{head}: bottleneck tile {s.tile} at step {s.step} ({s.step_name})",
                   [Column("category"), Column("bytes", "int"), Column("share", "percent")])
-        for key, value in s.memory.items():
+        for key, value in s.memory.as_dict().items():
             if value or key != "stashed_copies":
                 t.add(key.replace("_", " "), value, value / s.total if s.total else 0.0)
         t.add("total", s.total, 1.0)

@@ -113,7 +113,7 @@ def plot_plan(plan: Plan, tile_totals: Sequence[np.ndarray], path: str | Path, t
     ax_compute.set_xlabel("stage (layers)")
     ax_compute.set_ylabel(ylabel)
     ax_compute.set_title("Compute per stage (bottleneck in red)")
-    fig.suptitle(title or f"{plan.profile.get('name') or 'profile'}: {plan.short_split_text(140)}", fontsize=10)
+    fig.suptitle(title or f"{plan.profile.name or 'profile'}: {plan.short_split_text(140)}", fontsize=10)
     _save(fig, path)
 
 

@@ -22,6 +22,7 @@ import numpy as np
 
 from ..model.costmodel import RangeTable, StageCostModel
 from ..errors import OptionError, StagesplitError
+from ..common.validate import choice, integer, number
 from .request import Objective, Schedule
 from ..model.traffic import Traffic
 
@@ -32,10 +33,15 @@ TIME_SCALE_LIMIT = 10**9
 
 @dataclass(frozen=True)
 class SolveOptions:
+    """A ``SolveRequest`` resolved against one profile (``api.resolve``): layer names become
+    indices, targets become per-position capacities, the micro-batch count is chosen. Its own
+    invariants are checked when it is made; what needs the layer count (pins) once, when the
+    problem is built (``check_layers``)."""
+
     devices: int
-    objective: str = "compute"
+    objective: Objective = Objective.COMPUTE
     exact: bool = False
-    schedule: str = "none"
+    schedule: Schedule = Schedule.NONE
     micro_batches: int = 1
     micro_batches_auto: bool = False                 # M not given: M = devices (``with_devices`` keeps it so)
     headroom: float = 0.0
@@ -50,25 +56,22 @@ class SolveOptions:
     time_limit: float = 60.0
     workers: int = 1
 
-    def check(self, num_layers: int) -> None:
-        """Raise OptionError (naming the Python parameter; the command line swaps in its flag)
-        for options that cannot be used with ``num_layers`` layers."""
-        if self.devices < 1:
-            raise OptionError("devices", f"expected at least 1, got {self.devices}")
-        if self.objective not in OBJECTIVES:
-            raise OptionError("objective", f"expected one of {', '.join(OBJECTIVES)}, got '{self.objective}'")
-        if self.schedule not in SCHEDULES:
-            raise OptionError("schedule", f"expected one of {', '.join(SCHEDULES)}, got '{self.schedule}'")
-        if self.micro_batches < 1:
-            raise OptionError("micro_batches", f"expected at least 1, got {self.micro_batches}")
-        if not 0 <= self.headroom < 1:
-            raise OptionError("headroom", f"expected a fraction in [0, 1), got {self.headroom}")
-        if self.reserve < 0:
-            raise OptionError("reserve", f"expected a number of bytes >= 0, got {self.reserve}")
+    def __post_init__(self) -> None:
+        # the record's own invariants (it is also built directly, in layer indices, by tools and tests)
+        object.__setattr__(self, "objective", choice(Objective, "objective", self.objective))
+        object.__setattr__(self, "schedule", choice(Schedule, "schedule", self.schedule))
+        integer("devices", self.devices, 1)
+        integer("micro_batches", self.micro_batches, 1)
+        number("headroom", self.headroom, 0, 1, high_open=True)
+        integer("reserve", self.reserve, 0)
+        integer("min_layers", self.min_layers, 1)
+        if self.max_layers is not None and integer("max_layers", self.max_layers, 1) < self.min_layers:
+            raise OptionError("max_layers", f"expected at least min_layers ({self.min_layers}), got {self.max_layers}")
         if self.capacities is not None and len(self.capacities) != self.devices:
             raise OptionError("targets", f"{len(self.capacities)} device capacities given for {self.devices} devices")
-        if self.min_layers < 1 or (self.max_layers is not None and self.max_layers < self.min_layers):
-            raise OptionError("min_layers", "expected min_layers >= 1 and <= max_layers")
+
+    def check_layers(self, num_layers: int) -> None:
+        """Raise OptionError for pins that cannot be used with ``num_layers`` layers."""
         for j in self.pinned_splits:
             if not 0 < j < num_layers:
                 raise OptionError("pin_splits", f"a split before layer index {j}: expected 1..{num_layers - 1} "
@@ -186,7 +189,7 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
                   table: RangeTable | None = None, progress=None) -> SplitProblem:
     """Price every layer range (unless ``table`` is given) and build the integer tables."""
     L = model.num_layers
-    options.check(L)
+    options.check_layers(L)
     target = model.profile.target
     n = options.devices
     raw_caps = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
@@ -303,11 +306,14 @@ def evaluate(problem: SplitProblem, split: Split) -> Evaluation:
 
 
 def with_devices(options: SolveOptions, devices: int) -> SolveOptions:
+    """The same options for another device count: capacities repeat, a defaulted micro-batch
+    count follows the count, pins to positions beyond it are dropped."""
     caps = options.capacities
     if caps is not None and len(caps) != devices:
         caps = tuple(caps[i % len(caps)] for i in range(devices))
     micro = devices if options.micro_batches_auto else options.micro_batches
-    return replace(options, devices=devices, capacities=caps, micro_batches=micro)
+    return replace(options, devices=devices, capacities=caps, micro_batches=micro,
+                   pinned_layers=tuple(p for p in options.pinned_layers if p[1] < devices))
 
 
 def resolve_micro_batches(schedule: str, micro_batches: int | None, devices: int) -> tuple[int, bool]:
@@ -326,8 +332,8 @@ def schedule_note(options: SolveOptions) -> str:
         return ""
     if o.micro_batches_auto:
         return (f"--micro-batches not given: using {o.micro_batches}, the number of devices (the fewest "
-                f"micro-batches that fill a {o.micro_batches}-stage {o.schedule} pipeline)")
+                f"micro-batches that fill a {o.micro_batches}-stage {o.schedule.value} pipeline)")
     if o.micro_batches == 1:
-        return (f"--schedule {o.schedule} with 1 micro-batch holds one micro-batch per stage, the same as "
+        return (f"--schedule {o.schedule.value} with 1 micro-batch holds one micro-batch per stage, the same as "
                 f"--schedule none: give --micro-batches M (at least the number of stages) to model the pipeline")
     return ""

@@ -1,17 +1,27 @@
-"""The options of a solve, defined once: what the user chooses, by name (layers and targets),
-as one frozen record. The Python API (``stagesplit.solve``), the command line, the solver
-settings file and a plan's record of its run all go through ``SolveRequest``."""
+"""The options of a solve, defined once: ``SolveRequest``, one frozen record validated once,
+that the Python API, the command line, the solver settings file and a plan's record of its
+run all build. Layers are named as ``breakdown`` shows them, targets by name (``stagesplit
+targets``), YAML path, or ``Target``; ``resolve`` (solver/problem.py) turns names into indices.
+"""
 
 from __future__ import annotations
 
-import math
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, field, fields, replace
 from enum import Enum
+from pathlib import Path
 from typing import Any, Mapping
 
-from ..errors import OptionError
-from ..layers import LayerOptions
+from ..common.limits import (MAX_BYTES, MAX_COMPUTE, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT,
+                             MAX_WORKERS)
+from ..common.safeinput import read_yaml_file
+from ..common.text import short_repr
+from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
+from ..errors import OptionError, ProfileError
 from ..io.profile import Target
+from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
+from ..layers import LayerOptions
+
+__all__ = ["Objective", "Schedule", "SharedPolicy", "SolveRequest"]
 
 
 class Objective(str, Enum):
@@ -37,42 +47,10 @@ class SharedPolicy(str, Enum):
     NONE = "none"           #: on no stage (PopLiner's assumption that they spread out)
 
 
-def _enum(kind: type[Enum], parameter: str, value: Any) -> Enum:
-    if isinstance(value, kind):
-        return value
-    try:
-        return kind(value)
-    except ValueError:
-        raise OptionError(parameter, f"expected one of {', '.join(k.value for k in kind)}, got {value!r}") from None
-
-
-def _integer(parameter: str, value: Any, minimum: int, maximum: int | None = None, optional: bool = False) -> int | None:
-    if value is None and optional:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int) or value < minimum or \
-            (maximum is not None and value > maximum):
-        top = f" and <= {maximum:,}" if maximum is not None else ""
-        raise OptionError(parameter, f"expected an integer >= {minimum}{top}, got {value!r}")
-    return int(value)
-
-
-def _number(parameter: str, value: Any, low: float, high: float, *, low_open: bool = False, high_open: bool = False,
-            optional: bool = False) -> float | None:
-    if value is None and optional:
-        return None
-    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-    if ok:
-        ok = (value > low if low_open else value >= low) and (value < high if high_open else value <= high)
-    if not ok:
-        left, right = "(" if low_open else "[", ")" if high_open else "]"
-        raise OptionError(parameter, f"expected a number in {left}{low:g}, {high:g}{right}, got {value!r}")
-    return float(value)
-
-
 @dataclass(frozen=True)
 class SolveRequest:
-    """Everything a solve depends on besides the profile. Layers are named as ``breakdown``
-    shows them; targets by name (``stagesplit targets``), YAML path, or ``Target``."""
+    """Everything a solve depends on besides the profile, validated when it is made (and again
+    by ``dataclasses.replace``): a bad value raises ``OptionError`` naming the field."""
 
     devices: int
     #: one target for every device, or one per device; empty: the profile's own device
@@ -114,41 +92,46 @@ class SolveRequest:
     unlayered_first: bool = False
 
     def __post_init__(self) -> None:
-        from ..common.safeinput import MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
         set_ = object.__setattr__
-        set_(self, "devices", _integer("devices", self.devices, 1, MAX_DEVICES))
-        targets = (self.targets,) if isinstance(self.targets, (str, Target)) else tuple(self.targets or ())
-        for t in targets:
-            if not isinstance(t, (str, Target)):
-                raise OptionError("targets", f"expected target names, YAML paths or Target records, got {t!r}")
+        set_(self, "devices", integer("devices", self.devices, 1, MAX_DEVICES))
+        targets = (self.targets,) if isinstance(self.targets, (str, Target)) else \
+            strings_or_targets("targets", self.targets)
         if len(targets) not in (0, 1, self.devices):
             raise OptionError("targets", f"give one target or {self.devices} (one per device), got {len(targets)}")
         set_(self, "targets", targets)
-        set_(self, "objective", _enum(Objective, "objective", self.objective))
-        set_(self, "schedule", _enum(Schedule, "schedule", self.schedule))
-        set_(self, "shared", _enum(SharedPolicy, "shared", self.shared))
-        set_(self, "micro_batches", _integer("micro_batches", self.micro_batches, 1, MAX_MICRO_BATCHES, optional=True))
-        set_(self, "headroom", _number("headroom", self.headroom, 0, 1, high_open=True))
-        set_(self, "reserve", _integer("reserve", self.reserve, 0))
-        set_(self, "min_layers", _integer("min_layers", self.min_layers, 1))
-        set_(self, "max_layers", _integer("max_layers", self.max_layers, 1, optional=True))
+        set_(self, "objective", choice(Objective, "objective", self.objective))
+        set_(self, "schedule", choice(Schedule, "schedule", self.schedule))
+        set_(self, "shared", choice(SharedPolicy, "shared", self.shared))
+        for name in ("exact", "communication", "compare", "unlayered_first"):
+            set_(self, name, boolean(name, getattr(self, name)))
+        set_(self, "micro_batches", integer("micro_batches", self.micro_batches, 1, MAX_MICRO_BATCHES,
+                                            optional=True))
+        set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
+        set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
+        set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
+        set_(self, "max_layers", integer("max_layers", self.max_layers, 1, optional=True))
         if self.max_layers is not None and self.max_layers < self.min_layers:
             raise OptionError("max_layers", f"expected at least min_layers ({self.min_layers}), got {self.max_layers}")
-        pins = (self.pin_splits,) if isinstance(self.pin_splits, str) else tuple(self.pin_splits)
-        set_(self, "pin_splits", tuple(str(p) for p in pins))
-        layers = self.pin_layers.items() if isinstance(self.pin_layers, Mapping) else self.pin_layers
-        pairs = []
-        for item in layers:
-            if not isinstance(item, (tuple, list)) or len(item) != 2:
-                raise OptionError("pin_layers", f"expected (layer name, device position) pairs, got {item!r}")
-            pairs.append((str(item[0]), _integer("pin_layers", item[1], 0, self.devices - 1)))
-        set_(self, "pin_layers", tuple(pairs))
-        set_(self, "link_bandwidth", _number("link_bandwidth", self.link_bandwidth, 1, 1e300, optional=True))
-        set_(self, "efficiency", _number("efficiency", self.efficiency, 0, 1, low_open=True))
-        compute = self.layer_compute.items() if isinstance(self.layer_compute, Mapping) else self.layer_compute
-        set_(self, "layer_compute", tuple((str(k), _number("layer_compute", v, 0, 1e300)) for k, v in compute))
-        set_(self, "time_limit", _number("time_limit", self.time_limit, 0, MAX_TIME_LIMIT, low_open=True))
-        set_(self, "workers", _integer("workers", self.workers, 1, MAX_WORKERS))
+        set_(self, "pin_splits", strings("pin_splits", self.pin_splits, what="layer names"))
+        pins = []
+        for name, position in pairs("pin_layers", self.pin_layers, what="(layer name, device position) pairs"):
+            if not isinstance(name, str):
+                raise OptionError("pin_layers", f"expected a layer name, got {short_repr(name)}")
+            pins.append((name, integer("pin_layers", position, 0, self.devices - 1)))
+        set_(self, "pin_layers", tuple(pins))
+        set_(self, "link_bandwidth", number("link_bandwidth", self.link_bandwidth, 1, 1e300, optional=True))
+        set_(self, "efficiency", number("efficiency", self.efficiency, 0, 1, low_open=True))
+        compute = []
+        for name, value in mapping_items("layer_compute", self.layer_compute, what="a mapping of layer names to "
+                                         "compute figures"):
+            if not isinstance(name, str):
+                raise OptionError("layer_compute", f"expected layer names as keys, got {short_repr(name)}")
+            compute.append((name, number("layer_compute", value, 0, MAX_COMPUTE)))
+        set_(self, "layer_compute", tuple(compute))
+        if self.layer_compute_source is not None and not isinstance(self.layer_compute_source, str):
+            raise OptionError("layer_compute_source", f"expected a file path, got {short_repr(self.layer_compute_source)}")
+        set_(self, "time_limit", number("time_limit", self.time_limit, 0, MAX_TIME_LIMIT, low_open=True))
+        set_(self, "workers", integer("workers", self.workers, 1, MAX_WORKERS))
         if not isinstance(self.layering, LayerOptions):
             raise OptionError("layering", f"expected a LayerOptions, got {type(self.layering).__name__}")
 
@@ -160,7 +143,38 @@ class SolveRequest:
         return replace(self, devices=devices, targets=targets,
                        pin_layers=tuple(p for p in self.pin_layers if p[1] < devices))
 
-    # -- the plan's record ----------------------------------------------------------------------
+    def resolved_targets(self) -> tuple[Target, ...]:
+        """The targets as records (names and YAML paths loaded)."""
+        return tuple(load_target(t) if isinstance(t, str) else t for t in self.targets)
+
+    # -- settings files and the plan's record ---------------------------------------------------
+    @classmethod
+    def from_settings(cls, path: str | Path | None = None, devices: int = 1, **overrides: Any) -> "SolveRequest":
+        """A request whose defaults come from a solver settings file (``configs/solver.yaml``
+        when ``path`` is None), ``overrides`` that are not None winning. The file's fields are
+        this record's (``stages: exact`` is ``exact: true``); a bad one is named in the file."""
+        file = Path(path) if path is not None else config_dir() / "solver.yaml"
+        data = read_yaml_file(file)
+        data = {} if data is None else data
+        if not isinstance(data, dict):
+            raise ProfileError(file, "", "a mapping of solver settings", type(data).__name__)
+        known = SETTINGS_FIELDS
+        for key in data:
+            if key not in known:
+                raise ProfileError(file, str(key), "a known setting (" + ", ".join(known) + ")")
+        values = {k: yaml_number(v) for k, v in data.items() if k != "stages"}
+        if "stages" in data:
+            if data["stages"] not in ("at-most", "exact"):
+                raise ProfileError(file, "stages", "one of at-most, exact", data["stages"])
+            values["exact"] = data["stages"] == "exact"
+        for key, value in values.items():
+            try:
+                SolveRequest(devices=1, **{key: value})
+            except OptionError as exc:
+                raise ProfileError(file, key, exc.detail.removeprefix("expected ")) from None
+        values.update({k: v for k, v in overrides.items() if v is not None})
+        return cls(devices=devices, **values)
+
     def to_record(self) -> dict[str, Any]:
         """Every option as plain JSON values (targets in full), enough to run the solve again."""
         out: dict[str, Any] = {}
@@ -169,9 +183,9 @@ class SolveRequest:
             if isinstance(value, Enum):
                 value = value.value
             elif f.name == "targets":
-                value = [_target_record(t) for t in value]
+                value = [target_record(load_target(t) if isinstance(t, str) else t) for t in value]
             elif f.name == "layering":
-                value = asdict(value)
+                value = value.to_record()
             elif f.name in ("pin_layers", "pin_splits"):
                 value = [list(v) if isinstance(v, tuple) else v for v in value]
             elif f.name == "layer_compute":
@@ -180,35 +194,52 @@ class SolveRequest:
         return out
 
     @classmethod
-    def from_record(cls, record: Mapping[str, Any], source: str = "plan") -> "SolveRequest":
-        """The request a plan recorded (``to_record``); targets come back in full."""
-        from ..io.targets import target_from_mapping
+    def from_record(cls, record: Any, source: str, prefix: str = "request") -> "SolveRequest":
+        """The request a plan recorded (``to_record``), every field checked: a bad one raises
+        ``ProfileError`` naming ``source`` (the plan file) and the field (``request.devices``)."""
+        if not isinstance(record, Mapping):
+            raise ProfileError(source, prefix, "a mapping of solve options", type(record).__name__)
         known = {f.name for f in fields(cls)}
-        values = {k: v for k, v in record.items() if k in known}
-        values["targets"] = tuple(target_from_mapping(t.get("name", "target"), {k: v for k, v in t.items()},
-                                                      source, f"inputs.request.targets[{i}]")
-                                  if isinstance(t, dict) else t for i, t in enumerate(values.get("targets", ())))
+        unknown = sorted(str(k) for k in record if k not in known)
+        if unknown:
+            raise ProfileError(source, f"{prefix}.{unknown[0]}", "a known option (" + ", ".join(sorted(known)) + ")")
+        if "devices" not in record:
+            raise ProfileError(source, f"{prefix}.devices", "the number of devices (an integer >= 1)")
+        values = dict(record)
+        targets = values.get("targets", ())
+        if isinstance(targets, (str, Mapping)) or not isinstance(targets, list):
+            raise ProfileError(source, f"{prefix}.targets", "a list of target records", targets)
+        values["targets"] = tuple(target_from_mapping(t.get("name", "target"), t, source, f"{prefix}.targets[{i}]")
+                                  if isinstance(t, Mapping) else _bad(source, f"{prefix}.targets[{i}]",
+                                                                      "a target record (a mapping)", t)
+                                  for i, t in enumerate(targets))
         if "layering" in values:
-            values["layering"] = LayerOptions(**values["layering"])
-        values["pin_layers"] = tuple(tuple(p) for p in values.get("pin_layers", ()))
-        values["pin_splits"] = tuple(values.get("pin_splits", ()))
-        values["layer_compute"] = tuple((values.get("layer_compute") or {}).items())
-        return cls(**values)
+            values["layering"] = LayerOptions.from_record(values["layering"], source, f"{prefix}.layering")
+        try:
+            return cls(**values)
+        except OptionError as exc:
+            raise ProfileError(source, f"{prefix}.{exc.parameter}", exc.detail.removeprefix("expected ")) from None
 
 
-def _target_record(target: str | Target) -> dict[str, Any] | str:
-    from ..io.targets import load_target
-    t = load_target(target) if isinstance(target, str) else target
-    return {"name": t.name, "kind": t.kind, "description": t.description, "tiles": t.tiles,
-            "bytes_per_tile": t.bytes_per_tile, "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s,
-            "flops_per_s": t.flops_per_s, "memory_bytes_per_s": t.memory_bytes_per_s}
+#: the fields a solver settings file may set (``stages`` is the file's name for ``exact``)
+SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "headroom", "shared", "time_limit",
+                   "workers", "communication")
 
 
-def request_from_settings(settings, devices: int, **overrides: Any) -> SolveRequest:
-    """A request from a solver settings file (``config.SolverSettings``), flags winning."""
-    base = dict(objective=settings.objective, exact=settings.stages == "exact", schedule=settings.schedule,
-                micro_batches=settings.micro_batches, headroom=settings.headroom, shared=settings.shared,
-                time_limit=settings.time_limit, workers=settings.workers, communication=settings.communication)
-    base.update({k: v for k, v in overrides.items() if v is not None})
-    return SolveRequest(devices=devices, **base)
+def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:
+    """Target names, YAML paths or ``Target`` records."""
+    if isinstance(value, (bytes, Mapping)) or value is None:
+        raise OptionError(parameter, f"expected target names, YAML paths or Target records, got {short_repr(value)}")
+    try:
+        items = tuple(value)
+    except TypeError:
+        raise OptionError(parameter, f"expected target names, YAML paths or Target records, "
+                          f"got {short_repr(value)}") from None
+    for t in items:
+        if not isinstance(t, (str, Target)):
+            raise OptionError(parameter, f"expected target names, YAML paths or Target records, got {short_repr(t)}")
+    return items
 
+
+def _bad(source: str, path: str, expected: str, got: Any):
+    raise ProfileError(source, path, expected, got)

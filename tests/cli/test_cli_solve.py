@@ -4,8 +4,8 @@ import json
 import subprocess
 import sys
 
-from stagesplit.cli.commands import main
-from stagesplit.plan.records import read_plan
+from stagesplit.cli import main
+from stagesplit.plan import read_plan
 
 from helpers import PROFILES, ROOT
 

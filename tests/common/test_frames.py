@@ -10,12 +10,13 @@ import pandas as pd
 import pytest
 
 import stagesplit
-from stagesplit.solver.advise import SweepResult, SweepRow, sweep
+from stagesplit.plan.advise import SweepResult, SweepRow, sweep
 from stagesplit.model.analysis import Analysis
 from stagesplit.reporting.breakdown import Breakdown
 from stagesplit.io.targets import load_target
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
-from stagesplit.plan.records import MEMORY_KEYS, read_plan, write_plan
+from stagesplit.plan.records import MEMORY_KEYS
+from stagesplit.plan import read_plan, write_plan
 from stagesplit.solver.problem import SolveOptions
 from stagesplit.io.profile import ProfileInfo
 from stagesplit.reporting.summary import stages_table
@@ -310,7 +311,7 @@ def test_sweep_frame_rows_without_a_split():
 
 
 def test_cli_sweep_still_prints(capsys):
-    from stagesplit.cli.commands import main
+    from stagesplit.cli import main
     assert main(["sweep", TINY, "--devices", "1..2"]) == 0
     out = capsys.readouterr().out
     assert "fewest devices that fit: 1" in out and "[ 0 | 1 ]" in out

@@ -19,7 +19,7 @@ torch = pytest.importorskip("torch")
 
 from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.io.capture import capture, capture_model, peak_bytes  # noqa: E402
-from stagesplit.cli.commands import main  # noqa: E402
+from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.layers import Rule  # noqa: E402
 
@@ -118,7 +118,7 @@ def test_every_stage_of_a_4_stage_plan_matches_memtracker(gpt_capture, schedule)
     prediction is the one-micro-batch peak plus in_flight - 1 copies of the stashed activations,
     and the measurement runs in_flight forwards before the first backward, so it holds that many
     micro-batches' saved activations, inputs and outputs at once."""
-    from stagesplit.solver.advise import advise
+    from stagesplit.plan.advise import advise
     from stagesplit.solver.problem import SolveOptions
     _, analysis = gpt_capture
     plan = advise(analysis.model, SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8)).plan
@@ -448,7 +448,7 @@ def test_nothing_but_capture_imports_torch():
         for m in pkgutil.walk_packages(stagesplit.__path__, "stagesplit."):
             if m.name not in ("stagesplit.io.capture", "stagesplit.__main__"):
                 importlib.import_module(m.name)
-        from stagesplit.cli.commands import build_parser
+        from stagesplit.cli.parser import build_parser
         build_parser().parse_args(["capture", "x.py:f", "-o", "y.stagesplit"])
         print("torch" in sys.modules)
         """)

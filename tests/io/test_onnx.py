@@ -14,7 +14,7 @@ onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
 from stagesplit.model.analysis import Analysis  # noqa: E402
-from stagesplit.cli.commands import main  # noqa: E402
+from stagesplit.cli import main  # noqa: E402
 from stagesplit.io.targets import load_target  # noqa: E402
 from stagesplit.errors import ProfileError  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402

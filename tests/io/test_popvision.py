@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, example, given, settings, strategies as st
 
 from stagesplit.reporting.breakdown import operation_costs
 from stagesplit.reporting.breakdown import Breakdown
-from stagesplit.cli.commands import main
+from stagesplit.cli import main
 from stagesplit.model.costmodel import StageCostModel
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io import load_profile

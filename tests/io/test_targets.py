@@ -3,8 +3,8 @@ and one-line errors for bad files."""
 
 import pytest
 
-from stagesplit.io.targets import (SolverSettings, config_dir, known_targets, load_solver_settings, load_target,
-                               read_yaml)
+from stagesplit.io.targets import config_dir, known_targets, load_target, read_yaml
+from stagesplit.solver.request import SolveRequest
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io.profile import Target
 
@@ -134,11 +134,20 @@ def test_unreadable_yaml_file(tmp_path):
 # --------------------------------------------------------------------------------------------------
 # Solver settings
 
+def load_solver_settings(path=None) -> SolveRequest:
+    """A settings file is a template of the one options record (devices aside)."""
+    return SolveRequest.from_settings(path)
+
+
+def SolverSettings(stages: str = "at-most", **fields) -> SolveRequest:      # noqa: N802 - the old record's name
+    return SolveRequest(devices=1, exact=stages == "exact", **fields)
+
+
 def test_shipped_solver_settings_are_the_defaults():
     assert load_solver_settings() == SolverSettings()
     s = SolverSettings()
-    assert (s.objective, s.stages, s.schedule, s.micro_batches, s.headroom, s.shared, s.time_limit, s.workers,
-            s.communication) == ("compute", "at-most", "none", None, 0.0, "every", 60.0, 1, False)
+    assert (s.objective, s.exact, s.schedule, s.micro_batches, s.headroom, s.shared, s.time_limit, s.workers,
+            s.communication) == ("compute", False, "none", None, 0.0, "every", 60.0, 1, False)
     # micro_batches None: the number of devices with a schedule, else 1 (problem.resolve_micro_batches)
 
 
@@ -159,8 +168,10 @@ def test_partial_and_empty_settings_files(tmp_path):
     assert load_solver_settings(path) == SolverSettings()
 
 
-def test_overrides_skip_none():
-    s = SolverSettings(objective="memory").with_overrides(objective=None, workers=3)
+def test_overrides_skip_none(tmp_path):
+    path = tmp_path / "s.yaml"
+    path.write_text("objective: memory\n")
+    s = SolveRequest.from_settings(path, objective=None, workers=3)
     assert s == SolverSettings(objective="memory", workers=3)
 
 
@@ -173,15 +184,16 @@ def test_overrides_skip_none():
     ("micro_batches: 2.5\n", "micro_batches", "an integer >= 1"),
     ("micro_batches: true\n", "micro_batches", "an integer >= 1"),
     ("workers: many\n", "workers", "an integer >= 1"),
-    ("time_limit: -1\n", "time_limit", "a number >= 0"),
-    ("time_limit: soon\n", "time_limit", "a number >= 0"),
-    ("headroom: 1.0\n", "headroom", "a fraction in [0, 1)"),
-    ("headroom: 1.5\n", "headroom", "a fraction in [0, 1)"),
-    ("headroom: -0.1\n", "headroom", "a number >= 0"),
-    ("headroom: ten percent\n", "headroom", "a number >= 0"),
+    ("time_limit: -1\n", "time_limit", "a number in (0, 1e+06]"),
+    ("time_limit: soon\n", "time_limit", "a number in (0, 1e+06]"),
+    ("headroom: 1.0\n", "headroom", "a number in [0, 1)"),
+    ("headroom: 1.5\n", "headroom", "a number in [0, 1)"),
+    ("headroom: -0.1\n", "headroom", "a number in [0, 1)"),
+    ("headroom: ten percent\n", "headroom", "a number in [0, 1)"),
     ("communication: 1\n", "communication", "true or false"),
     ("communication: 'yes'\n", "communication", "true or false"),
     ("objective: memory\nsolver: cp-sat\n", "solver", "a known setting (objective, stages"),
+    ("exact: 'yes'\n", "exact", "true or false"),
 ])
 def test_bad_solver_settings(tmp_path, text, field, expected):
     path = tmp_path / "solver.yaml"

@@ -10,7 +10,7 @@ import pytest
 
 from stagesplit.model.analysis import Analysis
 from stagesplit.io.builder import ProfileBuilder
-from stagesplit.cli.commands import main
+from stagesplit.cli import main
 from stagesplit.io.targets import load_target
 from stagesplit.io.compact import read_compact, write_compact
 from stagesplit.io.jsonprofile import profile_from_document, profile_to_document

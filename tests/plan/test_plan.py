@@ -4,9 +4,10 @@ import json
 
 import pytest
 
-from stagesplit.solver.advise import advise
+from stagesplit.plan.advise import advise, inputs_of
 from stagesplit.errors import ProfileError, StagesplitError
-from stagesplit.plan.records import read_plan, split_text, write_plan
+from stagesplit.plan import read_plan, write_plan
+from stagesplit.plan.text import split_text
 from stagesplit.solver.problem import SolveOptions
 
 from helpers import PROFILES
@@ -15,7 +16,7 @@ from helpers import UNIT, layer_model, options
 
 def small_plan(tmp_path=None):
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
-    return advise(model, options(3, 12), compare=True)
+    return advise(model, inputs_of(model, options(3, 12), compare=True))
 
 
 def test_plan_contents():
@@ -30,7 +31,7 @@ def test_plan_contents():
     assert plan.bottleneck.stage == 1
     assert plan.stages[0].memory_at_worst_tile.always_live == 12 * UNIT
     assert plan.phases[0].value == plan.phases[0].bound == 6 and plan.phases[0].gap == 0.0
-    assert plan.inputs["devices"] == 3 and plan.inputs["objective"] == "compute"
+    assert plan.inputs.request.devices == 3 and plan.inputs.objective == "compute"
     # PopLiner's loop: 3+ layers per stage first, which fit (12) only at 100% of memory
     assert [b.method for b in advice.baselines] == ["greedy (3+ layers, 100% of memory)", "uniform"]
     assert abs(plan.pipeline_efficiency(1) - (14 / 18) / 3) < 1e-9    # balance 14/(3*6), bubble 2/3
@@ -57,11 +58,11 @@ def test_round_trip(tmp_path, suffix):
 
 def test_plan_records_profile_hash(tmp_path):
     from stagesplit.model.analysis import Analysis
-    from stagesplit.plan.records import file_sha256
+    from stagesplit.common.fileio import file_sha256
     path = PROFILES / "bert-base.stagesplit"
-    plan = advise(Analysis.load(path).model, SolveOptions(devices=4), profile_path=path).plan
-    assert plan.profile["sha256"] == file_sha256(path) and len(plan.profile["sha256"]) == 64
-    assert plan.profile["synthetic"] is True
+    plan = advise(Analysis.load(path).model, SolveOptions(devices=4)).plan
+    assert plan.profile.sha256 == file_sha256(path) and len(plan.profile.sha256) == 64
+    assert plan.profile.synthetic is True
 
 
 def test_bad_plan_files(tmp_path):

@@ -4,7 +4,7 @@ import numpy as np
 
 from stagesplit.model.analysis import Analysis
 from stagesplit.io.builder import ProfileBuilder
-from stagesplit.cli.commands import main
+from stagesplit.cli import main
 from stagesplit.reporting.diagnosis import diagnose, diagnosis_tables
 from stagesplit.io import save_profile
 from stagesplit.io.profile import GroundTruth, Target
@@ -40,9 +40,9 @@ def test_planted_bottleneck_found_exactly():
     d = diagnose(model)
     s = d.stages[0]
     assert (s.tile, s.step) == (2, 6)
-    assert s.memory["not_always_live"] == 900 + 300 + 10
-    assert s.memory["always_live"] == 100 + 50
-    assert s.memory["vertex_code"] == 40
+    assert s.memory.not_always_live == 900 + 300 + 10
+    assert s.memory.always_live == 100 + 50
+    assert s.memory.vertex_code == 40
     assert s.total == 1400
     names = [(v.name, v.bytes) for v in s.top_variables]
     assert names[:4] == [("layer1/big", 900), ("layer1/mid", 300), ("layer1.w", 100), ("host/stream_buffer", 50)]
@@ -73,7 +73,7 @@ def test_layer_range_and_grouping_health():
     d = diagnose(model, [(0, 0, 1, None)])
     s = d.stages[0]
     assert s.layers == ["0"]
-    assert (s.tile, s.memory["not_always_live"]) == (1, 400)
+    assert (s.tile, s.memory.not_always_live) == (1, 400)
     assert s.ground_truth is None
     assert d.grouping.without_layer == ["op#2"]
     assert abs(d.grouping.share - 2 / 3) < 1e-9
@@ -82,7 +82,7 @@ def test_layer_range_and_grouping_health():
 def test_in_flight_copies_are_counted():
     model = Analysis.of(planted()).model
     s = diagnose(model, [(1, 1, 3, None)]).stages[0]
-    assert s.memory["stashed_copies"] == 0          # nothing of layer 1 is live across other layers' steps
+    assert s.memory.stashed_copies == 0          # nothing of layer 1 is live across other layers' steps
 
 
 def test_cli_diagnose_plan_and_plot(tmp_path, capsys):

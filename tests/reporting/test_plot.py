@@ -3,7 +3,7 @@
 import numpy as np
 import pytest
 
-from stagesplit.solver.advise import advise, sweep
+from stagesplit.plan.advise import advise, sweep
 from stagesplit.errors import StagesplitError
 from stagesplit.reporting.plot import plot_liveness, plot_plan, plot_sweep
 from stagesplit.solver.problem import SolveOptions

@@ -3,12 +3,15 @@ out by hand from the plan's figures (no solver runs)."""
 
 import pytest
 
-from stagesplit.solver.advise import SweepRow
+from stagesplit.plan.advise import SweepRow
 from stagesplit.plan.records import PhaseRecord, Plan, StagePlan
-from stagesplit.reporting.summary import (comparison_table, plan_summary, seconds_text, stages_table, status_line,
-                               sweep_table)
+from stagesplit.plan.records import PlanProfile, PlanRun
+from stagesplit.plan.text import seconds_text
+from stagesplit.reporting.summary import comparison_table, stages_table, sweep_table
 from stagesplit.model.stagememory import MemoryBreakdown
 from stagesplit.reporting.table import render
+
+from helpers import plan_inputs
 
 NAMES = ["emb", "l1", "l2", "head"]
 
@@ -26,9 +29,18 @@ def stage(stage, first, last, *, compute, worst=None, capacity=1000, device=None
 
 def plan(stages, *, method="cp-sat", status="optimal", feasible=True, message="", phases=(), devices=3,
          inputs=None, notes=(), run=None) -> Plan:
-    return Plan(profile={"name": "hand"}, inputs=dict(inputs or {}), layer_names=list(NAMES), devices=devices,
-                method=method, status=status, feasible=feasible, message=message, stages=list(stages),
-                phases=list(phases), compute_unit="cycles", run=dict(run or {}), notes=list(notes))
+    return Plan(profile=PlanProfile(name="hand"), inputs=plan_inputs(devices, **(inputs or {})),
+                layer_names=list(NAMES), devices=devices, method=method, status=status, feasible=feasible,
+                message=message, stages=list(stages), phases=list(phases), compute_unit="cycles",
+                run=PlanRun(**(run or {})), notes=list(notes))
+
+
+def status_line(p: Plan) -> str:
+    return p.status_line()
+
+
+def plan_summary(p: Plan, micro_batches: int = 1, gpu: bool = False) -> str:
+    return p.summary(micro_batches, gpu=gpu)
 
 
 #: stage 0: layers emb..l2 with 2 micro-batches in flight, 800 of 1000 bytes on tile 5

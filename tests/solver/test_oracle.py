@@ -109,7 +109,7 @@ def popliner_reference(every, none, capacity: int, devices: int):
 
 def test_property_greedy_with_unlayered_first_matches_popliner():
     import numpy as np
-    from stagesplit.solver.advise import popliner_tables
+    from stagesplit.plan.advise import popliner_tables
     from stagesplit.model.analysis import Analysis
     from stagesplit.model.costmodel import StageCostModel
     from stagesplit.solver.dp import greedy

@@ -5,7 +5,7 @@ from dataclasses import replace
 import pytest
 from hypothesis import HealthCheck, event, given, settings
 
-from stagesplit.solver.advise import advise, fewest_devices, price
+from stagesplit.plan.advise import advise, fewest_devices, price
 from stagesplit.solver.dp import exact_optimum, greedy, uniform
 from stagesplit.solver.problem import SolveOptions, Split, build_problem, evaluate, in_flight
 from stagesplit.solver.cpsat import solve_cpsat
@@ -184,7 +184,7 @@ def test_same_inputs_give_the_same_plan(sample_analysis):
     opts = SolveOptions(devices=4, time_limit=30)
     first = advise(sample_analysis.model, opts).plan.to_document()
     second = advise(sample_analysis.model, opts).plan.to_document()
-    assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds"}
+    assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds", "versions"}
     assert len(first["run"]["phase_seconds"]) == len(first["objective"]) >= 1
     first.pop("run"), second.pop("run")
     assert first == second
@@ -193,7 +193,7 @@ def test_same_inputs_give_the_same_plan(sample_analysis):
 def test_same_command_writes_the_same_plan_but_for_run(tmp_path):
     """Two CLI solves of one profile write plan files that differ only in ``run``."""
     import json
-    from stagesplit.cli.commands import main
+    from stagesplit.cli import main
     from helpers import PROFILES
     docs = []
     for name in ("a.json", "b.json"):
@@ -282,7 +282,7 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     advice = advise(model, replace(options(3, 12), time_limit=0.0))
     assert advice.plan.status == "optimal" and {p.proof for p in advice.plan.phases} <= {"dp", "cp-sat"}
     assert advice.plan.stages and advice.plan.phases[0].value == 6
-    import stagesplit.solver.advise as advise_module
+    import stagesplit.plan.advise as advise_module
     monkeypatch.setattr(advise_module, "DP_BUDGET", 0)
     advice = advise(model, replace(options(3, 12), time_limit=0.0))
     assert advice.plan.status == "feasible"

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from stagesplit.cli.commands import main
+from stagesplit.plan.advise import inputs_of
+
+from stagesplit.cli import main
 
 REPRO = Path(__file__).resolve().parents[1] / "data" / "reproducers"
 
@@ -79,7 +81,7 @@ def test_objective_values_in_profile_units(capsys):
 
 def test_objective_values_with_mixed_capacities():
     """On mixed devices memory is ranked as a fraction of each device's capacity."""
-    from stagesplit.solver.advise import advise
+    from stagesplit.plan.advise import advise, inputs_of
     from helpers import UNIT, layer_model, options
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
     plan = advise(model, options(3, [8, 16, 10], objective="memory")).plan
@@ -97,7 +99,7 @@ class TestMicroBatches:
 
     def test_default_is_the_number_of_devices_and_is_said(self, capsys):
         code, doc, _ = solve_json(capsys, self.PROFILE, "--devices", 8, "--schedule", "1f1b")
-        assert doc["inputs"]["micro_batches"] == 8 and doc["inputs"]["micro_batches_auto"] is True
+        assert doc["resolved"]["micro_batches"] == 8 and doc["resolved"]["micro_batches_auto"] is True
         assert any("--micro-batches not given: using 8" in n for n in doc["notes"])
         main(["solve", str(self.PROFILE), "--devices", "8", "--schedule", "gpipe"])
         text = capsys.readouterr().out
@@ -107,7 +109,7 @@ class TestMicroBatches:
 
     def test_explicit_one_micro_batch_with_a_schedule_warns(self, capsys):
         code, doc, _ = solve_json(capsys, self.PROFILE, "--devices", 8, "--schedule", "1f1b", "--micro-batches", 1)
-        assert doc["inputs"]["micro_batches"] == 1 and doc["inputs"]["micro_batches_auto"] is False
+        assert doc["resolved"]["micro_batches"] == 1 and doc["resolved"]["micro_batches_auto"] is False
         assert any("the same as --schedule none" in n for n in doc["notes"])
         # and it is indeed the same plan as no schedule
         _, none, _ = solve_json(capsys, self.PROFILE, "--devices", 8)
@@ -115,17 +117,17 @@ class TestMicroBatches:
 
     def test_explicit_count_has_no_note(self, capsys):
         _, doc, _ = solve_json(capsys, self.PROFILE, "--devices", 8, "--schedule", "1f1b", "--micro-batches", 16)
-        assert doc["inputs"]["micro_batches"] == 16 and doc["notes"] == []
+        assert doc["resolved"]["micro_batches"] == 16 and doc["notes"] == []
 
     def test_sweep_rows_follow_the_device_count(self):
-        from stagesplit.solver.advise import sweep
+        from stagesplit.plan.advise import sweep
         from stagesplit.model.analysis import Analysis
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
         opts = SolveOptions(devices=9, schedule="gpipe", micro_batches=9, micro_batches_auto=True, time_limit=30)
         rows = sweep(model, opts, [7, 9])
         assert [r.micro_batches for r in rows] == [7, 9]
-        assert [r.plan.inputs["micro_batches"] for r in rows] == [7, 9]
+        assert [r.plan.inputs.micro_batches for r in rows] == [7, 9]
 
 
 class TestStageDevices:
@@ -153,11 +155,12 @@ class TestGreedyIsPopLiners:
     def test_layer_count_loop_on_bert(self, capsys):
         # six devices: at 3+ layers per stage PopLiner's loop stops at 90% with four devices
         # (the one-layer-at-a-time first-fit alone used all six at 60%)
-        from stagesplit.solver.advise import advise
+        from stagesplit.plan.advise import advise
         from stagesplit.model.analysis import Analysis
         from stagesplit.solver.dp import greedy
         from stagesplit.solver.problem import SolveOptions
-        advice = advise(Analysis.load(self.PROFILE).model, SolveOptions(devices=6, time_limit=30), compare=True)
+        model = Analysis.load(self.PROFILE).model
+        advice = advise(model, inputs_of(model, SolveOptions(devices=6, time_limit=30), compare=True))
         row = advice.baselines[0]
         assert row.method == "greedy (3+ layers, 90% of memory)"
         assert [(s.first_layer, s.last_layer) for s in row.stages] == [(0, 2), (3, 7), (8, 10), (11, 11)]
@@ -178,7 +181,7 @@ def test_a_wrong_dp_optimum_is_caught_not_proven():
     """If the exact DP ever claimed a worse split optimal, CP-SAT's confirmation finds a better
     one: the solver must take that split, say so, and search on; never report the DP's worse
     answer as proven optimal."""
-    from stagesplit.solver.advise import build_problem
+    from stagesplit.plan.advise import build_problem
     from stagesplit.solver.dp import Solution, exact_optimum, uniform
     from stagesplit.solver.problem import evaluate
     from stagesplit.solver.cpsat import solve_cpsat

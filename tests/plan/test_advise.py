@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from stagesplit.solver import advise as advise
-from stagesplit.solver.advise import dp_affordable, explain_infeasible, fewest_devices
+from stagesplit.plan import advise
+from stagesplit.plan.advise import dp_affordable, explain_infeasible, fewest_devices
 from stagesplit.model.costmodel import RangeTable
 from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 

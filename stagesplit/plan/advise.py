@@ -3,18 +3,21 @@ PopLiner-style greedy and a uniform split, and sweep the number of devices."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Callable, Iterator
+from dataclasses import dataclass, field, replace
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
 from ..model.costmodel import RangeTable, StageCostModel
-from .dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
-from ..plan.records import Plan, make_plan
-from .problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
-from .cpsat import SolverResult, solve_cpsat
 from ..model.traffic import Traffic, layer_traffic
+from ..solver.cpsat import SolverResult, solve_cpsat
+from ..solver.dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
+from ..solver.problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
+from .build import make_plan
+from ..solver.request import SolveRequest
+from .records import Plan, PlanInputs
+
+__all__ = ["Advice", "SweepResult", "SweepRow", "advise", "explain_infeasible", "fewest_devices", "price", "sweep"]
 
 
 @dataclass
@@ -118,13 +121,36 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
     return f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is {enough}{caveat}"
 
 
-def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | None = None,
-           table: RangeTable | None = None, profile_path: str | Path | None = None, compare: bool = False,
-           target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
-           log: Callable[[str], None] | None = None, unlayered_first: bool = False) -> Advice:
+def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **request: Any) -> PlanInputs:
+    """``options`` as a plan's inputs: resolved options given directly (tests, benchmarks and
+    tools working in layer indices) get the request they resolve from, pins named by layer;
+    ``request`` sets its other fields (``compare=True``)."""
+    if isinstance(options, PlanInputs):
+        return replace(options, request=replace(options.request, **request)) if request else options
+    names = model.layers.names
+    target = model.profile.target
+    request = SolveRequest(
+        devices=options.devices, objective=options.objective, exact=options.exact, schedule=options.schedule,
+        micro_batches=None if options.micro_batches_auto else options.micro_batches, headroom=options.headroom,
+        reserve=options.reserve, min_layers=options.min_layers, max_layers=options.max_layers,
+        pin_splits=tuple(names[j] for j in options.pinned_splits),
+        pin_layers=tuple((names[layer], position) for layer, position in options.pinned_layers),
+        communication=options.communication, link_bandwidth=options.link_bytes_per_s,
+        time_limit=max(options.time_limit, 1e-6),      # the request wants > 0; options may say 0 (DP only)
+        workers=options.workers, shared=model.shared, layering=model.layers.options, **request)
+    return PlanInputs(request=request, options=options, targets=(target,) * options.devices)
+
+
+def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic: Traffic | None = None,
+           table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
+           log: Callable[[str], None] | None = None) -> Advice:
     """Solve for ``options.devices`` devices and describe the result as a Plan. With
-    ``compare``, add PopLiner's greedy and a uniform split; ``unlayered_first`` makes the greedy
-    put the unlayered operations on the first stage, as PopLiner does (see ``popliner_tables``)."""
+    the request's ``compare``, add PopLiner's greedy and a uniform split; its ``unlayered_first``
+    makes the greedy put the unlayered operations on the first stage, as PopLiner does (see
+    ``popliner_tables``)."""
+    inputs = inputs_of(model, inputs)
+    options = inputs.options
+    compare, unlayered_first = inputs.request.compare, inputs.request.unlayered_first
     traffic = traffic or layer_traffic(model)
     table = table if table is not None else price(model, options, progress=progress)
     problem = build_problem(model, options, traffic=traffic, table=table)
@@ -145,14 +171,14 @@ def advise(model: StageCostModel, options: SolveOptions, *, traffic: Traffic | N
     elif result.status == "feasible":
         message = (f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal "
                    f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
-    plan = make_plan(model, problem, result.split, method="cp-sat", traffic=traffic, profile_path=profile_path,
-                     result=result, message=message, target_names=target_names)
+    plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
+                     message=message)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare:
         if unlayered_first:
             base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
         for solution in (base, uniform(problem)):
-            advice.baselines.append(_baseline_plan(model, problem, solution, traffic, profile_path, target_names))
+            advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
 
 
@@ -172,11 +198,11 @@ def popliner_tables(model: StageCostModel, in_flight_counts) -> UnlayeredFirst:
     return UnlayeredFirst(first=first, rest=rest, alone=alone)
 
 
-def _baseline_plan(model, problem, solution: Solution, traffic, profile_path, target_names) -> Plan:
+def _baseline_plan(model: StageCostModel, problem: SplitProblem, solution: Solution, traffic: Traffic,
+                   inputs: PlanInputs) -> Plan:
     split = solution.split
     message = "" if solution.feasible else (solution.evaluation.reason if solution.evaluation else "no split found")
-    return make_plan(model, problem, split, method=solution.method, traffic=traffic, profile_path=profile_path,
-                     message=message, target_names=target_names)
+    return make_plan(model, problem, split, inputs, method=solution.method, traffic=traffic, message=message)
 
 
 @dataclass
@@ -197,6 +223,8 @@ class SweepResult:
     notebooks show it as a table."""
 
     rows: list[SweepRow] = field(default_factory=list)
+    #: what the command line prints as warnings (the profile's, the grouping's)
+    warnings: list[str] = field(default_factory=list)
 
     def __iter__(self) -> Iterator[SweepRow]:
         return iter(self.rows)
@@ -229,7 +257,7 @@ class SweepResult:
         fraction of its capacity), ``worst_memory_bytes``, ``split`` and ``message``. A row whose
         plan has no split has ``stages`` 0, NaN figures and <NA> in the nullable Int64 columns."""
         from ..common.frames import frame
-        from .problem import bubble_fraction
+        from ..solver.problem import bubble_fraction
         rows = self.rows
 
         def each(f):                                   # f(row, bottleneck stage, fullest stage); None: no split
@@ -258,7 +286,7 @@ class SweepResult:
     def _repr_html_(self) -> str:
         """Notebook display: the fewest devices that fit, then the frame; names are escaped."""
         from ..common.frames import html_summary
-        name = self.rows[0].plan.profile.get("name") if self.rows else ""
+        name = self.rows[0].plan.profile.name if self.rows else ""
         counts = [r.devices for r in self.rows]
         title = f"stagesplit devices sweep of {name or 'a profile'}" + \
             (f": {min(counts)}..{max(counts)} devices" if counts else "")
@@ -269,23 +297,32 @@ class SweepResult:
         return html_summary(title, lines, self.frame().to_html())
 
 
-def sweep(model: StageCostModel, options: SolveOptions, device_counts: list[int], *,
-          table: RangeTable | None = None, profile_path: str | Path | None = None,
-          target_names: list[str] | None = None, progress: Callable[[int, int], None] | None = None,
+def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_counts: list[int], *,
+          table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
           on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
     """Solve for each device count (pricing every range once, unless ``table`` is given); the
     rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows)."""
+    inputs = inputs_of(model, inputs)
     traffic = layer_traffic(model)
     if table is None:
-        table = price(model, options, max_devices=max(device_counts), progress=progress)
+        table = price(model, inputs.options, max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
-        row_options = with_devices(options, n)         # a defaulted micro-batch count follows n
-        advice = advise(model, row_options, traffic=traffic, table=table, profile_path=profile_path,
-                        target_names=target_names)
-        row = SweepRow(n, advice.plan, row_options.micro_batches)
+        row_inputs = inputs_for(inputs, n)
+        advice = advise(model, row_inputs, traffic=traffic, table=table)
+        row = SweepRow(n, advice.plan, row_inputs.micro_batches)
         rows.append(row)
         if on_row:
             on_row(row)
     return SweepResult(rows)
 
+
+
+def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
+    """The same inputs for another device count: a defaulted micro-batch count follows it, one
+    target (or the list) repeats, pins to positions beyond it are dropped."""
+    targets = inputs.targets
+    if targets:
+        targets = tuple(targets[i % len(targets)] for i in range(devices))
+    return replace(inputs, request=inputs.request.with_devices(devices), options=with_devices(inputs.options, devices),
+                   targets=targets)

@@ -123,18 +123,18 @@ def _bytes(n: float) -> str:
 def header_lines(plan: Plan, fmt: str) -> list[str]:
     """The comment header: the profile, its hash, the objective, each stage's layers and memory."""
     p, i = plan.profile, plan.inputs
-    name = p.get("name") or "?"
-    source = f" from {p['path']}" if p.get("path") else ""
+    name = p.name or "?"
+    source = f" from {p.path}" if p.path else ""
     lines = [f"stagesplit export --to {fmt}",
-             f"profile: {name}{' (synthetic)' if p.get('synthetic') else ''}{source}, target {p.get('target', '?')}",
-             f"profile sha256: {p.get('sha256') or 'not recorded'}"]
-    objective = i.get("objective", "?")
-    schedule = i.get("schedule", "none")
-    sched = f", schedule {schedule} with {i.get('micro_batches', 1)} micro-batches" if schedule not in (None, "none") else ""
-    head = f", {i['headroom']:.0%} headroom" if i.get("headroom") else ""
+             f"profile: {name}{' (synthetic)' if p.synthetic else ''}{source}, target {p.target or '?'}",
+             f"profile sha256: {p.sha256 or 'not recorded'}"]
+    objective = i.objective.value
+    schedule = i.schedule.value
+    sched = f", schedule {schedule} with {i.micro_batches} micro-batches" if schedule != "none" else ""
+    head = f", {i.headroom:.0%} headroom" if i.headroom else ""
     lines.append(f"objective: {objective}{sched}{head}; status: {plan.status}; split: {plan.split_text}")
     paths = plan.module_paths or [None] * len(plan.layer_names)
-    tile_note = "" if p.get("tiles") == 1 else " at the worst tile"
+    tile_note = "" if p.tiles == 1 else " at the worst tile"
     for s in plan.stages:
         first, last = s.first_layer, s.last_layer
         names = " ".join(s.layers) if len(s.layers) <= 8 else f"{s.layers[0]}..{s.layers[-1]} ({len(s.layers)} layers)"
@@ -188,14 +188,14 @@ def _literal(value) -> str:
 def _accumulation(ctx: _Context) -> int:
     """Gradient accumulation for a pipelined training step: at least 2 x stages, and at least
     the micro-batches the plan was solved for."""
-    return max(2 * len(ctx.stages), int(ctx.plan.inputs.get("micro_batches") or 1))
+    return max(2 * len(ctx.stages), ctx.plan.inputs.micro_batches)
 
 
 def _memory_proportions(ctx: _Context) -> dict[int, float] | None:
     """Per device, when the plan was solved with a headroom h: the default availableMemoryProportion
     scaled by the share of memory the plan budgets, 0.6 x (1 - h), so that matmul and convolution
     temporaries shrink with the budget instead of eating the headroom."""
-    h = float(ctx.plan.inputs.get("headroom") or 0.0)
+    h = ctx.plan.inputs.headroom
     if h <= 0:
         return None
     return {d: round(DEFAULT_MEMORY_PROPORTION * (1.0 - h), 2) for d in ctx.devices}
@@ -217,7 +217,7 @@ def _render_poptorch(ctx: _Context):
         lines.append(f"opts.Training.gradientAccumulation({_accumulation(ctx)})   # >= 2 x {len(ctx.stages)} stages")
     proportions = _memory_proportions(ctx)
     if proportions:
-        lines.append(f"# the plan keeps {ctx.plan.inputs['headroom']:.0%} of every IPU free: matmul/convolution "
+        lines.append(f"# the plan keeps {ctx.plan.inputs.headroom:.0%} of every IPU free: matmul/convolution "
                      f"temporaries get {DEFAULT_MEMORY_PROPORTION} x (1 - headroom)")
         lines.append("opts.setAvailableMemoryProportion({" +
                      ", ".join(f'"IPU{d}": {p}' for d, p in proportions.items()) + "})")
@@ -296,7 +296,7 @@ def _render_optimum(ctx: _Context):
     proportions = _memory_proportions(ctx)
     if proportions:
         lines.append(f"    matmul_proportion={list(proportions.values())},   # {DEFAULT_MEMORY_PROPORTION} x (1 - the plan's "
-                     f"headroom {ctx.plan.inputs['headroom']:.0%})")
+                     f"headroom {ctx.plan.inputs.headroom:.0%})")
     if ctx.training:
         lines.append(f"    gradient_accumulation_steps={_accumulation(ctx)},")
     lines.append(")")
@@ -397,9 +397,9 @@ def _megatron_roles(ctx: _Context) -> tuple[list[int], bool, bool, str]:
     ``lm_head`` in a per-layer profile), and a comment saying how the layers were read."""
     from .layers import DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX, LayerOptions
     names = ctx.plan.layer_names
-    grouping = ctx.plan.inputs.get("layer_grouping") or {}
-    options = LayerOptions(first_layer_regex=grouping.get("first_layer_regex") or DEFAULT_FIRST_LAYER_REGEX,
-                           last_layer_regex=grouping.get("last_layer_regex") or DEFAULT_LAST_LAYER_REGEX)
+    grouping = ctx.plan.inputs.request.layering
+    options = LayerOptions(first_layer_regex=grouping.first_layer_regex or DEFAULT_FIRST_LAYER_REGEX,
+                           last_layer_regex=grouping.last_layer_regex or DEFAULT_LAST_LAYER_REGEX)
     _, first_re, last_re, _ = options.compiled()      # the plan's patterns, compiled as layer grouping does
     embedding = len(names) > 1 and bool(first_re.search(names[0]))
     head = len(names) > 1 and bool(last_re.search(names[-1]))
@@ -482,8 +482,8 @@ def _render_json(ctx: _Context):
     plan = ctx.plan
     paths = plan.module_paths or [None] * len(plan.layer_names)
     doc = {"format": "stagesplit-export", "header": header_lines(plan, "json"),
-           "profile": plan.profile.get("name"), "sha256": plan.profile.get("sha256"),
-           "objective": plan.inputs.get("objective"),
+           "profile": plan.profile.name, "sha256": plan.profile.sha256,
+           "objective": plan.inputs.objective.value,
            "stages": [{"stage": k, "device": ctx.devices[k], "layers": [plan.layer_names[i] for i in layers],
                        "module_paths": [paths[i] for i in layers],
                        "worst_tile_bytes": plan.stages[k].worst_tile_bytes,

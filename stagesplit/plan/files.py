@@ -1,0 +1,336 @@
+"""Plan files: the versioned JSON (or YAML) document, written atomically and read back with
+every field checked (a hand-edited or hostile plan fails in one line naming the file and the
+field), and the reader of version-1 plans (the options were a dict then).
+
+Version 2 records the request once (``request``, the options record's own fields) and what it
+resolved to on the profile (``resolved``: the micro-batch count chosen, capacities, pins as
+layer indices, each position's target). Everything but ``run`` is a function of the inputs.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, fields
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from ..common.fields import FieldReader
+from ..common.fileio import atomic_write_text
+from ..common.safeinput import read_document
+from ..io.profile import Target
+from ..io.targets import known_targets, target_from_mapping, target_record
+from ..model.stagememory import MemoryBreakdown
+from ..solver.problem import SolveOptions
+from ..solver.request import SolveRequest
+from .records import MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, StagePlan
+
+__all__ = ["FORMAT", "VERSION", "plan_document", "read_plan", "write_plan"]
+
+FORMAT = "stagesplit-plan"
+VERSION = 2
+#: the versions this reader accepts
+READABLE = (1, 2)
+
+
+# -- writing ------------------------------------------------------------------------------------
+
+def plan_document(plan: Plan) -> dict[str, Any]:
+    """The plan as the JSON/YAML document ``write_plan`` writes."""
+    o = plan.inputs.options
+    doc = {"format": FORMAT, "version": VERSION, "profile": asdict(plan.profile),
+           "request": plan.inputs.request.to_record(),
+           "resolved": {"micro_batches": o.micro_batches, "micro_batches_auto": o.micro_batches_auto,
+                        "capacities": list(o.capacities) if o.capacities else None,
+                        "pinned_splits": list(o.pinned_splits), "pinned_layers": [list(x) for x in o.pinned_layers],
+                        "link_bytes_per_s": o.link_bytes_per_s,
+                        "targets": [target_record(t) for t in plan.inputs.targets],
+                        "layer_compute_sha256": plan.inputs.layer_compute_sha256},
+           "layers": plan.layer_names, "devices": plan.devices, "method": plan.method, "status": plan.status,
+           "feasible": plan.feasible, "message": plan.message, "split": plan.split_text,
+           "compute_unit": plan.compute_unit, "module_paths": plan.module_paths, "notes": plan.notes,
+           "objective": [p.document() for p in plan.phases],
+           "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
+           "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
+                                 "versions": dict(plan.run.versions)}}
+    for s in plan.stages:
+        rec = asdict(s)
+        rec["headroom_bytes"] = s.headroom_bytes
+        rec["headroom"] = round(s.headroom, 6)
+        doc["stages"].append(rec)
+    return doc
+
+
+def write_plan(plan: Plan, path: str | Path) -> None:
+    """Write ``plan`` atomically as JSON, or YAML for a .yaml/.yml path."""
+    path = Path(path)
+    doc = plan_document(plan)
+    if path.suffix in (".yaml", ".yml"):
+        text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
+    else:
+        text = json.dumps(doc, indent=1) + "\n"
+    atomic_write_text(path, text)
+
+
+# -- reading ------------------------------------------------------------------------------------
+
+def read_plan(path: str | Path) -> Plan:
+    """Read a plan file (version 1 or 2), checking every field; a bad one raises
+    ``ProfileError`` naming the file and the field (``request.devices``, ``stages[2].layers``)."""
+    path = Path(path)
+    doc = read_document(path, "plan")       # opened once, size-capped, strict JSON / safe YAML
+    r = FieldReader(str(path))
+    r.mapping(doc, "document")
+    if doc.get("format") != FORMAT:
+        r.fail("format", f'"{FORMAT}" (a plan written by stagesplit solve --out; is this a profile or another '
+               "file?)", doc.get("format"))
+    version = doc.get("version")
+    if version not in READABLE or isinstance(version, bool):
+        r.fail("version", f"one of {', '.join(map(str, READABLE))} (the plan versions this stagesplit reads)", version)
+    names = [r.string(x, f"layers[{i}]") for i, x in enumerate(r.list(r.get(doc, "layers", ""), "layers"))]
+    if len(set(names)) != len(names):
+        dup = next(n for i, n in enumerate(names) if n in names[:i])
+        r.fail("layers", "distinct layer names", dup)
+    devices = r.integer(r.get(doc, "devices", ""), "devices", minimum=1)
+    profile = _profile(r, doc.get("profile", {}))
+    inputs = _inputs_v2(r, doc, names) if version == 2 else _inputs_v1(r, doc.get("inputs", {}), names, devices,
+                                                                      profile)
+    if inputs.options.devices != devices:
+        r.fail("devices", f"the request's device count ({inputs.options.devices})", devices)
+    stages = _stages(r, doc, names, devices)
+    paths = r.list(doc.get("module_paths") or [], "module_paths")
+    if paths and len(paths) != len(names):
+        r.fail("module_paths", f"one entry per layer ({len(names)})", f"{len(paths)} entries")
+    paths = [None if x is None else r.string(x, f"module_paths[{i}]") for i, x in enumerate(paths)]
+    run = _run(r, doc.get("run", {}))
+    phases = [_phase(r, ph, f"objective[{i}]", run.phase_seconds[i] if i < len(run.phase_seconds) else 0.0)
+              for i, ph in enumerate(r.list(doc.get("objective", []), "objective"))]
+    return Plan(profile=profile, inputs=inputs, layer_names=names, devices=devices,
+                method=r.string(doc.get("method", ""), "method"), status=r.string(doc.get("status", ""), "status"),
+                feasible=r.boolean(doc.get("feasible", True), "feasible"),
+                message=r.string(doc.get("message", ""), "message"), stages=stages, phases=phases,
+                compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
+                module_paths=paths,
+                notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
+
+
+def _optional_string(r: FieldReader, value: Any, path: str) -> str | None:
+    return None if value is None else r.string(value, path)
+
+
+def _profile(r: FieldReader, value: Any) -> PlanProfile:
+    p = r.mapping(value, "profile")
+    r.known_keys(p, "profile", {f.name for f in fields(PlanProfile)})
+    return PlanProfile(name=r.string(p.get("name", ""), "profile.name"),
+                       source=r.string(p.get("source", ""), "profile.source"),
+                       synthetic=r.boolean(p.get("synthetic", False), "profile.synthetic"),
+                       target=r.string(p.get("target", ""), "profile.target"),
+                       tiles=r.integer(p.get("tiles", 1), "profile.tiles", minimum=1),
+                       bytes_per_tile=r.integer(p.get("bytes_per_tile", 0), "profile.bytes_per_tile"),
+                       path=_optional_string(r, p.get("path"), "profile.path"),
+                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"))
+
+
+def _sha256(r: FieldReader, value: Any, path: str) -> str | None:
+    if value is None:
+        return None
+    text = r.string(value, path)
+    if len(text) != 64 or any(c not in "0123456789abcdef" for c in text):
+        r.fail(path, "64 lowercase hexadecimal digits (a SHA-256)", text)
+    return text
+
+
+def _targets(r: FieldReader, value: Any, path: str) -> tuple:
+    return tuple(target_from_mapping(t.get("name", "target") if isinstance(t, dict) else "target", t, r.source,
+                                     f"{path}[{i}]") for i, t in enumerate(r.list(value, path)))
+
+
+def _options(r: FieldReader, request: SolveRequest, resolved: dict, names: list[str], prefix: str) -> SolveOptions:
+    """The resolved options: the request's values, with what ``resolve`` chose, each checked."""
+    L = len(names)
+    micro = r.integer(r.get(resolved, "micro_batches", prefix), f"{prefix}.micro_batches", minimum=1)
+    caps = resolved.get("capacities")
+    if caps is not None:
+        caps = tuple(r.integer(c, f"{prefix}.capacities[{i}]", minimum=1)
+                     for i, c in enumerate(r.list(caps, f"{prefix}.capacities")))
+        if len(caps) != request.devices:
+            r.fail(f"{prefix}.capacities", f"one capacity per device ({request.devices})", f"{len(caps)} entries")
+    splits = tuple(r.integer(j, f"{prefix}.pinned_splits[{i}]", minimum=1)
+                   for i, j in enumerate(r.list(resolved.get("pinned_splits", []), f"{prefix}.pinned_splits")))
+    for i, j in enumerate(splits):
+        if j >= L:
+            r.fail(f"{prefix}.pinned_splits[{i}]", f"a layer index in 1..{L - 1}", j)
+    pins = []
+    for i, item in enumerate(r.list(resolved.get("pinned_layers", []), f"{prefix}.pinned_layers")):
+        item = r.list(item, f"{prefix}.pinned_layers[{i}]")
+        if len(item) != 2:
+            r.fail(f"{prefix}.pinned_layers[{i}]", "a [layer index, device position] pair", item)
+        layer = r.integer(item[0], f"{prefix}.pinned_layers[{i}][0]")
+        position = r.integer(item[1], f"{prefix}.pinned_layers[{i}][1]")
+        if layer >= L or position >= request.devices:
+            r.fail(f"{prefix}.pinned_layers[{i}]", f"a layer in 0..{L - 1} and a position in "
+                   f"0..{request.devices - 1}", item)
+        pins.append((layer, position))
+    link = resolved.get("link_bytes_per_s")
+    link = None if link is None else r.number(link, f"{prefix}.link_bytes_per_s", minimum=1)
+    return SolveOptions(devices=request.devices, objective=request.objective, exact=request.exact,
+                        schedule=request.schedule, micro_batches=micro,
+                        micro_batches_auto=r.boolean(resolved.get("micro_batches_auto", False),
+                                                     f"{prefix}.micro_batches_auto"),
+                        headroom=request.headroom, capacities=caps, reserve=request.reserve,
+                        min_layers=request.min_layers, max_layers=request.max_layers, pinned_splits=splits,
+                        pinned_layers=tuple(pins), communication=request.communication, link_bytes_per_s=link,
+                        time_limit=request.time_limit, workers=request.workers)
+
+
+def _inputs_v2(r: FieldReader, doc: dict, names: list[str]) -> PlanInputs:
+    request = SolveRequest.from_record(r.get(doc, "request", ""), r.source, "request")
+    resolved = r.mapping(r.get(doc, "resolved", ""), "resolved")
+    r.known_keys(resolved, "resolved", {"micro_batches", "micro_batches_auto", "capacities", "pinned_splits",
+                                        "pinned_layers", "link_bytes_per_s", "targets", "layer_compute_sha256"})
+    options = _options(r, request, resolved, names, "resolved")
+    targets = _targets(r, resolved.get("targets", []), "resolved.targets")
+    if targets and len(targets) != request.devices:
+        r.fail("resolved.targets", f"one target per device ({request.devices})", f"{len(targets)} entries")
+    return PlanInputs(request=request, options=options, targets=targets,
+                      layer_compute_sha256=_sha256(r, resolved.get("layer_compute_sha256"),
+                                                   "resolved.layer_compute_sha256"))
+
+
+def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profile: PlanProfile) -> PlanInputs:
+    """A version-1 plan's ``inputs``: the resolved options (pins as indices) with the layer
+    grouping and, from later version-1 plans on, the request as given (``inputs.request``)."""
+    inputs = r.mapping(value, "inputs")
+    record = inputs.get("request")
+    if record is not None:
+        record = dict(r.mapping(record, "inputs.request"))
+        extra = {k: record.pop(k) for k in ("resolved_targets", "layer_compute_sha256") if k in record}
+        request = SolveRequest.from_record(record, r.source, "inputs.request")
+        targets = _targets(r, extra.get("resolved_targets", []), "inputs.request.resolved_targets")
+        sha = _sha256(r, extra.get("layer_compute_sha256"), "inputs.request.layer_compute_sha256")
+    else:                          # the earliest plans: rebuild the request from the resolved options
+        values: dict[str, Any] = {"devices": inputs.get("devices", devices)}
+        for key in ("objective", "exact", "schedule", "headroom", "reserve", "min_layers", "max_layers",
+                    "communication", "time_limit", "workers", "shared"):
+            if key in inputs:
+                values[key] = inputs[key]
+        if not inputs.get("micro_batches_auto") and inputs.get("schedule", "none") != "none":
+            values["micro_batches"] = inputs.get("micro_batches")
+        splits = r.list(inputs.get("pinned_splits", []), "inputs.pinned_splits")
+        values["pin_splits"] = [_layer_name(r, names, j, f"inputs.pinned_splits[{i}]") for i, j in enumerate(splits)]
+        pins = r.list(inputs.get("pinned_layers", []), "inputs.pinned_layers")
+        values["pin_layers"] = [(_layer_name(r, names, r.list(p, f"inputs.pinned_layers[{i}]")[0],
+                                             f"inputs.pinned_layers[{i}][0]"), p[1]) for i, p in enumerate(pins)]
+        if inputs.get("layer_grouping") is not None:
+            values["layering"] = inputs["layer_grouping"]
+        request = SolveRequest.from_record(values, r.source, "inputs")
+        targets, sha = (), None
+    resolved = {"micro_batches": inputs.get("micro_batches", request.micro_batches or 1),
+                "micro_batches_auto": inputs.get("micro_batches_auto", False),
+                "capacities": inputs.get("capacities"), "pinned_splits": inputs.get("pinned_splits", []),
+                "pinned_layers": inputs.get("pinned_layers", []), "link_bytes_per_s": inputs.get("link_bytes_per_s")}
+    options = _options(r, request, resolved, names, "inputs")
+    if not targets:                # only each position's target name: a shipped target
+        named = r.list(inputs.get("targets") or [], "inputs.targets")
+        targets = tuple(_shipped_target(r, t, f"inputs.targets[{i}]") for i, t in enumerate(named))
+    return PlanInputs(request=request, options=options, targets=targets, layer_compute_sha256=sha)
+
+
+def _shipped_target(r: FieldReader, value: Any, path: str) -> Target:
+    name = r.string(value, path)
+    targets = known_targets()
+    if name not in targets:
+        r.fail(path, "the name of a shipped target (" + ", ".join(targets) + ")", name)
+    return targets[name]
+
+
+def _layer_name(r: FieldReader, names: list[str], index: Any, path: str) -> str:
+    index = r.integer(index, path)
+    if index >= len(names):
+        r.fail(path, f"a layer index in 0..{len(names) - 1}", index)
+    return names[index]
+
+
+def _stages(r: FieldReader, doc: dict, names: list[str], devices: int) -> list[StagePlan]:
+    stages = []
+    for i, s in enumerate(r.list(r.get(doc, "stages", ""), "stages")):
+        p = f"stages[{i}]"
+        r.mapping(s, p)
+        first = r.integer(r.get(s, "first_layer", p), f"{p}.first_layer")
+        last = r.integer(r.get(s, "last_layer", p), f"{p}.last_layer")
+        if last < first or last >= len(names):
+            r.fail(f"{p}.last_layer", f"a layer index >= first_layer ({first}) and < {len(names)}", last)
+        device = r.integer(s.get("device", i), f"{p}.device")
+        if device >= devices:
+            r.fail(f"{p}.device", f"a device position in 0..{devices - 1}", device)
+        stages.append(StagePlan(
+            stage=r.integer(s.get("stage", i), f"{p}.stage"), device=device,
+            first_layer=first, last_layer=last, layers=_stage_layers(r, s, p, names[first:last + 1]),
+            in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
+            capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
+            worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
+            worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
+            memory_at_worst_tile=_breakdown(r, s.get("memory_at_worst_tile"), f"{p}.memory_at_worst_tile"),
+            memory_total=_breakdown(r, s.get("memory_total"), f"{p}.memory_total"),
+            compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
+            time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
+            bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
+            bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent"),
+            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time")))
+    for prev, cur in zip(stages, stages[1:]):
+        if cur.first_layer != prev.last_layer + 1:
+            r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
+    return stages
+
+
+def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -> list[str]:
+    """A stage's layer names as the document lists them (kept as written, so that ``export``
+    can reject a hand edit that drops or repeats a layer), else those of its index range."""
+    if "layers" not in stage:
+        return default
+    return [r.string(x, f"{where}.layers[{i}]") for i, x in enumerate(r.list(stage["layers"], f"{where}.layers"))]
+
+
+def _breakdown(r: FieldReader, value: Any, where: str) -> MemoryBreakdown:
+    values = r.mapping(value if value is not None else {}, where)
+    return MemoryBreakdown(**{k: r.integer(values.get(k, 0), f"{where}.{k}", minimum=0) for k in MEMORY_KEYS})
+
+
+def _run(r: FieldReader, value: Any) -> PlanRun:
+    run = r.mapping(value if value is not None else {}, "run")
+    seconds = r.list(run.get("phase_seconds", []), "run.phase_seconds")
+    versions = r.mapping(run.get("versions", {}), "run.versions")
+    return PlanRun(stagesplit=r.string(run.get("stagesplit", ""), "run.stagesplit"),
+                   created=r.string(run.get("created", ""), "run.created"),
+                   solver_seconds=None if run.get("solver_seconds") is None else
+                   r.number(run["solver_seconds"], "run.solver_seconds"),
+                   phase_seconds=tuple(r.number(x, f"run.phase_seconds[{i}]") for i, x in enumerate(seconds)),
+                   versions={r.string(k, "run.versions"): r.string(v, f"run.versions.{k}") for k, v in versions.items()})
+
+
+def _phase(r: FieldReader, value: Any, path: str, seconds: float) -> PhaseRecord:
+    ph = r.mapping(value, path)
+    r.known_keys(ph, path, {f.name for f in fields(PhaseRecord)})
+
+    def num(key: str) -> float | int | None:
+        v = ph.get(key)
+        if v is None:
+            return None
+        if isinstance(v, bool) or not isinstance(v, (int, float)):
+            r.fail(f"{path}.{key}", "a number or null", v)
+        return v if isinstance(v, int) else r.number(v, f"{path}.{key}", minimum=None)
+
+    def whole(key: str) -> int | None:
+        v = ph.get(key)
+        return None if v is None else r.integer(v, f"{path}.{key}", minimum=None)
+
+    return PhaseRecord(quantity=r.string(r.get(ph, "quantity", path), f"{path}.quantity"),
+                       status=r.string(r.get(ph, "status", path), f"{path}.status"),
+                       value=num("value"), bound=num("bound"), gap=num("gap"),
+                       seconds=r.number(ph.get("seconds", seconds) or 0.0, f"{path}.seconds"),
+                       unit=r.string(ph.get("unit", ""), f"{path}.unit"),
+                       scale=r.number(ph.get("scale", 1), f"{path}.scale"),
+                       solver_value=whole("solver_value"), solver_bound=whole("solver_bound"),
+                       proof=r.string(ph.get("proof", "cp-sat"), f"{path}.proof"))
+

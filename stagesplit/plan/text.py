@@ -1,0 +1,26 @@
+"""Plain-text pieces of a plan's description: the split as layer names with bars, durations."""
+
+from __future__ import annotations
+
+__all__ = ["seconds_text", "split_text"]
+
+
+def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
+    """``[ 0 1 2 | 3 4 5 ]``: layer names with a bar at every split. With ``width``, stages of
+    more than two layers are shortened to ``first..last`` when the full text is longer."""
+    if not ranges:
+        return "none"
+    full = "[ " + " | ".join(" ".join(names[a:b + 1]) for a, b in ranges) + " ]"
+    if width is None or len(full) <= width:
+        return full
+    return "[ " + " | ".join(" ".join(names[a:b + 1]) if b - a < 2 else f"{names[a]}..{names[b]}"
+                             for a, b in ranges) + " ]"
+
+
+def seconds_text(seconds: float) -> str:
+    """A duration in ms from 0.1 ms up (0.363 ms, 2.8 ms), else in us or ns (30 ns, not 3e-05 ms)."""
+    if abs(seconds) >= 1e-4 or seconds == 0:
+        return f"{seconds * 1e3:.3g} ms"
+    if abs(seconds) >= 1e-6:
+        return f"{seconds / 1e-6:.3g} us"
+    return f"{seconds / 1e-9:.3g} ns"
