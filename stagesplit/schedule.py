@@ -93,6 +93,14 @@ class ScheduleTraits:
     placement: Placement
     fixed_chunks_per_rank: int | None  #: v the schedule requires (None: any v >= 1)
 
+    @property
+    def keeps_sent(self) -> bool:
+        """Whether torch's runtime keeps what a chunk sends on (its output, its input gradient,
+        also when handed to a chunk on the same rank) until the step ends: the send handles of
+        ScheduleGPipe and of the multi-stage runtime are only waited on (and dropped) then.
+        Schedule1F1B waits on each send at its next one, so it keeps at most one of each."""
+        return self.kind is not ScheduleKind.ONE_F_ONE_B
+
 
 _TRAITS = {
     ScheduleKind.GPIPE: ScheduleTraits(ScheduleKind.GPIPE, "ScheduleGPipe", False, False, Placement.LOOP, 1),
@@ -613,7 +621,10 @@ class ChunkMemory:
     ``full_backward_peak`` are transient peaks above the rank's state before the action, the
     micro-batch's own stash included (so a backward's peak is at least its stash). A full
     backward defaults to the larger of the B and W peaks. The rank's optimizer step needs the
-    sum of its chunks' ``optimizer_peak`` on top of the resident bytes."""
+    sum of its chunks' ``optimizer_peak`` on top of the resident bytes. ``retained`` (default
+    0) is what a micro-batch's backward on the chunk leaves allocated until the step ends where
+    the runtime keeps sent tensors: the chunk's output it sent on (unless it is the last chunk)
+    and the input gradient it sent back (unless it is the first)."""
 
     resident: np.ndarray
     stash: np.ndarray
@@ -623,15 +634,18 @@ class ChunkMemory:
     weight_peak: np.ndarray
     optimizer_peak: np.ndarray
     full_backward_peak: np.ndarray = field(default=None)  # type: ignore[assignment]
+    retained: np.ndarray = field(default=None)  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         names = ("resident", "stash", "weight_stash", "forward_peak", "backward_peak", "weight_peak",
                  "optimizer_peak")
         size = len(np.atleast_1d(self.resident))
-        for name in names + ("full_backward_peak",):
+        for name in names + ("full_backward_peak", "retained"):
             value = getattr(self, name)
-            if value is None:
+            if value is None and name == "full_backward_peak":
                 value = np.maximum(self.backward_peak, self.weight_peak)
+            elif value is None:
+                value = np.zeros(size, np.int64)
             a = np.asarray(value)
             if a.shape != (size,) or not (np.issubdtype(a.dtype, np.integer) or a.size == 0):
                 raise OptionError(name, f"expected {size} integer byte counts (one per chunk), got "
@@ -675,6 +689,7 @@ def _check_memory(schedule: Schedule, memory: ChunkMemory) -> None:
 def rank_memory(schedule: Schedule, memory: ChunkMemory) -> tuple[RankMemory, ...]:
     """Each rank's memory, action by action, from the schedule (see the module docstring)."""
     _check_memory(schedule, memory)
+    keeps = schedule.traits.keeps_sent
     out = []
     for r, leaves in enumerate(schedule.leaves):
         local = list(schedule.rank_chunks(r))
@@ -694,6 +709,8 @@ def rank_memory(schedule: Schedule, memory: ChunkMemory) -> tuple[RankMemory, ..
             else:
                 new = 0
             held += new - own
+            if keeps and a.op in _BACKWARDS:
+                held += int(memory.retained[c])
             if new:
                 holding[key] = new
             else:
@@ -710,19 +727,22 @@ def rank_memory(schedule: Schedule, memory: ChunkMemory) -> tuple[RankMemory, ..
 @dataclass(frozen=True)
 class MemorySignature:
     """A linear form of a rank's memory at some action: resident + sum_c stashes[c] x S_c +
-    sum_c weight_stashes[c] x S^W_c + the transient of ``op`` on ``chunk`` (``op`` None: the
-    optimizer step, whose transient is the rank's summed optimizer peaks; chunk -1)."""
+    sum_c weight_stashes[c] x S^W_c + sum_c retained[c] x retained_c + the transient of ``op``
+    on ``chunk`` (``op`` None: the optimizer step, whose transient is the rank's summed
+    optimizer peaks; chunk -1)."""
 
     op: Op | None
     chunk: int
     stashes: tuple[int, ...]         #: other micro-batches' full stashes in flight, per chunk
     weight_stashes: tuple[int, ...]  #: other micro-batches' W-pending stashes, per chunk
+    retained: tuple[int, ...]        #: backwards done in this step whose sends are kept, per chunk
 
     def dominates(self, other: "MemorySignature") -> bool:
         """Whether this one is >= ``other`` for every choice of non-negative quantities."""
         return (self.op is other.op and self.chunk == other.chunk
                 and all(a >= b for a, b in zip(self.stashes, other.stashes))
-                and all(a >= b for a, b in zip(self.weight_stashes, other.weight_stashes)))
+                and all(a >= b for a, b in zip(self.weight_stashes, other.weight_stashes))
+                and all(a >= b for a, b in zip(self.retained, other.retained)))
 
 
 @dataclass(frozen=True)
@@ -744,12 +764,18 @@ class RankSignatures:
         """(signatures x chunks) coefficients of S^W."""
         return np.array([s.weight_stashes for s in self.signatures], np.int64).reshape(len(self.signatures), -1)
 
+    @cached_property
+    def retained_counts(self) -> np.ndarray:
+        """(signatures x chunks) coefficients of ``retained``."""
+        return np.array([s.retained for s in self.signatures], np.int64).reshape(len(self.signatures), -1)
+
     def values(self, memory: ChunkMemory) -> np.ndarray:
         """Each signature's bytes (resident included)."""
         resident = int(memory.resident[list(self.chunks)].sum())
         transient = np.array([int(memory.optimizer_peak[list(self.chunks)].sum()) if s.op is None
                               else int(memory.transient(s.op)[s.chunk]) for s in self.signatures], np.int64)
-        return resident + self.stash_counts @ memory.stash + self.weight_stash_counts @ memory.weight_stash + transient
+        return (resident + self.stash_counts @ memory.stash + self.weight_stash_counts @ memory.weight_stash
+                + self.retained_counts @ memory.retained + transient)
 
     def peak(self, memory: ChunkMemory) -> int:
         """The rank's peak: the largest signature."""
@@ -761,12 +787,14 @@ def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
     dominated ones removed: ``rank_memory(...)[r].peak == memory_signatures(...)[r].peak(memory)``
     for every ``ChunkMemory``."""
     C = schedule.chunks
+    keeps = schedule.traits.keeps_sent
     out = []
     for r, leaves in enumerate(schedule.leaves):
         full = np.zeros(C, np.int64)       # in-flight counts after the last action
         pending = np.zeros(C, np.int64)
+        kept = np.zeros(C, np.int64)
         state: dict[tuple[int, int], str] = {}
-        seen: set[MemorySignature] = {MemorySignature(None, -1, (0,) * C, (0,) * C)}
+        seen: set[MemorySignature] = {MemorySignature(None, -1, (0,) * C, (0,) * C, (0,) * C)}
         for a in leaves:
             c, key = a.chunk, (a.chunk, a.micro_batch)
             own = state.get(key)
@@ -775,7 +803,8 @@ def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
                 n[c] -= 1
             elif own == "W":
                 w[c] -= 1
-            seen.add(MemorySignature(a.op, c, tuple(int(x) for x in n), tuple(int(x) for x in w)))
+            seen.add(MemorySignature(a.op, c, tuple(int(x) for x in n), tuple(int(x) for x in w),
+                                     tuple(int(x) for x in kept)))
             if own == "S":
                 full[c] -= 1
             elif own == "W":
@@ -788,9 +817,12 @@ def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
                 state[key] = "W"
             else:
                 state.pop(key, None)
-        kept = [s for s in seen if not any(o != s and o.dominates(s) for o in seen)]
-        kept.sort(key=lambda s: (s.op is not None, s.op.value if s.op else "", s.chunk, s.stashes, s.weight_stashes))
-        out.append(RankSignatures(r, schedule.rank_chunks(r), tuple(kept)))
+            if keeps and a.op in _BACKWARDS:
+                kept[c] += 1
+        best = [s for s in seen if not any(o != s and o.dominates(s) for o in seen)]
+        best.sort(key=lambda s: (s.op is not None, s.op.value if s.op else "", s.chunk, s.stashes,
+                                 s.weight_stashes, s.retained))
+        out.append(RankSignatures(r, schedule.rank_chunks(r), tuple(best)))
     return tuple(out)
 
 

@@ -78,7 +78,10 @@ def regression_batch(batch: int, width: int = 16, out_width: int | None = None, 
 class PipelineCase:
     """One pipelined training step to run: ``build()`` (called after ``torch.manual_seed(seed)``
     on every rank) returns the ``chunks_per_rank x P`` chunks in model order; ``make_batch()``
-    the whole batch (input, target); ``optimizer`` "adam", "sgd" or None (no optimizer step)."""
+    the whole batch (input, target); ``optimizer`` "adam", "sgd" or None (no optimizer step).
+    ``grads_set_to_none`` is what ``zero_grad`` does between steps (torch's default: the
+    gradients are made anew in each step); ``return_outputs`` is ``step``'s argument (torch's
+    default: the last stage keeps every micro-batch's output to merge them)."""
 
     kind: str
     micro_batches: int
@@ -87,6 +90,8 @@ class PipelineCase:
     make_batch: Callable[[], tuple]
     loss: Callable = mse
     optimizer: str | None = None
+    grads_set_to_none: bool = True
+    return_outputs: bool = True
     seed: int = 0
 
 
@@ -98,7 +103,8 @@ class RankResult:
     stages: tuple[int, ...]           #: the chunks (torch's stage indices) this rank held
     executed: tuple[str, ...]         #: compute actions in the order torch ran them, torch's notation
     peak_bytes: int                   #: MemTracker's peak total over the step (and optimizer step)
-    peak_by_kind: dict[str, int]      #: the same peak by MemTracker's categories
+    trace: np.ndarray                 #: per executed action: live bytes before it, its peak, after it
+    optimizer_trace: tuple[int, int, int]   #: the same for the optimizer step (all equal without one)
     losses: tuple[float, ...]         #: per micro-batch, on the rank of the last chunk; else empty
     grads: dict[str, np.ndarray] = field(repr=False)   #: "chunk.param" -> gradient after the step
     seconds: float = 0.0              #: wall time of the measured step
@@ -110,25 +116,44 @@ def _placement(kind: str, devices: int, chunks: int) -> dict[int, list[int]]:
     return generate_rank_to_stage_mapping(devices, chunks, style=style)
 
 
-def _record(stage, log: list[str]) -> None:
-    """Wrap the three compute methods the schedules call, logging each call before it runs."""
+def _record(stage, log: list[str], trace: list[list[int]], tracker) -> None:
+    """Wrap the three compute methods the schedules call: log each call and measure it. An
+    action's entry is [live bytes before it, peak, live bytes after]; the peak and the after
+    are taken again when the next action starts (``_close``), so that what the schedule does
+    between two calls belongs to the earlier one: the last chunk's loss after its forward, the
+    sends a forward or backward starts. The last action keeps what it had when it returned
+    (what follows is the step's end, which frees what it kept)."""
     forward, backward, weight = stage.forward_one_chunk, stage.backward_one_chunk, stage.backward_weight_one_chunk
 
+    def measured(name: str, call):
+        _close(trace, tracker)
+        log.append(name)
+        entry = [tracker.restart_peak(), -1, -1]
+        trace.append(entry)
+        result = call()
+        entry[1], entry[2] = tracker.peak_since_restart(), tracker.live_bytes()
+        return result
+
     def forward_one_chunk(mb, *args, **kwargs):
-        log.append(f"{stage.stage_index}F{mb}")
-        return forward(mb, *args, **kwargs)
+        return measured(f"{stage.stage_index}F{mb}", lambda: forward(mb, *args, **kwargs))
 
     def backward_one_chunk(mb, *args, full_backward: bool = True, **kwargs):
-        log.append(f"{stage.stage_index}{'B' if full_backward else 'I'}{mb}")
-        return backward(mb, *args, full_backward=full_backward, **kwargs)
+        return measured(f"{stage.stage_index}{'B' if full_backward else 'I'}{mb}",
+                        lambda: backward(mb, *args, full_backward=full_backward, **kwargs))
 
     def backward_weight_one_chunk(mb, *args, **kwargs):
-        log.append(f"{stage.stage_index}W{mb}")
-        return weight(mb, *args, **kwargs)
+        return measured(f"{stage.stage_index}W{mb}", lambda: weight(mb, *args, **kwargs))
 
     stage.forward_one_chunk = forward_one_chunk
     stage.backward_one_chunk = backward_one_chunk
     stage.backward_weight_one_chunk = backward_weight_one_chunk
+
+
+def _close(trace: list[list[int]], tracker) -> None:
+    """Finish the last entry of ``trace`` with the peak since it started and the live bytes now."""
+    if trace:
+        trace[-1][1] = tracker.peak_since_restart()
+        trace[-1][2] = tracker.live_bytes()
 
 
 def _receive_buffers(stages) -> list:
@@ -159,6 +184,22 @@ def _peak_tracker():
     from torch.utils._python_dispatch import TorchDispatchMode
 
     class PeakTracker(MemTracker):
+        """Also gives the live bytes now, and the peak since the last ``restart_peak``."""
+
+        overall = 0
+
+        def live_bytes(self) -> int:
+            return sum(snap[_TOTAL_KEY] for snap in self._curr_mem_snap.values())
+
+        def peak_since_restart(self) -> int:
+            return sum(self._peak_mem.values())
+
+        def restart_peak(self) -> int:
+            """Fold the running peak into ``overall`` and restart it from the live bytes now."""
+            self.overall = max(self.overall, self.peak_since_restart())
+            self._peak_mem = {dev: snap[_TOTAL_KEY] for dev, snap in self._curr_mem_snap.items()}
+            return self.live_bytes()
+
         def __enter__(self):
             self._fake_mode_on_entry = active_fake_mode()
             self._register_global_optimizer_hook()
@@ -196,37 +237,59 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     x, y = case.make_batch()
     args = (x,) if 0 in mine else ()
     last = C - 1 in mine
-    # warm-up step: the stages infer shapes and allocate their receive buffers; then forget it
-    schedule.step(*args, target=y if last else None, losses=[] if last else None)
+    params = [p for c in mine for p in chunks[c].parameters()]
+    # lr 0: the optimizer's state and temporaries are real, the weights never move, so the
+    # measured step's gradients are the unpipelined model's
+    optimizer = {"adam": torch.optim.Adam, "sgd": torch.optim.SGD, None: None}[case.optimizer]
+    optimizer = optimizer(params, lr=0.0) if optimizer else None
+
+    def step(losses: list | None) -> None:
+        schedule.step(*args, target=y if last else None, losses=losses if last else None,
+                      return_outputs=case.return_outputs)
+
+    # warm-up step: the stages infer shapes and allocate their receive buffers, the optimizer
+    # makes its state; the measured step is a steady-state one
+    step([])
+    if optimizer is not None:
+        optimizer.step()
     for c in mine:
-        chunks[c].zero_grad(set_to_none=True)
+        chunks[c].zero_grad(set_to_none=case.grads_set_to_none)
     dist.barrier()
     log: list[str] = []
-    for stage in stages:
-        _record(stage, log)
+    trace: list[list[int]] = []
     tracker = _peak_tracker()
-    params = [p for c in mine for p in chunks[c].parameters()]
-    optimizer = None
-    if case.optimizer == "adam":
-        optimizer = torch.optim.Adam(params, lr=1e-3)
-    elif case.optimizer == "sgd":
-        optimizer = torch.optim.SGD(params, lr=1e-3)
+    for stage in stages:
+        _record(stage, log, trace, tracker)
     external = [chunks[c] for c in mine] + ([optimizer] if optimizer else []) + _receive_buffers(stages)
     tracker.track_external(*external)
-    losses: list = []
-    start = time.perf_counter()
     with tracker:
-        schedule.step(*args, target=y if last else None, losses=losses if last else None)
-        grads = {f"{c}.{name}": p.grad.detach().numpy().copy() for c in mine
-                 for name, p in chunks[c].named_parameters() if p.grad is not None}
-        if optimizer is not None:
-            optimizer.step()
+        # two tracked steps, the second one reported: what the first leaves behind for the next
+        # one (the runtime keeps some tensors until the next step replaces them) is counted
+        for measured_step in (False, True):
+            if measured_step:
+                log.clear()
+                trace.clear()
+                tracker.restart_peak()
+                tracker.overall = 0
+            losses: list = []
+            start = time.perf_counter()
+            step(losses)
+            # the loss tensors keep their graphs (so the last chunk's outputs) alive: keep numbers
+            losses = [float(v.detach()) for v in losses]
+            grads = {f"{c}.{name}": p.grad.detach().numpy().copy() for c in mine
+                     for name, p in chunks[c].named_parameters() if p.grad is not None}
+            before = tracker.restart_peak()
+            if optimizer is not None:
+                optimizer.step()
+            optimizer_trace = (before, tracker.peak_since_restart(), tracker.live_bytes())
+            if not measured_step:
+                for c in mine:
+                    chunks[c].zero_grad(set_to_none=case.grads_set_to_none)
+                dist.barrier()
     seconds = time.perf_counter() - start
-    (snapshot,) = tracker.get_tracker_snapshot("peak").values()
-    by_kind = {str(k): int(v) for k, v in snapshot.items()}
-    total = by_kind.pop("Total")
-    record = {"rank": rank, "stages": mine, "executed": log, "peak_bytes": total, "peak_by_kind": by_kind,
-              "losses": [float(v.detach()) for v in losses], "seconds": seconds}
+    total = max(tracker.overall, tracker.peak_since_restart())
+    record = {"rank": rank, "stages": mine, "executed": log, "peak_bytes": total, "trace": trace,
+              "optimizer_trace": optimizer_trace, "losses": losses, "seconds": seconds}
     base = workdir / f"case{index}-rank{rank}"
     (base.with_suffix(".json")).write_text(json.dumps(record))
     np.savez(base.with_suffix(".npz"), **grads)
@@ -250,8 +313,9 @@ def _load(base: Path) -> RankResult:
     record = json.loads(base.with_suffix(".json").read_text())
     with np.load(base.with_suffix(".npz"), allow_pickle=False) as z:
         grads = {k: z[k] for k in z.files}
+    trace = np.array(record["trace"], np.int64).reshape(-1, 3)
     return RankResult(record["rank"], tuple(record["stages"]), tuple(record["executed"]), record["peak_bytes"],
-                      record["peak_by_kind"], tuple(record["losses"]), grads, record["seconds"])
+                      trace, tuple(record["optimizer_trace"]), tuple(record["losses"]), grads, record["seconds"])
 
 
 def run_pipelines(cases: Sequence[PipelineCase], devices: int, timeout_s: float = 120.0) -> list[list[RankResult]]:

@@ -350,6 +350,23 @@ def test_split_backward_keeps_the_weight_stash_until_w():
     assert rank_memory(s, mem)[1].peak_action == 3
 
 
+def test_sent_tensors_kept_until_the_step_ends_where_torch_keeps_them():
+    # GPipe, P=2, M=2, rank 0 (chunk 0): F0 F1 BW0 BW1. resident 100, stash 10, retained 3 (the
+    # output chunk 0 sent on, which torch's GPipe keeps until the step ends), F peak 12, BW peak 15.
+    # F0: 100 + 12 = 112 (after 110)    F1: 100 + 10 + 12 = 122 (after 120)
+    # BW0: 100 + 10 + 15 = 125 (after 100 + 10 + 3 = 113)    BW1: 100 + 3 + 15 = 118 (after 106)
+    # optimizer step: 100 + 20, the step is over and nothing is kept
+    mem = _memory(2, resident=[100, 0], stash=[10, 0], forward_peak=[12, 0], backward_peak=[15, 0],
+                  optimizer_peak=[20, 0], retained=[3, 0])
+    r0 = rank_memory(build_schedule("gpipe", 2, 2), mem)[0]
+    assert r0.during.tolist() == [112, 122, 125, 118] and r0.after.tolist() == [110, 120, 113, 106]
+    assert r0.optimizer == 120
+    # 1F1B waits on each send at the next one: nothing is kept (rank 0: F0 F1 BW0 BW1 too)
+    r0 = rank_memory(build_schedule("1f1b", 2, 2), mem)[0]
+    assert r0.during.tolist() == [112, 122, 125, 115] and r0.after.tolist() == [110, 120, 110, 100]
+    assert [k for k in KINDS if not traits(k).keeps_sent] == ["1f1b"]
+
+
 def test_full_backward_peak_defaults_to_the_larger_of_b_and_w():
     mem = _memory(2, backward_peak=[5, 1], weight_peak=[3, 9])
     assert mem.full_backward_peak.tolist() == [5, 9]
@@ -369,18 +386,25 @@ def test_memory_refuses_bad_figures():
 
 
 def test_gpipe_signatures_are_the_textbook_ones():
-    # GPipe, one chunk per rank: the worst forward has M - 1 other stashes, the worst backward
-    # M - 1 as well; every lighter one is dominated. Plus the optimizer step.
+    # GPipe, one chunk per rank (rank 0: F0..F4 BW0..BW4). The worst forward has the M - 1 = 4
+    # other stashes (every lighter forward is dominated); backward k has 4 - k other stashes
+    # and k backwards' kept sends, a trade-off, so all five stay. Plus the optimizer step.
     sig = memory_signatures(build_schedule("gpipe", 2, 5))[0]
-    got = sorted((s.op.value if s.op else "opt", s.stashes, s.weight_stashes) for s in sig.signatures)
-    assert got == [("BW", (4, 0), (0, 0)), ("F", (4, 0), (0, 0)), ("opt", (0, 0), (0, 0))]
+    forms = {(s.op.value if s.op else "opt", s.stashes, s.weight_stashes, s.retained) for s in sig.signatures}
+    assert forms == ({("F", (4, 0), (0, 0), (0, 0)), ("opt", (0, 0), (0, 0), (0, 0))}
+                     | {("BW", (4 - k, 0), (0, 0), (k, 0)) for k in range(5)})
+    # without kept sends (1F1B, M = P = 2: F0 F1 BW0 BW1 on rank 0) one backward form dominates
+    sig = memory_signatures(build_schedule("1f1b", 2, 2))[0]
+    assert sorted((s.op.value if s.op else "opt", s.stashes) for s in sig.signatures) == [
+        ("BW", (1, 0)), ("F", (1, 0)), ("opt", (0, 0))]
 
 
 def _random_memory(data, C):
     def ints():
         return data.draw(st.lists(st.integers(0, 10**6), min_size=C, max_size=C))
     return ChunkMemory(*(np.array(ints(), np.int64) for _ in range(7)),
-                       full_backward_peak=np.array(ints(), np.int64) if data.draw(st.booleans()) else None)
+                       full_backward_peak=np.array(ints(), np.int64) if data.draw(st.booleans()) else None,
+                       retained=np.array(ints(), np.int64) if data.draw(st.booleans()) else None)
 
 
 @settings(max_examples=150)
@@ -392,7 +416,9 @@ def test_signatures_give_the_direct_peak(data, config):
     direct = rank_memory(s, mem)
     for r, (rank, sig) in enumerate(zip(direct, memory_signatures(s))):
         assert sig.peak(mem) == rank.peak
-        assert rank.after[-1] == rank.resident == int(mem.resident[list(s.rank_chunks(r))].sum())
+        kept = sum(int(mem.retained[c]) * s.micro_batches for c in s.rank_chunks(r)) if s.traits.keeps_sent else 0
+        assert rank.after[-1] == rank.resident + kept
+        assert rank.resident == int(mem.resident[list(s.rank_chunks(r))].sum())
         values = sig.values(mem)
         # every signature is reached by some action (or the optimizer step): none is made up
         reached = set(rank.during.tolist()) | {rank.optimizer}
@@ -419,7 +445,8 @@ def test_memory_trace_counts_live_stashes_independently(data, config):
             own = (a.chunk, a.micro_batch)
             stashes = sum(int(mem.stash[c]) for c, m in fwd - bwd if (c, m) != own)
             pending = sum(int(mem.weight_stash[c]) for c, m in split - wgt if (c, m) != own)
-            assert rank.during[i] == rank.resident + stashes + pending + int(mem.transient(a.op)[a.chunk])
+            kept = sum(int(mem.retained[c]) for c, m in bwd) if s.traits.keeps_sent else 0
+            assert rank.during[i] == rank.resident + stashes + pending + kept + int(mem.transient(a.op)[a.chunk])
 
 
 def test_largest_configuration():
