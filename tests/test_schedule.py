@@ -457,3 +457,30 @@ def test_largest_configuration():
     assert sim.busy.tolist() == [384.0] * 8
     assert sim.step_time > 384 and 0 < sim.bubble_fraction < 0.2
     assert all(len(r.signatures) >= 4 for r in memory_signatures(s))
+
+
+# --- docs/schedules.md --------------------------------------------------------------------------
+
+DOC = __import__("pathlib").Path(__file__).resolve().parent.parent / "docs" / "schedules.md"
+
+
+def test_doc_timelines_are_the_simulated_ones():
+    import re
+    text = DOC.read_text(encoding="utf-8")
+    found = re.findall(r"<!-- timeline: (\S+) (\d+) (\d+) (\d+) -->\n```text\n(.*?)```", text, flags=re.S)
+    assert {kind for kind, *_ in found} == set(KINDS)
+    for kind, P, M, v, picture in found:
+        s = build_schedule(kind, int(P), int(M), int(v))
+        C = s.chunks
+        sim = simulate(s, np.ones(C), np.ones(C), np.ones(C))
+        assert picture.rstrip("\n") == timeline_text(s, sim), kind
+
+
+def test_doc_python_example_prints_what_it_says(capsys):
+    import re
+    text = DOC.read_text(encoding="utf-8")
+    (block,) = re.findall(r"```python\n(.*?)```", text, flags=re.S)
+    exec(compile(block, str(DOC), "exec"), {"__name__": "doc_example"})   # the doc's own code
+    printed = capsys.readouterr().out.splitlines()
+    claimed = [line.split("# -> ", 1)[1] for line in block.splitlines() if line.startswith("# -> ")]
+    assert printed == claimed
