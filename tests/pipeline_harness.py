@@ -5,11 +5,17 @@ reports what torch actually did.
 Per rank: the compute actions torch executed, in order (recorded by wrapping the PipelineStage
 methods the schedule calls, in torch's notation: ``3F1`` forward of stage 3 for micro-batch 1,
 ``3I1`` input-gradient backward, ``3W1`` weight-gradient backward, ``3B1`` full backward); the
-peak bytes of live tensors measured with torch's MemTracker
-(``torch.distributed._tools.mem_tracker``) over one training step (and the optimizer step, if
-one is asked for); the per-micro-batch losses (on the rank of the last chunk) and the gradient of
-every parameter of the rank's chunks. ``reference`` gives the loss and gradients of the same
-model run whole, unpipelined, for comparison.
+live tensor bytes before, at the peak of and after each of those actions, and the peak of the
+whole step (and of the optimizer step, if one is asked for), counted by torch's MemTracker
+(``torch.distributed._tools.mem_tracker``, without its module hooks: see ``_peak_tracker``);
+the per-micro-batch losses (on the rank of the last chunk) and the gradient of every parameter
+of the rank's chunks. ``reference`` gives the loss and gradients of the same model run whole,
+unpipelined, for comparison.
+
+The measured step is a steady-state one: an untracked warm-up step (the stages infer shapes and
+allocate their receive buffers, the optimizer makes its state), then two tracked steps, of which
+the second is reported. The optimizer runs with learning rate 0, so its state and temporaries
+are real while the weights stay put, and the gradients stay comparable with ``reference``.
 
 Nothing here comes from stagesplit except the schedule kind's name and torch class: the chunk
 placement is torch's own (``generate_rank_to_stage_mapping``) and the executed order is what the
@@ -28,7 +34,6 @@ The callables in a case must be picklable (module-level functions or ``functools
 from __future__ import annotations
 
 import json
-import os
 import tempfile
 import time
 from dataclasses import dataclass, field
