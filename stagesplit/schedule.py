@@ -619,12 +619,13 @@ class ChunkMemory:
 
     ``forward_peak``, ``backward_peak`` (B, the input gradient), ``weight_peak`` (W) and
     ``full_backward_peak`` are transient peaks above the rank's state before the action, the
-    micro-batch's own stash included (so a backward's peak is at least its stash). A full
+    micro-batch's own stash included (a backward's figure counts the stash it starts with). A full
     backward defaults to the larger of the B and W peaks. The rank's optimizer step needs the
     sum of its chunks' ``optimizer_peak`` on top of the resident bytes. ``retained`` (default
     0) is what a micro-batch's backward on the chunk leaves allocated until the step ends where
     the runtime keeps sent tensors: the chunk's output it sent on (unless it is the last chunk)
-    and the input gradient it sent back (unless it is the first)."""
+    and the input gradient it sent back (unless it is the first); docs/schedules.md has what
+    torch's runtime was measured to keep."""
 
     resident: np.ndarray
     stash: np.ndarray
