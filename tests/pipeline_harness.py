@@ -227,7 +227,7 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, schedules
 
-    from stagesplit.schedule import traits
+    from stagesplit.solver.schedule import traits
 
     torch.manual_seed(case.seed)
     chunks = case.build()

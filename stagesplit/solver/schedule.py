@@ -34,7 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
-from .errors import OptionError
+from ..errors import OptionError
 
 __all__ = [
     "Action", "ChunkMemory", "MemorySignature", "Op", "Placement", "RankMemory", "RankSignatures",

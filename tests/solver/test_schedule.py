@@ -1,4 +1,4 @@
-"""stagesplit.schedule: validity rules, action lists, the step-time simulator and per-rank memory.
+"""stagesplit.solver.schedule: validity rules, action lists, the step-time simulator and per-rank memory.
 
 The action lists are checked against torch itself in tests/test_schedule_torch.py; here they are
 checked for their invariants, and the simulator and the memory rule against timelines and
@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from stagesplit.errors import OptionError, StagesplitError
-from stagesplit.schedule import (
+from stagesplit.solver.schedule import (
     Action, ChunkMemory, Op, ScheduleKind, actions, build_schedule, check_schedule, chunk_ranks,
     is_valid, memory_signatures, rank_memory, simulate, timeline_text, traits,
 )

@@ -1,4 +1,4 @@
-"""stagesplit.schedule against torch.distributed.pipelining itself (torch 2.13).
+"""stagesplit.solver.schedule against torch.distributed.pipelining itself (torch 2.13).
 
 Three levels:
 * torch's schedule classes are built for every P <= 8, M <= 32, v <= 4: they accept exactly the
@@ -18,7 +18,7 @@ import logging
 import numpy as np
 import pytest
 
-from stagesplit.schedule import ChunkMemory, Op, ScheduleKind, build_schedule, is_valid, rank_memory, traits
+from stagesplit.solver.schedule import ChunkMemory, Op, ScheduleKind, build_schedule, is_valid, rank_memory, traits
 
 torch = pytest.importorskip("torch")
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")
