@@ -1,0 +1,401 @@
+"""Export a PopVision profile (profile.pop + debug.cbor) to a stagesplit compact file, in the
+Poplar SDK's own Python.
+
+libpva (the Python module ``pva``) exists only inside Graphcore's Poplar SDK, whose Python is
+older than the 3.11 stagesplit needs. This one file runs there: Python 3.6 or newer, the
+standard library and ``pva`` (numpy makes it faster where the SDK has it; it is never needed).
+Copy it to the machine with the SDK and run, with the SDK enabled::
+
+    python3 pva_export.py profile.pop debug.cbor -o model.stagesplit
+
+then use ``model.stagesplit`` with stagesplit anywhere. The file holds the same Profile that
+``stagesplit convert profile.pop debug.cbor -o model.stagesplit`` writes where stagesplit and
+libpva share one Python (the tests check this on every report the libpva test double serves).
+
+The file is also the one source of truth for what it shares with stagesplit itself, so that
+copying it alone carries everything and nothing exists twice to drift:
+
+* **the compact format** (``.stagesplit``): the header's fields, every array's name, kind,
+  dimensions and order, the version, the ``.npy`` member layout and the streaming writer.
+  ``stagesplit.io.compactformat`` re-exports these names; ``stagesplit.io.compact`` reads and
+  writes through them (and ``stagesplit synth`` streams its large profiles through the writer);
+* **debug.cbor**: a small CBOR decoder for what Poplar writes there and the rules that turn a
+  debug context into a record (``stagesplit.io.debugcbor`` reads through them);
+* **the libpva rules** stagesplit's own PopVision reader (``stagesplit.io.popvision``) applies
+  too: operation naming, liveness-interval cleaning, memory categories, compute estimates.
+
+It reads the report in bounded memory: per-variable and per-tile columns go to temporary files
+as they are read (no Python object per variable is kept), and only what the operations need to
+look variables up (their ids) stays in memory. Progress goes to stderr.
+"""
+
+import array
+import collections
+import json
+import math
+import os
+import struct
+import sys
+import tempfile
+import time
+import zipfile
+
+try:                                   # optional: faster per-tile work where the SDK has it
+    import numpy
+except ImportError:                    # pragma: no cover - exercised by forcing NUMPY = None
+    numpy = None
+
+NUMPY = numpy                          # tests set this to None to run the standard-library path
+
+__all__ = ["FORMAT", "VERSION", "Column", "COLUMNS", "HEADER_KEYS", "TARGET_KEYS", "INFO_KEYS", "column_for",
+           "header_bytes", "int_descr", "npy_header", "CompactWriter", "Spill", "export", "main"]
+
+
+# ==============================================================================================
+# The compact format
+# ==============================================================================================
+
+FORMAT = "stagesplit-compact"
+VERSION = 1
+
+#: kinds of array. INT: integers, stored in the narrowest of int8/16/32/64 that holds them all
+#: (readers widen them); INT64, FLOAT64: stored as such; BOOL: one byte per value; BYTES: uint8
+#: (the JSON header and the UTF-8 string blobs)
+INT, INT64, FLOAT64, BOOL, BYTES = "int", "int64", "float64", "bool", "bytes"
+#: whether an array must be present: always; only when the header's ground_truth_categories is
+#: not null; or optional (absent reads as the documented default)
+REQUIRED, GROUND_TRUTH, OPTIONAL = "required", "ground truth", "optional"
+
+#: numpy's name for each stored type (the .npy header's 'descr'): little-endian, as numpy writes
+DESCR = {"int8": "|i1", "int16": "<i2", "int32": "<i4", "int64": "<i8", "float64": "<f8", "bool": "|b1",
+         "uint8": "|u1"}
+#: numpy's dtype kind letter of each kind of array (what a reader checks)
+KIND_LETTER = {INT: "i", INT64: "i", FLOAT64: "f", BOOL: "b", BYTES: "u"}
+_INT_RANGES = (("int8", -2 ** 7, 2 ** 7 - 1), ("int16", -2 ** 15, 2 ** 15 - 1), ("int32", -2 ** 31, 2 ** 31 - 1))
+
+
+class Column(object):
+    """One array of a compact file: ``name`` (the zip member is ``name + ".npy"``; a ``{k}`` in
+    it stands for 0, 1, 2, ...), its kind, its number of dimensions, when it is present, and
+    what it holds."""
+
+    __slots__ = ("name", "kind", "ndim", "presence", "doc")
+
+    def __init__(self, name, kind, ndim, presence, doc):
+        self.name, self.kind, self.ndim, self.presence, self.doc = name, kind, ndim, presence, doc
+
+    def __repr__(self):
+        return "Column(%r, %r, %d, %r)" % (self.name, self.kind, self.ndim, self.presence)
+
+
+def _strings(key, doc, presence=REQUIRED):
+    """A list of strings: one UTF-8 blob and the offsets of each string in it."""
+    return (Column(key + "_blob", BYTES, 1, presence, doc + ": UTF-8 text, one string after another"),
+            Column(key + "_offsets", INT64, 1, presence, doc + ": where each string starts in the blob, and its end"))
+
+
+#: Every array, in the order a file stores them (writers write them in this order). A new
+#: optional field is one more OPTIONAL entry here (and a default in the reader).
+COLUMNS = (
+    (Column("header", BYTES, 1, REQUIRED, "the JSON header (HEADER_KEYS)"),)
+    + _strings("steps", "program step names, in execution order")
+    + _strings("names", "variable names")
+    + (Column("var_bytes", INT, 1, REQUIRED, "bytes of each lowered variable"),
+       Column("var_tile", INT, 1, REQUIRED, "its tile"),
+       Column("var_always_live", BOOL, 1, REQUIRED, "whether it is always live"),
+       Column("var_live_class", INT, 1, REQUIRED, "its liveness class (-1: always or never live)"),
+       Column("var_name", INT, 1, REQUIRED, "its name in names (-1: none)"),
+       Column("live_offsets", INT64, 1, REQUIRED, "each liveness class's first interval, and the end"),
+       Column("live_intervals", INT, 2, REQUIRED, "(K, 2) half-open [start, end) step intervals"))
+    + _strings("program_name", "program names")
+    + _strings("program_kind", "program types (OnTileExecute, DoExchange, ...)")
+    + _strings("vertex_types", "vertex type names")
+    + (Column("program_cycles", FLOAT64, 1, REQUIRED, "each program's cycle estimate (NaN: unknown)"),
+       Column("program_vertices", INT, 1, REQUIRED, "vertex instances each program runs"),
+       Column("vertex_code_program", INT, 1, REQUIRED, "vertex code: program"),
+       Column("vertex_code_tile", INT, 1, REQUIRED, "vertex code: tile"),
+       Column("vertex_code_type", INT, 1, REQUIRED, "vertex code: vertex type"),
+       Column("vertex_code_bytes", INT, 1, REQUIRED, "vertex code: bytes"))
+    + tuple(Column("%s_%s" % (cat, part), INT, 1, REQUIRED, "%s: %s" % (cat.replace("_", " "), part))
+            for cat in ("vertex_state", "exchange_code", "control_code") for part in ("program", "tile", "bytes"))
+    + _strings("op_name", "operation names")
+    + _strings("op_layer", "explicit layer names of operations ('' where op_has_layer is false)")
+    + (Column("op_has_layer", BOOL, 1, REQUIRED, "whether an operation states its layer"),)
+    + _strings("op_inputs", "input tensor names of every operation, one operation after another")
+    + (Column("op_inputs_count", INT, 1, REQUIRED, "how many inputs each operation has"),
+       Column("op_debug_id", INT64, 1, REQUIRED, "debug-context id of each operation"),
+       Column("op_first_step", INT, 1, REQUIRED, "first step, inclusive (-1: unknown)"),
+       Column("op_last_step", INT, 1, REQUIRED, "last step, inclusive (-1: unknown)"),
+       Column("op_compute", FLOAT64, 1, REQUIRED, "compute in compute_unit (NaN: from its programs)"),
+       Column("op_vars_offsets", INT64, 1, REQUIRED, "each operation's first entry in op_vars, and the end"),
+       Column("op_vars", INT, 1, REQUIRED, "the variables operations use"),
+       Column("op_programs_offsets", INT64, 1, REQUIRED, "each operation's first entry in op_programs, and the end"),
+       Column("op_programs", INT, 1, REQUIRED, "the programs operations run"),
+       Column("op_bytes_accessed", FLOAT64, 1, OPTIONAL, "bytes each operation reads and writes (absent or NaN: "
+                                                          "unknown)"),
+       Column("gt_always_live", INT64, 1, GROUND_TRUTH, "ground truth: always-live variable bytes per tile"),
+       Column("gt_not_always_live", INT64, 1, GROUND_TRUTH, "ground truth: peak not-always-live bytes per tile"),
+       Column("gt_step_tiles", INT64, 1, GROUND_TRUTH, "ground truth: the traced tiles"),
+       Column("gt_step_bytes", INT, 2, GROUND_TRUTH, "ground truth: not-always-live bytes per traced tile and step"),
+       Column("gt_category_{k}", INT64, 1, GROUND_TRUTH, "ground truth: bytes per tile of category k of the "
+                                                          "header's ground_truth_categories"))
+)
+
+#: the header (a JSON object in the array ``header``): its keys in the order written
+HEADER_KEYS = ("format", "version", "target", "compute_unit", "info", "ground_truth_categories")
+TARGET_KEYS = ("name", "kind", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s",
+               "memory_bytes_per_s", "description")
+INFO_KEYS = ("name", "source", "description", "synthetic", "compute_source", "warnings")
+
+_BY_NAME = dict((c.name, (i, c)) for i, c in enumerate(COLUMNS))
+
+
+def _position(name):
+    """(place in COLUMNS, Column) of an array name, or (None, None) for a name not in the format."""
+    found = _BY_NAME.get(name)
+    if found is not None:
+        return found
+    base, _, number = name.rpartition("_")
+    if number.isdigit() and (number == "0" or not number.startswith("0")):
+        found = _BY_NAME.get(base + "_{k}")
+        if found is not None:
+            return found
+    return None, None
+
+
+def column_for(name):
+    """The Column of an array name (``gt_category_3`` -> ``gt_category_{k}``), or None."""
+    return _position(name)[1]
+
+
+def header_bytes(target, compute_unit, info, ground_truth_categories):
+    """The ``header`` array's bytes: JSON with HEADER_KEYS, ``target`` and ``info`` holding
+    exactly TARGET_KEYS and INFO_KEYS (in that order, whatever order the mappings have)."""
+    for keys, given, what in ((TARGET_KEYS, target, "target"), (INFO_KEYS, info, "info")):
+        if set(given) != set(keys):
+            raise ValueError("%s: expected the keys %s, got %s" % (what, ", ".join(keys), ", ".join(sorted(given))))
+    values = (FORMAT, VERSION, _ordered(target, TARGET_KEYS), compute_unit, _ordered(info, INFO_KEYS),
+              None if ground_truth_categories is None else list(ground_truth_categories))
+    return json.dumps(_ordered(dict(zip(HEADER_KEYS, values)), HEADER_KEYS)).encode("ascii")
+
+
+def _ordered(mapping, keys):
+    """``mapping``'s items in the order of ``keys`` (json.dumps keeps an OrderedDict's order)."""
+    return collections.OrderedDict((k, mapping[k]) for k in keys)
+
+
+def int_descr(low, high):
+    """The stored type of INT values from ``low`` to ``high`` (empty: int32, as numpy keeps it)."""
+    if low is None:
+        return DESCR["int32"]
+    for name, least, most in _INT_RANGES:
+        if least <= low and high <= most:
+            return DESCR[name]
+    return DESCR["int64"]
+
+
+def npy_header(descr, shape):
+    """The ``.npy`` header numpy (2.x) writes for a C-ordered array of type ``descr`` and
+    ``shape``: format 1.0, its dict padded with spaces (numpy's room for the first dimension
+    to grow to 21 digits, then to a multiple of 64 bytes) and a newline."""
+    shape = tuple(int(n) for n in shape)
+    text = "{'descr': %r, 'fortran_order': False, 'shape': %r, }" % (descr, shape)
+    if shape:
+        text += " " * (21 - len(repr(shape[0])))
+    length = len(text) + 1
+    pad = 64 - ((6 + 2 + 2 + length) % 64)
+    return b"\x93NUMPY\x01\x00" + struct.pack("<H", length + pad) + text.encode("latin1") + b" " * pad + b"\n"
+
+
+# ----------------------------------------------------------------------------------------------
+# Typed values without numpy: array.array typecodes per stored type
+
+_TYPECODE = {"|i1": "b", "<i2": "h", "<i4": "i", "<i8": "q", "<f8": "d", "|u1": "B", "|b1": "B"}
+_ITEMSIZE = {"|i1": 1, "<i2": 2, "<i4": 4, "<i8": 8, "<f8": 8, "|u1": 1, "|b1": 1}
+_BIG_ENDIAN = sys.byteorder == "big"
+
+
+def _typed(values, descr):
+    """``values`` as one contiguous block of ``descr`` items, little-endian: a numpy array or an
+    array.array (what goes into a .npy member)."""
+    np = NUMPY
+    if np is not None:
+        return np.ascontiguousarray(np.asarray(values).astype(descr, copy=False))
+    code = _TYPECODE[descr]
+    if isinstance(values, array.array) and values.typecode == code:
+        out = values
+    else:
+        out = array.array(code, values if descr != "|b1" else (1 if v else 0 for v in values))
+    if _BIG_ENDIAN and _ITEMSIZE[descr] > 1:
+        out = array.array(code, out)
+        out.byteswap()
+    return out
+
+
+def _raw(block):
+    """The bytes of a numpy array or an array.array, without a copy."""
+    return memoryview(block).cast("B")
+
+
+class Spill(object):
+    """A column of numbers written to a temporary file as it is produced and read back once,
+    when the compact file is written: readers of a report produce all columns of a row at once,
+    while a compact file stores one column after another. Keeps the count and, for integers,
+    the smallest and largest value (the stored type is chosen from them)."""
+
+    def __init__(self, kind, directory=None):
+        if kind not in (INT, INT64, FLOAT64, BOOL):
+            raise ValueError("a Spill holds integers, floats or booleans, not %r" % (kind,))
+        self.kind = kind
+        self.descr = {INT: "<i8", INT64: "<i8", FLOAT64: "<f8", BOOL: "|b1"}[kind]
+        self.count = 0
+        self.low = self.high = None
+        self._file = tempfile.TemporaryFile(prefix="stagesplit-", dir=directory)
+
+    def extend(self, values):
+        """Append a numpy array, an array.array or a list of numbers."""
+        block = _typed(values, self.descr)
+        n = len(block)
+        if not n:
+            return
+        if self.kind in (INT, INT64):
+            low, high = (int(block.min()), int(block.max())) if hasattr(block, "min") else (min(block), max(block))
+            self.low = low if self.low is None else min(self.low, low)
+            self.high = high if self.high is None else max(self.high, high)
+        self._file.write(_raw(block))
+        self.count += n
+
+    def blocks(self, items=1 << 20):
+        """The values in blocks of at most ``items`` (numpy arrays or array.arrays)."""
+        self._file.flush()
+        self._file.seek(0)
+        size = _ITEMSIZE[self.descr]
+        left = self.count
+        while left:
+            n = min(items, left)
+            data = self._file.read(n * size)
+            if len(data) != n * size:
+                raise IOError("a temporary file was cut short")
+            left -= n
+            if NUMPY is not None:
+                yield NUMPY.frombuffer(data, self.descr)
+            else:
+                block = array.array(_TYPECODE[self.descr])
+                block.frombytes(data)
+                if _BIG_ENDIAN and size > 1:
+                    block.byteswap()
+                yield block
+
+    def close(self):
+        self._file.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class CompactWriter(object):
+    """Writes a compact file array by array, each in blocks, into a seekable binary file.
+
+    The members are written as numpy's ``savez_compressed`` writes them (deflated, zip64, no
+    timestamp), so a file holds the same bytes whichever writer made it. Arrays must come in
+    COLUMNS order; ``close`` checks that every required one was written."""
+
+    BLOCK_ITEMS = 1 << 20
+
+    def __init__(self, fileobj):
+        self._zip = zipfile.ZipFile(fileobj, "w", zipfile.ZIP_DEFLATED, allowZip64=True)
+        self._last = -1
+        self._last_name = None
+        self.names = []
+
+    # -- one member ------------------------------------------------------------------------
+    def _member(self, name, descr, shape, blocks):
+        place, column = _position(name)
+        if column is None:
+            raise ValueError("%s is not an array of the compact format" % name)
+        if place < self._last or (place == self._last and "{k}" not in column.name):
+            raise ValueError("%s written after %s: arrays go in COLUMNS order" % (name, self._last_name))
+        if descr[1:] not in _allowed_types(column.kind):
+            raise ValueError("%s: a %s array cannot be stored as %s" % (name, column.kind, descr))
+        if len(shape) != column.ndim:
+            raise ValueError("%s: expected %d dimensions, got shape %r" % (name, column.ndim, tuple(shape)))
+        self._last, self._last_name = place, name
+        expected = _ITEMSIZE[descr]
+        for n in shape:
+            expected *= int(n)
+        info = zipfile.ZipInfo(name + ".npy")
+        info.compress_type = zipfile.ZIP_DEFLATED
+        written = 0
+        with self._zip.open(info, "w", force_zip64=True) as out:
+            out.write(npy_header(descr, shape))
+            for block in blocks:
+                raw = _raw(block)
+                out.write(raw)
+                written += len(raw)
+        if written != expected:
+            raise ValueError("%s: %d bytes of data for shape %r, expected %d" % (name, written, tuple(shape),
+                                                                                 expected))
+        self.names.append(name)
+
+    # -- arrays by kind ---------------------------------------------------------------------
+    def raw_bytes(self, name, data):
+        """A BYTES array holding ``data``."""
+        self._member(name, DESCR["uint8"], (len(data),), [data])
+
+    def strings(self, key, items):
+        """A list of strings as ``key_blob`` and ``key_offsets`` (lone surrogates kept)."""
+        offsets = array.array("q", [0])
+        parts = []
+        total = 0
+        for s in items:
+            encoded = s.encode("utf-8", "surrogatepass")
+            parts.append(encoded)
+            total += len(encoded)
+            offsets.append(total)
+        self.raw_bytes(key + "_blob", b"".join(parts))
+        self.values(key + "_offsets", offsets)
+
+    def values(self, name, values, shape=None):
+        """A numeric array from a numpy array, an array.array, a list or a Spill; INT arrays are
+        stored in the narrowest integer type that holds them. ``shape`` defaults to (count,);
+        a 2-d numpy array gives its own."""
+        column = column_for(name)
+        if column is None:
+            raise ValueError("%s is not an array of the compact format" % name)
+        if isinstance(values, Spill):
+            count, low, high = values.count, values.low, values.high
+            source = values.blocks(self.BLOCK_ITEMS)
+        else:
+            if shape is None and hasattr(values, "shape"):
+                shape = tuple(values.shape)
+            flat = values.reshape(-1) if hasattr(values, "reshape") else values
+            count = len(flat)
+            low = high = None
+            if column.kind == INT and count:
+                if hasattr(flat, "min"):
+                    low, high = int(flat.min()), int(flat.max())
+                else:
+                    low, high = min(flat), max(flat)
+            source = (flat[i:i + self.BLOCK_ITEMS] for i in range(0, count, self.BLOCK_ITEMS))
+        descr = {INT: None, INT64: DESCR["int64"], FLOAT64: DESCR["float64"], BOOL: DESCR["bool"],
+                 BYTES: DESCR["uint8"]}[column.kind]
+        if descr is None:
+            descr = int_descr(low, high)
+        if shape is None:
+            shape = (count,)
+        self._member(name, descr, shape, (_typed(block, descr) for block in source))
+
+    def close(self):
+        missing = [c.name for c in COLUMNS if c.presence == REQUIRED and c.name not in self.names]
+        self._zip.close()
+        if missing:
+            raise ValueError("a compact file needs the arrays " + ", ".join(missing))
+
+
+def _allowed_types(kind):
+    if kind == INT:
+        return ("i1", "i2", "i4", "i8")
+    return {INT64: ("i8",), FLOAT64: ("f8",), BOOL: ("b1",), BYTES: ("u1",)}[kind]
