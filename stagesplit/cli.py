@@ -477,16 +477,21 @@ def cmd_import(args: argparse.Namespace) -> int:
 
 def cmd_synth(args: argparse.Namespace) -> int:
     from .config import load_target
-    from .io import save_profile
-    from .synth import synthesize
+    from pathlib import PurePath
+
+    from .io import COMPACT_SUFFIXES, save_profile
+    from .synth import synthesize, write_synthetic
     params = {}
     if args.layers is not None:
         if args.family not in ("bert-base", "gpt"):
             raise StagesplitError(f"--layers applies to bert-base and gpt, not {args.family}")
         params["layers"] = args.layers
-    profile = synthesize(args.family, load_target(args.target), seed=args.seed, piece_bytes=args.piece_bytes,
-                         programs_per_op=args.programs_per_op, **params)
-    save_profile(profile, args.output)
+    options = dict(seed=args.seed, piece_bytes=args.piece_bytes, programs_per_op=args.programs_per_op, **params)
+    if PurePath(args.output).suffix in COMPACT_SUFFIXES:     # streamed to disk: bounded memory at any size
+        profile = write_synthetic(args.output, args.family, load_target(args.target), **options)
+    else:
+        profile = synthesize(args.family, load_target(args.target), **options)
+        save_profile(profile, args.output)
     print(f"wrote {args.output}: {profile.info.name} (synthetic), {len(profile.variables):,} variables, "
           f"{len(profile.operations):,} operations, {profile.num_steps:,} steps", file=sys.stderr)
     return 0

@@ -12,7 +12,7 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
@@ -49,12 +49,13 @@ def profile_header(p: Profile) -> bytes:
     return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
 
 
-def profile_columns(p: Profile, costs: bool = True) -> Iterator[tuple[str, Any]]:
+def profile_columns(p: Profile, costs: Mapping[str, Any] | None = None) -> Iterator[tuple[str, Any]]:
     """``(name, value)`` for every array of ``p``'s compact file, in the format's order: the
     header as bytes, a string table (``name`` without ``_blob``/``_offsets``) as a list of
     strings, anything else as a numpy array as the profile holds it (the writer stores it as
-    the format says). ``costs=False`` leaves out the per-program cost arrays (``vertex_code_*``
-    and the three categories), for a writer that streams them from elsewhere."""
+    the format says). ``costs`` replaces the per-program cost arrays (``vertex_code_*`` and the
+    three categories' ``*_program``/``*_tile``/``*_bytes``) by name, for a writer that streams
+    them from elsewhere (``Spill`` columns)."""
     ops = p.operations
     gt = p.ground_truth
     v = p.variables
@@ -68,13 +69,13 @@ def profile_columns(p: Profile, costs: bool = True) -> Iterator[tuple[str, Any]]
                 ("live_intervals", p.liveness.intervals.values.reshape(-1, 2)))
     yield from (("program_name", pr.name), ("program_kind", pr.kind), ("vertex_types", pr.vertex_types),
                 ("program_cycles", pr.cycles), ("program_vertices", pr.vertices))
-    if costs:
-        vc = pr.vertex_code
-        yield from (("vertex_code_program", vc.program), ("vertex_code_tile", vc.tile),
-                    ("vertex_code_type", vc.vertex_type), ("vertex_code_bytes", vc.bytes))
-        for cat, tile_costs in pr.categories().items():
-            yield from ((f"{cat}_program", tile_costs.program), (f"{cat}_tile", tile_costs.tile),
-                        (f"{cat}_bytes", tile_costs.bytes))
+    vc = pr.vertex_code
+    held = [("vertex_code_program", vc.program), ("vertex_code_tile", vc.tile), ("vertex_code_type", vc.vertex_type),
+            ("vertex_code_bytes", vc.bytes)]
+    for cat, tile_costs in pr.categories().items():
+        held += [(f"{cat}_program", tile_costs.program), (f"{cat}_tile", tile_costs.tile), (f"{cat}_bytes", tile_costs.bytes)]
+    for name, values in held:
+        yield name, (values if costs is None else costs[name])
     yield "op_name", ops.name
     yield "op_layer", [l or "" for l in ops.layer]
     yield "op_has_layer", np.array([l is not None for l in ops.layer], bool)

@@ -241,32 +241,78 @@ class Spill(object):
     """A column of numbers written to a temporary file as it is produced and read back once,
     when the compact file is written: readers of a report produce all columns of a row at once,
     while a compact file stores one column after another. Keeps the count and, for integers,
-    the smallest and largest value (the stored type is chosen from them)."""
+    the smallest and largest value. Integers are kept in the narrowest type that holds them so
+    far (the file is rewritten in a wider type when a value needs it), so the file is as small
+    as the stored array and needs no conversion when it is written."""
+
+    #: values gathered in memory before they are written out together
+    PENDING_ITEMS = 1 << 20
 
     def __init__(self, kind, directory=None):
         if kind not in (INT, INT64, FLOAT64, BOOL):
             raise ValueError("a Spill holds integers, floats or booleans, not %r" % (kind,))
         self.kind = kind
-        self.descr = {INT: "<i8", INT64: "<i8", FLOAT64: "<f8", BOOL: "|b1"}[kind]
+        #: the type values are kept in: int8 first for INT, widened as values need it
+        self.descr = {INT: "|i1", INT64: "<i8", FLOAT64: "<f8", BOOL: "|b1"}[kind]
         self.count = 0
         self.low = self.high = None
+        self._pending = []
+        self._pending_items = 0
+        self._directory = directory
         self._file = tempfile.TemporaryFile(prefix="stagesplit-", dir=directory)
 
     def extend(self, values):
         """Append a numpy array, an array.array or a list of numbers."""
-        block = _typed(values, self.descr)
+        block = _typed(values, "<i8" if self.kind == INT else self.descr)
         n = len(block)
         if not n:
             return
+        self._pending.append(block)
+        self._pending_items += n
+        self.count += n
+        if self._pending_items >= self.PENDING_ITEMS:
+            self._flush()
+
+    def _flush(self):
+        pending, self._pending, self._pending_items = self._pending, [], 0
+        if not pending:
+            return
         if self.kind in (INT, INT64):
-            low, high = (int(block.min()), int(block.max())) if hasattr(block, "min") else (min(block), max(block))
+            if NUMPY is not None:
+                joined = NUMPY.concatenate(pending) if len(pending) > 1 else pending[0]
+                lows, highs = [int(joined.min())], [int(joined.max())]
+                pending = [joined]
+            else:
+                lows, highs = [min(b) for b in pending], [max(b) for b in pending]
+            low, high = min(lows), max(highs)
             self.low = low if self.low is None else min(self.low, low)
             self.high = high if self.high is None else max(self.high, high)
-        self._file.write(_raw(block))
-        self.count += n
+            if self.kind == INT:
+                wanted = int_descr(self.low, self.high)
+                if _ITEMSIZE[wanted] > _ITEMSIZE[self.descr]:
+                    self._widen(wanted)
+        for block in pending:
+            self._file.write(_raw(_typed(block, self.descr)))
+
+    def _widen(self, descr):
+        """Rewrite what the file holds in the wider type ``descr``."""
+        old, old_descr = self._file, self.descr
+        old.flush()
+        old.seek(0)
+        self._file = tempfile.TemporaryFile(prefix="stagesplit-", dir=self._directory)
+        self.descr = descr
+        size = _ITEMSIZE[old_descr]
+        while True:
+            data = old.read(size << 20)
+            if not data:
+                break
+            self._file.write(_raw(_typed(_from_bytes(data, old_descr), descr)))
+        old.close()
 
     def blocks(self, items=1 << 20):
-        """The values in blocks of at most ``items`` (numpy arrays or array.arrays)."""
+        """The values in blocks of at most ``items`` (numpy arrays or array.arrays), in
+        ``descr``."""
+        self._flush()
         self._file.flush()
         self._file.seek(0)
         size = _ITEMSIZE[self.descr]
@@ -277,14 +323,12 @@ class Spill(object):
             if len(data) != n * size:
                 raise IOError("a temporary file was cut short")
             left -= n
-            if NUMPY is not None:
-                yield NUMPY.frombuffer(data, self.descr)
-            else:
-                block = array.array(_TYPECODE[self.descr])
-                block.frombytes(data)
-                if _BIG_ENDIAN and size > 1:
-                    block.byteswap()
-                yield block
+            yield _from_bytes(data, self.descr)
+
+    def range(self):
+        """(smallest, largest) value so far, or (None, None) when empty (integers only)."""
+        self._flush()
+        return self.low, self.high
 
     def close(self):
         self._file.close()
@@ -294,6 +338,17 @@ class Spill(object):
 
     def __exit__(self, *exc):
         self.close()
+
+
+def _from_bytes(data, descr):
+    """Little-endian ``descr`` items in ``data`` as a numpy array or an array.array."""
+    if NUMPY is not None:
+        return NUMPY.frombuffer(data, descr)
+    block = array.array(_TYPECODE[descr])
+    block.frombytes(data)
+    if _BIG_ENDIAN and _ITEMSIZE[descr] > 1:
+        block.byteswap()
+    return block
 
 
 class CompactWriter(object):
@@ -366,7 +421,8 @@ class CompactWriter(object):
         if column is None:
             raise ValueError("%s is not an array of the compact format" % name)
         if isinstance(values, Spill):
-            count, low, high = values.count, values.low, values.high
+            low, high = values.range()
+            count = values.count
             source = values.blocks(self.BLOCK_ITEMS)
         else:
             if shape is None and hasattr(values, "shape"):
