@@ -455,3 +455,454 @@ def _allowed_types(kind):
     if kind == INT:
         return ("i1", "i2", "i4", "i8")
     return {INT64: ("i8",), FLOAT64: ("f8",), BOOL: ("b1",), BYTES: ("u1",)}[kind]
+
+
+# ==============================================================================================
+# debug.cbor: a CBOR decoder for what Poplar writes, and what a debug context holds
+# ==============================================================================================
+
+DEBUG_SHAPE = "one CBOR map with stringTable and contexts (a Poplar debug.cbor)"
+#: layer -> (field holding the user-level operation name, field holding its type)
+USER_OP_FIELDS = {"xla_op": ("op_name", "op_type"), "onnx": ("opName", "opType"), "poptorch": ("op_name", "op_type")}
+#: layer -> (field holding input tensor names, field holding output tensor names)
+TENSOR_FIELDS = {"onnx": ("input", "output"), "popart": ("inputs", "outputs")}
+#: what a debug context record holds, in this order (``context_record``)
+CONTEXT_FIELDS = ("id", "index", "name", "parent", "layer", "category", "op_name", "op_type", "inputs", "outputs",
+                  "instance_id", "file", "function", "line")
+
+
+class CborError(ValueError):
+    """Not CBOR, or CBOR this decoder does not read."""
+
+
+class CborEOF(CborError):
+    """The data ends inside an item."""
+
+
+class DebugShapeError(ValueError):
+    """A debug.cbor item that is not what Poplar writes: ``field`` (a path such as
+    ``contexts[3].name``), what was ``expected`` there, and what was found (``got``)."""
+
+    def __init__(self, field, expected, got=None):
+        ValueError.__init__(self, "%s: expected %s%s" % (field, expected, "" if got is None else ", got %r" % (got,)))
+        self.field, self.expected, self.got = field, expected, got
+
+
+_BREAK = object()
+_SIMPLE = {20: False, 21: True, 22: None, 23: None}
+_FLOATS = {25: ">e", 26: ">f", 27: ">d"}
+
+
+class CborReader(object):
+    """Reads CBOR items (RFC 8949) from a binary stream: integers, byte and text strings,
+    arrays and maps (definite or indefinite length), tags (the tagged item is returned),
+    false/true/null/undefined and floats: what Poplar's debug.cbor holds. ``head()`` reads
+    only an item's head, so a long array can be walked one element at a time."""
+
+    MAX_DEPTH = 200
+
+    def __init__(self, stream):
+        self.stream = stream
+
+    def _read(self, n):
+        data = self.stream.read(n)
+        if len(data) != n:
+            raise CborEOF("the data ends inside an item (%d of %d bytes)" % (len(data), n))
+        return data
+
+    def at_end(self):
+        return self.stream.read(1) == b""
+
+    def head(self):
+        """(major type, argument) of the next item. The argument is None for an indefinite
+        length (and a break); a float's head is (7, the float)."""
+        initial = self._read(1)[0]
+        major, info = initial >> 5, initial & 31
+        if info < 24:
+            return major, info
+        if major == 7 and info in _FLOATS:
+            return 7, float(struct.unpack(_FLOATS[info], self._read(1 << (info - 24)))[0])
+        if info < 28:
+            return major, int.from_bytes(self._read(1 << (info - 24)), "big")
+        if info == 31 and major in (2, 3, 4, 5, 7):
+            return major, None
+        raise CborError("invalid initial byte 0x%02x" % initial)
+
+    def item(self, depth=0):
+        """The next item, decoded."""
+        return self._value(self.head(), depth)
+
+    def _value(self, head, depth):
+        if depth > self.MAX_DEPTH:
+            raise CborError("items nested more than %d deep" % self.MAX_DEPTH)
+        major, arg = head
+        if major == 0:
+            return arg
+        if major == 1:
+            return -1 - arg
+        if major in (2, 3):
+            return self._string(major, arg)
+        if major == 4:
+            return list(self.elements(arg, depth))
+        if major == 5:
+            out = {}
+            for key in self.elements(arg if arg is None else 2 * arg, depth, pairs=True):
+                if isinstance(key, (list, dict)):
+                    raise CborError("a map key that is an array or a map")
+                out[key] = self._element(depth)
+            return out
+        if major == 6:
+            return self.item(depth + 1)
+        if isinstance(arg, float):
+            return arg
+        if arg is None:
+            return _BREAK
+        if arg in _SIMPLE:
+            return _SIMPLE[arg]
+        raise CborError("simple value %d" % arg)
+
+    def _string(self, major, arg):
+        if arg is None:
+            parts = []
+            while True:
+                m, a = self.head()
+                if m == 7 and a is None:
+                    break
+                if m != major or a is None or isinstance(a, float):
+                    raise CborError("a chunk of an indefinite-length string of another type")
+                parts.append(self._read(a))
+            data = b"".join(parts)
+        else:
+            data = self._read(arg)
+        if major == 2:
+            return data
+        try:
+            return data.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise CborError("text that is not UTF-8 (%s)" % exc)
+
+    def _element(self, depth):
+        value = self.item(depth + 1)
+        if value is _BREAK:
+            raise CborError("a break where an item belongs")
+        return value
+
+    def elements(self, count, depth=0, pairs=False):
+        """The elements of an array whose head gave ``count`` (None: up to a break); with
+        ``pairs``, the keys of a map (the caller reads each value)."""
+        if count is not None:
+            for _ in range(count // 2 if pairs else count):
+                yield self._element(depth)
+            return
+        while True:
+            value = self.item(depth + 1)
+            if value is _BREAK:
+                return
+            yield value
+
+
+def decode_cbor(data):
+    """One CBOR item from ``data`` (bytes), which must hold exactly that item."""
+    import io
+    reader = CborReader(io.BytesIO(data))
+    value = reader.item()
+    if value is _BREAK:
+        raise CborError("a break outside an indefinite-length item")
+    if not reader.at_end():
+        raise CborError("more data after the first CBOR object")
+    return value
+
+
+class ContextRules(object):
+    """Turns the decoded debug contexts of one debug.cbor into records (tuples of
+    CONTEXT_FIELDS): a context's id is its ``id`` field or else its index; strings may be
+    inline or string-table indices. Raises DebugShapeError naming the field at fault."""
+
+    def __init__(self, table):
+        if not isinstance(table, list):
+            raise DebugShapeError("stringTable", "an array of strings", None if table is None else _type_name(table))
+        for k, value in enumerate(table):
+            if not isinstance(value, str):
+                raise DebugShapeError("stringTable[%d]" % k, "a string", value)
+        self.table = table
+
+    def text(self, value, field):
+        if value is None or isinstance(value, str):
+            return value
+        if isinstance(value, int) and not isinstance(value, bool):
+            if 0 <= value < len(self.table):
+                return self.table[value]
+            raise DebugShapeError(field, "a string or an index into stringTable (0..%d)" % (len(self.table) - 1), value)
+        raise DebugShapeError(field, "a string or a string-table index", value)
+
+    def names(self, value, field):
+        if value is None:
+            return ()
+        if not isinstance(value, list):
+            value = [value]
+        out = []
+        for k, item in enumerate(value):
+            name = self.text(item, "%s[%d]" % (field, k))
+            if name:
+                out.append(name)
+        return tuple(out)
+
+    @staticmethod
+    def integer(value, field):
+        if value is None or (isinstance(value, int) and not isinstance(value, bool)):
+            return value
+        raise DebugShapeError(field, "an integer", value)
+
+    def record(self, ctx, i):
+        """The record (CONTEXT_FIELDS) of context ``i``."""
+        where = "contexts[%d]" % i
+        if not isinstance(ctx, dict):
+            raise DebugShapeError(where, "a map (one debug context)", ctx)
+        cid = self.integer(ctx.get("id"), where + ".id")
+        layer = self.text(ctx.get("layer"), where + ".layer") or ""
+        op_field, type_field = USER_OP_FIELDS.get(layer, (None, None))
+        in_field, out_field = TENSOR_FIELDS.get(layer, ("inputs", "outputs"))
+        location = ctx.get("location")
+        if location is not None and not isinstance(location, dict):
+            raise DebugShapeError(where + ".location", "a map with fileName, functionName and lineNumber", location)
+        location = location or {}
+        instance = ctx.get("instanceId")
+        parent = self.integer(ctx.get("parentId"), where + ".parentId")
+        return (i if cid is None else cid, i, self.text(ctx.get("name"), where + ".name") or "",
+                None if parent is None or parent < 0 else parent, layer,
+                self.text(ctx.get("category"), where + ".category") or "",
+                self.text(ctx.get(op_field), "%s.%s" % (where, op_field)) if op_field else None,
+                self.text(ctx.get(type_field), "%s.%s" % (where, type_field)) if type_field else None,
+                self.names(ctx.get(in_field), "%s.%s" % (where, in_field)),
+                self.names(ctx.get(out_field), "%s.%s" % (where, out_field)),
+                None if instance is None else str(instance),
+                self.text(location.get("fileName"), where + ".location.fileName"),
+                self.text(location.get("functionName"), where + ".location.functionName"),
+                self.integer(location.get("lineNumber"), where + ".location.lineNumber"))
+
+
+def _type_name(value):
+    return {dict: "dict", list: "list", str: "str", bytes: "bytes", int: "int", float: "float",
+            bool: "bool"}.get(type(value), type(value).__name__)
+
+
+def debug_records(doc):
+    """Every context record of a decoded debug.cbor document (a map)."""
+    if not isinstance(doc, dict):
+        raise DebugShapeError("", DEBUG_SHAPE, "a CBOR " + _type_name(doc))
+    rules = ContextRules(doc.get("stringTable"))
+    contexts = doc.get("contexts")
+    if not isinstance(contexts, list):
+        raise DebugShapeError("contexts", "an array of debug contexts",
+                              None if contexts is None else _type_name(contexts))
+    for i, ctx in enumerate(contexts):
+        yield rules.record(ctx, i)
+
+
+def read_debug_records(stream):
+    """The context records of the debug.cbor in binary ``stream``, decoded a context at a time
+    (a debug.cbor runs to hundreds of megabytes: the contexts are never all held as maps)."""
+    reader = CborReader(stream)
+    major, count = reader.head()
+    if major != 5:
+        raise DebugShapeError("", DEBUG_SHAPE, "a CBOR " + {0: "int", 1: "int", 2: "bytes", 3: "str", 4: "list",
+                                                             6: "tag", 7: "simple value"}.get(major, "item"))
+    table = None
+    waiting = None                       # contexts met before the string table (decoded whole)
+    found_contexts = False
+    records = []
+    for key in reader.elements(count if count is None else 2 * count, pairs=True):
+        if key == "contexts" and table is not None and not found_contexts:
+            found_contexts = True
+            major, n = reader.head()
+            if major != 4:
+                raise DebugShapeError("contexts", "an array of debug contexts",
+                                      _type_name(reader._value((major, n), 1)))
+            rules = ContextRules(table)
+            for i, ctx in enumerate(reader.elements(n, 1)):
+                records.append(rules.record(ctx, i))
+            continue
+        value = reader._element(0)
+        if key == "stringTable":
+            table = value
+        elif key == "contexts":
+            waiting = value
+            found_contexts = False
+    if not reader.at_end():
+        raise CborError("more data after the first CBOR object")
+    if found_contexts:
+        return records
+    return list(debug_records({"stringTable": table, "contexts": waiting}))
+
+
+def lineage(get, context_id):
+    """The record of ``context_id`` and then its parents', nearest first: ``get(id)`` gives a
+    record (with ``id`` and ``parent``) or None. Stops at a missing id or a cycle."""
+    seen = set()
+    record = get(context_id)
+    while record is not None and record.id not in seen:
+        seen.add(record.id)
+        yield record
+        record = None if record.parent is None else get(record.parent)
+
+
+def user_op_name(get, context_id):
+    """The nearest user-level operation name (the xla_op, onnx or poptorch layer's)."""
+    for record in lineage(get, context_id):
+        if record.op_name:
+            return record.op_name
+    return None
+
+
+def nearest_inputs(get, context_id):
+    """The nearest non-empty list of input tensor names."""
+    for record in lineage(get, context_id):
+        if record.inputs:
+            return record.inputs
+    return ()
+
+
+# ==============================================================================================
+# The libpva rules (stagesplit.io.popvision applies them too; its docstring explains them)
+# ==============================================================================================
+
+CYCLES_PER_VERTEX = 100.0
+TRACE_TILES = 8
+#: libpva memory category -> ground-truth category name
+CATEGORIES = (("vertexCode", "vertex_code"), ("internalExchangeCode", "internal_exchange_code"),
+              ("controlCode", "control_code"), ("vertexInstanceState", "vertex_instance_state"),
+              ("vectorListDescriptor", "vector_list_descriptor"), ("globalExchangeCode", "global_exchange_code"),
+              ("hostExchangeCode", "host_exchange_code"), ("constant", "constant"))
+
+
+class ReportError(ValueError):
+    """A report whose content stagesplit cannot use: ``field`` (a libpva path), what was
+    ``expected`` there and what was found."""
+
+    def __init__(self, field, expected, got=None):
+        ValueError.__init__(self, "%s: expected %s%s" % (field, expected, "" if got is None else ", got %s" % (got,)))
+        self.field, self.expected, self.got = field, expected, got
+
+
+def one_line(exc):
+    return " ".join(str(exc).split()) or type(exc).__name__
+
+
+def load_json(text):
+    """A debug context's JSON as a dict ({} when absent, not JSON or not an object)."""
+    if not text or not isinstance(text, (str, bytes)):
+        return {}
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return {}
+    return doc if isinstance(doc, dict) else {}
+
+
+def as_text(value):
+    if value is None or value == "":
+        return None
+    return value if isinstance(value, str) else str(value)
+
+
+def json_inputs(doc):
+    inputs = doc.get("inputs")
+    if isinstance(inputs, str):
+        inputs = [inputs]
+    if not isinstance(inputs, list):
+        return ()
+    return tuple(str(x) for x in inputs if isinstance(x, (str, int)) and not isinstance(x, bool) and str(x))
+
+
+def operation_name(name, doc, user_op_name=None):
+    """A name for operations libpva names ``""`` or ``"Call"``; other names are kept."""
+    if name not in ("", "Call"):
+        return name
+    tensor = as_text(doc.get("tensorId"))
+    instance = as_text(doc.get("instanceId"))
+    suffix = "(%s)" % instance if instance else ""
+    if name == "Call":
+        return "Call" + suffix + ("/" + tensor if tensor else "")
+    if tensor:
+        return "Tensor%s/%s" % (suffix, tensor)
+    if user_op_name:
+        return user_op_name
+    return "Anonymous" + suffix
+
+
+def clean_intervals(raw, steps):
+    """Half-open intervals clipped to [0, steps], empty ones dropped, sorted, touching or
+    overlapping ones merged."""
+    out = []
+    for start, end in sorted((max(0, int(s)), min(steps, int(e))) for s, e in raw):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            out[-1][1] = max(out[-1][1], end)
+        else:
+            out.append([start, end])
+    return tuple((s, e) for s, e in out)
+
+
+def several_ipus_warning(ipus, replicas, tiles):
+    return ("the profile spans %d IPU(s) and %d replica(s): only the first IPU's %d tiles (and the variables and "
+            "code on them) were read" % (ipus, replicas, tiles))
+
+
+NO_TILES_WARNING = ("the profile has no per-tile memory (compilation.tiles is empty): vertex code and ground truth "
+                    "could not be read")
+
+
+def compute_source(from_estimates, missing):
+    """``info.compute_source``: from compile-time estimates (``missing`` programs without one)
+    or from vertex counts."""
+    if from_estimates:
+        note = "; %d program(s) without an estimate count 0" % missing if missing else ""
+        return "compile-time cycle estimates from the profile (per program, the most cycles on one tile)" + note
+    return ("estimated from vertex counts: the most vertices on one tile x %s cycles per vertex (the profile has no "
+            "compile-time cycle estimates)" % ("%g" % CYCLES_PER_VERTEX))
+
+
+def operation_warnings(bad_steps, steps, unknown_vars):
+    out = []
+    if bad_steps:
+        out.append("%d operation(s) had a step range outside the profile's %d steps; their steps were taken as "
+                   "unknown" % (bad_steps, steps))
+    if unknown_vars:
+        out.append("%d variable reference(s) of operations were not among the lowered variables and were ignored"
+                   % unknown_vars)
+    return out
+
+
+def reconcile(always, peak, categories, total):
+    """Fit the ground truth to the report's own per-tile total (``total.excludingGaps``): the
+    always-live *variable* bytes (returned, a list), an ``other`` category added to
+    ``categories`` (a dict of per-tile lists) for bytes of the total in no figure, and a
+    warning (or None). libpva's alwaysLiveBytes includes the code categories; a report follows
+    that convention unless more of its tiles with code add up to the total with the categories
+    added than without (a tie keeps libpva's)."""
+    tiles = len(total)
+    parts = [sum(values[t] for values in categories.values()) for t in range(tiles)]
+    inside = sum(1 for t in range(tiles) if parts[t] > 0 and always[t] + peak[t] == total[t])
+    separate = sum(1 for t in range(tiles) if parts[t] > 0 and always[t] + peak[t] + parts[t] == total[t])
+    includes = inside >= separate
+    if includes:
+        variables = [always[t] - parts[t] for t in range(tiles)]
+        other = [total[t] - always[t] - peak[t] for t in range(tiles)]
+    else:
+        variables = list(always)
+        other = [total[t] - always[t] - peak[t] - parts[t] for t in range(tiles)]
+    bad = sum(1 for t in range(tiles) if variables[t] < 0 or other[t] < 0)
+    warning = None
+    if bad:
+        warning = ("ground truth: on %d tile(s) the report's figures do not add up to the tile's total "
+                   "(total.excludingGaps) with alwaysLiveBytes taken to %s the code categories, as on most tiles"
+                   % (bad, "includes" if includes else "excludes"))
+    if any(x > 0 for x in other):
+        categories["other"] = [max(x, 0) for x in other]
+    return [max(x, 0) for x in variables], warning
+
+
+def trace_tiles(tile_total, count=TRACE_TILES):
+    """The ``count`` tiles with the largest total (ties: the lower tile first)."""
+    return sorted(range(len(tile_total)), key=lambda t: -tile_total[t])[:count]
