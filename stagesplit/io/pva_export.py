@@ -906,3 +906,653 @@ def reconcile(always, peak, categories, total):
 def trace_tiles(tile_total, count=TRACE_TILES):
     """The ``count`` tiles with the largest total (ties: the lower tile first)."""
     return sorted(range(len(tile_total)), key=lambda t: -tile_total[t])[:count]
+
+
+# ==============================================================================================
+# The exporter
+# ==============================================================================================
+
+class _Context(object):
+    """What operation naming needs of a debug context."""
+
+    __slots__ = ("id", "parent", "op_name", "inputs")
+
+    def __init__(self, record):
+        self.id, self.parent, self.op_name, self.inputs = record[0], record[3], record[6], record[8]
+
+
+class _Progress(object):
+    """``done/total`` of the report's items on stderr: a line every 10% (or on a terminal, one
+    line rewritten at most every half second)."""
+
+    def __init__(self, stream, total):
+        self.stream, self.total, self.done = stream, max(total, 1), 0
+        self.tty = bool(getattr(stream, "isatty", lambda: False)())
+        self.shown, self.last = -1, 0.0
+
+    def tick(self, n=1):
+        self.done += n
+        if self.stream is None:
+            return
+        percent = min(100, self.done * 100 // self.total)
+        now = time.time()
+        if self.tty and (now - self.last >= 0.5 or self.done >= self.total):
+            self.stream.write("\rpva_export: read %d%% of %d items" % (percent, self.total))
+            self.last = now
+        elif not self.tty and percent // 10 > self.shown:
+            self.shown = percent // 10
+            self.stream.write("pva_export: read %d%% of %d items\n" % (self.shown * 10, self.total))
+        self.stream.flush()
+
+    def finish(self):
+        if self.stream is not None and self.tty:
+            self.stream.write("\n")
+
+
+def _per_tile(values, tiles, field, num_tiles, floats=False):
+    """The first IPU's ``tiles`` entries of a per-tile array (None: all zero), as a numpy array
+    or a list."""
+    np = NUMPY
+    if values is None:
+        return np.zeros(tiles, np.float64 if floats else np.int64) if np is not None else [0] * tiles
+    if np is not None:
+        arr = np.asarray(values)
+        if arr.ndim != 1 or len(arr) < tiles:
+            raise ReportError(field, "%d values (one per tile)" % num_tiles,
+                              "%s values" % (len(arr) if arr.ndim == 1 else (arr.shape,)))
+        return arr[:tiles].astype(np.float64 if floats else np.int64)
+    seq = list(values)
+    if len(seq) < tiles:
+        raise ReportError(field, "%d values (one per tile)" % num_tiles, "%d values" % len(seq))
+    convert = float if floats else int
+    return [convert(x) for x in seq[:tiles]]
+
+
+def _nonzero(values):
+    """(tiles, values) of the non-zero entries."""
+    if NUMPY is not None and hasattr(values, "dtype"):
+        where = NUMPY.flatnonzero(values)
+        return where, values[where]
+    where = [t for t, x in enumerate(values) if x]
+    return where, [values[t] for t in where]
+
+
+class _Rows(object):
+    """Sparse per-tile rows of one cost category, spilled: key columns, tile, bytes."""
+
+    def __init__(self, keys, directory):
+        self.keys = [Spill(INT, directory) for _ in keys]
+        self.tile = Spill(INT, directory)
+        self.bytes = Spill(INT, directory)
+
+    def add(self, values, *keys):
+        tiles, nonzero = _nonzero(values)
+        n = len(tiles)
+        if not n:
+            return
+        for spill, key in zip(self.keys, keys):
+            spill.extend([key] * n)
+        self.tile.extend(tiles)
+        self.bytes.extend(nonzero)
+
+    def close(self):
+        for spill in self.keys + [self.tile, self.bytes]:
+            spill.close()
+
+
+class Exporter(object):
+    """Reads one report through libpva into spilled columns, then writes the compact file."""
+
+    def __init__(self, pva, report, profile_path, debug_path=None, progress=None, directory=None):
+        self.pva, self.report = pva, report
+        self.path, self.debug_path = profile_path, debug_path
+        self.progress_stream = progress
+        self.directory = directory
+        self.warnings, self.op_warnings = [], []
+        self.part = "compilation"
+        self.contexts = None
+        self.spills = []
+
+    def spill(self, kind):
+        s = Spill(kind, self.directory)
+        self.spills.append(s)
+        return s
+
+    def close(self):
+        for s in self.spills:
+            s.close()
+        for rows in getattr(self, "rows", {}).values():
+            rows.close()
+
+    # -- the whole report --------------------------------------------------------------------
+    def read(self):
+        comp = self.report.compilation
+        tgt = comp.target
+        self.tiles = T = int(tgt.tilesPerIpu)
+        self.num_tiles = int(tgt.numTiles)
+        ipus = int(getattr(tgt, "numIPUs", 1) or 1)
+        replicas = int(getattr(tgt, "numReplicas", 1) or 1)
+        if T < 1:
+            raise ReportError("compilation.target.tilesPerIpu", "an integer >= 1", T)
+        if ipus > 1 or replicas > 1:
+            self.warnings.append(several_ipus_warning(ipus, replicas, T))
+        clock = float(getattr(tgt, "clockFrequency", 0) or 0)
+        bytes_per_tile = int(tgt.bytesPerTile)
+        name = os.path.basename(self.path)
+        self.target = collections.OrderedDict([
+            ("name", "ipu"), ("kind", "ipu"), ("tiles", T), ("bytes_per_tile", bytes_per_tile),
+            ("clock_hz", clock if clock > 0 else None), ("link_bytes_per_s", None), ("flops_per_s", None),
+            ("memory_bytes_per_s", None),
+            ("description", "read from %s: %d IPU(s) of %d tiles x %s bytes" % (name, ipus, T,
+                                                                                "{:,}".format(bytes_per_tile)))])
+        self.part = "compilation.livenessProgramSteps"
+        steps_raw = comp.livenessProgramSteps
+        self.steps = [str(s.program.name) for s in steps_raw]
+        self.S = len(self.steps)
+        brief = comp.loweredVariables.allBriefVars
+        programs = comp.programs
+        operations = self.pva.OperationAnalysis(self.report).operations
+        self.progress = _Progress(self.progress_stream, len(brief) + len(programs) + len(operations))
+        if self.debug_path is not None:
+            self.part = "debug.cbor"
+            self._read_debug()
+        self.part = "compilation.tiles"
+        self._read_tiles(comp.tiles)
+        self.part = "compilation.programs"
+        self._read_programs(programs)
+        self.part = "compilation.livenessProgramSteps"
+        self._ground_truth(steps_raw)
+        self.part = "compilation.loweredVariables.allBriefVars"
+        self._read_variables(brief)
+        self.part = "OperationAnalysis(report).operations"
+        self._read_operations(operations)
+        for prog in self.extra_programs:                    # programs only operations refer to
+            self._add_program(prog, "programs[_id=%r]" % (prog._id,))
+        self.progress.finish()
+
+    # -- debug.cbor -------------------------------------------------------------------------------
+    def _read_debug(self):
+        with open(self.debug_path, "rb") as stream:
+            records = read_debug_records(stream)
+        self.contexts = {}
+        for record in records:
+            self.contexts[record[0]] = _Context(record)
+
+    # -- tiles -------------------------------------------------------------------------------------
+    def _read_tiles(self, tile_objs):
+        T = self.tiles
+        self.code_by_type = {}
+        self.gt = None
+        if len(tile_objs) < T:
+            if len(tile_objs):
+                raise ReportError("compilation.tiles", "%d tiles" % self.num_tiles, len(tile_objs))
+            self.warnings.append(NO_TILES_WARNING)
+            return
+        first = tile_objs[0].memory.category
+        present = [(camel, snake) for camel, snake in CATEGORIES if getattr(first, camel, None) is not None]
+        gt = collections.OrderedDict([("always_live", [0] * T), ("not_always_live", [0] * T)])
+        for _, snake in present:
+            gt[snake] = [0] * T
+        total, has_total = [0] * T, True
+        for t in range(T):
+            mem = tile_objs[t].memory
+            gt["always_live"][t] = _integer(mem.alwaysLiveBytes)
+            gt["not_always_live"][t] = _integer(mem.notAlwaysLiveBytes)
+            whole = getattr(getattr(mem, "total", None), "excludingGaps", None) if has_total else None
+            if whole is None:
+                has_total = False
+            else:
+                total[t] = _integer(whole)
+            cat = mem.category
+            for camel, snake in present:
+                gt[snake][t] = _integer(getattr(cat, camel).total)
+            for v in mem.vertices:
+                sizes = self.code_by_type.get(v.type.name)
+                if sizes is None:
+                    sizes = self.code_by_type[v.type.name] = [0] * T
+                sizes[t] = _integer(v.codeBytes)
+        if NUMPY is not None:
+            self.code_by_type = dict((k, NUMPY.array(v, NUMPY.int64)) for k, v in self.code_by_type.items())
+        self.gt = gt
+        self.gt_total = total if has_total else None
+
+    # -- programs ------------------------------------------------------------------------------------
+    def _read_programs(self, programs):
+        self.p_name, self.p_kind, self.p_estimate, self.p_fallback, self.p_vertices = [], [], [], [], []
+        self.vertex_types, self.vertex_type_index = [], {}
+        self.rows = collections.OrderedDict([("vertex_code", _Rows(("program", "type"), self.directory))])
+        for cat in ("vertex_state", "exchange_code", "control_code"):
+            self.rows[cat] = _Rows(("program",), self.directory)
+        self.program_index = {}
+        for i, prog in enumerate(programs):
+            self.program_index[prog._id] = i
+            self._add_program(prog, "compilation.programs[%d]" % i)
+            self.progress.tick()
+        self.n_listed = len(programs)
+        self.extra_programs = []
+
+    def _add_program(self, prog, field):
+        p = len(self.p_name)
+        T, np = self.tiles, NUMPY
+        kind = str(prog.type.name)
+        self.p_name.append(str(prog.name))
+        self.p_kind.append(kind)
+        if len(prog.children) == 0:
+            self.rows["control_code"].add(self._tile_values(prog.controlCodeByTile, field + ".controlCodeByTile"), p)
+        estimate = float("nan")
+        count = np.zeros(T, np.int64) if np is not None else [0] * T
+        if kind == "DoExchange":
+            self.rows["exchange_code"].add(self._tile_values(prog.codeBytesByTile, field + ".codeBytesByTile"), p)
+            estimate = self._estimate(getattr(prog, "estimatedCyclesByTile", None), field + ".estimatedCyclesByTile")
+        elif kind == "OnTileExecute":
+            cs = prog.computeset
+            state = np.zeros(T, np.int64) if np is not None else [0] * T
+            for k, vx in enumerate(cs.vertices):
+                vtype = vx.type
+                name = str(vtype.name)
+                counts = self._tile_values(vx.countByTile, "%s.computeset.vertices[%d].countByTile" % (field, k))
+                size = int(vtype.size)
+                sizes = self.code_by_type.get(name)
+                if np is not None:
+                    count += counts
+                    state += counts * size
+                    code = np.where(counts > 0, sizes, 0) if sizes is not None else None
+                    has_code = code is not None and code.any()
+                else:
+                    count = [a + b for a, b in zip(count, counts)]
+                    state = [a + b * size for a, b in zip(state, counts)]
+                    code = [s if c > 0 else 0 for s, c in zip(sizes, counts)] if sizes is not None else None
+                    has_code = code is not None and any(code)
+                if has_code:
+                    t = self.vertex_type_index.get(name)
+                    if t is None:
+                        t = self.vertex_type_index[name] = len(self.vertex_types)
+                        self.vertex_types.append(name)
+                    self.rows["vertex_code"].add(code, p, t)
+            self.rows["vertex_state"].add(state, p)
+            estimate = self._estimate(getattr(cs, "estimatedCyclesByTile", None),
+                                      field + ".computeset.estimatedCyclesByTile")
+        self.p_estimate.append(estimate)
+        self.p_vertices.append(int(sum(count)) if np is None else int(count.sum()))
+        most = max([0] + count) if np is None else int(count.max(initial=0))
+        self.p_fallback.append(float(most) * CYCLES_PER_VERTEX)
+        return p
+
+    def _tile_values(self, values, field):
+        return _per_tile(values, self.tiles, field, self.num_tiles)
+
+    def _estimate(self, values, field):
+        if values is None or len(values) == 0:
+            return float("nan")
+        peak = max(float(x) for x in _per_tile(values, self.tiles, field, self.num_tiles, floats=True))
+        peak = max(peak, 0.0)
+        return peak if peak > 0 else float("nan")
+
+    def _program_index(self, prog):
+        key = prog._id
+        idx = self.program_index.get(key)
+        if idx is None:
+            idx = self.program_index[key] = self.n_listed + len(self.extra_programs)
+            self.extra_programs.append(prog)
+        return idx
+
+    # -- ground truth ----------------------------------------------------------------------------------
+    def _ground_truth(self, steps_raw):
+        if self.gt is None:
+            return
+        g = self.gt
+        always, peak = g.pop("always_live"), g.pop("not_always_live")
+        if self.gt_total is not None:
+            always, warning = reconcile(always, peak, g, self.gt_total)
+            if warning:
+                self.warnings.append(warning)
+        self.gt_always, self.gt_peak, self.gt_categories = always, peak, g
+        self.gt_step_tiles, self.gt_step_bytes = [], []
+        if self.S and hasattr(steps_raw[0], "notAlwaysLiveMemoryForTile"):
+            total = [always[t] + peak[t] + sum(v[t] for v in g.values()) for t in range(self.tiles)]
+            top = trace_tiles(total)
+            rows = [array.array("q", [0] * self.S) for _ in top]
+            for i, step in enumerate(steps_raw):
+                for k, t in enumerate(top):
+                    rows[k][i] = _integer(step.notAlwaysLiveMemoryForTile(t).bytes)
+            self.gt_step_tiles, self.gt_step_bytes = top, rows
+
+    # -- variables and liveness -------------------------------------------------------------------------
+    def _read_variables(self, brief):
+        T, S, num_tiles = self.tiles, self.S, self.num_tiles
+        n = len(brief)
+        self.var_ids = array.array("q")
+        target = array.array("q")                         # index among the kept variables, -1: elsewhere
+        v_bytes, v_tile = self.spill(INT), self.spill(INT)
+        v_always, v_live = self.spill(BOOL), self.spill(INT)
+        classes = {}                                      # class id -> (always, liveness class)
+        self.patterns, self.intervals = {}, []
+        kept = 0
+        block = 1 << 16
+        for start in range(0, n, block):
+            b_bytes, b_tile, b_always, b_live = [], [], [], []
+            for i in range(start, min(n, start + block)):
+                var = brief[i]
+                vid, nbytes, tile = _integer(var.id), _integer(var.bytes), _integer(var.tileId)
+                cls = var.equivalenceClass
+                cid = _integer(cls.id)
+                if not 0 <= tile < num_tiles:
+                    raise ReportError("loweredVariables.allBriefVars[%d].tileId" % i,
+                                      "a tile index in 0..%d" % (num_tiles - 1), tile)
+                self.var_ids.append(vid)
+                if tile >= T:
+                    target.append(-1)
+                    continue
+                target.append(kept)
+                kept += 1
+                found = classes.get(cid)
+                if found is None:
+                    found = classes[cid] = self._liveness(cls, S)
+                b_bytes.append(nbytes)
+                b_tile.append(tile)
+                b_always.append(found[0])
+                b_live.append(found[1])
+            v_bytes.extend(b_bytes)
+            v_tile.extend(b_tile)
+            v_always.extend(b_always)
+            v_live.extend(b_live)
+            self.progress.tick(min(n, start + block) - start)
+        self.columns_var = (v_bytes, v_tile, v_always, v_live)
+        self.n_vars = kept
+        self._index_ids(target)
+
+    def _liveness(self, cls, steps):
+        pattern = clean_intervals([(s.start, s.end) for s in cls.steps], steps)
+        if steps == 0 or pattern == ((0, steps),):
+            return True, -1
+        if not pattern:
+            return False, -1
+        idx = self.patterns.get(pattern)
+        if idx is None:
+            idx = self.patterns[pattern] = len(self.intervals)
+            self.intervals.append(pattern)
+        return False, idx
+
+    def _index_ids(self, target):
+        """Sorted variable ids and the kept index of each, for the operations' look-ups."""
+        ids = self.var_ids
+        ascending = all(ids[i] < ids[i + 1] for i in range(len(ids) - 1)) if NUMPY is None else \
+            bool(len(ids) < 2 or (NUMPY.diff(NUMPY.frombuffer(ids, NUMPY.int64)) > 0).all())
+        if ascending:
+            self.sorted_ids, self.sorted_target = ids, target
+            return
+        if NUMPY is not None:
+            a = NUMPY.frombuffer(ids, NUMPY.int64)
+            order = NUMPY.argsort(a, kind="stable")
+            sorted_ids = a[order]
+            dup = NUMPY.flatnonzero(sorted_ids[1:] == sorted_ids[:-1])
+            if len(dup):
+                raise ReportError("loweredVariables.allBriefVars.id", "distinct variable ids", int(sorted_ids[dup[0]]))
+            self.sorted_ids = sorted_ids
+            self.sorted_target = NUMPY.frombuffer(target, NUMPY.int64)[order]
+            return
+        order = sorted(range(len(ids)), key=ids.__getitem__)
+        self.sorted_ids = array.array("q", (ids[i] for i in order))
+        self.sorted_target = array.array("q", (target[i] for i in order))
+        for i in range(len(order) - 1):
+            if self.sorted_ids[i] == self.sorted_ids[i + 1]:
+                raise ReportError("loweredVariables.allBriefVars.id", "distinct variable ids", self.sorted_ids[i])
+
+    def _lookup(self, ids):
+        """The kept index of each id (None: not a brief variable's id)."""
+        import bisect
+        if NUMPY is not None and len(self.sorted_ids):
+            np = NUMPY
+            ids = np.array(ids, np.int64)
+            sorted_ids = self.sorted_ids if hasattr(self.sorted_ids, "dtype") else np.frombuffer(self.sorted_ids,
+                                                                                                  np.int64)
+            target = self.sorted_target if hasattr(self.sorted_target, "dtype") else np.frombuffer(self.sorted_target,
+                                                                                                   np.int64)
+            pos = np.minimum(np.searchsorted(sorted_ids, ids), len(sorted_ids) - 1)
+            found = sorted_ids[pos] == ids
+            return [int(target[p]) if f else None for p, f in zip(pos.tolist(), found.tolist())]
+        out = []
+        sorted_ids, target = self.sorted_ids, self.sorted_target
+        n = len(sorted_ids)
+        for vid in ids:
+            pos = bisect.bisect_left(sorted_ids, vid)
+            out.append(int(target[pos]) if pos < n and sorted_ids[pos] == vid else None)
+        return out
+
+    # -- operations ----------------------------------------------------------------------------------
+    def _read_operations(self, operations):
+        n = len(operations)
+        S = self.S
+        self.op_names, self.op_inputs, self.op_debug = [], [], array.array("q")
+        self.op_first, self.op_last = array.array("q"), array.array("q")
+        self.op_vars, self.op_programs = self.spill(INT), self.spill(INT)
+        self.op_vars_offsets, self.op_programs_offsets = array.array("q", [0]), array.array("q", [0])
+        bad_steps = unknown = 0
+        get = self.contexts.get if self.contexts is not None else None
+        for i in range(n):
+            op = operations[i]
+            dc = op.debugContext
+            did = _integer(dc.id)
+            self.op_debug.append(did)
+            doc = load_json(getattr(dc, "json", None))
+            raw = str(op.name)
+            user = None
+            if raw == "" and not doc.get("tensorId"):
+                user = as_text(doc.get("op_name")) or as_text(doc.get("opName"))
+                if user is None and get is not None:
+                    user = user_op_name(get, did)
+            self.op_names.append(operation_name(raw, doc, user))
+            ins = json_inputs(doc)
+            if not ins and get is not None:
+                ins = nearest_inputs(get, did)
+            self.op_inputs.append(ins)
+            progs = [self._program_index(pr) for pr in op.programs()]
+            self.op_programs.extend(progs)
+            self.op_programs_offsets.append(self.op_programs_offsets[-1] + len(progs))
+            found = self._lookup([_integer(v._id) for v in op.vars])
+            unknown += sum(1 for x in found if x is None)
+            kept = [x for x in found if x is not None and x >= 0]
+            self.op_vars.extend(kept)
+            self.op_vars_offsets.append(self.op_vars_offsets[-1] + len(kept))
+            f, l = _integer(op.firstStepIndex), _integer(op.lastStepIndex)
+            if 0 <= f <= l < S:
+                self.op_first.append(f)
+                self.op_last.append(l)
+            else:
+                bad_steps += 1
+                self.op_first.append(-1)
+                self.op_last.append(-1)
+            self.progress.tick()
+        self.op_warnings = operation_warnings(bad_steps, S, unknown)
+
+    # -- the compact file ------------------------------------------------------------------------------
+    def info(self):
+        base = os.path.basename(self.path)
+        stem = os.path.splitext(base)[0]
+        parent = os.path.basename(os.path.dirname(self.path))
+        estimates = [x for x in self.p_estimate if not math.isnan(x)]
+        description = "PopVision profile " + base
+        if self.debug_path is not None:
+            description += " with " + os.path.basename(self.debug_path)
+        return collections.OrderedDict([
+            ("name", parent if stem == "profile" and parent else stem), ("source", "popvision"),
+            ("description", description), ("synthetic", False),
+            ("compute_source", compute_source(bool(estimates), len(self.p_estimate) - len(estimates))),
+            ("warnings", self.warnings + self.op_warnings)])
+
+    def write(self, fileobj):
+        w = CompactWriter(fileobj)
+        estimates = any(not math.isnan(x) for x in self.p_estimate)
+        cycles = array.array("d", self.p_estimate if estimates else self.p_fallback)
+        categories = None if self.gt is None else list(self.gt_categories)
+        w.raw_bytes("header", header_bytes(self.target, "cycles", self.info(), categories))
+        w.strings("steps", self.steps)
+        w.strings("names", [])
+        v_bytes, v_tile, v_always, v_live = self.columns_var
+        self._check_bytes("loweredVariables.allBriefVars", v_bytes)
+        w.values("var_bytes", v_bytes)
+        w.values("var_tile", v_tile)
+        w.values("var_always_live", v_always)
+        w.values("var_live_class", v_live)
+        w.values("var_name", array.array("q", [-1]) * self.n_vars)
+        offsets, flat = array.array("q", [0]), array.array("q")
+        for pattern in self.intervals:
+            for start, end in pattern:
+                flat.extend((start, end))
+            offsets.append(len(flat) // 2)
+        w.values("live_offsets", offsets)
+        w.values("live_intervals", flat, shape=(len(flat) // 2, 2))
+        w.strings("program_name", self.p_name)
+        w.strings("program_kind", self.p_kind)
+        w.strings("vertex_types", self.vertex_types)
+        w.values("program_cycles", cycles)
+        w.values("program_vertices", array.array("q", self.p_vertices))
+        vc = self.rows["vertex_code"]
+        for name, spill in (("program", vc.keys[0]), ("tile", vc.tile), ("type", vc.keys[1]), ("bytes", vc.bytes)):
+            w.values("vertex_code_" + name, spill)
+        self._check_bytes("compilation.programs", vc.bytes)
+        for cat in ("vertex_state", "exchange_code", "control_code"):
+            rows = self.rows[cat]
+            self._check_bytes("compilation.programs", rows.bytes)
+            for name, spill in (("program", rows.keys[0]), ("tile", rows.tile), ("bytes", rows.bytes)):
+                w.values("%s_%s" % (cat, name), spill)
+        w.strings("op_name", self.op_names)
+        w.strings("op_layer", [""] * len(self.op_names))
+        w.values("op_has_layer", [False] * len(self.op_names))
+        w.strings("op_inputs", [x for row in self.op_inputs for x in row])
+        w.values("op_inputs_count", array.array("q", [len(row) for row in self.op_inputs]))
+        w.values("op_debug_id", self.op_debug)
+        w.values("op_first_step", self.op_first)
+        w.values("op_last_step", self.op_last)
+        w.values("op_compute", array.array("d", [float("nan")]) * len(self.op_names))
+        w.values("op_vars_offsets", self.op_vars_offsets)
+        w.values("op_vars", self.op_vars)
+        w.values("op_programs_offsets", self.op_programs_offsets)
+        w.values("op_programs", self.op_programs)
+        if self.gt is not None:
+            w.values("gt_always_live", array.array("q", self.gt_always))
+            w.values("gt_not_always_live", array.array("q", self.gt_peak))
+            w.values("gt_step_tiles", array.array("q", self.gt_step_tiles))
+            trace = array.array("q")
+            for row in self.gt_step_bytes:
+                trace.extend(row)
+            w.values("gt_step_bytes", trace, shape=(len(self.gt_step_bytes), self.S if self.gt_step_bytes else 0))
+            for k, values in enumerate(self.gt_categories.values()):
+                w.values("gt_category_%d" % k, array.array("q", values))
+        w.close()
+
+    @staticmethod
+    def _check_bytes(field, spill):
+        low = spill.range()[0]
+        if low is not None and low < 0:
+            raise ReportError(field, "byte counts >= 0", low)
+
+
+def _integer(value):
+    """An integer field of a libpva object (a bool, a float or text is a damaged report)."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        if hasattr(value, "__index__") and not isinstance(value, bool):
+            return value.__index__()
+        raise TypeError("expected an integer, got %s" % type(value).__name__)
+    return value
+
+
+class ExportError(Exception):
+    """A one-line error for the user (a missing file, libpva missing, a damaged report)."""
+
+
+def import_pva():
+    try:
+        import pva
+    except (ImportError, RuntimeError) as exc:
+        raise ExportError("cannot import libpva (the Python module pva) in this Python (%s): enable the Poplar SDK "
+                          "with `source <sdk>/enable.sh` and run this file with the SDK's python3" % one_line(exc))
+    return pva
+
+
+def export(profile_path, debug_path, output, progress=None, pva=None):
+    """Read ``profile_path`` (and ``debug_path``, or None) through libpva and write the compact
+    file ``output`` atomically. ``progress``: a text stream for progress lines (None: quiet).
+    Returns the Exporter (counts and warnings)."""
+    for path, what in ((profile_path, "a PopVision profile.pop"),
+                       (debug_path, "the debug.cbor written next to profile.pop")):
+        if path is not None and not os.path.isfile(path):
+            raise ExportError("%s: %s (expected %s)" % (path, "no such file" if not os.path.exists(path)
+                                                        else "not a file", what))
+    directory = os.path.dirname(os.path.abspath(output))
+    if not os.path.isdir(directory):
+        raise ExportError("%s: cannot write: folder %s does not exist" % (output, directory))
+    if pva is None:
+        pva = import_pva()
+    try:
+        report = pva.openReport(str(profile_path), None if debug_path is None else str(debug_path))
+    except Exception as exc:  # libpva raises its own exception types for unreadable reports
+        raise ExportError("%s: libpva could not open the report: %s" % (profile_path, one_line(exc)))
+    exporter = Exporter(pva, report, str(profile_path), None if debug_path is None else str(debug_path), progress)
+    try:
+        try:
+            exporter.read()
+        except ReportError as exc:
+            raise ExportError("%s: %s" % (profile_path, one_line(exc)))
+        except DebugShapeError as exc:
+            raise ExportError("%s: expected %s" % (debug_path, one_line(exc)) if not exc.field else
+                              "%s: %s" % (debug_path, one_line(exc)))
+        except CborEOF as exc:
+            raise ExportError("%s: expected %s, got a truncated file (%s)" % (debug_path, DEBUG_SHAPE, one_line(exc)))
+        except CborError as exc:
+            raise ExportError("%s: expected %s, got corrupt CBOR (%s)" % (debug_path, DEBUG_SHAPE, one_line(exc)))
+        except (AttributeError, TypeError, ValueError, OverflowError, IndexError, KeyError) as exc:
+            raise ExportError("%s: %s: expected objects with the attributes and integer values libpva gives, got "
+                              "%s: %s" % (profile_path, exporter.part, type(exc).__name__, one_line(exc)))
+        _write_atomically(output, exporter.write)
+    finally:
+        exporter.close()
+    return exporter
+
+
+def _write_atomically(path, write):
+    """``write(binary file)`` into a temporary file beside ``path``, renamed over it at the end;
+    on any error the temporary file is removed and ``path`` is left as it was."""
+    fd, tmp = tempfile.mkstemp(prefix="." + os.path.basename(path) + ".", suffix=".tmp",
+                               dir=os.path.dirname(os.path.abspath(path)))
+    try:
+        with os.fdopen(fd, "w+b") as handle:
+            write(handle)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def main(argv=None):
+    import argparse
+    parser = argparse.ArgumentParser(
+        prog="pva_export.py", description="Export a PopVision profile (profile.pop + debug.cbor) to a stagesplit "
+        "compact file, in the Poplar SDK's Python (3.6+; needs libpva, the module pva).")
+    parser.add_argument("profile", metavar="profile.pop")
+    parser.add_argument("debug", metavar="debug.cbor", nargs="?", help="the debug.cbor written next to profile.pop "
+                        "(gives operations without a name their user-level names)")
+    parser.add_argument("-o", "--output", required=True, metavar="FILE.stagesplit", help="the compact file to write")
+    parser.add_argument("-q", "--quiet", action="store_true", help="no progress lines")
+    args = parser.parse_args(argv)
+    try:
+        done = export(args.profile, args.debug, args.output, progress=None if args.quiet else sys.stderr)
+    except (ExportError, OSError) as exc:
+        sys.stderr.write("pva_export: error: %s\n" % one_line(exc))
+        return 2
+    for warning in done.warnings + done.op_warnings:
+        sys.stderr.write("pva_export: warning: %s\n" % warning)
+    sys.stderr.write("wrote %s: %s variables, %s operations, %s programs, %s steps\n" % (
+        args.output, "{:,}".format(done.n_vars), "{:,}".format(len(done.op_names)), "{:,}".format(len(done.p_name)),
+        "{:,}".format(done.S)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
