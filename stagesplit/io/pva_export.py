@@ -704,6 +704,8 @@ def read_debug_records(stream):
     (a debug.cbor runs to hundreds of megabytes: the contexts are never all held as maps)."""
     reader = CborReader(stream)
     major, count = reader.head()
+    if major == 7 and count is None:
+        raise CborError("a break outside an indefinite-length item")
     if major != 5:
         raise DebugShapeError("", DEBUG_SHAPE, "a CBOR " + {0: "int", 1: "int", 2: "bytes", 3: "str", 4: "list",
                                                              6: "tag", 7: "simple value"}.get(major, "item"))
@@ -1495,8 +1497,8 @@ def export(profile_path, debug_path, output, progress=None, pva=None):
         except ReportError as exc:
             raise ExportError("%s: %s" % (profile_path, one_line(exc)))
         except DebugShapeError as exc:
-            raise ExportError("%s: expected %s" % (debug_path, one_line(exc)) if not exc.field else
-                              "%s: %s" % (debug_path, one_line(exc)))
+            raise ExportError("%s: %sexpected %s%s" % (debug_path, exc.field + ": " if exc.field else "", exc.expected,
+                                                       "" if exc.got is None else ", got %r" % (exc.got,)))
         except CborEOF as exc:
             raise ExportError("%s: expected %s, got a truncated file (%s)" % (debug_path, DEBUG_SHAPE, one_line(exc)))
         except CborError as exc:
