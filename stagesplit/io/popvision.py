@@ -69,6 +69,7 @@ from __future__ import annotations
 
 import math
 import os
+import shlex
 from itertools import islice
 from operator import attrgetter
 from pathlib import Path
@@ -92,10 +93,10 @@ WORKERS_VARIABLE = "STAGESPLIT_READ_WORKERS"
 CATEGORIES = dict(rules.CATEGORIES)
 CYCLES_PER_VERTEX = rules.CYCLES_PER_VERTEX
 TRACE_TILES = rules.TRACE_TILES
-LIBPVA_HELP = ("reading profile.pop needs the Poplar SDK's libpva (the Python module pva){detail}: enable the SDK "
-               "with `source <sdk>/enable.sh` and run stagesplit with that same Python, or run `stagesplit convert "
-               "profile.pop debug.cbor -o model.stagesplit` where the SDK is installed and use model.stagesplit "
-               "anywhere")
+LIBPVA_HELP = ("reading profile.pop needs the Poplar SDK's libpva (the Python module pva){detail}: where the SDK "
+               "is, run the standalone exporter with the SDK's own Python (3.6 or newer, after `source "
+               "<sdk>/enable.sh`): copy {exporter} there and run `python3 pva_export.py {files} -o model.stagesplit`, "
+               "then use model.stagesplit here")
 
 Progress = Callable[[int, int], None]
 
@@ -114,7 +115,7 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
     if debug_path is not None:
         debug_path = Path(debug_path)
         _check_file(debug_path, "the debug.cbor written next to profile.pop")
-    pva = import_pva()
+    pva = import_pva(profile_path, debug_path)
     debug = read_debug_cbor(debug_path) if debug_path is not None else None
     try:
         report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
@@ -149,13 +150,16 @@ def _workers_from_environment() -> int | None:
     return int(text)
 
 
-def import_pva():
-    """The ``pva`` module, or a one-line StagesplitError saying how to get it."""
+def import_pva(profile_path: str | Path = "profile.pop", debug_path: str | Path | None = "debug.cbor"):
+    """The ``pva`` module, or a one-line StagesplitError saying how to export the report where
+    the SDK is: the exporter file to copy and the exact command for these files."""
     try:
         import pva
     except (ImportError, RuntimeError) as exc:
-        detail = _one_line(exc)
-        raise StagesplitError(LIBPVA_HELP.format(detail=f", which could not be imported ({detail})")) from None
+        from . import pva_export
+        files = " ".join(shlex.quote(str(p)) for p in (profile_path, debug_path) if p is not None)
+        raise StagesplitError(LIBPVA_HELP.format(detail=f", which could not be imported ({_one_line(exc)})",
+                                                 exporter=pva_export.__file__, files=files)) from None
     return pva
 
 
