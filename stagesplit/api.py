@@ -508,8 +508,8 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
                layers: int | None = None, piece_bytes: int | None = None, programs_per_op: int | None = None,
                events: Events | None = None) -> Profile:
     """A synthetic profile (labelled synthetic) of ``family`` (bert-base, bert-large, gpt, cnn)."""
-    from .io import save_profile
-    from .io.synth import FAMILIES, synthesize as make
+    from .io import COMPACT_SUFFIXES, save_profile
+    from .io.synth import FAMILIES, synthesize as make, write_synthetic
     events = _events(events)
     if family not in FAMILIES:
         raise OptionError("family", f"expected one of {', '.join(FAMILIES)}, got {short_repr(family)}")
@@ -523,11 +523,15 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
         params["layers"] = integer("layers", layers, 1, 10_000)
     piece_bytes = integer("piece_bytes", piece_bytes, 1, 2**40, optional=True)
     programs_per_op = integer("programs_per_op", programs_per_op, 1, 1000, optional=True)
+    options = dict(seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
     events.start(f"synthesizing {family}")
-    profile = make(family, target, seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
+    if output is not None and Path(output).suffix in COMPACT_SUFFIXES:    # streamed: bounded memory at any size
+        profile = write_synthetic(output, family, target, **options)
+    else:
+        profile = make(family, target, **options)
+        if output is not None:
+            save_profile(profile, output)
     events.done()
-    if output is not None:
-        save_profile(profile, output)
     return profile
 
 

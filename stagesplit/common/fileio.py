@@ -5,7 +5,9 @@ from __future__ import annotations
 
 import os
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import BinaryIO, Iterator
 
 from ..errors import StagesplitError
 from .interrupt import deferred_signals
@@ -41,6 +43,39 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         except BaseException:
             _remove(tmp)
             raise
+
+
+@contextmanager
+def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
+    """A binary file to write ``path`` through, for output too large to hold as one bytes
+    object: a temporary file beside it, renamed over it when the block ends without an error
+    (as ``atomic_write_bytes`` does); an error or Ctrl-C while writing removes it and leaves
+    the old file as it was."""
+    path = Path(path)
+    directory = path.parent if str(path.parent) else Path(".")
+    if not directory.is_dir():
+        problem = "is not a folder" if directory.exists() else "does not exist"
+        raise StagesplitError(f"{show(path)}: cannot write: folder {show(directory)} {problem}")
+    try:
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+    except OSError as exc:
+        raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
+    try:
+        with os.fdopen(fd, "w+b") as handle:
+            yield handle
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.chmod(tmp, 0o644)
+        with deferred_signals() as interrupted:
+            if interrupted():
+                raise KeyboardInterrupt
+            os.replace(tmp, path)
+    except OSError as exc:
+        _remove(tmp)
+        raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
+    except BaseException:
+        _remove(tmp)
+        raise
 
 
 def _remove(tmp: str) -> None:

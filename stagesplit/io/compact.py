@@ -12,19 +12,19 @@ import json
 import zipfile
 import zlib
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable, Iterator, Mapping
 
 import numpy as np
 
 from ..errors import ProfileError
-from ..common.fileio import atomic_write_bytes
+from ..common.fileio import atomic_output
 from ..common.safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
+from .compactformat import (BOOL, DESCR, FLOAT64, FORMAT, INFO_KEYS, INT, INT64, KIND_LETTER, VERSION,
+                            CompactWriter, column_for, header_bytes)
 from ..common.fields import FieldReader
 from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode, narrowest_int)
 
-FORMAT = "stagesplit-compact"
-VERSION = 1
 # what a damaged zip member can raise while it is read (bad CRC, bad deflate stream, cut short, an
 # unsupported or encrypted member); object arrays raise ValueError as pickling is disabled
 _READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
@@ -37,68 +37,102 @@ def _encode_strings(items: list[str]) -> tuple[np.ndarray, np.ndarray]:
     return np.frombuffer(b"".join(encoded), dtype=np.uint8).copy(), offsets
 
 
-def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
+def profile_header(p: Profile) -> bytes:
+    """The ``header`` array of ``p``'s compact file."""
     t = p.target
+    gt = p.ground_truth
+    target = {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile,
+              "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s, "flops_per_s": t.flops_per_s,
+              "memory_bytes_per_s": t.memory_bytes_per_s, "description": t.description}
+    info = {"name": p.info.name, "source": p.info.source, "description": p.info.description,
+            "synthetic": p.info.synthetic, "compute_source": p.info.compute_source, "warnings": list(p.info.warnings)}
+    return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
+
+
+def profile_columns(p: Profile, costs: Mapping[str, Any] | None = None) -> Iterator[tuple[str, Any]]:
+    """``(name, value)`` for every array of ``p``'s compact file, in the format's order: the
+    header as bytes, a string table (``name`` without ``_blob``/``_offsets``) as a list of
+    strings, anything else as a numpy array as the profile holds it (the writer stores it as
+    the format says). ``costs`` replaces the per-program cost arrays (``vertex_code_*`` and the
+    three categories' ``*_program``/``*_tile``/``*_bytes``) by name, for a writer that streams
+    them from elsewhere (``Spill`` columns)."""
     ops = p.operations
     gt = p.ground_truth
-    header = {
-        "format": FORMAT, "version": VERSION,
-        "target": {"name": t.name, "kind": t.kind, "tiles": t.tiles, "bytes_per_tile": t.bytes_per_tile,
-                   "clock_hz": t.clock_hz, "link_bytes_per_s": t.link_bytes_per_s, "flops_per_s": t.flops_per_s,
-                   "memory_bytes_per_s": t.memory_bytes_per_s, "description": t.description},
-        "compute_unit": p.compute_unit,
-        "info": {"name": p.info.name, "source": p.info.source, "description": p.info.description,
-                 "synthetic": p.info.synthetic, "compute_source": p.info.compute_source,
-                 "warnings": list(p.info.warnings)},
-        "ground_truth_categories": list(gt.categories) if gt is not None else None,
-    }
-    arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8).copy()}
-
-    def strings(key: str, items: list[str]) -> None:
-        arrays[f"{key}_blob"], arrays[f"{key}_offsets"] = _encode_strings(items)
-
-    strings("steps", p.steps)
-    strings("names", p.names)
     v = p.variables
-    arrays.update(var_bytes=narrowest_int(v.bytes), var_tile=narrowest_int(v.tile), var_always_live=v.always_live.astype(bool),
-                  var_live_class=narrowest_int(v.live_class), var_name=narrowest_int(v.name),
-                  live_offsets=p.liveness.intervals.offsets.astype(np.int64),
-                  live_intervals=narrowest_int(p.liveness.intervals.values.reshape(-1, 2)))
     pr = p.programs
-    strings("program_name", pr.name)
-    strings("program_kind", pr.kind)
-    strings("vertex_types", pr.vertex_types)
-    arrays.update(program_cycles=pr.cycles.astype(float), program_vertices=narrowest_int(pr.vertices))
+    yield "header", profile_header(p)
+    yield "steps", p.steps
+    yield "names", p.names
+    yield from (("var_bytes", v.bytes), ("var_tile", v.tile), ("var_always_live", v.always_live),
+                ("var_live_class", v.live_class), ("var_name", v.name),
+                ("live_offsets", p.liveness.intervals.offsets),
+                ("live_intervals", p.liveness.intervals.values.reshape(-1, 2)))
+    yield from (("program_name", pr.name), ("program_kind", pr.kind), ("vertex_types", pr.vertex_types),
+                ("program_cycles", pr.cycles), ("program_vertices", pr.vertices))
     vc = pr.vertex_code
-    arrays.update(vertex_code_program=narrowest_int(vc.program), vertex_code_tile=narrowest_int(vc.tile),
-                  vertex_code_type=narrowest_int(vc.vertex_type), vertex_code_bytes=narrowest_int(vc.bytes))
-    for cat, costs in pr.categories().items():
-        arrays.update({f"{cat}_program": narrowest_int(costs.program), f"{cat}_tile": narrowest_int(costs.tile),
-                       f"{cat}_bytes": narrowest_int(costs.bytes)})
-    strings("op_name", ops.name)
-    strings("op_layer", [l or "" for l in ops.layer])
-    arrays["op_has_layer"] = np.array([l is not None for l in ops.layer], bool)
-    strings("op_inputs", [x for row in ops.inputs for x in row])
-    arrays["op_inputs_count"] = narrowest_int(np.array([len(row) for row in ops.inputs], np.int64))
-    arrays.update(op_debug_id=ops.debug_id.astype(np.int64), op_first_step=narrowest_int(ops.first_step),
-                  op_last_step=narrowest_int(ops.last_step), op_compute=ops.compute.astype(float),
-                  op_vars_offsets=ops.vars.offsets.astype(np.int64), op_vars=narrowest_int(ops.vars.values),
-                  op_programs_offsets=ops.programs.offsets.astype(np.int64),
-                  op_programs=narrowest_int(ops.programs.values))
+    held = [("vertex_code_program", vc.program), ("vertex_code_tile", vc.tile), ("vertex_code_type", vc.vertex_type),
+            ("vertex_code_bytes", vc.bytes)]
+    for cat, tile_costs in pr.categories().items():
+        held += [(f"{cat}_program", tile_costs.program), (f"{cat}_tile", tile_costs.tile), (f"{cat}_bytes", tile_costs.bytes)]
+    for name, values in held:
+        yield name, (values if costs is None else costs[name])
+    yield "op_name", ops.name
+    yield "op_layer", [l or "" for l in ops.layer]
+    yield "op_has_layer", np.array([l is not None for l in ops.layer], bool)
+    yield "op_inputs", [x for row in ops.inputs for x in row]
+    yield from (("op_inputs_count", np.array([len(row) for row in ops.inputs], np.int64)),
+                ("op_debug_id", ops.debug_id), ("op_first_step", ops.first_step), ("op_last_step", ops.last_step),
+                ("op_compute", ops.compute), ("op_vars_offsets", ops.vars.offsets), ("op_vars", ops.vars.values),
+                ("op_programs_offsets", ops.programs.offsets), ("op_programs", ops.programs.values))
     if np.any(np.isfinite(ops.bytes_accessed)):      # optional: files without it load as unknown (NaN)
-        arrays["op_bytes_accessed"] = ops.bytes_accessed.astype(float)
+        yield "op_bytes_accessed", ops.bytes_accessed
     if gt is not None:
-        arrays.update(gt_always_live=gt.always_live.astype(np.int64), gt_not_always_live=gt.not_always_live.astype(np.int64),
-                      gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=narrowest_int(gt.step_bytes))
-        for k, (name, values) in enumerate(gt.categories.items()):
-            arrays[f"gt_category_{k}"] = values.astype(np.int64)
+        yield from (("gt_always_live", gt.always_live), ("gt_not_always_live", gt.not_always_live),
+                    ("gt_step_tiles", gt.step_tiles), ("gt_step_bytes", gt.step_bytes))
+        for k, values in enumerate(gt.categories.values()):
+            yield f"gt_category_{k}", values
+
+
+def _stored(name: str, values: np.ndarray) -> np.ndarray:
+    """``values`` in the type the format stores array ``name`` in."""
+    kind = column_for(name).kind
+    if kind == INT:
+        return narrowest_int(values)
+    return np.asarray(values).astype(DESCR[{INT64: "int64", FLOAT64: "float64", BOOL: "bool"}[kind]])
+
+
+def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
+    """Every array of ``p``'s compact file, as stored (``np.savez_compressed(**arrays)`` writes
+    the same file as ``write_compact``)."""
+    arrays: dict[str, np.ndarray] = {}
+    for name, value in profile_columns(p):
+        if name == "header":
+            arrays[name] = np.frombuffer(value, np.uint8).copy()
+        elif column_for(name) is None:                   # a string table
+            arrays[f"{name}_blob"], arrays[f"{name}_offsets"] = _encode_strings(value)
+        else:
+            arrays[name] = _stored(name, value)
     return arrays
 
 
+def write_columns(writer: CompactWriter, columns: Iterable[tuple[str, Any]]) -> None:
+    """Write ``profile_columns``-style items (numpy values, Spills) with ``writer``."""
+    for name, value in columns:
+        if name == "header":
+            writer.raw_bytes(name, value)
+        elif column_for(name) is None:
+            writer.strings(name, value)
+        else:
+            writer.values(name, value)
+
+
 def write_compact(profile: Profile, path: str | Path) -> None:
-    buffer = io.BytesIO()
-    np.savez_compressed(buffer, **profile_to_arrays(profile))
-    atomic_write_bytes(Path(path), buffer.getvalue())
+    """Write ``profile`` as a compact file, atomically, array by array (no copy of the whole
+    file in memory)."""
+    with atomic_output(Path(path)) as handle:
+        writer = CompactWriter(handle)
+        write_columns(writer, profile_columns(profile))
+        writer.close()
 
 
 class _Arrays:
@@ -108,10 +142,13 @@ class _Arrays:
         self.data = data
         self.source = source
 
-    def get(self, key: str, *, kind: str = "i", ndim: int = 1, narrow: bool = False) -> np.ndarray:
-        """The array ``key``; integers widened to int64 (kept as stored, at most int32, with
-        ``narrow``: the per-program code arrays are the bulk of a large profile, and their users
-        widen before any arithmetic that could overflow)."""
+    def get(self, key: str, *, narrow: bool = False) -> np.ndarray:
+        """The array ``key``, of the kind and dimensions the format gives it; integers widened to
+        int64 (kept as stored, at most int32, with ``narrow``: the per-program code arrays are
+        the bulk of a large profile, and their users widen before any arithmetic that could
+        overflow)."""
+        column = column_for(key)
+        kind, ndim = KIND_LETTER[column.kind], column.ndim
         if key not in self.data.files:
             raise ProfileError(self.source, key, "this array in a stagesplit compact profile (file incomplete)")
         try:
@@ -129,7 +166,7 @@ class _Arrays:
         return a
 
     def strings(self, key: str) -> list[str]:
-        blob = self.get(f"{key}_blob", kind="u")
+        blob = self.get(f"{key}_blob")
         offsets = self.get(f"{key}_offsets")
         if len(offsets) == 0 or offsets[0] != 0 or offsets[-1] != len(blob) or np.any(np.diff(offsets) < 0):
             raise ProfileError(self.source, f"{key}_offsets", "non-decreasing offsets from 0 to the blob's length")
@@ -215,7 +252,7 @@ def read_compact(path: str | Path, raw: bytes | None = None) -> Profile:
 
 
 def _read(a: _Arrays) -> Profile:
-    raw_header = a.get("header", kind="u").tobytes()
+    raw_header = a.get("header").tobytes()
     try:
         header = load_json(raw_header.decode("utf-8"), a.source)
     except (UnicodeDecodeError, ProfileError):
@@ -230,7 +267,7 @@ def _read(a: _Arrays) -> Profile:
     tspec = {k: v for k, v in r.mapping(header.get("target"), "header.target").items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
     info_spec = r.mapping(header.get("info", {}), "header.info")
-    r.known_keys(info_spec, "header.info", {"name", "source", "description", "synthetic", "compute_source", "warnings"})
+    r.known_keys(info_spec, "header.info", set(INFO_KEYS))
     info = ProfileInfo(**{k: r.string(info_spec.get(k, ""), f"header.info.{k}")
                           for k in ("name", "source", "description", "compute_source")},
                        synthetic=r.boolean(info_spec.get("synthetic", False), "header.info.synthetic"),
@@ -242,13 +279,13 @@ def _read(a: _Arrays) -> Profile:
     names = a.strings("names")
     nvars = len(a.get("var_bytes"))
     live_offsets = a.get("live_offsets")
-    intervals = a.get("live_intervals", ndim=2)
+    intervals = a.get("live_intervals")
     if intervals.shape[1:] != (2,) or len(live_offsets) < 1 or live_offsets[-1] != len(intervals):
         raise ProfileError(a.source, "live_intervals", "(K, 2) start/end pairs matching live_offsets")
     if live_offsets[0] != 0 or np.any(np.diff(live_offsets) < 0):
         raise ProfileError(a.source, "live_offsets", "non-decreasing offsets from 0")
     variables = Variables(bytes=a.get("var_bytes"), tile=a.get("var_tile"),
-                          always_live=a.get("var_always_live", kind="b"), live_class=a.get("var_live_class"),
+                          always_live=a.get("var_always_live"), live_class=a.get("var_live_class"),
                           name=a.get("var_name"))
     if any(len(x) != nvars for x in (variables.tile, variables.always_live, variables.live_class, variables.name)):
         raise ProfileError(a.source, "var_*", f"{nvars} entries in every variable array")
@@ -262,7 +299,7 @@ def _read(a: _Arrays) -> Profile:
                     a.get("vertex_code_type", narrow=True), a.get("vertex_code_bytes", narrow=True))
     if len({len(vc.program), len(vc.tile), len(vc.vertex_type), len(vc.bytes)}) != 1:
         raise ProfileError(a.source, "vertex_code_*", "arrays of equal length")
-    programs = Programs(name=prog_names, kind=a.strings("program_kind"), cycles=a.get("program_cycles", kind="f"),
+    programs = Programs(name=prog_names, kind=a.strings("program_kind"), cycles=a.get("program_cycles"),
                         vertices=a.get("program_vertices"), vertex_types=a.strings("vertex_types"), vertex_code=vc,
                         vertex_state=costs("vertex_state"), exchange_code=costs("exchange_code"),
                         control_code=costs("control_code"))
@@ -273,7 +310,7 @@ def _read(a: _Arrays) -> Profile:
     op_names = a.strings("op_name")
     nops = len(op_names)
     layer_names = a.strings("op_layer")
-    has_layer = a.get("op_has_layer", kind="b")
+    has_layer = a.get("op_has_layer")
     counts = a.get("op_inputs_count")
     flat_inputs = a.strings("op_inputs")
     if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops or counts.sum() != len(flat_inputs):
@@ -282,10 +319,10 @@ def _read(a: _Arrays) -> Profile:
     operations = Operations(
         name=op_names, debug_id=a.get("op_debug_id"),
         inputs=[tuple(flat_inputs[bounds[i]:bounds[i + 1]]) for i in range(nops)],
-        first_step=a.get("op_first_step"), last_step=a.get("op_last_step"), compute=a.get("op_compute", kind="f"),
+        first_step=a.get("op_first_step"), last_step=a.get("op_last_step"), compute=a.get("op_compute"),
         vars=a.ragged("op_vars_offsets", "op_vars", nops), programs=a.ragged("op_programs_offsets", "op_programs", nops),
         layer=[name if has else None for name, has in zip(layer_names, has_layer)],
-        bytes_accessed=(a.get("op_bytes_accessed", kind="f") if "op_bytes_accessed" in a.data.files
+        bytes_accessed=(a.get("op_bytes_accessed") if "op_bytes_accessed" in a.data.files
                         else np.full(nops, np.nan)))
 
     ground_truth = None
@@ -296,7 +333,7 @@ def _read(a: _Arrays) -> Profile:
         ground_truth = GroundTruth(
             always_live=a.get("gt_always_live"), not_always_live=a.get("gt_not_always_live"),
             categories={name: a.get(f"gt_category_{k}") for k, name in enumerate(categories)},
-            step_tiles=a.get("gt_step_tiles"), step_bytes=a.get("gt_step_bytes", ndim=2))
+            step_tiles=a.get("gt_step_tiles"), step_bytes=a.get("gt_step_bytes"))
     profile = Profile(target=target, steps=steps, names=names, variables=variables,
                       liveness=Liveness(Ragged(live_offsets, intervals)), programs=programs, operations=operations,
                       compute_unit=compute_unit, ground_truth=ground_truth, info=info)

@@ -29,19 +29,12 @@ from pathlib import Path
 from typing import Any, Iterator
 
 from ..errors import ProfileError, StagesplitError
+from .pva_export import (DEBUG_SHAPE, TENSOR_FIELDS, USER_OP_FIELDS, DebugShapeError, debug_records, lineage,
+                         nearest_inputs, user_op_name)
 
-#: layer -> (field holding the user-level operation name, field holding its type)
-USER_OP_FIELDS: dict[str, tuple[str, str]] = {
-    "xla_op": ("op_name", "op_type"),
-    "onnx": ("opName", "opType"),
-    "poptorch": ("op_name", "op_type"),
-}
-#: layer -> (field holding input tensor names, field holding output tensor names)
-TENSOR_FIELDS: dict[str, tuple[str, str]] = {
-    "onnx": ("input", "output"),
-    "popart": ("inputs", "outputs"),
-}
-_SHAPE = "one CBOR map with stringTable and contexts (a Poplar debug.cbor)"
+__all__ = ["DebugContextRecord", "DebugInfo", "read_debug_cbor", "USER_OP_FIELDS", "TENSOR_FIELDS"]
+
+_SHAPE = DEBUG_SHAPE
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,26 +74,15 @@ class DebugInfo:
 
     def lineage(self, context_id: int) -> Iterator[DebugContextRecord]:
         """The context and then its parents, nearest first (stops at a missing id or a cycle)."""
-        seen: set[int] = set()
-        record = self.get(context_id)
-        while record is not None and record.id not in seen:
-            seen.add(record.id)
-            yield record
-            record = None if record.parent is None else self.get(record.parent)
+        return lineage(self.get, context_id)
 
     def user_op_name(self, context_id: int) -> str | None:
         """The nearest user-level operation name (xla_op, onnx or poptorch layer)."""
-        for record in self.lineage(context_id):
-            if record.op_name:
-                return record.op_name
-        return None
+        return user_op_name(self.get, context_id)
 
     def inputs(self, context_id: int) -> tuple[str, ...]:
         """The nearest non-empty list of input tensor names."""
-        for record in self.lineage(context_id):
-            if record.inputs:
-                return record.inputs
-        return ()
+        return nearest_inputs(self.get, context_id)
 
 
 def read_debug_cbor(path: str | Path) -> DebugInfo:
@@ -134,79 +116,9 @@ def _one_line(exc: BaseException) -> str:
 
 
 def _records(doc: Any, path: Path) -> DebugInfo:
-    if not isinstance(doc, dict):
-        raise ProfileError(path, "", _SHAPE, f"a CBOR {type(doc).__name__}")
-    table = doc.get("stringTable")
-    if not isinstance(table, list):
-        raise ProfileError(path, "stringTable", "an array of strings", None if table is None else type(table).__name__)
-    if not all(isinstance(s, str) for s in table):
-        k = next(i for i, s in enumerate(table) if not isinstance(s, str))
-        raise ProfileError(path, f"stringTable[{k}]", "a string", table[k])
-    contexts = doc.get("contexts")
-    if not isinstance(contexts, list):
-        raise ProfileError(path, "contexts", "an array of debug contexts",
-                           None if contexts is None else type(contexts).__name__)
-    nstrings = len(table)
-
-    def text(value: Any, field: str) -> str | None:
-        if value is None:
-            return None
-        if isinstance(value, str):
-            return value
-        if isinstance(value, int) and not isinstance(value, bool):
-            if 0 <= value < nstrings:
-                return table[value]
-            raise ProfileError(path, field, f"a string or an index into stringTable (0..{nstrings - 1})", value)
-        raise ProfileError(path, field, "a string or a string-table index", value)
-
-    def names(value: Any, field: str) -> tuple[str, ...]:
-        if value is None:
-            return ()
-        if not isinstance(value, list):
-            value = [value]
-        out = []
-        for k, item in enumerate(value):
-            s = text(item, f"{field}[{k}]")
-            if s:
-                out.append(s)
-        return tuple(out)
-
-    def integer(value: Any, field: str) -> int | None:
-        if value is None:
-            return None
-        if isinstance(value, int) and not isinstance(value, bool):
-            return value
-        raise ProfileError(path, field, "an integer", value)
-
-    records = []
-    for i, ctx in enumerate(contexts):
-        where = f"contexts[{i}]"
-        if not isinstance(ctx, dict):
-            raise ProfileError(path, where, "a map (one debug context)", ctx)
-        cid = integer(ctx.get("id"), f"{where}.id")
-        layer = text(ctx.get("layer"), f"{where}.layer") or ""
-        op_field, type_field = USER_OP_FIELDS.get(layer, (None, None))
-        in_field, out_field = TENSOR_FIELDS.get(layer, ("inputs", "outputs"))
-        location = ctx.get("location")
-        if location is not None and not isinstance(location, dict):
-            raise ProfileError(path, f"{where}.location", "a map with fileName, functionName and lineNumber", location)
-        location = location or {}
-        instance = ctx.get("instanceId")
-        parent = integer(ctx.get("parentId"), f"{where}.parentId")
-        records.append(DebugContextRecord(
-            id=i if cid is None else cid,
-            index=i,
-            name=text(ctx.get("name"), f"{where}.name") or "",
-            parent=None if parent is None or parent < 0 else parent,
-            layer=layer,
-            category=text(ctx.get("category"), f"{where}.category") or "",
-            op_name=text(ctx.get(op_field), f"{where}.{op_field}") if op_field else None,
-            op_type=text(ctx.get(type_field), f"{where}.{type_field}") if type_field else None,
-            inputs=names(ctx.get(in_field), f"{where}.{in_field}"),
-            outputs=names(ctx.get(out_field), f"{where}.{out_field}"),
-            instance_id=None if instance is None else str(instance),
-            file=text(location.get("fileName"), f"{where}.location.fileName"),
-            function=text(location.get("functionName"), f"{where}.location.functionName"),
-            line=integer(location.get("lineNumber"), f"{where}.location.lineNumber"),
-        ))
-    return DebugInfo(path, records)
+    """The records of a decoded document, by the rules the standalone exporter applies too
+    (``pva_export.ContextRules``)."""
+    try:
+        return DebugInfo(path, [DebugContextRecord(*fields) for fields in debug_records(doc)])
+    except DebugShapeError as exc:
+        raise ProfileError(path, exc.field, exc.expected, exc.got) from None

@@ -67,9 +67,9 @@ How the report maps onto the Profile:
 
 from __future__ import annotations
 
-import json
 import math
 import os
+import shlex
 from itertools import islice
 from operator import attrgetter
 from pathlib import Path
@@ -82,28 +82,21 @@ from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, P
                        Variables, VertexCode, narrowest_int)
 from .debugcbor import DebugInfo, read_debug_cbor
 from .forked import ChildFailed, Forked, can_fork
+from . import pva_export as rules
+from .pva_export import operation_name
 
-CYCLES_PER_VERTEX = 100.0
-TRACE_TILES = 8
 #: reports with at least this many brief variables + PROGRAM_WEIGHT x programs are read by two processes
 PARALLEL_FROM = 200_000
 PROGRAM_WEIGHT = 64
 WORKERS_VARIABLE = "STAGESPLIT_READ_WORKERS"
 #: libpva memory category -> ground-truth category name
-CATEGORIES = {
-    "vertexCode": "vertex_code",
-    "internalExchangeCode": "internal_exchange_code",
-    "controlCode": "control_code",
-    "vertexInstanceState": "vertex_instance_state",
-    "vectorListDescriptor": "vector_list_descriptor",
-    "globalExchangeCode": "global_exchange_code",
-    "hostExchangeCode": "host_exchange_code",
-    "constant": "constant",
-}
-LIBPVA_HELP = ("reading profile.pop needs the Poplar SDK's libpva (the Python module pva){detail}: enable the SDK "
-               "with `source <sdk>/enable.sh` and run stagesplit with that same Python, or run `stagesplit convert "
-               "profile.pop debug.cbor -o model.stagesplit` where the SDK is installed and use model.stagesplit "
-               "anywhere")
+CATEGORIES = dict(rules.CATEGORIES)
+CYCLES_PER_VERTEX = rules.CYCLES_PER_VERTEX
+TRACE_TILES = rules.TRACE_TILES
+LIBPVA_HELP = ("reading profile.pop needs the Poplar SDK's libpva (the Python module pva){detail}: where the SDK "
+               "is, run the standalone exporter with the SDK's own Python (3.6 or newer, after `source "
+               "<sdk>/enable.sh`): copy {exporter} there and run `python3 pva_export.py {files} -o model.stagesplit`, "
+               "then use model.stagesplit here")
 
 Progress = Callable[[int, int], None]
 
@@ -122,7 +115,7 @@ def read_popvision(profile_path: str | Path, debug_path: str | Path | None = Non
     if debug_path is not None:
         debug_path = Path(debug_path)
         _check_file(debug_path, "the debug.cbor written next to profile.pop")
-    pva = import_pva()
+    pva = import_pva(profile_path, debug_path)
     debug = read_debug_cbor(debug_path) if debug_path is not None else None
     try:
         report = pva.openReport(str(profile_path), str(debug_path) if debug_path is not None else None)
@@ -157,13 +150,16 @@ def _workers_from_environment() -> int | None:
     return int(text)
 
 
-def import_pva():
-    """The ``pva`` module, or a one-line StagesplitError saying how to get it."""
+def import_pva(profile_path: str | Path = "profile.pop", debug_path: str | Path | None = "debug.cbor"):
+    """The ``pva`` module, or a one-line StagesplitError saying how to export the report where
+    the SDK is: the exporter file to copy and the exact command for these files."""
     try:
         import pva
     except (ImportError, RuntimeError) as exc:
-        detail = _one_line(exc)
-        raise StagesplitError(LIBPVA_HELP.format(detail=f", which could not be imported ({detail})")) from None
+        from . import pva_export
+        files = " ".join(shlex.quote(str(p)) for p in (profile_path, debug_path) if p is not None)
+        raise StagesplitError(LIBPVA_HELP.format(detail=f", which could not be imported ({_one_line(exc)})",
+                                                 exporter=pva_export.__file__, files=files)) from None
     return pva
 
 
@@ -178,45 +174,9 @@ def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or type(exc).__name__
 
 
-def _load_json(text: Any) -> dict:
-    if not text or not isinstance(text, (str, bytes)):
-        return {}
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return {}
-    return doc if isinstance(doc, dict) else {}
-
-
-def _as_text(value: Any) -> str | None:
-    if value is None or value == "":
-        return None
-    return value if isinstance(value, str) else str(value)
-
-
-def _json_inputs(doc: dict) -> tuple[str, ...]:
-    inputs = doc.get("inputs")
-    if isinstance(inputs, str):
-        inputs = [inputs]
-    if not isinstance(inputs, list):
-        return ()
-    return tuple(str(x) for x in inputs if isinstance(x, (str, int)) and not isinstance(x, bool) and str(x))
-
-
-def operation_name(name: str, doc: dict, user_op_name: str | None = None) -> str:
-    """A name for operations libpva names ``""`` or ``"Call"`` (see the module docstring)."""
-    if name not in ("", "Call"):
-        return name
-    tensor = _as_text(doc.get("tensorId"))
-    instance = _as_text(doc.get("instanceId"))
-    suffix = f"({instance})" if instance else ""
-    if name == "Call":
-        return f"Call{suffix}" + (f"/{tensor}" if tensor else "")
-    if tensor:
-        return f"Tensor{suffix}/{tensor}"
-    if user_op_name:
-        return user_op_name
-    return f"Anonymous{suffix}"
+_load_json = rules.load_json
+_as_text = rules.as_text
+_json_inputs = rules.json_inputs
 
 
 class _Reader:
@@ -265,9 +225,7 @@ class _Reader:
         if self.tiles < 1:
             raise ProfileError(self.source, "compilation.target.tilesPerIpu", "an integer >= 1", self.tiles)
         if ipus > 1 or replicas > 1:
-            self.warnings.append(
-                f"the profile spans {ipus} IPU(s) and {replicas} replica(s): only the first IPU's {self.tiles} tiles "
-                "(and the variables and code on them) were read")
+            self.warnings.append(rules.several_ipus_warning(ipus, replicas, self.tiles))
         clock = float(getattr(tgt, "clockFrequency", 0) or 0)
         target = Target(name="ipu", tiles=self.tiles, bytes_per_tile=int(tgt.bytesPerTile),
                         clock_hz=clock if clock > 0 else None, kind="ipu", link_bytes_per_s=None,
@@ -388,8 +346,7 @@ class _Reader:
         if len(tile_objs) < T:
             if len(tile_objs):
                 raise ProfileError(self.source, "compilation.tiles", f"{self.num_tiles} tiles", len(tile_objs))
-            self.warnings.append("the profile has no per-tile memory (compilation.tiles is empty): vertex code "
-                                 "and ground truth could not be read")
+            self.warnings.append(rules.NO_TILES_WARNING)
             return
         first = tile_objs[0].memory.category
         present = [(camel, snake) for camel, snake in CATEGORIES.items() if getattr(first, camel, None) is not None]
@@ -482,19 +439,7 @@ class _Reader:
                               live_class=live.astype(np.int64), name=np.full(len(kept), -1, np.int64))
         return variables, Liveness(Ragged.from_lists(intervals, dtype=np.int64, width=2))
 
-    @staticmethod
-    def _clean_intervals(raw: list, steps: int) -> tuple:
-        """Half-open intervals clipped to [0, steps], empty ones dropped, sorted, touching or
-        overlapping ones merged."""
-        out: list[list[int]] = []
-        for start, end in sorted((max(0, int(s)), min(steps, int(e))) for s, e in raw):
-            if end <= start:
-                continue
-            if out and start <= out[-1][1]:
-                out[-1][1] = max(out[-1][1], end)
-            else:
-                out.append([start, end])
-        return tuple((s, e) for s, e in out)
+    _clean_intervals = staticmethod(rules.clean_intervals)
 
     # -- programs ----------------------------------------------------------------------------------
     def _read_programs(self, programs) -> None:
@@ -573,15 +518,10 @@ class _Reader:
         estimates = np.array(self.p_estimate, float)
         if np.any(~np.isnan(estimates)):
             cycles = estimates
-            missing = int(np.isnan(estimates).sum())
-            note = f"; {missing} program(s) without an estimate count 0" if missing else ""
-            self.compute_source = ("compile-time cycle estimates from the profile (per program, the most cycles on "
-                                   "one tile)" + note)
+            self.compute_source = rules.compute_source(True, int(np.isnan(estimates).sum()))
         else:
             cycles = np.array(self.p_fallback, float)
-            self.compute_source = (f"estimated from vertex counts: the most vertices on one tile x "
-                                   f"{CYCLES_PER_VERTEX:g} cycles per vertex (the profile has no compile-time cycle "
-                                   "estimates)")
+            self.compute_source = rules.compute_source(False, 0)
 
         def costs(cat: str) -> TileCosts:
             (program,), tile, values = self.rows[cat].finish()
@@ -640,12 +580,7 @@ class _Reader:
             if i % 16 == 15:
                 self._tick(16)
         self._tick(n % 16)
-        if bad_steps:
-            self.operation_warnings.append(f"{bad_steps} operation(s) had a step range outside the profile's {S} steps; "
-                                 "their steps were taken as unknown")
-        if unknown_vars:
-            self.operation_warnings.append(f"{unknown_vars} variable reference(s) of operations were not among the lowered "
-                                 "variables and were ignored")
+        self.operation_warnings += rules.operation_warnings(bad_steps, S, unknown_vars)
         return Operations(name=names, debug_id=debug_ids, inputs=inputs, first_step=first, last_step=last,
                           vars=_ragged(var_rows), programs=_ragged(prog_rows), compute=np.full(n, math.nan),
                           layer=[None] * n)
@@ -661,7 +596,7 @@ class _Reader:
         gt = GroundTruth(always_live=always, not_always_live=peak, categories=g)
         S = self.num_steps
         if S and hasattr(steps_raw[0], "notAlwaysLiveMemoryForTile"):
-            top = np.argsort(-gt.tile_total(), kind="stable")[:TRACE_TILES].astype(np.int64)
+            top = np.array(rules.trace_tiles(gt.tile_total().tolist(), TRACE_TILES), np.int64)
             trace = np.zeros((len(top), S), np.int64)
             tiles = top.tolist()
             for i, step in enumerate(steps_raw):
@@ -673,29 +608,14 @@ class _Reader:
 
     def _reconcile(self, always: np.ndarray, peak: np.ndarray, categories: dict[str, np.ndarray],
                    total: np.ndarray) -> np.ndarray:
-        """Fit the ground truth to the report's own per-tile total (``total.excludingGaps``): the
-        always-live *variable* bytes (returned), and an ``other`` category (added to
-        ``categories``) for bytes of the total in no figure. See the module docstring."""
-        parts = sum(categories.values(), np.zeros(len(total), np.int64))
-        coded = parts > 0                                   # tiles where the conventions differ
-        inside = int((coded & (always + peak == total)).sum())
-        separate = int((coded & (always + peak + parts == total)).sum())
-        includes = inside >= separate
-        if includes:
-            variables = always - parts
-            other = total - always - peak
-        else:
-            variables = always
-            other = total - always - peak - parts
-        bad = int(((variables < 0) | (other < 0)).sum())
-        if bad:
-            how = "includes" if includes else "excludes"
-            self.warnings.append(
-                f"ground truth: on {bad} tile(s) the report's figures do not add up to the tile's total "
-                f"(total.excludingGaps) with alwaysLiveBytes taken to {how} the code categories, as on most tiles")
-        if (other > 0).any():
-            categories["other"] = np.maximum(other, 0)
-        return np.maximum(variables, 0)
+        """Fit the ground truth to the report's own per-tile total (``pva_export.reconcile``)."""
+        lists = {name: values.tolist() for name, values in categories.items()}
+        variables, warning = rules.reconcile(always.tolist(), peak.tolist(), lists, total.tolist())
+        if warning:
+            self.warnings.append(warning)
+        if "other" in lists:
+            categories["other"] = np.array(lists["other"], np.int64)
+        return np.array(variables, np.int64)
 
 
 class _SparseRows:

@@ -22,11 +22,15 @@ descriptors) so that diagnostics have something to explain.
 from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
+from pathlib import Path
 
 import numpy as np
 
 from .builder import ProfileBuilder
+from ..common.fileio import atomic_output
 from ..errors import StagesplitError
+from .compact import profile_columns, write_columns
+from .compactformat import INT, CompactWriter, Spill
 from .profile import GroundTruth, Profile, ProfileInfo, Target
 
 # vertex types per operation kind, with a code size in bytes (same on every tile)
@@ -275,12 +279,17 @@ class _Tensor:
 
 
 class _Generator:
-    def __init__(self, model: SynthModel, target: Target):
+    """Lays out one training step of ``model`` on ``target``. Per-program costs (the bulk of a
+    large profile: tens of millions of rows) go to ``costs``: the profile builder by default,
+    or temporary files (``_SpilledCosts``) when the profile is streamed to disk."""
+
+    def __init__(self, model: SynthModel, target: Target, costs: "_SpilledCosts | None" = None):
         self.model = model
         self.opt = model.options
         self.target = target
         self.T = target.tiles
         self.rng = np.random.default_rng(self.opt.seed)
+        self.spilled = costs
 
     def spread(self, nbytes: int, tile0: int, width: int) -> tuple[np.ndarray, np.ndarray]:
         """Split ``nbytes`` into pieces on ``width`` tiles from ``tile0`` (wrapping)."""
@@ -324,6 +333,7 @@ class _Generator:
                            compute_source="compile-time cycle estimates (synthetic)")
         b = ProfileBuilder(self.target, nsteps, "cycles", info)
         self.b = b
+        add_costs = b.program_costs if self.spilled is None else self.spilled.sink(b)
         step_names = ["host/StreamCopyBegin"] + names
         for bo in reversed(chain):
             blk, op = m.blocks[bo[0]], m.blocks[bo[0]].ops[bo[1]]
@@ -406,16 +416,16 @@ class _Generator:
                     p = b.program(name, "DoExchange",
                                   cycles=per_tile_out / self.opt.exchange_bytes_per_cycle + 50, vertices=0)
                     ex = (per_tile_out / 96 + 24 + 8 * ((tiles * 13 + p) % 4)).astype(np.int64)
-                    b.program_costs("exchange_code", p, tiles, ex)
+                    add_costs("exchange_code", p, tiles, ex)
                 else:
                     vpt = 6
                     p = b.program(name, "OnTileExecute",
                                   cycles=flops / max(1, count // 2) / (width * self.opt.flops_per_tile_cycle) + 120,
                                   vertices=vpt * width)
                     for vtype, size in VERTEX_TYPES[kind]:
-                        b.program_costs("vertex_code", p, tiles, size, vertex_type=vtype)
-                    b.program_costs("vertex_state", p, tiles, vpt * 8 + 8 * ((tiles * 5 + p) % 6))
-                b.program_costs("control_code", p, tiles, 12 + 4 * ((tiles * 7 + p) % 6))
+                        add_costs("vertex_code", p, tiles, size, vertex_type=vtype)
+                    add_costs("vertex_state", p, tiles, vpt * 8 + 8 * ((tiles * 5 + p) % 6))
+                add_costs("control_code", p, tiles, 12 + 4 * ((tiles * 7 + p) % 6))
                 progs.append(p)
             return progs
 
@@ -455,67 +465,162 @@ class _Generator:
                 p = b.program(b.steps[u], "OnTileExecute", cycles=op.weight_bytes / (width * 8.0) + 80,
                               vertices=2 * width)
                 for vtype, size in VERTEX_TYPES["update"]:
-                    b.program_costs("vertex_code", p, tiles, size, vertex_type=vtype)
-                b.program_costs("vertex_state", p, tiles, 64)
-                b.program_costs("control_code", p, tiles, 48)
+                    add_costs("vertex_code", p, tiles, size, vertex_type=vtype)
+                add_costs("vertex_state", p, tiles, 64)
+                add_costs("control_code", p, tiles, 48)
                 b.operation(f"{full[bo]}/Update", u, u, vars=vars_of(w if op.tied_to is None else None, wgrads[bo]),
                             programs=[p], inputs=[wgrads[bo].name] + ([w.name] if w is not None else []),
                             debug_id=debug)
         debug += 1
         p = b.program("optimizer/StepCounter", "OnTileExecute", cycles=40.0, vertices=self.T)
-        b.program_costs("control_code", p, np.arange(self.T), 32)
+        add_costs("control_code", p, np.arange(self.T), 32)
         b.operation("optimizer/StepCounter", epilogue[0], epilogue[1], vars=counter, programs=[p], debug_id=debug)
         profile = b.build()
         self.b = b = None                   # the builder's copies of the cost rows are not needed any more
-        profile.ground_truth = ground_truth(profile, self.rng)
+        if self.spilled is not None:
+            self.spilled.check(profile)
+        code = None if self.spilled is None else self.spilled.code_per_tile(len(profile.programs.vertex_types))
+        profile.ground_truth = ground_truth(profile, self.rng, code=code)
         return profile
 
 
-def ground_truth(profile: Profile, rng: np.random.Generator | None = None, trace_tiles: int = 8) -> GroundTruth:
-    """Per-tile memory as the profile's own totals would report it, computed directly from the
-    variables and programs (not through the cost model), plus small unmodelled categories."""
-    rng = rng or np.random.default_rng(0)
+#: not-always-live bytes per (tile, step) are computed for blocks of tiles of about this many cells
+STEP_BLOCK_CELLS = 1 << 22
+_CATEGORY_NAMES = {"vertex_state": "vertex_instance_state", "exchange_code": "internal_exchange_code",
+                   "control_code": "control_code"}
+
+
+def code_per_tile(profile: Profile) -> dict[str, np.ndarray]:
+    """Per tile: vertex code (each vertex type's code once per tile, the largest where programs
+    differ) and the sum of each other code category, named as ground truth names them."""
     p = profile
-    T, S = p.target.tiles, p.num_steps
+    T = p.target.tiles
+    pr = p.programs
+    vc = pr.vertex_code
+    ntypes = max(len(pr.vertex_types), 1)
+    cell = vc.tile.astype(np.int64) * ntypes + vc.vertex_type
+    key = np.unique(cell)
+    size = np.zeros(len(key), np.int64)
+    np.maximum.at(size, np.searchsorted(key, cell), vc.bytes)
+    code = {"vertex_code": np.bincount(key // ntypes, weights=size, minlength=T).astype(np.int64)}
+    for cat, costs in pr.categories().items():
+        code[_CATEGORY_NAMES[cat]] = np.bincount(costs.tile, weights=costs.bytes, minlength=T).astype(np.int64)
+    return code
+
+
+def _steps_by_tile(p: Profile, tiles: np.ndarray) -> np.ndarray:
+    """Not-always-live bytes at every step on each of ``tiles`` (one row per tile)."""
+    S = p.num_steps
     v = p.variables
-    al = v.always_live
-    always = np.bincount(v.tile[al], weights=v.bytes[al], minlength=T).astype(np.int64)
-    nal = ~al & (v.live_class >= 0)
     iv = p.liveness.intervals
-    diff = np.zeros((T, S + 1), np.int64)
-    idx = np.flatnonzero(nal)
+    on = np.zeros(p.target.tiles, bool)
+    on[tiles] = True
+    idx = np.flatnonzero(~v.always_live & (v.live_class >= 0) & on[v.tile])
     cls = v.live_class[idx]
     lengths = iv.lengths()[cls]
     rows = np.repeat(idx, lengths)
     first = np.repeat(iv.offsets[cls], lengths)
     within = np.arange(lengths.sum()) - np.repeat(np.cumsum(lengths) - lengths, lengths)
     intervals = iv.values.reshape(-1, 2)[first + within]
-    np.add.at(diff, (v.tile[rows], intervals[:, 0]), v.bytes[rows])
-    np.add.at(diff, (v.tile[rows], intervals[:, 1]), -v.bytes[rows])
-    by_step = np.cumsum(diff, axis=1)[:, :S]
-    peak = by_step.max(axis=1) if S else np.zeros(T, np.int64)
-    pr = p.programs
-    vc = pr.vertex_code
-    cell = vc.tile.astype(np.int64) * max(len(pr.vertex_types), 1) + vc.vertex_type
-    key = np.unique(cell)
-    size = np.zeros(len(key), np.int64)
-    np.maximum.at(size, np.searchsorted(key, cell), vc.bytes)
-    vertex_code = np.bincount(key // max(len(pr.vertex_types), 1), weights=size, minlength=T).astype(np.int64)
-    categories = {"vertex_code": vertex_code}
-    for cat, costs in pr.categories().items():
-        categories[{"exchange_code": "internal_exchange_code", "vertex_state": "vertex_instance_state"}.get(cat, cat)] = \
-            np.bincount(costs.tile, weights=costs.bytes, minlength=T).astype(np.int64)
+    row_of_tile = np.full(p.target.tiles, -1, np.int64)
+    row_of_tile[tiles] = np.arange(len(tiles))
+    diff = np.zeros((len(tiles), S + 1), np.int64)
+    np.add.at(diff, (row_of_tile[v.tile[rows]], intervals[:, 0]), v.bytes[rows])
+    np.add.at(diff, (row_of_tile[v.tile[rows]], intervals[:, 1]), -v.bytes[rows])
+    return np.cumsum(diff, axis=1)[:, :S]
+
+
+def ground_truth(profile: Profile, rng: np.random.Generator | None = None, trace_tiles: int = 8,
+                 code: dict[str, np.ndarray] | None = None) -> GroundTruth:
+    """Per-tile memory as the profile's own totals would report it, computed directly from the
+    variables and programs (not through the cost model), plus small unmodelled categories.
+    ``code``: ``code_per_tile``'s result where the profile does not hold its program costs.
+    The per-step figures are computed a block of tiles at a time (a profile of thousands of
+    steps on 1,472 tiles would otherwise need gigabytes at once)."""
+    rng = rng or np.random.default_rng(0)
+    p = profile
+    T, S = p.target.tiles, p.num_steps
+    v = p.variables
+    al = v.always_live
+    always = np.bincount(v.tile[al], weights=v.bytes[al], minlength=T).astype(np.int64)
+    peak = np.zeros(T, np.int64)
+    if S:
+        block = max(1, STEP_BLOCK_CELLS // (S + 1))
+        for start in range(0, T, block):
+            peak[start:start + block] = _steps_by_tile(p, np.arange(start, min(T, start + block))).max(axis=1)
+    categories = dict(code if code is not None else code_per_tile(p))
     categories["constant"] = rng.integers(64, 512, T).astype(np.int64)
     categories["vector_list_descriptor"] = rng.integers(0, 256, T).astype(np.int64)
     total = always + peak + sum(categories.values())
     top = np.argsort(-total, kind="stable")[:trace_tiles]
+    step_bytes = _steps_by_tile(p, top) if len(top) else np.zeros((0, S), np.int64)
     return GroundTruth(always_live=always, not_always_live=peak, categories=categories,
-                       step_tiles=top.astype(np.int64), step_bytes=by_step[top])
+                       step_tiles=top.astype(np.int64), step_bytes=step_bytes)
+
+
+class _SpilledCosts:
+    """Per-program cost rows written to temporary files as the generator makes them (one file
+    per column of each category), with the per-tile sums ground truth needs kept as they go."""
+
+    CATEGORIES = {"vertex_code": ("program", "tile", "type", "bytes"), "vertex_state": ("program", "tile", "bytes"),
+                  "exchange_code": ("program", "tile", "bytes"), "control_code": ("program", "tile", "bytes")}
+
+    def __init__(self, tiles: int):
+        self.T = tiles
+        self.columns = {f"{cat}_{part}": Spill(INT) for cat, parts in self.CATEGORIES.items() for part in parts}
+        self.sums = {cat: np.zeros(tiles, np.int64) for cat in ("vertex_state", "exchange_code", "control_code")}
+        self.type_code: dict[int, np.ndarray] = {}          # vertex type -> its largest code per tile
+
+    def sink(self, builder: ProfileBuilder):
+        """``ProfileBuilder.program_costs``'s signature, spilling instead of holding the rows."""
+        def add(category: str, program: int, tiles: np.ndarray, nbytes, vertex_type: str | None = None) -> None:
+            tiles = np.asarray(tiles, np.int64)
+            nbytes = np.broadcast_to(np.asarray(nbytes, np.int64), tiles.shape)
+            self.columns[f"{category}_program"].extend(np.full(len(tiles), program, np.int64))
+            self.columns[f"{category}_tile"].extend(tiles)
+            if category == "vertex_code":
+                t = builder.vertex_type(vertex_type)
+                self.columns["vertex_code_type"].extend(np.full(len(tiles), t, np.int64))
+                sizes = self.type_code.get(t)
+                if sizes is None:
+                    sizes = self.type_code[t] = np.zeros(self.T, np.int64)
+                np.maximum.at(sizes, tiles, nbytes)
+            else:
+                np.add.at(self.sums[category], tiles, nbytes)
+            self.columns[f"{category}_bytes"].extend(nbytes)
+        return add
+
+    def code_per_tile(self, ntypes: int) -> dict[str, np.ndarray]:
+        """What ``code_per_tile`` gives for the profile with these rows."""
+        vertex_code = np.zeros(self.T, np.int64)
+        for t in range(ntypes):
+            vertex_code += self.type_code.get(t, 0)
+        return {"vertex_code": vertex_code, **{_CATEGORY_NAMES[cat]: sums for cat, sums in self.sums.items()}}
+
+    def check(self, profile: Profile) -> None:
+        """The rows refer to the profile's programs, tiles and vertex types, with bytes >= 0 (what
+        ``Profile.validate`` checks of rows the profile holds)."""
+        limits = {"program": len(profile.programs) - 1, "tile": self.T - 1,
+                  "type": len(profile.programs.vertex_types) - 1, "bytes": None}
+        for name, spill in self.columns.items():
+            low, high = spill.range()
+            most = limits[name.rsplit("_", 1)[1]]
+            if low is not None and (low < 0 or (most is not None and high > most)):
+                raise AssertionError(f"synthetic {name} values {low}..{high} outside 0..{most}")
+
+    def close(self) -> None:
+        for spill in self.columns.values():
+            spill.close()
 
 
 def synthesize(family: str, target: Target, seed: int = 0, piece_bytes: int | None = None,
                programs_per_op: int | None = None, **params) -> Profile:
     """Generate a synthetic profile of one of ``FAMILIES`` on ``target``."""
+    return _Generator(_model(family, target, seed, piece_bytes, programs_per_op, params), target).run()
+
+
+def _model(family: str, target: Target, seed: int, piece_bytes: int | None, programs_per_op: int | None,
+           params: dict) -> SynthModel:
     if family not in FAMILIES:
         raise KeyError(family)
     for flag, value in (("--seed", seed), ("--piece-bytes", piece_bytes), ("--programs-per-op", programs_per_op),
@@ -530,4 +635,24 @@ def synthesize(family: str, target: Target, seed: int = 0, piece_bytes: int | No
     if programs_per_op is not None:
         opt = replace(opt, programs_per_op=programs_per_op)
     model.options = opt
-    return _Generator(model, target).run()
+    return model
+
+
+def write_synthetic(path: str | Path, family: str, target: Target, seed: int = 0, piece_bytes: int | None = None,
+                    programs_per_op: int | None = None, **params) -> Profile:
+    """Generate a synthetic profile as ``synthesize`` does and write it to ``path`` in the
+    compact form, streaming its per-program costs through temporary files into the compact
+    writer: the file has the same bytes as ``write_compact(synthesize(...))`` while memory stays
+    bounded by the variables and operations. Returns the profile without its per-program costs
+    (for a summary)."""
+    model = _model(family, target, seed, piece_bytes, programs_per_op, params)
+    costs = _SpilledCosts(target.tiles)
+    try:
+        profile = _Generator(model, target, costs).run()
+        with atomic_output(Path(path)) as handle:
+            writer = CompactWriter(handle)
+            write_columns(writer, profile_columns(profile, costs=costs.columns))
+            writer.close()
+    finally:
+        costs.close()
+    return profile

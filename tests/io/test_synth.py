@@ -1,14 +1,23 @@
 """Synthetic profiles: labelled, reproducible, internally consistent, with realistic magnitudes."""
 
+import io
+import zipfile
+from pathlib import Path
+
 import numpy as np
 import pytest
 
+from stagesplit.io import synth
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.cli import main
 from stagesplit.io.targets import load_target
 from stagesplit.model.costmodel import StageCostModel
 from stagesplit.errors import StagesplitError
 from stagesplit.layers import group_layers
 from stagesplit.io.profile import Target
-from stagesplit.io.synth import FAMILIES, ground_truth, synthesize
+from stagesplit.io import load_profile
+from stagesplit.io.compact import read_compact, write_compact
+from stagesplit.io.synth import FAMILIES, ground_truth, synthesize, write_synthetic
 
 from helpers import SAMPLE_NAMES, assert_profiles_equal, load_sample, sample_path
 
@@ -191,3 +200,77 @@ def test_ground_truth_is_independent_of_the_cost_model():
     v = p.variables
     assert np.array_equal(gt.always_live, np.bincount(v.tile[v.always_live], weights=v.bytes[v.always_live],
                                                       minlength=p.target.tiles).astype(np.int64))
+
+
+# --------------------------------------------------------------------------------------------------
+# Streaming to disk (issue 26): the same bytes as before, in bounded memory
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "synth"
+CNN_TARGET = Target("small", 64, 10**8)
+#: files written by synthesize() + write_compact before the compact writer streamed (commit c80210d):
+#: file name -> (family, target, parameters)
+OLD_OUTPUT = {
+    "bert-base-2-s3.stagesplit": ("bert-base", SMALL, {"layers": 2, "seed": 3}),
+    "gpt-2-s0-p4096.stagesplit": ("gpt", SMALL, {"layers": 2, "piece_bytes": 4096}),
+    "cnn-s7-ppo2.stagesplit": ("cnn", CNN_TARGET, {"seed": 7, "programs_per_op": 2}),
+}
+
+
+def members(data: bytes) -> list[tuple[str, bytes]]:
+    with zipfile.ZipFile(io.BytesIO(data)) as z:
+        return [(info.filename, z.read(info)) for info in z.infolist()]
+
+
+@pytest.mark.parametrize("name", sorted(OLD_OUTPUT))
+def test_streamed_file_is_the_old_output(tmp_path, name):
+    family, target, params = OLD_OUTPUT[name]
+    old = (DATA / name).read_bytes()
+    streamed = tmp_path / "streamed.stagesplit"
+    summary = write_synthetic(streamed, family, target, **params)
+    assert members(streamed.read_bytes()) == members(old)         # every array, in order, byte for byte
+    assert streamed.read_bytes() == old                             # and the zip around them
+    in_memory = tmp_path / "memory.stagesplit"
+    write_compact(synthesize(family, target, **params), in_memory)
+    assert in_memory.read_bytes() == old
+    assert len(summary.variables) == len(read_compact(streamed).variables)
+    assert len(summary.programs.vertex_code) == 0                   # the costs went to the file only
+
+
+def test_ground_truth_in_blocks_of_tiles_is_the_same(monkeypatch, tmp_path):
+    """The per-step figures are computed a few tiles at a time on large profiles: blocks of 1,
+    3 and all 16 tiles give the same file."""
+    family, target, params = OLD_OUTPUT["bert-base-2-s3.stagesplit"]
+    old = (DATA / "bert-base-2-s3.stagesplit").read_bytes()
+    steps = synthesize(family, target, **params).num_steps
+    for tiles in (1, 3):
+        monkeypatch.setattr(synth, "STEP_BLOCK_CELLS", tiles * (steps + 1))
+        write_synthetic(tmp_path / f"b{tiles}.stagesplit", family, target, **params)
+        assert (tmp_path / f"b{tiles}.stagesplit").read_bytes() == old
+        assert_profiles_equal(synthesize(family, target, **params).ground_truth,
+                              read_compact(DATA / "bert-base-2-s3.stagesplit").ground_truth)
+
+
+def test_cli_streams_compact_output_and_builds_json(tmp_path, capsys):
+    (tmp_path / "small.yaml").write_text("tiles: 16\nbytes_per_tile: 10000000\nclock_hz: 1.0e+9\n")
+    out = tmp_path / "b.stagesplit"
+    assert main(["synth", "bert-base", "--layers", "2", "--seed", "3", "--target", str(tmp_path / "small.yaml"),
+                 "-o", str(out)]) == 0
+    assert out.read_bytes() == (DATA / "bert-base-2-s3.stagesplit").read_bytes()
+    assert capsys.readouterr().err.startswith(f"wrote {out}: bert-2x768 (synthetic), 7,657 variables, 84 operations")
+    as_json = tmp_path / "b.json"
+    assert main(["synth", "bert-base", "--layers", "2", "--seed", "3", "--target", str(tmp_path / "small.yaml"),
+                 "-o", str(as_json)]) == 0
+    assert_profiles_equal(load_profile(as_json), read_compact(out))
+
+
+def test_spilled_rows_outside_the_profile_are_caught():
+    """The streamed rows are checked as Profile.validate checks rows a profile holds."""
+    costs = synth._SpilledCosts(4)
+    try:
+        b = ProfileBuilder(Target("t", 4, 100), 2)
+        b.program("p")
+        costs.sink(b)("control_code", 1, np.array([0, 3]), 8)          # program 1 of a profile of one
+        with pytest.raises(AssertionError, match="control_code_program values 1..1 outside 0..0"):
+            costs.check(b.build())
+    finally:
+        costs.close()
