@@ -281,6 +281,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.from_plan:
         request, args.profile = _from_plan(args)
         args.devices = request.devices
+        _check_outputs(args)                 # the plan's recorded profile is an input too
     elif args.devices is None:
         raise StagesplitError("--devices: expected the number of devices (or --from-plan PLAN)")
     else:
@@ -460,6 +461,8 @@ def cmd_import(args: argparse.Namespace) -> int:
     from .layers import LayerOptions, group_layers
     result = import_onnx(args.model, load_target(args.target), batch=args.batch, dims=parse_dims(args.dim),
                          training=args.training, dtype=args.dtype, name=args.name)
+    from .guards import check_outputs
+    check_outputs([("--output", args.output, None)], result.external_files)   # its data files are inputs too
     profile = result.profile
     options = _layer_options(args)
     layers = group_layers(profile, options)
@@ -683,17 +686,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path checked before any input is read or any file written (see guards)."""
-    from .guards import check_outputs
-    plot = getattr(args, "plot", None)
-    if plot:
-        from .plot import FORMATS as PLOT_FORMATS
-    outputs = [("--out", getattr(args, "out", None), None), ("--plot", plot, PLOT_FORMATS if plot else None),
-               ("--output", getattr(args, "output", None), None)]
-    inputs = [getattr(args, name, None) for name in ("profile", "debug_cbor", "config", "layer_compute", "plan")]
-    target = getattr(args, "target", None)
-    if isinstance(target, str):
-        inputs += [t.strip() for t in target.split(",") if t.strip().endswith((".yaml", ".yml"))]
-    check_outputs(outputs, inputs)
+    from .guards import check_outputs, command_inputs, command_outputs
+    plot_formats: tuple[str, ...] = ()
+    if getattr(args, "plot", None):
+        from .plot import FORMATS as plot_formats
+    check_outputs(command_outputs(args, plot_formats), command_inputs(args))
 
 
 def _safe_stdout() -> None:
