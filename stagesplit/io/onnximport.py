@@ -297,10 +297,14 @@ def _load(onnx, path: Path):
     """The model, read once through the capped input path (a FIFO waits a bounded time, a device
     or an oversized file is refused by name) and parsed without touching its external data."""
     src = str(path)
-    with InputFile(path, "ONNX model") as f:
+    with InputFile(path, "model file") as f:
+        head = f.head(1)
+        if not head:
+            raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", "an empty file")
+        if head[0] >> 3 == 0 or head[0] & 7 not in (0, 1, 2, 5):     # no protobuf message starts so
+            raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", f"a file starting with byte "
+                               f"0x{head[0]:02x}")
         raw = f.read_all(MAX_ONNX_BYTES if f.regular else MAX_STREAM_BYTES)
-    if not raw:
-        raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", "an empty file")
     _check_wire_size(raw, src)
     try:
         model = onnx.load_from_string(raw)
@@ -538,8 +542,7 @@ def _check_initializer(onnx, t, where: str, path: Path) -> list[str]:
     if bits is None and t.HasField("raw_data"):
         return []                                           # strings have no fixed size
     if have != want:
-        raise ProfileError(src, where, f"data for its dims {short_repr(list(t.dims))} ({want:,} {unit})",
-                           f"{have:,}")
+        raise ProfileError(src, where, f"data for its dims {short_repr(list(t.dims))} ({want:,} {unit})", have)
     return []
 
 
@@ -558,7 +561,7 @@ def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
     location = entries.get("location", "")
     field_ = f"{where}.external_data.location"
     folder = path.parent if str(path.parent) else Path(".")
-    expected = f"a relative path to a file inside the model's folder {one_line(str(folder))}"
+    expected = f"a relative path to a file inside the model's folder ({one_line(os.path.abspath(folder))})"
     parts = location.replace("\\", "/").split("/")
     if not location or "\0" in location or os.path.isabs(location) or location.startswith(("/", "\\")) \
             or (len(location) > 1 and location[1] == ":") or ".." in parts:
