@@ -176,8 +176,13 @@ def _checked_dims(dims: dict[str, int] | None, batch: int | None) -> dict[str, i
 
 
 def _infer(onnx, model, src: str):
+    budget = PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE * model.ByteSize()
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        with _address_space_limit(budget):        # inference serializes, parses and infers in C++
+            return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except MemoryError:
+        raise ProfileError(src, "graph", f"a model ONNX shape inference can handle within {budget:,} bytes of "
+                           "memory") from None
     except Exception as exc:          # onnx raises its own InferenceError and ValidationError types
         raise ProfileError(src, "graph", "a model ONNX shape inference accepts",
                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
@@ -305,15 +310,7 @@ def _load(onnx, path: Path):
             raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", f"a file starting with byte "
                                f"0x{head[0]:02x}")
         raw = f.read_all(MAX_ONNX_BYTES if f.regular else MAX_STREAM_BYTES)
-    _check_wire_size(raw, src)
-    try:
-        model = onnx.load_from_string(raw)
-    except MemoryError:
-        raise ProfileError(src, "", "an ONNX model this machine has the memory to parse",
-                           f"{len(raw):,} bytes") from None
-    except Exception as exc:         # google.protobuf.message.DecodeError and friends
-        raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)",
-                           f"undecodable ({type(exc).__name__})") from None
+    model = _parse_bounded(onnx, raw, src)
     del raw
     if model.ir_version <= 0 or len(model.graph.node) == 0:
         raise ProfileError(src, "graph.node", "an ONNX model with at least one node (is this an ONNX file?)",
@@ -321,87 +318,64 @@ def _load(onnx, path: Path):
     return model
 
 
-# -- the protobuf wire format, scanned before parsing ------------------------------------------------------
-# Parsing allocates an object per field: a few megabytes of empty nodes or one-byte list items
-# parse into gigabytes. The scan walks the message tree (message-valued fields of the ONNX schema
-# only) and counts fields and packed list items, refusing the file before it is parsed.
+# -- parsing with bounded memory -----------------------------------------------------------------------
+# Parsing allocates an object per protobuf field: twenty megabytes of empty nodes parse into more
+# than a gigabyte, two gigabytes of them into more memory than any machine has. The parse runs
+# under an address-space limit of its own (Linux), so such a file fails to parse instead.
 
-#: fields (and packed list items) in one model; a model with 100,000 nodes has a few million
-MAX_WIRE_FIELDS = 20_000_000
-
-_TENSOR = {3: "segment", 13: "entry", 16: "entry"}
-_TYPE = {1: "type_tensor", 4: "type_elem", 5: "type_map", 8: "type_tensor", 9: "type_elem"}
-_SCHEMA: dict[str, dict[int, str]] = {
-    "model": {7: "graph", 8: "entry", 14: "entry", 20: "training", 25: "function", 26: "entry"},
-    "graph": {1: "node", 5: "tensor", 11: "value_info", 12: "value_info", 13: "value_info", 14: "annotation",
-              15: "sparse", 16: "entry"},
-    "node": {5: "attribute", 9: "entry", 10: "entry"},
-    "attribute": {5: "tensor", 6: "graph", 10: "tensor", 11: "graph", 14: "type", 15: "type", 22: "sparse",
-                  23: "sparse"},
-    "tensor": _TENSOR, "sparse": {1: "tensor", 2: "tensor"},
-    "value_info": {2: "type", 4: "entry"}, "type": _TYPE, "type_elem": {1: "type"}, "type_map": {2: "type"},
-    "type_tensor": {2: "shape"}, "shape": {1: "dim"},
-    "function": {7: "node", 9: "entry", 11: "attribute", 12: "value_info", 14: "entry"},
-    "training": {1: "graph", 2: "graph", 3: "entry", 4: "entry"}, "annotation": {2: "entry"},
-}
-# packed lists of varints: each item, however short, becomes a 4- or 8-byte number
-_PACKED_VARINTS = {"tensor": (1, 5, 7, 11), "attribute": (8,)}
+#: memory a parse may take: this much plus PARSE_BYTES_PER_BYTE x the file's size
+PARSE_MEMORY_BASE = 1 << 30
+PARSE_BYTES_PER_BYTE = 4
+#: the most memory one byte of protobuf can parse into (an empty nested message: 2 bytes -> ~150)
+_WORST_BLOWUP = 100
 
 
-def _check_wire_size(raw: bytes, src: str) -> None:
-    """Refuse a model whose parsed form would be far larger than its bytes (see above)."""
-    view = memoryview(raw)
-    fields = 0
-    stack = [("model", 0, len(raw), 0)]
-    while stack:
-        kind, pos, end, depth = stack.pop()
-        if depth > 64:
-            raise ProfileError(src, "", "an ONNX model nested at most 64 messages deep")
-        schema = _SCHEMA.get(kind, {})
-        packed = _PACKED_VARINTS.get(kind, ())
-        while pos < end:
-            key, pos = _varint(view, pos, end)
-            if pos < 0:
-                return                              # malformed: the parser says so, by name
-            number, wire = key >> 3, key & 7
-            fields += 1
-            if wire == 0:
-                _, pos = _varint(view, pos, end)
-                if pos < 0:
-                    return
-            elif wire == 1:
-                pos += 8
-            elif wire == 5:
-                pos += 4
-            elif wire == 2:
-                length, pos = _varint(view, pos, end)
-                if pos < 0 or pos + length > end:
-                    return
-                child = schema.get(number)
-                if child is not None:
-                    stack.append((child, pos, pos + length, depth + 1))
-                elif number in packed and length:
-                    tail = np.frombuffer(view[pos:pos + length], np.uint8)
-                    fields += int(np.count_nonzero(tail < 0x80))
-                pos += length
-            else:
-                return
-            if fields > MAX_WIRE_FIELDS:
-                raise ProfileError(src, "", f"an ONNX model of at most {MAX_WIRE_FIELDS:,} protobuf fields and "
-                                   "list items (parsing more could exhaust memory)", f"more in {len(raw):,} bytes")
+def _parse_bounded(onnx, raw: bytes, src: str):
+    """``onnx.load_from_string(raw)`` within PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE x its size of
+    memory; a file that cannot parse within it is refused like one that cannot parse at all."""
+    budget = PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE * len(raw)
+    try:
+        with _address_space_limit(budget):
+            return onnx.load_from_string(raw)
+    except MemoryError:
+        raise ProfileError(src, "", f"an ONNX model that parses within {budget:,} bytes of memory",
+                           f"{len(raw):,} bytes that need more") from None
+    except Exception as exc:         # google.protobuf.message.DecodeError and friends
+        maybe_memory = _WORST_BLOWUP * len(raw) > budget
+        expected = "an ONNX model (a protobuf ModelProto)" + (
+            f" that parses within {budget:,} bytes of memory" if maybe_memory else "")
+        raise ProfileError(src, "", expected, f"undecodable ({type(exc).__name__})") from None
 
 
-def _varint(view: memoryview, pos: int, end: int) -> tuple[int, int]:
-    """(value, position after it), or (0, -1) if it runs past ``end`` or over 10 bytes."""
-    value = shift = 0
-    while pos < end and shift < 70:
-        byte = view[pos]
-        pos += 1
-        value |= (byte & 0x7F) << shift
-        if byte < 0x80:
-            return value, pos
-        shift += 7
-    return 0, -1
+class _address_space_limit:
+    """Within the block, the process may map at most ``extra`` more bytes (RLIMIT_AS; Linux only,
+    and never raising a lower limit already set): an allocation past it fails instead of the
+    machine running out of memory."""
+
+    def __init__(self, extra: int):
+        self.extra = extra
+        self.saved = None
+
+    def __enter__(self):
+        try:
+            import resource
+            with open("/proc/self/statm") as f:
+                mapped = int(f.read().split()[0]) * resource.getpagesize()
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            limit = mapped + self.extra
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            if soft == resource.RLIM_INFINITY or limit < soft:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+                self.saved = (soft, hard)
+        except (ImportError, OSError, ValueError):
+            self.saved = None                   # not Linux, or no permission: parse without a limit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.saved is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, self.saved)
 
 
 # -- the graph, checked before shapes are inferred ---------------------------------------------------------
