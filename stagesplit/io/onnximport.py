@@ -559,13 +559,14 @@ def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
                 raise ProfileError(src, f"{where}.external_data.{key}", "a whole number of bytes >= 0", text)
             numbers[key] = int(text)
     offset = numbers.get("offset", 0)
-    length = numbers.get("length", st.st_size - offset)
-    if nbytes is not None and "length" in numbers and length != nbytes:
-        raise ProfileError(src, f"{where}.external_data.length", f"{nbytes:,} bytes (the size of its dims)", length)
+    if nbytes is not None and "length" in numbers and numbers["length"] != nbytes:
+        raise ProfileError(src, f"{where}.external_data.length", f"{nbytes:,} bytes (the size of its dims)",
+                           numbers["length"])
+    length = numbers.get("length", nbytes or 0)        # without a length: the data runs to the end of the file
     if offset + length > st.st_size:
         raise ProfileError(src, field_, f"a file of at least offset + length = {offset + length:,} bytes",
                            f"'{one_line(location)}' of {st.st_size:,} bytes")
-    return os.path.join(str(folder), location)
+    return os.path.normpath(os.path.join(str(folder), location))
 
 
 def _bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None:
