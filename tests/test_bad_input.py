@@ -982,3 +982,315 @@ def test_atomic_write_in_process_keeps_old_file_on_interrupt(tmp_path, monkeypat
         atomic_write_bytes(target, b"new\n")
     assert target.read_text() == "old\n"
     assert os.listdir(tmp_path) == ["plan.json"]
+
+
+# -- 10. issue 18: no output may be an input, for any command ---------------------------------------------
+
+def _recorded_plan(capsys, tmp_path: Path, profile: Path) -> Path:
+    plan = tmp_path / "r.json"
+    assert cli(capsys, "solve", profile, "--devices", "2", "--out", plan)[0] == 0
+    return plan
+
+
+@pytest.mark.parametrize("argv", [
+    ["solve", "--from-plan", "{r}", "--out", "{r}"],                                  # the plan it re-runs
+    ["solve", "--from-plan", "{r}", "--out", "{p}"],                                  # the profile it records
+    ["solve", "--from-plan", "{r}", "--out", "{dir}/sub/../base.json"],
+    ["solve", "--from-plan", "{r}", "--devices", "2", "--plot", "{dir}/plot.png", "--out", "{dir}/r-link.json"],
+    ["export", "{r}", "--to", "deepspeed", "-o", "{r}"],
+    ["export", "{dir}/r-link.json", "--to", "megatron", "--output", "{r}"],
+    ["diagnose", "{p}", "--plan", "{r}", "--out", "{r}"],
+    ["diagnose", "{p}", "--plan", "{r}", "--out", "{dir}/hard-r.json"],
+    ["breakdown", "{p}", "--layer-compute", "{dir}/lc.yaml", "--out", "{dir}/lc.yaml"],
+    ["sweep", "{p}", "--devices", "1..2", "--config", "{dir}/s.yaml", "--out", "{dir}/linkdir/s.yaml"],
+    ["solve", "{p}", "--devices", "2", "--target", "{dir}/t.yaml", "--out", "{dir}/t.yaml"],
+    ["synth", "gpt", "--target", "{dir}/t.yaml", "-o", "{dir}/t.yaml"],
+    ["convert", "{dir}/profile.pop", "{dir}/debug.cbor", "-o", "{dir}/debug.cbor"],
+    ["convert", "{dir}/hard.json", "-o", "{p}"],
+    ["convert", "{p}", "-o", "{dir}/dangling"],
+    ["capture", "{dir}/factories.py:build", "-o", "{dir}/factories.py"],
+    ["capture", "factories.py:build", "-o", "{dir}/linkdir/factories.py"],
+    ["capture", "pkg.mod:build", "-o", "{dir}/pkg/mod.py"],
+    ["capture", "pkg.mod:build", "-o", "{dir}/pkg/__init__.py"],
+], ids=lambda a: " ".join(a)[:60])
+def test_every_output_that_is_an_input_is_refused(capsys, tmp_path, profile, argv, monkeypatch):
+    """Same device and inode (hard links, symlinks, a symlinked folder), or the same resolved path
+    for a file not made yet: refused in one line before anything is read, run or written."""
+    plan = _recorded_plan(capsys, tmp_path, profile)
+    (tmp_path / "r-link.json").symlink_to(plan)
+    os.link(plan, tmp_path / "hard-r.json")
+    os.link(profile, tmp_path / "hard.json")
+    (tmp_path / "linkdir").symlink_to(tmp_path)
+    (tmp_path / "dangling").symlink_to("base.json")
+    (tmp_path / "sub").mkdir()
+    (tmp_path / "lc.yaml").write_text("'0': 5\n")
+    (tmp_path / "s.yaml").write_text("time_limit: 5\n")
+    (tmp_path / "t.yaml").write_text("tiles: 1\nbytes_per_tile: 1000\n")
+    (tmp_path / "profile.pop").write_bytes(b"not read")
+    (tmp_path / "debug.cbor").write_bytes(b"not read")
+    (tmp_path / "factories.py").write_text("raise SystemExit('never imported')\n")
+    (tmp_path / "pkg").mkdir()
+    (tmp_path / "pkg" / "__init__.py").write_text("raise SystemExit('never imported')\n")
+    (tmp_path / "pkg" / "mod.py").write_text("raise SystemExit('never imported')\n")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.syspath_prepend(str(tmp_path))
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()}
+    argv = [a.replace("{p}", str(profile)).replace("{r}", str(plan)).replace("{dir}", str(tmp_path)) for a in argv]
+    code, out, err = cli(capsys, *argv)
+    line = one_error(code, err, "is also an input (", "writing it would destroy that input")
+    flag = next(a for a in ("--out", "--output", "--plot") if f"error: {a} " in line)
+    assert flag in ("--out", "--output") and out == ""
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file() and not p.is_symlink()} == before
+    assert "pkg" not in sys.modules and "pkg.mod" not in sys.modules
+
+
+def test_guard_same_file_cases(tmp_path):
+    from stagesplit.guards import same_file
+    a = tmp_path / "a.json"
+    a.write_text("{}")
+    os.link(a, tmp_path / "b.json")
+    (tmp_path / "c.json").symlink_to(a)
+    (tmp_path / "loop").symlink_to(tmp_path / "loop")
+    assert same_file(a, tmp_path / "b.json") and same_file(tmp_path / "c.json", a)
+    assert same_file(tmp_path / "new.json", tmp_path / "x" / ".." / "new.json")     # neither exists yet
+    assert not same_file(a, tmp_path / "new.json")
+    assert not same_file(tmp_path / "loop", a) and same_file(tmp_path / "loop", tmp_path / "loop")
+    assert not same_file(tmp_path / "nul\0.json", a)
+
+
+def test_symlink_loops_as_inputs_or_outputs_are_one_line(capsys, tmp_path, profile):
+    (tmp_path / "loop1").symlink_to(tmp_path / "loop2")
+    (tmp_path / "loop2").symlink_to(tmp_path / "loop1")
+    code, out, err = cli(capsys, "convert", tmp_path / "loop1", "-o", tmp_path / "out.json")
+    one_error(code, err, str(tmp_path / "loop1"))
+    code, out, err = cli(capsys, "solve", profile, "--devices", "2", "--config", tmp_path / "loop1")
+    one_error(code, err, str(tmp_path / "loop1"), "symbolic links")
+    code, out, err = cli(capsys, "breakdown", profile, "--out", tmp_path / "loop1" / "x.txt")
+    one_error(code, err, "--out", "cannot write")
+
+
+def test_outputs_that_are_distinct_files_are_written(capsys, tmp_path, profile):
+    plan = _recorded_plan(capsys, tmp_path, profile)
+    code, out, err = cli(capsys, "solve", "--from-plan", plan, "--out", tmp_path / "again.json")
+    assert code == 0, err
+    assert json.loads((tmp_path / "again.json").read_text())["stages"] == json.loads(plan.read_text())["stages"]
+    code, out, err = cli(capsys, "export", plan, "--to", "deepspeed", "-o", tmp_path / "ds.json")
+    assert code == 0 and (tmp_path / "ds.json").exists(), err
+
+
+# -- 11. issue 18: a refused value names its field, in every profile form ----------------------------------
+
+def _nodes(value, path=()):
+    yield path, value
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _nodes(child, path + (key,))
+    elif isinstance(value, list):
+        for k, child in enumerate(value):
+            yield from _nodes(child, path + (k,))
+
+
+def _with_token(document, path, token: str) -> str:
+    """The JSON text of ``document`` with the value at ``path`` replaced by the raw ``token``."""
+    import copy
+    d = copy.deepcopy(document)
+    target = d
+    for part in path[:-1]:
+        target = target[part]
+    target[path[-1]] = "@@token@@"
+    return json.dumps(d).replace('"@@token@@"', token)
+
+
+def _full_document() -> dict:
+    from stagesplit.io.jsonprofile import profile_to_document
+    return profile_to_document(tiny_profile(True))
+
+
+def _layer_document() -> dict:
+    from stagesplit.io.layerform import LayerSpec, layer_document
+    d = layer_document([LayerSpec("a", 10, 20, 30, 40, 50, 60.0), LayerSpec("b", 1, 2, 3, 4, 5, 6.0)],
+                       {"name": "t", "tiles": 1, "bytes_per_tile": 10**6, "clock_hz": 1e9}, name="n")
+    d["shared"] = {"weights": 5, "other": 6}
+    return d
+
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity", "1e400", "-1e999", "9" * 50]
+
+
+@pytest.mark.parametrize("form", ["full", "layers"])
+@pytest.mark.parametrize("token", NON_FINITE)
+def test_non_finite_numbers_name_their_field(tmp_path, form, token):
+    """Every number of a valid profile, replaced by NaN, an infinity, an overflowing float or a
+    50-digit integer: the message names that number's field (``variables[0].bytes``)."""
+    from stagesplit.safeinput import field_path
+    document = _full_document() if form == "full" else _layer_document()
+    numbers = [(p, v) for p, v in _nodes(document) if isinstance(v, (int, float)) and not isinstance(v, bool)]
+    assert len(numbers) >= 18
+    path = tmp_path / "bytes-nan.json"
+    for where, _ in numbers:
+        path.write_text(_with_token(document, where, token))
+        with pytest.raises(ProfileError) as excinfo:
+            load_profile(path)
+        expected = "a number of at most 40 digits" if token.startswith("9") else \
+            "a finite number (this one overflows" if token[-1].isdigit() else "a finite JSON number (NaN, Infinity"
+        assert str(excinfo.value).startswith(f"{path}: {field_path(list(where))}: expected {expected}"), \
+            str(excinfo.value)
+
+
+def test_nan_bytes_message_in_full(capsys, tmp_path):
+    path = tmp_path / "bytes-nan.json"
+    path.write_text(json.dumps(doc()).replace('"bytes": 100', '"bytes": NaN', 1))
+    code, out, err = cli(capsys, "breakdown", path)
+    assert one_error(code, err) == (f"stagesplit: error: {path}: variables[0].bytes: expected a finite JSON "
+                                    "number (NaN, Infinity and -Infinity are not JSON), got 'NaN'")
+
+
+@pytest.mark.parametrize("text, field", [
+    ('{"a": 1, "a": 2}', "a"),
+    ('{"x": {"y": [1, {"z": 1, "z": NaN}]}}', "x.y[1].z"),
+    ('[1, 2, Infinity]', "[2]"),
+    ('NaN', "document"),
+    ('{"k": [[' + "1" * 60 + ']]}', "k[0][0]"),
+])
+def test_strict_json_names_the_path_of_the_first_refusal(text, field):
+    with pytest.raises(ProfileError) as excinfo:
+        load_json(text, "f.json")
+    assert str(excinfo.value).startswith(f"f.json: {field}: expected "), str(excinfo.value)
+
+
+@pytest.mark.parametrize("form", ["full", "layers"])
+def test_any_value_of_the_wrong_type_names_its_record(tmp_path, form):
+    """Every value (numbers, strings, lists, objects) replaced by each wrong type: accepted, or
+    refused naming that field or its record (a cross-reference names the field that refers)."""
+    from stagesplit.safeinput import field_path
+    document = _full_document() if form == "full" else _layer_document()
+    path = tmp_path / "typed.json"
+    refused = 0
+    for where, _ in list(_nodes(document))[1:]:
+        for token in ('"x"', "null", "[]", "{}", "true", "-1", "1.5", "4611686018427387904", '"\\ud800"'):
+            path.write_text(_with_token(document, where, token))
+            try:
+                load_profile(path)
+            except ProfileError as exc:
+                refused += 1
+                message, full = str(exc), field_path(list(where))
+                record = field_path(list(where[:2])) if len(where) > 1 and isinstance(where[1], int) else full
+                parent = field_path(list(where[:-1])) or full           # a sibling: step_trace.tiles/.bytes
+                assert message.startswith((f"{path}: {full}", f"{path}: {record}", f"{path}: {parent}",
+                                           f"{path}: operations[", f"{path}: variables[")), (full, token, message)
+    assert refused > 100
+
+
+def _compact_with(tmp_path: Path, key: str, value) -> Path:
+    arrays = profile_to_arrays(tiny_profile(True))
+    array = arrays[key].astype(np.float64 if arrays[key].dtype.kind == "f" else np.int64)
+    array.reshape(-1)[0] = value
+    arrays[key] = array
+    path = tmp_path / "bad.stagesplit"
+    path.write_bytes(_compact_bytes(arrays))
+    return path
+
+
+@pytest.mark.parametrize("key, value, message", [
+    ("var_bytes", -5, "variables[0].bytes: expected an integer >= 0 (stored in var_bytes[0]), got -5"),
+    ("var_bytes", 2**62, "variables[0].bytes: expected a byte count <= 1,125,899,906,842,624 (1 PiB) (stored in "
+                         "var_bytes[0]), got 4611686018427387904"),
+    ("var_tile", 9, "variables[0].tile: expected a tile index in 0..1 (stored in var_tile[0]), got 9"),
+    ("op_compute", np.inf, "operations[0].compute: expected a finite compute figure (stored in op_compute[0]), "
+                           "got inf"),
+    ("op_compute", -1.0, "operations[0].compute: expected a number >= 0 (stored in op_compute[0]), got -1.0"),
+    ("program_cycles", 1e308, "programs[0].cycles: expected a compute figure <= 1e+30 (stored in "
+                              "program_cycles[0]), got 1e+308"),
+    ("op_vars", 99, "operations[0].vars[0]: expected a variable index in 0..6 (stored in op_vars[0]), got 99"),
+    ("live_intervals", -3, "liveness[0].intervals[0]: expected an interval start in 0..6 (stored in "
+                           "live_intervals[0]), got -3"),
+    ("vertex_code_bytes", -2, "programs.vertex_code[0].bytes: expected an integer >= 0 (stored in "
+                              "vertex_code_bytes[0]), got -2"),
+    ("gt_step_bytes", -7, "ground_truth.step_trace.bytes[0][0]: expected a byte count >= 0 (stored in "
+                          "gt_step_bytes[0][0]), got -7"),
+    ("gt_category_1", 2**62, "ground_truth.categories.constant[0]: expected a byte count <= 1,125,899,906,842,624 "
+                             "(1 PiB) (stored in gt_category_1[0]), got 4611686018427387904"),
+    ("op_inputs_count", -1, "op_inputs_count: expected counts >= 0 summing to 5 (the number of op_inputs "
+                            "strings), got -1"),
+])
+def test_compact_errors_name_the_field_and_its_array(capsys, tmp_path, key, value, message):
+    path = _compact_with(tmp_path, key, value)
+    code, out, err = cli(capsys, "breakdown", path)
+    assert one_error(code, err) == f"stagesplit: error: {path}: {message}"
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda h: h["target"].update(clock_hz="@NaN"), "header.target.clock_hz: expected a finite JSON number"),
+    (lambda h: h["info"].update(name="@1e999"), "header.info.name: expected a finite number"),
+    (lambda h: h.update(version="@" + "7" * 45), "header.version: expected a number of at most 40 digits"),
+])
+def test_compact_header_refusals_keep_their_field(tmp_path, change, message):
+    arrays = profile_to_arrays(tiny_profile(True))
+    header = json.loads(arrays["header"].tobytes())
+    change(header)
+    text = json.dumps(header)
+    for token in ("NaN", "1e999", "7" * 45):
+        text = text.replace(f'"@{token}"', token)
+    arrays["header"] = np.frombuffer(text.encode(), np.uint8)
+    path = tmp_path / "header.stagesplit"
+    path.write_bytes(_compact_bytes(arrays))
+    with pytest.raises(ProfileError) as excinfo:
+        load_profile(path)
+    assert str(excinfo.value).startswith(f"{path}: {message}"), str(excinfo.value)
+
+
+@pytest.mark.parametrize("layers, message", [
+    ([{"name": "a", "weights": 2**62}], "layers[0].weights: expected a byte count <= 1,125,899,906,842,624 (1 PiB), "
+                                        "got 4611686018427387904"),
+    ([{"name": "a", "compute": 1e300}], "layers[0].compute: expected a number <= 1e+30, got 1e+300"),
+    ([{"name": f"l{i}", "output": 2**49} for i in range(2)],
+     "layers: expected byte counts summing to at most 1,125,899,906,842,624 (1 PiB), got 2251799813685248"),
+])
+def test_layer_form_limits_name_the_layer(capsys, tmp_path, layers, message):
+    path = write_json(tmp_path / "layers.json", {"format": "stagesplit-profile", "version": 1, "kind": "layers",
+                                                 "target": "ipu-mk2", "layers": layers})
+    code, out, err = cli(capsys, "breakdown", path)
+    assert one_error(code, err) == f"stagesplit: error: {path}: {message}"
+
+
+def test_any_mutation_of_a_json_profile_is_accepted_or_one_clean_line(tmp_path):
+    """Hypothesis: values anywhere in a valid full or per-layer document replaced by hostile ones
+    (wrong types, huge and non-finite numbers, deep or empty containers, lone surrogates), keys
+    added or deleted: the reader accepts, or raises one ProfileError line naming the file."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st_
+    documents = [_full_document(), _layer_document()]
+    hostile = st_.sampled_from(['"x"', "null", "[]", "{}", "true", "-1", "0", "1.5", "NaN", "-Infinity", "1e999",
+                                "4611686018427387904", "9" * 45, '"\\ud800\\n"', "[[[[[]]]]]", '{"a": NaN}',
+                                "-9223372036854775809", "1e-400", '"' + "a" * 200 + '"'])
+
+    @settings(max_examples=150, deadline=None, database=None,
+              suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
+    @given(which=st_.integers(0, 1), picks=st_.lists(st_.tuples(st_.integers(0, 10**6), hostile, st_.booleans()),
+                                                     min_size=1, max_size=3))
+    def check(which, picks):
+        import copy
+        d = copy.deepcopy(documents[which])
+        tokens = {}
+        for n, (pick, token, delete) in enumerate(picks):
+            places = [p for p, _ in _nodes(d)][1:]
+            where = places[pick % len(places)]
+            parent = d
+            for part in where[:-1]:
+                parent = parent[part]
+            if delete and isinstance(parent, dict):
+                del parent[where[-1]]
+            else:
+                parent[where[-1]] = f"@@{n}@@"
+                tokens[f'"@@{n}@@"'] = token
+        text = json.dumps(d)
+        for marker, token in tokens.items():
+            text = text.replace(marker, token)
+        path = tmp_path / "mutant.json"
+        path.write_text(text)
+        try:
+            load_profile(path)
+        except ProfileError as exc:
+            assert "\n" not in str(exc) and str(exc).startswith(f"{path}: "), str(exc)
+
+    check()

@@ -56,7 +56,10 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     try:
         return check_profile_limits(profile, str(path))
     except ProfileError as exc:                         # a compact file: name the array holding the field too
-        raise (with_compact_field(exc) if reader is read_compact else exc) from None
+        if reader is not read_compact:
+            raise
+        gt = profile.ground_truth
+        raise with_compact_field(exc, categories=list(gt.categories) if gt is not None else None) from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

@@ -218,10 +218,16 @@ def read_compact(path: str | Path, raw: bytes | None = None) -> Profile:
             raise with_compact_field(exc, arrays) from None
 
 
-def with_compact_field(exc: ProfileError, arrays: "_Arrays | None" = None) -> ProfileError:
+def with_compact_field(exc: ProfileError, arrays: "_Arrays | None" = None,
+                       categories: list[str] | None = None) -> ProfileError:
     """``exc`` (naming a field as the JSON form does, ``variables[3].bytes``) with the compact
-    array and index that hold that field added: ``... (stored in var_bytes[3])``."""
+    array and index that hold that field added: ``... (stored in var_bytes[3])``. ``categories``:
+    the ground-truth category names in stored order (``gt_category_K``)."""
     stored = _compact_field(exc.field, arrays)
+    if stored is None and categories and exc.field.startswith("ground_truth.categories."):
+        name, _, index = exc.field.removeprefix("ground_truth.categories.").rpartition("[")
+        if name in categories:
+            stored = f"gt_category_{categories.index(name)}[{index}"
     if stored is None:
         return exc
     return ProfileError(exc.file, exc.field, f"{exc.expected} (stored in {stored})", exc.got)
@@ -293,8 +299,11 @@ def _read(a: _Arrays) -> Profile:
     has_layer = a.get("op_has_layer", kind="b")
     counts = a.get("op_inputs_count")
     flat_inputs = a.strings("op_inputs")
-    if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops or counts.sum() != len(flat_inputs):
+    if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops:
         raise ProfileError(a.source, "op_*", f"{nops} entries in every operation array")
+    if len(counts) and (counts.min() < 0 or counts.sum() != len(flat_inputs)):
+        raise ProfileError(a.source, "op_inputs_count", f"counts >= 0 summing to {len(flat_inputs)} (the number "
+                           "of op_inputs strings)", int(counts.min()) if counts.min() < 0 else int(counts.sum()))
     bounds = np.concatenate([[0], np.cumsum(counts)])
     operations = Operations(
         name=op_names, debug_id=a.get("op_debug_id"),
