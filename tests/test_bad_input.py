@@ -1294,3 +1294,48 @@ def test_any_mutation_of_a_json_profile_is_accepted_or_one_clean_line(tmp_path):
             assert "\n" not in str(exc) and str(exc).startswith(f"{path}: "), str(exc)
 
     check()
+
+
+# -- 12. docs/safety.md: its examples run and print what it says ---------------------------------------------
+
+def _console_blocks(text: str) -> list[list[tuple[str, list[str]]]]:
+    """Each ```console block as (command, expected output lines) pairs; a command holding a
+    quoted here-document (<<'EOF') runs on to its EOF line."""
+    import re
+    blocks = []
+    for block in re.findall(r"```console\n(.*?)```", text, flags=re.S):
+        steps: list[tuple[str, list[str]]] = []
+        lines = block.splitlines()
+        i = 0
+        while i < len(lines):
+            line = lines[i]
+            assert line.startswith("$ "), f"output before any command: {line!r}"
+            command = line[2:]
+            i += 1
+            if "<<'EOF'" in command:
+                while lines[i] != "EOF":
+                    command += "\n" + lines[i]
+                    i += 1
+                command += "\nEOF"
+                i += 1
+            output = []
+            while i < len(lines) and not lines[i].startswith("$ "):
+                output.append(lines[i])
+                i += 1
+            steps.append((command, output))
+        blocks.append(steps)
+    return blocks
+
+
+def test_safety_doc_examples_print_what_they_say(tmp_path):
+    pytest.importorskip("onnx")
+    blocks = _console_blocks((ROOT / "docs" / "safety.md").read_text(encoding="utf-8"))
+    assert len(blocks) >= 4
+    prelude = (f'stagesplit() {{ {PYTHON} -m stagesplit "$@"; }}\n'
+               f'python() {{ {PYTHON} "$@"; }}\n')
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    for steps in blocks:
+        for command, expected in steps:
+            done = subprocess.run(["bash", "-c", prelude + command], cwd=tmp_path, capture_output=True, text=True,
+                                  timeout=120, env=env)
+            assert (done.stdout + done.stderr).splitlines() == expected, command

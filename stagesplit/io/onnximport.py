@@ -535,7 +535,7 @@ def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
     location = entries.get("location", "")
     field_ = f"{where}.external_data.location"
     folder = path.parent if str(path.parent) else Path(".")
-    expected = f"a relative path to a file inside the model's folder ({one_line(os.path.abspath(folder))})"
+    expected = f"a relative path to a file inside the model's folder ('{one_line(str(folder))}')"
     parts = location.replace("\\", "/").split("/")
     if not location or "\0" in location or os.path.isabs(location) or location.startswith(("/", "\\")) \
             or (len(location) > 1 and location[1] == ":") or ".." in parts:
@@ -955,7 +955,9 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
         b.operation("optimizer/step", 2 * n_fwd, 2 * n_fwd, compute=0.0, bytes_accessed=float(2 * state_bytes))
     warnings = []
     if unknown:
-        listed = ", ".join(f"{op} x{k}" for op, k in sorted(unknown.items()))
+        kinds = sorted(unknown.items())
+        listed = ", ".join(f"{op} x{k}" for op, k in kinds[:20]) + (f" and {len(kinds) - 20} more operators"
+                                                                      if len(kinds) > 20 else "")
         warnings.append(f"{sum(unknown.values())} node(s) of operators whose FLOPs are not modelled count 0 FLOPs: {listed}")
     b.info.warnings = list(warnings)
     total = 3.0 * sum(c.flops for c in costs)
