@@ -1339,3 +1339,22 @@ def test_safety_doc_examples_print_what_they_say(tmp_path):
             done = subprocess.run(["bash", "-c", prelude + command], cwd=tmp_path, capture_output=True, text=True,
                                   timeout=120, env=env)
             assert (done.stdout + done.stderr).splitlines() == expected, command
+
+
+@pytest.mark.parametrize("form", ["json", "compact"])
+def test_program_code_bytes_past_the_limit_name_the_program(tmp_path, form):
+    """A per-program code entry past 1 PiB: named as the JSON form writes it (program, entry,
+    bytes column), and for a compact file also by its array."""
+    from stagesplit.io.jsonprofile import profile_to_document, read_json_profile
+    d = profile_to_document(tiny_profile(True))
+    d["programs"][2]["exchange_code"][0][1] = 2**60
+    path = write_json(tmp_path / "code.json", d)
+    if form == "compact":
+        target = tmp_path / "code.stagesplit"
+        save_profile(read_json_profile(path), target)
+        path = target
+    with pytest.raises(ProfileError) as excinfo:
+        load_profile(path)
+    stored = " (stored in exchange_code_bytes, entry 0 of program 2)" if form == "compact" else ""
+    assert str(excinfo.value) == (f"{path}: programs[2].exchange_code[0][1]: expected a byte count <= "
+                                  f"1,125,899,906,842,624 (1 PiB){stored}, got 1152921504606846976")

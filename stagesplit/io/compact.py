@@ -355,6 +355,9 @@ def _compact_field(field: str, a: "_Arrays | None") -> str | None:
     m = re.fullmatch(r"programs\.(\w+)\[(\d+)\]\.(program|tile|bytes|vertex_type)", field)
     if m:
         return f"{m.group(1)}_{'type' if m.group(3) == 'vertex_type' else m.group(3)}[{m.group(2)}]"
+    m = re.fullmatch(r"programs\[(\d+)\]\.(\w+)\[(\d+)\]\[\d\]", field)
+    if m:
+        return f"{m.group(2)}_bytes, entry {m.group(3)} of program {m.group(1)}"
     m = re.fullmatch(r"programs\[(\d+)\]\.(cycles|vertices)", field)
     if m:
         return f"program_{m.group(2)}[{m.group(1)}]"

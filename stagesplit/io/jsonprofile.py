@@ -70,8 +70,8 @@ def profile_from_document(doc: Any, source: str) -> Profile:
 
 
 def byte_count(r: FieldReader, value: Any, path: str) -> int:
-    """A byte count: a whole number in 0..MAX_BYTES, refused at its field (a larger one could
-    only be refused later by a check that no longer knows where it stood)."""
+    """A byte count: a whole number in 0..MAX_BYTES, refused at its field (for a form whose
+    fields do not map one to one onto the profile, a later check could not name it)."""
     nbytes = r.integer(value, path)
     if nbytes > MAX_BYTES:
         r.fail(path, f"a byte count <= {MAX_BYTES:,} (1 PiB)", nbytes)
@@ -141,7 +141,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
                 if e < s or e > nsteps:
                     r.fail(ip + "[1]", f"an end >= start ({s}) and <= {nsteps} (end is exclusive)", e)
         name = var.get("name")
-        b.variable(bytes=byte_count(r, r.get(var, "bytes", p), f"{p}.bytes"),
+        b.variable(bytes=r.integer(r.get(var, "bytes", p), f"{p}.bytes"),
                    tile=r.integer(var.get("tile", 0), f"{p}.tile"),
                    live=live, name=None if name is None else r.string(name, f"{p}.name"))
 
@@ -152,7 +152,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
         cycles = prog.get("cycles")
         b.program(name=r.string(prog.get("name", f"program{i}"), f"{p}.name"),
                   kind=r.string(prog.get("type", "OnTileExecute"), f"{p}.type"),
-                  cycles=math.nan if cycles is None else compute_figure(r, cycles, f"{p}.cycles"),
+                  cycles=math.nan if cycles is None else r.number(cycles, f"{p}.cycles"),
                   vertices=r.integer(prog.get("vertices", 0), f"{p}.vertices"),
                   vertex_code=_vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code", target.tiles, r),
                   vertex_state=_tile_pairs(prog.get("vertex_state", []), f"{p}.vertex_state", target.tiles, r),
@@ -178,7 +178,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
             vars=[r.integer(x, f"{p}.vars[{k}]") for k, x in enumerate(r.list(op.get("vars", []), f"{p}.vars"))],
             programs=[r.integer(x, f"{p}.programs[{k}]")
                       for k, x in enumerate(r.list(op.get("programs", []), f"{p}.programs"))],
-            compute=math.nan if compute is None else compute_figure(r, compute, f"{p}.compute"),
+            compute=math.nan if compute is None else r.number(compute, f"{p}.compute"),
             bytes_accessed=math.nan if accessed is None else r.number(accessed, f"{p}.bytes_accessed"))
 
     if "ground_truth" in doc:
@@ -199,7 +199,7 @@ def _tile_pairs(value: Any, path: str, tiles: int, r: FieldReader) -> list[tuple
     for k, item in enumerate(r.list(value, path)):
         if not isinstance(item, list) or len(item) != 2:
             r.fail(f"{path}[{k}]", "a [tile, bytes] pair", item)
-        pairs.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), byte_count(r, item[1], f"{path}[{k}][1]")))
+        pairs.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.integer(item[1], f"{path}[{k}][1]")))
     return pairs
 
 
@@ -209,7 +209,7 @@ def _vertex_code(value: Any, path: str, tiles: int, r: FieldReader) -> list[tupl
         if not isinstance(item, list) or len(item) != 3:
             r.fail(f"{path}[{k}]", "a [tile, vertex type name, bytes] triple", item)
         rows.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.string(item[1], f"{path}[{k}][1]"),
-                     byte_count(r, item[2], f"{path}[{k}][2]")))
+                     r.integer(item[2], f"{path}[{k}][2]")))
     return rows
 
 
@@ -217,7 +217,7 @@ def _per_tile(value: Any, path: str, tiles: int, r: FieldReader, per: str = "til
     r.list(value, path)
     if len(value) != tiles:
         r.fail(path, f"{tiles} values (one per {per})", f"{len(value)} values")
-    return np.array([byte_count(r, x, f"{path}[{k}]") for k, x in enumerate(value)], np.int64)
+    return np.array([r.integer(x, f"{path}[{k}]") for k, x in enumerate(value)], np.int64)
 
 
 def _ground_truth(value: Any, target: Target, nsteps: int, r: FieldReader) -> GroundTruth:

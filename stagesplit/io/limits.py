@@ -4,6 +4,8 @@ sums stay finite, and a bounded step count. Checked once in ``load_profile``."""
 
 from __future__ import annotations
 
+from typing import Callable
+
 import numpy as np
 
 from ..errors import ProfileError
@@ -15,9 +17,11 @@ def _first(mask: np.ndarray) -> int:
     return int(np.flatnonzero(mask.reshape(-1))[0])
 
 
-def _entry(field: str, values: np.ndarray, k: int) -> str:
-    """The field path of flat entry ``k``: ``variables[{}].bytes`` filled in, or for a 2-d
-    array both indices (``ground_truth.step_trace.bytes[1][4]``)."""
+def _entry(field: str | Callable[[int], str], values: np.ndarray, k: int) -> str:
+    """The field path of flat entry ``k``: ``variables[{}].bytes`` filled in, a function's path
+    for entry k, or for a 2-d array both indices (``ground_truth.step_trace.bytes[1][4]``)."""
+    if callable(field):
+        return field(k)
     if "{}" in field:
         return field.format(k)
     if values.ndim == 2:
@@ -25,7 +29,7 @@ def _entry(field: str, values: np.ndarray, k: int) -> str:
     return f"{field}[{k}]"
 
 
-def _bytes(source: str | None, field: str, values: np.ndarray) -> float:
+def _bytes(source: str | None, field: str | Callable[[int], str], values: np.ndarray) -> float:
     """Check one array of byte counts (``field`` names entry {} of it); return its sum (as a
     float: it cannot overflow)."""
     values = np.asarray(values)
@@ -66,6 +70,17 @@ def _compute(source: str | None, field: str, values: np.ndarray) -> float:
     return total
 
 
+def _cost_path(programs: np.ndarray, category: str, column: int) -> Callable[[int], str]:
+    """Entry k of a category's flat cost arrays as the JSON form names it: the program it belongs
+    to, its place among that program's entries, and the bytes column
+    (``programs[3].vertex_code[1][2]``). Worked out only for the entry an error names."""
+    def path(k: int) -> str:
+        program = int(programs[k])
+        place = int(np.count_nonzero(programs[:k] == program))
+        return f"programs[{program}].{category}[{place}][{column}]"
+    return path
+
+
 def check_profile_limits(profile: Profile, source: str | None) -> Profile:
     """Refuse a profile whose sizes or sums downstream arithmetic cannot hold exactly."""
     p = profile
@@ -73,9 +88,9 @@ def check_profile_limits(profile: Profile, source: str | None) -> Profile:
         raise ProfileError(source, "steps", f"at most {MAX_STEPS:,} steps", p.num_steps)
     total = _bytes(source, "variables[{}].bytes", p.variables.bytes)
     pr = p.programs
-    total += _bytes(source, "programs.vertex_code[{}].bytes", pr.vertex_code.bytes)
+    total += _bytes(source, _cost_path(pr.vertex_code.program, "vertex_code", 2), pr.vertex_code.bytes)
     for cat, costs in pr.categories().items():
-        total += _bytes(source, f"programs.{cat}[{{}}].bytes", costs.bytes)
+        total += _bytes(source, _cost_path(costs.program, cat, 1), costs.bytes)
     if total > MAX_BYTES:
         raise ProfileError(source, "variables and programs", f"byte counts summing to at most {MAX_BYTES:,} "
                            f"(1 PiB; these sum to {total:,.0f})")
