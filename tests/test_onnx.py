@@ -546,6 +546,18 @@ def test_range_folds_only_when_small(tmp_path, start, limit, delta):
     assert peak < 64 << 20
 
 
+@pytest.mark.parametrize("name", [b"/model/layers.0/Relu", b"mlp.w", b"conv.b", b"Softmax", b"MatMul", b"pads",
+                                  b"kernel_shape", b"batch", b'\x12\x01c', b'\x0a\x01r'])
+def test_names_that_are_not_utf8_are_refused(tmp_path, name):
+    """protobuf hands back bytes for a string field that is not UTF-8: every name the importer
+    reads (node, tensor, operator, attribute and dimension names) is checked for it."""
+    raw = tiny_model(symbolic="batch").SerializeToString()
+    assert name in raw
+    path = tmp_path / "names.onnx"
+    path.write_bytes(raw.replace(name, name[:-1] + b"\xff"))
+    _refused(path, r": graph\.[^ ]+: expected UTF-8 text, got ", batch=1)
+
+
 # 4. accepted although wrong --------------------------------------------------------------------------------
 
 def _rename_output(index: int, name: str):

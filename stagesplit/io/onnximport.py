@@ -427,6 +427,7 @@ def _check_graph(onnx, model, path: Path) -> list[str]:
     g = model.graph
     if len(g.node) > MAX_NODES:
         raise ProfileError(src, "graph.node", f"at most {MAX_NODES:,} nodes", len(g.node))
+    _check_text(model, src)
     defined: dict[str, str] = {}
 
     def define(name: str, where: str) -> None:
@@ -488,6 +489,49 @@ def _check_graph(onnx, model, path: Path) -> list[str]:
             raise ProfileError(src, f"graph.output[{out.name}]", "a tensor that a graph input, an initializer "
                                "or a node output defines", f"'{one_line(out.name)}', which nothing defines")
     return external
+
+
+def _check_text(model, src: str) -> None:
+    """Every name the importer reads is UTF-8 text: protobuf hands back a ``bytes`` object for a
+    string field that is not, which no later step expects."""
+    g = model.graph
+
+    def text(value, where: str) -> None:
+        if not isinstance(value, str):
+            raise ProfileError(src, where, "UTF-8 text", short_repr(bytes(value)))
+
+    def value_info(vi, where: str) -> None:
+        text(vi.name, f"{where}.name")
+        if vi.type.HasField("tensor_type"):
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_param"):
+                    text(d.dim_param, f"{where}[{vi.name}].type.tensor_type.shape.dim[{axis}].dim_param")
+
+    for k, t in enumerate(g.initializer):
+        text(t.name, f"graph.initializer[{k}].name")
+        for e in t.external_data:
+            text(e.key, f"graph.initializer[{t.name}].external_data.key")
+            text(e.value, f"graph.initializer[{t.name}].external_data.{e.key}")
+    for k, t in enumerate(g.sparse_initializer):
+        text(t.values.name, f"graph.sparse_initializer[{k}].values.name")
+    for field_ in ("input", "output", "value_info"):
+        for k, vi in enumerate(getattr(g, field_)):
+            value_info(vi, f"graph.{field_}[{k}]")
+    for i, node in enumerate(g.node):
+        text(node.name, f"graph.node[{i}].name")
+        label = f"graph.node[{node.name or i}]"
+        text(node.op_type, f"{label}.op_type")
+        text(node.domain, f"{label}.domain")
+        for field_ in ("input", "output"):
+            for k, x in enumerate(getattr(node, field_)):
+                text(x, f"{label}.{field_}[{k}]")
+        for k, a in enumerate(node.attribute):
+            text(a.name, f"{label}.attribute[{k}].name")
+            for t in [a.t] if a.type == 4 else list(a.tensors) if a.type == 9 else []:
+                text(t.name, f"{label}.attribute.{a.name}.name")
+                for e in t.external_data:
+                    text(e.key, f"{label}.attribute.{a.name}.external_data.key")
+                    text(e.value, f"{label}.attribute.{a.name}.external_data.{e.key}")
 
 
 def _check_initializer(onnx, t, where: str, path: Path) -> list[str]:
