@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -350,13 +351,17 @@ def _parse_bounded(onnx, raw: bytes, src: str):
 class _address_space_limit:
     """Within the block, the process may map at most ``extra`` more bytes (RLIMIT_AS; Linux only,
     and never raising a lower limit already set): an allocation past it fails instead of the
-    machine running out of memory."""
+    machine running out of memory. The limit is process-wide, so it is set only while no other
+    thread runs (one that allocated meanwhile could fail)."""
 
     def __init__(self, extra: int):
         self.extra = extra
         self.saved = None
 
     def __enter__(self):
+        import threading
+        if threading.active_count() > 1 or not sys.platform.startswith("linux"):
+            return self
         try:
             import resource
             with open("/proc/self/statm") as f:
