@@ -431,6 +431,34 @@ def test_hostile_dims_and_data_name_the_tensor(tmp_path, change, pattern):
     _refused(_mutated(tmp_path, change), ": " + pattern)
 
 
+def test_every_element_type_onnx_writes_passes_the_data_check(tmp_path):
+    """The oracle is onnx's own writer: a tensor of each element type, raw or in typed fields,
+    of odd and empty-dims shapes, holds exactly the data the check expects; one element fewer
+    is refused."""
+    from stagesplit.io.onnximport import _check_initializer
+    checked = 0
+    for name, data_type in TensorProto.DataType.items():
+        if data_type == TensorProto.UNDEFINED:
+            continue
+        for raw in (False, True):
+            for shape in [(3, 5), (7,), ()]:
+                np_type = helper.tensor_dtype_to_np_dtype(data_type)
+                values = np.full(shape, "a", dtype=object) if data_type == TensorProto.STRING else \
+                    np.zeros(shape, dtype=np_type)
+                if raw and data_type != TensorProto.STRING:
+                    t = numpy_helper.from_array(values, "t")
+                else:
+                    flat = [b"a"] * values.size if data_type == TensorProto.STRING else values.reshape(-1).tolist()
+                    t = helper.make_tensor("t", data_type, list(shape), flat, raw=False)
+                assert _check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx") == []
+                checked += 1
+                if raw and t.HasField("raw_data") and data_type in (TensorProto.FLOAT, TensorProto.INT8):
+                    t.raw_data = t.raw_data[:-1]
+                    with pytest.raises(ProfileError, match=r"expected data for its dims"):
+                        _check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx")
+    assert checked >= 150
+
+
 def _one_node_model(op: str, inputs, output_shape=None, initializers=(), input_shape=(2, 3), **attrs):
     x = helper.make_tensor_value_info("x", TensorProto.FLOAT, list(input_shape))
     y = helper.make_tensor_value_info("y", TensorProto.FLOAT, output_shape)

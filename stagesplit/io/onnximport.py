@@ -385,17 +385,9 @@ class _address_space_limit:
 
 # -- the graph, checked before shapes are inferred ---------------------------------------------------------
 
-_DATA_TYPES: dict[int, str] = {}
 # bits per element of each tensor element type; None: stored as strings (no fixed size)
 _BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 8: None, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64, 14: 64,
-         15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4, 24: 8, 25: 2, 26: 2}
-
-
-def _type_name(onnx, elem_type: int) -> str:
-    try:
-        return onnx.TensorProto.DataType.Name(elem_type)
-    except ValueError:
-        return str(elem_type)
+         15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4, 24: 8, 25: 2, 26: 2, 27: 6, 28: 6}
 
 
 def _element_bits(onnx, elem_type: int, where: str, src: str) -> int | None:
@@ -555,12 +547,12 @@ def _check_initializer(onnx, t, where: str, path: Path) -> list[str]:
     else:
         have = sum(len(getattr(t, f)) for f in ("float_data", "int32_data", "string_data", "int64_data",
                                                    "double_data", "uint64_data"))
-        per = 2 if t.data_type in (14, 15) else 1           # complex: two numbers per element
-        want = count * per if bits is None or bits >= 8 else -(-count * bits // 32)
-        if bits is not None and bits < 8 and t.data_type not in (21, 22, 23):
-            return []                                       # 2-bit types: packing not checked
+        if bits is not None and bits < 8 and bits != 4:
+            return []                                       # 2- and 6-bit types: packing not checked
         if bits == 4:
             want = -(-count // 2)                           # int32_data holds two 4-bit values each
+        else:
+            want = count * (2 if t.data_type in (14, 15) else 1)    # complex: two numbers per element
         unit = "data values"
     if bits is None and t.HasField("raw_data"):
         return []                                           # strings have no fixed size
