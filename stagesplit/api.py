@@ -335,6 +335,8 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         profile = recorded.profile.path
         if not profile:
             raise StagesplitError(f"{show(plan_path)}: profile.path: the plan records no profile path; give the profile")
+        if out is not None:                   # the plan's recorded profile is an input too
+            check_outputs([("out", str(out), None)], [profile])
     plan = solve(profile, request=recorded.inputs.request, events=events)
     want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
@@ -469,6 +471,8 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
         raise OptionError("name", f"expected a string, got {short_repr(name)}")
     layering = _layering(layering)
     result = read_onnx(source, target, batch=batch, dims=dims, training=training, dtype=dtype, name=name)
+    if output is not None:                    # the model's external data files are inputs too
+        check_outputs([("output", output, None)], result.external_files)
     layers = group_layers(result.profile, layering)
     if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
         result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]

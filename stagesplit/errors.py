@@ -41,10 +41,16 @@ class OptionError(StagesplitError, ValueError):
     """A library argument that cannot be used. ``parameter`` is the argument's name in the
     Python API (``devices``, ``pin_layers``...); the command line swaps in its flag."""
 
-    def __init__(self, parameter: str, message: str):
+    def __init__(self, parameter: str, message: str, subject: str | None = None):
         self.parameter = parameter
         self.detail = message
-        super().__init__(f"{parameter}: {message}")
+        #: what the parameter named when the message is about it (an output's path): "out plan.json: ..."
+        self.subject = subject
+        super().__init__(self.render(parameter))
+
+    def render(self, name: str) -> str:
+        """The message with the parameter called ``name`` (the command line passes its flag)."""
+        return f"{name} {self.subject}: {self.detail}" if self.subject is not None else f"{name}: {self.detail}"
 
 
 class LayerRangeError(StagesplitError, IndexError):

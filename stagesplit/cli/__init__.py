@@ -20,24 +20,11 @@ EXIT_INTERNAL = 1
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """Every output path checked before any input is read or any file written (see guards)."""
-    from ..common.guards import check_outputs
-    plot = getattr(args, "plot", None)
-    plot_formats = None
-    if plot:
+    from ..common.guards import check_outputs, command_inputs, command_outputs
+    plot_formats: tuple[str, ...] = ()
+    if getattr(args, "plot", None):
         from ..reporting.plot import FORMATS as plot_formats
-    outputs = [("--out", getattr(args, "out", None), None), ("--plot", plot, plot_formats),
-               ("--output", getattr(args, "output", None), None)]
-    inputs = [getattr(args, name, None) for name in ("profile", "debug_cbor", "config", "layer_compute", "plan",
-                                                     "from_plan")]
-    model = getattr(args, "model", None)
-    if isinstance(model, str) and model.rpartition(":")[0].endswith(".py"):
-        inputs.append(model.rpartition(":")[0])               # capture's factory file
-    elif args.command == "import" and isinstance(model, str):
-        inputs.append(model)                                   # the ONNX file
-    target = getattr(args, "target", None)
-    if isinstance(target, str):
-        inputs += [t.strip() for t in target.split(",") if t.strip().endswith((".yaml", ".yml"))]
-    check_outputs(outputs, inputs)
+    check_outputs(command_outputs(args, plot_formats), command_inputs(args))
 
 
 def _safe_stdout() -> None:
@@ -54,7 +41,7 @@ def _message(exc: StagesplitError) -> str:
     """The error as the user should read it: an API parameter named by its flag."""
     from .parser import FLAGS
     if isinstance(exc, OptionError):
-        return f"{FLAGS.get(exc.parameter, exc.parameter)}: {exc.detail}"
+        return exc.render(FLAGS.get(exc.parameter, exc.parameter))
     return str(exc)
 
 

@@ -239,14 +239,16 @@ def cmd_convert(args: argparse.Namespace) -> int:
 
 
 def _dims(items: list[str]) -> dict[str, int]:
-    """--dim NAME=VALUE items (the values' syntax; their range is the API's)."""
+    """--dim NAME=VALUE items (their syntax; the values' range is the API's: 1..2**40)."""
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
         value = value.strip()
-        if not sep or not key or not value.isdigit() or len(value) > 20:
-            raise StagesplitError(f"--dim: expected NAME=VALUE with VALUE a positive integer, got '{one_line(item)}'")
-        out[key] = int(value)
+        if not sep or not key.strip() or not value.isascii() or not value.isdigit() or len(value) > 20 or \
+                not 1 <= int(value) <= 2**40:
+            raise StagesplitError(f"--dim: expected NAME=VALUE with VALUE a whole number in 1..{2**40:,}, "
+                                  f"got '{one_line(item)[:80]}'")
+        out[key.strip()] = int(value)
     return out
 
 

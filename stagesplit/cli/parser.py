@@ -285,6 +285,6 @@ FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "o
          "batch": "--batch", "dims": "--dim", "training": "--training", "dtype": "--dtype", "name": "--name",
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "MODEL", "profile": "PROFILE", "debug": "DEBUG",
-         "plan_path": "--from-plan", "out": "--out", "events": "events"}
+         "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events"}
 
 

@@ -11,8 +11,11 @@ import stat
 from pathlib import Path
 from typing import Callable, Iterable
 
-from ..errors import StagesplitError
+from ..errors import OptionError, StagesplitError
 from .safeinput import show
+
+__all__ = ["int_in", "float_in", "device_counts", "same_file", "capture_inputs", "command_inputs",
+           "command_outputs", "check_outputs"]
 
 
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
@@ -70,45 +73,153 @@ def device_counts(text: str, limit: int) -> list[int]:
     return counts
 
 
-def _same(a: Path, b: Path) -> bool:
+def _identity(path: str | Path) -> tuple[int, int] | None:
+    """(device, inode) of the file ``path`` names, through symlinks; None when it names nothing."""
     try:
-        return a.exists() and b.exists() and os.path.samefile(a, b)
-    except OSError:
-        return False
+        st = os.stat(path)
+    except (OSError, ValueError):           # missing, a symlink loop, a name too long, a NUL byte
+        return None
+    return st.st_dev, st.st_ino
+
+
+def _real(path: str | Path) -> str:
+    """``path`` with every symlink resolved, as far as it exists (never raises on a loop)."""
+    try:
+        return os.path.realpath(os.path.abspath(path))
+    except (OSError, ValueError):
+        return os.path.abspath(path)
+
+
+def same_file(a: str | Path, b: str | Path) -> bool:
+    """Whether ``a`` and ``b`` are one file: the same device and inode (hard links, symlinks,
+    bind mounts), or, where one does not exist yet, the same path once symlinks are resolved."""
+    ida, idb = _identity(a), _identity(b)
+    if ida is not None and idb is not None:
+        return ida == idb
+    return _real(a) == _real(b)
+
+
+def capture_inputs(spec: str | None) -> list[str]:
+    """The source files a ``capture`` MODEL names: ``file.py:function`` gives the file;
+    ``package.module:function`` the module's file (and its packages' ``__init__.py``), found the
+    way ``import`` would find them but without running anything."""
+    if not spec:
+        return []
+    where, sep, _ = spec.rpartition(":")
+    if not sep or not where:
+        return []
+    if where.endswith(".py") or "/" in where or "\\" in where:
+        return [where]
+    import importlib.machinery
+    import sys
+    files: list[str] = []
+    search: list[str] | None = None
+    parts = where.split(".")
+    for depth in range(1, len(parts) + 1):
+        name = ".".join(parts[:depth])
+        if not all(part.isidentifier() for part in parts[:depth]):
+            break
+        try:
+            spec_ = importlib.machinery.PathFinder.find_spec(name, search if depth > 1 else
+                                                             [p or os.getcwd() for p in sys.path])
+        except (ImportError, OSError, ValueError):
+            break
+        if spec_ is None:
+            break
+        if spec_.origin and spec_.has_location:
+            files.append(spec_.origin)
+        search = list(spec_.submodule_search_locations or [])
+        if not search and depth < len(parts):
+            break
+    return files
+
+
+#: per command, the options (argparse destinations) that name input files
+_FILE_INPUTS = {
+    "breakdown": ("profile", "debug_cbor", "layer_compute"),
+    "solve": ("profile", "debug_cbor", "config", "layer_compute", "from_plan"),
+    "sweep": ("profile", "debug_cbor", "config", "layer_compute"),
+    "diagnose": ("profile", "debug_cbor", "layer_compute", "plan"),
+    "convert": ("profile", "debug_cbor"),
+    "import": ("model", "layer_compute"),
+    "export": ("plan",),
+}
+
+
+def command_inputs(args: argparse.Namespace) -> list[str]:
+    """Every input file a parsed command line names: profiles, plans, settings, layer-compute
+    files, YAML targets, the ONNX model, and the source file of a ``capture`` factory."""
+    command = getattr(args, "command", None)
+    names = _FILE_INPUTS.get(command, ())
+    inputs = [str(getattr(args, name)) for name in names if getattr(args, name, None)]
+    if command == "capture":
+        inputs += capture_inputs(getattr(args, "model", None))
+    target = getattr(args, "target", None)
+    if isinstance(target, str):
+        inputs += [t.strip() for t in target.split(",") if t.strip().lower().endswith((".yaml", ".yml"))]
+    return inputs
+
+
+def command_outputs(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> list[tuple[str, str | None,
+                                                                                          tuple[str, ...] | None]]:
+    """(flag, path, allowed suffixes or None) of every output a parsed command line names."""
+    plot = getattr(args, "plot", None)
+    return [("--out", getattr(args, "out", None), None), ("--plot", plot, plot_suffixes),
+            ("--output", getattr(args, "output", None), None)]
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | None, tuple[str, ...] | None]],
-                  inputs: Iterable[str | None]) -> None:
+                  inputs: Iterable[str | Path | None]) -> None:
     """Refuse, before anything is read or written: an output in a missing folder, one that is
     a folder or a device, one with a suffix its writer cannot make, one that is also an input
-    (``--out`` equal to the profile would destroy it), and two outputs to the same file."""
-    seen: dict[str, str] = {}
-    input_paths = [Path(p) for p in inputs if p]
+    (``--out`` equal to the profile would destroy it: same device and inode, through symlinks
+    and hard links, or the same resolved path for a file not made yet), and two outputs to the
+    same file."""
+    seen: list[tuple[str, str]] = []
+    input_paths = [str(p) for p in inputs if p]
     for flag, value, suffixes in outputs:
         if not value:
             continue
+        parameter = flag.lstrip("-").replace("-", "_")        # the API's name; the CLI shows its flag
+
+        def refuse(message: str, parameter: str = parameter, value: str = value) -> None:
+            raise OptionError(parameter, message, subject=show(value))
+
         path = Path(value)
         if suffixes is not None and path.suffix.lower() not in suffixes:
-            raise StagesplitError(f"{flag} {show(value)}: expected a file name ending in {' or '.join(suffixes)}")
-        directory = path.parent if str(path.parent) else Path(".")
-        if not directory.is_dir():
-            problem = "is not a folder" if directory.exists() else "does not exist"
-            raise StagesplitError(f"{flag} {show(value)}: cannot write: folder {show(directory)} {problem}")
-        if path.exists() or path.is_symlink():
-            try:
-                mode = os.stat(path).st_mode
-            except OSError:
-                mode = None
-            if mode is not None and stat.S_ISDIR(mode):
-                raise StagesplitError(f"{flag} {show(value)}: is a folder, expected a file name")
-            if mode is not None and not stat.S_ISREG(mode):
-                raise StagesplitError(f"{flag} {show(value)}: is not a regular file; outputs are written by "
-                                      "replacing a regular file")
+            refuse(f"expected a file name ending in {' or '.join(suffixes)}")
         for source in input_paths:
-            if _same(path, source) or path.resolve() == source.resolve():
-                raise StagesplitError(f"{flag} {show(value)}: is also an input ({show(source)}); writing it would "
-                                      "destroy that input: choose another file name")
-        key = str(path.resolve())
-        if key in seen:
-            raise StagesplitError(f"{flag} {show(value)}: is also the {seen[key]} output: choose different files")
-        seen[key] = flag
+            if same_file(path, source):
+                refuse(f"is also an input ({show(source)}); writing it would destroy that input: choose another "
+                       "file name")
+        directory = path.parent if str(path.parent) else Path(".")
+        if not _is_dir(directory):
+            problem = "is not a folder" if _exists(directory) else "does not exist"
+            refuse(f"cannot write: folder {show(directory)} {problem}")
+        try:
+            mode = os.stat(path).st_mode
+        except (OSError, ValueError):
+            mode = None
+        if mode is not None and stat.S_ISDIR(mode):
+            refuse("is a folder, expected a file name")
+        if mode is not None and not stat.S_ISREG(mode):
+            refuse("is not a regular file; outputs are written by replacing a regular file")
+        for other_flag, other in seen:
+            if same_file(path, other):
+                refuse(f"is also the {other_flag} output: choose different files")
+        seen.append((flag, value))
+
+
+def _is_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.stat(path).st_mode)
+    except (OSError, ValueError):
+        return False
+
+
+def _exists(path: Path) -> bool:
+    try:
+        os.stat(path)
+        return True
+    except (OSError, ValueError):
+        return False

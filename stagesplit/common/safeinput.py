@@ -157,39 +157,81 @@ def decode_text(data: bytes, path: str | Path, what: str = "UTF-8 text") -> str:
 
 # -- JSON ----------------------------------------------------------------------------------------------
 
-class _JSONRefused(ValueError):
+class _Refused:
+    """Stands in the parsed document for a value strict JSON refuses (NaN, an overflowing
+    number, a duplicate key), so that the refusal can name the field path where it stands."""
+
+    __slots__ = ("expected", "got")
+
     def __init__(self, expected: str, got: str | None = None):
-        super().__init__(expected)
         self.expected = expected
         self.got = got
 
 
-def _no_constant(name: str) -> Any:
-    raise _JSONRefused("a finite JSON number (NaN, Infinity and -Infinity are not JSON)", name)
+def _strict_hooks() -> tuple[dict, list]:
+    """json.loads hooks that put a _Refused marker where a value is refused, and the list of
+    markers made (empty for a valid document: then nothing needs walking)."""
+    refused: list[_Refused] = []
+
+    def mark(expected: str, got: str | None) -> _Refused:
+        marker = _Refused(expected, got)
+        refused.append(marker)
+        return marker
+
+    def constant(name: str) -> Any:
+        return mark("a finite JSON number (NaN, Infinity and -Infinity are not JSON)", name)
+
+    def finite_float(text: str) -> Any:
+        value = float(text)
+        if not math.isfinite(value):
+            return mark("a finite number (this one overflows a 64-bit float)", text[:40])
+        return value
+
+    def big_int(text: str) -> Any:
+        if len(text.lstrip("-")) > 40:      # int() of a huge digit string is slow; no field needs one
+            return mark("a number of at most 40 digits", text[:20] + "...")
+        return int(text)
+
+    def pairs(items: list[tuple[str, Any]]) -> dict:
+        out = dict(items)
+        if len(out) != len(items):
+            seen: set[str] = set()
+            for key, _ in items:
+                if key in seen:
+                    out[key] = mark("each key at most once in an object", f"duplicate key {short_repr(key)}")
+                    break
+                seen.add(key)
+        return out
+
+    hooks = dict(parse_constant=constant, parse_float=finite_float, parse_int=big_int, object_pairs_hook=pairs)
+    return hooks, refused
 
 
-def _finite_float(text: str) -> float:
-    value = float(text)
-    if not math.isfinite(value):
-        raise _JSONRefused("a finite number (this one overflows a 64-bit float)", text[:40])
-    return value
-
-
-def _big_int(text: str) -> int:
-    if len(text.lstrip("-")) > 40:          # int() of a huge digit string is slow; no field needs one
-        raise _JSONRefused("a number of at most 40 digits", text[:20] + "...")
-    return int(text)
-
-
-def _pairs(pairs: list[tuple[str, Any]]) -> dict:
-    out = dict(pairs)
-    if len(out) != len(pairs):
-        seen: set[str] = set()
-        for key, _ in pairs:
-            if key in seen:
-                raise _JSONRefused("each key at most once in an object", f"duplicate key {short_repr(key)}")
-            seen.add(key)
+def field_path(parts: list[str | int]) -> str:
+    """``["variables", 0, "bytes"]`` -> ``variables[0].bytes``: how messages name a field."""
+    out = ""
+    for part in parts:
+        out += f"[{part}]" if isinstance(part, int) else (f".{part}" if out else str(part))
     return out
+
+
+def _find_refused(doc: Any) -> tuple[str, _Refused] | None:
+    """The path of the first _Refused marker in document order (walked without recursion)."""
+    stack: list[tuple[Any, list[str | int]]] = [(doc, [])]
+    while stack:
+        value, path = stack.pop()
+        if isinstance(value, _Refused):
+            return field_path(path) or "document", value
+        if isinstance(value, dict):
+            items = list(value.items())
+        elif isinstance(value, list):
+            items = list(enumerate(value))
+        else:
+            continue
+        for key, child in reversed(items):          # reversed: the first child is popped first
+            if isinstance(child, (dict, list, _Refused)):
+                stack.append((child, path + [key]))
+    return None
 
 
 def check_depth(doc: Any, source: str | Path | None, limit: int = MAX_DEPTH) -> None:
@@ -216,17 +258,20 @@ def check_depth(doc: Any, source: str | Path | None, limit: int = MAX_DEPTH) -> 
 
 def load_json(text: str, source: str | Path | None) -> Any:
     """Parse JSON strictly: no NaN/Infinity, no numbers that overflow, no duplicate keys, no
-    nesting deeper than MAX_DEPTH. Errors name the file and the line and column."""
+    nesting deeper than MAX_DEPTH. A syntax error names the line and column; a refused value
+    names its field path (``variables[0].bytes``)."""
+    hooks, refused = _strict_hooks()
     try:
-        doc = json.loads(text, parse_constant=_no_constant, parse_float=_finite_float, parse_int=_big_int,
-                         object_pairs_hook=_pairs)
+        doc = json.loads(text, **hooks)
     except json.JSONDecodeError as exc:
         raise ProfileError(source, f"line {exc.lineno} column {exc.colno}", "valid JSON", exc.msg) from None
-    except _JSONRefused as exc:
-        raise ProfileError(source, "", exc.expected, exc.got) from None
     except RecursionError:
         raise ProfileError(source, "document", f"lists and objects nested at most {MAX_DEPTH} deep") from None
     check_depth(doc, source)
+    if refused:
+        found = _find_refused(doc)
+        where, marker = found if found is not None else ("document", refused[0])
+        raise ProfileError(source, where, marker.expected, marker.got)
     return doc
 
 

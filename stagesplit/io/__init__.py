@@ -7,12 +7,12 @@ import hashlib
 from pathlib import Path
 from typing import Callable
 
-from ..errors import StagesplitError
+from ..errors import ProfileError, StagesplitError
 from ..common.fileio import atomic_write_text
 from .profile import Profile
 from ..common.safeinput import InputFile, show
 from .limits import check_profile_limits
-from .compact import read_compact, write_compact
+from .compact import read_compact, with_compact_field, write_compact
 from .jsonprofile import dumps_profile, read_json_profile
 
 COMPACT_SUFFIXES = (".stagesplit", ".npz")
@@ -53,7 +53,13 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     del data
     profile.info.sha256 = digest
     profile.info.path = str(path)
-    return check_profile_limits(profile, str(path))
+    try:
+        return check_profile_limits(profile, str(path))
+    except ProfileError as exc:                         # a compact file: name the array holding the field too
+        if reader is not read_compact:
+            raise
+        gt = profile.ground_truth
+        raise with_compact_field(exc, categories=list(gt.categories) if gt is not None else None) from None
 
 
 def save_profile(profile: Profile, path: str | Path) -> None:

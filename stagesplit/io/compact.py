@@ -248,15 +248,38 @@ def read_compact(path: str | Path, raw: bytes | None = None) -> Profile:
     except _READ_ERRORS as exc:
         raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
     with data:
-        return _read(_Arrays(data, source))
+        arrays = _Arrays(data, source)
+        try:
+            return _read(arrays)
+        except ProfileError as exc:
+            raise with_compact_field(exc, arrays) from None
+
+
+def with_compact_field(exc: ProfileError, arrays: "_Arrays | None" = None,
+                       categories: list[str] | None = None) -> ProfileError:
+    """``exc`` (naming a field as the JSON form does, ``variables[3].bytes``) with the compact
+    array and index that hold that field added: ``... (stored in var_bytes[3])``. ``categories``:
+    the ground-truth category names in stored order (``gt_category_K``)."""
+    stored = _compact_field(exc.field, arrays)
+    if stored is None and categories and exc.field.startswith("ground_truth.categories."):
+        name, _, index = exc.field.removeprefix("ground_truth.categories.").rpartition("[")
+        if name in categories:
+            stored = f"gt_category_{categories.index(name)}[{index}"
+    if stored is None:
+        return exc
+    return ProfileError(exc.file, exc.field, f"{exc.expected} (stored in {stored})", exc.got)
 
 
 def _read(a: _Arrays) -> Profile:
     raw_header = a.get("header").tobytes()
     try:
         header = load_json(raw_header.decode("utf-8"), a.source)
-    except (UnicodeDecodeError, ProfileError):
-        raise ProfileError(a.source, "header", "a JSON header") from None
+    except UnicodeDecodeError as exc:
+        raise ProfileError(a.source, "header", f"a JSON header (UTF-8 text; byte {exc.start} is not)") from None
+    except ProfileError as exc:          # keep the field (or line and column) inside the header
+        if exc.field.startswith(("line ", "document")):
+            raise ProfileError(a.source, "header", f"a JSON header ({exc.field}: {exc.expected})", exc.got) from None
+        raise ProfileError(a.source, f"header.{exc.field}", exc.expected, exc.got) from None
     if not isinstance(header, dict) or header.get("format") != FORMAT:
         raise ProfileError(a.source, "header.format", f'"{FORMAT}"', header.get("format") if isinstance(header, dict) else header)
     if header.get("version") != VERSION:
@@ -313,8 +336,11 @@ def _read(a: _Arrays) -> Profile:
     has_layer = a.get("op_has_layer")
     counts = a.get("op_inputs_count")
     flat_inputs = a.strings("op_inputs")
-    if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops or counts.sum() != len(flat_inputs):
+    if len(layer_names) != nops or len(has_layer) != nops or len(counts) != nops:
         raise ProfileError(a.source, "op_*", f"{nops} entries in every operation array")
+    if len(counts) and (counts.min() < 0 or counts.sum() != len(flat_inputs)):
+        raise ProfileError(a.source, "op_inputs_count", f"counts >= 0 summing to {len(flat_inputs)} (the number "
+                           "of op_inputs strings)", int(counts.min()) if counts.min() < 0 else int(counts.sum()))
     bounds = np.concatenate([[0], np.cumsum(counts)])
     operations = Operations(
         name=op_names, debug_id=a.get("op_debug_id"),
@@ -338,3 +364,45 @@ def _read(a: _Arrays) -> Profile:
                       liveness=Liveness(Ragged(live_offsets, intervals)), programs=programs, operations=operations,
                       compute_unit=compute_unit, ground_truth=ground_truth, info=info)
     return profile.validate(a.source)
+
+
+# a field path of the JSON form (what Profile.validate and the limits name) -> the compact array
+_ARRAY_OF = {"variables": {"bytes": "var_bytes", "tile": "var_tile", "live": "var_live_class", "name": "var_name"},
+             "operations": {"first_step": "op_first_step", "last_step": "op_last_step", "compute": "op_compute",
+                            "bytes_accessed": "op_bytes_accessed", "debug_id": "op_debug_id"}}
+
+
+def _compact_field(field: str, a: "_Arrays | None") -> str | None:
+    """Where the field ``variables[3].bytes`` (as Profile.validate and the limits name it) is
+    stored in a compact file: ``var_bytes[3]``; None for a field named as stored already."""
+    import re
+    m = re.fullmatch(r"(variables|operations)\[(\d+)\]\.(\w+)", field)
+    if m and m.group(3) in _ARRAY_OF[m.group(1)]:
+        return f"{_ARRAY_OF[m.group(1)][m.group(3)]}[{m.group(2)}]"
+    m = re.fullmatch(r"(liveness|operations)\[(\d+)\]\.(intervals|vars|programs)\[(\d+)\]", field)
+    if m:
+        key = {"intervals": "live", "vars": "op_vars", "programs": "op_programs"}[m.group(3)]
+        if a is None:
+            return None
+        try:
+            flat = int(a.data[f"{key}_offsets"][int(m.group(2))]) + int(m.group(4))
+        except (*_READ_ERRORS, IndexError, KeyError):
+            return None
+        return f"{'live_intervals' if key == 'live' else key}[{flat}]"
+    m = re.fullmatch(r"programs\.(\w+)\[(\d+)\]\.(program|tile|bytes|vertex_type)", field)
+    if m:
+        return f"{m.group(1)}_{'type' if m.group(3) == 'vertex_type' else m.group(3)}[{m.group(2)}]"
+    m = re.fullmatch(r"programs\[(\d+)\]\.(\w+)\[(\d+)\]\[\d\]", field)
+    if m:
+        return f"{m.group(2)}_bytes, entry {m.group(3)} of program {m.group(1)}"
+    m = re.fullmatch(r"programs\[(\d+)\]\.(cycles|vertices)", field)
+    if m:
+        return f"program_{m.group(2)}[{m.group(1)}]"
+    m = re.fullmatch(r"ground_truth\.(always_live|not_always_live|step_trace\.tiles|step_trace\.bytes)(\[.*)?", field)
+    if m:
+        key = {"always_live": "gt_always_live", "not_always_live": "gt_not_always_live",
+               "step_trace.tiles": "gt_step_tiles", "step_trace.bytes": "gt_step_bytes"}[m.group(1)]
+        return f"{key}{m.group(2) or ''}"
+    if field.startswith("target."):
+        return f"header.{field}"
+    return None

@@ -20,7 +20,7 @@ from .builder import ProfileBuilder
 from .targets import known_targets, target_from_mapping
 from ..errors import ProfileError
 from .profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
-from ..common.safeinput import MAX_STEPS, InputFile, load_json
+from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, InputFile, load_json
 from ..common.fields import FieldReader
 
 FORMAT = "stagesplit-profile"
@@ -67,6 +67,23 @@ def profile_from_document(doc: Any, source: str) -> Profile:
         from .layerform import profile_from_layer_document
         return profile_from_layer_document(doc, r)
     return _read_full(doc, r)
+
+
+def byte_count(r: FieldReader, value: Any, path: str) -> int:
+    """A byte count: a whole number in 0..MAX_BYTES, refused at its field (for a form whose
+    fields do not map one to one onto the profile, a later check could not name it)."""
+    nbytes = r.integer(value, path)
+    if nbytes > MAX_BYTES:
+        r.fail(path, f"a byte count <= {MAX_BYTES:,} (1 PiB)", nbytes)
+    return nbytes
+
+
+def compute_figure(r: FieldReader, value: Any, path: str) -> float:
+    """A compute figure (cycles, FLOPs, seconds): a finite number in 0..MAX_COMPUTE."""
+    figure = r.number(value, path)
+    if figure > MAX_COMPUTE:
+        r.fail(path, f"a number <= {MAX_COMPUTE:g}", figure)
+    return figure
 
 
 def read_target(value: Any, r: FieldReader, path: str = "target") -> Target:

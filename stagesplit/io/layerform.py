@@ -23,6 +23,7 @@ from typing import Any, Sequence
 
 from .builder import ProfileBuilder
 from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
+from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 from ..common.fields import FieldReader
 
 _TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
@@ -113,7 +114,7 @@ def build_layer_profile(layers: Sequence[LayerSpec], target: Target, training: b
 
 
 def profile_from_layer_document(doc: dict, r: FieldReader) -> Profile:
-    from .jsonprofile import read_info, read_target
+    from .jsonprofile import byte_count, compute_figure, read_info, read_target
 
     r.known_keys(doc, "", _TOP)
     target = read_target(r.get(doc, "target", ""), r)
@@ -129,10 +130,20 @@ def profile_from_layer_document(doc: dict, r: FieldReader) -> Profile:
         if name in seen:
             r.fail(f"{p}.name", "a layer name not used before", name)
         seen.add(name)
-        values: dict[str, Any] = {f: r.integer(layer.get(f, 0), f"{p}.{f}") for f in _BYTE_FIELDS}
-        specs.append(LayerSpec(name=name, compute=r.number(layer.get("compute", 0), f"{p}.compute"), **values))
+        values: dict[str, Any] = {f: byte_count(r, layer.get(f, 0), f"{p}.{f}") for f in _BYTE_FIELDS}
+        specs.append(LayerSpec(name=name, compute=compute_figure(r, layer.get("compute", 0), f"{p}.compute"),
+                               **values))
+    if 2 * len(specs) > MAX_STEPS:
+        r.fail("layers", f"at most {MAX_STEPS // 2:,} layers", len(specs))
     shared = r.mapping(doc.get("shared", {}), "shared")
     r.known_keys(shared, "shared", {"weights", "other"})
+    shared_bytes = sum(byte_count(r, shared.get(k, 0), f"shared.{k}") for k in ("weights", "other"))
+    gradients = sum(l.output for l in specs) if training else 0       # each output's gradient, same size
+    byte_total = sum(getattr(l, f) for l in specs for f in _BYTE_FIELDS) + gradients + shared_bytes
+    if byte_total > MAX_BYTES:
+        r.fail("layers", f"byte counts summing to at most {MAX_BYTES:,} (1 PiB)", byte_total)
+    if sum(l.compute for l in specs) > MAX_COMPUTE:
+        r.fail("layers", f"compute figures summing to at most {MAX_COMPUTE:g}", sum(l.compute for l in specs))
     info = read_info(doc, r)
     if info.source == "json":
         info.source = "layers"

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import math
 import re
+import sys
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,9 +34,21 @@ from pathlib import Path
 import numpy as np
 
 from .builder import ProfileBuilder
-from ..errors import ProfileError, StagesplitError
+from ..errors import OptionError, ProfileError, StagesplitError
 from .profile import Profile, ProfileInfo, Target
+from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, MAX_STREAM_BYTES, InputFile, one_line, short_repr
 from .layerform import one_tile
+
+__all__ = ["import_onnx", "parse_dims", "node_flops", "OnnxImport", "NodeCost", "TRAINING", "DTYPES",
+           "MAX_ONNX_BYTES", "MAX_DIM"]
+
+#: an ONNX file is one protobuf message, which protobuf caps at 2 GiB (larger models keep their
+#: weights in external data files, which are never read); a pipe or device is capped lower
+MAX_ONNX_BYTES = (2 << 30) - 1
+#: --batch and --dim values (and any dimension bound from them) are at most this
+MAX_DIM = 1 << 40
+#: nodes in one graph: each is a forward and a backward program step
+MAX_NODES = MAX_STEPS // 2 - 1
 
 TRAINING = ("adam", "sgd", "none")
 DTYPES = {"float32": 4, "float16": 2, "bfloat16": 2}
@@ -87,6 +100,7 @@ class OnnxImport:
     warnings: list[str] = field(default_factory=list)
     #: the layers the profile's operations group into (set by ``stagesplit.api.import_onnx``)
     layers: list[str] = field(default_factory=list)
+    external_files: list[str] = field(default_factory=list)   # external data files the model names (inputs too)
 
 
 # view operators: their output aliases their first input (no memory of its own)
@@ -130,23 +144,48 @@ def import_onnx(path: str | Path, target: Target, *, batch: int | None = None, d
     """Read ``path`` and build its profile on ``target`` (see the module docstring)."""
     onnx = _onnx()
     if training not in TRAINING:
-        raise StagesplitError(f"--training: expected one of {', '.join(TRAINING)}, got '{training}'")
+        raise StagesplitError(f"--training: expected one of {', '.join(TRAINING)}, got '{one_line(str(training))}'")
     if dtype is not None and dtype not in DTYPES:
-        raise StagesplitError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{dtype}'")
+        raise StagesplitError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{one_line(str(dtype))}'")
+    dims = _checked_dims(dims, batch)
     path = Path(path)
     src = str(path)
     model = _load(onnx, path)
-    _check_external(onnx, model, path)
-    _bind_dims(model, dims or {}, batch, src)
+    external = _check_graph(onnx, model, path)
+    _bind_dims(model, dims, batch, src)
     model = _infer(onnx, model, src)
     if _fold_shape_computations(onnx, model):      # shapes computed from shapes: fold, then infer again
         model = _infer(onnx, model, src)
-    return _build(onnx, model, target, training, dtype, name or path.stem, src)
+    result = _build(onnx, model, target, training, dtype, name or path.stem, src)
+    result.external_files = external
+    return result
+
+
+def _checked_dims(dims: dict[str, int] | None, batch: int | None) -> dict[str, int]:
+    """``dims`` and ``batch`` as whole numbers in 1..MAX_DIM (a protobuf dimension is an int64)."""
+    def ok(value) -> bool:
+        return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= MAX_DIM
+    if batch is not None and not ok(batch):
+        raise OptionError("batch", f"expected a whole number in 1..{MAX_DIM:,}, got {short_repr(batch)}")
+    if dims is None:
+        return {}
+    if not isinstance(dims, dict):
+        raise OptionError("dims", f"expected a mapping of dimension name to size, got {type(dims).__name__}")
+    for key, value in dims.items():
+        if not isinstance(key, str) or not ok(value):
+            raise OptionError("dims", f"expected dimension names mapped to whole numbers in 1..{MAX_DIM:,}, "
+                              f"got {short_repr(key)}: {short_repr(value)}")
+    return {k: int(v) for k, v in dims.items()}
 
 
 def _infer(onnx, model, src: str):
+    budget = PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE * model.ByteSize()
     try:
-        return onnx.shape_inference.infer_shapes(model, data_prop=True)
+        with _address_space_limit(budget):        # inference serializes, parses and infers in C++
+            return onnx.shape_inference.infer_shapes(model, data_prop=True)
+    except MemoryError:
+        raise ProfileError(src, "graph", f"a model ONNX shape inference can handle within {budget:,} bytes of "
+                           "memory") from None
     except Exception as exc:          # onnx raises its own InferenceError and ValidationError types
         raise ProfileError(src, "graph", "a model ONNX shape inference accepts",
                            str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__) from None
@@ -164,6 +203,7 @@ def _fold_shape_computations(onnx, model) -> bool:
     those small integer computations once (onnx's reference evaluator, node by node) and turn the
     nodes into Constants holding their values, so inference sees the shapes. Returns whether any
     node changed. Nodes keep their names; only data-movement and tiny arithmetic nodes change."""
+    import warnings
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
     g = model.graph
@@ -172,27 +212,39 @@ def _fold_shape_computations(onnx, model) -> bool:
     from onnx.external_data_helper import uses_external_data
     for t in g.initializer:
         if int(math.prod(t.dims)) <= _FOLD_LIMIT and not uses_external_data(t):
-            known[t.name] = numpy_helper.to_array(t)
+            try:
+                known[t.name] = numpy_helper.to_array(t)
+            except Exception:            # an element type numpy cannot hold: never folded
+                continue
     changed = False
     for node in g.node:
         outs = [o for o in node.output if o]
+        if node.domain not in ("", "ai.onnx"):
+            continue
         try:
-            if node.op_type == "Constant":
-                value = ReferenceEvaluator(node).run(None, {})
-            elif node.op_type == "Shape":
-                vi = shapes.get(node.input[0])
-                if vi is None or not vi.type.HasField("tensor_type"):
+            with warnings.catch_warnings(), np.errstate(all="ignore"):
+                warnings.simplefilter("ignore")             # overflow in hostile shape arithmetic
+                if node.op_type == "Constant":
+                    if not _small_constant(node):
+                        continue
+                    value = ReferenceEvaluator(node).run(None, {})
+                elif node.op_type == "Shape":
+                    vi = shapes.get(node.input[0])
+                    if vi is None or not vi.type.HasField("tensor_type"):
+                        continue
+                    dims = vi.type.tensor_type.shape.dim
+                    if not all(d.HasField("dim_value") for d in dims):
+                        continue
+                    full = np.array([d.dim_value for d in dims], np.int64)
+                    start, end = _attr(node, "start", 0), _attr(node, "end", None)
+                    value = [full[start:end]]
+                elif node.op_type in _FOLDABLE and all(not x or x in known for x in node.input):
+                    values = {x: known[x] for x in node.input if x}
+                    if not _small_constant(node) or not _small_result(node, values):
+                        continue
+                    value = ReferenceEvaluator(node).run(None, values)
+                else:
                     continue
-                dims = vi.type.tensor_type.shape.dim
-                if not all(d.HasField("dim_value") for d in dims):
-                    continue
-                full = np.array([d.dim_value for d in dims], np.int64)
-                start, end = _attr(node, "start", 0), _attr(node, "end", None)
-                value = [full[start:end]]
-            elif node.op_type in _FOLDABLE and all(not x or x in known for x in node.input):
-                value = ReferenceEvaluator(node).run(None, {x: known[x] for x in node.input if x})
-            else:
-                continue
         except Exception:                # not evaluable here: leave it to shape inference
             continue
         if any(np.asarray(v).size > _FOLD_LIMIT for v in value):
@@ -210,32 +262,354 @@ def _fold_shape_computations(onnx, model) -> bool:
     return changed
 
 
+def _small_constant(node) -> bool:
+    """Whether the node's attributes hold only small dense tensors: a sparse, large or external
+    one is never evaluated (it could expand to far more than the file holds, or be read from
+    a file outside the model's folder)."""
+    for a in node.attribute:
+        if a.type in (11, 12) or a.name == "sparse_value":           # SPARSE_TENSOR(S)
+            return False
+        for t in ([a.t] if a.type == 4 else list(a.tensors) if a.type == 9 else []):   # TENSOR(S)
+            if t.data_location != 0 or any(d < 0 for d in t.dims) or math.prod(t.dims) > _FOLD_LIMIT:
+                return False
+    return True
+
+
+def _small_result(node, values: dict[str, np.ndarray]) -> bool:
+    """Whether evaluating ``node`` on these known inputs stays within _FOLD_LIMIT elements, decided
+    before evaluating: operators whose output size is an input's value (Range, ConstantOfShape,
+    Expand) are bounded by that value, the rest by the product of their inputs' sizes (which bounds
+    any broadcast, gather or concatenation)."""
+    inputs = [values.get(x) for x in node.input]
+    op = node.op_type
+    try:
+        if op == "Range":
+            start, limit, delta = (float(np.asarray(v).reshape(-1)[0]) for v in inputs[:3])
+            if not (math.isfinite(start) and math.isfinite(limit) and math.isfinite(delta)) or delta == 0:
+                return False
+            return math.ceil((limit - start) / delta) <= _FOLD_LIMIT
+        if op == "ConstantOfShape":
+            shape = [int(d) for d in np.asarray(inputs[0]).reshape(-1)]
+            return all(d >= 0 for d in shape) and math.prod(shape) <= _FOLD_LIMIT
+        if op == "Expand":
+            shape = [int(d) for d in np.asarray(inputs[1]).reshape(-1)]
+            if any(d < 0 for d in shape) or len(shape) > 64:
+                return False
+            return math.prod(max(d, 1) for d in shape) * max(np.asarray(inputs[0]).size, 1) <= _FOLD_LIMIT
+    except (TypeError, ValueError, IndexError, OverflowError):
+        return False
+    return math.prod(max(np.asarray(v).size, 1) for v in inputs if v is not None) <= _FOLD_LIMIT
+
+
 def _load(onnx, path: Path):
+    """The model, read once through the capped input path (a FIFO waits a bounded time, a device
+    or an oversized file is refused by name) and parsed without touching its external data."""
     src = str(path)
-    try:
-        raw = path.read_bytes()
-    except OSError as exc:
-        raise ProfileError(src, "", "a readable ONNX file", exc.strerror or str(exc)) from None
-    try:
-        model = onnx.load_from_string(raw)
-    except Exception as exc:         # google.protobuf.message.DecodeError and friends
-        raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)",
-                           f"undecodable ({type(exc).__name__})") from None
+    with InputFile(path, "model file") as f:
+        head = f.head(1)
+        if not head:
+            raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", "an empty file")
+        if head[0] >> 3 == 0 or head[0] & 7 not in (0, 1, 2, 5):     # no protobuf message starts so
+            raise ProfileError(src, "", "an ONNX model (a protobuf ModelProto)", f"a file starting with byte "
+                               f"0x{head[0]:02x}")
+        raw = f.read_all(MAX_ONNX_BYTES if f.regular else MAX_STREAM_BYTES)
+    model = _parse_bounded(onnx, raw, src)
+    del raw
     if model.ir_version <= 0 or len(model.graph.node) == 0:
         raise ProfileError(src, "graph.node", "an ONNX model with at least one node (is this an ONNX file?)",
                            f"ir_version {model.ir_version}, {len(model.graph.node)} nodes")
     return model
 
 
-def _check_external(onnx, model, path: Path) -> None:
-    """Sizes come from each initializer's dims, so external data is never read; its files must exist."""
-    from onnx.external_data_helper import uses_external_data
-    for t in model.graph.initializer:
-        if uses_external_data(t):
-            location = next((e.value for e in t.external_data if e.key == "location"), "")
-            if not (path.parent / location).is_file():
-                raise ProfileError(str(path), f"graph.initializer[{t.name}].external_data.location",
-                                   "an external data file next to the model", f"'{location}' is missing")
+# -- parsing with bounded memory -----------------------------------------------------------------------
+# Parsing allocates an object per protobuf field: twenty megabytes of empty nodes parse into more
+# than a gigabyte, two gigabytes of them into more memory than any machine has. The parse runs
+# under an address-space limit of its own (Linux), so such a file fails to parse instead.
+
+#: memory a parse may take: this much plus PARSE_BYTES_PER_BYTE x the file's size
+PARSE_MEMORY_BASE = 1 << 30
+PARSE_BYTES_PER_BYTE = 4
+#: the most memory one byte of protobuf can parse into (an empty nested message: 2 bytes -> ~150)
+_WORST_BLOWUP = 100
+
+
+def _parse_bounded(onnx, raw: bytes, src: str):
+    """``onnx.load_from_string(raw)`` within PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE x its size of
+    memory; a file that cannot parse within it is refused like one that cannot parse at all."""
+    budget = PARSE_MEMORY_BASE + PARSE_BYTES_PER_BYTE * len(raw)
+    try:
+        with _address_space_limit(budget):
+            return onnx.load_from_string(raw)
+    except MemoryError:
+        raise ProfileError(src, "", f"an ONNX model that parses within {budget:,} bytes of memory",
+                           f"{len(raw):,} bytes that need more") from None
+    except Exception as exc:         # google.protobuf.message.DecodeError and friends
+        maybe_memory = _WORST_BLOWUP * len(raw) > budget
+        expected = "an ONNX model (a protobuf ModelProto)" + (
+            f" that parses within {budget:,} bytes of memory" if maybe_memory else "")
+        raise ProfileError(src, "", expected, f"undecodable ({type(exc).__name__})") from None
+
+
+class _address_space_limit:
+    """Within the block, the process may map at most ``extra`` more bytes (RLIMIT_AS; Linux only,
+    and never raising a lower limit already set): an allocation past it fails instead of the
+    machine running out of memory. The limit is process-wide, so it is set only while no other
+    thread runs (one that allocated meanwhile could fail)."""
+
+    def __init__(self, extra: int):
+        self.extra = extra
+        self.saved = None
+
+    def __enter__(self):
+        import threading
+        if threading.active_count() > 1 or not sys.platform.startswith("linux"):
+            return self
+        try:
+            import resource
+            with open("/proc/self/statm") as f:
+                mapped = int(f.read().split()[0]) * resource.getpagesize()
+            soft, hard = resource.getrlimit(resource.RLIMIT_AS)
+            limit = mapped + self.extra
+            if hard != resource.RLIM_INFINITY:
+                limit = min(limit, hard)
+            if soft == resource.RLIM_INFINITY or limit < soft:
+                resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
+                self.saved = (soft, hard)
+        except (ImportError, OSError, ValueError):
+            self.saved = None                   # not Linux, or no permission: parse without a limit
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.saved is not None:
+            import resource
+            resource.setrlimit(resource.RLIMIT_AS, self.saved)
+
+
+# -- the graph, checked before shapes are inferred ---------------------------------------------------------
+
+# bits per element of each tensor element type; None: stored as strings (no fixed size)
+_BITS = {1: 32, 2: 8, 3: 8, 4: 16, 5: 16, 6: 32, 7: 64, 8: None, 9: 8, 10: 16, 11: 64, 12: 32, 13: 64, 14: 64,
+         15: 128, 16: 16, 17: 8, 18: 8, 19: 8, 20: 8, 21: 4, 22: 4, 23: 4, 24: 8, 25: 2, 26: 2, 27: 6, 28: 6}
+
+
+def _element_bits(onnx, elem_type: int, where: str, src: str) -> int | None:
+    """Bits per element of a tensor type the model declares; an unknown type is refused."""
+    if elem_type not in _BITS:
+        raise ProfileError(src, where, "a known ONNX tensor element type (TensorProto.DataType: FLOAT, INT64, ...)",
+                           elem_type)
+    return _BITS[elem_type]
+
+
+def _tensor_bytes(dims, bits: int | None, where: str, src: str) -> int:
+    """Bytes of a tensor of these dims (``where`` names the tensor); negative dims and sizes past
+    MAX_BYTES are refused."""
+    for k, d in enumerate(dims):
+        if d is not None and d < 0:
+            raise ProfileError(src, f"{where}.dims[{k}]", "a dimension >= 0", d)
+    count = 1
+    for d in dims:
+        count *= int(d or 0)
+        if count > MAX_BYTES * 8:
+            break
+    nbytes = -(-count * (bits or 8) // 8)
+    if nbytes > MAX_BYTES:
+        raise ProfileError(src, f"{where}.dims", f"dimensions of a tensor of at most {MAX_BYTES:,} bytes (1 PiB)",
+                           short_repr(list(dims)))
+    return nbytes
+
+
+def _check_graph(onnx, model, path: Path) -> list[str]:
+    """Refuse, naming the node, input or initializer: tensors defined twice or never, element
+    types and dimensions no tensor can have, initializers whose data does not match their dims,
+    and external data outside the model's folder. Returns the external data files."""
+    src = str(path)
+    g = model.graph
+    if len(g.node) > MAX_NODES:
+        raise ProfileError(src, "graph.node", f"at most {MAX_NODES:,} nodes", len(g.node))
+    _check_text(model, src)
+    defined: dict[str, str] = {}
+
+    def define(name: str, where: str) -> None:
+        if name in defined:
+            raise ProfileError(src, where, f"a tensor name defined once (SSA form); '{one_line(name)}' is "
+                               f"already defined by {defined[name]}")
+        defined[name] = where
+
+    initializers: set[str] = set()
+    external: list[str] = []
+    for t in g.initializer:
+        where = f"graph.initializer[{t.name}]"
+        if not t.name:
+            raise ProfileError(src, "graph.initializer", "every initializer named", "an initializer with no name")
+        define(t.name, where)
+        initializers.add(t.name)
+        external += _check_initializer(onnx, t, where, path)
+    for t in g.sparse_initializer:
+        name = t.values.name
+        if not name:
+            raise ProfileError(src, "graph.sparse_initializer", "every sparse initializer named (values.name)")
+        define(name, f"graph.sparse_initializer[{name}]")
+        initializers.add(name)
+    seen_inputs: set[str] = set()
+    for inp in g.input:
+        where = f"graph.input[{inp.name}]"
+        if not inp.name:
+            raise ProfileError(src, "graph.input", "every graph input named", "an input with no name")
+        if inp.name in seen_inputs:
+            raise ProfileError(src, where, "each graph input listed once", f"'{inp.name}' twice")
+        seen_inputs.add(inp.name)
+        if inp.name not in initializers:               # an input with a default value: the initializer
+            define(inp.name, where)
+        if inp.type.HasField("tensor_type"):
+            tt = inp.type.tensor_type
+            _element_bits(onnx, tt.elem_type, f"{where}.type.tensor_type.elem_type", src)
+            for axis, d in enumerate(tt.shape.dim):
+                if d.HasField("dim_value") and d.dim_value < 0:
+                    raise ProfileError(src, f"{where}.type.tensor_type.shape.dim[{axis}]",
+                                       "a dimension >= 0 (or a symbolic name)", d.dim_value)
+    for i, node in enumerate(g.node):
+        label = f"graph.node[{node.name or i}]"
+        for k, o in enumerate(node.output):
+            if o:
+                define(o, f"{label}.output[{k}]")
+        for a in node.attribute:                    # tensors held in attributes: as initializers
+            tensors = [a.t] if a.type == 4 else list(a.tensors) if a.type == 9 else []
+            for k, t in enumerate(tensors):
+                external += _check_initializer(onnx, t, f"{label}.attribute.{a.name}" +
+                                               (f"[{k}]" if a.type == 9 else ""), path)
+    for i, node in enumerate(g.node):
+        label = f"graph.node[{node.name or i}]"
+        for k, x in enumerate(node.input):
+            if x and x not in defined:
+                raise ProfileError(src, f"{label}.input[{k}]", "a tensor that a graph input, an initializer or "
+                                   "a node output defines", f"'{one_line(x)}', which nothing defines")
+    for out in g.output:
+        if out.name not in defined:
+            raise ProfileError(src, f"graph.output[{out.name}]", "a tensor that a graph input, an initializer "
+                               "or a node output defines", f"'{one_line(out.name)}', which nothing defines")
+    return external
+
+
+def _check_text(model, src: str) -> None:
+    """Every name the importer reads is UTF-8 text: protobuf hands back a ``bytes`` object for a
+    string field that is not, which no later step expects."""
+    g = model.graph
+
+    def text(value, where: str) -> None:
+        if not isinstance(value, str):
+            raise ProfileError(src, where, "UTF-8 text", short_repr(bytes(value)))
+
+    def value_info(vi, where: str) -> None:
+        text(vi.name, f"{where}.name")
+        if vi.type.HasField("tensor_type"):
+            for axis, d in enumerate(vi.type.tensor_type.shape.dim):
+                if d.HasField("dim_param"):
+                    text(d.dim_param, f"{where}[{vi.name}].type.tensor_type.shape.dim[{axis}].dim_param")
+
+    for k, t in enumerate(g.initializer):
+        text(t.name, f"graph.initializer[{k}].name")
+        for e in t.external_data:
+            text(e.key, f"graph.initializer[{t.name}].external_data.key")
+            text(e.value, f"graph.initializer[{t.name}].external_data.{e.key}")
+    for k, t in enumerate(g.sparse_initializer):
+        text(t.values.name, f"graph.sparse_initializer[{k}].values.name")
+    for field_ in ("input", "output", "value_info"):
+        for k, vi in enumerate(getattr(g, field_)):
+            value_info(vi, f"graph.{field_}[{k}]")
+    for i, node in enumerate(g.node):
+        text(node.name, f"graph.node[{i}].name")
+        label = f"graph.node[{node.name or i}]"
+        text(node.op_type, f"{label}.op_type")
+        text(node.domain, f"{label}.domain")
+        for field_ in ("input", "output"):
+            for k, x in enumerate(getattr(node, field_)):
+                text(x, f"{label}.{field_}[{k}]")
+        for k, a in enumerate(node.attribute):
+            text(a.name, f"{label}.attribute[{k}].name")
+            for t in [a.t] if a.type == 4 else list(a.tensors) if a.type == 9 else []:
+                text(t.name, f"{label}.attribute.{a.name}.name")
+                for e in t.external_data:
+                    text(e.key, f"{label}.attribute.{a.name}.external_data.key")
+                    text(e.value, f"{label}.attribute.{a.name}.external_data.{e.key}")
+
+
+def _check_initializer(onnx, t, where: str, path: Path) -> list[str]:
+    """An initializer's type, dims and data (or external data file); returns that file if any."""
+    src = str(path)
+    bits = _element_bits(onnx, t.data_type, f"{where}.data_type", src)
+    nbytes = _tensor_bytes(list(t.dims), bits, where, src)
+    count = int(math.prod(int(d) for d in t.dims))
+    if t.data_location == onnx.TensorProto.EXTERNAL:
+        return [_check_external_data(t, where, path, nbytes if bits is not None else None)]
+    if t.data_location not in (onnx.TensorProto.DEFAULT,):
+        raise ProfileError(src, f"{where}.data_location", "DEFAULT or EXTERNAL", t.data_location)
+    if t.HasField("raw_data"):
+        have, want = len(t.raw_data), nbytes
+        unit = "bytes of raw_data"
+    else:
+        have = sum(len(getattr(t, f)) for f in ("float_data", "int32_data", "string_data", "int64_data",
+                                                   "double_data", "uint64_data"))
+        if bits is not None and bits < 8 and bits != 4:
+            return []                                       # 2- and 6-bit types: packing not checked
+        if bits == 4:
+            want = -(-count // 2)                           # int32_data holds two 4-bit values each
+        else:
+            want = count * (2 if t.data_type in (14, 15) else 1)    # complex: two numbers per element
+        unit = "data values"
+    if bits is None and t.HasField("raw_data"):
+        return []                                           # strings have no fixed size
+    if have != want:
+        raise ProfileError(src, where, f"data for its dims {short_repr(list(t.dims))} ({want:,} {unit})", have)
+    return []
+
+
+def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
+    """External data confined to the model's folder, as onnx's own checker does: a relative
+    location with no ``..``, resolving (symlinks followed) to a regular file inside the folder,
+    holding ``offset + length`` bytes."""
+    import os
+    import stat as stat_
+    src = str(path)
+    entries: dict[str, str] = {}
+    for k, e in enumerate(t.external_data):
+        if e.key in entries:
+            raise ProfileError(src, f"{where}.external_data[{k}]", "each key at most once", e.key)
+        entries[e.key] = e.value
+    location = entries.get("location", "")
+    field_ = f"{where}.external_data.location"
+    folder = path.parent if str(path.parent) else Path(".")
+    expected = f"a relative path to a file inside the model's folder ('{one_line(str(folder))}')"
+    parts = location.replace("\\", "/").split("/")
+    if not location or "\0" in location or os.path.isabs(location) or location.startswith(("/", "\\")) \
+            or (len(location) > 1 and location[1] == ":") or ".." in parts:
+        raise ProfileError(src, field_, expected, location)
+    base = os.path.realpath(folder)
+    target = os.path.realpath(os.path.join(base, location))
+    if os.path.commonpath([base, target]) != base:
+        raise ProfileError(src, field_, expected, f"'{one_line(location)}', which leads outside it")
+    try:
+        st = os.stat(target)
+    except OSError as exc:
+        raise ProfileError(src, field_, "an external data file next to the model",
+                           f"'{one_line(location)}' is missing ({exc.strerror or exc})") from None
+    if not stat_.S_ISREG(st.st_mode):
+        raise ProfileError(src, field_, "an external data file that is a regular file", location)
+    numbers = {}
+    for key in ("offset", "length"):
+        if key in entries:
+            text = entries[key]
+            if not (text.isascii() and text.isdigit() and len(text) <= 20):
+                raise ProfileError(src, f"{where}.external_data.{key}", "a whole number of bytes >= 0", text)
+            numbers[key] = int(text)
+    offset = numbers.get("offset", 0)
+    if nbytes is not None and "length" in numbers and numbers["length"] != nbytes:
+        raise ProfileError(src, f"{where}.external_data.length", f"{nbytes:,} bytes (the size of its dims)",
+                           numbers["length"])
+    length = numbers.get("length", nbytes or 0)        # without a length: the data runs to the end of the file
+    if offset + length > st.st_size:
+        raise ProfileError(src, field_, f"a file of at least offset + length = {offset + length:,} bytes",
+                           f"'{one_line(location)}' of {st.st_size:,} bytes")
+    return os.path.normpath(os.path.join(str(folder), location))
 
 
 def _bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None:
@@ -249,7 +623,7 @@ def _bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None
                 continue
             symbol = d.dim_param if d.HasField("dim_param") else ""
             if symbol and symbol in dims:
-                d.dim_value = int(dims[symbol])
+                d.dim_value = dims[symbol]
             elif axis == 0 and batch is not None:
                 d.dim_value = int(batch)
             else:
@@ -283,7 +657,9 @@ def _itemsize(helper, elem_type: int) -> int:
 
 
 def _numel(shape) -> int:
-    return int(math.prod(shape)) if shape is not None else 0
+    if shape is None or any(d is None for d in shape):
+        return 0
+    return int(math.prod(shape))
 
 
 def _topological(nodes, src: str) -> list[int]:
@@ -323,6 +699,7 @@ def _topological(nodes, src: str) -> list[int]:
 
 
 def _attr(node, name: str, default=None):
+    """An attribute's value, untyped (for the fold, which skips whatever it cannot evaluate)."""
     for a in node.attribute:
         if a.name == name:
             from onnx import helper
@@ -330,15 +707,52 @@ def _attr(node, name: str, default=None):
     return default
 
 
-def node_flops(node, shapes) -> float | None:
-    """FLOPs of one node (2 per multiply-accumulate); None for an operator not modelled."""
+# AttributeProto.AttributeType numbers of the kinds read here
+_INT, _STRING, _INTS = 2, 3, 7
+
+
+def _typed_attr(node, name: str, kind: int, default, src: str | None):
+    """The attribute ``name`` of the given AttributeProto type, or ``default`` when absent; any
+    other type is refused naming the node and attribute."""
+    for a in node.attribute:
+        if a.name != name:
+            continue
+        where = f"graph.node[{node.name or node.op_type}].attribute.{name}"
+        if a.type != kind:
+            expected = {_INT: "an integer (INT attribute)", _STRING: "a string (STRING attribute)",
+                        _INTS: "a list of integers (INTS attribute)"}[kind]
+            raise ProfileError(src, where, expected, f"attribute type {a.type}")
+        if kind == _INT:
+            return int(a.i)
+        if kind == _INTS:
+            return [int(x) for x in a.ints]
+        try:
+            return a.s.decode("utf-8")
+        except UnicodeDecodeError:
+            raise ProfileError(src, where, "UTF-8 text", short_repr(bytes(a.s))) from None
+    return default
+
+
+def _int_attr(node, name: str, default: int, src: str | None, minimum: int | None = None) -> int:
+    value = _typed_attr(node, name, _INT, default, src)
+    if minimum is not None and value < minimum:
+        raise ProfileError(src, f"graph.node[{node.name or node.op_type}].attribute.{name}",
+                           f"an integer >= {minimum}", value)
+    return value
+
+
+def node_flops(node, shapes, src: str | None = None) -> float | None:
+    """FLOPs of one node (2 per multiply-accumulate); None for an operator not modelled or a
+    shape not known. An attribute of the wrong type is refused naming the node (``src``: the file)."""
     op = node.op_type
 
     def shape(k: int):
         if k >= len(node.input) or not node.input[k]:
             return None
         entry = shapes.get(node.input[k])
-        return entry[0] if entry else None
+        if not entry or any(d is None for d in entry[0]):
+            return None
+        return entry[0]
 
     def out_numel() -> int:
         entry = shapes.get(node.output[0]) if node.output else None
@@ -347,12 +761,13 @@ def node_flops(node, shapes) -> float | None:
     if op in _MOVEMENT:
         return 0.0
     if op == "MatMul" or op == "MatMulInteger":
-        a, b = shape(0), shape(1)
+        a = shape(0)
         k = a[-1] if a else 0
         return 2.0 * out_numel() * k
     if op == "Gemm":
         a = shape(0)
-        k = (a[0] if _attr(node, "transA", 0) else a[-1]) if a else 0
+        trans = _int_attr(node, "transA", 0, src)
+        k = (a[0] if trans else a[-1]) if a else 0
         bias = out_numel() if len(node.input) > 2 and node.input[2] else 0
         return 2.0 * out_numel() * k + bias
     if op == "Conv":
@@ -364,16 +779,19 @@ def node_flops(node, shapes) -> float | None:
         return 2.0 * out_numel() * per_output + bias
     if op == "ConvTranspose":
         x, w = shape(0), shape(1)
-        if not w or not x:
+        group = _int_attr(node, "group", 1, src, minimum=1)
+        if not w or not x or len(w) < 2:
             return None
-        group = int(_attr(node, "group", 1))
-        per_input = (w[1] * group // max(group, 1)) * int(math.prod(w[2:]))   # Cout / group x kernel
+        per_input = w[1] * int(math.prod(w[2:]))       # Cout / group x kernel
         return 2.0 * _numel(x) * per_input
     if op == "Einsum":
-        return _einsum_flops(node, shape)
+        return _einsum_flops(node, shape, src)
     if op in _POOL:
-        kernel = _attr(node, "kernel_shape", [])
-        return float(out_numel() * int(math.prod(kernel)))
+        kernel = _typed_attr(node, "kernel_shape", _INTS, [], src)
+        if any(k < 1 for k in kernel):
+            raise ProfileError(src, f"graph.node[{node.name or op}].attribute.kernel_shape",
+                               "kernel sizes >= 1", short_repr(kernel))
+        return float(out_numel()) * float(math.prod(kernel))
     if op in _REDUCE:
         return float(_numel(shape(0)))
     if op in _NORMS:
@@ -385,11 +803,9 @@ def node_flops(node, shapes) -> float | None:
     return None
 
 
-def _einsum_flops(node, shape) -> float | None:
-    equation = (_attr(node, "equation", b"") or b"")
-    equation = equation.decode() if isinstance(equation, bytes) else str(equation)
-    equation = equation.replace(" ", "")
-    if "..." in equation or "->" not in equation:
+def _einsum_flops(node, shape, src: str | None = None) -> float | None:
+    equation = _typed_attr(node, "equation", _STRING, "", src).replace(" ", "")
+    if "..." in equation or equation.count("->") != 1:
         return None                       # ellipses and implicit output: not decidable here
     lhs, rhs = equation.split("->")
     sizes: dict[str, int] = {}
@@ -399,9 +815,9 @@ def _einsum_flops(node, shape) -> float | None:
             return None
         for letter, n in zip(term, s):
             sizes[letter] = n
-    total = int(math.prod(sizes.values()))
+    total = float(math.prod(sizes.values()))
     contracted = set(sizes) - set(rhs)
-    return 2.0 * total if contracted else float(total)
+    return 2.0 * total if contracted else total
 
 
 def _build(onnx, model, target: Target, training: str, dtype: str | None, name: str, src: str) -> OnnxImport:
@@ -427,10 +843,11 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
             item = DTYPES[dtype]
         return _numel(shp) * item
 
-    # every node output must have a bound shape: a dimension inference could not resolve never binds
+    # every node output must have a bound shape: a dimension inference could not resolve never binds;
+    # and every tensor's dimensions (from the file or from inference) must make a tensor that can exist
     for i in order:
         n = nodes[i]
-        for o in n.output:
+        for k, o in enumerate(n.output):
             if not o:
                 continue
             entry = shapes.get(o)
@@ -438,6 +855,11 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
                 raise ProfileError(src, f"graph.node[{n.name or i}]", "shapes that bind (pass --dim NAME=VALUE or "
                                    "--batch N for the model's symbolic dimensions)",
                                    f"output '{o}' has a dimension that never binds")
+            if entry is not None:
+                _tensor_bytes(entry[0], 8 * entry[1], f"graph.node[{n.name or i}].output[{k}]", src)
+    for x in g.input:
+        if x.name in shapes and x.name not in init:
+            _tensor_bytes(shapes[x.name][0], 8 * shapes[x.name][1], f"graph.input[{x.name}]", src)
 
     n_fwd = len(order)
     step_of = {i: s for s, i in enumerate(order)}
@@ -540,10 +962,13 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
         n = nodes[i]
         s = step_of[i]
         label = n.name or f"{n.op_type}_{i}"
-        flops = node_flops(n, shapes)
+        flops = node_flops(n, shapes, src)
         if flops is None:
             unknown[n.op_type] += 1
             flops = 0.0
+        if not flops <= MAX_COMPUTE / 3:             # forward and a backward of twice as much
+            raise ProfileError(src, f"graph.node[{n.name or i}]", f"at most {MAX_COMPUTE / 3:.3g} FLOPs per node "
+                               "(its shapes give more)", f"{flops:.3g}")
         ins = [x for x in n.input if x]
         outs = [o for o in n.output if o]
         read = sum(nbytes(x) for x in ins)
@@ -573,12 +998,29 @@ def _build(onnx, model, target: Target, training: str, dtype: str | None, name: 
         b.operation("optimizer/step", 2 * n_fwd, 2 * n_fwd, compute=0.0, bytes_accessed=float(2 * state_bytes))
     warnings = []
     if unknown:
-        listed = ", ".join(f"{op} x{k}" for op, k in sorted(unknown.items()))
+        kinds = sorted(unknown.items())
+        listed = ", ".join(f"{op} x{k}" for op, k in kinds[:20]) + (f" and {len(kinds) - 20} more operators"
+                                                                      if len(kinds) > 20 else "")
         warnings.append(f"{sum(unknown.values())} node(s) of operators whose FLOPs are not modelled count 0 FLOPs: {listed}")
     b.info.warnings = list(warnings)
-    profile = b.build(source=src)
+    total = 3.0 * sum(c.flops for c in costs)
+    if not total <= MAX_COMPUTE:
+        raise ProfileError(src, "graph", f"a model of at most {MAX_COMPUTE:g} FLOPs per training step", f"{total:.3g}")
+    profile = _checked(b, src)
     return OnnxImport(profile=profile, nodes=costs, param_bytes=param_total, shared=shared, unknown_ops=unknown,
                       warnings=warnings)
+
+
+def _checked(builder: ProfileBuilder, src: str) -> Profile:
+    """The built profile, within the limits every profile meets. Each tensor was checked by name
+    already; what can still fail is a sum (parameters plus their gradients and optimizer state,
+    or all activations together), which belongs to the whole graph, not to one field."""
+    from .limits import check_profile_limits
+    try:
+        return check_profile_limits(builder.build(source=src), src)
+    except ProfileError as exc:
+        raise ProfileError(src, "graph", f"a model whose tensors, gradients and optimizer state fit "
+                           f"stagesplit's limits ({exc.expected})") from None
 
 
 def parse_dims(items: list[str]) -> dict[str, int]:
@@ -586,7 +1028,9 @@ def parse_dims(items: list[str]) -> dict[str, int]:
     out = {}
     for item in items:
         key, sep, value = item.partition("=")
-        if not sep or not key or not re.fullmatch(r"\d+", value.strip()) or int(value) < 1:
-            raise StagesplitError(f"--dim: expected NAME=VALUE with VALUE a positive integer, got '{item}'")
+        value = value.strip()
+        if not sep or not key.strip() or not re.fullmatch(r"[0-9]{1,20}", value) or not 1 <= int(value) <= MAX_DIM:
+            raise StagesplitError(f"--dim: expected NAME=VALUE with VALUE a whole number in 1..{MAX_DIM:,}, "
+                                  f"got '{one_line(item)[:80]}'")
         out[key.strip()] = int(value)
     return out
