@@ -495,7 +495,7 @@ def cmd_synth(args: argparse.Namespace) -> int:
 def cmd_export(args: argparse.Namespace) -> int:
     from .export import export_plan
     from .plan import read_plan
-    text = export_plan(read_plan(args.plan), args.to, training=not args.inference, model=args.model)
+    text = export_plan(read_plan(args.plan), args.to, source=args.plan, training=not args.inference, model=args.model)
     _emit(text, args.output)
     return 0
 
@@ -713,7 +713,7 @@ FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "o
          "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
          "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",
          "layer_compute": "--layer-compute", "time_limit": "--time-limit", "workers": "--workers",
-         "plan": "--plan", "layers": "--layers", "top": "--top", "window": "--window"}
+         "plan": "--plan", "layers": "--layers", "top": "--top", "window": "--window", "model": "--model"}
 
 
 def _with_flag(exc: StagesplitError) -> str:

@@ -47,3 +47,14 @@ class OptionError(StagesplitError, ValueError):
 
 class LayerRangeError(StagesplitError, IndexError):
     """A layer index or range outside the profile's layers."""
+
+
+class ExportError(StagesplitError):
+    """A plan that cannot be exported as asked (malformed, or beyond what the format can
+    express). The message starts with the plan file (``source``) when there is one."""
+
+    def __init__(self, source: str | Path | None, message: str):
+        self.source = str(source) if source is not None else None
+        self.detail = message
+        from .safeinput import one_line
+        super().__init__(f"{one_line(self.source)}: {message}" if self.source else message)
