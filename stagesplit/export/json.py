@@ -42,6 +42,12 @@ def read_back(doc: dict, view: PlanView, options: ExportOptions) -> Decoded:
     try:
         stages = tuple(tuple(index[n] for n in s["layers"]) for s in doc["stages"])
         devices = tuple(s["device"] for s in doc["stages"])
+        paths = [s["module_paths"] for s in doc["stages"]]
+        fields = (doc["profile"], doc["sha256"], doc["objective"], doc["header"])
     except (KeyError, TypeError) as exc:
         raise RenderCheckError(f"the JSON does not list the plan's stages: {exc}") from None
+    if paths != [[view.module_paths[i] for i in layers] for layers in stages]:
+        raise RenderCheckError("the JSON's module paths differ from the plan's")
+    if fields != (view.profile_name, view.sha256, view.objective, header_lines(view, NAME)):
+        raise RenderCheckError("the JSON's profile, hash, objective or header differ from the plan's")
     return Decoded(stages, devices)
