@@ -15,11 +15,19 @@ stages; ``TiedSplit.message`` is the warning text.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import TYPE_CHECKING, Mapping, Sequence
+
+import numpy as np
 
 from ..safeinput import show
 
-__all__ = ["TiedSplit", "tied_users_across_stages"]
+if TYPE_CHECKING:
+    from ..profile import Profile
+
+__all__ = ["TiedSplit", "tied_users_across_stages", "shared_parameter_users", "SHARED_MARK"]
+
+#: how a capture names a parameter several modules use: "first.name [shared with other.name]"
+SHARED_MARK = " [shared with "
 
 
 @dataclass(frozen=True)
@@ -83,3 +91,21 @@ def tied_users_across_stages(stage_layers: Sequence[Sequence[int]], module_paths
         if len(stages) > 1:
             out.append(TiedSplit(parameter=str(parameter), stages=stages, users=tuple(placed)))
     return tuple(out)
+
+
+def shared_parameter_users(profile: Profile, op_layer: np.ndarray) -> dict[str, tuple[int, ...]]:
+    """Each tied parameter of a capture (a variable named ``first [shared with others]``) ->
+    the layers whose operations use it (``op_layer``: each operation's layer, -1 for none)."""
+    shared = np.array([i for i, name in enumerate(profile.names) if SHARED_MARK in name], dtype=np.int64)
+    if not len(shared):
+        return {}
+    ops = profile.operations
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_name = profile.variables.name[ops.vars.values]
+    entry_layer = np.asarray(op_layer)[entry_op]
+    keep = np.isin(entry_name, shared) & (entry_layer >= 0)
+    pairs = np.unique(np.stack([entry_name[keep], entry_layer[keep]]), axis=1)
+    out: dict[str, list[int]] = {}
+    for name, layer in pairs.T:
+        out.setdefault(profile.names[int(name)].split(SHARED_MARK, 1)[0], []).append(int(layer))
+    return {name: tuple(layers) for name, layers in out.items()}

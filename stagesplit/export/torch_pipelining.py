@@ -49,9 +49,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     cls = schedule_class(view, options.training)
     devices = ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices))
     m = view.micro_batches
-    why = {"gpipe": "GPipe, as the plan was solved", "1f1b": "1F1B, as the plan was solved",
-           "none": "the plan was solved without a schedule (one micro-batch in flight): GPipe"}[view.schedule] \
-        if options.training else "inference: forward only"
+    why = {"gpipe": "as the plan was solved, with GPipe", "1f1b": "as the plan was solved, with 1F1B",
+           "none": "the plan was solved without a schedule, one micro-batch in flight: GPipe"}[view.schedule] \
+        if options.training else "inference: forward only, GPipe"
     model = options.model
     lines = ["import torch",
              "import torch.distributed as dist",
@@ -59,7 +59,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "# each stage after the first begins at one of these modules (fully qualified names)",
              f"SPLIT_POINTS = {py_literal(points)}",
              f"NUM_STAGES = {p}   # one process per stage: rank k runs stage k (plan devices {devices})",
-             f"N_MICROBATCHES = {m}   # micro-batches per step, as the plan was solved ({why})", "", "",
+             f"N_MICROBATCHES = {m}   # micro-batches per step: {why}", "", "",
              "def build_pipeline(model, example_microbatch, device, loss_fn=None, group=None):",
              '    """This rank\'s stage of `model`, its schedule and its tied-parameter groups.',
              "",

@@ -82,8 +82,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         "the other plan layers are torchtitan's layers.0, layers.1, ... in order"
     return [f"# torchtitan >= {TORCHTITAN_VERSION} (torchtitan/train.py, after --module ... --config ...):",
             f"# {note}",
-            f"# {view.micro_batches} micro-batches of local_batch_size / pipeline_parallel_microbatch_size, as the "
-            "plan was solved: scale both to keep the count; torchtitan refuses pipelining with tied embeddings",
+            f"# local_batch_size / pipeline_parallel_microbatch_size = {view.micro_batches} micro-batches per step, as "
+            "the plan was solved: scale both together",
+            "# torchtitan refuses pipeline parallelism for models with tied embeddings (enable_weight_tying)",
             " ".join(shell_word(w) for w in _words(view, options))]
 
 
