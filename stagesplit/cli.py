@@ -635,8 +635,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, choices=tuple(FORMATS), metavar="FORMAT",
                    help="one of: " + ", ".join(FORMATS))
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
-    p.add_argument("--inference", action="store_true", help="no gradient accumulation in the pipeline options")
-    p.add_argument("--model", default="model", metavar="NAME", help="the model's Python name in snippets "
+    p.add_argument("--inference", action="store_true", help="inference options: no gradient accumulation; the device "
+                   "iterations or batches per step that pipelined inference needs")
+    p.add_argument("--model", default="model", metavar="NAME", help="the model's dotted Python name in snippets "
                    "(default: %(default)s)")
     p.set_defaults(run=cmd_export)
 

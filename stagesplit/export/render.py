@@ -31,7 +31,6 @@ import tokenize
 import unicodedata
 from typing import Any
 
-from ..errors import ExportError
 from ..safeinput import one_line
 
 __all__ = ["comment", "py_str", "py_literal", "shell_word", "path_tokens", "python_path", "module_fqn",

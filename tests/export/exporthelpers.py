@@ -17,6 +17,17 @@ from stagesplit.plan import Plan, StagePlan
 from stagesplit.stagememory import MemoryBreakdown
 
 ROOT = Path(__file__).resolve().parents[2]
+#: a small examples/gpt.py: 6 blocks, one micro-batch of 2 (the captured batch)
+GPT_CONFIG = dict(vocab_size=64, context=8, d_model=16, heads=2, layers=6, batch=2)
+GPT_FACTORY = f"""
+import sys
+sys.path.insert(0, {str(ROOT)!r})
+from examples.gpt import GPTConfig, build as build_gpt
+
+
+def build():
+    return build_gpt(GPTConfig(**{GPT_CONFIG!r}))
+"""
 PYTHON_FORMATS = ("poptorch", "popart", "tf-ipu", "optimum-ipu", "torch-pipelining", "deepspeed")
 ARGUMENT_FORMATS = ("megatron", "megatron-uneven", "torchtitan")
 

@@ -11,8 +11,7 @@ import os
 import pytest
 from hypothesis import given, settings
 
-from conftest import GPT_CONFIG
-from exporthelpers import make_plan, plan_from, run, run_ranks, splits, stages_of
+from exporthelpers import GPT_CONFIG, make_plan, plan_from, run, run_ranks, splits, stages_of
 from stagesplit.export import export_plan
 from stagesplit.plan import read_plan
 

@@ -11,7 +11,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from exporthelpers import make_plan, plan_from, splits
+from exporthelpers import make_plan, plan_from
 from stagesplit.errors import ExportError
 from stagesplit.export import FORMATS, export_plan
 from stagesplit.export import render as R

@@ -15,6 +15,7 @@ import ast
 import io
 import json
 import os
+import shlex
 import subprocess
 import tokenize
 from pathlib import Path
@@ -23,7 +24,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from exporthelpers import ARGUMENT_FORMATS, PYTHON_FORMATS, ModuleRef, make_plan, run
+from exporthelpers import PYTHON_FORMATS, ModuleRef, make_plan, run
 from standins import all_modules, installed
 from stagesplit.errors import StagesplitError
 from stagesplit.export import FORMATS, export_plan
@@ -93,7 +94,6 @@ def check_export(text: str, fmt: str, folder: Path, training: bool = True, benig
             assert _shape(text) == _shape(benign)                   # names changed literals only, no code
         _run_definitions(text, folder, training)
     elif spec.language == "args":
-        import shlex
         words = shlex.split(text, comments=True)
         assert _bash_words(text, folder) == words
         if benign is not None:
@@ -230,7 +230,7 @@ def hostile_plans(draw):
 
 
 @given(hostile_plans(), st.booleans())
-@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@settings(max_examples=50, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 def test_any_unicode_name_gives_a_one_line_refusal_or_harmless_text(tmp_path, case, training):
     plan, benign_plan = case
     for fmt in FORMATS:

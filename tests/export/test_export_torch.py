@@ -6,17 +6,15 @@ holds exactly the plan's layers; the loss and every gradient equal the unpipelin
 
 from __future__ import annotations
 
+import ast
 import json
 
 import pytest
 
-from conftest import GPT_CONFIG
-from exporthelpers import make_plan, run, run_ranks
+from exporthelpers import GPT_CONFIG, make_plan, run, run_ranks
 from stagesplit.export import export_plan
 from stagesplit.export.render import literal_assignments
 from stagesplit.plan import read_plan, write_plan
-
-import ast
 
 MICRO_BATCHES = 4
 MICRO_BATCH = 2                                   # the captured batch: one micro-batch
