@@ -87,7 +87,7 @@ def decoder_layers_per_rank(config) -> list[list[int]]:
 
 @pytest.mark.filterwarnings("ignore")
 @given(splits)
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=15, deadline=None)
 def test_both_megatron_exports_by_megatrons_own_config(case):
     """The layout form always, the first/last form whenever it exports, give megatron-core's
     TransformerConfig exactly the plan's stages (and whatever it refuses, the export refuses)."""
