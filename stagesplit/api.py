@@ -557,7 +557,7 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
         raise OptionError("plan", f"expected a Plan or a plan file path, got {type(plan).__name__}")
     if not isinstance(training, bool):
         raise OptionError("training", f"expected true or false, got {short_repr(training)}")
-    text = export_plan(plan, fmt, training=training, model=model)
+    text = export_plan(plan, fmt, source=source, training=training, model=model)
     if output is not None:
         atomic_write_text(_path("output", output), text)
     return text

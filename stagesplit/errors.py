@@ -6,7 +6,7 @@ from pathlib import Path
 
 from .common.text import one_line, short_repr
 
-__all__ = ["LayerRangeError", "OptionError", "ProfileError", "StagesplitError"]
+__all__ = ["ExportError", "LayerRangeError", "OptionError", "ProfileError", "StagesplitError"]
 
 
 class StagesplitError(Exception):
@@ -55,3 +55,13 @@ class OptionError(StagesplitError, ValueError):
 
 class LayerRangeError(StagesplitError, IndexError):
     """A layer index or range outside the profile's layers."""
+
+
+class ExportError(StagesplitError):
+    """A plan that cannot be exported as asked (malformed, or beyond what the format can
+    express). The message starts with the plan file (``source``) when there is one."""
+
+    def __init__(self, source: str | Path | None, message: str):
+        self.source = str(source) if source is not None else None
+        self.detail = message
+        super().__init__(f"{one_line(self.source)}: {message}" if self.source else message)

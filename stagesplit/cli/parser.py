@@ -228,8 +228,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--to", required=True, choices=tuple(FORMATS), metavar="FORMAT",
                    help="one of: " + ", ".join(FORMATS))
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
-    p.add_argument("--inference", action="store_true", help="no gradient accumulation in the pipeline options")
-    p.add_argument("--model", default="model", metavar="NAME", help="the model's Python name in snippets "
+    p.add_argument("--inference", action="store_true", help="inference options: no gradient accumulation; the device "
+                   "iterations or batches per step that pipelined inference needs")
+    p.add_argument("--model", default="model", metavar="NAME", help="the model's dotted Python name in snippets "
                    "(default: %(default)s)")
 
     p = command("capture", help="record a PyTorch training step's memory and FLOPs on CPU (fake tensors) as a profile",
@@ -284,7 +285,7 @@ FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "o
          "exact": "--exact", "compare": "--compare", "unlayered_first": "--unlayered-first",
          "batch": "--batch", "dims": "--dim", "training": "--training", "dtype": "--dtype", "name": "--name",
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
-         "family": "FAMILY", "output": "--output", "model": "MODEL", "profile": "PROFILE", "debug": "DEBUG",
+         "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events"}
 
 

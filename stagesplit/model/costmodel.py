@@ -32,6 +32,7 @@ from .pricing import RangeTable, price_all_ranges
 from ..io.profile import Profile
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
 from .stash import stashed_variables
+from .tied import tied_parameters
 from .timeline import Timeline
 
 SHARED_POLICIES = ("every", "none")
@@ -82,6 +83,8 @@ class StageCostModel:
         self.compute_prefix = np.concatenate([[0.0], np.cumsum(self.layer_compute)])
         #: seconds per layer on a chosen target (``roofline.apply_roofline``); None: from compute
         self.layer_time_s: np.ndarray | None = None
+        #: parameters several layers use (tied embeddings), with those layers
+        self.tied = tied_parameters(profile, layers.op_layer)
 
     # -- names the rest of the package reads (each part owns its data) ---------------------------
     @property

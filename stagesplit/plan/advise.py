@@ -8,6 +8,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..common.text import show
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import SolverResult, solve_cpsat
@@ -173,6 +174,11 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
                    f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
+    for tied, stages in plan.tied_across_stages():
+        warnings.append(f"parameter '{show(tied.name)}' is used by layers on stages {', '.join(map(str, stages))} "
+                        f"(tied weights): pipeline frameworks keep one copy per stage, so sum the copies' gradients "
+                        f"across those stages before each optimizer step (the torch-pipelining export does), or "
+                        f"they untie; torchtitan refuses such models")
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare:
         if unlayered_first:

@@ -88,4 +88,4 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 devices=o.devices, method=method, status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
-                run=run)
+                run=run, tied=model.tied)

@@ -22,6 +22,7 @@ from ..common.safeinput import read_document
 from ..io.profile import Target
 from ..io.targets import known_targets, target_from_mapping, target_record
 from ..model.stagememory import MemoryBreakdown
+from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from .records import MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, StagePlan
@@ -50,6 +51,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "layers": plan.layer_names, "devices": plan.devices, "method": plan.method, "status": plan.status,
            "feasible": plan.feasible, "message": plan.message, "split": plan.split_text,
            "compute_unit": plan.compute_unit, "module_paths": plan.module_paths, "notes": plan.notes,
+           "tied_parameters": [{"name": t.name, "layers": list(t.layers)} for t in plan.tied],
            "objective": [p.document() for p in plan.phases],
            "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
            "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
@@ -111,8 +113,23 @@ def read_plan(path: str | Path) -> Plan:
                 feasible=r.boolean(doc.get("feasible", True), "feasible"),
                 message=r.string(doc.get("message", ""), "message"), stages=stages, phases=phases,
                 compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
-                module_paths=paths,
+                module_paths=paths, tied=_tied(r, doc.get("tied_parameters", []), len(names)),
                 notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
+
+
+def _tied(r: FieldReader, value: Any, num_layers: int) -> tuple[TiedParameter, ...]:
+    out = []
+    for i, item in enumerate(r.list(value, "tied_parameters")):
+        where = f"tied_parameters[{i}]"
+        r.mapping(item, where)
+        r.known_keys(item, where, {"name", "layers"})
+        layers = tuple(r.integer(x, f"{where}.layers[{j}]") for j, x in enumerate(r.list(r.get(item, "layers", where),
+                                                                                         f"{where}.layers")))
+        bad = [x for x in layers if x >= num_layers]
+        if bad:
+            r.fail(f"{where}.layers", f"layer indices in 0..{num_layers - 1}", bad[0])
+        out.append(TiedParameter(r.string(r.get(item, "name", where), f"{where}.name"), layers))
+    return tuple(out)
 
 
 def _optional_string(r: FieldReader, value: Any, path: str) -> str | None:

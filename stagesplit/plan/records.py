@@ -10,6 +10,7 @@ from typing import Any, Mapping
 
 from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
+from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
 from ..common.text import one_line
@@ -195,6 +196,8 @@ class Plan:
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
     #: the cost model the plan was solved on (for plots and reports); None for a plan read from a file
     analysis: Any = field(default=None, repr=False, compare=False)
+    #: parameters several layers use (tied embeddings), by layer index
+    tied: tuple[TiedParameter, ...] = ()
 
     @property
     def split_text(self) -> str:
@@ -228,6 +231,16 @@ class Plan:
             return 1.0 - bubble_fraction(len(self.stages), micro_batches)
         balance = sum(s.compute for s in self.stages) / (len(self.stages) * bottleneck)
         return balance * (1.0 - bubble_fraction(len(self.stages), micro_batches))
+
+    def tied_across_stages(self) -> list[tuple[TiedParameter, tuple[int, ...]]]:
+        """The tied parameters whose layers this split puts on different stages, with those stages."""
+        stage_of = {layer: s.stage for s in self.stages for layer in range(s.first_layer, s.last_layer + 1)}
+        out = []
+        for t in self.tied:
+            stages = tuple(sorted({stage_of[layer] for layer in t.layers if layer in stage_of}))
+            if len(stages) > 1:
+                out.append((t, stages))
+        return out
 
     def to_document(self) -> dict[str, Any]:
         """The plan as the JSON/YAML document ``write_plan`` writes."""

@@ -1,0 +1,171 @@
+"""What the exports read from a plan, read in one place.
+
+``view_of(plan, source)`` checks the plan's structure (every layer in exactly one stage, no
+empty stage, stages of consecutive layers in the plan's order, devices increasing) and reads
+every field the exports use (``plan.inputs``, ``plan.profile``, layer names, module paths,
+stages) into a frozen ``PlanView``. This is the only function that touches ``plan.inputs`` and
+``plan.profile`` (the plan's typed records).
+Every error is an ``ExportError`` whose message starts with the plan file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..common.text import show
+from ..errors import ExportError, OptionError, StagesplitError
+from ..layers import LayerOptions
+from ..plan.records import Plan, PlanInputs, PlanProfile, StagePlan
+
+__all__ = ["StageView", "PlanView", "view_of"]
+
+
+@dataclass(frozen=True)
+class StageView:
+    """One stage: its device and its layers (indices into the plan's layer list)."""
+
+    index: int
+    device: int
+    layers: tuple[int, ...]
+    worst_tile_bytes: int
+    capacity_bytes: int
+    in_flight: int
+
+
+@dataclass(frozen=True)
+class PlanView:
+    """The plan as the exports read it. Names and paths are the plan's own (untrusted) text:
+    they reach generated code only through ``export.render``."""
+
+    source: str | None                       # the plan file, for messages (None: in memory)
+    layer_names: tuple[str, ...]
+    module_paths: tuple[str | None, ...]     # one per layer (None: not derivable)
+    stages: tuple[StageView, ...]
+    profile_name: str | None
+    profile_path: str | None
+    synthetic: bool
+    target: str | None
+    tiles: int | None
+    sha256: str | None
+    objective: str | None
+    schedule: str                            # "none", "gpipe", "1f1b", ... as solved
+    micro_batches: int
+    headroom: float
+    status: str
+    split_text: str
+    #: the plan's first layer is the embedding / its last layer the head (their names match the
+    #: plan's first-/last-layer regexes, e.g. ``embed_tokens`` and ``lm_head`` in a per-layer
+    #: profile); a capture folds those into its first and last block instead
+    embedding: bool
+    head: bool
+
+    @property
+    def devices(self) -> tuple[int, ...]:
+        return tuple(s.device for s in self.stages)
+
+    @property
+    def stage_layers(self) -> tuple[tuple[int, ...], ...]:
+        return tuple(s.layers for s in self.stages)
+
+    def error(self, message: str) -> ExportError:
+        """An ``ExportError`` naming this plan's file."""
+        return ExportError(self.source, message)
+
+    def layer(self, index: int) -> str:
+        """Layer ``index``'s name, escaped for a message."""
+        return show(self.layer_names[index])
+
+    def decoder_counts(self) -> list[int]:
+        """Decoder (transformer) layers per stage: the plan's layers less the embedding and head."""
+        counts = [len(s.layers) for s in self.stages]
+        counts[0] -= self.embedding
+        counts[-1] -= self.head
+        return counts
+
+
+def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
+    """Check ``plan``'s structure and read what the exports need (see the module docstring)."""
+    if not isinstance(plan, Plan):
+        raise OptionError("plan", f"expected a stagesplit Plan (from solve or read_plan), got {type(plan).__name__}")
+    src = None if source is None else str(source)
+
+    def fail(message: str) -> ExportError:
+        return ExportError(src, message)
+
+    names = plan.layer_names
+    if not isinstance(names, list) or not all(isinstance(n, str) for n in names):
+        raise fail("layers: expected a list of layer names")
+    if not plan.stages:
+        raise fail("the plan has no stages (no split fitted); nothing to export")
+    if not all(isinstance(s, StagePlan) for s in plan.stages):
+        raise fail("stages: expected stage records")
+    paths = plan.module_paths or [None] * len(names)
+    if len(paths) != len(names):
+        raise fail(f"module_paths: expected one entry per layer ({len(names)}), got {len(paths)}")
+    if not all(p is None or isinstance(p, str) for p in paths):
+        raise fail("module_paths: expected strings or null")
+    if len(set(names)) != len(names):
+        seen: set[str] = set()
+        dup = next(n for n in names if n in seen or seen.add(n))
+        raise fail(f"the plan's layer list names layer '{show(dup)}' twice")
+    index = {n: i for i, n in enumerate(names)}
+    where: dict[str, list[int]] = {}
+    for k, s in enumerate(plan.stages):
+        if s.stage != k:
+            raise fail(f"stages[{k}] is numbered {s.stage}: stages must be listed in order 0, 1, 2, ...")
+        if not s.layers:
+            raise fail(f"stage {k} holds no layer (an empty stage); remove it or give it layers")
+        for name in s.layers:
+            if name not in index:
+                raise fail(f"stage {k} holds layer '{show(name)}', which is not in the plan's layer list")
+            where.setdefault(name, []).append(k)
+    for name, ks in where.items():
+        if len(ks) > 1:
+            raise fail(f"layer '{show(name)}' is in more than one stage (stages {', '.join(map(str, ks))})")
+    missing = [n for n in names if n not in where]
+    if missing:
+        more = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        raise fail(f"layer '{show(missing[0])}'{more} is in no stage: the plan would drop it")
+    stages = []
+    expected = 0
+    for k, s in enumerate(plan.stages):
+        idx = [index[n] for n in s.layers]
+        if idx != list(range(expected, expected + len(idx))):
+            shown = ", ".join(show(n) for n in s.layers[:8]) + (", ..." if len(s.layers) > 8 else "")
+            raise fail(f"stage {k} holds layers {shown}: expected consecutive layers from "
+                       f"'{show(names[expected])}' in the plan's order")
+        if (s.first_layer, s.last_layer) != (idx[0], idx[-1]):
+            raise fail(f"stage {k}: first_layer..last_layer ({s.first_layer}..{s.last_layer}) disagree with its "
+                       f"layers ({idx[0]}..{idx[-1]})")
+        stages.append(StageView(index=k, device=int(s.device), layers=tuple(idx),
+                                worst_tile_bytes=int(s.worst_tile_bytes), capacity_bytes=int(s.capacity_bytes),
+                                in_flight=int(s.in_flight)))
+        expected += len(idx)
+    devices = [s.device for s in stages]
+    if devices != sorted(set(devices)) or devices[0] < 0:
+        raise fail(f"stage devices {devices} are not increasing: each stage needs its own device, in order")
+
+    profile, inputs = plan.profile, plan.inputs
+    if not isinstance(profile, PlanProfile) or not isinstance(inputs, PlanInputs):
+        raise fail("profile, inputs: expected the plan's typed records (from solve or read_plan)")
+    embedding, head = _roles(src, names, inputs.request.layering)
+    return PlanView(
+        source=src, layer_names=tuple(names), module_paths=tuple(paths), stages=tuple(stages),
+        profile_name=profile.name or None, profile_path=profile.path, synthetic=profile.synthetic,
+        target=profile.target or None, tiles=profile.tiles, sha256=profile.sha256,
+        objective=inputs.objective.value, schedule=inputs.schedule.value, micro_batches=inputs.micro_batches,
+        headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
+        head=head)
+
+
+def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:
+    """Whether the first plan layer is the embedding and the last the head, by the plan's own
+    first-/last-layer regexes (compiled as layer grouping compiles them: RE2, linear time)."""
+    try:
+        _, first_re, last_re, _ = grouping.compiled()
+    except StagesplitError as exc:
+        raise ExportError(source, f"request.layering: {exc}") from None
+    if len(names) < 2:
+        return False, False
+    return bool(first_re.search(names[0])), bool(last_re.search(names[-1]))

@@ -1,0 +1,188 @@
+"""Megatron-LM / megatron-core: ``--pipeline-model-parallel-layout`` (``megatron``) and the
+``--decoder-first/last-pipeline-num-layers`` form (``megatron-uneven``), as argument files.
+
+Each plan layer is one decoder layer (``t``) unless the plan's first layer is the embedding
+(``E``) or its last the head and loss (``L``) by the plan's first-/last-layer regexes. What
+megatron-core's ``TransformerConfig`` accepts decides what each form can express: the layout
+takes any split; the first/last flags must be > 0 (``num_layers_in_first_pipeline_stage must
+be larger than 0``) and the middle stages must hold equal, non-zero counts.
+"""
+
+from __future__ import annotations
+
+import re
+
+from ._common import Decoded, ExportOptions, from_counts
+from ._plan_view import PlanView
+from .render import RenderCheckError, comment, shell_word
+
+__all__ = ["NAME", "UNEVEN_NAME", "DESCRIPTION", "UNEVEN_DESCRIPTION", "MEGATRON_VERSION", "render", "read_back",
+           "render_uneven", "read_back_uneven", "megatron_layout", "parse_megatron_layout", "megatron_uneven",
+           "uneven_counts"]
+
+NAME = "megatron"
+UNEVEN_NAME = "megatron-uneven"
+MEGATRON_VERSION = "0.16"            # megatron-core version whose layout grammar the megatron export targets
+DESCRIPTION = "Megatron --pipeline-model-parallel-layout (and the first/last form where it fits)"
+UNEVEN_DESCRIPTION = "Megatron --decoder-first/last-pipeline-num-layers only (exit 2 if it cannot express the split)"
+
+
+def megatron_layout(counts: list[int]) -> str:
+    """``--pipeline-model-parallel-layout`` for decoder-layer counts per stage: the embedding
+    (E) starts the first stage, the loss (L) ends the last, stages are separated by ``|``."""
+    parts = []
+    for k, c in enumerate(counts):
+        body = "" if c == 0 else ("t" if c == 1 else f"t*{c}")
+        parts.append(("E" if k == 0 else "") + body + ("L" if k == len(counts) - 1 else ""))
+    return "|".join(parts)
+
+
+def parse_megatron_layout(text: str) -> list[list[str]]:
+    """The layout grammar as Megatron documents it: ``(x)*n`` and ``x*n`` repeat, ``,`` is
+    cosmetic, ``|`` separates stages; layer letters E, t, m, L."""
+    text = text.replace(",", "")
+    text = re.sub(r"\(([^()]+)\)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    text = re.sub(r"(.)\*(\d+)", lambda m: m.group(1) * int(m.group(2)), text)
+    stages = [list(s) for s in text.split("|")]
+    bad = {c for s in stages for c in s} - set("EtmL")
+    if bad:
+        raise ValueError(f"unknown layer letters {sorted(bad)} in layout {text!r}")
+    return stages
+
+
+def megatron_uneven(counts: list[int]) -> tuple[int | None, int | None] | str:
+    """(first, last) for ``--decoder-first/last-pipeline-num-layers`` (None: flag not given),
+    or why megatron-core's ``TransformerConfig`` would refuse every choice for ``counts``."""
+    p = len(counts)
+    if p == 1:
+        return "one stage needs no pipeline split"
+    zero = [k for k, c in enumerate(counts) if c == 0]
+    if zero:
+        return (f"stage {zero[0]} would hold no decoder layer, and Megatron's first/last-stage layer counts must be "
+                f"larger than 0")
+    if len(set(counts)) == 1:
+        return None, None
+    middle = counts[1:-1]
+    if len(set(middle)) > 1:
+        return (f"Megatron's --decoder-first/last-pipeline-num-layers need equal decoder layers in every stage but "
+                f"the first and last; this plan's middle stages hold {', '.join(map(str, middle))}")
+    if not middle:
+        return counts[0], None
+    m = middle[0]
+    return (None if counts[0] == m else counts[0]), (None if counts[-1] == m else counts[-1])
+
+
+def uneven_counts(n: int, p: int, first: int | None, last: int | None) -> list[int]:
+    """Decoder layers per stage as Megatron derives them from the first/last flags."""
+    rest, left = n, p
+    if first is not None:
+        rest, left = rest - first, left - 1
+    if last is not None:
+        rest, left = rest - last, left - 1
+    each = rest // left if left > 0 else 0
+    counts = [each] * p
+    if first is not None:
+        counts[0] = first
+    if last is not None:
+        counts[-1] = last
+    return counts
+
+
+def _roles_note(view: PlanView) -> str:
+    roles = []
+    if view.embedding:
+        roles.append(f"the plan's layer '{comment(view.layer_names[0])}' is the embedding (E)")
+    if view.head:
+        roles.append(f"'{comment(view.layer_names[-1])}' is the output layer and loss (L)")
+    if roles:
+        return "; ".join(roles) + "; every other plan layer is one decoder layer (t)"
+    return "every plan layer is one decoder layer (t); the embedding (E) runs on the first stage and the loss (L) on " \
+           "the last"
+
+
+def _counts(view: PlanView, fmt: str) -> list[int]:
+    counts = view.decoder_counts()
+    if sum(counts) < 1:
+        raise view.error(f"{fmt}: the plan has no decoder layer besides the embedding and the head")
+    return counts
+
+
+def _uneven_words(counts: list[int], uneven: tuple[int | None, int | None]) -> list[str]:
+    first, last = uneven
+    words = ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(len(counts))]
+    if first is not None:
+        words += ["--decoder-first-pipeline-num-layers", str(first)]
+    if last is not None:
+        words += ["--decoder-last-pipeline-num-layers", str(last)]
+    return words
+
+
+def _layout_words(counts: list[int]) -> list[str]:
+    return ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(len(counts)),
+            "--pipeline-model-parallel-layout", megatron_layout(counts)]
+
+
+def render(view: PlanView, options: ExportOptions) -> list[str]:
+    counts = _counts(view, NAME)
+    lines = [f"# megatron-core >= {MEGATRON_VERSION} (Megatron-LM's pretrain_*.py arguments):",
+             f"# {_roles_note(view)}",
+             " ".join(shell_word(w) for w in _layout_words(counts))]
+    uneven = megatron_uneven(counts)
+    if isinstance(uneven, tuple):
+        even = " (an even split: no first/last flags)" if uneven == (None, None) else ""
+        lines.append(f"# the same split for Megatron versions without --pipeline-model-parallel-layout{even}:")
+        lines.append("# " + " ".join(shell_word(w) for w in _uneven_words(counts, uneven)))
+    else:
+        lines.append(f"# (not expressible without the layout flag: {uneven})")
+    return lines
+
+
+def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
+    counts = _counts(view, UNEVEN_NAME)
+    uneven = megatron_uneven(counts)
+    if isinstance(uneven, str):
+        raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use --to megatron (the layout flag)")
+    return ["# megatron-core (Megatron-LM's pretrain_*.py arguments), for versions without "
+            "--pipeline-model-parallel-layout:",
+            f"# {_roles_note(view)}",
+            " ".join(shell_word(w) for w in _uneven_words(counts, uneven))]
+
+
+def _flags(words: list[str], allowed: set[str]) -> dict[str, str]:
+    if len(words) % 2:
+        raise RenderCheckError(f"expected flag/value pairs, got {len(words)} words")
+    flags = dict(zip(words[::2], words[1::2]))
+    if set(flags) - allowed or len(flags) != len(words) // 2:
+        raise RenderCheckError(f"unexpected or repeated flags {sorted(flags)}")
+    return flags
+
+
+def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
+    counts = list(counts)
+    counts[0] += view.embedding
+    counts[-1] += view.head
+    return Decoded(from_counts(counts))
+
+
+def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout"})
+    stages = parse_megatron_layout(flags["--pipeline-model-parallel-layout"])
+    if len(stages) != int(flags["--pipeline-model-parallel-size"]):
+        raise RenderCheckError("the layout's stages differ from --pipeline-model-parallel-size")
+    if stages[0][:1] != ["E"] or stages[-1][-1:] != ["L"] or sum(s.count("E") + s.count("L") for s in stages) != 2:
+        raise RenderCheckError("the layout must start with E and end with L")
+    counts = [s.count("t") for s in stages]
+    if sum(counts) != int(flags["--num-layers"]):
+        raise RenderCheckError("--num-layers differs from the layout's decoder layers")
+    return _with_roles(view, counts)
+
+
+def read_back_uneven(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
+                           "--decoder-last-pipeline-num-layers"})
+    first, last = (int(flags[f]) if f in flags else None for f in ("--decoder-first-pipeline-num-layers",
+                                                                   "--decoder-last-pipeline-num-layers"))
+    counts = uneven_counts(int(flags["--num-layers"]), int(flags["--pipeline-model-parallel-size"]), first, last)
+    if sum(counts) != int(flags["--num-layers"]):
+        raise RenderCheckError("the flags do not divide --num-layers into whole stages")
+    return _with_roles(view, counts)

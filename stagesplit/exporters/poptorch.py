@@ -1,0 +1,87 @@
+"""PopTorch: a ``poptorch.BeginBlock`` at every stage start, and pipelined ``poptorch.Options``.
+
+``poptorch.BeginBlock(layer_to_call, user_id=None, ipu_id=None)`` wraps the module where a
+stage starts; every module after it runs on that IPU until the next BeginBlock. Pipelined
+training needs gradient accumulation of at least 2 x IPUs - 1 micro-batches (the forward and
+backward pipeline stages); pipelined inference needs at least as many device iterations as
+stages. With a headroom, PopLibs' default available memory proportion (0.6) is scaled down.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ._common import POPLIBS_MEMORY_PROPORTION, Decoded, ExportOptions, fqn_index, from_starts, \
+    layer_expressions, pipelined_accumulation
+from ._plan_view import PlanView
+from .render import RenderCheckError, expression_path, py_str
+
+__all__ = ["NAME", "DESCRIPTION", "render", "read_back", "memory_proportions"]
+
+NAME = "poptorch"
+DESCRIPTION = "poptorch.BeginBlock per stage start and pipelined poptorch.Options"
+
+
+def memory_proportions(view: PlanView, default: float = POPLIBS_MEMORY_PROPORTION) -> dict[int, float] | None:
+    """Per device, when the plan was solved with a headroom h: ``default`` x (1 - h), so that
+    matmul and convolution temporaries shrink with the budget instead of eating the headroom."""
+    if view.headroom <= 0:
+        return None
+    return {d: round(default * (1.0 - view.headroom), 3) for d in view.devices}
+
+
+def render(view: PlanView, options: ExportOptions) -> list[str]:
+    starts = [s.layers[0] for s in view.stages]
+    exprs = layer_expressions(view, NAME, options.model, starts)
+    lines = ["import poptorch", "",
+             "# one BeginBlock per stage start (BeginBlock(layer_to_call, user_id, ipu_id)): the stage runs from this "
+             "module to the next BeginBlock"]
+    for k, expr in enumerate(exprs):
+        lines.append(f"{expr} = poptorch.BeginBlock({expr}, {py_str(f'stage{k}')}, ipu_id={view.devices[k]})")
+    p = len(view.stages)
+    lines += ["", "opts = poptorch.Options()",
+              "opts.setExecutionStrategy(poptorch.PipelinedExecution(poptorch.AutoStage.AutoIncrement))"]
+    if options.training:
+        lines.append(f"opts.Training.gradientAccumulation({pipelined_accumulation(view)})   # pipelined training: "
+                     f">= 2 x {p} - 1 micro-batches (and the plan's {view.micro_batches})")
+    else:
+        lines.append(f"opts.deviceIterations({max(p, view.micro_batches)})   # pipelined inference: >= {p} device "
+                     f"iterations (one per stage)")
+    proportions = memory_proportions(view)
+    if proportions:
+        lines.append(f"# the plan keeps {view.headroom:.0%} of every IPU free: matmul/convolution temporaries get "
+                     f"PopLibs' default {POPLIBS_MEMORY_PROPORTION} x (1 - headroom)")
+        lines.append("opts.setAvailableMemoryProportion({" +
+                     ", ".join(f"{py_str(f'IPU{d}')}: {v}" for d, v in proportions.items()) + "})")
+    return lines
+
+
+def _is_begin_block(node: ast.AST) -> bool:
+    return (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "BeginBlock"
+            and isinstance(node.func.value, ast.Name) and node.func.value.id == "poptorch")
+
+
+def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decoded:
+    """The BeginBlock assignments as written: their modules (mapped to plan layers by module
+    path), user ids (``stageK`` in order) and IPUs."""
+    by_path = {f"{options.model}.{fqn}": i for fqn, i in fqn_index(view).items()}
+    starts, devices = [], []
+    for node in tree.body:
+        if not (isinstance(node, ast.Assign) and _is_begin_block(node.value)):
+            continue
+        call = node.value
+        target = expression_path(node.targets[0])
+        if len(node.targets) != 1 or len(call.args) != 2 or expression_path(call.args[0]) != target:
+            raise RenderCheckError(f"BeginBlock for {target} does not wrap the module it replaces")
+        if ast.literal_eval(call.args[1]) != f"stage{len(starts)}":
+            raise RenderCheckError(f"BeginBlock for {target} has user id {ast.literal_eval(call.args[1])!r}")
+        ipu = [kw for kw in call.keywords if kw.arg == "ipu_id"]
+        if len(ipu) != 1 or len(call.keywords) != 1:
+            raise RenderCheckError(f"BeginBlock for {target} needs exactly ipu_id=")
+        if by_path.get(target, -1) < 0:
+            raise RenderCheckError(f"BeginBlock for {target}, which names no single plan layer")
+        starts.append(by_path[target])
+        devices.append(ast.literal_eval(ipu[0].value))
+    if starts != sorted(starts) or not starts or starts[0] != 0:
+        raise RenderCheckError(f"BeginBlocks at plan layers {starts}: expected increasing from 0")
+    return Decoded(from_starts(starts, len(view.layer_names)), tuple(devices))

@@ -1,0 +1,78 @@
+"""TensorFlow for IPU: ``ipu.pipelining_ops.pipeline`` with one computational stage per plan
+stage (its layers in order) and the plan's ``device_mapping``.
+
+``pipeline()`` refuses fewer than two computational stages and requires
+``gradient_accumulation_count`` for training and inference alike (the number of micro-batches
+each stage runs per execution): at least 2 x stages for training, at least the stages for
+inference. When the infeed yields a dict, the first stage receives its entries as keyword
+arguments; a stage returning a dict passes keyword arguments to the next.
+"""
+
+from __future__ import annotations
+
+import ast
+
+from ._common import Decoded, ExportOptions, pipelined_accumulation
+from ._plan_view import PlanView
+from .render import RenderCheckError, literal_assignments, py_literal
+
+__all__ = ["NAME", "DESCRIPTION", "render", "read_back"]
+
+NAME = "tf-ipu"
+DESCRIPTION = "TensorFlow IPU pipeline: computational_stages (layer groups), device_mapping, accumulation count"
+
+
+def render(view: PlanView, options: ExportOptions) -> list[str]:
+    p = len(view.stages)
+    if p < 2:
+        raise view.error("tf-ipu: TensorFlow's pipelining_ops.pipeline() needs at least 2 computational stages and "
+                         "this plan has 1; run the model without pipelining")
+    groups = [[view.layer_names[i] for i in s.layers] for s in view.stages]
+    if options.training:
+        count = pipelined_accumulation(view)
+        why = f"training: micro-batches per step, >= 2 x {p} stages and the plan's {view.micro_batches}"
+    else:
+        count = max(p, view.micro_batches)
+        why = f"inference: pipeline() still requires it; >= {p} stages"
+    return ["from tensorflow.python import ipu", "",
+            "# the layers of each pipeline stage, in order (the plan's layer names)",
+            f"STAGE_LAYERS = {py_literal(groups)}",
+            f"DEVICE_MAPPING = {py_literal(list(view.devices))}",
+            f"GRADIENT_ACCUMULATION_COUNT = {count}   # {why}", "", "",
+            "def _stage(layers):",
+            '    """A computational stage running `layers` in order. run_layer(name, *args, **kwargs) is yours: it',
+            "    builds layer `name` (e.g. under tf.name_scope) and returns its outputs: a tensor, a tuple, or a dict",
+            "    (passed on as keyword arguments). The first stage takes a dict infeed's entries as keyword",
+            '    arguments."""',
+            "    def stage(*args, **kwargs):",
+            "        for name in layers:",
+            "            outputs = run_layer(name, *args, **kwargs)",
+            "            if isinstance(outputs, dict):",
+            "                args, kwargs = (), outputs",
+            "            else:",
+            "                args, kwargs = (outputs if isinstance(outputs, tuple) else (outputs,)), {}",
+            "        if kwargs:",
+            "            return kwargs",
+            "        return args if len(args) > 1 else args[0]",
+            "    return stage", "", "",
+            "computational_stages = [_stage(layers) for layers in STAGE_LAYERS]", "", "",
+            "def build_pipeline(**kwargs):",
+            '    """ipu.pipelining_ops.pipeline with the plan\'s stages; pass inputs, infeed_queue, outfeed_queue,',
+            '    optimizer_function ... as usual."""',
+            "    return ipu.pipelining_ops.pipeline(computational_stages=computational_stages,",
+            "                                       gradient_accumulation_count=GRADIENT_ACCUMULATION_COUNT,",
+            "                                       device_mapping=DEVICE_MAPPING,",
+            "                                       **kwargs)"]
+
+
+def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decoded:
+    data = literal_assignments(tree)
+    groups, devices = data.get("STAGE_LAYERS"), data.get("DEVICE_MAPPING")
+    if not isinstance(groups, list) or not isinstance(devices, list):
+        raise RenderCheckError("STAGE_LAYERS or DEVICE_MAPPING is missing")
+    index = {n: i for i, n in enumerate(view.layer_names)}
+    try:
+        stages = tuple(tuple(index[n] for n in g) for g in groups)
+    except KeyError as exc:
+        raise RenderCheckError(f"STAGE_LAYERS names a layer the plan does not have: {exc}") from None
+    return Decoded(stages, tuple(devices))

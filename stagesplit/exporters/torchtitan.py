@@ -1,0 +1,122 @@
+"""torchtitan 0.3: command-line overrides its ``ConfigManager`` parses (tyro), as an argument
+file to append after ``--module ... --config ...``.
+
+- ``--parallelism.pipeline_parallel_degree P`` and ``--parallelism.pipeline_parallel_schedule``
+  (``GPipe``/``1F1B``: single-stage-per-rank schedules, one plan stage per rank);
+- ``--parallelism.module_fqns_per_model_part``: one comma-joined group per stage, torchtitan's
+  own module names (``tok_embeddings`` first, ``layers.K`` for decoder layer K, ``norm`` and
+  ``lm_head`` last; as ``_generate_llm_fqn_per_model_part`` writes them);
+- ``--training.local_batch_size M --parallelism.pipeline_parallel_microbatch_size 1``: torchtitan
+  runs local_batch_size / microbatch_size micro-batches, M as the plan was solved;
+- ``--training.disable_cuda_graphs``: ``Trainer.Config`` refuses CUDA graphs with pipelining.
+
+torchtitan refuses pipeline parallelism for models with tied weights (``enable_weight_tying``:
+"Weight tying is not supported with Pipeline Parallel."); so does this export when it is told
+of tied parameters.
+"""
+
+from __future__ import annotations
+
+from ..common.safeinput import show
+from ._common import Decoded, ExportOptions, from_counts
+from ._plan_view import PlanView
+from .render import RenderCheckError, comment, shell_word
+from .torch_pipelining import schedule_class
+
+__all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "read_back", "module_groups"]
+
+NAME = "torchtitan"
+TORCHTITAN_VERSION = "0.3"
+DESCRIPTION = f"torchtitan (>= {TORCHTITAN_VERSION}) command-line overrides: pipeline degree, schedule, module FQNs"
+#: torch's schedule class -> torchtitan's --parallelism.pipeline_parallel_schedule name
+SCHEDULES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B"}
+EMBEDDING_FQN = "tok_embeddings"
+HEAD_FQNS = ("norm", "lm_head")
+
+
+def module_groups(view: PlanView) -> list[list[str]]:
+    """Each stage's torchtitan module FQNs: decoder layer K (counting from the first plan layer
+    that is not the embedding) is ``layers.K``; the embedding joins the first group and the
+    final norm and head the last."""
+    groups, k = [], 0
+    for counts_index, count in enumerate(view.decoder_counts()):
+        group = [f"layers.{k + j}" for j in range(count)]
+        k += count
+        if counts_index == 0:
+            group.insert(0, EMBEDDING_FQN)
+        if counts_index == len(view.stages) - 1:
+            group += HEAD_FQNS
+        groups.append(group)
+    return groups
+
+
+def _words(view: PlanView, options: ExportOptions) -> list[str]:
+    p = len(view.stages)
+    schedule = SCHEDULES[schedule_class(view, True, NAME)]
+    return ["--parallelism.pipeline_parallel_degree", str(p),
+            "--parallelism.pipeline_parallel_schedule", schedule,
+            "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
+            "--parallelism.pipeline_parallel_microbatch_size", "1",
+            "--training.local_batch_size", str(view.micro_batches),
+            "--training.disable_cuda_graphs"]
+
+
+def render(view: PlanView, options: ExportOptions) -> list[str]:
+    p = len(view.stages)
+    if p < 2:
+        raise view.error("torchtitan: one stage needs no pipeline parallelism")
+    if options.tied:
+        raise view.error(f"torchtitan refuses pipeline parallelism for models with tied weights (\"Weight tying is "
+                         f"not supported with Pipeline Parallel\"), and this model ties "
+                         f"'{show(options.tied[0].parameter)}' across stages "
+                         f"{', '.join(map(str, options.tied[0].stages))}; untie it or do not pipeline")
+    if sum(view.decoder_counts()) < 1:
+        raise view.error("torchtitan: the plan has no decoder layer besides the embedding and the head")
+    roles = []
+    if view.embedding:
+        roles.append(f"'{comment(view.layer_names[0])}' is tok_embeddings")
+    if view.head:
+        roles.append(f"'{comment(view.layer_names[-1])}' is norm and lm_head")
+    note = ("the plan's " + "; ".join(roles) + "; " if roles else
+            "tok_embeddings joins the first stage and norm, lm_head the last; ") + \
+        "the other plan layers are torchtitan's layers.0, layers.1, ... in order"
+    return [f"# torchtitan >= {TORCHTITAN_VERSION} (torchtitan/train.py, after --module ... --config ...):",
+            f"# {note}",
+            f"# local_batch_size / pipeline_parallel_microbatch_size = {view.micro_batches} micro-batches per step, as "
+            "the plan was solved: scale both together",
+            "# torchtitan refuses pipeline parallelism for models with tied embeddings (enable_weight_tying)",
+            " ".join(shell_word(w) for w in _words(view, options))]
+
+
+def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    flags: dict[str, list[str]] = {}
+    current = None
+    for w in words:
+        if w.startswith("--"):
+            if w in flags:
+                raise RenderCheckError(f"{w} is given twice")
+            current = flags.setdefault(w, [])
+        elif current is None:
+            raise RenderCheckError(f"a value {w!r} before any flag")
+        else:
+            current.append(w)
+    groups = [g.split(",") for g in flags.get("--parallelism.module_fqns_per_model_part", [])]
+    if [len(groups)] != [int(x) for x in flags.get("--parallelism.pipeline_parallel_degree", ["0"])]:
+        raise RenderCheckError("the module groups differ from the pipeline degree")
+    micro = int(flags["--training.local_batch_size"][0]) // int(flags["--parallelism.pipeline_parallel_microbatch_size"][0])
+    if micro != view.micro_batches:
+        raise RenderCheckError("local_batch_size / microbatch_size differs from the plan's micro-batches")
+    counts, expected = [], 0
+    for k, group in enumerate(groups):
+        body = [f for f in group if f not in (EMBEDDING_FQN, *HEAD_FQNS)]
+        if (EMBEDDING_FQN in group) != (k == 0) or any((f in group) != (k == len(groups) - 1) for f in HEAD_FQNS):
+            raise RenderCheckError(f"group {k} places the embedding or head on the wrong stage")
+        if body != [f"layers.{expected + j}" for j in range(len(body))]:
+            raise RenderCheckError(f"group {k} does not hold consecutive decoder layers from layers.{expected}")
+        expected += len(body)
+        counts.append(len(body))
+    if not counts:
+        raise RenderCheckError("no module groups")
+    counts[0] += view.embedding
+    counts[-1] += view.head
+    return Decoded(from_counts(counts))
