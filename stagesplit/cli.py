@@ -504,7 +504,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     from .torchcapture import capture
     from .io import save_profile
     profile = capture(args.model, optimizer=args.optimizer, dtype=args.dtype, amp=args.amp, target=args.target,
-                      allocator_round=args.allocator_round, name=args.name, layer_regex=args.layer_regex)
+                      allocator_round=args.allocator_round, name=args.name, layer_regex=args.layer_regex,
+                      torch_logs=args.debug)
     for message in profile.info.warnings:
         _warn(message)
     save_profile(profile, args.output)
@@ -666,9 +667,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="NAME|FILE",
                    help="device the profile is for: a shipped target name or a YAML file (default: a100-80gb)")
     p.add_argument("--layer-regex", metavar="RE",
-                   help="regex whose capture group names a block in the module paths; when given, every operation's "
-                        "layer is stored in the profile so later commands need no --layer-regex (default: the "
-                        "standard layer regex, applied when the profile is used)")
+                   help="regex whose capture group names a block in the module paths, instead of the default: the "
+                        "repeated blocks of the model's nn.ModuleList/nn.Sequential stacks, by module path. Either way "
+                        "the grouping is recorded in the profile, so later commands need no --layer-regex")
     p.add_argument("--allocator-round", type=int_in(1, 2**30), default=512, metavar="BYTES",
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")

@@ -13,6 +13,11 @@ the baseline), in this order of rules:
 6. everything else has no layer: it is *shared* (see the cost model for how it is counted).
 
 Operations are taken in program order (the order of the profile's operation list).
+
+A profile may record the grouping its source used (``ProfileInfo.layer_grouping``: captures
+record theirs). Unless other grouping options are given, that grouping's regexes are used and
+each layer's module path is the recorded one. Given other options, the operations are grouped
+afresh from their names: the explicit layers the recorded grouping stored are then set aside.
 """
 
 from __future__ import annotations
@@ -24,7 +29,7 @@ from enum import IntEnum
 import numpy as np
 
 from .errors import StagesplitError
-from .profile import Profile
+from .profile import LayerGrouping, Profile
 from .regex import Pattern, compile_regex
 from .safeinput import short_repr
 
@@ -149,18 +154,34 @@ def module_path(names: list[str], key: str, layer_re: Pattern) -> str | None:
     return prefix[:end].lstrip(_SEPARATORS) or None
 
 
+def recorded_options(grouping: LayerGrouping) -> LayerOptions:
+    """The grouping options a recorded grouping stands for."""
+    return LayerOptions(layer_regex=grouping.layer_regex, first_layer_regex=grouping.first_layer_regex,
+                        last_layer_regex=grouping.last_layer_regex, call_regex=grouping.call_regex,
+                        order=grouping.order)
+
+
 def group_layers(profile: Profile, options: LayerOptions | None = None) -> LayerAssignment:
     """Assign every operation of ``profile`` to a layer (see the module docstring)."""
+    grouping = profile.info.layer_grouping
+    recorded = None
+    if grouping is not None:
+        recorded = recorded_options(grouping)
+        if options is None or options == LayerOptions() or options == recorded:
+            options = recorded                   # the profile's own grouping
+        else:
+            recorded = None                      # other options: regroup from the names
     options = options or LayerOptions()
     layer_re, first_re, last_re, call_re = options.compiled()
     ops = profile.operations
     n = len(ops)
     keys: list[str | None] = [None] * n
     rules = np.full(n, Rule.NO_LAYER, np.int8)
+    explicit = ops.layer if grouping is None or recorded is not None else [None] * n
 
     for i in range(n):
-        if ops.layer[i] is not None:
-            keys[i], rules[i] = ops.layer[i], Rule.EXPLICIT
+        if explicit[i] is not None:
+            keys[i], rules[i] = explicit[i], Rule.EXPLICIT
             continue
         name = ops.name[i]
         from_name = _keys(layer_re, name)
@@ -224,6 +245,8 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
         own[i] = _keys(layer_re, ops.name[i]) == {keys[i]}
     paths = [module_path([ops.name[i] for i in np.flatnonzero(own & (op_layer == j))], key, layer_re)
              for j, key in enumerate(names)]
+    if recorded is not None:                     # the source knew the paths: they are not re-derived
+        paths = [grouping.module_path_of(key) if key in grouping.layers else path for key, path in zip(names, paths)]
     assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options, module_paths=paths)
     share = assignment.share_assigned
     if share < LOW_SHARE:

@@ -20,8 +20,9 @@ from ..errors import ProfileError
 from ..fileio import atomic_write_bytes
 from ..safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
 from .fields import FieldReader
-from ..profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
+from ..profile import (GroundTruth, Liveness, Operations, Phase, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode, narrowest_int)
+from .jsonprofile import grouping_from_record, grouping_record
 
 FORMAT = "stagesplit-compact"
 VERSION = 1
@@ -52,6 +53,8 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
                  "warnings": list(p.info.warnings)},
         "ground_truth_categories": list(gt.categories) if gt is not None else None,
     }
+    if p.info.layer_grouping is not None:          # optional: the grouping the source used
+        header["info"]["layer_grouping"] = grouping_record(p.info.layer_grouping)
     arrays: dict[str, np.ndarray] = {"header": np.frombuffer(json.dumps(header).encode(), np.uint8).copy()}
 
     def strings(key: str, items: list[str]) -> None:
@@ -87,6 +90,8 @@ def profile_to_arrays(p: Profile) -> dict[str, np.ndarray]:
                   op_programs=narrowest_int(ops.programs.values))
     if np.any(np.isfinite(ops.bytes_accessed)):      # optional: files without it load as unknown (NaN)
         arrays["op_bytes_accessed"] = ops.bytes_accessed.astype(float)
+    if np.any(ops.phase != Phase.UNKNOWN):            # optional: files without it load as all UNKNOWN
+        arrays["op_phase"] = ops.phase.astype(np.int8)
     if gt is not None:
         arrays.update(gt_always_live=gt.always_live.astype(np.int64), gt_not_always_live=gt.not_always_live.astype(np.int64),
                       gt_step_tiles=gt.step_tiles.astype(np.int64), gt_step_bytes=narrowest_int(gt.step_bytes))
@@ -151,6 +156,20 @@ class _Arrays:
         if len(offsets) != rows + 1 or offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0):
             raise ProfileError(self.source, offsets_key, f"{rows + 1} non-decreasing offsets ending at {len(values)}")
         return Ragged(offsets, values)
+
+
+def _phases(a: _Arrays, nops: int) -> np.ndarray:
+    """``op_phase`` (optional: absent in files written before it existed, which load as all UNKNOWN)."""
+    if "op_phase" not in a.data.files:
+        return np.full(nops, Phase.UNKNOWN, np.int8)
+    phase = a.get("op_phase")
+    if len(phase) != nops:
+        raise ProfileError(a.source, "op_phase", f"{nops} entries (one per operation)", len(phase))
+    if len(phase) and (phase.min() < min(Phase) or phase.max() > max(Phase)):
+        bad = int(np.flatnonzero((phase < min(Phase)) | (phase > max(Phase)))[0])
+        raise ProfileError(a.source, f"op_phase[{bad}]", f"a phase in {int(min(Phase))}..{int(max(Phase))}",
+                           int(phase[bad]))
+    return phase.astype(np.int8)
 
 
 def _check_members(raw: bytes, source: str) -> None:
@@ -230,12 +249,15 @@ def _read(a: _Arrays) -> Profile:
     tspec = {k: v for k, v in r.mapping(header.get("target"), "header.target").items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
     info_spec = r.mapping(header.get("info", {}), "header.info")
-    r.known_keys(info_spec, "header.info", {"name", "source", "description", "synthetic", "compute_source", "warnings"})
+    r.known_keys(info_spec, "header.info", {"name", "source", "description", "synthetic", "compute_source", "warnings",
+                                            "layer_grouping"})
     info = ProfileInfo(**{k: r.string(info_spec.get(k, ""), f"header.info.{k}")
                           for k in ("name", "source", "description", "compute_source")},
                        synthetic=r.boolean(info_spec.get("synthetic", False), "header.info.synthetic"),
                        warnings=[r.string(w, f"header.info.warnings[{i}]")
-                                 for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))])
+                                 for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))],
+                       layer_grouping=(grouping_from_record(info_spec["layer_grouping"], r, "header.info.layer_grouping")
+                                       if info_spec.get("layer_grouping") is not None else None))
     compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")
@@ -286,7 +308,8 @@ def _read(a: _Arrays) -> Profile:
         vars=a.ragged("op_vars_offsets", "op_vars", nops), programs=a.ragged("op_programs_offsets", "op_programs", nops),
         layer=[name if has else None for name, has in zip(layer_names, has_layer)],
         bytes_accessed=(a.get("op_bytes_accessed", kind="f") if "op_bytes_accessed" in a.data.files
-                        else np.full(nops, np.nan)))
+                        else np.full(nops, np.nan)),
+        phase=_phases(a, nops))
 
     ground_truth = None
     categories = header.get("ground_truth_categories")
