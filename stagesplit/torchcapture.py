@@ -1241,27 +1241,27 @@ def _regex_layering(ops, names: list[str], anchors, options: LayerOptions, stamp
 
 
 def _collisions(labels: list[str], names: list[str], stacks: list[ModuleStack], options: LayerOptions) -> list[str]:
-    """Warnings for blocks of different stacks (or of one) that the user's regex reads as one layer."""
+    """A warning when the user's regex gives blocks of different module paths one layer name."""
     layer_re = options.compiled()[0]
     blocks = {b for s in stacks for b in s.blocks}
-    keys_of: dict[str, set[str]] = {}
+    keys_of: dict[str, set[str]] = {}                    # block -> layer names, blocks in the order they run
     for label, name in zip(labels, names):
         parts = label.split(".")
         block = next((".".join(parts[:k]) for k in range(len(parts), 0, -1) if ".".join(parts[:k]) in blocks), None)
         if block is not None:
             keys_of.setdefault(block, set()).update(_keys(layer_re, name))
     by_key: dict[str, list[str]] = {}
-    for block in sorted(keys_of, key=lambda b: [int(x) if x.isdigit() else x for x in re.split(r"(\d+)", b)]):
-        for key in keys_of[block]:
+    for block, keys in keys_of.items():
+        for key in sorted(keys):
             by_key.setdefault(key, []).append(block)
-    clashes = {k: v for k, v in by_key.items() if len(v) > 1}
+    clashes = [(key, found) for key, found in by_key.items() if len(found) > 1]
     if not clashes:
         return []
-    key, blocks_ = next(iter(sorted(clashes.items(), key=lambda kv: kv[1])))
-    return [f"--layer-regex '{options.layer_regex}' reads {len(clashes)} layer name(s) from blocks of different "
-            f"module paths, which become one layer each (e.g. {', '.join(blocks_[:3])} as layer '{key}'); use a regex "
-            f"whose groups tell them apart, e.g. '{_tree_regex(stacks)}', or leave --layer-regex out to group by the "
-            "module tree"]
+    key, found = clashes[0]
+    return [f"--layer-regex '{options.layer_regex}' gives blocks of different module paths the same layer name, so "
+            f"they become one layer: {' and '.join(found[:3])} are all layer '{key}' ({len(clashes)} such name(s)); "
+            f"use a regex whose groups tell them apart, e.g. '{_tree_regex(stacks)}', or leave --layer-regex out "
+            "to group by the module tree"]
 
 
 def _build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
