@@ -144,11 +144,18 @@ def module_path(names: list[str], key: str, layer_re: Pattern) -> str | None:
         cut = max(prefix.rfind(c) for c in _SEPARATORS)
         prefix = prefix[:max(cut, 0)]
     end = None
-    for m in layer_re.finditer(prefix):
+    for m in layer_re.finditer(prefix + "/"):          # a separator after the prefix, as in the names
         groups = m.groups()
         found = "".join(g for g in groups if g) if groups else m.group(0)
-        if found == key and (m.end() == len(prefix) or prefix[m.end()] in _SEPARATORS):
-            end = m.end()
+        if found != key:
+            continue
+        # the block ends where the match ends, or where its last group ends when the pattern
+        # goes on to match the separator after it (``^(\d+)[./]``)
+        last_group = max((m.end(g) for g in range(1, len(groups) + 1) if m.start(g) >= 0), default=m.end())
+        for candidate in (m.end(), last_group):
+            if candidate <= len(prefix) and (candidate == len(prefix) or prefix[candidate] in _SEPARATORS):
+                end = candidate
+                break
     if end is None:
         return None
     return prefix[:end].lstrip(_SEPARATORS) or None

@@ -194,8 +194,8 @@ def test_solve_four_devices_1f1b_and_export_torch_pipelining(name, tmp_path, cap
     capsys.readouterr()
 
 
-@pytest.mark.parametrize("name", [pytest.param(p.values[0], marks=[*p.marks, *([pytest.mark.slow] if "resnet" in p.values[0]
-                                                                         else [])]) for p in MODELS])
+@pytest.mark.slow
+@pytest.mark.parametrize("name", MODELS)
 def test_whole_step_peak_within_one_percent_of_memtracker(name):
     predicted = peak_bytes(_capture(name))
     measured = _memtracker_peak(*zoo.build(name, real=True))
