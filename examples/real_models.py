@@ -17,6 +17,9 @@ Needs ``pip install transformers`` (and torchvision or timm for the ResNets).
 
 from __future__ import annotations
 
+import importlib.util
+import sys
+import types
 from typing import Any, Callable
 
 import torch
@@ -133,8 +136,30 @@ def _images(size: str, real: bool) -> torch.Tensor:
     return torch.randn(2, 3, side, side) if real else torch.zeros(2, 3, side, side)
 
 
+def torchvision_models():
+    """``torchvision.models``. PyPI's torchvision wheels are built for CUDA torch: beside the CPU
+    torch their C++ operators do not load, and the package's ``__init__`` fails registering fake
+    kernels for them ("operator torchvision::nms does not exist"). The model code uses none of
+    them, so it is then imported without that ``__init__``."""
+    try:
+        import torchvision.models
+        return torchvision.models
+    except Exception:
+        for name in [m for m in sys.modules if m == "torchvision" or m.startswith("torchvision.")]:
+            del sys.modules[name]
+        spec = importlib.util.find_spec("torchvision")
+        if spec is None or not spec.submodule_search_locations:
+            raise
+        package = types.ModuleType("torchvision")
+        package.__path__ = list(spec.submodule_search_locations)
+        package.__spec__, package.__file__ = spec, spec.origin
+        sys.modules["torchvision"] = package
+        import torchvision.models
+        return torchvision.models
+
+
 def _resnet50(size: str, real: bool):
-    from torchvision.models import resnet50
+    resnet50 = torchvision_models().resnet50
     if real:
         torch.manual_seed(0)
         return resnet50(num_classes=10), _images(size, real)
@@ -143,6 +168,7 @@ def _resnet50(size: str, real: bool):
 
 
 def _timm_resnet50(size: str, real: bool):
+    torchvision_models()                      # timm imports torchvision's FrozenBatchNorm2d
     import timm
     if real:
         torch.manual_seed(0)
