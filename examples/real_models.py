@@ -1,6 +1,7 @@
 """Real model definitions, built from configs with random weights (nothing is downloaded), as
 ``stagesplit capture`` factories: Hugging Face transformers' GPT-2, Llama (grouped-query
-attention), BERT, T5, BART, ViT, Mixtral and Qwen2-MoE, and ResNet-50 from torchvision and timm.
+attention), BERT, T5, BART, ViT, Mixtral, Qwen2-MoE and ResNet-50, and ResNet-50 from torchvision
+and timm.
 
 Every factory takes no arguments and builds a small configuration on the ``meta`` device, so
 ``stagesplit capture examples/real_models.py:t5 -o t5.stagesplit`` runs in seconds on a laptop.
@@ -131,6 +132,15 @@ def _qwen2_moe(size: str, real: bool):
             _lm_inputs(2 if small else 1, 32 if small else 4096, cfg.vocab_size, real))
 
 
+def _hf_resnet50(size: str, real: bool):
+    """transformers' ResNet-50 (its ResNetConfig defaults: bottleneck stages of 3, 4, 6 and 3 blocks),
+    which, unlike torchvision's and timm's, installs beside a CPU-only torch."""
+    import transformers as tf
+    cfg = tf.ResNetConfig(num_labels=10)
+    labels = torch.randint(0, 10, (2,)) if real else torch.zeros(2, dtype=torch.long)
+    return _make(tf.ResNetForImageClassification, cfg, real), {"pixel_values": _images(size, real), "labels": labels}
+
+
 def _images(size: str, real: bool) -> torch.Tensor:
     side = 32 if size == "small" else 224
     return torch.randn(2, 3, side, side) if real else torch.zeros(2, 3, side, side)
@@ -179,7 +189,7 @@ def _timm_resnet50(size: str, real: bool):
 
 BUILDERS: dict[str, Callable[[str, bool], tuple[Any, Any]]] = {
     "gpt2": _gpt2, "llama": _llama, "bert": _bert, "t5": _t5, "bart": _bart, "vit": _vit, "mixtral": _mixtral,
-    "qwen2_moe": _qwen2_moe, "resnet50": _resnet50, "timm_resnet50": _timm_resnet50,
+    "qwen2_moe": _qwen2_moe, "hf_resnet50": _hf_resnet50, "resnet50": _resnet50, "timm_resnet50": _timm_resnet50,
 }
 
 
@@ -221,6 +231,10 @@ def mixtral():
 
 def qwen2_moe():
     return build("qwen2_moe")
+
+
+def hf_resnet50():
+    return build("hf_resnet50")
 
 
 def resnet50():

@@ -681,21 +681,55 @@ class ModuleStack:
 
 def module_stacks(torch, model) -> list[ModuleStack]:
     """The model's stacks of repeated blocks, outermost first: a stack inside another stack's
-    block belongs to that block (a mixture's experts inside a decoder layer). A ModuleList of
-    one block counts (a one-layer configuration); a Sequential needs two (one is a wrapper)."""
+    block belongs to that block (a mixture's experts inside a decoder layer), unless the block
+    only wraps that stack (its one child is the stack, or wraps it the same way: a ResNet stage
+    around its bottleneck blocks), when the inner stack's blocks replace it. A ModuleList of one
+    block counts (a one-layer configuration); a Sequential needs two (one is a wrapper)."""
     containers = (torch.nn.ModuleList, torch.nn.Sequential)
-    stacks: list[ModuleStack] = []
-    claimed: set[str] = set()
-    for path, module in model.named_modules():
-        if not isinstance(module, containers) or _inside(path, claimed):
-            continue
+
+    def stack_at(path: str, module) -> ModuleStack | None:
+        if not isinstance(module, containers):
+            return None
         children = list(module.named_children())
         least = 1 if isinstance(module, torch.nn.ModuleList) else 2
         if len(children) < least or len({type(child) for _, child in children}) != 1:
+            return None
+        return ModuleStack(path, tuple(name for name, _ in children))
+
+    def wrapped(path: str, module) -> ModuleStack | None:
+        """The stack a block only wraps: down a chain of single children."""
+        children = list(module.named_children())
+        while len(children) == 1:
+            name, module = children[0]
+            path = f"{path}.{name}"
+            stack = stack_at(path, module)
+            if stack is not None:
+                return stack
+            children = list(module.named_children())
+        return None
+
+    modules = dict(model.named_modules())
+
+    def expand(stack: ModuleStack) -> list[ModuleStack]:
+        kept: list[str] = []
+        inner: list[ModuleStack] = []
+        for child, block in zip(stack.children, stack.blocks):
+            nested = wrapped(block, modules[block])
+            if nested is not None:
+                inner.extend(expand(nested))
+            else:
+                kept.append(child)
+        return ([ModuleStack(stack.path, tuple(kept))] if kept else []) + inner
+
+    stacks: list[ModuleStack] = []
+    claimed: set[str] = set()
+    for path, module in model.named_modules():
+        if _inside(path, claimed):
             continue
-        stack = ModuleStack(path, tuple(name for name, _ in children))
-        stacks.append(stack)
-        claimed.update(stack.blocks)
+        stack = stack_at(path, module)
+        if stack is not None:
+            stacks.extend(expand(stack))
+            claimed.update(stack.blocks)
     return stacks
 
 
@@ -1211,9 +1245,12 @@ def _unplaced(names: list[str], target: list[str | None], options: LayerOptions)
 
 
 def _regex_layering(ops, names: list[str], anchors, options: LayerOptions, stamp_all: bool) -> _Layering | None:
-    """Group by a layer regex on the names (the user's, stored for every operation, or the default,
-    stored only where it does not place an operation); None when it finds no block."""
-    layer_re, first_re, last_re, _ = options.compiled()
+    """Group by a layer regex on the names: the user's, every operation's layer stored, or the
+    default, stored only where it and the first- and last-layer regexes do not place the
+    operation. An operation the regex does not read goes where it ran, as in the module-tree
+    grouping (not where a name such as an embedder's ``pooler`` would send it). None when the
+    regex finds no block that runs in the forward pass."""
+    layer_re = options.compiled()[0]
     own_key: list[str | None] = [None] * len(ops)
     for i, n in enumerate(names):
         keys = _keys(layer_re, n)
@@ -1221,22 +1258,8 @@ def _regex_layering(ops, names: list[str], anchors, options: LayerOptions, stamp
             own_key[i] = next(iter(keys))
     if not any(own_key[i] is not None and ops[i].phase == "forward" for i in range(len(ops))):
         return None
-    positional, first_key, last_key = _positional(ops, own_key, anchors)
-    target: list[str | None] = []
-    explicit: list[str | None] = []
-    for i, n in enumerate(names):
-        if own_key[i] is not None:
-            target.append(own_key[i])
-            explicit.append(own_key[i] if stamp_all else None)
-        elif last_re.search(n):
-            target.append(last_key)
-            explicit.append(last_key if stamp_all else None)
-        elif first_re.search(n):
-            target.append(first_key)
-            explicit.append(first_key if stamp_all else None)
-        else:
-            target.append(positional[i])
-            explicit.append(positional[i])
+    target, _, _ = _positional(ops, own_key, anchors)
+    explicit = list(target) if stamp_all else _unplaced(names, target, options)
     return _Layering(target, explicit, options, "regex")
 
 

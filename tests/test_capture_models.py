@@ -1,7 +1,7 @@
 """stagesplit capture on real model code that nobody here wrote: Hugging Face transformers'
-GPT-2, Llama (grouped-query attention), BERT, T5, BART, ViT, Mixtral and Qwen2-MoE (bfloat16),
-and ResNet-50 from torchvision and from timm, built from configs with random weights
-(examples/real_models.py; nothing is downloaded).
+GPT-2, Llama (grouped-query attention), BERT, T5, BART, ViT, Mixtral and Qwen2-MoE (bfloat16)
+and ResNet-50, and ResNet-50 from torchvision and from timm where those are installed, built
+from configs with random weights (examples/real_models.py; nothing is downloaded).
 
 For each: the layers found are the model's real blocks in forward order (with their module
 paths), the embeddings go with the first and the head and loss with the last, a 4-device 1F1B
@@ -9,10 +9,12 @@ solve and ``export --to torch-pipelining`` succeed, and the whole step's capture
 1% of the peak torch's MemTracker (not capture's code) measures on one real training step of
 the same model on CPU tensors.
 
-torchvision's model code is imported without the package's ``__init__`` (``_torchvision``
-below): the PyPI torchvision wheel is built against CUDA torch, and its ``__init__`` registers
-fake kernels for its C++ operators, which fail to load beside the CPU torch ("operator
-torchvision::nms does not exist"). The model definitions use none of those operators.
+torchvision and timm are not in the test extra: PyPI's torchvision wheels are built against
+CUDA torch, and beside the CPU torch the package's ``__init__`` fails registering fake kernels
+for its C++ operators ("operator torchvision::nms does not exist"), which also breaks
+``transformers`` (its image utilities import torchvision when it is installed). Where they are
+installed, their model code is imported without that ``__init__`` (``_torchvision`` below; the
+model definitions use none of those operators), before transformers is.
 """
 
 from __future__ import annotations
@@ -86,12 +88,15 @@ EXPECTED = {
     "vit": (DECODER, None, {"vit.embeddings.patch_embeddings.projection"}, {"vit.layernorm", "classifier"}),
     "mixtral": (DECODER, [f"model.layers.{i}" for i in range(4)], {"model.embed_tokens"}, {"model.norm", "lm_head"}),
     "qwen2_moe": (DECODER, [f"model.layers.{i}" for i in range(4)], {"model.embed_tokens"}, {"model.norm", "lm_head"}),
+    "hf_resnet50": ([f"{s}.layers.{b}" for s, n in enumerate((3, 4, 6, 3)) for b in range(n)],
+                    [f"resnet.encoder.stages.{s}.layers.{b}" for s, n in enumerate((3, 4, 6, 3)) for b in range(n)],
+                    {"resnet.embedder.embedder.convolution", "resnet.embedder.pooler"}, {"resnet.pooler", "classifier.1"}),
     "resnet50": (RESNET, RESNET, {"conv1", "bn1", "maxpool"}, {"avgpool", "fc", "loss"}),
     "timm_resnet50": (RESNET, RESNET, {"conv1", "bn1", "maxpool"}, {"global_pool.pool", "fc", "loss"}),
 }
 MODELS = [pytest.param(name, marks=pytest.mark.skipif(
     name == "resnet50" and not HAVE_TORCHVISION or name == "timm_resnet50" and not HAVE_TIMM,
-    reason="needs torchvision / timm (pip install 'stagesplit[test]')")) for name in EXPECTED]
+    reason="needs torchvision / timm")) for name in EXPECTED]
 
 
 def _dtype(name: str) -> str:
@@ -273,14 +278,20 @@ def test_user_regex_on_an_encoder_decoder_is_recorded_and_collisions_warn(regex,
     assert Analysis.of(load_profile(path)).layers.module_paths == list(grouping.module_paths)
 
 
-@pytest.mark.skipif(not HAVE_TORCHVISION, reason="needs torchvision")
-def test_resnet_user_regex_gives_sixteen_blocks_recorded():
-    profile = capture_model(*zoo.build("resnet50"), allocator_round=1, layer_regex=r"layer(\d+)\.(\d+)")
+@pytest.mark.parametrize("name,regex,prefix", [
+    ("hf_resnet50", r"stages\.(\d+)\.layers\.(\d+)", "resnet.encoder.stages.{s}.layers.{b}"),
+    pytest.param("resnet50", r"layer(\d+)\.(\d+)", "layer{t}.{b}",
+                 marks=pytest.mark.skipif(not HAVE_TORCHVISION, reason="needs torchvision")),
+])
+def test_resnet_user_regex_gives_sixteen_blocks_recorded(name, regex, prefix):
+    profile = capture_model(*zoo.build(name), allocator_round=1, layer_regex=regex)
     grouping = profile.info.layer_grouping
-    assert list(grouping.layers) == [name.replace("layer", "").replace(".", "") for name in RESNET]
-    assert list(grouping.module_paths) == RESNET
+    blocks = [(s, b) for s, n in enumerate((3, 4, 6, 3)) for b in range(n)]
+    first = 0 if name == "hf_resnet50" else 1
+    assert list(grouping.layers) == [f"{s + first}{b}" for s, b in blocks]
+    assert list(grouping.module_paths) == [prefix.format(s=s, t=s + 1, b=b) for s, b in blocks]
     assert not profile.info.warnings
-    assert Analysis.of(profile).layers.module_paths == RESNET
+    assert Analysis.of(profile).layers.module_paths == list(grouping.module_paths)
 
 
 @pytest.mark.slow
