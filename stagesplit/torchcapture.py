@@ -1282,7 +1282,8 @@ def _collisions(labels: list[str], names: list[str], stacks: list[ModuleStack], 
         return []
     key, found = clashes[0]
     return [f"--layer-regex '{options.layer_regex}' gives blocks of different module paths the same layer name, so "
-            f"they become one layer: {' and '.join(found[:3])} are all layer '{key}' ({len(clashes)} such name(s)); "
+            f"they become one layer: {' and '.join(found[:3])} are {'both' if len(found) == 2 else 'all'} layer '{key}' "
+            f"({len(clashes)} such name(s)); "
             f"use a regex whose groups tell them apart, e.g. '{_tree_regex(stacks)}', or leave --layer-regex out "
             "to group by the module tree"]
 

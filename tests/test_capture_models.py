@@ -264,7 +264,7 @@ def test_user_regex_on_an_encoder_decoder_is_recorded_and_collisions_warn(regex,
     warned = [w for w in profile.info.warnings if "same layer name" in w]
     assert bool(warned) == collide
     if collide:
-        assert "encoder.block.0 and decoder.block.0 are all layer '0' (4 such name(s))" in warned[0]
+        assert "encoder.block.0 and decoder.block.0 are both layer '0' (4 such name(s))" in warned[0]
         return
     assert grouping.module_paths == tuple(f"{s}coder.block.{i}" for s in ("en", "de") for i in range(4))
     from stagesplit.io import load_profile, save_profile
