@@ -612,9 +612,10 @@ def test_attention_block_phases_and_flops():
 
 
 def test_every_operation_lists_the_storages_it_reads_and_writes():
-    """Read back independently: a dispatch mode that notes each aten call's input and output
-    storages, run over the same step under fake tensors; every capture operation's variables
-    are exactly those storages (plus each parameter's gradient and optimizer state)."""
+    """The MLP's operations written out: each forward addmm lists the bias, the weight (its
+    transpose is a view of the weight's storage), its input and its output; relu's backward
+    lists the saved relu output it reads, the incoming gradient (layer 1's input-gradient
+    product) and the gradient it writes."""
     with torch.device("meta"):
         model = MLP()
     profile = capture_model(model, torch.empty(32, 8, device="meta"), allocator_round=1, optimizer="none")
@@ -630,6 +631,26 @@ def test_every_operation_lists_the_storages_it_reads_and_writes():
         if name.endswith("/aten.threshold_backward"):
             assert {"<root>/aten.relu:out0", "<root>/backward/aten.threshold_backward:out0"} <= used
             assert any(n.startswith("layers.1/backward/aten.mm") for n in used)
+
+
+def test_a_tensor_passed_twice_is_one_storage():
+    """A 4 MiB tensor given as the input and as the target: one variable of 4 MiB, not two; a
+    view of it (its transpose) shares its storage too."""
+    class Regress(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = torch.nn.ModuleList([torch.nn.Linear(1024, 1024)])
+
+        def forward(self, x, target):
+            return (self.layers[0](x) - target).pow(2).mean()
+
+    x = torch.zeros(1024, 1024)
+    for target in (x, x.t()):
+        profile = capture_model(Regress(), (x, target), allocator_round=1)
+        names = [profile.variable_name(v) for v in range(len(profile.variables))]
+        inputs = [v for v, n in enumerate(names) if n.startswith("input[")]
+        assert [names[v] for v in inputs] == ["input[0]"]
+        assert profile.variables.bytes[inputs[0]] == 4 * 2**20
 
 
 def _checkpointed(model):
