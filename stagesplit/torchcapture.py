@@ -69,7 +69,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator
 
 from .errors import StagesplitError
-from .layers import DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX, LayerOptions, _keys
+from .layers import LayerOptions, _keys
 from .profile import LayerGrouping, Phase
 
 if TYPE_CHECKING:
@@ -1003,7 +1003,8 @@ def _fake_inputs(torch, inputs, float_dtype):
     """Empty fake tensors of the inputs' shapes, counted by storage: a tensor passed twice is
     one tensor, and tensors sharing a storage (views of one batch) stay views of one storage."""
     made: dict[int, Any] = {}
-    bases: dict[tuple[int, Any], Any] = {}
+    bases: dict[tuple[int, Any], Any] = {}          # (the storage's C++ identity, dtype) -> fake base
+    held: list[Any] = []                             # the storages keyed on, alive until the end
 
     def conv(x):
         if not isinstance(x, torch.Tensor):
@@ -1016,7 +1017,8 @@ def _fake_inputs(torch, inputs, float_dtype):
             t.requires_grad_(t.is_floating_point())
         else:
             st = x.untyped_storage()
-            key = (id(st), dt)
+            held.append(st)
+            key = (st._cdata, dt)
             base = bases.get(key)
             if base is None:
                 base = bases[key] = torch.empty(max(st.nbytes() // x.element_size(), 1), dtype=dt, device="cpu")
