@@ -39,7 +39,7 @@ def main() -> int:
 
     from stagesplit.plan.advise import advise
     from stagesplit.model.analysis import Analysis
-    from stagesplit.io.capture import capture
+    from stagesplit.capturing.pytorch import capture
     from stagesplit.solver.problem import SolveOptions
     profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
     analysis = Analysis.of(profile)

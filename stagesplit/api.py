@@ -487,9 +487,9 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
 def capture(model: str, output: str | Path | None = None, *, events: Events | None = None, **options: Any) -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
-    (see ``stagesplit.io.capture``), written to ``output`` when given."""
+    (see ``stagesplit.capturing.pytorch``), written to ``output`` when given."""
     from .io import save_profile
-    from .io.capture import capture as capture_step
+    from .capturing.pytorch import capture as capture_step
     events = _events(events)
     if not isinstance(model, str):
         raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "

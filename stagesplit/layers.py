@@ -13,6 +13,11 @@ the baseline), in this order of rules:
 6. everything else has no layer: it is *shared* (see the cost model for how it is counted).
 
 Operations are taken in program order (the order of the profile's operation list).
+
+A profile may record the grouping its source used (``ProfileInfo.layer_grouping``: captures
+record theirs). Unless other grouping options are given, that grouping's regexes are used and
+each layer's module path is the recorded one. Given other options, the operations are grouped
+afresh from their names: the explicit layers the recorded grouping stored are then set aside.
 """
 
 from __future__ import annotations
@@ -25,11 +30,11 @@ from typing import Any
 
 import numpy as np
 
+from .common.regex import Pattern, compile_regex
+from .common.text import short_repr
 from .common.validate import choice
 from .errors import OptionError, ProfileError, StagesplitError
-from .io.profile import Profile
-from .common.regex import Pattern, compile_regex
-from .common.safeinput import short_repr
+from .io.profile import LayerGrouping, Profile
 
 DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
 DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"
@@ -139,7 +144,8 @@ class LayerAssignment:
                 if call.search(profile.operations.name[i])]
 
 
-def _keys(pattern: Pattern, text: str) -> set[str]:
+def layer_keys(pattern: Pattern, text: str) -> set[str]:
+    """The distinct keys (capture groups joined) the layer regex finds in ``text``."""
     found = set()
     for m in pattern.findall(text):
         key = "".join(m) if isinstance(m, tuple) else m
@@ -175,37 +181,60 @@ def module_path(names: list[str], key: str, layer_re: Pattern) -> str | None:
         cut = max(prefix.rfind(c) for c in _SEPARATORS)
         prefix = prefix[:max(cut, 0)]
     end = None
-    for m in layer_re.finditer(prefix):
+    for m in layer_re.finditer(prefix + "/"):          # a separator after the prefix, as in the names
         groups = m.groups()
         found = "".join(g for g in groups if g) if groups else m.group(0)
-        if found == key and (m.end() == len(prefix) or prefix[m.end()] in _SEPARATORS):
-            end = m.end()
+        if found != key:
+            continue
+        # the block ends where the match ends, or where its last group ends when the pattern
+        # goes on to match the separator after it (``^(\d+)[./]``)
+        last_group = max((m.end(g) for g in range(1, len(groups) + 1) if m.start(g) >= 0), default=m.end())
+        for candidate in (m.end(), last_group):
+            if candidate <= len(prefix) and (candidate == len(prefix) or prefix[candidate] in _SEPARATORS):
+                end = candidate
+                break
     if end is None:
         return None
     return prefix[:end].lstrip(_SEPARATORS) or None
 
 
+def recorded_options(grouping: LayerGrouping) -> LayerOptions:
+    """The grouping options a recorded grouping stands for."""
+    return LayerOptions(layer_regex=grouping.layer_regex, first_layer_regex=grouping.first_layer_regex,
+                        last_layer_regex=grouping.last_layer_regex, call_regex=grouping.call_regex,
+                        order=grouping.order)
+
+
 def group_layers(profile: Profile, options: LayerOptions | None = None) -> LayerAssignment:
     """Assign every operation of ``profile`` to a layer (see the module docstring)."""
+    grouping = profile.info.layer_grouping
+    recorded = None
+    if grouping is not None:
+        recorded = recorded_options(grouping)
+        if options is None or options == LayerOptions() or options == recorded:
+            options = recorded                   # the profile's own grouping
+        else:
+            recorded = None                      # other options: regroup from the names
     options = options or LayerOptions()
     layer_re, first_re, last_re, call_re = options.compiled()
     ops = profile.operations
     n = len(ops)
     keys: list[str | None] = [None] * n
     rules = np.full(n, Rule.NO_LAYER, np.int8)
+    explicit = ops.layer if grouping is None or recorded is not None else [None] * n
 
     for i in range(n):
-        if ops.layer[i] is not None:
-            keys[i], rules[i] = ops.layer[i], Rule.EXPLICIT
+        if explicit[i] is not None:
+            keys[i], rules[i] = explicit[i], Rule.EXPLICIT
             continue
         name = ops.name[i]
-        from_name = _keys(layer_re, name)
+        from_name = layer_keys(layer_re, name)
         if len(from_name) == 1:
             keys[i], rules[i] = from_name.pop(), Rule.NAME
             continue
         from_inputs: set[str] = set()
         for tensor in ops.inputs[i]:
-            from_inputs |= _keys(layer_re, tensor)
+            from_inputs |= layer_keys(layer_re, tensor)
         if len(from_inputs) == 1:
             keys[i], rules[i] = from_inputs.pop(), Rule.INPUTS
         elif not from_inputs and call_re.search(name):
@@ -257,9 +286,11 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
     # layered ones (captures) whose names the regex reads as the same layer
     own = rules == Rule.NAME
     for i in np.flatnonzero(rules == Rule.EXPLICIT):
-        own[i] = _keys(layer_re, ops.name[i]) == {keys[i]}
+        own[i] = layer_keys(layer_re, ops.name[i]) == {keys[i]}
     paths = [module_path([ops.name[i] for i in np.flatnonzero(own & (op_layer == j))], key, layer_re)
              for j, key in enumerate(names)]
+    if recorded is not None:                     # the source knew the paths: they are not re-derived
+        paths = [grouping.module_path_of(key) if key in grouping.layers else path for key, path in zip(names, paths)]
     assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options, module_paths=paths)
     share = assignment.share_assigned
     if share < LOW_SHARE:

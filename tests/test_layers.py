@@ -267,3 +267,57 @@ def test_bad_order():
     with pytest.raises(StagesplitError) as excinfo:
         group("layer1/a", order="alphabetical")
     assert str(excinfo.value) == "layer_order: expected one of steps, natural, got 'alphabetical'"
+
+
+# --------------------------------------------------------------------------------------------------
+# A grouping recorded in the profile (captures record theirs)
+
+def recorded(grouping_regex=r"^((?:enc|dec)\.block\.\d+)[./]", paths=None):
+    """Encoder and decoder blocks named by path; the final norm carries its layer explicitly (as
+    a capture stores the ones its regexes do not place) and is named after no block."""
+    from stagesplit.io.profile import LayerGrouping
+    p = profile("enc.block.0.attn/mm", "enc.block.1.attn/mm", ("final_norm/mul", (), "enc.block.1"),
+                "dec.block.0.attn/mm", "dec.block.1.attn/mm", "lm_head/mm")
+    layers = ("enc.block.0", "enc.block.1", "dec.block.0", "dec.block.1")
+    p.info.layer_grouping = LayerGrouping(
+        method="module-tree", layer_regex=grouping_regex, first_layer_regex=DEFAULT_FIRST_LAYER_REGEX,
+        last_layer_regex=DEFAULT_LAST_LAYER_REGEX, call_regex=LayerOptions().call_regex, layers=layers,
+        module_paths=tuple(paths or (f"model.{name}" for name in layers)))
+    return p.validate()
+
+
+def test_recorded_grouping_is_used_without_options_and_its_module_paths_are_kept():
+    p = recorded()
+    for options in (None, LayerOptions(), LayerOptions(layer_regex=p.info.layer_grouping.layer_regex)):
+        la = group_layers(p, options)
+        assert la.names == ["enc.block.0", "enc.block.1", "dec.block.0", "dec.block.1"]
+        assert assigned(la) == [("enc.block.0", Rule.NAME), ("enc.block.1", Rule.NAME),
+                                ("enc.block.1", Rule.EXPLICIT), ("dec.block.0", Rule.NAME),
+                                ("dec.block.1", Rule.NAME), ("dec.block.1", Rule.LAST_LAYER)]
+        # the recorded paths (here with a model. prefix no operation name shows), not re-derived ones
+        assert la.module_paths == ["model.enc.block.0", "model.enc.block.1", "model.dec.block.0", "model.dec.block.1"]
+        assert la.options.layer_regex == p.info.layer_grouping.layer_regex
+
+
+def test_other_grouping_options_regroup_from_the_names_without_the_recorded_layers():
+    """The default regex reads only the block numbers: encoder and decoder block k become one
+    layer, as the user asked; the explicit layer the recorded grouping stored is set aside."""
+    p = recorded()
+    la = group_layers(p, LayerOptions(layer_regex=r"block\.(\d+)"))
+    assert la.names == ["0", "1"]
+    assert assigned(la) == [("0", Rule.NAME), ("1", Rule.NAME), (None, Rule.NO_LAYER), ("0", Rule.NAME),
+                            ("1", Rule.NAME), ("1", Rule.LAST_LAYER)]
+    assert la.module_paths == [None, None]          # two paths each: none is the layer's
+
+
+def test_a_layer_the_record_does_not_name_gets_a_derived_path():
+    p = recorded(paths=("model.enc.block.0", None, "model.dec.block.0", "model.dec.block.1"))
+    la = group_layers(p)
+    assert la.module_paths == ["model.enc.block.0", None, "model.dec.block.0", "model.dec.block.1"]
+
+
+def test_module_path_of_a_regex_that_matches_the_separator_after_the_block():
+    la = group(("0/aten.t"), ("0/aten.addmm"), ("1/aten.relu"), ("2/aten.addmm"), layer_regex=r"^(\d+)[./]")
+    assert la.names == ["0", "1", "2"] and la.module_paths == ["0", "1", "2"]
+    la = group("layer1.0.conv1/conv", "layer1.0.bn1/bn", "layer1.1.conv1/conv", layer_regex=r"layer(\d+)\.(\d+)")
+    assert la.names == ["10", "11"] and la.module_paths == ["layer1.0", "layer1.1"]

@@ -259,9 +259,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="NAME|FILE",
                    help="device the profile is for: a shipped target name or a YAML file (default: a100-80gb)")
     p.add_argument("--layer-regex", metavar="RE",
-                   help="regex whose capture group names a block in the module paths; when given, every operation's "
-                        "layer is stored in the profile so later commands need no --layer-regex (default: the "
-                        "standard layer regex, applied when the profile is used)")
+                   help="regex whose capture group names a block in the module paths, instead of the default: the "
+                        "repeated blocks of the model's nn.ModuleList/nn.Sequential stacks, by module path. Either way "
+                        "the grouping is recorded in the profile, so later commands need no --layer-regex")
     p.add_argument("--allocator-round", type=int_in(1, 2**30), default=512, metavar="BYTES",
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")

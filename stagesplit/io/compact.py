@@ -19,11 +19,13 @@ import numpy as np
 from ..errors import ProfileError
 from ..common.fileio import atomic_output
 from ..common.safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
-from .compactformat import (BOOL, DESCR, FLOAT64, FORMAT, INFO_KEYS, INT, INT64, KIND_LETTER, VERSION,
+from .compactformat import (BOOL, DESCR, FLOAT64, FORMAT, INFO_KEYS, INFO_OPTIONAL_KEYS, INT, INT64, KIND_LETTER,
+                            VERSION,
                             CompactWriter, column_for, header_bytes)
 from ..common.fields import FieldReader
-from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
+from .profile import (GroundTruth, Liveness, Operations, Phase, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode, narrowest_int)
+from .jsonprofile import grouping_from_record, grouping_record
 
 # what a damaged zip member can raise while it is read (bad CRC, bad deflate stream, cut short, an
 # unsupported or encrypted member); object arrays raise ValueError as pickling is disabled
@@ -46,6 +48,8 @@ def profile_header(p: Profile) -> bytes:
               "memory_bytes_per_s": t.memory_bytes_per_s, "description": t.description}
     info = {"name": p.info.name, "source": p.info.source, "description": p.info.description,
             "synthetic": p.info.synthetic, "compute_source": p.info.compute_source, "warnings": list(p.info.warnings)}
+    if p.info.layer_grouping is not None:          # optional: the grouping the source used
+        info["layer_grouping"] = grouping_record(p.info.layer_grouping)
     return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
 
 
@@ -86,6 +90,8 @@ def profile_columns(p: Profile, costs: Mapping[str, Any] | None = None) -> Itera
                 ("op_programs_offsets", ops.programs.offsets), ("op_programs", ops.programs.values))
     if np.any(np.isfinite(ops.bytes_accessed)):      # optional: files without it load as unknown (NaN)
         yield "op_bytes_accessed", ops.bytes_accessed
+    if np.any(ops.phase != Phase.UNKNOWN):            # optional: files without it load as all UNKNOWN
+        yield "op_phase", ops.phase
     if gt is not None:
         yield from (("gt_always_live", gt.always_live), ("gt_not_always_live", gt.not_always_live),
                     ("gt_step_tiles", gt.step_tiles), ("gt_step_bytes", gt.step_bytes))
@@ -190,6 +196,20 @@ class _Arrays:
         return Ragged(offsets, values)
 
 
+def _phases(a: _Arrays, nops: int) -> np.ndarray:
+    """``op_phase`` (optional: absent in files written before it existed, which load as all UNKNOWN)."""
+    if "op_phase" not in a.data.files:
+        return np.full(nops, Phase.UNKNOWN, np.int8)
+    phase = a.get("op_phase")
+    if len(phase) != nops:
+        raise ProfileError(a.source, "op_phase", f"{nops} entries (one per operation)", len(phase))
+    if len(phase) and (phase.min() < min(Phase) or phase.max() > max(Phase)):
+        bad = int(np.flatnonzero((phase < min(Phase)) | (phase > max(Phase)))[0])
+        raise ProfileError(a.source, f"op_phase[{bad}]", f"a phase in {int(min(Phase))}..{int(max(Phase))}",
+                           int(phase[bad]))
+    return phase.astype(np.int8)
+
+
 def _check_members(raw: bytes, source: str) -> None:
     """Refuse a zip whose members would expand past the budget, or whose .npy headers promise
     more (or other) data than the member holds, before any array is allocated: a few
@@ -290,12 +310,14 @@ def _read(a: _Arrays) -> Profile:
     tspec = {k: v for k, v in r.mapping(header.get("target"), "header.target").items() if v is not None}
     target: Target = target_from_mapping(str(tspec.get("name", "target")), tspec, a.source, "header.target")
     info_spec = r.mapping(header.get("info", {}), "header.info")
-    r.known_keys(info_spec, "header.info", set(INFO_KEYS))
+    r.known_keys(info_spec, "header.info", set(INFO_KEYS) | set(INFO_OPTIONAL_KEYS))
     info = ProfileInfo(**{k: r.string(info_spec.get(k, ""), f"header.info.{k}")
                           for k in ("name", "source", "description", "compute_source")},
                        synthetic=r.boolean(info_spec.get("synthetic", False), "header.info.synthetic"),
                        warnings=[r.string(w, f"header.info.warnings[{i}]")
-                                 for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))])
+                                 for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))],
+                       layer_grouping=(grouping_from_record(info_spec["layer_grouping"], r, "header.info.layer_grouping")
+                                       if info_spec.get("layer_grouping") is not None else None))
     compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")
@@ -349,7 +371,8 @@ def _read(a: _Arrays) -> Profile:
         vars=a.ragged("op_vars_offsets", "op_vars", nops), programs=a.ragged("op_programs_offsets", "op_programs", nops),
         layer=[name if has else None for name, has in zip(layer_names, has_layer)],
         bytes_accessed=(a.get("op_bytes_accessed") if "op_bytes_accessed" in a.data.files
-                        else np.full(nops, np.nan)))
+                        else np.full(nops, np.nan)),
+        phase=_phases(a, nops))
 
     ground_truth = None
     categories = header.get("ground_truth_categories")

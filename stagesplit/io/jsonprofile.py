@@ -19,7 +19,7 @@ import numpy as np
 from .builder import ProfileBuilder
 from .targets import known_targets, target_from_mapping
 from ..errors import ProfileError
-from .profile import COMPUTE_UNITS, GroundTruth, Profile, ProfileInfo, Target
+from .profile import COMPUTE_UNITS, PHASE_LABELS, GroundTruth, LayerGrouping, Phase, Profile, ProfileInfo, Target
 from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, InputFile, load_json
 from ..common.fields import FieldReader
 
@@ -27,11 +27,13 @@ FORMAT = "stagesplit-profile"
 VERSION = 1
 
 _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
-             "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth"}
+             "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth",
+             "layer_grouping"}
 _VAR_KEYS = {"name", "bytes", "tile", "live"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
 _OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute",
-            "bytes_accessed"}
+            "bytes_accessed", "phase"}
+_GROUPING_KEYS = {"method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order", "layers"}
 
 
 def parse_json_text(text: str, source: str) -> Any:
@@ -103,7 +105,34 @@ def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
         synthetic=r.boolean(doc.get("synthetic", False), "synthetic"),
         source=r.string(doc.get("source", "json"), "source"),
         compute_source=r.string(doc.get("compute_source", ""), "compute_source"),
-        warnings=[r.string(w, f"warnings[{i}]") for i, w in enumerate(r.list(doc.get("warnings", []), "warnings"))])
+        warnings=[r.string(w, f"warnings[{i}]") for i, w in enumerate(r.list(doc.get("warnings", []), "warnings"))],
+        layer_grouping=(grouping_from_record(doc["layer_grouping"], r, "layer_grouping")
+                        if doc.get("layer_grouping") is not None else None))
+
+
+def grouping_record(g: LayerGrouping) -> dict[str, Any]:
+    """``LayerGrouping`` as the JSON object both file formats store."""
+    return {"method": g.method, "layer_regex": g.layer_regex, "first_layer_regex": g.first_layer_regex,
+            "last_layer_regex": g.last_layer_regex, "call_regex": g.call_regex, "order": g.order,
+            "layers": [{"name": n, "module_path": m} for n, m in zip(g.layers, g.module_paths)]}
+
+
+def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping:
+    """The ``LayerGrouping`` a ``layer_grouping`` object describes, every field checked."""
+    r.mapping(value, path)
+    r.known_keys(value, path, _GROUPING_KEYS)
+    strings = {k: r.string(r.get(value, k, path), f"{path}.{k}")
+               for k in ("method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex")}
+    order = r.choice(value.get("order", "steps"), f"{path}.order", ("steps", "natural"))
+    names, paths = [], []
+    for i, item in enumerate(r.list(value.get("layers", []), f"{path}.layers")):
+        p = f"{path}.layers[{i}]"
+        r.mapping(item, p)
+        r.known_keys(item, p, {"name", "module_path"})
+        names.append(r.string(r.get(item, "name", p), f"{p}.name"))
+        module = item.get("module_path")
+        paths.append(None if module is None else r.string(module, f"{p}.module_path"))
+    return LayerGrouping(order=order, layers=tuple(names), module_paths=tuple(paths), **strings)
 
 
 def _read_full(doc: dict, r: FieldReader) -> Profile:
@@ -119,6 +148,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
     unit = r.choice(doc.get("compute_unit", "cycles"), "compute_unit", COMPUTE_UNITS)
     b = ProfileBuilder(target, steps, unit, read_info(doc, r))
     nsteps = len(b.steps)
+    phases: list[int] = []
 
     for i, var in enumerate(r.list(doc.get("variables", []), "variables")):
         p = f"variables[{i}]"
@@ -168,6 +198,8 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
         layer = op.get("layer")
         compute = op.get("compute")
         accessed = op.get("bytes_accessed")
+        phase = op.get("phase", Phase.UNKNOWN.label)
+        phases.append(Phase.from_label(r.choice(phase, f"{p}.phase", PHASE_LABELS)))
         b.operation(
             name=r.string(r.get(op, "name", p), f"{p}.name"),
             layer=None if layer is None else r.string(layer, f"{p}.layer"),
@@ -183,7 +215,9 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
 
     if "ground_truth" in doc:
         b.ground_truth = _ground_truth(doc["ground_truth"], target, nsteps, r)
-    return b.build(source=r.source)
+    profile = b.build(validate=False)
+    profile.operations.phase = np.array(phases, np.int8)
+    return profile.validate(r.source)
 
 
 def _tile(value: Any, path: str, tiles: int, r: FieldReader) -> int:
@@ -263,6 +297,8 @@ def profile_to_document(profile: Profile, lazy: bool = False) -> dict:
                            "source": p.info.source, "compute_source": p.info.compute_source,
                            "warnings": list(p.info.warnings),
                            "target": target, "compute_unit": p.compute_unit, "steps": list(p.steps)}
+    if p.info.layer_grouping is not None:
+        doc["layer_grouping"] = grouping_record(p.info.layer_grouping)
     v = p.variables
     intervals = p.liveness.intervals
     class_lists = [intervals[c].tolist() for c in range(len(intervals))]
@@ -337,6 +373,8 @@ def _operation_records(ops) -> Iterator[dict[str, Any]]:
             rec["compute"] = float(ops.compute[i])
         if not math.isnan(ops.bytes_accessed[i]):
             rec["bytes_accessed"] = float(ops.bytes_accessed[i])
+        if ops.phase[i] != Phase.UNKNOWN:
+            rec["phase"] = Phase(int(ops.phase[i])).label
         yield rec
 
 

@@ -14,6 +14,7 @@ Step intervals are half-open ``[start, end)``; operation step ranges are inclusi
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from enum import IntEnum
 from typing import Sequence
 
 import numpy as np
@@ -21,6 +22,35 @@ import numpy as np
 from ..errors import ProfileError
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
+LAYER_ORDERS = ("steps", "natural")
+
+
+class Phase(IntEnum):
+    """The part of a training step an operation belongs to (``Operations.phase``).
+
+    Zero-bubble pipeline schedules split each backward into B (gradients with respect to the
+    stage's inputs, which the previous stage needs at once) and W (gradients with respect to
+    weights, which can wait); activation checkpointing re-runs forward operations inside the
+    backward (RECOMPUTE). UNKNOWN where the source does not say."""
+
+    UNKNOWN = 0
+    FORWARD = 1
+    BACKWARD_INPUT = 2
+    BACKWARD_WEIGHT = 3
+    OPTIMIZER = 4
+    RECOMPUTE = 5
+
+    @property
+    def label(self) -> str:
+        """The lowercase name the file formats use (``backward_weight``)."""
+        return self.name.lower()
+
+    @classmethod
+    def from_label(cls, label: str) -> "Phase":
+        return cls[label.upper()]
+
+
+PHASE_LABELS = tuple(p.label for p in Phase)
 
 
 @dataclass(frozen=True)
@@ -213,10 +243,14 @@ class Operations:
     compute: np.ndarray
     layer: list[str | None]
     bytes_accessed: np.ndarray | None = None   # bytes read + written per operation; NaN where unknown
+    #: the ``Phase`` of every operation (int8; ``Phase.UNKNOWN`` where the source does not say)
+    phase: np.ndarray | None = None
 
     def __post_init__(self) -> None:
         if self.bytes_accessed is None:
             self.bytes_accessed = np.full(len(self.name), np.nan)
+        if self.phase is None:
+            self.phase = np.full(len(self.name), Phase.UNKNOWN, np.int8)
 
     def __len__(self) -> int:
         return len(self.name)
@@ -244,6 +278,34 @@ class GroundTruth:
         return total
 
 
+@dataclass(frozen=True)
+class LayerGrouping:
+    """How the profile's source grouped operations into layers, recorded so that every later
+    command groups the same way unless told otherwise.
+
+    ``layer_regex`` and the other patterns are what ``layers.LayerOptions`` holds; ``layers``
+    are the layer names in order and ``module_paths`` each layer's module path (None where it
+    has none). ``method`` says how the layers were found: ``module-tree`` (the repeated blocks
+    of the model's module stacks; ``layer_regex`` then reads the same layers from the names)
+    or ``regex`` (the user's layer regex)."""
+
+    method: str
+    layer_regex: str
+    first_layer_regex: str
+    last_layer_regex: str
+    call_regex: str
+    order: str = "steps"
+    layers: tuple[str, ...] = ()
+    module_paths: tuple[str | None, ...] = ()
+
+    def module_path_of(self, layer: str) -> str | None:
+        """The recorded module path of ``layer`` (None when not recorded)."""
+        try:
+            return self.module_paths[self.layers.index(layer)]
+        except ValueError:
+            return None
+
+
 @dataclass
 class ProfileInfo:
     """Descriptive fields: where the profile came from."""
@@ -254,6 +316,8 @@ class ProfileInfo:
     synthetic: bool = False
     compute_source: str = ""
     warnings: list[str] = field(default_factory=list)
+    #: the grouping the source used (captures record theirs), or None
+    layer_grouping: LayerGrouping | None = None
     #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
     #: read (None for a profile built in memory)
     sha256: str | None = field(default=None, compare=False)
@@ -408,6 +472,12 @@ def _validate(p: Profile, source: str | None) -> None:
         raise ProfileError(source, "operations.bytes_accessed", f"{no} entries (one per operation)")
     _check(source, ops.bytes_accessed < 0, lambda i: f"operations[{i}].bytes_accessed", "a number >= 0 (or null)",
            ops.bytes_accessed)
+    if len(ops.phase) != no:
+        raise ProfileError(source, "operations.phase", f"{no} entries (one per operation)", len(ops.phase))
+    _check_range(source, np.asarray(ops.phase), min(Phase), max(Phase), lambda i: f"operations[{i}].phase",
+                 "one of " + ", ".join(f"{p.value} ({p.label})" for p in Phase))
+    if p.info.layer_grouping is not None:
+        _validate_grouping(p.info.layer_grouping, source)
 
     gt = p.ground_truth
     if gt is not None:
@@ -420,3 +490,24 @@ def _validate(p: Profile, source: str | None) -> None:
                                f"one row of {steps} values per traced tile", gt.step_bytes.shape)
         _check(source, (gt.step_tiles < 0) | (gt.step_tiles >= t.tiles), lambda i: f"ground_truth.step_trace.tiles[{i}]",
                f"a tile index in 0..{t.tiles - 1}", gt.step_tiles)
+
+
+def _validate_grouping(g: LayerGrouping, source: str | None) -> None:
+    where = "layer_grouping"
+    for name in ("method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order"):
+        if not isinstance(getattr(g, name), str):
+            raise ProfileError(source, f"{where}.{name}", "a string", getattr(g, name))
+    if g.order not in LAYER_ORDERS:
+        raise ProfileError(source, f"{where}.order", "one of " + ", ".join(LAYER_ORDERS), g.order)
+    if len(g.module_paths) != len(g.layers):
+        raise ProfileError(source, f"{where}.layers", "a module path (or null) for every layer",
+                           f"{len(g.module_paths)} paths for {len(g.layers)} layers")
+    seen: set[str] = set()
+    for i, (name, path) in enumerate(zip(g.layers, g.module_paths)):
+        if not isinstance(name, str) or not name:
+            raise ProfileError(source, f"{where}.layers[{i}].name", "a non-empty string", name)
+        if name in seen:
+            raise ProfileError(source, f"{where}.layers[{i}].name", "a layer name not given before", name)
+        seen.add(name)
+        if path is not None and (not isinstance(path, str) or not path):
+            raise ProfileError(source, f"{where}.layers[{i}].module_path", "a non-empty string or null", path)

@@ -47,7 +47,7 @@ except ImportError:                    # pragma: no cover - exercised by forcing
 
 NUMPY = numpy                          # tests set this to None to run the standard-library path
 
-__all__ = ["FORMAT", "VERSION", "Column", "COLUMNS", "HEADER_KEYS", "TARGET_KEYS", "INFO_KEYS", "column_for",
+__all__ = ["FORMAT", "VERSION", "Column", "COLUMNS", "HEADER_KEYS", "TARGET_KEYS", "INFO_KEYS", "INFO_OPTIONAL_KEYS", "column_for",
            "header_bytes", "int_descr", "npy_header", "CompactWriter", "Spill", "export", "main"]
 
 
@@ -133,6 +133,8 @@ COLUMNS = (
        Column("op_programs", INT, 1, REQUIRED, "the programs operations run"),
        Column("op_bytes_accessed", FLOAT64, 1, OPTIONAL, "bytes each operation reads and writes (absent or NaN: "
                                                           "unknown)"),
+       Column("op_phase", INT, 1, OPTIONAL, "each operation's phase: 0 unknown, 1 forward, 2 backward for inputs, "
+                                            "3 backward for weights, 4 optimizer, 5 recompute (absent: all 0)"),
        Column("gt_always_live", INT64, 1, GROUND_TRUTH, "ground truth: always-live variable bytes per tile"),
        Column("gt_not_always_live", INT64, 1, GROUND_TRUTH, "ground truth: peak not-always-live bytes per tile"),
        Column("gt_step_tiles", INT64, 1, GROUND_TRUTH, "ground truth: the traced tiles"),
@@ -146,6 +148,8 @@ HEADER_KEYS = ("format", "version", "target", "compute_unit", "info", "ground_tr
 TARGET_KEYS = ("name", "kind", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s",
                "memory_bytes_per_s", "description")
 INFO_KEYS = ("name", "source", "description", "synthetic", "compute_source", "warnings")
+#: info keys a header may add after INFO_KEYS (absent: not recorded)
+INFO_OPTIONAL_KEYS = ("layer_grouping",)
 
 _BY_NAME = dict((c.name, (i, c)) for i, c in enumerate(COLUMNS))
 
@@ -171,10 +175,12 @@ def column_for(name):
 def header_bytes(target, compute_unit, info, ground_truth_categories):
     """The ``header`` array's bytes: JSON with HEADER_KEYS, ``target`` and ``info`` holding
     exactly TARGET_KEYS and INFO_KEYS (in that order, whatever order the mappings have)."""
-    for keys, given, what in ((TARGET_KEYS, target, "target"), (INFO_KEYS, info, "info")):
-        if set(given) != set(keys):
+    for keys, optional, given, what in ((TARGET_KEYS, (), target, "target"),
+                                        (INFO_KEYS, INFO_OPTIONAL_KEYS, info, "info")):
+        if not set(keys) <= set(given) <= set(keys) | set(optional):
             raise ValueError("%s: expected the keys %s, got %s" % (what, ", ".join(keys), ", ".join(sorted(given))))
-    values = (FORMAT, VERSION, _ordered(target, TARGET_KEYS), compute_unit, _ordered(info, INFO_KEYS),
+    info_keys = INFO_KEYS + tuple(k for k in INFO_OPTIONAL_KEYS if k in info)
+    values = (FORMAT, VERSION, _ordered(target, TARGET_KEYS), compute_unit, _ordered(info, info_keys),
               None if ground_truth_categories is None else list(ground_truth_categories))
     return json.dumps(_ordered(dict(zip(HEADER_KEYS, values)), HEADER_KEYS)).encode("ascii")
 

@@ -956,7 +956,7 @@ def test_gpt_training_peak_matches_capture(tmp_path):
     GELU saves only its input; so the import keeps a few more tensors per block (about +5% of the
     whole peak for this model). View operators (Reshape, Transpose of weights, ...) are aliases,
     as torch's views are."""
-    from stagesplit.io.capture import capture_model
+    from stagesplit.capturing.pytorch import capture_model
     gpt, cfg, model, inputs = _gpt()
     captured = Analysis.of(capture_model(model, inputs, optimizer="adam", allocator_round=1)).model
     reference = int(captured.stage_memory(0, captured.num_layers - 1).total().max())
