@@ -36,6 +36,10 @@ from .common.validate import choice
 from .errors import OptionError, ProfileError, StagesplitError
 from .io.profile import LayerGrouping, Profile
 
+__all__ = ["DEFAULT_CALL_REGEX", "DEFAULT_FIRST_LAYER_REGEX", "DEFAULT_LAST_LAYER_REGEX", "DEFAULT_LAYER_REGEX",
+           "LOW_SHARE", "LayerAssignment", "LayerOptions", "LayerOrder", "Rule", "group_layers", "layer_keys",
+           "module_path", "recorded_options"]
+
 DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
 DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"
 DEFAULT_LAST_LAYER_REGEX = r"(?i)(\bhead\b|lm_head|classifier|pooler|\bloss\b|\blogits\b|\bcls\b)"

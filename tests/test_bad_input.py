@@ -29,8 +29,9 @@ from stagesplit.common.interrupt import deferred_signals, solve_interruptibly
 from stagesplit.io import load_profile, save_profile
 from stagesplit.io.compact import profile_to_arrays
 from stagesplit.common.regex import compile_regex
-from stagesplit.common import safeinput as safeinput
-from stagesplit.common.safeinput import load_json, load_yaml, one_line, short_repr
+from stagesplit.common import limits, safeinput
+from stagesplit.common.safeinput import load_json, load_yaml
+from stagesplit.common.text import one_line, short_repr
 
 from helpers import ROOT, tiny_profile, hard_cp_model
 
@@ -172,7 +173,7 @@ def test_nesting_limit_is_exact():
 
 # -- 2. sizes that would allocate before being checked ----------------------------------------------------
 
-@pytest.mark.parametrize("steps", [10**12, 2**63 - 1, safeinput.MAX_STEPS + 1])
+@pytest.mark.parametrize("steps", [10**12, 2**63 - 1, limits.MAX_STEPS + 1])
 def test_huge_step_count(capsys, tmp_path, steps):
     path = write_json(tmp_path / "steps.json", doc(steps=steps))
     with peak_memory() as peak:
@@ -205,7 +206,7 @@ def test_huge_device_counts(capsys, profile, argv, monkeypatch):
     monkeypatch.setattr("stagesplit.io.load_profile", never)
     with peak_memory() as peak:
         code, out, err = cli(capsys, argv[0], profile, *argv[1:])
-    one_error(code, err, "--devices", f"{safeinput.MAX_DEVICES:,}")
+    one_error(code, err, "--devices", f"{limits.MAX_DEVICES:,}")
     assert peak[0] < 32 << 20                          # no list of counts was built
 
 
@@ -301,12 +302,12 @@ def test_device_files_as_inputs(capsys, profile, tmp_path, device, monkeypatch):
     plan or layer-compute file at MAX_CONFIG_BYTES, plus at most one read chunk."""
     if not os.path.exists(device):
         pytest.skip(f"{device} is not on this system")
-    argvs = [(["breakdown", device], safeinput.MAX_STREAM_BYTES),
-             (["solve", profile, "--devices", "2", "--config", device], safeinput.MAX_CONFIG_BYTES),
-             (["solve", profile, "--devices", "2", "--layer-compute", device], safeinput.MAX_CONFIG_BYTES),
-             (["breakdown", profile, "--layer-compute", device], safeinput.MAX_CONFIG_BYTES),
-             (["diagnose", profile, "--plan", device], safeinput.MAX_CONFIG_BYTES),
-             (["export", device, "--to", "deepspeed"], safeinput.MAX_CONFIG_BYTES)]
+    argvs = [(["breakdown", device], limits.MAX_STREAM_BYTES),
+             (["solve", profile, "--devices", "2", "--config", device], limits.MAX_CONFIG_BYTES),
+             (["solve", profile, "--devices", "2", "--layer-compute", device], limits.MAX_CONFIG_BYTES),
+             (["breakdown", profile, "--layer-compute", device], limits.MAX_CONFIG_BYTES),
+             (["diagnose", profile, "--plan", device], limits.MAX_CONFIG_BYTES),
+             (["export", device, "--to", "deepspeed"], limits.MAX_CONFIG_BYTES)]
     for argv, cap in argvs:
         with bytes_read(monkeypatch) as total:
             code, out, err = cli(capsys, *argv)
@@ -317,9 +318,9 @@ def test_device_files_as_inputs(capsys, profile, tmp_path, device, monkeypatch):
 def test_oversized_config_file(capsys, tmp_path, profile):
     big = tmp_path / "big.yaml"
     with open(big, "wb") as handle:                  # sparse: no disk used
-        handle.truncate(safeinput.MAX_CONFIG_BYTES + 1)
+        handle.truncate(limits.MAX_CONFIG_BYTES + 1)
     code, out, err = cli(capsys, "solve", profile, "--devices", "2", "--config", big)
-    one_error(code, err, f"{big}: {safeinput.MAX_CONFIG_BYTES + 1:,} bytes is larger than")
+    one_error(code, err, f"{big}: {limits.MAX_CONFIG_BYTES + 1:,} bytes is larger than")
 
 
 # -- 3. YAML alias bombs -----------------------------------------------------------------------------------
@@ -450,7 +451,7 @@ def test_fifo_with_garbage_or_no_writer(tmp_path):
     lonely = tmp_path / "lonely.fifo"
     os.mkfifo(lonely)
     done = sub(["breakdown", lonely], timeout=60)           # the timeout is a hang guard
-    sub_error(done, f"{lonely}: is a FIFO and nothing was written to it within {safeinput.FIFO_WAIT_S:g} s")
+    sub_error(done, f"{lonely}: is a FIFO and nothing was written to it within {limits.FIFO_WAIT_S:g} s")
 
 
 def test_fifo_as_config(tmp_path, profile):

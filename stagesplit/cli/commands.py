@@ -127,7 +127,7 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from ..plan.files import write_plan
+    from ..plan.files import plan_document, write_plan
     from ..reporting.summary import comparison_table, stages_table
     from ..reporting.table import gpu_view, render
     events = _events(args)
@@ -155,9 +155,9 @@ def cmd_solve(args: argparse.Namespace) -> int:
         else:
             events.warn(f"no plot written to {args.plot}: no split fits")
     if args.format == "json":
-        doc = plan.to_document()
+        doc = plan_document(plan)
         if plan.baselines:
-            doc["compare"] = [b.to_document() for b in plan.baselines]
+            doc["compare"] = [plan_document(b) for b in plan.baselines]
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         inputs, o, p = plan.inputs, plan.inputs.options, plan.profile
@@ -188,6 +188,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..common.guards import device_counts
+    from ..plan.files import plan_document
     from ..common.limits import MAX_DEVICES
     from ..reporting.summary import sweep_table
     from ..reporting.table import render
@@ -200,7 +201,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plot_sweep(rows, args.plot, title=f"{name}: devices sweep")
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.format == "json":
-        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": r.plan.to_document()} for r in rows],
+        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": plan_document(r.plan)} for r in rows],
                           indent=1) + "\n"
     else:
         text = render([sweep_table(rows)], args.format)

@@ -7,6 +7,8 @@ from typing import Any
 
 from ..errors import ProfileError
 
+__all__ = ["FieldReader", "INT64_MAX", "MISSING"]
+
 MISSING = object()
 INT64_MAX = 2**63 - 1
 

@@ -11,7 +11,9 @@ from typing import BinaryIO, Iterator
 
 from ..errors import StagesplitError
 from .interrupt import deferred_signals
-from .safeinput import show
+from .text import show
+
+__all__ = ["atomic_output", "atomic_write_bytes", "atomic_write_text", "file_sha256"]
 
 
 def atomic_write_bytes(path: str | Path, data: bytes) -> None:

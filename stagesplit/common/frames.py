@@ -9,6 +9,8 @@ from typing import Any, Iterable, Mapping
 
 import numpy as np
 
+__all__ = ["frame", "html_summary", "pandas"]
+
 
 def pandas():
     """The pandas module, imported on first use."""

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Callable, Iterable
 
 from ..errors import OptionError, StagesplitError
-from .safeinput import show
+from .text import show
 
 __all__ = ["int_in", "float_in", "device_counts", "same_file", "capture_inputs", "command_inputs",
            "command_outputs", "check_outputs"]

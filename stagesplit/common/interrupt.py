@@ -15,6 +15,8 @@ import threading
 from contextlib import contextmanager
 from typing import Any, Callable, Iterator
 
+__all__ = ["deferred_signals", "solve_interruptibly"]
+
 _DEFERRED = (signal.SIGINT, signal.SIGTERM)
 
 

@@ -7,6 +7,8 @@ import sys
 import time
 from typing import TextIO
 
+__all__ = ["Progress"]
+
 
 class Progress:
     def __init__(self, enabled: bool | None = None, stream: TextIO | None = None, min_interval: float = 0.2):

@@ -17,7 +17,9 @@ import re
 from typing import Iterator
 
 from ..errors import StagesplitError
-from .safeinput import one_line, short_repr
+from .text import one_line, short_repr
+
+__all__ = ["ENGINE", "MAX_PATTERN_LENGTH", "MAX_REGEX_MEMORY", "Match", "Pattern", "compile_regex"]
 
 try:
     import re2 as _re2

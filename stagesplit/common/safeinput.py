@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ProfileError, StagesplitError
-from .limits import (EXPANSION_RATIO, FIFO_WAIT_S, MAX_BYTES, MAX_COMPUTE, MAX_CONFIG_BYTES, MAX_DEPTH,  # noqa: F401
-                     MAX_DEVICES, MAX_MICRO_BATCHES, MAX_STEPS, MAX_STREAM_BYTES, MAX_TILES, MAX_TIME_LIMIT,
-                     MAX_WORKERS, MAX_YAML_ALIASES, MAX_YAML_NODES, MIN_EXPANDED_BYTES)
-from .text import escape_surrogates, one_line, short_repr, show  # noqa: F401
+from .limits import FIFO_WAIT_S, MAX_CONFIG_BYTES, MAX_DEPTH, MAX_STREAM_BYTES, MAX_YAML_ALIASES, MAX_YAML_NODES
+from .text import one_line, short_repr, show
+
+__all__ = ["InputFile", "check_depth", "decode_text", "field_path", "load_json", "load_yaml", "read_document",
+           "read_input", "read_yaml_file"]
 
 _CHUNK = 1 << 20
 

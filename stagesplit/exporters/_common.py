@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..common.safeinput import show
+from ..common.text import show
 from ._plan_view import PlanView
 from .render import module_fqn, path_tokens, python_path
 from .tied import TiedSplit

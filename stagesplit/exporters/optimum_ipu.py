@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import ast
 
-from ..common.safeinput import show
+from ..common.text import show
 from ._common import Decoded, ExportOptions, from_counts, pipelined_accumulation
 from ._plan_view import PlanView
 from .poptorch import memory_proportions

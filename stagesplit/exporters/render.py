@@ -31,7 +31,7 @@ import tokenize
 import unicodedata
 from typing import Any
 
-from ..common.safeinput import one_line
+from ..common.text import one_line
 
 __all__ = ["comment", "py_str", "py_literal", "shell_word", "path_tokens", "python_path", "module_fqn",
            "dotted_name", "join_lines", "check_python", "check_shell", "literal_assignments", "expression_path",

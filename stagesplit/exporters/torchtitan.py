@@ -17,7 +17,7 @@ of tied parameters.
 
 from __future__ import annotations
 
-from ..common.safeinput import show
+from ..common.text import show
 from ._common import Decoded, ExportOptions, from_counts
 from ._plan_view import PlanView
 from .render import RenderCheckError, comment, shell_word

@@ -10,10 +10,13 @@ from typing import Callable
 from ..errors import ProfileError, StagesplitError
 from ..common.fileio import atomic_write_text
 from .profile import Profile
-from ..common.safeinput import InputFile, show
+from ..common.safeinput import InputFile
+from ..common.text import show
 from .limits import check_profile_limits
 from .compact import read_compact, with_compact_field, write_compact
 from .jsonprofile import dumps_profile, read_json_profile
+
+__all__ = ["COMPACT_SUFFIXES", "load_profile", "save_profile"]
 
 COMPACT_SUFFIXES = (".stagesplit", ".npz")
 

@@ -10,6 +10,8 @@ import numpy as np
 from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
                       TileCosts, Variables, VertexCode)
 
+__all__ = ["ALWAYS", "ProfileBuilder"]
+
 ALWAYS = "always"
 
 

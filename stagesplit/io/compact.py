@@ -8,7 +8,6 @@ for JSON. Strings are stored as one UTF-8 byte blob plus offsets, never as Pytho
 from __future__ import annotations
 
 import io
-import json
 import zipfile
 import zlib
 from pathlib import Path
@@ -18,14 +17,18 @@ import numpy as np
 
 from ..errors import ProfileError
 from ..common.fileio import atomic_output
-from ..common.safeinput import EXPANSION_RATIO, MIN_EXPANDED_BYTES, InputFile, load_json
+from ..common.safeinput import InputFile, load_json
+from ..common.limits import EXPANSION_RATIO, MIN_EXPANDED_BYTES
 from .compactformat import (BOOL, DESCR, FLOAT64, FORMAT, INFO_KEYS, INFO_OPTIONAL_KEYS, INT, INT64, KIND_LETTER,
                             VERSION,
                             CompactWriter, column_for, header_bytes)
 from ..common.fields import FieldReader
 from .profile import (GroundTruth, Liveness, Operations, Phase, Profile, ProfileInfo, Programs, Ragged, Target,
                        TileCosts, Variables, VertexCode, narrowest_int)
-from .jsonprofile import grouping_from_record, grouping_record
+from .documents import grouping_from_record, grouping_record
+
+__all__ = ["profile_columns", "profile_header", "profile_to_arrays", "read_compact", "with_compact_field",
+           "write_columns", "write_compact"]
 
 # what a damaged zip member can raise while it is read (bad CRC, bad deflate stream, cut short, an
 # unsupported or encrypted member); object arrays raise ValueError as pickling is disabled

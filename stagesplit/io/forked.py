@@ -22,6 +22,8 @@ from typing import Any, Callable
 
 import numpy as np
 
+__all__ = ["ChildFailed", "Forked", "can_fork", "usable_cores"]
+
 _LENGTH = struct.Struct("<Q")
 
 

@@ -23,8 +23,11 @@ from typing import Any, Sequence
 
 from .builder import ProfileBuilder
 from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
-from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 from ..common.fields import FieldReader
+from .documents import byte_count, compute_figure, read_info, read_target
+
+__all__ = ["LayerSpec", "build_layer_profile", "layer_document", "one_tile", "profile_from_layer_document"]
 
 _TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
         "compute_unit", "training", "layers", "shared"}
@@ -114,8 +117,6 @@ def build_layer_profile(layers: Sequence[LayerSpec], target: Target, training: b
 
 
 def profile_from_layer_document(doc: dict, r: FieldReader) -> Profile:
-    from .jsonprofile import byte_count, compute_figure, read_info, read_target
-
     r.known_keys(doc, "", _TOP)
     target = read_target(r.get(doc, "target", ""), r)
     unit = r.choice(doc.get("compute_unit", "flops"), "compute_unit", COMPUTE_UNITS)

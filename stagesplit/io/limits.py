@@ -10,7 +10,9 @@ import numpy as np
 
 from ..errors import ProfileError
 from .profile import Profile
-from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+
+__all__ = ["check_profile_limits"]
 
 
 def _first(mask: np.ndarray) -> int:

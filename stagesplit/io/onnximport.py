@@ -36,7 +36,9 @@ import numpy as np
 from .builder import ProfileBuilder
 from ..errors import OptionError, ProfileError, StagesplitError
 from .profile import Profile, ProfileInfo, Target
-from ..common.safeinput import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, MAX_STREAM_BYTES, InputFile, one_line, short_repr
+from ..common.safeinput import InputFile
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, MAX_STREAM_BYTES
+from ..common.text import one_line, short_repr
 from .layerform import one_tile
 
 __all__ = ["import_onnx", "parse_dims", "node_flops", "OnnxImport", "NodeCost", "TRAINING", "DTYPES",
@@ -779,7 +781,7 @@ def node_flops(node, shapes, src: str | None = None) -> float | None:
         return 2.0 * out_numel() * per_output + bias
     if op == "ConvTranspose":
         x, w = shape(0), shape(1)
-        group = _int_attr(node, "group", 1, src, minimum=1)
+        _int_attr(node, "group", 1, src, minimum=1)      # checked; the weight's shape already holds Cout / group
         if not w or not x or len(w) < 2:
             return None
         per_input = w[1] * int(math.prod(w[2:]))       # Cout / group x kernel

@@ -85,6 +85,9 @@ from .forked import ChildFailed, Forked, can_fork
 from . import pva_export as rules
 from .pva_export import operation_name
 
+__all__ = ["CATEGORIES", "CYCLES_PER_VERTEX", "LIBPVA_HELP", "PARALLEL_FROM", "PROGRAM_WEIGHT", "TRACE_TILES",
+           "WORKERS_VARIABLE", "import_pva", "read_popvision"]
+
 #: reports with at least this many brief variables + PROGRAM_WEIGHT x programs are read by two processes
 PARALLEL_FROM = 200_000
 PROGRAM_WEIGHT = 64

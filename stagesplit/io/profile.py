@@ -21,6 +21,10 @@ import numpy as np
 
 from ..errors import ProfileError
 
+__all__ = ["COMPUTE_UNITS", "GroundTruth", "LAYER_ORDERS", "LayerGrouping", "Liveness", "Operations", "PHASE_LABELS",
+           "Phase", "Profile", "ProfileInfo", "Programs", "Ragged", "Target", "TileCosts", "Variables", "VertexCode",
+           "narrowest_int"]
+
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
 

@@ -33,6 +33,9 @@ from .compact import profile_columns, write_columns
 from .compactformat import INT, CompactWriter, Spill
 from .profile import GroundTruth, Profile, ProfileInfo, Target
 
+__all__ = ["BlockSpec", "FAMILIES", "OpSpec", "STEP_BLOCK_CELLS", "SynthModel", "SynthOptions", "bert", "cnn",
+           "code_per_tile", "gpt", "ground_truth", "synthesize", "write_synthetic"]
+
 # vertex types per operation kind, with a code size in bytes (same on every tile)
 VERTEX_TYPES: dict[str, list[tuple[str, int]]] = {
     "matmul": [("poplin::ConvPartial1x1Out<half,float,true,false>", 2704),

@@ -10,6 +10,8 @@ from ..io import load_profile
 from ..layers import LayerAssignment, LayerOptions, group_layers
 from ..io.profile import Profile
 
+__all__ = ["Analysis"]
+
 
 @dataclass
 class Analysis:

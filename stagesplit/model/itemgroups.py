@@ -11,6 +11,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+__all__ = ["ItemGroups", "LayerItems", "sorted_unique"]
+
 
 def sorted_unique(values: np.ndarray) -> np.ndarray:
     """np.unique for large integer arrays (a sort, which beats hashing here)."""

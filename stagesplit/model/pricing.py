@@ -29,16 +29,17 @@ from scratch with no shared code; the tests check one against the other.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ..common.chunks import CHUNK
 from .itemgroups import sorted_unique
 from .timeline import ramp as _ramp
+from .view import PricingView
 
-if TYPE_CHECKING:
-    from .costmodel import StageCostModel
+__all__ = ["LayerSets", "MEMORY_BUDGET", "RangeTable", "price_all_ranges"]
+
 
 # bytes of int64 grids per tile block (per-layer maxima, merge rows and the sweep state)
 MEMORY_BUDGET = 384 * 2**20
@@ -168,7 +169,7 @@ def _local(cells: _Cells, groups: np.ndarray, num_groups: int) -> _Cells:
     return _Cells.of(local[cells.group[keep]], cells.sign[keep], cells.row[keep], cells.col[keep])
 
 
-def _groups_by_owner(model: "StageCostModel", row_group: np.ndarray, num_groups: int,
+def _groups_by_owner(model: PricingView, row_group: np.ndarray, num_groups: int,
                      limit: int = 1 << 26) -> dict[int, np.ndarray] | None:
     """For each layer m, the groups with a live interval in one of m's columns (the only
     ones whose state can be non-zero where m runs); None when the group x column table would
@@ -236,7 +237,7 @@ def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.n
 class _Events:
     """Changes of each group's live bytes per (column, tile), aggregated and sorted by column."""
 
-    def __init__(self, model: "StageCostModel", row_group: np.ndarray, num_groups: int):
+    def __init__(self, model: PricingView, row_group: np.ndarray, num_groups: int):
         G, T = model.num_columns, model.num_tiles
         keep = row_group >= 0
         col = np.concatenate([model.timeline.row_col_start[keep], model.timeline.row_col_end[keep]])
@@ -340,7 +341,7 @@ class _AtomTable:
         return keys // self.L, keys % self.L, out[0], out[1]
 
 
-def _additive_atoms(model: "StageCostModel", T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
+def _additive_atoms(model: PricingView, T: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray,
                                                                np.ndarray, np.ndarray]:
     """Per-tile bytes that are added, not peaked: always-live variables and code (``plain``)
     and stashed variables (``stash``), as interval atoms (lo, hi) plus a base every stage holds."""
@@ -443,7 +444,7 @@ def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.nda
     return key // max(L, 1), key % max(L, 1), merged[0], merged[1], starts[0], starts[1]
 
 
-def price_all_ranges(model: "StageCostModel", in_flight: Sequence[int] = (1,),
+def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
                      progress: Callable[[int, int], None] | None = None,
                      memory_budget: int = MEMORY_BUDGET) -> RangeTable:
     """Worst-tile bytes (for each in-flight count) and compute of every range a..b of ``model``."""

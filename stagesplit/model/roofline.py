@@ -18,6 +18,8 @@ import numpy as np
 from ..errors import StagesplitError
 from ..io.profile import Profile, Target
 
+__all__ = ["Roofline", "apply_roofline", "compute_seconds_per_unit", "operation_times", "roofline"]
+
 
 def compute_seconds_per_unit(target: Target, unit: str, efficiency: float = 1.0) -> float | None:
     """Seconds per unit of compute on ``target``; ``efficiency`` (achieved over peak) applies to

@@ -16,15 +16,16 @@ sweep with no code in common, and the tests check one against the other.
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from ..common.chunks import CHUNK
 from .timeline import ramp
+from .view import PricingView
 
-if TYPE_CHECKING:
-    from .costmodel import StageCostModel
+__all__ = ["CATEGORIES", "MemoryBreakdown", "StageMemory", "freeze", "price_stage", "program_code", "stage_items"]
+
 
 CATEGORIES = ("variables", "vertex_code", "vertex_state", "exchange_code", "control_code")
 
@@ -108,7 +109,7 @@ class MemoryBreakdown:
         return cls(**{k: int(values.get(k, 0)) for k in cls.keys()})
 
 
-def stage_items(model: "StageCostModel", first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def stage_items(model: PricingView, first: int, last: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Boolean masks of the stage's variables, programs and program-step columns."""
     vars_, progs = model.base_items()
     vars_[model.var_items.in_range(first, last)] = True
@@ -118,7 +119,7 @@ def stage_items(model: "StageCostModel", first: int, last: int) -> tuple[np.ndar
     return vars_, progs, cols
 
 
-def price_stage(model: "StageCostModel", vars_: np.ndarray, progs: np.ndarray, cols: np.ndarray, first: int,
+def price_stage(model: PricingView, vars_: np.ndarray, progs: np.ndarray, cols: np.ndarray, first: int,
                 last: int) -> StageMemory:
     """The memory of the given variables, programs and columns (a stage, or the shared items)."""
     T = model.num_tiles
@@ -160,7 +161,7 @@ def _live_on(tile: np.ndarray, nbytes: np.ndarray, first: np.ndarray, end: np.nd
     return np.rint(np.cumsum(diff.reshape(T, width + 1)[:, :width], axis=1)).astype(np.int64)
 
 
-def program_code(model: "StageCostModel", progs: np.ndarray) -> dict[str, np.ndarray]:
+def program_code(model: PricingView, progs: np.ndarray) -> dict[str, np.ndarray]:
     """Per-tile code of the programs ``progs`` (sorted, distinct) by category; vertex code once
     per (tile, type)."""
     T = model.num_tiles
@@ -205,7 +206,7 @@ def _entry_chunks(order: np.ndarray | None, offsets: np.ndarray, progs: np.ndarr
     yield e if order is None else order[e]
 
 
-def _entries_by_program(model: "StageCostModel", cat: str, costs) -> tuple[np.ndarray | None, np.ndarray]:
+def _entries_by_program(model: PricingView, cat: str, costs) -> tuple[np.ndarray | None, np.ndarray]:
     """Entry order of one code category by program (None: already in program order, as
     readers write it) and per-program offsets into that order; cached on the model."""
     cache = model.__dict__.setdefault("_entries_by_program", {})

@@ -16,6 +16,8 @@ import numpy as np
 from .itemgroups import LayerItems
 from .timeline import Timeline, ramp
 
+__all__ = ["stashed_variables"]
+
 
 def stashed_variables(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray) -> np.ndarray:
     """Which variables are stashed. Columns are uniform in liveness and in which layers run,

@@ -15,6 +15,8 @@ import numpy as np
 from ..layers import LayerAssignment
 from ..io.profile import Profile
 
+__all__ = ["Timeline", "ramp"]
+
 
 def ramp(counts: np.ndarray) -> np.ndarray:
     """0..c-1 for each count c, concatenated: the offsets within each CSR row."""

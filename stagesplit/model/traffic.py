@@ -16,6 +16,8 @@ import numpy as np
 
 from .costmodel import StageCostModel
 
+__all__ = ["Traffic", "layer_traffic"]
+
 
 @dataclass
 class Traffic:

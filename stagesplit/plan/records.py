@@ -242,11 +242,6 @@ class Plan:
                 out.append((t, stages))
         return out
 
-    def to_document(self) -> dict[str, Any]:
-        """The plan as the JSON/YAML document ``write_plan`` writes."""
-        from .files import plan_document
-        return plan_document(self)
-
     # -- text ----------------------------------------------------------------------------------
     def status_line(self) -> str:
         """The status, what proved it and how long the solver took (a second line for a note)."""

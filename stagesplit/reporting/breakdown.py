@@ -12,7 +12,9 @@ from ..model.stagememory import program_code
 from ..layers import Rule
 from .table import Column, Table
 from ..model.traffic import Traffic, layer_traffic
-from ..common.safeinput import one_line
+from ..common.text import one_line
+
+__all__ = ["Breakdown", "CODE", "OperationCosts", "SECTIONS", "operation_costs"]
 
 SECTIONS = ("grouping", "operations", "layers", "totals", "tiles", "affinity", "communication")
 CODE = ("vertex_code", "vertex_state", "exchange_code", "control_code")

@@ -17,7 +17,11 @@ import numpy as np
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.stagememory import MemoryBreakdown
 from .table import Column, Table
-from ..common.safeinput import one_line
+from ..common.text import one_line
+
+__all__ = ["Diagnosis", "GROUND_TRUTH_CATEGORIES", "GroundTruthCheck", "GroupingHealth", "LiveVariable",
+           "StageDiagnosis", "diagnose", "diagnose_stage", "diagnosis_tables", "grouping_health",
+           "live_bytes_by_step", "live_variables"]
 
 # profile ground-truth category -> the model's category it corresponds to (None: not modelled)
 GROUND_TRUTH_CATEGORIES = {"vertex_code": "vertex_code", "vertex_instance_state": "vertex_state",

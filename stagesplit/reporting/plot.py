@@ -12,8 +12,10 @@ import numpy as np
 
 from ..errors import StagesplitError
 from ..common.fileio import atomic_write_bytes
-from ..common.safeinput import escape_surrogates
+from ..common.text import escape_surrogates
 from ..plan.records import Plan
+
+__all__ = ["CATEGORY_COLORS", "CATEGORY_LABELS", "FORMATS", "MB", "plot_liveness", "plot_plan", "plot_sweep"]
 
 MB = 1e6
 CATEGORY_LABELS = {"always_live": "always-live variables", "not_always_live": "not-always-live variables (peak)",

@@ -8,6 +8,8 @@ from ..plan.records import Plan
 from ..solver.problem import bubble_fraction
 from .table import Column, Table
 
+__all__ = ["comparison_table", "stages_table", "sweep_table"]
+
 
 def stages_table(plan: Plan) -> Table:
     t = Table(f"Stages ({plan.method})",

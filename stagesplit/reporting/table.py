@@ -10,7 +10,10 @@ import numbers
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
-from ..common.safeinput import one_line
+from ..common.text import one_line
+
+__all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "gpu_view", "render",
+           "render_text"]
 
 FORMATS = ("text", "csv", "tsv", "json")
 

@@ -33,6 +33,9 @@ from ortools.sat.python import cp_model
 from ..common.interrupt import solve_interruptibly
 from .problem import Evaluation, Split, SplitProblem, evaluate
 
+__all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "ORDER", "PHASE_NAMES", "PhaseResult", "SolverResult",
+           "solve_cpsat"]
+
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 BIG = np.iinfo(np.int64).max // 4

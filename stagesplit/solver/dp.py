@@ -20,6 +20,9 @@ import numpy as np
 
 from .problem import Evaluation, Split, SplitProblem, evaluate, in_flight
 
+__all__ = ["INF", "MIN_LAYERS_ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "exact_optimum", "greedy",
+           "uniform"]
+
 INF = np.iinfo(np.int64).max // 4
 
 

@@ -26,6 +26,10 @@ from ..common.validate import choice, integer, number
 from .request import Objective, Schedule
 from ..model.traffic import Traffic
 
+__all__ = ["Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "TIME_SCALE_LIMIT",
+           "bubble_fraction", "build_problem", "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches",
+           "schedule_note", "stage_in_flight", "with_devices"]
+
 OBJECTIVES = tuple(o.value for o in Objective)
 SCHEDULES = tuple(s.value for s in Schedule)
 TIME_SCALE_LIMIT = 10**9

@@ -20,7 +20,7 @@ from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.io.targets import load_target  # noqa: E402
-from stagesplit.common import safeinput  # noqa: E402
+from stagesplit.common import limits, safeinput  # noqa: E402
 from stagesplit.errors import ProfileError, StagesplitError  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.onnximport import import_onnx  # noqa: E402

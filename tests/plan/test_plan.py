@@ -4,6 +4,8 @@ import json
 
 import pytest
 
+from stagesplit.plan.files import plan_document
+
 from stagesplit.plan.advise import advise, inputs_of
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.plan import read_plan, write_plan
@@ -72,7 +74,7 @@ def test_bad_plan_files(tmp_path):
     path.write_text("{not json")
     with pytest.raises(ProfileError, match="valid JSON"):
         read_plan(path)
-    doc = small_plan().plan.to_document()
+    doc = plan_document(small_plan().plan)
     doc["stages"][1]["first_layer"] = 4
     path.write_text(json.dumps(doc))
     with pytest.raises(ProfileError, match=r"stages\[1\]\.first_layer: expected 3 \(stages are contiguous\)"):

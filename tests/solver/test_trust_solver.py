@@ -82,7 +82,7 @@ def test_objective_values_in_profile_units(capsys):
 
 def test_objective_values_with_mixed_capacities():
     """On mixed devices memory is ranked as a fraction of each device's capacity."""
-    from stagesplit.plan.advise import advise, inputs_of
+    from stagesplit.plan.advise import advise
     from helpers import UNIT, layer_model, options
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
     plan = advise(model, options(3, [8, 16, 10], objective="memory")).plan
