@@ -27,7 +27,7 @@ from .errors import OptionError, StagesplitError
 from .io.profile import Profile, Target
 from .layers import LayerOptions
 from .model.analysis import Analysis
-from .solver.request import SharedPolicy, SolveRequest
+from .solver.request import Schedule, SharedPolicy, SolveRequest
 
 __all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
            "import_onnx", "reproduce", "solve", "sweep", "synthesize", "targets"]
@@ -193,7 +193,8 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
         capacities = tuple(capacities)
     link = request.link_bandwidth or (targets[0].link_bytes_per_s if targets else None) or \
         profile.target.link_bytes_per_s
-    micro_batches, micro_auto = resolve_micro_batches(request.schedule.value, request.micro_batches, request.devices)
+    micro_batches, micro_auto = resolve_micro_batches(request.schedule.value, request.micro_batches,
+                                                      request.devices * _chunks_per_rank(request))
     options = SolveOptions(
         devices=request.devices, objective=request.objective, exact=request.exact,
         schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
@@ -240,14 +241,23 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds the
     greedy and uniform plans. ``plan.warnings`` lists what the command line prints as warnings.
     """
-    from .plan.advise import advise
+    from .plan.advise import advise, advise_schedule
     events = _events(events)
     req = _request(devices, request, options)
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
-    table = _price(resolved, events, max_devices=req.devices)
-    events.start("solving")
-    advice = advise(resolved.model, resolved.inputs, table=table, log=events.start)
+    if req.schedule is Schedule.AUTO:
+        return _solve_auto(req, analysis, events)
+    if _scheduled(req, resolved.model):
+        events.start("pricing every layer range in each phase of the step")
+        table = _phase_table(resolved.model)
+        events.done()
+        events.start("solving")
+        advice = advise_schedule(resolved.model, resolved.inputs, table=table, log=events.start)
+    else:
+        table = _price(resolved, events, max_devices=req.devices)
+        events.start("solving")
+        advice = advise(resolved.model, resolved.inputs, table=table, log=events.start)
     events.done()
     for message in advice.warnings:
         events.warn(message)
@@ -255,6 +265,120 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved.model
     for baseline in plan.baselines:
         baseline.analysis = resolved.model
+    return plan
+
+
+def _chunks_per_rank(request: SolveRequest) -> int:
+    """The chunks per device a request's schedule runs with."""
+    from .solver.schedule import ScheduleKind, traits
+    if request.chunks_per_rank is not None:
+        return request.chunks_per_rank
+    if request.schedule.one_stage_per_device or request.schedule is Schedule.AUTO:
+        return 1
+    return traits(ScheduleKind(request.schedule.value)).fixed_chunks_per_rank or 2
+
+
+def _scheduled(request: SolveRequest, model) -> bool:
+    """Whether the request is solved with a schedule's own actions (solver/chunks.py): any
+    schedule but none, on a one-device profile that records each operation's phase; the looped
+    and V-shaped schedules need such a profile, GPipe and 1F1B fall back to the stage model."""
+    if request.schedule is Schedule.NONE:
+        return False
+    ok = model.phase_cols is not None and model.profile.target.tiles == 1
+    if not ok and not request.schedule.one_stage_per_device:
+        raise OptionError("schedule", f"{request.schedule.value} needs a profile of one device that records each "
+                          "operation's phase (forward, backward, optimizer), as stagesplit capture writes; this "
+                          "profile " + ("has per-tile memory (an IPU's): use gpipe or 1f1b" if model.profile.target.tiles
+                                        > 1 else "does not say: capture the model, or use gpipe or 1f1b"))
+    return ok
+
+
+def _phase_table(model):
+    """The model's phase table (model/phases.py), made once per model (its times follow the
+    target the model's roofline was computed on)."""
+    from .model.phases import phase_table
+    cached = getattr(model, "_phase_table", None)
+    if cached is None:
+        cached = phase_table(model)
+        model._phase_table = cached
+    return cached
+
+
+#: the schedules and chunks per device ``--schedule auto`` tries
+AUTO_CANDIDATES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("interleaved-1f1b", 4),
+                   ("looped-bfs", 2), ("zb-h1", 2), ("zb-h1", 3), ("zb-h1", 4), ("zbv", 2), ("dualpipev", 2))
+
+
+def _solve_auto(req: SolveRequest, analysis, events: Events):
+    """``--schedule auto``: each schedule (and chunks per device) that is valid for the device and
+    micro-batch counts is solved, with an equal share of the time limit; the fastest that fits
+    (the emptiest, with the memory objective) is the plan, and ``plan.candidates`` lists them all."""
+    from .plan.advise import advise_schedule
+    from .plan.records import ScheduleCandidate
+    from .solver.schedule import is_valid
+    candidates = []
+    for kind, v in AUTO_CANDIDATES:
+        if req.chunks_per_rank is not None and v != req.chunks_per_rank:
+            continue
+        M = req.micro_batches or req.devices * v
+        if is_valid(kind, req.devices, M, v):
+            candidates.append((kind, v, M))
+    if not candidates:
+        raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
+                          "micro-batches")
+    share = max(req.time_limit / len(candidates), 1.0)
+    plans = []
+    table = None
+    for kind, v, M in candidates:
+        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
+        resolved = resolve(trial, analysis)
+        if not _scheduled(trial, resolved.model):
+            raise OptionError("schedule", "auto needs a profile of one device that records each operation's phase "
+                              "(forward, backward, optimizer), as stagesplit capture writes")
+        if table is None:
+            events.start("pricing every layer range in each phase of the step")
+            table = _phase_table(resolved.model)
+            events.done()
+        events.start(f"solving {kind}, {v} chunk(s) per device")
+        try:
+            advice = advise_schedule(resolved.model, resolved.inputs, table=table)
+        except StagesplitError as exc:
+            plans.append((kind, v, None, str(exc)))
+            continue
+        finally:
+            events.done()
+        plans.append((kind, v, advice, ""))
+    feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
+    memory = req.objective.value == "memory"
+
+    def score(item):
+        s = item[2].plan.schedule
+        worst = max(r.peak_bytes / r.capacity_bytes for r in s.ranks)
+        return (worst, s.step_time) if memory else (s.step_time, worst)
+    rows = []
+    for kind, v, advice, error in plans:
+        plan = advice.plan if advice is not None else None
+        s = plan.schedule if plan is not None else None
+        rows.append(ScheduleCandidate(
+            schedule=kind, chunks_per_rank=v, status=plan.status if plan is not None else "refused",
+            step_time=s.step_time if s else None, bubble=s.bubble if s else None,
+            worst_memory=max(r.peak_bytes / r.capacity_bytes for r in s.ranks) if s else None,
+            seconds=plan.run.solver_seconds if plan is not None else 0.0, note=error or (plan.message if plan else "")))
+    if feasible:
+        best = min(feasible, key=score)[2]
+    else:
+        best = next((a for _, _, a, _ in plans if a is not None), None)
+        if best is None:
+            raise StagesplitError("no schedule could be solved: " + "; ".join(f"{k} (v={v}): {e}"
+                                                                               for k, v, _, e in plans))
+    plan = best.plan
+    plan.candidates = tuple(rows)
+    plan.notes.append(f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
+                      f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
+                      if plan.feasible else f"--schedule auto: none of the {len(rows)} schedules tried fits")
+    for message in best.warnings:
+        events.warn(message)
+    plan.warnings, plan.analysis = list(events.warnings), analysis.model
     return plan
 
 

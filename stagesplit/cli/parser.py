@@ -8,11 +8,14 @@ import argparse
 import re
 
 from ..common.guards import float_in, int_in
-from ..common.limits import MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
+from ..common.limits import MAX_CHUNKS_PER_RANK, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
 from ..common.versions import VERSION
 from ..errors import StagesplitError
 
-__all__ = ["FLAGS", "build_parser"]
+__all__ = ["FLAGS", "SCHEDULES", "build_parser"]
+
+#: the --schedule choices (solver/request.py's Schedule values; tests check they agree)
+SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev", "auto")
 
 
 class _Parser(argparse.ArgumentParser):
@@ -98,8 +101,12 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
                    help="compute: fastest slowest stage, then least memory (default); memory: least worst-stage "
                         "memory, then compute; devices: fewest devices that fit, then compute")
     g.add_argument("--exact", action="store_true", default=None, help="use exactly N devices (default: at most N)")
-    g.add_argument("--schedule", choices=("none", "1f1b", "gpipe"),
-                   help="pipeline schedule whose in-flight micro-batches add stashed activations (default: none)")
+    g.add_argument("--schedule", choices=SCHEDULES, metavar="SCHEDULE",
+                   help="pipeline schedule: " + ", ".join(SCHEDULES) + "; auto tries each (and 1..4 chunks per "
+                        "device) and keeps the fastest that fits (default: none)")
+    g.add_argument("--chunks-per-rank", type=int_in(1, MAX_CHUNKS_PER_RANK), metavar="V",
+                   help="chunks (virtual stages) per device for the looped and V-shaped schedules (default: the "
+                        "schedule's: 1 for gpipe and 1f1b, 2 for the others)")
     g.add_argument("--micro-batches", type=int_in(1, MAX_MICRO_BATCHES), metavar="M",
                    help="micro-batches per step (default: the number of devices with --schedule, else 1)")
     g.add_argument("--headroom", type=float_in(0, 1, high_open=True), metavar="F",
@@ -274,7 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: the Python API's parameter names (errors.OptionError.parameter) as command-line flags
 FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "objective": "--objective",
-         "schedule": "--schedule", "micro_batches": "--micro-batches", "headroom": "--headroom",
+         "schedule": "--schedule", "micro_batches": "--micro-batches", "chunks_per_rank": "--chunks-per-rank", "headroom": "--headroom",
          "reserve": "--reserve", "min_layers": "--min-layers", "max_layers": "--max-layers",
          "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
          "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",

@@ -51,6 +51,7 @@ class PlanView:
     objective: str | None
     schedule: str                            # "none", "gpipe", "1f1b", ... as solved
     micro_batches: int
+    chunks_per_rank: int                     # chunks (virtual stages) per device; stage k on devices[k]
     headroom: float
     status: str
     split_text: str
@@ -63,6 +64,19 @@ class PlanView:
     @property
     def devices(self) -> tuple[int, ...]:
         return tuple(s.device for s in self.stages)
+
+    @property
+    def ranks(self) -> int:
+        """How many devices (pipeline ranks) the plan runs on."""
+        return len(set(self.devices))
+
+    def one_stage_per_device(self, fmt: str) -> None:
+        """Refuse (one line) a plan whose devices hold several chunks: ``fmt`` cannot say so."""
+        if self.chunks_per_rank > 1 or self.schedule not in ("none", "gpipe", "1f1b"):
+            raise self.error(f"{fmt} runs one stage per device with its own pipelining; this plan runs "
+                             f"{self.schedule}" + (f" with {self.chunks_per_rank} chunks per device"
+                                                   if self.chunks_per_rank > 1 else "")
+                             + ": solve with --schedule 1f1b (or gpipe) for it")
 
     @property
     def stage_layers(self) -> tuple[tuple[int, ...], ...]:
@@ -143,7 +157,11 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
                                 in_flight=int(s.in_flight)))
         expected += len(idx)
     devices = [s.device for s in stages]
-    if devices != sorted(set(devices)) or devices[0] < 0:
+    schedule = plan.schedule
+    if schedule is not None:                 # chunks (virtual stages) on their schedule's devices
+        if tuple(devices) != schedule.chunk_ranks:
+            raise fail(f"stage devices {devices} are not the schedule's ({list(schedule.chunk_ranks)})")
+    elif devices != sorted(set(devices)) or devices[0] < 0:
         raise fail(f"stage devices {devices} are not increasing: each stage needs its own device, in order")
 
     profile, inputs = plan.profile, plan.inputs
@@ -154,7 +172,9 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         source=src, layer_names=tuple(names), module_paths=tuple(paths), stages=tuple(stages),
         profile_name=profile.name or None, profile_path=profile.path, synthetic=profile.synthetic,
         target=profile.target or None, tiles=profile.tiles, sha256=profile.sha256,
-        objective=inputs.objective.value, schedule=inputs.schedule.value, micro_batches=inputs.micro_batches,
+        objective=inputs.objective.value, schedule=schedule.kind if schedule is not None else inputs.schedule.value,
+        micro_batches=schedule.micro_batches if schedule is not None else inputs.micro_batches,
+        chunks_per_rank=schedule.chunks_per_rank if schedule is not None else 1,
         headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
         head=head)
 

@@ -54,6 +54,7 @@ _CLASS = [
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(NAME)
     n = len(view.layer_names)
     bounds = [s.layers[0] for s in view.stages] + [n]
     blocks = [int(view.embedding), n - int(view.head)]

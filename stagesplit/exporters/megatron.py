@@ -117,16 +117,32 @@ def _uneven_words(counts: list[int], uneven: tuple[int | None, int | None]) -> l
     return words
 
 
-def _layout_words(counts: list[int]) -> list[str]:
-    return ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(len(counts)),
-            "--pipeline-model-parallel-layout", megatron_layout(counts)]
+#: the plan schedules Megatron runs: its pipeline is 1F1B, interleaved with virtual stages
+MEGATRON_SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b")
+
+
+def _layout_words(counts: list[int], ranks: int, virtual: int) -> list[str]:
+    words = ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(ranks)]
+    if virtual > 1:
+        words += ["--num-virtual-stages-per-pipeline-rank", str(virtual)]
+    return words + ["--pipeline-model-parallel-layout", megatron_layout(counts)]
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    if view.schedule not in MEGATRON_SCHEDULES:
+        raise view.error(f"megatron runs 1F1B, interleaved with virtual stages; this plan runs {view.schedule}: "
+                         "solve with --schedule 1f1b or interleaved-1f1b for Megatron")
     counts = _counts(view, NAME)
+    virtual = view.chunks_per_rank
     lines = [f"# megatron-core >= {MEGATRON_VERSION} (Megatron-LM's pretrain_*.py arguments):",
-             f"# {_roles_note(view)}",
-             " ".join(shell_word(w) for w in _layout_words(counts))]
+             f"# {_roles_note(view)}"]
+    if virtual > 1:
+        lines.append(f"# {len(counts)} virtual stages in the layout, {virtual} per pipeline rank: stage k runs on rank "
+                     f"k mod {view.ranks}, as Megatron's interleaved schedule places them")
+    lines.append(" ".join(shell_word(w) for w in _layout_words(counts, view.ranks, virtual)))
+    if virtual > 1:
+        lines.append("# (the first/last-stage flags cannot express virtual stages)")
+        return lines
     uneven = megatron_uneven(counts)
     if isinstance(uneven, tuple):
         even = " (an even split: no first/last flags)" if uneven == (None, None) else ""
@@ -138,6 +154,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
 
 
 def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(UNEVEN_NAME)
     counts = _counts(view, UNEVEN_NAME)
     uneven = megatron_uneven(counts)
     if isinstance(uneven, str):
@@ -165,16 +182,22 @@ def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
 
 
 def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
-    flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout"})
+    flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
+                           "--num-virtual-stages-per-pipeline-rank"})
     stages = parse_megatron_layout(flags["--pipeline-model-parallel-layout"])
-    if len(stages) != int(flags["--pipeline-model-parallel-size"]):
-        raise RenderCheckError("the layout's stages differ from --pipeline-model-parallel-size")
+    ranks = int(flags["--pipeline-model-parallel-size"])
+    virtual = int(flags.get("--num-virtual-stages-per-pipeline-rank", "1"))
+    if len(stages) != ranks * virtual:
+        raise RenderCheckError("the layout's stages differ from --pipeline-model-parallel-size x virtual stages")
     if stages[0][:1] != ["E"] or stages[-1][-1:] != ["L"] or sum(s.count("E") + s.count("L") for s in stages) != 2:
         raise RenderCheckError("the layout must start with E and end with L")
     counts = [s.count("t") for s in stages]
     if sum(counts) != int(flags["--num-layers"]):
         raise RenderCheckError("--num-layers differs from the layout's decoder layers")
-    return _with_roles(view, counts)
+    decoded = _with_roles(view, counts)
+    if virtual == 1:
+        return decoded
+    return Decoded(decoded.stages, tuple(k % ranks for k in range(len(counts))))
 
 
 def read_back_uneven(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:

@@ -40,6 +40,7 @@ def _roles_note(view: PlanView) -> str:
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(NAME)
     p = len(view.stages)
     if list(view.devices) != list(range(p)):
         raise view.error(f"optimum-ipu places stage k on IPU k; this plan puts its stages on devices "

@@ -18,6 +18,7 @@ DESCRIPTION = "builder.virtualGraph / builder.pipelineStage per layer, pipelined
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(NAME)
     stage_of = {view.layer_names[i]: s.index for s in view.stages for i in s.layers}
     p = len(view.stages)
     lines = ["import contextlib", "", "import popart", "",

@@ -31,6 +31,7 @@ def memory_proportions(view: PlanView, default: float = POPLIBS_MEMORY_PROPORTIO
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(NAME)
     starts = [s.layers[0] for s in view.stages]
     exprs = layer_expressions(view, NAME, options.model, starts)
     lines = ["import poptorch", "",

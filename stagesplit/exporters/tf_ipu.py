@@ -23,6 +23,7 @@ DESCRIPTION = "TensorFlow IPU pipeline: computational_stages (layer groups), dev
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
+    view.one_stage_per_device(NAME)
     p = len(view.stages)
     if p < 2:
         raise view.error("tf-ipu: TensorFlow's pipelining_ops.pipeline() needs at least 2 computational stages and "

@@ -21,12 +21,18 @@ from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns
 from ._plan_view import PlanView
 from .render import RenderCheckError, literal_assignments, py_literal
 
-__all__ = ["NAME", "DESCRIPTION", "SCHEDULE_CLASSES", "render", "read_back"]
+__all__ = ["NAME", "DESCRIPTION", "MULTI_STAGE", "SCHEDULE_CLASSES", "render", "read_back"]
 
 NAME = "torch-pipelining"
 DESCRIPTION = "torch.distributed.pipelining split points, pipeline(), build_stage, schedule and step"
 #: the plan's schedule -> torch's schedule class (no schedule: GPipe, one micro-batch in flight per step)
-SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "none": "ScheduleGPipe"}
+SCHEDULE_CLASSES = {"gpipe": "ScheduleGPipe", "1f1b": "Schedule1F1B", "none": "ScheduleGPipe",
+                    "interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
+                    "zb-h1": "ScheduleInterleavedZeroBubble", "zbv": "ScheduleZBVZeroBubble",
+                    "dualpipev": "ScheduleDualPipeV"}
+#: the classes that take a list of stages (several chunks per rank)
+MULTI_STAGE = {"ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterleavedZeroBubble",
+               "ScheduleZBVZeroBubble", "ScheduleDualPipeV"}
 
 
 def schedule_class(view: PlanView, training: bool, fmt: str = NAME) -> str:
@@ -47,18 +53,27 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
     points = layer_fqns(view, NAME, [s.layers[0] for s in view.stages[1:]])
     cls = schedule_class(view, options.training)
-    devices = ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices))
+    multi = cls in MULTI_STAGE
     m = view.micro_batches
-    why = {"gpipe": "as the plan was solved, with GPipe", "1f1b": "as the plan was solved, with 1F1B",
-           "none": "the plan was solved without a schedule, one micro-batch in flight: GPipe"}[view.schedule] \
-        if options.training else "inference: forward only, GPipe"
+    why = ("the plan was solved without a schedule, one micro-batch in flight: GPipe" if view.schedule == "none"
+           else f"as the plan was solved, with {cls}") if options.training else "inference: forward only, GPipe"
+    plan_ranks = sorted(set(view.devices))
+    stages_of_rank = [[k for k, d in enumerate(view.devices) if d == r] for r in plan_ranks]
+    # one stage per rank keeps torch's own one-stage form (stage, stage.is_first); chunked
+    # schedules take the list of a rank's stages
+    stage = "stages" if multi else "stage"
+    placement = ([f"STAGES_OF_RANK = {py_literal(stages_of_rank)}   # one process per device: rank r builds these "
+                  "stages"] if multi else [])
     model = options.model
     lines = ["import torch",
              "import torch.distributed as dist",
-             f"from torch.distributed.pipelining import {cls}, SplitPoint, pipeline", "",
+             f"from torch.distributed.pipelining import {cls}, {'PipelineStage, ' if multi else ''}SplitPoint, pipeline", "",
              "# each stage after the first begins at one of these modules (fully qualified names)",
              f"SPLIT_POINTS = {py_literal(points)}",
-             f"NUM_STAGES = {p}   # one process per stage: rank k runs stage k (plan devices {devices})",
+             (f"NUM_STAGES = {p}   # the stages (chunks) in model order" if multi else
+              f"NUM_STAGES = {p}   # one process per stage: rank k runs stage k (plan devices "
+              + ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices)) + ")"),
+             *placement,
              f"N_MICROBATCHES = {m}   # micro-batches per step: {why}", "", "",
              "def build_pipeline(model, example_microbatch, device, loss_fn=None, group=None):",
              '    """This rank\'s stage of `model`, its schedule and its tied-parameter groups.',
@@ -71,34 +86,45 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              '    sum_tied_gradients(tied) after each backward, or the optimizer step unties them."""',
              "    rank = dist.get_rank(group)",
              "    tied_names = {}",
+             *(["    rank_of = {k: r for r, ks in enumerate(STAGES_OF_RANK) for k in ks}"] if multi else []),
              "    for name, parameter in model.named_parameters(remove_duplicate=False):",
              "        tied_names.setdefault(id(parameter), []).append(name)",
              "    split_spec = {fqn: SplitPoint.BEGINNING for fqn in SPLIT_POINTS}",
              "    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
              "    if pipe.num_stages != NUM_STAGES:",
              '        raise ValueError(f"the split gave {pipe.num_stages} stages, the plan has {NUM_STAGES}")',
-             "    stage = pipe.build_stage(rank, device, group)"]
+             *(["    # PipelineStage, not pipe.build_stage: torch's traced stages warm up point-to-point links with",
+                "    # sends to their neighbours even on the same rank, which gloo refuses (V-shaped placements)",
+                "    stages = [PipelineStage(pipe.get_stage_module(k), k, NUM_STAGES, device, group=group)",
+                "              for k in STAGES_OF_RANK[rank]]"] if multi else
+              ["    stage = pipe.build_stage(rank, device, group)"])]
     if options.training:
-        lines.append(f"    schedule = {cls}(stage, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)")
+        lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)")
     else:
-        lines.append(f"    schedule = {cls}(stage, n_microbatches=N_MICROBATCHES)")
+        lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES)")
     lines += ["    tied = []",
               "    for names in (names for names in tied_names.values() if len(names) > 1):",
               "        copies = [dict(pipe.get_stage_module(k).named_parameters(remove_duplicate=False))",
               "                  for k in range(NUM_STAGES)]",
               "        holders = [k for k in range(NUM_STAGES) if any(n in copies[k] for n in names)]",
               "        if len(holders) > 1:   # every rank creates every group, in the same order",
-              "            ranks = holders if group is None else [dist.get_global_rank(group, k) for k in holders]",
-              "            tied.append((dist.new_group(ranks), [copies[rank][n] for n in names if n in copies[rank]]))",
-              "    return stage, schedule, tied", "", ""]
+              ("            ranks = sorted({rank_of[k] for k in holders})   # a rank may hold several copies"
+               if multi else "            ranks = holders"),
+              "            ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
+              ("            mine = [copies[k][n] for k in STAGES_OF_RANK[rank] for n in names if n in copies[k]]"
+               if multi else "            mine = [copies[rank][n] for n in names if n in copies[rank]]"),
+              "            tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, mine))",
+              f"    return {stage}, schedule, tied", "", ""]
+    first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
+                   else ("stage.is_first", "stage.is_last"))
     if options.training:
-        lines += ["def train_step(stage, schedule, inputs=None, targets=None):",
+        lines += [f"def train_step({stage}, schedule, inputs=None, targets=None):",
                   '    """One forward and backward over a whole batch (N_MICROBATCHES micro-batches): the first',
                   "    stage passes `inputs`, the last stage `targets` and gets the micro-batch losses back. Then call",
                   '    sum_tied_gradients(tied) and optimizer.step()."""',
                   "    losses = []",
-                  "    args = (inputs,) if stage.is_first else ()",
-                  '    kwargs = {"target": targets, "losses": losses} if stage.is_last else {}',
+                  f"    args = (inputs,) if {first} else ()",
+                  f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
                   "    schedule.step(*args, **kwargs)",
                   "    return losses", "", "",
                   "def sum_tied_gradients(tied):",
@@ -107,17 +133,19 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   "        if not copies:",
                   "            continue",
                   "        total = sum(p.grad if p.grad is not None else torch.zeros_like(p) for p in copies)",
-                  "        dist.all_reduce(total, group=process_group)",
+                  "        if process_group is not None:   # None: every copy is on this rank",
+                  "            dist.all_reduce(total, group=process_group)",
                   "        for p in copies:",
                   "            p.grad = total.clone()", "", ""]
     else:
-        lines += ["def run_step(stage, schedule, inputs=None):",
+        lines += [f"def run_step({stage}, schedule, inputs=None):",
                   '    """One forward over a whole batch: the first stage passes `inputs`; the last gets the outputs."""',
-                  "    return schedule.step(inputs) if stage.is_first else schedule.step()", "", ""]
-    step = ("losses = train_step(stage, schedule, inputs, targets); sum_tied_gradients(tied); optimizer.step()"
-            if options.training else "outputs = run_step(stage, schedule, inputs)")
-    lines += ["# on every rank (torchrun --nproc-per-node NUM_STAGES ...), with the whole model built on each:",
-              f"#   stage, schedule, tied = build_pipeline({model}, example_microbatch, device"
+                  f"    return schedule.step(inputs) if {first} else schedule.step()", "", ""]
+    step = (f"losses = train_step({stage}, schedule, inputs, targets); sum_tied_gradients(tied); optimizer.step()"
+            if options.training else f"outputs = run_step({stage}, schedule, inputs)")
+    procs = len(plan_ranks) if multi else "NUM_STAGES"
+    lines += [f"# on every rank (torchrun --nproc-per-node {procs} ...), with the whole model built on each:",
+              f"#   {stage}, schedule, tied = build_pipeline({model}, example_microbatch, device"
               f"{', loss_fn' if options.training else ''})",
               f"#   {step}"]
     return lines
@@ -128,10 +156,19 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
     points, p = data.get("SPLIT_POINTS"), data.get("NUM_STAGES")
     if not isinstance(points, list) or p != len(points) + 1:
         raise RenderCheckError("SPLIT_POINTS and NUM_STAGES disagree")
+    of_rank = data.get("STAGES_OF_RANK", [[k] for k in range(p)] if isinstance(p, int) else None)
+    if (not isinstance(of_rank, list) or not all(isinstance(ks, list) for ks in of_rank)
+            or sorted(k for ks in of_rank for k in ks) != list(range(p))):
+        raise RenderCheckError("STAGES_OF_RANK does not place every stage once")
+    devices = [0] * p
+    for r, ks in enumerate(of_rank):
+        for k in ks:
+            devices[k] = r
     if data.get("N_MICROBATCHES") != view.micro_batches:
         raise RenderCheckError("N_MICROBATCHES differs from the plan's micro-batches")
     by_fqn = fqn_index(view)
     bounds = [0] + [by_fqn.get(f, -1) for f in points]
     if -1 in bounds:
         raise RenderCheckError("a split point names no single plan layer")
-    return Decoded(from_starts(bounds, len(view.layer_names)))
+    plan_ranks = sorted(set(view.devices))
+    return Decoded(from_starts(bounds, len(view.layer_names)), tuple(plan_ranks[d] for d in devices))

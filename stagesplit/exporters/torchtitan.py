@@ -28,8 +28,11 @@ __all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "
 NAME = "torchtitan"
 TORCHTITAN_VERSION = "0.3"
 DESCRIPTION = f"torchtitan (>= {TORCHTITAN_VERSION}) command-line overrides: pipeline degree, schedule, module FQNs"
-#: torch's schedule class -> torchtitan's --parallelism.pipeline_parallel_schedule name
-SCHEDULES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B"}
+#: torch's schedule class -> torchtitan's --parallelism.pipeline_parallel_schedule name (torch's
+#: get_schedule_class names, which torchtitan passes through)
+SCHEDULES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B", "ScheduleInterleaved1F1B": "Interleaved1F1B",
+             "ScheduleLoopedBFS": "LoopedBFS", "ScheduleInterleavedZeroBubble": "InterleavedZeroBubble",
+             "ScheduleZBVZeroBubble": "ZBVZeroBubble", "ScheduleDualPipeV": "DualPipeV"}
 EMBEDDING_FQN = "tok_embeddings"
 HEAD_FQNS = ("norm", "lm_head")
 
@@ -51,9 +54,8 @@ def module_groups(view: PlanView) -> list[list[str]]:
 
 
 def _words(view: PlanView, options: ExportOptions) -> list[str]:
-    p = len(view.stages)
     schedule = SCHEDULES[schedule_class(view, True, NAME)]
-    return ["--parallelism.pipeline_parallel_degree", str(p),
+    return ["--parallelism.pipeline_parallel_degree", str(view.ranks),
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
             "--parallelism.pipeline_parallel_microbatch_size", "1",
@@ -62,8 +64,7 @@ def _words(view: PlanView, options: ExportOptions) -> list[str]:
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
-    p = len(view.stages)
-    if p < 2:
+    if view.ranks < 2:
         raise view.error("torchtitan: one stage needs no pipeline parallelism")
     if options.tied:
         raise view.error(f"torchtitan refuses pipeline parallelism for models with tied weights (\"Weight tying is "
@@ -101,8 +102,12 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
         else:
             current.append(w)
     groups = [g.split(",") for g in flags.get("--parallelism.module_fqns_per_model_part", [])]
-    if [len(groups)] != [int(x) for x in flags.get("--parallelism.pipeline_parallel_degree", ["0"])]:
-        raise RenderCheckError("the module groups differ from the pipeline degree")
+    degree = [int(x) for x in flags.get("--parallelism.pipeline_parallel_degree", ["0"])]
+    if degree != [view.ranks] or len(groups) != view.ranks * view.chunks_per_rank:
+        raise RenderCheckError("the module groups differ from the pipeline degree x chunks per device")
+    names = {v: k for k, v in SCHEDULES.items()}
+    if names.get(flags.get("--parallelism.pipeline_parallel_schedule", [""])[0]) != schedule_class(view, True, NAME):
+        raise RenderCheckError("the schedule differs from the plan's")
     micro = int(flags["--training.local_batch_size"][0]) // int(flags["--parallelism.pipeline_parallel_microbatch_size"][0])
     if micro != view.micro_batches:
         raise RenderCheckError("local_batch_size / microbatch_size differs from the plan's micro-batches")

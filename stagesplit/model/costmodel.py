@@ -29,11 +29,11 @@ from ..errors import LayerRangeError, OptionError, StagesplitError
 from .itemgroups import ItemGroups, sorted_unique
 from ..layers import LayerAssignment
 from .pricing import RangeTable, price_all_ranges
-from ..io.profile import Profile
+from ..io.profile import Phase, Profile
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
 from .stash import stashed_variables
 from .tied import tied_parameters
-from .timeline import Timeline
+from .timeline import Timeline, phase_columns
 
 SHARED_POLICIES = ("every", "none")
 
@@ -65,7 +65,14 @@ class StageCostModel:
         self.var_nal = ~v.always_live & (v.live_class >= 0)
         self.timeline = Timeline(profile, layers, self.var_nal)
         self.layer_vars = self.var_items.layer_items(L)
-        self.var_stashed = stashed_variables(self.timeline, self.layer_vars, self.var_nal)
+        #: which operations run in which phase's columns (None: the profile does not say)
+        self.phase_cols = phase_columns(self.timeline, ops.phase) if np.any(ops.phase != Phase.UNKNOWN) else None
+        forward = backward = None
+        if self.phase_cols is not None:
+            forward = self.phase_cols[Phase.FORWARD]
+            backward = (self.phase_cols[Phase.BACKWARD_INPUT] | self.phase_cols[Phase.BACKWARD_WEIGHT]
+                        | self.phase_cols[Phase.RECOMPUTE])
+        self.var_stashed = stashed_variables(self.timeline, self.layer_vars, self.var_nal, forward, backward)
 
         # vertex code of a (tile, vertex type) is one size, whichever program brings it in
         vc = pr.vertex_code

@@ -19,9 +19,58 @@ from .timeline import Timeline, ramp
 __all__ = ["stashed_variables"]
 
 
-def stashed_variables(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray) -> np.ndarray:
+def stashed_variables(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray,
+                      forward: np.ndarray | None = None, backward: np.ndarray | None = None) -> np.ndarray:
     """Which variables are stashed. Columns are uniform in liveness and in which layers run,
-    so the rule is evaluated on columns exactly."""
+    so the rule is evaluated on columns exactly. Where the profile says which columns are
+    forward and which backward (``forward``/``backward`` column masks), a variable is also
+    stashed for layer ``l`` when it stays live from a forward step of ``l`` to a later backward
+    step of ``l``: the last layer's activations are held so even though no other layer runs
+    between its forward and its backward in a one-micro-batch step (in a pipeline, the stage's
+    next micro-batches run there)."""
+    stashed = _between_other_layers(timeline, layer_vars, var_nal)
+    if forward is not None and backward is not None:
+        stashed |= _forward_to_backward(timeline, layer_vars, var_nal, forward, backward)
+    return stashed
+
+
+def _forward_to_backward(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray, forward: np.ndarray,
+                         backward: np.ndarray) -> np.ndarray:
+    """Variables live, in one run of columns, from a forward column of a layer that uses them to
+    a later backward column of that layer."""
+    nv = len(var_nal)
+    stashed = np.zeros(nv, bool)
+    run_var, run_c0, run_c1 = timeline.live_runs()
+    if timeline.num_columns == 0 or not len(run_var):
+        return stashed
+    run_offsets = np.zeros(nv + 1, np.int64)
+    np.cumsum(np.bincount(run_var, minlength=nv), out=run_offsets[1:])
+    for l in range(timeline.num_layers):
+        f, b = timeline.cover[l] & forward, timeline.cover[l] & backward
+        if not f.any() or not b.any():
+            continue
+        f_prefix = np.concatenate([[0], np.cumsum(f)])
+        b_prefix = np.concatenate([[0], np.cumsum(b)])
+        f_cols, b_cols = np.flatnonzero(f), np.flatnonzero(b)
+        vars_l = layer_vars.of(l)
+        vars_l = vars_l[var_nal[vars_l] & ~stashed[vars_l]]
+        if not len(vars_l):
+            continue
+        counts = run_offsets[vars_l + 1] - run_offsets[vars_l]
+        runs = np.repeat(run_offsets[vars_l], counts) + ramp(counts)
+        c0, c1 = run_c0[runs], run_c1[runs]
+        has_f = f_prefix[c1] > f_prefix[c0]
+        has_b = b_prefix[c1] > b_prefix[c0]
+        first_f = f_cols[np.minimum(f_prefix[c0], len(f_cols) - 1)]
+        last_b = b_cols[np.maximum(b_prefix[c1] - 1, 0)]
+        hit = has_f & has_b & (first_f < last_b)
+        stashed[run_var[runs[hit]]] = True
+    return stashed
+
+
+def _between_other_layers(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray) -> np.ndarray:
+    """The rule for any profile: live from a step of ``l`` through a step of another layer to a
+    later step of ``l``."""
     L, G = timeline.num_layers, timeline.num_columns
     nv = len(var_nal)
     stashed = np.zeros(nv, bool)

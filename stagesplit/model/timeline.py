@@ -13,9 +13,9 @@ from __future__ import annotations
 import numpy as np
 
 from ..layers import LayerAssignment
-from ..io.profile import Profile
+from ..io.profile import Phase, Profile
 
-__all__ = ["Timeline", "ramp"]
+__all__ = ["Timeline", "phase_columns", "ramp"]
 
 
 def ramp(counts: np.ndarray) -> np.ndarray:
@@ -147,3 +147,16 @@ class Timeline:
         diff = np.bincount(idx, weights=np.concatenate([b, -b]), minlength=T * (width + 1))
         live = np.cumsum(diff.reshape(T, width + 1)[:, :width], axis=1)
         return np.rint(live).astype(np.int64)
+
+
+def phase_columns(timeline: Timeline, phase: np.ndarray) -> dict[Phase, np.ndarray]:
+    """For each phase, the columns an operation of that phase (``phase``: one per operation) runs in."""
+    G = timeline.num_columns
+    out = {}
+    for p in Phase:
+        mask = np.zeros(G + 1, np.int64)
+        mine = np.flatnonzero(phase == p)
+        np.add.at(mask, timeline.op_col_start[mine], 1)
+        np.add.at(mask, timeline.op_col_end[mine], -1)
+        out[p] = np.cumsum(mask)[:G] > 0
+    return out

@@ -14,11 +14,12 @@ from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import SolverResult, solve_cpsat
 from ..solver.dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
 from ..solver.problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
-from .build import make_plan
+from .build import make_plan, make_schedule_plan
 from ..solver.request import SolveRequest
 from .records import Plan, PlanInputs
 
-__all__ = ["Advice", "SweepResult", "SweepRow", "advise", "explain_infeasible", "fewest_devices", "price", "sweep"]
+__all__ = ["Advice", "SweepResult", "SweepRow", "advise", "advise_schedule", "device_capacities", "explain_infeasible",
+           "fewest_devices", "inputs_for", "inputs_of", "price", "schedule_problem", "sweep"]
 
 
 @dataclass
@@ -174,11 +175,7 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
                    f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
-    for tied, stages in plan.tied_across_stages():
-        warnings.append(f"parameter '{show(tied.name)}' is used by layers on stages {', '.join(map(str, stages))} "
-                        f"(tied weights): pipeline frameworks keep one copy per stage, so sum the copies' gradients "
-                        f"across those stages before each optimizer step (the torch-pipelining export does), or "
-                        f"they untie; torchtitan refuses such models")
+    warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare:
         if unlayered_first:
@@ -332,3 +329,108 @@ def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
         targets = tuple(targets[i % len(targets)] for i in range(devices))
     return replace(inputs, request=inputs.request.with_devices(devices), options=with_devices(inputs.options, devices),
                    targets=targets)
+
+
+# -- pipeline schedules with chunks (solver/chunks.py) ----------------------------------------------
+
+def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarray:
+    """Bytes each device may use: its target's memory less the headroom and the reserve."""
+    target = model.profile.target
+    n = options.devices
+    raw = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
+    capacity = np.floor(raw * (1.0 - options.headroom)).astype(np.int64) - int(options.reserve)
+    if (capacity <= 0).any():
+        from ..errors import StagesplitError
+        raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device ({int(raw.min()):,} bytes)")
+    return capacity
+
+
+def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
+    """The chunk-split problem of ``inputs``' schedule on ``model`` (a profile with phases)."""
+    from ..errors import StagesplitError
+    from ..model.phases import phase_table
+    from ..solver.chunks import ChunkProblem
+    from ..solver.schedule import ScheduleKind, build_schedule, traits
+    o = inputs.options
+    kind = ScheduleKind(o.schedule.value)
+    v = inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
+        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+    schedule = build_schedule(kind, o.devices, o.micro_batches, v)
+    if schedule.chunks > model.num_layers:
+        raise StagesplitError(f"{kind.value} with {v} chunks on each of {o.devices} devices needs {schedule.chunks} "
+                              f"chunks, but the model has {model.num_layers} layers: use fewer devices or chunks")
+    table = table if table is not None else phase_table(model)
+    seconds_per_byte = 0.0
+    if o.communication:
+        if table.time_unit != "seconds":
+            raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
+                                  f"{table.time_unit} and the target cannot convert it")
+        seconds_per_byte = 1.0 / float(o.link_bytes_per_s)
+    return ChunkProblem(table=table, schedule=schedule, capacities=device_capacities(model, o),
+                        seconds_per_byte=seconds_per_byte, objective=o.objective, min_layers=o.min_layers,
+                        max_layers=o.max_layers, pinned_splits=o.pinned_splits, time_limit=o.time_limit,
+                        workers=o.workers)
+
+
+def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, traffic: Traffic | None = None,
+                    log: Callable[[str], None] | None = None) -> Advice:
+    """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
+    schedule's own actions and the simulated step is fastest (or the fullest device emptiest,
+    with ``objective="memory"``); the devices objective tries 1, 2, ... devices."""
+    from ..solver.chunks import solve_cpsat
+    from ..solver.request import Objective
+    traffic = traffic or layer_traffic(model)
+    o = inputs.options
+    if o.objective is Objective.DEVICES:
+        last = None
+        for n in range(1, o.devices + 1):
+            trial = inputs_for(inputs, n)
+            trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
+                            request=replace(trial.request, objective=Objective.COMPUTE))
+            try:
+                problem = schedule_problem(model, trial, table)
+            except Exception:            # too few layers or micro-batches for n devices: not a candidate
+                continue
+            if log:
+                log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
+            solved = solve_cpsat(problem)
+            last = (problem, solved, trial)
+            if solved.result is not None and solved.result.feasible:
+                break
+        if last is None:
+            from ..errors import StagesplitError
+            raise StagesplitError(f"no device count up to {o.devices} can run the schedule")
+        problem, solved, trial = last
+        plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, problem.schedule.devices),
+                                  traffic=traffic, message=_schedule_message(problem, solved))
+        return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
+    problem = schedule_problem(model, inputs, table)
+    if log:
+        log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
+    solved = solve_cpsat(problem)
+    plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
+    return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
+
+
+def _schedule_message(problem, solved) -> str:
+    r = solved.result
+    if r is None or not r.feasible:
+        if solved.status == "infeasible":
+            fullest = "" if r is None else f" (the closest split still needs {max(r.peaks / problem.capacities):.0%} " \
+                f"of a device)"
+            return (f"no split into {problem.schedule.chunks} chunks fits {problem.schedule.devices} devices under "
+                    f"{problem.schedule.kind.value} with {problem.schedule.micro_batches} micro-batches{fullest}: use "
+                    f"more devices, fewer micro-batches in flight (another schedule), or recompute")
+        return f"CP-SAT found no split within the time limit ({problem.time_limit:g} s); allow more with --time-limit"
+    if not solved.optimal:
+        gap = (r.step_time - solved.bound) / r.step_time if r.step_time else 0.0
+        return (f"stopped by the time limit ({problem.time_limit:g} s): best split found, not proven optimal "
+                f"(gap {100 * gap:.1f}%)")
+    return ""
+
+
+def _tied_warnings(plan: Plan) -> list[str]:
+    return [f"parameter '{show(tied.name)}' is used by layers on stages {', '.join(map(str, stages))} (tied weights): "
+            f"pipeline frameworks keep one copy per stage, so sum the copies' gradients across those stages before "
+            f"each optimizer step (the torch-pipelining export does), or they untie; torchtitan refuses such models"
+            for tied, stages in plan.tied_across_stages()]

@@ -6,15 +6,19 @@ from __future__ import annotations
 
 import datetime as _dt
 
+import numpy as np
+
 from ..common.fileio import file_sha256
 from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
+from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate, schedule_note, stage_in_flight
-from .records import PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, StagePlan
+from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
+                      StagePlan)
 
-__all__ = ["make_plan", "plan_profile"]
+__all__ = ["make_plan", "make_schedule_plan", "plan_profile"]
 
 
 def plan_profile(model: StageCostModel) -> PlanProfile:
@@ -89,3 +93,94 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 phases=phases, compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
                 run=run, tied=model.tied)
+
+
+def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
+                       message: str = "", profile: PlanProfile | None = None) -> Plan:
+    """A plan for a chunk split under a pipeline schedule (``solver/chunks.py``): one stage per
+    chunk on its device, each device's memory from the schedule's actions, and the step time."""
+    schedule = problem.schedule
+    result = solve.result
+    o = inputs.options
+    stages: list[StagePlan] = []
+    record = None
+    if result is not None:
+        bounds = result.bounds
+        cc = problem.table.chunks(bounds)
+        unit_s = model.profile.target.seconds_per_unit(model.profile.compute_unit)
+        seconds = problem.table.time_unit == "seconds"
+        for c in range(schedule.chunks):
+            first, last = bounds[c], bounds[c + 1] - 1
+            rank = schedule.chunk_rank[c]
+            k = _in_flight(schedule, c)
+            m = result.memory
+            received, sent = traffic.stage_io(first, last)
+            compute = model.range_compute(first, last)
+            chunk_time = float(cc.forward_time[c] + cc.backward_input_time[c] + cc.backward_weight_time[c])
+            breakdown = MemoryBreakdown(always_live=int(m.resident[c]), not_always_live=int(max(
+                m.forward_peak[c], m.full_backward_peak[c])), stashed_copies=int((k - 1) * m.stash[c]))
+            stages.append(StagePlan(
+                stage=c, device=rank, first_layer=first, last_layer=last, layers=model.layers.names[first:last + 1],
+                in_flight=k, capacity_bytes=int(problem.capacities[rank]), worst_tile=0,
+                worst_tile_bytes=int(result.ranks[rank].peak), memory_at_worst_tile=breakdown, memory_total=breakdown,
+                compute=float(compute), time_s=chunk_time if seconds else (chunk_time * unit_s if unit_s else None),
+                bytes_received=int(received), bytes_sent=int(sent), time=float(compute)))
+        ranks = []
+        for r in result.ranks:
+            at = "the optimizer step" if r.peak_action < 0 else _action_text(schedule.leaves[r.rank][r.peak_action])
+            busy = float(sum(schedule.micro_batches * (cc.forward_time[c] + cc.backward_input_time[c]
+                                                       + cc.backward_weight_time[c]) + cc.optimizer_time[c]
+                             for c in schedule.rank_chunks(r.rank)))
+            ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
+                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy))
+        record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
+                                micro_batches=schedule.micro_batches, step_time=float(result.step_time),
+                                time_unit=problem.table.time_unit, bubble=float(result.bubble), ranks=tuple(ranks),
+                                chunk_times=tuple((float(f), float(b), float(w)) for f, b, w in zip(
+                                    cc.forward_time, cc.backward_input_time, cc.backward_weight_time)))
+    feasible = result is not None and result.feasible
+    status = "optimal" if solve.optimal and feasible else "feasible" if feasible else \
+        ("infeasible" if solve.status == "infeasible" else "unknown")
+    quantity = "worst device memory" if o.objective.value == "memory" else "step time"
+    value = None
+    if result is not None:
+        value = float(np.max(result.peaks / problem.capacities)) if quantity == "worst device memory" \
+            else float(result.step_time)
+    bound = float(solve.bound) if np.isfinite(solve.bound) else None
+    gap = None if value is None or bound is None else (0.0 if solve.optimal else max(value - bound, 0.0) / max(value, 1e-300))
+    unit = "fraction of capacity" if quantity == "worst device memory" else problem.table.time_unit
+    phases = [PhaseRecord(quantity, "OPTIMAL" if solve.optimal else ("INFEASIBLE" if status == "infeasible" else
+                                                                      "FEASIBLE" if feasible else "UNKNOWN"),
+                          value, value if solve.optimal else bound, gap, round(solve.seconds, 3), unit=unit,
+                          proof="cp-sat")]
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  solver_seconds=round(solve.seconds, 3), phase_seconds=(round(solve.seconds, 3),),
+                  versions=versions())
+    notes = list(solve.notes)
+    return Plan(profile=profile or plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
+                devices=o.devices, method="cp-sat", status=status, feasible=feasible, message=message, stages=stages,
+                phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
+                notes=notes, run=run, tied=model.tied, schedule=record)
+
+
+def _in_flight(schedule, chunk: int) -> int:
+    """The most micro-batches of ``chunk`` between their forward and their backward at once."""
+    from ..solver.schedule import Op
+    rank = schedule.chunk_rank[chunk]
+    live, most = 0, 0
+    for a in schedule.leaves[rank]:
+        if a.chunk != chunk:
+            continue
+        if a.op is Op.FORWARD:
+            live += 1
+            most = max(most, live)
+        elif a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD):
+            live -= 1
+    return max(most, 1)
+
+
+def _action_text(action) -> str:
+    """``F3 of chunk 5``: an action as the plan tells it."""
+    names = {"F": "forward", "B": "backward (input gradients)", "W": "backward (weight gradients)",
+             "BW": "backward"}
+    return f"the {names.get(action.op.value, action.op.value)} of micro-batch {action.micro_batch} on chunk {action.chunk}"

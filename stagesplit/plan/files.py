@@ -25,7 +25,9 @@ from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
-from .records import MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, StagePlan
+from ..solver.schedule import ScheduleKind
+from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
+                      StagePlan)
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "read_plan", "write_plan"]
 
@@ -52,6 +54,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "feasible": plan.feasible, "message": plan.message, "split": plan.split_text,
            "compute_unit": plan.compute_unit, "module_paths": plan.module_paths, "notes": plan.notes,
            "tied_parameters": [{"name": t.name, "layers": list(t.layers)} for t in plan.tied],
+           "schedule": None if plan.schedule is None else _schedule_document(plan.schedule),
+           "schedule_candidates": [asdict(c) for c in plan.candidates],
            "objective": [p.document() for p in plan.phases],
            "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
            "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
@@ -114,7 +118,55 @@ def read_plan(path: str | Path) -> Plan:
                 message=r.string(doc.get("message", ""), "message"), stages=stages, phases=phases,
                 compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
                 module_paths=paths, tied=_tied(r, doc.get("tied_parameters", []), len(names)),
+                schedule=_schedule(r, doc.get("schedule"), len(stages), devices),
                 notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
+
+
+def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
+    doc = asdict(s)
+    doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
+    doc["chunk_times"] = [list(x) for x in s.chunk_times]
+    return doc
+
+
+def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> ScheduleRecord | None:
+    """The plan's schedule record, every field checked (the exports build their schedule from it)."""
+    if value is None:
+        return None
+    s = r.mapping(value, "schedule")
+    r.known_keys(s, "schedule", {f.name for f in fields(ScheduleRecord)})
+    kind = r.choice(r.get(s, "kind", "schedule"), "schedule.kind", tuple(k.value for k in ScheduleKind))
+    v = r.integer(r.get(s, "chunks_per_rank", "schedule"), "schedule.chunks_per_rank", minimum=1)
+    ranks = []
+    for i, item in enumerate(r.list(r.get(s, "ranks", "schedule"), "schedule.ranks")):
+        p = f"schedule.ranks[{i}]"
+        r.mapping(item, p)
+        r.known_keys(item, p, {f.name for f in fields(RankRecord)})
+        chunks = tuple(r.integer(c, f"{p}.chunks[{j}]") for j, c in enumerate(r.list(r.get(item, "chunks", p),
+                                                                                     f"{p}.chunks")))
+        if any(c >= num_stages for c in chunks):
+            r.fail(f"{p}.chunks", f"stage indices in 0..{num_stages - 1}", list(chunks))
+        ranks.append(RankRecord(rank=r.integer(r.get(item, "rank", p), f"{p}.rank"), chunks=chunks,
+                                peak_bytes=r.integer(r.get(item, "peak_bytes", p), f"{p}.peak_bytes"),
+                                capacity_bytes=r.integer(r.get(item, "capacity_bytes", p), f"{p}.capacity_bytes"),
+                                peak_at=r.string(item.get("peak_at", ""), f"{p}.peak_at"),
+                                busy=r.number(item.get("busy", 0.0), f"{p}.busy")))
+    if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
+            num_stages != v * devices:
+        r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))
+    times = []
+    for i, item in enumerate(r.list(s.get("chunk_times", []), "schedule.chunk_times")):
+        item = r.list(item, f"schedule.chunk_times[{i}]")
+        if len(item) != 3:
+            r.fail(f"schedule.chunk_times[{i}]", "[forward, backward, weight] times", item)
+        times.append(tuple(r.number(x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
+    return ScheduleRecord(kind=kind, chunks_per_rank=v,
+                          micro_batches=r.integer(r.get(s, "micro_batches", "schedule"), "schedule.micro_batches",
+                                                  minimum=1),
+                          step_time=r.number(r.get(s, "step_time", "schedule"), "schedule.step_time"),
+                          time_unit=r.string(s.get("time_unit", "seconds"), "schedule.time_unit"),
+                          bubble=r.number(s.get("bubble", 0.0), "schedule.bubble"), ranks=tuple(ranks),
+                          chunk_times=tuple(times))
 
 
 def _tied(r: FieldReader, value: Any, num_layers: int) -> tuple[TiedParameter, ...]:

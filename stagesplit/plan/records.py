@@ -16,7 +16,8 @@ from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
 from ..common.text import one_line
 from .text import seconds_text, split_text
 
-__all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "StagePlan"]
+__all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "RankRecord",
+           "ScheduleCandidate", "ScheduleRecord", "StagePlan"]
 
 MEMORY_KEYS = MemoryBreakdown.keys()
 #: the stages frame's columns a notebook shows (``Plan.stages_frame()`` has them all)
@@ -159,6 +160,63 @@ class PlanInputs:
 
 
 @dataclass(frozen=True)
+class RankRecord:
+    """One device of a scheduled plan: its chunks, its peak memory over the step and where it
+    occurs, and how long it is busy."""
+
+    rank: int
+    chunks: tuple[int, ...]
+    peak_bytes: int
+    capacity_bytes: int
+    peak_at: str                       # the action at the peak ("F3 of chunk 5", "the optimizer step")
+    busy: float                        # time computing in the step (the schedule's time unit)
+
+    @property
+    def fits(self) -> bool:
+        return self.peak_bytes <= self.capacity_bytes
+
+
+@dataclass(frozen=True)
+class ScheduleRecord:
+    """How a plan runs as torch.distributed.pipelining runs its schedule: ``kind`` with
+    ``chunks_per_rank`` chunks (virtual stages) per device, the step time and its bubble from
+    the schedule simulated, and each device's memory from the schedule's own actions."""
+
+    kind: str
+    chunks_per_rank: int
+    micro_batches: int
+    step_time: float
+    time_unit: str                     # "seconds", or the profile's compute unit
+    bubble: float
+    ranks: tuple[RankRecord, ...]
+    #: per chunk: forward, backward (input gradients) and weight-gradient time
+    chunk_times: tuple[tuple[float, float, float], ...]
+
+    @property
+    def chunk_ranks(self) -> tuple[int, ...]:
+        """The device of each chunk, model order."""
+        out = [0] * sum(len(r.chunks) for r in self.ranks)
+        for r in self.ranks:
+            for c in r.chunks:
+                out[c] = r.rank
+        return tuple(out)
+
+
+@dataclass(frozen=True)
+class ScheduleCandidate:
+    """One schedule ``--schedule auto`` tried, and what it gave."""
+
+    schedule: str
+    chunks_per_rank: int
+    status: str
+    step_time: float | None
+    bubble: float | None
+    worst_memory: float | None        # the fullest device's share of its capacity
+    seconds: float
+    note: str = ""
+
+
+@dataclass(frozen=True)
 class PlanRun:
     """How and when the plan was made: not a function of the inputs (a reproduction compares
     everything but this)."""
@@ -198,6 +256,11 @@ class Plan:
     analysis: Any = field(default=None, repr=False, compare=False)
     #: parameters several layers use (tied embeddings), by layer index
     tied: tuple[TiedParameter, ...] = ()
+    #: how the plan runs under a pipeline schedule's own actions (None: a stage-level plan, one
+    #: stage per device with its in-flight micro-batches)
+    schedule: ScheduleRecord | None = None
+    #: with ``--schedule auto``: every schedule tried (the plan is the best of them)
+    candidates: tuple[ScheduleCandidate, ...] = ()
 
     @property
     def split_text(self) -> str:
@@ -266,7 +329,9 @@ class Plan:
         lines = [f"split: {self.short_split_text(200)}" if self.stages else "split: none",
                  *self.status_line().split("\n")]
         lines += [f"note: {n}" for n in self.notes]
-        if self.stages:
+        if self.stages and self.schedule is not None:
+            lines += self._schedule_lines(gpu)
+        elif self.stages:
             b = self.bottleneck
             w = self.worst_memory
             lines.append(f"bottleneck: stage {b.stage} (layers {b.layers[0]}..{b.layers[-1]}): "
@@ -288,6 +353,24 @@ class Plan:
                          f"{bubble_fraction(len(self.stages), micro_batches):.1%})")
             lines.append(text)
         return "\n".join(one_line(line) for line in lines)
+
+    def _schedule_lines(self, gpu: bool) -> list[str]:
+        s = self.schedule
+        unit = s.time_unit
+        step = seconds_text(s.step_time) if unit == "seconds" else f"{s.step_time:.4g} {unit}"
+        lines = [f"step: {step} for {s.micro_batches} micro-batches with {s.kind}"
+                 + (f", {s.chunks_per_rank} chunks per device" if s.chunks_per_rank > 1 else "")
+                 + f" (bubble {s.bubble:.1%}, the schedule simulated)"]
+        fullest = max(s.ranks, key=lambda r: (r.peak_bytes / max(r.capacity_bytes, 1), -r.rank))
+
+        def amount(n: int) -> str:
+            return f"{n / 2**30:,.2f} GiB" if gpu else f"{n:,} bytes"
+        lines.append(f"memory: fullest device {fullest.rank} peaks at {amount(fullest.peak_bytes)} of "
+                     f"{amount(fullest.capacity_bytes)} ({fullest.peak_bytes / max(fullest.capacity_bytes, 1):.1%}) "
+                     f"at {fullest.peak_at}; per device: "
+                     + ", ".join(f"{r.peak_bytes / max(r.capacity_bytes, 1):.0%}" for r in s.ranks)
+                     + f"; {len(s.ranks)} of {self.devices} devices used")
+        return lines
 
     def time_text(self, compute: float, seconds: float | None) -> str:
         """A stage time in the plan's compute unit, with seconds where known."""

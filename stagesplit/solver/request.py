@@ -11,8 +11,8 @@ from enum import Enum
 from pathlib import Path
 from typing import Any, Mapping
 
-from ..common.limits import (MAX_BYTES, MAX_COMPUTE, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT,
-                             MAX_WORKERS)
+from ..common.limits import (MAX_BYTES, MAX_CHUNKS_PER_RANK, MAX_COMPUTE, MAX_DEVICES, MAX_MICRO_BATCHES,
+                             MAX_TIME_LIMIT, MAX_WORKERS)
 from ..common.safeinput import read_yaml_file
 from ..common.text import short_repr
 from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
@@ -33,11 +33,25 @@ class Objective(str, Enum):
 
 
 class Schedule(str, Enum):
-    """The pipeline schedule, which sets the micro-batches whose stashed activations a stage holds."""
+    """The pipeline schedule: none, one of torch.distributed.pipelining's schedules (see
+    solver/schedule.py), or ``auto`` (each schedule, and 1 to 4 chunks per rank, is tried and the
+    fastest that fits is kept)."""
 
     NONE = "none"
     ONE_F_ONE_B = "1f1b"
     GPIPE = "gpipe"
+    INTERLEAVED_1F1B = "interleaved-1f1b"
+    LOOPED_BFS = "looped-bfs"
+    ZB_H1 = "zb-h1"
+    ZBV = "zbv"
+    DUALPIPEV = "dualpipev"
+    AUTO = "auto"
+
+    @property
+    def one_stage_per_device(self) -> bool:
+        """GPipe, 1F1B and none: the schedules of one stage per device the stage-level model
+        (in-flight micro-batches) also expresses, for profiles that do not record phases."""
+        return self in (Schedule.NONE, Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 
 class SharedPolicy(str, Enum):
@@ -61,6 +75,9 @@ class SolveRequest:
     schedule: Schedule = Schedule.NONE
     #: micro-batches per step; None: the number of devices with a schedule, else 1
     micro_batches: int | None = None
+    #: chunks (virtual stages) per device for the looped and V-shaped schedules; None: the
+    #: schedule's own (1 for GPipe and 1F1B, 2 otherwise)
+    chunks_per_rank: int | None = None
     #: fraction of every device kept free
     headroom: float = 0.0
     #: bytes kept back on every device (CUDA context, workspaces)
@@ -106,6 +123,12 @@ class SolveRequest:
             set_(self, name, boolean(name, getattr(self, name)))
         set_(self, "micro_batches", integer("micro_batches", self.micro_batches, 1, MAX_MICRO_BATCHES,
                                             optional=True))
+        set_(self, "chunks_per_rank", integer("chunks_per_rank", self.chunks_per_rank, 1, MAX_CHUNKS_PER_RANK,
+                                              optional=True))
+        if self.chunks_per_rank not in (None, 1) and self.schedule.one_stage_per_device \
+                and self.schedule is not Schedule.AUTO:
+            raise OptionError("chunks_per_rank", f"--schedule {self.schedule.value} runs one chunk per device; "
+                              f"give a looped or V-shaped schedule for {self.chunks_per_rank}")
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
         set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
@@ -222,8 +245,8 @@ class SolveRequest:
 
 
 #: the fields a solver settings file may set (``stages`` is the file's name for ``exact``)
-SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "headroom", "shared", "time_limit",
-                   "workers", "communication")
+SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "chunks_per_rank", "headroom",
+                   "shared", "time_limit", "workers", "communication")
 
 
 def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:

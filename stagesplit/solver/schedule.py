@@ -37,8 +37,8 @@ import numpy as np
 from ..errors import OptionError
 
 __all__ = [
-    "Action", "ChunkMemory", "MemorySignature", "Op", "Placement", "RankMemory", "RankSignatures",
-    "Schedule", "ScheduleKind", "ScheduleTraits", "Simulation", "actions", "build_schedule",
+    "Action", "ChunkMemory", "CriticalPath", "MemorySignature", "Op", "Placement", "RankMemory", "RankSignatures",
+    "Schedule", "critical_path", "ScheduleKind", "ScheduleTraits", "Simulation", "actions", "build_schedule",
     "check_schedule", "chunk_ranks", "is_valid", "memory_signatures", "rank_memory", "simulate",
     "timeline_text", "traits",
 ]
@@ -846,3 +846,67 @@ def timeline_text(schedule: Schedule, simulation: Simulation, unit: float = 1.0)
     width = 1 + max((len(cell) for cells in rows for cell in cells), default=1)
     return "\n".join(f"rank {r} | " + "".join(cell.ljust(width) for cell in cells).rstrip()
                      for r, cells in enumerate(rows))
+
+
+# --- the critical path ----------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class CriticalPath:
+    """The longest chain of one step (one rank's optimizer step at its end): how many forwards,
+    B's and W's of each chunk it runs, which boundaries it crosses, and whose optimizer step ends
+    it. Its length, sum(counts x durations) + transfers + that optimizer time, is the step time;
+    for any other durations it is a lower bound on the step time (the chain still exists)."""
+
+    length: float
+    forward: np.ndarray        # (C,) forwards of each chunk on the path
+    backward_input: np.ndarray
+    backward_weight: np.ndarray
+    transfers: np.ndarray      # (C-1,) crossings of each boundary
+    optimizer_rank: int        # the rank whose optimizer step ends it
+
+
+def critical_path(schedule: Schedule, forward, backward_input, backward_weight=None, transfer=None,
+                  optimizer=None) -> CriticalPath:
+    """The step time of ``schedule`` with each rank's optimizer step (``optimizer``: seconds per
+    rank, default 0) after its last action, and the chain of actions that makes it (see
+    ``simulate`` for the rules)."""
+    C = schedule.chunks
+    f = _per_chunk("forward", forward, C)
+    b = _per_chunk("backward_input", backward_input, C)
+    w = np.zeros(C) if backward_weight is None else _per_chunk("backward_weight", backward_weight, C)
+    t = np.zeros(max(C - 1, 0)) if transfer is None else _per_chunk("transfer", transfer, max(C - 1, 0))
+    opt = np.zeros(schedule.devices) if optimizer is None else np.asarray(optimizer, float)
+    ranks = np.asarray(schedule.chunk_rank)
+    t = np.where(ranks[:-1] == ranks[1:], 0.0, t)
+    duration = {Op.FORWARD: f, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.FULL_BACKWARD: b + w}
+    g = _graph(schedule)
+    n = len(g.op_of)
+    end = np.zeros(n)
+    came_from = np.full(n, -1, np.int64)          # the predecessor that set the start
+    crossed = np.full(n, -1, np.int64)            # the boundary crossed from it (-1: none)
+    for lid in g.order:
+        ready = end[g.previous[lid]] if g.previous[lid] >= 0 else 0.0
+        came_from[lid] = g.previous[lid]
+        for d, boundary in g.deps[lid]:
+            arrival = end[d] + (t[boundary] if boundary >= 0 else 0.0)
+            if arrival > ready:
+                ready, came_from[lid], crossed[lid] = arrival, d, boundary
+        end[lid] = ready + duration[g.op_of[lid]][g.chunk_of[lid]]
+    o = g.rank_offsets
+    finish = np.array([end[o[r + 1] - 1] if o[r + 1] > o[r] else 0.0 for r in range(schedule.devices)]) + opt
+    r = int(np.argmax(finish))
+    counts = {op: np.zeros(C, np.int64) for op in (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)}
+    transfers = np.zeros(max(C - 1, 0), np.int64)
+    lid = int(o[r + 1] - 1) if o[r + 1] > o[r] else -1
+    while lid >= 0:
+        op, c = g.op_of[lid], int(g.chunk_of[lid])
+        if op is Op.FULL_BACKWARD:
+            counts[Op.BACKWARD_INPUT][c] += 1
+            counts[Op.BACKWARD_WEIGHT][c] += 1
+        else:
+            counts[op][c] += 1
+        if crossed[lid] >= 0 and t[crossed[lid]] > 0:
+            transfers[crossed[lid]] += 1
+        lid = int(came_from[lid])
+    return CriticalPath(float(finish[r]), counts[Op.FORWARD], counts[Op.BACKWARD_INPUT], counts[Op.BACKWARD_WEIGHT],
+                        transfers, r)

@@ -24,7 +24,8 @@ LAYOUT_GRAMMAR = re.compile(r"E?(?:t(?:\*\d+)?)?L?(?:\|E?(?:t(?:\*\d+)?)?L?)*")
 CONFIG_FIELDS = {"--num-layers": "num_layers", "--pipeline-model-parallel-size": "pipeline_model_parallel_size",
                  "--pipeline-model-parallel-layout": "pipeline_model_parallel_layout",
                  "--decoder-first-pipeline-num-layers": "num_layers_in_first_pipeline_stage",
-                 "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage"}
+                 "--decoder-last-pipeline-num-layers": "num_layers_in_last_pipeline_stage",
+                 "--num-virtual-stages-per-pipeline-rank": "virtual_pipeline_model_parallel_size"}
 
 
 def _arguments(text: str) -> dict[str, str]:
@@ -226,3 +227,41 @@ def test_a_gpt_model_per_rank_holds_the_plan_s_layers(tmp_path, fmt):
     held = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(3)]
     assert [h["layers"] for h in held] == [[0, 1], [2, 3, 4, 5], [6, 7, 8]]
     assert [(h["embedding"], h["output"]) for h in held] == [(True, False), (False, False), (False, True)]
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_an_interleaved_plan_gives_megatron_its_virtual_stages(capsys, captured_gpt, tmp_path):
+    """A plan solved with --schedule interleaved-1f1b, 2 chunks per device: megatron-core's own
+    layout parser and TransformerConfig put chunk k = v * P + r on pipeline rank r as virtual
+    stage v, exactly the plan's layers, and the plan's device of chunk k is r."""
+    _megatron()
+    from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+    from stagesplit.plan import read_plan
+    code, _, err = run(capsys, "solve", captured_gpt, "--devices", 2, "--schedule", "interleaved-1f1b",
+                       "--chunks-per-rank", 2, "--micro-batches", 4, "--out", tmp_path / "p.json")
+    assert code == 0, err
+    plan = read_plan(tmp_path / "p.json")
+    text = export_plan(plan, "megatron")
+    args = _arguments(text)
+    assert args["--num-virtual-stages-per-pipeline-rank"] == "2" and args["--pipeline-model-parallel-size"] == "2"
+    size, layout = _layout_of(text)
+    parsed = PipelineParallelLayerLayout(layout, size)
+    parsed.validate_layer_layout(num_layers=len(plan.layer_names), mtp_num_layers=None)   # every layer a block
+    assert parsed.virtual_pipeline_model_parallel_size == 2
+    from megatron.core import parallel_state
+    parallel_state.set_virtual_pipeline_model_parallel_world_size(2)      # as Megatron sets it for the run
+    try:
+        for k, stage in enumerate(plan.stages):
+            rank, virtual = k % 2, k // 2
+            assert stage.device == rank
+            want = list(range(stage.first_layer, stage.last_layer + 1))
+            assert parsed.get_layer_id_list(pp_rank=rank, vp_stage=virtual) == want
+    finally:
+        parallel_state.set_virtual_pipeline_model_parallel_world_size(None)
+    config = transformer_config(text)
+    assert config.virtual_pipeline_model_parallel_size == 2
+    # a schedule Megatron does not run is refused, naming the schedules it does
+    run(capsys, "solve", captured_gpt, "--devices", 2, "--schedule", "zbv", "--micro-batches", 4,
+        "--out", tmp_path / "z.json")
+    code, out, err = run(capsys, "export", tmp_path / "z.json", "--to", "megatron")
+    assert code == 2 and out == "" and "megatron runs 1F1B, interleaved with virtual stages; this plan runs zbv" in err

@@ -126,3 +126,37 @@ def test_torchtitan_s_config_manager_parses_the_plan_s_groups(monkeypatch, start
                                                                          "gpipe": "ScheduleGPipe"}[schedule]
     with pytest.raises(NotImplementedError, match="Weight tying is not supported with Pipeline Parallel"):
         model_registry("1B").model.update_from_config(config=config)    # torchtitan's own refusal of tying
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+@pytest.mark.parametrize("schedule, name", [("interleaved-1f1b", "Interleaved1F1B"), ("looped-bfs", "LoopedBFS"),
+                                            ("zb-h1", "InterleavedZeroBubble"), ("zbv", "ZBVZeroBubble"),
+                                            ("dualpipev", "DualPipeV")])
+def test_a_chunked_plan_gives_torchtitan_its_stages_on_the_plan_s_ranks(monkeypatch, capsys, captured_gpt, tmp_path,
+                                                                        schedule, name):
+    """Two chunks per device: torchtitan's ConfigManager reads 2 x P module groups, and its own
+    stage-to-rank mapping for the schedule (looped, or V-shaped for ZBV and DualPipeV) puts each
+    group on the device the plan put that chunk on."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    _without_triton_kernels(monkeypatch)
+    import dataclasses
+    from torchtitan.config.manager import ConfigManager
+    from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
+    code, _, err = run(capsys, "solve", captured_gpt, "--devices", 2, "--schedule", schedule, "--chunks-per-rank", 2,
+                       "--micro-batches", 4, "--out", tmp_path / "p.json")
+    assert code == 0, err
+    plan = read_plan(tmp_path / "p.json")
+    # the example GPT ties its embedding and head, which torchtitan refuses: the same split, untied, in
+    # torchtitan's own module names
+    plan = dataclasses.replace(plan, tied=(), module_paths=[f"layers.{i}" for i in range(len(plan.layer_names))])
+    text = export_plan(plan, "torchtitan")
+    config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *_words(text)])
+    p = config.parallelism
+    assert p.pipeline_parallel_degree == 2 and p.pipeline_parallel_schedule == name
+    assert [[f for f in g if f.startswith("layers.")] for g in p.module_fqns_per_model_part] == \
+        [[f"layers.{i}" for i in range(s.first_layer, s.last_layer + 1)] for s in plan.stages]
+    for rank in range(2):
+        mine = _get_pp_rank_to_stage_indices_mapping(rank, 2, p.pipeline_parallel_schedule, len(plan.stages))
+        assert sorted(mine) == [k for k, s in enumerate(plan.stages) if s.device == rank]

@@ -1,0 +1,271 @@
+"""What a pipeline chunk needs in each phase of a training step, for the schedules' per-rank
+memory and step time (solver/schedule.py).
+
+A profile whose operations carry phases (a capture records forward, backward for inputs (B),
+backward for weights (W), optimizer, recompute) is one micro-batch's whole step on one device.
+For a chunk (a contiguous range of layers) this module reads off that timeline:
+
+* ``resident``: bytes held all step (parameters, gradients, optimizer state, code);
+* ``stash``: activations one micro-batch keeps from its forward to its backward (the stash rule
+  of ``model/stash.py``);
+* ``weight_stash``: what a micro-batch keeps from its B to its W where a schedule splits the
+  backward: torch's split backward (``stage_backward_input``, then ``stage_backward_weight``)
+  frees nothing at B, so the whole stash, plus the output gradients B made that W reads;
+* the transient peak of one forward, one B, one W, one full backward and the optimizer step: the
+  largest not-always-live bytes of the chunk at a step of that phase, which is what the action
+  adds to the rank's state before it (the micro-batch's own stash, as far as it has been built
+  or is still held, included);
+* ``sent_forward`` / ``sent_backward``: the activation a forward sends on and the input gradient
+  a backward sends back (what runtimes that keep sent tensors until the step ends hold);
+* the time of each phase, from the operations' compute on the chosen target (seconds when the
+  target can say, else the profile's compute unit).
+
+Peaks over a phase are the same liveness peaks the cost model computes for a whole stage,
+taken over the stage's columns of that phase only (``model/pricing.py`` on a view of the model
+whose columns are masked), for every range at once.
+"""
+
+from __future__ import annotations
+
+import copy
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.profile import Phase
+from .costmodel import StageCostModel
+from .pricing import price_all_ranges
+
+__all__ = ["ChunkCosts", "PHASE_KINDS", "PhaseTable", "has_phases", "phase_table"]
+
+#: the kinds of action whose transient peaks a chunk has (``FULL``: B and W together)
+PHASE_KINDS = ("forward", "backward_input", "backward_weight", "full_backward", "optimizer")
+
+_PHASES_OF = {"forward": (Phase.FORWARD,), "backward_input": (Phase.BACKWARD_INPUT, Phase.RECOMPUTE),
+              "backward_weight": (Phase.BACKWARD_WEIGHT,),
+              "full_backward": (Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT, Phase.RECOMPUTE),
+              "optimizer": (Phase.OPTIMIZER,)}
+
+
+def has_phases(model: StageCostModel) -> bool:
+    """Whether the profile says which phase each operation belongs to (a capture does)."""
+    return model.phase_cols is not None
+
+
+@dataclass(frozen=True)
+class ChunkCosts:
+    """The figures of chunks, one entry per chunk (see the module docstring); bytes as int64,
+    times in ``time_unit``."""
+
+    resident: np.ndarray
+    stash: np.ndarray
+    weight_stash: np.ndarray
+    forward_peak: np.ndarray
+    backward_input_peak: np.ndarray
+    backward_weight_peak: np.ndarray
+    full_backward_peak: np.ndarray
+    optimizer_peak: np.ndarray
+    sent_forward: np.ndarray
+    sent_backward: np.ndarray
+    #: what a micro-batch's forward leaves for the runtime to hold until its backward beyond the
+    #: stash: the chunk's output (the last chunk's: the model's output, the loss's input)
+    output: np.ndarray
+    forward_time: np.ndarray
+    backward_input_time: np.ndarray
+    backward_weight_time: np.ndarray
+    optimizer_time: np.ndarray
+    time_unit: str
+
+
+@dataclass
+class PhaseTable:
+    """The figures of every layer range ``a..b`` (``[a, b]`` entries of (L, L) arrays, b >= a),
+    from which ``chunks`` reads any split's chunks."""
+
+    resident: np.ndarray
+    stash: np.ndarray
+    weight_stash: np.ndarray
+    peaks: dict[str, np.ndarray]
+    model_output: int                  # bytes of the model's output (what the loss reads)
+    forward_cut: np.ndarray            # (L + 1,) activation bytes crossing the cut before layer j
+    backward_cut: np.ndarray           # (L + 1,) gradient bytes crossing it the other way
+    layer_times: np.ndarray            # (L, 4): forward, B, W, optimizer time per layer
+    time_unit: str
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.resident)
+
+    def chunks(self, bounds) -> ChunkCosts:
+        """The figures of the chunks ``bounds[i]..bounds[i+1]-1`` (a split's boundaries)."""
+        b = np.asarray(bounds, np.int64)
+        a, last = b[:-1], b[1:] - 1
+        if np.any(last < a):
+            raise ValueError("every chunk needs at least one layer")
+        prefix = np.vstack([np.zeros((1, 4)), np.cumsum(self.layer_times, axis=0)])
+        times = prefix[b[1:]] - prefix[b[:-1]]
+        first_chunk, last_chunk = a == 0, b[1:] == self.num_layers
+        return ChunkCosts(
+            resident=self.resident[a, last], stash=self.stash[a, last], weight_stash=self.weight_stash[a, last],
+            forward_peak=self.peaks["forward"][a, last],
+            backward_input_peak=self.peaks["backward_input"][a, last],
+            backward_weight_peak=self.peaks["backward_weight"][a, last],
+            full_backward_peak=self.peaks["full_backward"][a, last],
+            optimizer_peak=self.peaks["optimizer"][a, last],
+            sent_forward=np.where(last_chunk, 0, self.forward_cut[b[1:]]).astype(np.int64),
+            sent_backward=np.where(first_chunk, 0, self.backward_cut[b[:-1]]).astype(np.int64),
+            output=np.where(last_chunk, self.model_output, self.forward_cut[np.minimum(b[1:], self.num_layers)])
+            .astype(np.int64),
+            forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
+            optimizer_time=times[:, 3], time_unit=self.time_unit)
+
+
+def _masked(model: StageCostModel, columns: np.ndarray) -> StageCostModel:
+    """A shallow view of ``model`` whose stages hold only ``columns`` of the timeline: pricing
+    it gives each range's liveness peak over those columns (the additive parts are unchanged)."""
+    view = copy.copy(model)
+    timeline = copy.copy(model.timeline)
+    timeline.cover = model.timeline.cover & columns[None, :]
+    view.timeline = timeline
+    view.base_stage_cols = model.base_stage_cols & columns
+    return view
+
+
+def phase_table(model: StageCostModel) -> PhaseTable:
+    """Every range's figures (see the module docstring). One pricing sweep per phase kind."""
+    L = model.num_layers
+    columns = model.phase_cols
+    if columns is None:
+        raise ValueError("the profile does not say which phase each operation belongs to")
+    none = np.zeros(model.num_columns, bool)
+    base = price_all_ranges(_masked(model, none), (1, 2))
+    plain = base.worst_bytes[base.k_index(1)]
+    stash = base.worst_bytes[base.k_index(2)] - plain
+    peaks = {}
+    for kind, phases in _PHASES_OF.items():
+        mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
+        table = price_all_ranges(_masked(model, mask), (1,))
+        peaks[kind] = np.triu(table.worst_bytes[0] - plain)
+    forward_cut, backward_cut = _cut_directions(model)
+    weight_extra = _weight_gradients(model, columns)
+    times, unit = _layer_phase_times(model)
+    return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
+                      peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
+                      backward_cut=backward_cut, layer_times=times, time_unit=unit)
+
+
+#: how a capture names the loss's operations (``capturing/pytorch.py``: "loss/aten.sum")
+LOSS_PREFIX = "loss/"
+
+
+def _model_output(model: StageCostModel) -> int:
+    """Bytes of the model's output: the not-always-live variables the loss's forward reads that
+    an operation before the loss made (0 where the profile names no loss)."""
+    p = model.profile
+    ops = p.operations
+    loss = np.array([name.startswith(LOSS_PREFIX) for name in ops.name], bool) & (ops.phase == Phase.FORWARD)
+    if not loss.any():
+        return 0
+    producer = _producers(model)
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    read = np.unique(ops.vars.values[loss[entry_op]])
+    read = read[model.var_nal[read] & (producer[read] >= 0)]
+    read = read[~loss[producer[read]]]
+    return int(p.variables.bytes[read].sum())
+
+
+def _producers(model: StageCostModel) -> np.ndarray:
+    """The operation that allocated each variable (whose first step is the variable's first
+    live step), -1 where none or unknown."""
+    p = model.profile
+    v, ops = p.variables, p.operations
+    nv = len(v)
+    producer = np.full(nv, -1, np.int64)
+    intervals = p.liveness.intervals
+    has = v.live_class >= 0
+    starts = np.full(nv, -1, np.int64)
+    cls = v.live_class[has]
+    nonempty = intervals.lengths()[cls] > 0
+    idx = np.flatnonzero(has)[nonempty]
+    starts[idx] = intervals.values[intervals.offsets[v.live_class[idx]], 0]
+    known = ops.first_step >= 0
+    by_step = np.full(max(p.num_steps, 1) + 1, -1, np.int64)
+    order = np.flatnonzero(known)
+    by_step[ops.first_step[order]] = order
+    ok = starts >= 0
+    producer[ok] = by_step[starts[ok]]
+    return producer
+
+
+def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -> np.ndarray:
+    """Per range, the bytes of output gradients a split backward's B makes and its W reads:
+    not-always-live variables allocated by a B operation of the range and used by a W
+    operation of the range (torch's split backward keeps them from B to W)."""
+    L = model.num_layers
+    p = model.profile
+    ops = p.operations
+    producer = _producers(model)
+    op_layer = model.layers.op_layer
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_var = ops.vars.values
+    w_entry = ops.phase[entry_op] == Phase.BACKWARD_WEIGHT
+    nal = model.var_nal
+    out = np.zeros((L, L), np.int64)
+    cand = np.unique(entry_var[w_entry])
+    cand = cand[nal[cand] & (producer[cand] >= 0)]
+    cand = cand[ops.phase[producer[cand]] == Phase.BACKWARD_INPUT]
+    for v in cand:
+        made = op_layer[producer[v]]
+        readers = op_layer[entry_op[w_entry & (entry_var == v)]]
+        readers = readers[readers >= 0]
+        if made < 0 or not len(readers):
+            continue
+        lo, hi = min(made, readers.min()), max(made, readers.max())
+        # counts for ranges holding both its maker and its readers
+        out[:lo + 1, hi:] += int(p.variables.bytes[v])
+    return np.triu(out)
+
+
+def _cut_directions(model: StageCostModel) -> tuple[np.ndarray, np.ndarray]:
+    """Bytes crossing each cut forward (made before it: activations) and backward (made after it:
+    gradients), from the traffic model's variables."""
+    from .traffic import layer_traffic
+    tr = layer_traffic(model)
+    L = model.num_layers
+    fwd = np.zeros(L + 1, np.int64)
+    bwd = np.zeros(L + 1, np.int64)
+    for j in range(1, L):
+        crosses = (tr.var_min_layer < j) & (j <= tr.var_max_layer)
+        forward = crosses & (tr.var_producer < j)
+        fwd[j] = int(tr.var_bytes[forward].sum())
+        bwd[j] = int(tr.var_bytes[crosses & ~forward].sum())
+    return fwd, bwd
+
+
+def _layer_phase_times(model: StageCostModel) -> tuple[np.ndarray, str]:
+    """(L, 4) forward, B, W and optimizer time of each layer: seconds on the chosen target where
+    the roofline gives them, else the profile's compute unit. Recompute counts as B's (it runs
+    inside the backward). A layer whose compute was given by hand (``--layer-compute``) keeps
+    its phases' shares of it."""
+    L = model.num_layers
+    ops = model.profile.operations
+    r = getattr(model, "roofline", None)
+    if r is not None:
+        per_op, unit = np.asarray(r.op_seconds, float), "seconds"
+    else:
+        per_op, unit = np.nan_to_num(np.asarray(model.op_compute, float), nan=0.0), model.profile.compute_unit
+    column = np.full(len(ops), -1, np.int64)
+    column[ops.phase == Phase.FORWARD] = 0
+    column[(ops.phase == Phase.BACKWARD_INPUT) | (ops.phase == Phase.RECOMPUTE)] = 1
+    column[ops.phase == Phase.BACKWARD_WEIGHT] = 2
+    column[ops.phase == Phase.OPTIMIZER] = 3
+    lay = model.layers.op_layer
+    keep = (lay >= 0) & (column >= 0)
+    times = np.zeros((L, 4))
+    np.add.at(times, (lay[keep], column[keep]), per_op[keep])
+    # scale each layer to its total (a hand-given layer compute, or time in operations of no phase)
+    total = model.layer_time_s if (unit == "seconds" and model.layer_time_s is not None) else \
+        (np.asarray(r.layer_seconds) if r is not None else np.nan_to_num(model.layer_compute, nan=0.0))
+    summed = times.sum(axis=1)
+    scale = np.divide(total, summed, out=np.ones(L), where=summed > 0)
+    return times * scale[:, None], unit

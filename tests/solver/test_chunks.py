@@ -1,0 +1,192 @@
+"""Chunk splits for pipeline schedules (solver/chunks.py): the runtime's memory rules by hand,
+the step time against the schedule simulator and textbook formulas, and CP-SAT's proven split
+against every split tried (the exhaustive oracle) on random layer tables."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+from hypothesis import event, given, settings
+from hypothesis import strategies as st
+
+from stagesplit.model.phases import PhaseTable
+from stagesplit.solver.chunks import ChunkProblem, chunk_memory, evaluate, exhaustive, local_search, solve_cpsat
+from stagesplit.solver.request import Objective
+from stagesplit.solver.schedule import build_schedule, critical_path, is_valid, simulate
+
+KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
+
+
+def make_table(resident, stash, weight_extra, peak, cut, times, model_output=0, back_cut=None) -> PhaseTable:
+    """A table whose range figures add layer by layer (peaks: the largest layer's)."""
+    L = len(resident)
+
+    def ranges(values, combine):
+        out = np.zeros((L, L), np.int64)
+        for a in range(L):
+            for b in range(a, L):
+                out[a, b] = combine(values[a:b + 1])
+        return out
+    peaks = {k: ranges(np.asarray(peak) * (i + 1), max) for i, k in
+             enumerate(("forward", "backward_input", "backward_weight", "full_backward", "optimizer"))}
+    back = cut if back_cut is None else back_cut
+    return PhaseTable(resident=ranges(resident, sum), stash=ranges(stash, sum),
+                      weight_stash=ranges(np.asarray(stash) + np.asarray(weight_extra), sum), peaks=peaks,
+                      model_output=model_output, forward_cut=np.asarray([0, *cut, 0], np.int64),
+                      backward_cut=np.asarray([0, *back, 0], np.int64),
+                      layer_times=np.asarray(times, float), time_unit="seconds")
+
+
+def test_chunk_memory_runtime_rules_by_hand():
+    """Three layers, split 1 | 2 with GPipe and M = 4 micro-batches:
+    * the second chunk receives cut[1] = 30 bytes per micro-batch and keeps one buffer each:
+      resident 20 + 4 x 30, and its stash does not count the received input again (9 - 30 < 0: 0)
+      but keeps the model's output (7);
+    * the first chunk keeps a buffer for the gradient it receives (backward cut 5): 10 + 4 x 5;
+      it retains what it sends (30 forward) - GPipe waits on sends at the step's end."""
+    t = make_table(resident=[10, 12, 8], stash=[100, 4, 5], weight_extra=[1, 1, 1], peak=[3, 3, 3],
+                   cut=[30, 40], back_cut=[5, 6], times=np.ones((3, 4)), model_output=7)
+    s = build_schedule("gpipe", 2, 4)
+    cm = chunk_memory(t, (0, 1, 3), s)
+    assert cm.resident.tolist() == [10 + 4 * 5, 20 + 4 * 30]
+    assert cm.stash.tolist() == [100, max(9 - 30, 0) + 7]
+    assert cm.weight_stash.tolist() == [101, max(11 - 30, 0) + 7]
+    assert cm.retained.tolist() == [30 + 0, 0 + 5]          # chunk 1 sends the gradient of its input back
+    # zero bubble splits the backward: B also holds the weight stash's extra (W's inputs)
+    plain = chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3))
+    assert plain.backward_peak.tolist() == [3 * 2, 3 * 2, 3 * 2]   # not split: B's own peak only
+    zb = chunk_memory(t, (0, 1, 2, 3), build_schedule("zb-h1", 3, 3))
+    assert zb.backward_peak.tolist() == [6 + 1, 6 + 1, 6 + 1]
+
+
+def test_1f1b_keeps_the_last_chunk_s_output_and_input_gradient_between_micro_batches():
+    t = make_table(resident=[1, 1], stash=[2, 2], weight_extra=[0, 0], peak=[10, 10], cut=[50], back_cut=[60],
+                   times=np.ones((2, 4)), model_output=9)
+    one = chunk_memory(t, (0, 1, 2), build_schedule("1f1b", 2, 4))
+    gpipe = chunk_memory(t, (0, 1, 2), build_schedule("gpipe", 2, 4))
+    assert (one.forward_peak - gpipe.forward_peak).tolist() == [0, 9 + 60]
+    assert (one.full_backward_peak - gpipe.full_backward_peak).tolist() == [0, 9 + 60]
+
+
+@pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
+@pytest.mark.parametrize("P, M", [(2, 4), (4, 8), (3, 3)])
+def test_equal_chunks_take_m_plus_p_minus_1_slots_and_the_optimizer_follows(kind, P, M):
+    """Equal stages (F = 1, B = 2 per layer, one layer each): (M + P - 1)(F + B), plus the
+    slowest rank's optimizer step after its last action."""
+    L = P
+    times = np.tile([1.0, 2.0, 0.0, 0.5], (L, 1))
+    t = make_table([1] * L, [1] * L, [0] * L, [1] * L, [0] * (L - 1), times)
+    prob = ChunkProblem(t, build_schedule(kind, P, M), np.full(P, 10**9))
+    r = evaluate(prob, tuple(range(L + 1)))
+    # the last rank ends last in GPipe; in 1F1B the first; both after (M + P - 1) x 3, then 0.5
+    assert r.step_time == pytest.approx((M + P - 1) * 3 + 0.5)
+    assert r.bubble == pytest.approx(1 - (P * (M * 3 + 0.5)) / (P * r.step_time))
+
+
+@pytest.mark.parametrize("kind, P, M, v", [("interleaved-1f1b", 2, 4, 2), ("zbv", 2, 4, 2), ("zb-h1", 3, 6, 1),
+                                           ("dualpipev", 2, 4, 2), ("looped-bfs", 2, 4, 3), ("1f1b", 4, 8, 1)])
+def test_critical_path_is_the_simulated_step_and_its_chain_adds_up(kind, P, M, v):
+    rng = np.random.default_rng(3)
+    s = build_schedule(kind, P, M, v)
+    C = s.chunks
+    f, b, w = rng.uniform(0.5, 2, C), rng.uniform(0.5, 2, C), rng.uniform(0.2, 1, C)
+    t = rng.uniform(0, 0.3, C - 1)
+    path = critical_path(s, f, b, w, t)
+    assert path.length == pytest.approx(simulate(s, f, b, w, t).step_time)
+    ranks = np.asarray(s.chunk_rank)
+    crossing = np.where(ranks[:-1] == ranks[1:], 0.0, t)
+    chain = path.forward @ f + path.backward_input @ b + path.backward_weight @ w + path.transfers @ crossing
+    assert chain == pytest.approx(path.length)
+    opt = np.linspace(0.1, 0.4, P)
+    with_opt = critical_path(s, f, b, w, t, opt)
+    assert with_opt.length >= path.length and with_opt.length <= path.length + opt.max() + 1e-12
+
+
+# -- the proven split against every split -----------------------------------------------------------------
+
+@st.composite
+def problems(draw):
+    kind = draw(st.sampled_from(KINDS))
+    P = draw(st.integers(1, 3))
+    v = {"interleaved-1f1b": draw(st.integers(1, 2)), "looped-bfs": draw(st.integers(1, 2)),
+         "zb-h1": draw(st.integers(1, 2)), "zbv": 2, "dualpipev": 2}.get(kind, 1)
+    M = draw(st.integers(1, 6))
+    if not is_valid(kind, P, M, v):
+        M = P * max(v, 1) * 2
+        if not is_valid(kind, P, M, v):
+            kind, v = "gpipe", 1
+    C = P * v
+    L = draw(st.integers(C, min(C + 4, 8)))
+    ints = st.lists(st.integers(0, 100), min_size=L, max_size=L)
+    times = np.asarray(draw(st.lists(st.lists(st.integers(1, 20), min_size=4, max_size=4), min_size=L, max_size=L)),
+                       float)
+    t = make_table(draw(ints), draw(ints), draw(ints), draw(ints),
+                   draw(st.lists(st.integers(0, 50), min_size=L - 1, max_size=L - 1)), times,
+                   model_output=draw(st.integers(0, 30)))
+    schedule = build_schedule(kind, P, M, v)
+    objective = draw(st.sampled_from([Objective.COMPUTE, Objective.MEMORY]))
+    loose = ChunkProblem(t, schedule, np.full(P, 10**12))
+    peaks = sorted(float(evaluate(loose, b).peaks.max()) for b in _some_splits(L, C))
+    cap = int(peaks[draw(st.integers(0, len(peaks) - 1))] * draw(st.sampled_from([0.9, 1.0, 1.1, 1.3, 2.0])))
+    return ChunkProblem(t, schedule, np.full(P, max(cap, 1)), seconds_per_byte=draw(st.sampled_from([0.0, 0.05])),
+                        objective=objective, time_limit=30.0)
+
+
+def _some_splits(L, C):
+    import itertools
+    return [(0, *c, L) for c in itertools.combinations(range(1, L), C - 1)]
+
+
+@settings(max_examples=120, deadline=None)
+@given(problems())
+def test_cp_sat_split_is_as_good_as_every_split(problem):
+    best = exhaustive(problem)
+    solved = solve_cpsat(problem)
+    event(f"{problem.schedule.kind.value}: {'fits' if best is not None else 'no split fits'}")
+    if best is None:
+        assert solved.result is None or not solved.result.feasible
+        return
+    assert solved.result is not None and solved.result.feasible and solved.optimal
+    got = evaluate(problem, solved.result.bounds)
+    assert got.feasible
+    if problem.objective is Objective.MEMORY:
+        share = lambda r: float(np.max(r.peaks / problem.capacities))  # noqa: E731
+        assert share(got) <= share(best) + 1e-6
+    else:
+        # integer times in the model: equal up to its rounding
+        assert got.step_time <= best.step_time * (1 + 1e-6) + 1e-9
+    assert solved.bound <= best.key(problem)[1] * (1 + 1e-6) + 1e-9
+
+
+def test_local_search_fits_where_a_split_fits_and_cp_sat_never_loses_to_it():
+    rng = np.random.default_rng(0)
+    for trial in range(10):
+        L = 8
+        t = make_table(rng.integers(0, 50, L), rng.integers(0, 50, L), rng.integers(0, 10, L), rng.integers(0, 20, L),
+                       rng.integers(0, 20, L - 1), rng.integers(1, 10, (L, 4)).astype(float), model_output=5)
+        prob = ChunkProblem(t, build_schedule("interleaved-1f1b", 2, 4, 2), np.full(2, 10**9))
+        quick = local_search(prob)
+        proven = solve_cpsat(prob)
+        assert quick.feasible and proven.optimal
+        assert proven.result.step_time <= quick.step_time + 1e-9
+        assert proven.result.step_time == pytest.approx(exhaustive(prob).step_time, rel=1e-6)
+
+
+def test_no_split_fits_gives_none_and_the_reason_names_the_rank():
+    t = make_table([100, 100, 100], [10, 10, 10], [0, 0, 0], [5, 5, 5], [1, 1], np.ones((3, 4)))
+    prob = ChunkProblem(t, build_schedule("1f1b", 2, 2), np.full(2, 150))
+    assert exhaustive(prob) is None
+    assert solve_cpsat(prob).result is None
+    r = evaluate(prob, (0, 1, 3))
+    assert not r.feasible and r.reason.startswith("rank 1 needs ") and "more than its 150" in r.reason
+
+
+def test_pins_and_layer_limits_are_kept():
+    t = make_table([1] * 6, [1] * 6, [0] * 6, [1] * 6, [0] * 5, np.ones((6, 4)))
+    prob = ChunkProblem(t, build_schedule("gpipe", 3, 3), np.full(3, 10**9), pinned_splits=(1,), max_layers=3)
+    solved = solve_cpsat(prob)
+    assert 1 in solved.result.bounds and max(np.diff(solved.result.bounds)) <= 3
+    assert solved.result.bounds == exhaustive(prob).bounds or \
+        math.isclose(solved.result.step_time, exhaustive(prob).step_time)
