@@ -35,6 +35,7 @@ import numpy as np
 from ..io.profile import Phase
 from .costmodel import StageCostModel
 from .pricing import price_all_ranges
+from .recompute import RecomputeTable, recompute_table
 
 __all__ = ["ChunkCosts", "PHASE_KINDS", "PhaseTable", "has_phases", "phase_table"]
 
@@ -91,6 +92,8 @@ class PhaseTable:
     backward_cut: np.ndarray           # (L + 1,) gradient bytes crossing it the other way
     layer_times: np.ndarray            # (L, 4): forward, B, W, optimizer time per layer
     time_unit: str
+    #: what recomputing each layer saves and costs (None: the profile cannot say)
+    recompute: RecomputeTable | None = None
 
     @property
     def num_layers(self) -> int:
@@ -148,10 +151,14 @@ def phase_table(model: StageCostModel) -> PhaseTable:
         peaks[kind] = np.triu(table.worst_bytes[0] - plain)
     forward_cut, backward_cut = _cut_directions(model)
     weight_extra = _weight_gradients(model, columns)
-    times, unit = _layer_phase_times(model)
+    per_op, unit = _op_times(model)
+    times = _layer_phase_times(model, per_op)
+    diagonal = np.arange(L)
+    recompute = recompute_table(model, peaks["forward"][diagonal, diagonal], peaks["full_backward"][diagonal, diagonal],
+                                per_op, unit)
     return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
-                      backward_cut=backward_cut, layer_times=times, time_unit=unit)
+                      backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute)
 
 
 #: how a capture names the loss's operations (``capturing/pytorch.py``: "loss/aten.sum")
@@ -242,18 +249,32 @@ def _cut_directions(model: StageCostModel) -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
-def _layer_phase_times(model: StageCostModel) -> tuple[np.ndarray, str]:
-    """(L, 4) forward, B, W and optimizer time of each layer: seconds on the chosen target where
-    the roofline gives them, else the profile's compute unit. Recompute counts as B's (it runs
-    inside the backward). A layer whose compute was given by hand (``--layer-compute``) keeps
-    its phases' shares of it."""
+def _op_times(model: StageCostModel) -> tuple[np.ndarray, str]:
+    """Every operation's time: seconds on the chosen target where the roofline gives them, else
+    the profile's compute unit; each layer's operations scaled to the layer's total (a layer
+    whose compute was given by hand, ``--layer-compute``, keeps its operations' shares)."""
     L = model.num_layers
-    ops = model.profile.operations
     r = getattr(model, "roofline", None)
     if r is not None:
         per_op, unit = np.asarray(r.op_seconds, float), "seconds"
     else:
         per_op, unit = np.nan_to_num(np.asarray(model.op_compute, float), nan=0.0), model.profile.compute_unit
+    lay = model.layers.op_layer
+    inside = lay >= 0
+    summed = np.bincount(lay[inside], weights=per_op[inside], minlength=L)[:L]
+    total = model.layer_time_s if (unit == "seconds" and model.layer_time_s is not None) else \
+        (np.asarray(r.layer_seconds) if r is not None else np.nan_to_num(model.layer_compute, nan=0.0))
+    scale = np.divide(total, summed, out=np.ones(L), where=summed > 0)
+    out = per_op.copy()
+    out[inside] *= scale[lay[inside]]
+    return out, unit
+
+
+def _layer_phase_times(model: StageCostModel, per_op: np.ndarray) -> np.ndarray:
+    """(L, 4) forward, B, W and optimizer time of each layer. Recompute counts as B's (it runs
+    inside the backward)."""
+    L = model.num_layers
+    ops = model.profile.operations
     column = np.full(len(ops), -1, np.int64)
     column[ops.phase == Phase.FORWARD] = 0
     column[(ops.phase == Phase.BACKWARD_INPUT) | (ops.phase == Phase.RECOMPUTE)] = 1
@@ -263,9 +284,8 @@ def _layer_phase_times(model: StageCostModel) -> tuple[np.ndarray, str]:
     keep = (lay >= 0) & (column >= 0)
     times = np.zeros((L, 4))
     np.add.at(times, (lay[keep], column[keep]), per_op[keep])
-    # scale each layer to its total (a hand-given layer compute, or time in operations of no phase)
-    total = model.layer_time_s if (unit == "seconds" and model.layer_time_s is not None) else \
-        (np.asarray(r.layer_seconds) if r is not None else np.nan_to_num(model.layer_compute, nan=0.0))
+    # operations of no phase: their time shared out over the layer's phases
+    inside = lay >= 0
+    total = np.bincount(lay[inside], weights=per_op[inside], minlength=L)[:L]
     summed = times.sum(axis=1)
-    scale = np.divide(total, summed, out=np.ones(L), where=summed > 0)
-    return times * scale[:, None], unit
+    return times * np.divide(total, summed, out=np.ones(L), where=summed > 0)[:, None]

@@ -29,11 +29,12 @@ from dataclasses import dataclass, field, replace
 import numpy as np
 
 from ..model.phases import PhaseTable
-from .request import Objective
+from .request import Objective, RecomputeMode
 from .schedule import (ChunkMemory, Op, RankMemory, Schedule, ScheduleKind, critical_path, memory_signatures,
                        rank_memory)
 
-__all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "local_search", "solve_cpsat"]
+__all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "fitting_choice", "local_search",
+           "solve_cpsat"]
 
 
 @dataclass(frozen=True)
@@ -50,6 +51,16 @@ class ChunkProblem:
     pinned_splits: tuple[int, ...] = ()     # a chunk starts at each of these layers
     time_limit: float = 60.0
     workers: int = 1
+    #: activation recompute: one option on every layer, or AUTO (chosen per layer)
+    recompute: RecomputeMode = RecomputeMode.NONE
+
+    def fixed_choice(self) -> np.ndarray | None:
+        """Every layer's option where the mode fixes it (None for AUTO)."""
+        L = self.num_layers
+        if self.recompute is RecomputeMode.AUTO:
+            return None
+        index = {RecomputeMode.NONE: 0, RecomputeMode.SELECTIVE: 1, RecomputeMode.FULL: 2}[self.recompute]
+        return np.full(L, index, np.int64)
 
     @property
     def chunks(self) -> int:
@@ -60,7 +71,7 @@ class ChunkProblem:
         return self.table.num_layers
 
 
-def chunk_memory(table: PhaseTable, bounds, schedule: Schedule) -> ChunkMemory:
+def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarray | None = None) -> ChunkMemory:
     """The chunks' figures as torch.distributed.pipelining's runtime holds them (each rule
     measured on real pipelines, tests/solver/test_chunks_torch.py):
 
@@ -73,7 +84,9 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule) -> ChunkMemory:
       B does nothing (the model's input needs no gradient) and its W runs the whole backward;
     * runtimes that wait on sends only at the step's end keep each sent output and input
       gradient (``retained``); Schedule1F1B keeps one of the last chunk's outputs and its input
-      gradient between micro-batches."""
+      gradient between micro-batches.
+
+    ``choice``: each layer's recompute option (model/recompute.py; None: none)."""
     cc = table.chunks(bounds)
     b = np.asarray(bounds, np.int64)
     C = len(b) - 1
@@ -83,23 +96,28 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule) -> ChunkMemory:
     grad_received = np.where(last, 0, table.backward_cut[b[1:]]).astype(np.int64)
     resident = cc.resident + M * (received + grad_received)
     kept_output = np.where(last, cc.output, 0)
-    stash = np.maximum(cc.stash - received, 0) + kept_output
+    saved = change = np.zeros(C, np.int64)
+    if choice is not None and table.recompute is not None:
+        saved, rerun, _ = table.recompute.chunk_effect(b, np.asarray(choice, np.int64))
+        change = rerun - saved
+    stash = np.maximum(np.maximum(cc.stash - received, 0) + kept_output - saved, 0)
+    # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all
     weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
     split = schedule.traits.splits_backward
     extra = cc.weight_stash - cc.stash if split else 0
-    backward = cc.backward_input_peak + extra
+    hold = np.zeros(C, np.int64)
+    if schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1:
+        hold[-1] = cc.output[-1] + cc.sent_backward[-1]
+    forward = np.maximum(cc.forward_peak + hold + change, 0)
+    full = np.maximum(cc.full_backward_peak + hold + change, 0)
+    backward = np.maximum(cc.backward_input_peak + extra + change, 0)
     weight = cc.backward_weight_peak + extra
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W
-        # runs the whole backward from the stash
+        # runs the whole backward (and any recompute) from the stash
         backward[0] = stash[0]
         weight_stash[0] = stash[0]
-        weight[0] = cc.full_backward_peak[0]
-    forward, full = cc.forward_peak.copy(), cc.full_backward_peak.copy()
-    if schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1:
-        held = cc.output[-1] + cc.sent_backward[-1]
-        forward[-1] += held
-        full[-1] += held
+        weight[0] = full[0]
     return ChunkMemory(resident=resident, stash=stash, weight_stash=weight_stash, forward_peak=forward,
                        backward_peak=backward, weight_peak=weight, full_backward_peak=full,
                        optimizer_peak=cc.optimizer_peak, retained=cc.sent_forward + cc.sent_backward)
@@ -117,6 +135,8 @@ class ChunkResult:
     bubble: float
     ranks: tuple[RankMemory, ...]
     memory: ChunkMemory
+    #: every layer's recompute option (0 none, 1 selective, 2 full: model/recompute.py)
+    choice: tuple[int, ...] = ()
 
     @property
     def peaks(self) -> np.ndarray:
@@ -134,14 +154,17 @@ class ChunkResult:
         return (0, self.step_time, fraction)
 
 
-def _times(problem: ChunkProblem, bounds) -> tuple:
+def _times(problem: ChunkProblem, bounds, choice: np.ndarray | None = None) -> tuple:
     cc = problem.table.chunks(bounds)
     b = np.asarray(bounds, np.int64)
+    backward_input = cc.backward_input_time
+    if choice is not None and problem.table.recompute is not None:
+        backward_input = backward_input + problem.table.recompute.chunk_effect(b, choice)[2]
     crossing = problem.table.forward_cut[b[1:-1]] + problem.table.backward_cut[b[1:-1]]
     transfer = crossing / 2 * problem.seconds_per_byte      # each direction once per micro-batch
     ranks = np.asarray(problem.schedule.chunk_rank)
     optimizer = np.bincount(ranks, weights=cc.optimizer_time, minlength=problem.schedule.devices)
-    return cc.forward_time, cc.backward_input_time, cc.backward_weight_time, transfer, optimizer
+    return cc.forward_time, backward_input, cc.backward_weight_time, transfer, optimizer
 
 
 def _rules(problem: ChunkProblem, bounds) -> str:
@@ -157,12 +180,22 @@ def _rules(problem: ChunkProblem, bounds) -> str:
     return ""
 
 
-def evaluate(problem: ChunkProblem, bounds) -> ChunkResult:
-    """The split ``bounds`` (C + 1 boundaries from 0 to L) evaluated exactly."""
+def evaluate(problem: ChunkProblem, bounds, choice=None) -> ChunkResult:
+    """The split ``bounds`` (C + 1 boundaries from 0 to L) evaluated exactly, with each layer's
+    recompute option ``choice`` (default: the problem's fixed one; with AUTO, the least
+    recompute that makes every rank fit, ``fitting_choice``)."""
     bounds = tuple(int(x) for x in bounds)
-    memory = chunk_memory(problem.table, bounds, problem.schedule)
+    if choice is None:
+        choice = problem.fixed_choice()
+        if choice is None:
+            return fitting_choice(problem, bounds)
+    return _evaluate(problem, bounds, np.asarray(choice, np.int64))
+
+
+def _evaluate(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray) -> ChunkResult:
+    memory = chunk_memory(problem.table, bounds, problem.schedule, choice)
     ranks = rank_memory(problem.schedule, memory)
-    f, bi, bw, transfer, optimizer = _times(problem, bounds)
+    f, bi, bw, transfer, optimizer = _times(problem, bounds, choice)
     path = critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
     busy = np.bincount(np.asarray(problem.schedule.chunk_rank), weights=problem.schedule.micro_batches * (f + bi + bw),
                        minlength=problem.schedule.devices) + optimizer
@@ -173,7 +206,42 @@ def evaluate(problem: ChunkProblem, bounds) -> ChunkResult:
     if not reason and over:
         r = ranks[over[0]]
         reason = f"rank {r.rank} needs {r.peak:,} bytes, more than its {int(problem.capacities[r.rank]):,}"
-    return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory)
+    return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory, tuple(int(x) for x in choice))
+
+
+def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
+    """A split with the recompute a rank needs to fit (AUTO): from none, the option that saves
+    the most bytes per unit of time added on a layer of a rank that does not fit, until every
+    rank fits or no option is left. A good choice, not a proven one (``solve_cpsat`` proves)."""
+    bounds = tuple(int(x) for x in bounds)
+    table = problem.table.recompute
+    L = problem.num_layers
+    choice = np.zeros(L, np.int64)
+    current = _evaluate(problem, bounds, choice)
+    if table is None:
+        return current
+    b = np.asarray(bounds)
+    chunk_of_layer = np.searchsorted(b, np.arange(L), side="right") - 1
+    rank_of_layer = np.asarray(problem.schedule.chunk_rank)[chunk_of_layer]
+    while not current.feasible:
+        over = {r.rank for r in current.ranks if r.peak > problem.capacities[r.rank]}
+        if not over or _rules(problem, bounds):
+            break
+        best, best_ratio = None, -1.0
+        for i in np.flatnonzero(np.isin(rank_of_layer, list(over))):
+            for o in (1, 2):
+                gain = int(table.saved[o, i] - table.saved[choice[i], i])
+                if o <= choice[i] or gain <= 0:
+                    continue
+                cost = float(table.added[o, i] - table.added[choice[i], i])
+                ratio = gain / max(cost, 1e-30)
+                if ratio > best_ratio:
+                    best, best_ratio = (i, o), ratio
+        if best is None:
+            break
+        choice[best[0]] = best[1]
+        current = _evaluate(problem, bounds, choice)
+    return current
 
 
 def _all_splits(L: int, C: int):
@@ -182,13 +250,26 @@ def _all_splits(L: int, C: int):
 
 
 def exhaustive(problem: ChunkProblem) -> ChunkResult | None:
-    """The best split by trying every one (the oracle of the tests: small problems only)."""
+    """The best split by trying every one, and with AUTO recompute every layer's every option
+    (the oracle of the tests: small problems only)."""
     best = None
+    fixed = problem.fixed_choice()
+    choices = [fixed] if fixed is not None else \
+        [np.array(c, np.int64) for c in itertools.product(*_options(problem))]
     for bounds in _all_splits(problem.num_layers, problem.chunks):
-        r = evaluate(problem, bounds)
-        if best is None or r.key(problem) < best.key(problem):
-            best = r
+        for choice in choices:
+            r = _evaluate(problem, bounds, choice)
+            if best is None or r.key(problem) < best.key(problem):
+                best = r
     return best if best is not None and best.feasible else None
+
+
+def _options(problem: ChunkProblem) -> list[tuple[int, ...]]:
+    """Each layer's options worth trying: none, and those that save bytes."""
+    table = problem.table.recompute
+    if table is None:
+        return [(0,)] * problem.num_layers
+    return [(0, *[o for o in (1, 2) if table.saved[o, i] > 0]) for i in range(problem.num_layers)]
 
 
 def _balanced(problem: ChunkProblem) -> tuple[int, ...]:
@@ -279,13 +360,18 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     bound = 0.0
 
     def path_of(r: ChunkResult):
-        f, bi, bw, transfer, optimizer = _times(problem, r.bounds)
+        f, bi, bw, transfer, optimizer = _times(problem, r.bounds, np.asarray(r.choice, np.int64))
         return critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
 
     if best is not None:
         paths.append(path_of(best))
     # the per-layer prefix times and per-range tables, as integers
-    prefix = {k: np.round(np.concatenate([[0.0], np.cumsum(table.layer_times[:, i])]) * scale).astype(np.int64)
+    fixed = problem.fixed_choice()
+    auto = fixed is None and table.recompute is not None
+    layer_times = table.layer_times.copy()
+    if fixed is not None and table.recompute is not None:
+        layer_times[:, 1] += table.recompute.added[fixed, np.arange(L)]
+    prefix = {k: np.round(np.concatenate([[0.0], np.cumsum(layer_times[:, i])]) * scale).astype(np.int64)
               for i, k in enumerate(("F", "B", "W", "O"))}
     cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
     mem = _memory_tables(problem)
@@ -339,6 +425,10 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             return v
 
         q = {name: [lookup(name, arr, c) for c in range(C)] for name, arr in mem.items()}
+        added = [0] * C
+        y: dict = {}
+        if auto:
+            q, added, y = _recompute_variables(m, problem, s, q, scale, {k: int(v.max()) for k, v in mem.items()})
         rank_forms = _rank_forms(sig, q, C)
         for rs, forms in zip(sig, rank_forms):
             for form in forms:
@@ -354,6 +444,8 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
                 for k, n in (("F", path.forward[c]), ("B", path.backward_input[c]), ("W", path.backward_weight[c])):
                     if n:
                         terms.append(int(n) * (at[k][c + 1] - at[k][c]))
+                if path.backward_input[c] and auto:
+                    terms.append(int(path.backward_input[c]) * added[c])
                 if rank_of[c] == path.optimizer_rank:
                     terms.append(at["O"][c + 1] - at["O"][c])
             for j in range(C - 1):
@@ -371,6 +463,11 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         if best is not None:
             for c in range(1, C):
                 m.AddHint(s[c], best.bounds[c])
+            for (i, o), var in y.items():
+                m.AddHint(var, int(best.choice[i] == o))
+        invalid = m.Validate()
+        if invalid:
+            raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(remaining, 0.05)
         solver.parameters.num_search_workers = problem.workers
@@ -384,7 +481,13 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             status = "time limit"
             break
         bounds = tuple(int(solver.Value(x)) for x in s)
-        found = evaluate(problem, bounds)
+        choice = fixed if fixed is not None else np.zeros(L, np.int64)
+        if auto:
+            choice = choice.copy()
+            for (i, o), var in y.items():
+                if solver.Value(var):
+                    choice[i] = o
+        found = _evaluate(problem, bounds, choice)
         if best is None or found.key(problem) < best.key(problem):
             best = found
         if problem.objective is Objective.MEMORY:
@@ -416,6 +519,85 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         # rounding of times to integers: the proof holds up to one time unit per action
         bound = min(bound, best.step_time)
     return ChunkSolve(best, optimal, bound, len(paths), seconds, status)
+
+
+def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: float, largest: dict[str, int]):
+    """AUTO recompute in the CP-SAT model: per layer at most one of selective and full
+    (``y``), layer i in chunk c as ``[s_c <= i] - [s_(c+1) <= i]``, and per chunk the bytes
+    saved ``S_c``, the largest rerun ``X_c`` and the time added ``T_c`` as sums over the
+    layer-in-chunk-with-option booleans. The chunk figures become, as ``chunk_memory`` has
+    them: stash ``max(0, stash - S)``, forward / B / full backward ``max(0, peak + X - S)``; the
+    weight stash and W keep what B re-materialises; a split backward's first chunk keeps its
+    rules (B holds the stash, W is the whole backward)."""
+    table = problem.table.recompute
+    L, C = problem.num_layers, problem.chunks
+    options = _options(problem)
+    y = {}
+    for i in range(L):
+        mine = [m.NewBoolVar(f"y{i}_{o}") for o in options[i][1:]]
+        for o, var in zip(options[i][1:], mine):
+            y[i, o] = var
+        if len(mine) > 1:
+            m.AddAtMostOne(mine)
+    ge = []                         # ge[c][i]: s_c <= i
+    for c in range(C + 1):
+        row = []
+        for i in range(L):
+            if c == 0:
+                row.append(1)
+            elif c == C:
+                row.append(0)
+            else:
+                b = m.NewBoolVar(f"ge{c}_{i}")
+                m.Add(s[c] <= i).OnlyEnforceIf(b)
+                m.Add(s[c] >= i + 1).OnlyEnforceIf(b.Not())
+                row.append(b)
+        ge.append(row)
+    saved_terms = [[] for _ in range(C)]
+    added_terms = [[] for _ in range(C)]
+    reruns = [[] for _ in range(C)]
+    for (i, o), var in y.items():
+        for c in range(C):
+            z = m.NewBoolVar(f"z{i}_{c}_{o}")
+            m.AddImplication(z, var)
+            if not isinstance(ge[c][i], int):
+                m.AddImplication(z, ge[c][i])
+            elif ge[c][i] == 0:
+                m.Add(z == 0)
+            if not isinstance(ge[c + 1][i], int):
+                m.AddImplication(z, ge[c + 1][i].Not())
+            elif ge[c + 1][i] == 1:
+                m.Add(z == 0)
+            m.Add(z >= var + ge[c][i] - ge[c + 1][i] - 1)
+            saved_terms[c].append(int(table.saved[o, i]) * z)
+            added_terms[c].append(int(round(float(table.added[o, i]) * scale)) * z)
+            reruns[c].append((int(table.rerun[o, i]), z))
+    big = int(table.saved.sum() + table.rerun.max(initial=0)) + 1
+    split = problem.schedule.traits.splits_backward
+    out = {name: list(values) for name, values in q.items()}
+    added = []
+    for c in range(C):
+        saved = sum(saved_terms[c]) if saved_terms[c] else 0
+        rerun = m.NewIntVar(0, int(table.rerun.max(initial=0)), f"x{c}")
+        for value, z in reruns[c]:
+            if value:
+                m.Add(rerun >= value).OnlyEnforceIf(z)
+        added.append(sum(added_terms[c]) if added_terms[c] else 0)
+
+        def clipped(name: str, expression):
+            v = m.NewIntVar(0, big + max(largest[name], 0), f"{name}_r{c}")
+            m.AddMaxEquality(v, [0, expression])
+            return v
+        out["stash"][c] = clipped("stash", q["stash"][c] - saved)
+        out["forward"][c] = clipped("forward", q["forward"][c] + rerun - saved)
+        out["full_backward"][c] = clipped("full_backward", q["full_backward"][c] + rerun - saved)
+        if split and c == 0:
+            out["backward"][c] = out["stash"][c]
+            out["weight_stash"][c] = out["stash"][c]
+            out["weight"][c] = out["full_backward"][c]
+        else:
+            out["backward"][c] = clipped("backward", q["backward"][c] + rerun - saved)
+    return out, added, y
 
 
 def _same_path(a, b) -> bool:
@@ -458,6 +640,7 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     table = problem.table
     L = table.num_layers
     sched = problem.schedule
+    fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
     names = ("resident", "stash", "weight_stash", "retained", "forward", "backward", "weight", "full_backward",
              "optimizer")
     out = {n: np.zeros((L, L), np.int64) for n in names}
@@ -470,7 +653,7 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
             bounds += [a, b + 1]
             if b + 1 < L:
                 bounds.append(L)
-            cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1))
+            cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1), fixed)
             i = 1 if a > 0 else 0
             for n, arr in (("resident", cm.resident), ("stash", cm.stash), ("weight_stash", cm.weight_stash),
                            ("retained", cm.retained), ("forward", cm.forward_peak), ("backward", cm.backward_peak),

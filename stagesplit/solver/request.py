@@ -21,7 +21,7 @@ from ..io.profile import Target
 from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
 from ..layers import LayerOptions
 
-__all__ = ["Objective", "Schedule", "SharedPolicy", "SolveRequest"]
+__all__ = ["Objective", "RecomputeMode", "Schedule", "SharedPolicy", "SolveRequest"]
 
 
 class Objective(str, Enum):
@@ -54,6 +54,17 @@ class Schedule(str, Enum):
         return self in (Schedule.NONE, Schedule.ONE_F_ONE_B, Schedule.GPIPE)
 
 
+class RecomputeMode(str, Enum):
+    """Activation recompute (model/recompute.py): none, the same option on every layer, or
+    ``auto`` (the solver chooses none, selective or full per layer, with the split). Left unset,
+    a plan that fits without recompute has none, and one that does not is solved with auto."""
+
+    AUTO = "auto"
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+
 class SharedPolicy(str, Enum):
     """Where items no layer uses (global buffers, constants) are counted."""
 
@@ -78,6 +89,8 @@ class SolveRequest:
     #: chunks (virtual stages) per device for the looped and V-shaped schedules; None: the
     #: schedule's own (1 for GPipe and 1F1B, 2 otherwise)
     chunks_per_rank: int | None = None
+    #: activation recompute per layer; None: none where the plan fits without, else auto
+    recompute: RecomputeMode | None = None
     #: fraction of every device kept free
     headroom: float = 0.0
     #: bytes kept back on every device (CUDA context, workspaces)
@@ -119,6 +132,8 @@ class SolveRequest:
         set_(self, "objective", choice(Objective, "objective", self.objective))
         set_(self, "schedule", choice(Schedule, "schedule", self.schedule))
         set_(self, "shared", choice(SharedPolicy, "shared", self.shared))
+        if self.recompute is not None:
+            set_(self, "recompute", choice(RecomputeMode, "recompute", self.recompute))
         for name in ("exact", "communication", "compare", "unlayered_first"):
             set_(self, name, boolean(name, getattr(self, name)))
         set_(self, "micro_batches", integer("micro_batches", self.micro_batches, 1, MAX_MICRO_BATCHES,
@@ -245,7 +260,8 @@ class SolveRequest:
 
 
 #: the fields a solver settings file may set (``stages`` is the file's name for ``exact``)
-SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "chunks_per_rank", "headroom",
+SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "chunks_per_rank", "recompute",
+                   "headroom",
                    "shared", "time_limit", "workers", "communication")
 
 

@@ -12,14 +12,26 @@ from hypothesis import event, given, settings
 from hypothesis import strategies as st
 
 from stagesplit.model.phases import PhaseTable
-from stagesplit.solver.chunks import ChunkProblem, chunk_memory, evaluate, exhaustive, local_search, solve_cpsat
-from stagesplit.solver.request import Objective
+from stagesplit.model.recompute import RecomputeTable
+from stagesplit.solver.chunks import (ChunkProblem, chunk_memory, evaluate, exhaustive, fitting_choice, local_search,
+                                     solve_cpsat)
+from stagesplit.solver.request import Objective, RecomputeMode
 from stagesplit.solver.schedule import build_schedule, critical_path, is_valid, simulate
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
 
 
-def make_table(resident, stash, weight_extra, peak, cut, times, model_output=0, back_cut=None) -> PhaseTable:
+def recompute_of(saved_selective, saved_full, selective_time, full_time, rerun_full=None) -> RecomputeTable:
+    L = len(saved_full)
+    zeros = np.zeros(L, np.int64)
+    rerun_full = saved_full if rerun_full is None else rerun_full
+    return RecomputeTable(saved=np.array([zeros, saved_selective, saved_full], np.int64),
+                          rerun=np.array([zeros, saved_selective, rerun_full], np.int64),
+                          added=np.array([np.zeros(L), selective_time, full_time], float), time_unit="seconds")
+
+
+def make_table(resident, stash, weight_extra, peak, cut, times, model_output=0, back_cut=None,
+               recompute=None) -> PhaseTable:
     """A table whose range figures add layer by layer (peaks: the largest layer's)."""
     L = len(resident)
 
@@ -36,7 +48,7 @@ def make_table(resident, stash, weight_extra, peak, cut, times, model_output=0, 
                       weight_stash=ranges(np.asarray(stash) + np.asarray(weight_extra), sum), peaks=peaks,
                       model_output=model_output, forward_cut=np.asarray([0, *cut, 0], np.int64),
                       backward_cut=np.asarray([0, *back, 0], np.int64),
-                      layer_times=np.asarray(times, float), time_unit="seconds")
+                      layer_times=np.asarray(times, float), time_unit="seconds", recompute=recompute)
 
 
 def test_chunk_memory_runtime_rules_by_hand():
@@ -58,7 +70,11 @@ def test_chunk_memory_runtime_rules_by_hand():
     plain = chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3))
     assert plain.backward_peak.tolist() == [3 * 2, 3 * 2, 3 * 2]   # not split: B's own peak only
     zb = chunk_memory(t, (0, 1, 2, 3), build_schedule("zb-h1", 3, 3))
-    assert zb.backward_peak.tolist() == [6 + 1, 6 + 1, 6 + 1]
+    # the first chunk's B does nothing (the model's input needs no gradient): its figure is the
+    # stash it holds; its W runs the whole backward (full backward peak 4 x 3) from that stash
+    assert zb.backward_peak.tolist() == [100, 6 + 1, 6 + 1]
+    assert zb.weight_stash[0] == zb.stash[0] == 100 and zb.weight_peak[0] == 12
+    assert zb.weight_peak[1:].tolist() == [9 + 1, 9 + 1]
 
 
 def test_1f1b_keeps_the_last_chunk_s_output_and_input_gradient_between_micro_batches():
@@ -190,3 +206,111 @@ def test_pins_and_layer_limits_are_kept():
     assert 1 in solved.result.bounds and max(np.diff(solved.result.bounds)) <= 3
     assert solved.result.bounds == exhaustive(prob).bounds or \
         math.isclose(solved.result.step_time, exhaustive(prob).step_time)
+
+
+# -- recompute chosen with the split -------------------------------------------------------------------------
+
+def _stash_only_table(stash, forward_times, recompute) -> PhaseTable:
+    """Layers that hold only their stash: every transient is the range's stash (the action holds
+    its own micro-batch's activations and nothing else), no cuts, nothing resident."""
+    L = len(stash)
+    sums = np.zeros((L, L), np.int64)
+    for a in range(L):
+        for b in range(a, L):
+            sums[a, b] = sum(stash[a:b + 1])
+    zero = np.zeros((L, L), np.int64)
+    f = np.asarray(forward_times, float)
+    times = np.stack([f, 2 * f, np.zeros(L), np.zeros(L)], axis=1)     # B = 2 F, W inside B, no optimizer
+    return PhaseTable(resident=zero, stash=sums, weight_stash=sums,
+                      peaks={"forward": sums, "backward_input": sums, "backward_weight": sums, "full_backward": sums,
+                             "optimizer": zero},
+                      model_output=0, forward_cut=np.zeros(L + 1, np.int64), backward_cut=np.zeros(L + 1, np.int64),
+                      layer_times=times, time_unit="seconds", recompute=recompute)
+
+
+def test_one_layer_must_be_recomputed_and_the_arithmetic_says_which():
+    """3 layers, 2 ranks, GPipe with 2 micro-batches, 36 bytes per rank. Stashes 10, 12, 16;
+    full recompute keeps 2 of each (saves 8, 10, 14, held again while its backward runs) and
+    costs the layer's forward again (1, 1.5, 2; B = 2 F). A GPipe rank peaks at its second
+    forward: the first micro-batch's stash plus the second's, 2 (S - saved) + largest rerun.
+
+    * [0 | 1 2]: rank 1 holds 28 -> 56 bytes; recomputing layer 2 gives 2 x 14 + 14 = 42,
+      layer 1: 46, both: 2 x 4 + 14 = 22 -> both needed, B of chunk 1 = 7 + 3.5 = 10.5: the
+      step is 31 (rank 1 ends its last B at 29, rank 0's follows, 2).
+    * [0 1 | 2]: rank 0 holds 22 -> 44 bytes; recomputing layer 0: 2 x 14 + 8 = 36 (fits),
+      layer 1: 2 x 12 + 10 = 34 (fits, but costs 1.5 to layer 0's 1); rank 1: 2 x 16 = 32.
+      With layer 0: chunk 0 (F 2.5, B 5 + 1), chunk 1 (F 2, B 4): rank 0's forwards end at 5,
+      rank 1's at 7, rank 1's backwards at 11 and 15, rank 0's at 17 and 23: step 23.
+    So: split [0 1 | 2], recompute exactly layer 0 (full), step 23."""
+    rc = recompute_of([0, 0, 0], [8, 10, 14], [0, 0, 0], [1, 1.5, 2])
+    table = _stash_only_table([10, 12, 16], [1, 1.5, 2], rc)
+    problem = ChunkProblem(table, build_schedule("gpipe", 2, 2), np.full(2, 36), recompute=RecomputeMode.AUTO)
+    best = exhaustive(problem)
+    assert best.bounds == (0, 2, 3) and best.choice == (2, 0, 0) and best.step_time == pytest.approx(23)
+    assert best.peaks.tolist() == [36, 32]
+    proven = solve_cpsat(problem)
+    assert proven.optimal and proven.result.bounds == (0, 2, 3) and proven.result.choice == (2, 0, 0)
+    assert proven.result.step_time == pytest.approx(23)
+    # the other split needs both layers of its second chunk
+    other = fitting_choice(problem, (0, 1, 3))
+    assert other.feasible and other.choice == (0, 2, 2) and other.step_time == pytest.approx(31)
+    assert other.peaks.tolist() == [20, 22]
+    # without recompute nothing fits; with full recompute everywhere the best split pays for all three
+    assert exhaustive(ChunkProblem(table, problem.schedule, problem.capacities)) is None
+    every = exhaustive(ChunkProblem(table, problem.schedule, problem.capacities, recompute=RecomputeMode.FULL))
+    assert every.choice == (2, 2, 2) and every.step_time > 23
+
+
+@st.composite
+def recompute_problems(draw):
+    kind = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zbv"]))
+    P = draw(st.integers(1, 2))
+    v = 2 if kind in ("interleaved-1f1b", "zbv") else 1
+    M = draw(st.integers(1, 4))
+    if not is_valid(kind, P, M, v):
+        M = 2 * P * v
+        if not is_valid(kind, P, M, v):
+            kind, v = "gpipe", 1
+    C = P * v
+    L = draw(st.integers(C, min(C + 2, 5)))
+    stash = draw(st.lists(st.integers(1, 60), min_size=L, max_size=L))
+    full = [draw(st.integers(0, x)) for x in stash]
+    selective = [draw(st.integers(0, x)) for x in full]
+    f_times = draw(st.lists(st.integers(1, 9), min_size=L, max_size=L))
+    rc = recompute_of(selective, full, [draw(st.integers(0, t)) for t in f_times], f_times,
+                      rerun_full=[x + draw(st.integers(0, 5)) for x in full])
+    times = np.stack([f_times, [2 * t for t in f_times], [draw(st.integers(0, 5)) for _ in range(L)],
+                      [draw(st.integers(0, 3)) for _ in range(L)]], axis=1).astype(float)
+    small = st.integers(0, 15)
+    t = make_table(draw(st.lists(small, min_size=L, max_size=L)), stash, draw(st.lists(small, min_size=L, max_size=L)),
+                   [x + draw(st.integers(0, 10)) for x in stash],
+                   draw(st.lists(st.integers(0, 30), min_size=L - 1, max_size=L - 1)), times,
+                   model_output=draw(st.integers(0, 20)), recompute=rc)
+    schedule = build_schedule(kind, P, M, v)
+    # a capacity between what the best split needs with every layer fully recomputed and without
+    lowest, highest = (min(float(evaluate(ChunkProblem(t, schedule, np.full(P, 10**12), recompute=mode), b)
+                                 .peaks.max()) for b in _some_splits(L, C))
+                       for mode in (RecomputeMode.FULL, RecomputeMode.NONE))
+    cap = int(lowest + draw(st.sampled_from([-0.1, 0.0, 0.1, 0.3, 0.6])) * (highest - lowest))
+    return ChunkProblem(t, schedule, np.full(P, max(cap, 1)), recompute=RecomputeMode.AUTO,
+                        objective=draw(st.sampled_from([Objective.COMPUTE, Objective.MEMORY])), time_limit=30.0)
+
+
+@settings(max_examples=150, deadline=None)
+@given(recompute_problems())
+def test_cp_sat_recompute_and_split_is_as_good_as_every_split_and_choice(problem):
+    best = exhaustive(problem)
+    solved = solve_cpsat(problem)
+    event(f"{'fits' if best is not None else 'nothing fits'}"
+          + (f", {sum(1 for c in best.choice if c)} layers recomputed" if best is not None else ""))
+    if best is None:
+        assert solved.result is None or not solved.result.feasible
+        return
+    assert solved.result is not None and solved.result.feasible and solved.optimal
+    got = evaluate(problem, solved.result.bounds, solved.result.choice)
+    assert got.feasible
+    if problem.objective is Objective.MEMORY:
+        share = lambda r: float(np.max(r.peaks / problem.capacities))  # noqa: E731
+        assert share(got) <= share(best) + 1e-6
+    else:
+        assert got.step_time <= best.step_time * (1 + 1e-6) + 1e-9

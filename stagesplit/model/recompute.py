@@ -1,0 +1,137 @@
+"""What activation recompute (checkpointing) saves and costs, per layer, from one capture.
+
+A layer's *own* stash is what its forward makes and only its backward reads: the stashed
+variables (model/stash.py) whose producing operation is one of the layer's forward operations
+and that no other layer's operations use. Its input and output are not its own (the layers
+before and after hold them), so every stashed byte belongs to at most one layer.
+
+* ``full`` (checkpoint the block: torch.utils.checkpoint, Megatron's full/block): the forward
+  keeps none of the layer's own stash; before the layer's backward the forward runs again, so
+  the backward adds the layer's forward time and holds that stash again while it runs (with
+  the rerun forward's own transient where it is larger than the backward's).
+* ``selective`` (torch's selective activation checkpointing with the usual policy: keep the
+  outputs of the compute-heavy operations - matrix products, convolutions, attention - and
+  recompute the rest): drops the own stash made by the cheap operations (elementwise,
+  activations, normalisation, softmax, dropout) and adds their forward time to the backward.
+
+A chunk (a range of layers) with choices ``o_i`` holds, per micro-batch in flight, its stash
+less ``sum saved[o_i, i]``; the transient of its forward and backward drop the same bytes and
+add back the largest ``rerun[o_i, i]`` (one layer is re-materialised at a time); its B time
+grows by ``sum added[o_i, i]``. Where a schedule splits the backward, what B re-materialises
+stays for W: the weight stash is not reduced (solver/chunks.py).
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+
+from ..io.profile import Phase
+from .costmodel import StageCostModel
+
+__all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table"]
+
+
+class Recompute(str, Enum):
+    """A layer's recompute option (the index is its row in ``RecomputeTable``)."""
+
+    NONE = "none"
+    SELECTIVE = "selective"
+    FULL = "full"
+
+    @property
+    def index(self) -> int:
+        return _INDEX[self]
+
+
+_INDEX = {Recompute.NONE: 0, Recompute.SELECTIVE: 1, Recompute.FULL: 2}
+
+#: operations whose outputs selective recompute keeps (matched against the operation's last
+#: path component, e.g. ``aten.mm``)
+EXPENSIVE_OPERATIONS = re.compile(
+    r"aten\.(mm|addmm|bmm|baddbmm|addbmm|matmul|linear|_?convolution\w*|conv\w*|_grouped_mm|"
+    r"_?scaled_dot_product\w*|_flash_attention\w*|_efficient_attention\w*|_cudnn_attention\w*)")
+
+
+@dataclass(frozen=True)
+class RecomputeTable:
+    """Per layer and option (rows: none, selective, full): ``saved`` stash bytes one micro-batch
+    no longer holds from forward to backward, ``rerun`` bytes its backward holds again while it
+    runs, ``added`` forward time the backward repeats (``time_unit``)."""
+
+    saved: np.ndarray          # (3, L) int64
+    rerun: np.ndarray          # (3, L) int64
+    added: np.ndarray          # (3, L) float64
+    time_unit: str
+
+    @property
+    def num_layers(self) -> int:
+        return self.saved.shape[1]
+
+    def chunk_effect(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved, largest
+        rerun, time added."""
+        b = np.asarray(bounds, np.int64)
+        cols = np.arange(self.num_layers)
+        saved = self.saved[choice, cols]
+        rerun = self.rerun[choice, cols]
+        added = self.added[choice, cols]
+        chunk = np.searchsorted(b, cols, side="right") - 1
+        C = len(b) - 1
+        s = np.bincount(chunk, weights=saved, minlength=C).astype(np.int64)
+        t = np.bincount(chunk, weights=added, minlength=C)
+        x = np.zeros(C, np.int64)
+        np.maximum.at(x, chunk, rerun)
+        return s, x, t
+
+
+def recompute_table(model: StageCostModel, forward_peak: np.ndarray, backward_peak: np.ndarray,
+                    op_times: np.ndarray, time_unit: str) -> RecomputeTable:
+    """The options' figures for every layer of a profile with phases. ``forward_peak`` and
+    ``backward_peak`` are each single layer's transient figures (the phase table's diagonals),
+    ``op_times`` every operation's time."""
+    p = model.profile
+    ops = p.operations
+    L = model.num_layers
+    from .phases import _producers
+    producer = _producers(model)
+    op_layer = model.layers.op_layer
+    nv = len(p.variables)
+    # the layers that use each variable: one owner, or -2 for several
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_var = ops.vars.values
+    entry_layer = op_layer[entry_op]
+    owner = np.full(nv, -1, np.int64)
+    first = np.full(nv, np.iinfo(np.int64).max, np.int64)
+    last = np.full(nv, -1, np.int64)
+    np.minimum.at(first, entry_var, np.where(entry_layer >= 0, entry_layer, np.iinfo(np.int64).max))
+    np.maximum.at(last, entry_var, entry_layer)
+    used_outside = np.zeros(nv, bool)
+    np.logical_or.at(used_outside, entry_var, entry_layer < 0)
+    single = (first == last) & (last >= 0) & ~used_outside
+    owner[single] = last[single]
+    made = producer >= 0
+    forward_made = np.zeros(nv, bool)
+    forward_made[made] = ops.phase[producer[made]] == Phase.FORWARD
+    own = model.var_stashed & single & forward_made & (owner == np.where(made, op_layer[np.maximum(producer, 0)], -3))
+    leaf = np.array([name.rsplit("/", 1)[-1] for name in ops.name], dtype=object)
+    expensive_op = np.array([bool(EXPENSIVE_OPERATIONS.fullmatch(n)) for n in leaf], bool)
+    cheap_var = own & ~expensive_op[np.maximum(producer, 0)]
+    nbytes = p.variables.bytes.astype(np.int64)
+    full = np.bincount(owner[own], weights=nbytes[own], minlength=L).astype(np.int64)[:L]
+    selective = np.bincount(owner[cheap_var], weights=nbytes[cheap_var], minlength=L).astype(np.int64)[:L]
+    forward = (ops.phase == Phase.FORWARD) & (op_layer >= 0)
+    full_time = np.bincount(op_layer[forward], weights=op_times[forward], minlength=L)[:L]
+    cheap_forward = forward & ~expensive_op
+    cheap_time = np.bincount(op_layer[cheap_forward], weights=op_times[cheap_forward], minlength=L)[:L]
+    zeros = np.zeros(L, np.int64)
+    rerun_full = full + np.maximum(np.asarray(forward_peak, np.int64) - np.asarray(backward_peak, np.int64), 0)
+    # an option that saves nothing is no option: it costs its time for no memory
+    cheap_time = np.where(selective > 0, cheap_time, 0.0)
+    full_time = np.where(full > 0, full_time, 0.0)
+    return RecomputeTable(saved=np.vstack([zeros, selective, full]),
+                          rerun=np.vstack([zeros, selective, np.where(full > 0, rerun_full, 0)]),
+                          added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
