@@ -38,6 +38,29 @@ class TerminalEvents(api.Events):
         self.progress.done(detail)
 
 
+def _width(args: argparse.Namespace) -> int | None:
+    """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal
+    or COLUMNS is set, unless --wide, --out or a machine format; None: no limit."""
+    import os
+    import shutil
+    if getattr(args, "wide", False) or getattr(args, "out", None) or getattr(args, "format", "text") != "text":
+        return None
+    if "COLUMNS" in os.environ or sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size().columns - 1)
+    return None
+
+
+def _summary_with_why(plan, gpu: bool) -> str:
+    """The plan's summary with the one-line "why" under the split."""
+    from ..reporting.units import device_words
+    from ..reporting.why import why_line
+    lines = plan.summary(plan.inputs.micro_batches, gpu=gpu).split("\n")
+    why = why_line(plan, plan.analysis, device_words(plan.profile.tiles))
+    if why:
+        lines.insert(1, one_line(why))
+    return "\n".join(lines)
+
+
 def _events(args: argparse.Namespace) -> TerminalEvents:
     return TerminalEvents(getattr(args, "progress", False))
 
@@ -172,12 +195,19 @@ def cmd_solve(args: argparse.Namespace) -> int:
                   f"{reserve if o.reserve else ''})\n"
                   f"objective: {o.objective.value}; schedule: {o.schedule.value}"
                   f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
-        text = header + "\n" + plan.summary(o.micro_batches, gpu=gpu) + "\n"
+        text = header + "\n" + _summary_with_why(plan, gpu) + "\n"
+        width = _width(args)
+        if plan.baselines and plan.stages:
+            from ..reporting.units import device_words
+            from ..reporting.why import compare_line, comparisons
+            words = device_words(p.tiles)
+            text += "compared with what you would do otherwise, under the same cost model:\n"
+            text += "".join(f"  {one_line(compare_line(c))}\n" for c in comparisons(plan, plan.baselines, words))
         if plan.stages:
             table = stages_table(plan)
-            text += "\n" + render([gpu_view(table) if gpu else table])
+            text += "\n" + render([gpu_view(table) if gpu else table], width=width)
         if plan.baselines:
-            text += "\n" + render([comparison_table([plan] + plan.baselines)])
+            text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
         sys.stdout.write(text)

@@ -80,6 +80,13 @@ def _add_layer_options(p: argparse.ArgumentParser) -> None:
 def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "csv", "tsv", "json"), default="text", help="output format")
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
+    _add_wide(p)
+
+
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="show every table column (by default text tables in a terminal leave out the columns it "
+                        "cannot fit and say which)")
 
 
 def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -163,13 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the request recorded in PLAN again (on its recorded profile unless one is given) and "
                         "report whether the split is identical (exit 1 if not)")
     _add_layer_options(p)
-    p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
+    p.add_argument("--compare", action="store_true",
+                   help="compare with what you would do otherwise, each split priced by the same cost model: on a "
+                        "GPU, Megatron's even layout, DeepSpeed's \"parameters\" and \"uniform\" partitions, "
+                        "torchtitan's default split and torch pipelining's equal split; on an IPU, PopLiner's greedy "
+                        "and an even split")
     p.add_argument("--unlayered-first", action="store_true",
                    help="with --compare, the greedy puts operations with no layer on the first stage only, "
                         "as PopLiner does (default: they count as --shared says, like every other method)")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes and the per-tile and code columns")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
+    _add_wide(p)
     p.add_argument("--out", metavar="PLAN", help="write the plan (.json, or .yaml/.yml) atomically")
     p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
 
