@@ -39,13 +39,12 @@ class TerminalEvents(api.Events):
 
 
 def _width(args: argparse.Namespace) -> int | None:
-    """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal
-    or COLUMNS is set, unless --wide, --out or a machine format; None: no limit."""
-    import os
+    """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal,
+    unless --wide, --out or a machine format; None (piped output): no limit."""
     import shutil
     if getattr(args, "wide", False) or getattr(args, "out", None) or getattr(args, "format", "text") != "text":
         return None
-    if "COLUMNS" in os.environ or sys.stdout.isatty():
+    if sys.stdout.isatty():
         return max(40, shutil.get_terminal_size().columns - 1)
     return None
 

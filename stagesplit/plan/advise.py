@@ -184,7 +184,7 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
                         f"across those stages before each optimizer step (the torch-pipelining export does), or "
                         f"they untie; torchtitan refuses such models")
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
-    if compare and model.profile.target.tiles == 1:        # a GPU: the frameworks' defaults
+    if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults
         advice.baselines.extend(framework_plans(model, problem, traffic, inputs))
     elif compare:
         if unlayered_first:

@@ -7,7 +7,7 @@ from typing import Sequence
 from ..plan.records import Plan
 from ..solver.problem import bubble_fraction
 from .table import Column, Table
-from .why import step_time
+from .why import step_ratio
 
 __all__ = ["comparison_table", "method_label", "stages_table", "sweep_table"]
 
@@ -56,7 +56,7 @@ def comparison_table(plans: Sequence[Plan], gpu: bool = False) -> Table:
             t.add(method_label(p.method), "no", 0, "-", None, None, None, None)
             continue
         worst = max(s.worst_tile_bytes for s in p.stages)
-        ratio_c = step_time(p) / step_time(best) if best and step_time(best) > 0 else None
+        ratio_c = step_ratio(p, best) if best else None
         ratio_m = worst / max(s.worst_tile_bytes for s in best.stages) if best else None
         t.add(method_label(p.method), "yes" if p.feasible else "NO", len(p.stages), p.short_split_text(), p.bottleneck.compute,
               worst, ratio_c, ratio_m)

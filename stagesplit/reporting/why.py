@@ -20,7 +20,7 @@ from ..plan.records import Plan
 from .units import DeviceWords
 
 __all__ = ["Comparison", "balanced_bottleneck", "compare_line", "comparisons", "layer_times", "stage_times",
-           "step_time", "why_line"]
+           "step_ratio", "step_time", "why_line"]
 
 #: relative tolerance under which two stage times are the same
 SAME = 1e-6
@@ -44,9 +44,14 @@ def balanced_bottleneck(compute: Sequence[float], stages: int) -> float:
     return float(best[L])
 
 
-def stage_times(plan: Plan) -> tuple[list[float], bool]:
-    """Each stage's time as the solver saw it, and whether it is in seconds."""
-    if plan.stages and all(s.time_s is not None for s in plan.stages):
+def _timed(plan: Plan) -> bool:
+    return bool(plan.stages) and all(s.time_s is not None for s in plan.stages)
+
+
+def stage_times(plan: Plan, seconds: bool | None = None) -> tuple[list[float], bool]:
+    """Each stage's time as the solver saw it, and whether it is in seconds (``seconds``: force
+    the choice; seconds are used only where every stage has them)."""
+    if (_timed(plan) if seconds is None else seconds and _timed(plan)):
         return [float(s.time_s) for s in plan.stages], True
     return [s.stage_time for s in plan.stages], False
 
@@ -59,12 +64,21 @@ def layer_times(model) -> tuple[np.ndarray, bool]:
     return np.nan_to_num(np.asarray(model.layer_compute, np.float64)), False
 
 
-def step_time(plan: Plan) -> float:
+def step_time(plan: Plan, seconds: bool | None = None) -> float:
     """One pipeline step: (M + P - 1) x the slowest stage (see ``stage_times``)."""
     if not plan.stages:
         return float("inf")
     M = plan.inputs.micro_batches
-    return (M + len(plan.stages) - 1) * max(stage_times(plan)[0])
+    return (M + len(plan.stages) - 1) * max(stage_times(plan, seconds)[0])
+
+
+def step_ratio(plan: Plan, reference: Plan) -> float | None:
+    """``plan``'s step time over ``reference``'s, both in seconds where both have them."""
+    if not plan.stages or not reference.stages:
+        return None
+    seconds = _timed(plan) and _timed(reference)
+    base = step_time(reference, seconds)
+    return step_time(plan, seconds) / base if base > 0 else None
 
 
 def _time(plan: Plan, value: float, seconds: bool, words: DeviceWords) -> str:
@@ -153,10 +167,9 @@ def _problem(alternative: Plan, words: DeviceWords) -> str:
 
 def comparisons(plan: Plan, alternatives: Sequence[Plan], words: DeviceWords) -> list[Comparison]:
     out = []
-    ours = step_time(plan)
     bounds = [(s.first_layer, s.last_layer) for s in plan.stages]
     for alt in alternatives:
-        speedup = step_time(alt) / ours if alt.stages and ours > 0 else None
+        speedup = step_ratio(alt, plan)
         same = bounds == [(s.first_layer, s.last_layer) for s in alt.stages]
         out.append(Comparison(_label(alt.method), speedup, same, _problem(alt, words)))
     return out
