@@ -126,12 +126,13 @@ def _gpu_view(args: argparse.Namespace, target_kind: str, tiles: int) -> bool:
 # -- commands -------------------------------------------------------------------------------------------
 
 def cmd_breakdown(args: argparse.Namespace) -> int:
-    from ..reporting.breakdown import SECTIONS
+    from ..reporting.breakdown import DEFAULT_SECTIONS, SECTIONS
     from ..reporting.table import gpu_view, render
-    sections = tuple(args.sections.split(",")) if args.sections else SECTIONS
+    given = args.sections and args.sections != "all"
+    sections = tuple(args.sections.split(",")) if given else SECTIONS if args.sections == "all" else DEFAULT_SECTIONS
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        raise StagesplitError(f"--sections: unknown section '{one_line(unknown[0])}': expected some of "
+        raise StagesplitError(f"--sections: unknown section '{one_line(unknown[0])}': expected 'all' or some of "
                               f"{', '.join(SECTIONS)}")
     targets = _targets(args)
     result = api.breakdown(args.profile, debug=args.debug_cbor, target=targets[0] if targets else None,
@@ -139,12 +140,12 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
                            layer_compute=_layer_compute(args), events=_events(args))
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)
-    if gpu and not args.sections:
+    if gpu and not given:
         sections = tuple(s for s in sections if s != "tiles")     # one tile: nothing to rank
     tables = result.tables(sections, top_tiles=args.top_tiles)
     if gpu:
         tables = [gpu_view(t) for t in tables]
-    _emit(render(tables, args.format), args.out)
+    _emit(render(tables, args.format, width=_width(args)), args.out)
     return 0
 
 
@@ -253,11 +254,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         by_step, in_stage = live_bytes_by_step(result.model, s.first, s.last, s.tile)
         m = s.memory
         code = m.vertex_code + m.vertex_state + m.exchange_code + m.control_code
+        one = result.model.profile.target.tiles == 1
+        where = "device memory" if one else f"tile {s.tile}"
+        peak = f"peak {s.total / 2**30:,.2f} GiB" if one else f"peak {s.total:,} bytes"
         plot_liveness(by_step, in_stage, m.always_live + m.stashed_copies, code, s.capacity, s.step, args.plot,
-                      f"tile {s.tile}, layers {s.layers[0]}..{s.layers[-1]}: memory over program steps "
-                      f"(peak {s.total:,} bytes at step {s.step})")
+                      f"{where}, layers {s.layers[0]}..{s.layers[-1]}: memory over the steps ({peak} at step "
+                      f"{s.step})", gpu=one)
         print(f"wrote {args.plot}", file=sys.stderr)
-    _emit(render(diagnosis_tables(result), args.format), args.out)
+    target = result.model.profile.target
+    gpu = _gpu_view(args, target.kind, target.tiles)
+    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args)), args.out)
     return 0
 
 

@@ -150,12 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
-    p = command("breakdown", help="memory and compute by operation, layer, category and tile")
+    p = command("breakdown", help="memory and compute by layer (and on request by operation, category and tile)")
     _add_profile(p)
     _add_layer_options(p)
     _add_output(p)
     p.add_argument("--sections", metavar="LIST",
-                   help="comma-separated sections: grouping,operations,layers,totals,tiles,affinity,communication")
+                   help="comma-separated sections, or 'all': summary,grouping,operations,layers,totals,tiles,affinity,"
+                        "communication (default: summary,layers)")
     p.add_argument("--top-tiles", type=_count, default=10, metavar="N", help="how many of the most loaded tiles to list")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes, the tiles section and the code columns")
