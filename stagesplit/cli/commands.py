@@ -328,12 +328,13 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     from ..reporting.table import Column, Table, render
-    t = Table("Device targets", [Column("name"), Column("kind"), Column("tiles", "int"),
-                                 Column("bytes per tile", "int"), Column("device memory", "bytes"),
+    t = Table("Device targets", [Column("name"), Column("kind"), Column("tiles", "int", 2),
+                                 Column("bytes per tile", "int", 1), Column("device memory", "gib"),
                                  Column("description")])
     for name, target in api.targets().items():
         t.add(name, target.kind, target.tiles, target.bytes_per_tile, target.device_bytes, target.description)
-    _emit(render([t], args.format), args.out)
+    t.note = "GiB: 2**30 bytes, as in every command (solve's capacities, breakdown, diagnose, plots)"
+    _emit(render([t], args.format, width=_width(args)), args.out)
     return 0
 
 

@@ -139,7 +139,7 @@ class Breakdown:
         m = self.model
         la = m.layers
         roof = _roofline(m)
-        paths = list(la.module_paths) if any(la.module_paths) else []
+        paths = list(la.module_paths) if m.profile.target.tiles == 1 and any(la.module_paths) else []
         t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
                   [Column("layer")] + ([Column("module", "text", 2)] if paths else []) +
                   [Column("ops", "int"), Column("always live", "bytes"),
