@@ -48,8 +48,9 @@ class Events:
         """Something the user should know (kept in ``warnings``)."""
         self.warnings.append(message)
 
-    def start(self, label: str) -> None:
-        """A phase begins."""
+    def start(self, label: str, unit: str = "") -> None:
+        """A phase begins (it ends at ``done`` or when the next one starts); ``unit`` names
+        what its ``update`` counts (e.g. "device counts"), empty when only the share matters."""
 
     def update(self, done: int, total: int) -> None:
         """``done`` of ``total`` units of the current phase."""
@@ -114,15 +115,18 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
         profile = profile.profile
     if isinstance(profile, (str, Path)):
         path = _path("profile", profile)
-        slow = path.endswith(".pop")
-        if slow:
-            events.start(f"reading {show(path)}")
-        profile = load_profile(path, _path("debug", debug, optional=True), events.update if slow else None)
-        if slow:
-            events.done()
+        events.start(f"reading {show(path)}")
+        profile = load_profile(path, _path("debug", debug, optional=True), events.update)
+        events.done()
     elif not isinstance(profile, Profile):
         raise OptionError("profile", f"expected a path, a Profile or an Analysis, got {type(profile).__name__}")
-    analysis = Analysis.of(profile, layering, shared.value)
+    from .layers import group_layers
+    from .model.costmodel import StageCostModel
+    events.start(f"grouping {len(profile.operations):,} operations into layers")
+    layers = group_layers(profile, layering)
+    events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value))
+    events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):
         events.warn(message)
     return analysis
@@ -220,7 +224,7 @@ def _price(resolved: Resolved, events: Events, max_devices: int | None = None):
     """Every layer range priced once, for every in-flight count the request can need."""
     from .plan.advise import price
     L = resolved.model.num_layers
-    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")
+    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")       # counted in blocks of steps and tiles: a share
     table = price(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
     events.done()
     return table
@@ -281,9 +285,11 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     table = _price(resolved, events, max_devices=max(counts))
     done: list = []
 
+    events.start("solving", "device counts")
+
     def row_done(row) -> None:
         done.append(row)
-        events.start(f"solved {len(done)}/{len(counts)} device counts")
+        events.update(len(done), len(counts))
         if on_row is not None:
             on_row(row)
 
@@ -435,15 +441,14 @@ def convert(profile: str | Path, output: str | Path, *, debug: str | Path | None
     events = _events(events)
     source, output = _path("profile", profile), _path("output", output)
     check_outputs([("output", output, None)], [source, _path("debug", debug, optional=True)])
-    slow = source.endswith(".pop")
-    if slow:
-        events.start(f"reading {show(source)}")
-    loaded = load_profile(source, debug, events.update if slow else None)
-    if slow:
-        events.done()
+    events.start(f"reading {show(source)}")
+    loaded = load_profile(source, debug, events.update)
+    events.done()
     for message in loaded.info.warnings:
         events.warn(message)
+    events.start(f"writing {show(output)}")
     save_profile(loaded, output)
+    events.done()
     return loaded
 
 
@@ -498,13 +503,20 @@ def capture(model: str, output: str | Path | None = None, *, events: Events | No
     if output is not None:
         where = model.rpartition(":")[0]
         check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
-    events.start(f"capturing {show(model)}")
+    events.start("importing torch")
+    try:
+        import torch  # noqa: F401  (the longest part of a capture on a cold start: a phase of its own)
+    except ImportError:
+        pass                                  # capture_step says how to install it
+    events.start(f"capturing one training step of {show(model)}")
     profile = capture_step(model, **options)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)
     if output is not None:
+        events.start(f"writing {show(output)}")
         save_profile(profile, output)
+        events.done()
     return profile
 
 
@@ -534,6 +546,7 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
     else:
         profile = make(family, target, **options)
         if output is not None:
+            events.start(f"writing {show(output)}")
             save_profile(profile, output)
     events.done()
     return profile

@@ -12,30 +12,41 @@ from .. import api
 from ..common.text import one_line
 from ..errors import StagesplitError
 
-__all__ = ["COMMANDS", "TerminalEvents"]
+__all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
+
+
+#: the command's events, so that ``end_progress`` can clear a live line when a command fails
+_ACTIVE: list["TerminalEvents"] = []
 
 
 class TerminalEvents(api.Events):
-    """Warnings printed to stderr at once; progress as a line on stderr when it is a terminal
-    (or with ``--progress``)."""
+    """Warnings printed to stderr at once; progress as one live line per phase on stderr when
+    it is a terminal (plain lines with ``--progress`` when it is not): common/progress.py."""
 
     def __init__(self, progress: bool = False) -> None:
         from ..common.progress import Progress
         super().__init__()
         self.progress = Progress(enabled=True if progress else None)
+        _ACTIVE.append(self)
 
     def warn(self, message: str) -> None:
         super().warn(message)
-        print(f"stagesplit: warning: {one_line(str(message))}", file=sys.stderr)
+        self.progress.write(f"stagesplit: warning: {one_line(str(message))}")
 
-    def start(self, label: str) -> None:
-        self.progress.start(label)
+    def start(self, label: str, unit: str = "") -> None:
+        self.progress.start(label, unit)
 
     def update(self, done: int, total: int) -> None:
         self.progress.update(done, total)
 
     def done(self, detail: str = "") -> None:
         self.progress.done(detail)
+
+
+def end_progress() -> None:
+    """End every live progress line (a command that failed mid-phase leaves none behind)."""
+    while _ACTIVE:
+        _ACTIVE.pop().progress.finish()
 
 
 def _width(args: argparse.Namespace) -> int | None:
