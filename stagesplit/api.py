@@ -30,7 +30,7 @@ from .model.analysis import Analysis
 from .solver.request import SharedPolicy, SolveRequest
 
 __all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
-           "import_onnx", "reproduce", "solve", "sweep", "synthesize", "targets"]
+           "import_onnx", "plot", "report", "reproduce", "solve", "sweep", "synthesize", "targets"]
 
 ProfileLike = str | Path | Profile | Analysis
 
@@ -574,6 +574,61 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     if output is not None:
         atomic_write_text(_path("output", output), text)
     return text
+
+
+def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, parameter: str = "plan"):
+    """A Plan (read from a file if given a path), with the cost model it was solved on and the
+    frameworks' splits to compare with: from ``profile`` when given (the recorded request
+    solved again on it, which must have the plan's layers), else what a plan in memory holds."""
+    from .plan.files import read_plan
+    from .plan.records import Plan
+    where = None
+    if isinstance(plan, (str, Path)):
+        where = str(plan)
+        plan = read_plan(plan)
+    elif not isinstance(plan, Plan):
+        raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
+    if profile is None:
+        return plan
+    fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+    if fresh.layer_names != plan.layer_names:
+        made_for = plan.profile.name or plan.profile.path or "another profile"
+        raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
+                              f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
+                              "give the profile the plan was solved on")
+    plan = copy.copy(plan)
+    plan.analysis, plan.baselines = fresh.analysis, fresh.baselines
+    return plan
+
+
+def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *, events: Events | None = None) -> str:
+    """Write ``plan`` (a ``Plan`` or a plan file) as one self-contained HTML page to ``output``:
+    the split and why, memory by stage, the schedule per rank, the layers, the comparison with
+    the frameworks' defaults and the export snippets. ``profile`` (the one the plan was solved
+    on) adds the why, the per-layer figures and the comparison to a plan read from a file.
+    Returns the path written."""
+    from .reporting.html import write_report
+    events = _events(events)
+    output = _path("output", output)
+    inputs = [str(plan) if isinstance(plan, (str, Path)) else None,
+              str(profile) if isinstance(profile, (str, Path)) else None]
+    check_outputs([("output", output, None)], inputs)
+    plan = _plan_with_model(plan, profile, events)
+    events.start(f"writing {show(output)}")
+    write_report(plan, output)
+    events.done()
+    return output
+
+
+def plot(plan: Any, profile: ProfileLike | None = None):
+    """The plan as a matplotlib Figure (``Plan.plot()``): memory by stage and category against
+    capacity, on an IPU the stages' tiles, and each stage's time."""
+    from .reporting.plot import plan_figure
+    plan = _plan_with_model(plan, profile, Events())
+    tiles = None
+    if plan.analysis is not None and not plan.profile.one_tile:
+        tiles = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+    return plan_figure(plan, tiles)
 
 
 def targets() -> dict[str, Target]:

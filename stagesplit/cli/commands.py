@@ -349,6 +349,12 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-COMMANDS = {"breakdown": cmd_breakdown, "solve": cmd_solve, "sweep": cmd_sweep, "diagnose": cmd_diagnose,
+def cmd_report(args: argparse.Namespace) -> int:
+    written = api.report(args.plan, args.output, args.profile, events=_events(args))
+    print(f"wrote {written}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"report": cmd_report, "breakdown": cmd_breakdown, "solve": cmd_solve, "sweep": cmd_sweep, "diagnose": cmd_diagnose,
             "convert": cmd_convert, "import": cmd_import, "synth": cmd_synth, "export": cmd_export,
             "capture": cmd_capture, "targets": cmd_targets}

@@ -280,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
 
+    p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
+    p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
+    p.add_argument("profile", nargs="?", metavar="PROFILE",
+                   help="the profile the plan was solved on: adds why the split binds, per-layer figures and the "
+                        "comparison with the frameworks' defaults")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write (atomically)")
+
     p = command("targets", help="list the shipped device targets")
     _add_output(p)
     return parser

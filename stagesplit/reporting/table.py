@@ -12,7 +12,7 @@ from typing import Any, Sequence
 
 from ..common.text import one_line
 
-__all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "gpu_view", "render",
+__all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "formatted", "gpu_view", "render",
            "render_text"]
 
 FORMATS = ("text", "csv", "tsv", "json")
@@ -107,16 +107,22 @@ def _format_cell(value: Any, kind: str, scale: float) -> str:
 MIN_TEXT_WIDTH = 12
 
 
-def render_text(table: Table, width: int | None = None) -> str:
-    """The table as aligned text. With ``width`` (a terminal's columns), columns are left out,
-    those with the highest ``drop`` first (never those with ``drop`` 0), then the widest text
-    column's cells are cut, until every line fits; a last line names what was left out."""
+def formatted(table: Table) -> tuple[list[str], list[list[str]]]:
+    """Each column's header (with its unit) and its cells as text, column by column."""
     headers, cells = [], []
     for j, col in enumerate(table.columns):
         values = [row[j] for row in table.rows]
         unit, scale = _bytes_unit(values) if col.kind == "bytes" else ("GiB", 2.0**30) if col.kind == "gib" else ("", 1.0)
         headers.append(one_line(f"{col.name} ({unit})" if unit else col.name))
         cells.append([_format_cell(v, col.kind, scale) for v in values])
+    return headers, cells
+
+
+def render_text(table: Table, width: int | None = None) -> str:
+    """The table as aligned text. With ``width`` (a terminal's columns), columns are left out,
+    those with the highest ``drop`` first (never those with ``drop`` 0), then the widest text
+    column's cells are cut, until every line fits; a last line names what was left out."""
+    headers, cells = formatted(table)
     shown = list(range(len(table.columns)))
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
 
