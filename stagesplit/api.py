@@ -417,6 +417,11 @@ def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str,
                                   f"({show(model.profile.info.name or 'unnamed')}) has {len(names)} "
                                   f"({show(', '.join(names[:4]))}...): diagnose the plan with the profile and layer "
                                   "options it was solved with")
+        ours = model.profile.info.sha256
+        if plan.profile.sha256 and ours and plan.profile.sha256 != ours:
+            events.warn(f"{show(where)} was made for {show(plan.profile.name or plan.profile.path or 'a profile')} "
+                        f"(SHA-256 {plan.profile.sha256[:12]}...), not this file (SHA-256 {ours[:12]}...): the layers "
+                        "have the same names, so its split is diagnosed on this profile's figures")
         stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
         if not stages:
             raise StagesplitError(f"{show(where)}: the plan has no stages (no split fitted)")

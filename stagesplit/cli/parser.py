@@ -208,7 +208,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
 
-    p = command("import", help="import an ONNX model as a profile (needs stagesplit[onnx])")
+    p = command("import", help="import an ONNX model as a profile (needs pip install 'stagesplit[onnx]', or "
+                               "'.[onnx]' in a checkout)")
     p.add_argument("model", metavar="MODEL.onnx", help="ONNX model (external data files next to it)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
@@ -252,7 +253,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "aten operation is one program step; every tensor storage a variable with its bytes and live "
                 "interval. Parameters, buffers, gradients and optimizer state are always live. Writes the full "
                 "form (one tile holding the target's memory) with FLOPs as compute. Needs pip install "
-                "'stagesplit[torch]'.")
+                "'stagesplit[torch]' (in a checkout of stagesplit: pip install '.[torch]').")
     p.add_argument("model", metavar="MODEL",
                    help="path/to/file.py:function or package.module:function; the function takes no arguments and "
                         "returns (model, inputs) or (model, inputs, loss_fn); inputs: a tensor, a tuple of arguments "
