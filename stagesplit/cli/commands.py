@@ -49,11 +49,13 @@ def end_progress() -> None:
         _ACTIVE.pop().progress.finish()
 
 
-def _width(args: argparse.Namespace) -> int | None:
+def _width(args: argparse.Namespace, to_file: bool | None = None) -> int | None:
     """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal,
-    unless --wide, --out or a machine format; None (piped output): no limit."""
+    unless --wide, a machine format or the tables go to a file (``to_file``; default: --out
+    given); None (piped output): no limit."""
     import shutil
-    if getattr(args, "wide", False) or getattr(args, "out", None) or getattr(args, "format", "text") != "text":
+    to_file = bool(getattr(args, "out", None)) if to_file is None else to_file
+    if getattr(args, "wide", False) or to_file or getattr(args, "format", "text") != "text":
         return None
     if sys.stdout.isatty():
         return max(40, shutil.get_terminal_size().columns - 1)
@@ -207,7 +209,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
                   f"objective: {o.objective.value}; schedule: {o.schedule.value}"
                   f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
         text = header + "\n" + _summary_with_why(plan, gpu) + "\n"
-        width = _width(args)
+        width = _width(args, to_file=False)                     # --out is the plan file, not this text
         if plan.baselines and plan.stages:
             from ..reporting.units import device_words
             from ..reporting.why import compare_line, comparisons
@@ -245,7 +247,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": plan_document(r.plan)} for r in rows],
                           indent=1) + "\n"
     else:
-        text = render([sweep_table(rows)], args.format)
+        text = render([sweep_table(rows)], args.format, width=_width(args))
     fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
         text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")

@@ -76,7 +76,7 @@ class Breakdown:
         cap = t_.device_bytes if words.one_tile else t_.bytes_per_tile
         where = "the device" if words.one_tile else f"its worst tile (tile {whole.worst_tile()})"
         t.add("whole model on one device", f"{words.bytes_of(need, cap)} on {where}: {need / cap:.0%}")
-        t.add("always live (weights, gradients, optimizer state)" if words.one_tile else "always-live variables",
+        t.add("weights, gradients, optimizer state" if words.one_tile else "always-live variables",
               self._bytes(whole.always_live.sum()))
         shared = self.shared.total().sum()
         t.add("used by no layer", f"{self._bytes(shared)}, counted on "
@@ -120,11 +120,11 @@ class Breakdown:
         la = m.layers
         roof = _roofline(m)
         t = Table("Operations (bytes summed over tiles)",
-                  [Column("#", "id"), Column("operation"), Column("layer"), Column("rule")]
-                  + [Column(_label(k), "bytes") for k in CODE]
-                  + [Column("variables", "bytes"), Column("total", "bytes"), Column(f"compute ({m.profile.compute_unit})",
-                                                                                      "compute")]
-                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
+                  [Column("#", "id"), Column("operation"), Column("layer"), Column("rule", "text", 3)]
+                  + [Column(_label(k), "bytes", 3) for k in CODE]
+                  + [Column("variables", "bytes", 2), Column("total", "bytes"),
+                     Column(f"compute ({m.profile.compute_unit})", "compute", 1 if roof is not None else 0)]
+                  + ([Column("time (ms)", "float"), Column("bound", "text", 1)] if roof is not None else []))
         for i in range(len(ops)):
             layer = la.names[la.op_layer[i]] if la.op_layer[i] >= 0 else "-"
             extra = ([roof.op_seconds[i] * 1e3, "memory" if roof.op_memory_bound[i] else "compute"]
@@ -142,11 +142,12 @@ class Breakdown:
         paths = list(la.module_paths) if m.profile.target.tiles == 1 and any(la.module_paths) else []
         t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
                   [Column("layer")] + ([Column("module", "text", 2)] if paths else []) +
-                  [Column("ops", "int"), Column("always live", "bytes"),
-                   Column("not always live", "bytes")] + [Column(_label(k), "bytes") for k in CODE]
-                  + [Column("total", "bytes"), Column("worst tile", "id"), Column("worst tile bytes", "bytes"),
-                     Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")]
-                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
+                  [Column("ops", "int", 5), Column("always live", "bytes"),
+                   Column("not always live", "bytes")] + [Column(_label(k), "bytes", 3) for k in CODE]
+                  + [Column("total", "bytes"), Column("worst tile", "id", 4), Column("worst tile bytes", "bytes"),
+                     Column("stashed", "bytes", 2),
+                     Column(f"compute ({m.profile.compute_unit})", "compute", 1 if roof is not None else 0)]
+                  + ([Column("time (ms)", "float"), Column("bound", "text", 1)] if roof is not None else []))
         for l, name in enumerate(la.names):
             sm = m.stage_memory(l, l)
             extra = [roof.layer_seconds[l] * 1e3, roof.layer_bound[l]] if roof is not None else []
@@ -196,8 +197,8 @@ class Breakdown:
         order = np.argsort(-total, kind="stable")[:max(top, 0)]
         t = Table(f"Most loaded tiles (whole profile as one stage, top {len(order)})",
                   [Column("tile", "id"), Column("total", "bytes"), Column("always live", "bytes"),
-                   Column("not always live", "bytes"), Column("peak step", "id")]
-                  + [Column(_label(k), "bytes") for k in CODE] + [Column("of capacity", "percent")])
+                   Column("not always live", "bytes"), Column("peak step", "id", 2)]
+                  + [Column(_label(k), "bytes", 3) for k in CODE] + [Column("of capacity", "percent")])
         cap = self.model.profile.target.bytes_per_tile
         for tile in order:
             step = int(whole.peak_step[tile])
