@@ -247,7 +247,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": plan_document(r.plan)} for r in rows],
                           indent=1) + "\n"
     else:
-        text = render([sweep_table(rows)], args.format, width=_width(args))
+        p = rows[0].plan.profile if len(rows) else None
+        gpu = p is not None and _gpu_view(args, "gpu" if p.one_tile else "ipu", p.tiles)
+        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args))
     fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
         text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")

@@ -65,20 +65,23 @@ def comparison_table(plans: Sequence[Plan], gpu: bool = False) -> Table:
     return t
 
 
-def sweep_table(rows: Sequence) -> Table:
+def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
+    """One row per device count; on a GPU (``gpu``) the fullest stage's memory in GiB too."""
     t = Table("Devices sweep", [Column("devices", "id"), Column("fits"), Column("used", "int"),
                                 Column("bottleneck compute", "compute", 1), Column("bottleneck ms", "float"),
                                 Column("efficiency", "percent"), Column("bubble", "percent", 2),
-                                Column("worst memory", "percent"), Column("status", "text", 3), Column("split")])
+                                Column("worst memory", "percent")] + ([Column("memory", "gib", 2)] if gpu else [])
+              + [Column("status", "text", 3), Column("split")])
     for r in rows:
         p = r.plan
         if not p.stages:
-            t.add(r.devices, "no", 0, None, None, None, None, None, p.status, p.message)
+            t.add(r.devices, "no", 0, None, None, None, None, None, *([None] if gpu else []), p.status, p.message)
             continue
         b, w = p.bottleneck, p.worst_memory
         t.add(r.devices, "yes", len(p.stages), b.compute, b.time_s * 1e3 if b.time_s is not None else None,
               p.pipeline_efficiency(r.micro_batches), bubble_fraction(len(p.stages), r.micro_batches),
-              w.worst_tile_bytes / w.capacity_bytes, p.status, p.short_split_text())
+              w.worst_tile_bytes / w.capacity_bytes, *([w.worst_tile_bytes] if gpu else []), p.status,
+              p.short_split_text())
     if rows and rows[0].plan.inputs.micro_batches_auto:
         t.note = (f"--micro-batches not given: each row uses as many micro-batches as devices (the fewest that "
                   f"fill its {rows[0].plan.inputs.schedule.value} pipeline)")

@@ -7,6 +7,7 @@ import io
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -72,7 +73,7 @@ def gpu_view(table: Table) -> Table:
         if c.kind == "bytes" or (c.kind == "int" and c.name in BYTE_COUNT_COLUMNS):
             c = Column("memory" if c.name == "worst tile bytes" else c.name, "gib", c.drop)
         columns.append(c)
-    title = table.title.replace(" (bytes summed over tiles)", "").replace("; bytes summed over tiles", "")
+    title = re.sub(r" \((bytes )?summed over tiles\)|;? (bytes )?summed over tiles", "", table.title)
     rows = [[row[j] for j in keep] for row in table.rows
             if not (row and isinstance(row[0], str) and row[0] in IPU_ONLY_COLUMNS)]
     return Table(title, columns, rows, table.note)
