@@ -272,9 +272,9 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         one = result.model.profile.target.tiles == 1
         where = "device memory" if one else f"tile {s.tile}"
         peak = f"peak {s.total / 2**30:,.2f} GiB" if one else f"peak {s.total:,} bytes"
-        plot_liveness(by_step, in_stage, m.always_live + m.stashed_copies, code, s.capacity, s.step, args.plot,
+        plot_liveness(by_step, in_stage, m.always_live, code, s.capacity, s.step, args.plot,
                       f"{where}, layers {s.layers[0]}..{s.layers[-1]}: memory over the steps ({peak} at step "
-                      f"{s.step})", gpu=one)
+                      f"{s.step})", gpu=one, stashed=m.stashed_copies)
         print(f"wrote {args.plot}", file=sys.stderr)
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)

@@ -234,19 +234,22 @@ def plot_sweep(rows: Sequence, path: str | Path, title: str | None = None) -> No
 
 
 def liveness_figure(steps_bytes: np.ndarray, in_stage: np.ndarray, always_live: int, code: int, capacity: int,
-                    peak_step: int, title: str, gpu: bool = False):
+                    peak_step: int, title: str, gpu: bool = False, stashed: int = 0):
     """Memory over the steps (the device's on a GPU, one tile's on an IPU): code and always-live
     bands, not-always-live bytes on top, the stage's own steps shaded, capacity and peak marked."""
     fig = _figure(10.0, 4.8)
     ax = fig.subplots()
     steps = np.arange(len(steps_bytes))
-    peak_total = code + always_live + (int(np.max(steps_bytes)) if len(steps_bytes) else 0)
+    peak_total = code + always_live + stashed + (int(np.max(steps_bytes)) if len(steps_bytes) else 0)
     scale, unit = byte_scale(max(capacity, peak_total), gpu)
-    base = np.full(len(steps), (code + always_live) / scale)
+    base = np.full(len(steps), (code + always_live + stashed) / scale)
     if code:
         ax.fill_between(steps, 0, code / scale, color="#ff7f0e", alpha=0.6, step="post", label="code and vertex state")
-    ax.fill_between(steps, code / scale, base, color="#1f77b4", alpha=0.6, step="post",
+    ax.fill_between(steps, code / scale, (code + always_live) / scale, color="#1f77b4", alpha=0.6, step="post",
                     label="weights, gradients, optimizer state" if gpu else "always-live variables")
+    if stashed:
+        ax.fill_between(steps, (code + always_live) / scale, base, color="#9467bd", alpha=0.6, step="post",
+                        label="stashed activations of extra micro-batches")
     ax.fill_between(steps, base, base + steps_bytes / scale, color="#aec7e8", step="post",
                     label="activations and temporaries" if gpu else "not-always-live variables")
     outside = ~np.asarray(in_stage, bool)
@@ -257,7 +260,7 @@ def liveness_figure(steps_bytes: np.ndarray, in_stage: np.ndarray, always_live: 
         ax.axhline(capacity / scale, color="black", linestyle="--", linewidth=1.5,
                    label="capacity" if gpu else "capacity per tile")
     if peak_step >= 0:
-        peak = (code + always_live + steps_bytes[peak_step]) / scale
+        peak = (code + always_live + stashed + steps_bytes[peak_step]) / scale
         ax.plot([peak_step], [peak], "v", color="black", markersize=8, label=f"peak at step {peak_step}")
     ax.set_xlabel("step (one operation each)" if gpu else "program step")
     ax.set_ylabel(f"{'device' if gpu else 'tile'} memory ({unit})")
@@ -268,6 +271,7 @@ def liveness_figure(steps_bytes: np.ndarray, in_stage: np.ndarray, always_live: 
 
 
 def plot_liveness(steps_bytes: np.ndarray, in_stage: np.ndarray, always_live: int, code: int, capacity: int,
-                  peak_step: int, path: str | Path, title: str, gpu: bool = False) -> None:
+                  peak_step: int, path: str | Path, title: str, gpu: bool = False, stashed: int = 0) -> None:
     _check_path(path)
-    save_figure(liveness_figure(steps_bytes, in_stage, always_live, code, capacity, peak_step, title, gpu), path)
+    save_figure(liveness_figure(steps_bytes, in_stage, always_live, code, capacity, peak_step, title, gpu, stashed),
+                path)
