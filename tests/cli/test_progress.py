@@ -20,6 +20,7 @@ ROOT = Path(__file__).resolve().parents[2]
 BERT = ROOT / "profiles" / "bert-base.stagesplit"
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pseudo-terminals as Linux has them")
 def test_the_readmes_first_command_in_a_terminal_leaves_no_progress_behind(tmp_path):
     argv = ["solve", str(BERT), "--devices", "4", "--compare", "--plot", "bert-base-4.png"]

@@ -74,6 +74,7 @@ def _torchtitan_split():
     return _generate_llm_fqn_per_model_part
 
 
+@pytest.mark.slow                                          # importing torchtitan takes seconds
 @pytest.mark.filterwarnings("ignore")
 @given(st.integers(1, 40), st.integers(1, 10))
 @settings(max_examples=60, deadline=None)
@@ -87,6 +88,7 @@ def test_torchtitan_default_is_torchtitans(blocks, stages):
     assert torchtitan_default(blocks, stages) == [sum(m.startswith("layers.") for m in part) for part in modules]
 
 
+@pytest.mark.slow
 def test_torchtitans_defaults_are_one_and_one():
     pytest.importorskip("torchtitan", reason="torchtitan is not installed here")
     from torchtitan.config.configs import ParallelismConfig
