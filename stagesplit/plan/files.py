@@ -88,10 +88,12 @@ _KNOWN_BINARY = ((b"PK\x03\x04", "a zip archive, as a compact stagesplit profile
 def _not_a_profile(path: Path) -> None:
     """Refuse, saying what it is, a file that is recognisably not a plan (a profile above all)."""
     try:
+        if not path.is_file():              # a folder, a device, a FIFO (opening it would block)
+            return                          # read_document says why it cannot be read
         with open(path, "rb") as f:
             head = f.read(16)
     except OSError:
-        return                              # read_document says why it cannot be read
+        return
     for magic, what in _KNOWN_BINARY:
         if head.startswith(magic):
             hint = (f"; a profile? make a plan from it with stagesplit solve {show(str(path))} --devices N --out "
