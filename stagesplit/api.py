@@ -241,8 +241,9 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     ``headroom``, ``reserve``, ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
     ``pin_layers`` ({layer name: device position}), ``communication``, ``link_bandwidth``,
     ``efficiency``, ``shared``, ``layer_compute`` ({layer name: compute}), ``layering``,
-    ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds the
-    greedy and uniform plans. ``plan.warnings`` lists what the command line prints as warnings.
+    ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds what
+    the user would do otherwise, priced by the same cost model: on a GPU the frameworks' default
+    splits (plan/baselines.py), on an IPU PopLiner's greedy and an even split. ``plan.warnings`` lists what the command line prints as warnings.
     """
     from .plan.advise import advise
     events = _events(events)
@@ -480,17 +481,23 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     if name is not None and not isinstance(name, str):
         raise OptionError("name", f"expected a string, got {short_repr(name)}")
     layering = _layering(layering)
+    events.start(f"reading {show(source)}")
     result = read_onnx(source, target, batch=batch, dims=dims, training=training, dtype=dtype, name=name)
+    events.done()
     if output is not None:                    # the model's external data files are inputs too
         check_outputs([("output", output, None)], result.external_files)
+    events.start(f"grouping {len(result.profile.operations):,} operations into layers")
     layers = group_layers(result.profile, layering)
+    events.done()
     if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
         result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]
     result.layers = list(layers.names)
     for message in result.warnings:
         events.warn(message)
     if output is not None:
+        events.start(f"writing {show(output)}")
         save_profile(result.profile, output)
+        events.done()
     return result
 
 
