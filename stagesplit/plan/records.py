@@ -191,7 +191,7 @@ class Plan:
     module_paths: list[str | None] = field(default_factory=list)
     #: things the user should know about the inputs (e.g. a defaulted micro-batch count)
     notes: list[str] = field(default_factory=list)
-    #: not written to the plan file: the greedy and uniform plans solved alongside (``compare``),
+    #: not written to the plan file: what the user would do otherwise, priced alongside (``compare``),
     #: and what the command line prints as warnings
     baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
