@@ -74,3 +74,30 @@ def test_the_progress_flag_reaches_stderr(capsys, tmp_path):
     assert names[:4] == [f"reading {BERT}", "grouping 404 operations into layers",
                          "building the cost model (12 layers, 123,954 variables)", "pricing 78 layer ranges"]
     assert all(": done in " in line for line in err)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="pseudo-terminals as Linux has them")
+@pytest.mark.parametrize("argv, columns", [
+    (["solve", str(BERT), "--devices", "4", "--compare"], 80),
+    (["breakdown", str(ROOT / "profiles" / "llama-7b-layers.json")], 80),
+])
+def test_tables_fit_an_80_column_terminal(tmp_path, argv, columns):
+    """Every table line fits; what was left out is named; plain sentences wrap as the terminal
+    wraps them."""
+    code, raw = run_in_terminal(argv, tmp_path, columns=columns)
+    assert code == 0
+    lines = screen(raw, 1000)
+    rule = [i for i, line in enumerate(lines) if line and set(line) <= {"-", " "} and "--" in line]
+    assert rule, "no table"
+    for i in rule:                                    # each table: its header, rule and rows
+        gaps = [k for k in range(len(lines[i]) - 1) if lines[i][k:k + 2] == "  "]
+
+        def is_row(line: str) -> bool:                # blank where the rule has its gaps (a note is prose)
+            return bool(line) and all(k >= len(line) or line[k] == " " for k in gaps)
+
+        end = next((j for j in range(i + 1, len(lines)) if not is_row(lines[j])), len(lines))
+        assert end > i + 1
+        assert all(len(line) < columns for line in lines[i - 1:end]), lines[i - 1:end]
+    if argv[0] == "solve":
+        assert any(line.startswith("(") and "left out to fit 79 characters" in line and line.endswith(
+            "--wide shows them)") for line in lines)
