@@ -26,7 +26,7 @@ _EXPORTS: dict[str, str] = {
     # one function per command
     "solve": ".api", "sweep": ".api", "reproduce": ".api", "breakdown": ".api", "diagnose": ".api",
     "analyze": ".api", "convert": ".api", "import_onnx": ".api", "capture": ".api", "synthesize": ".api",
-    "export": ".api", "targets": ".api", "Events": ".api", "Reproduction": ".api",
+    "export": ".api", "targets": ".api", "report": ".api", "plot": ".api", "Events": ".api", "Reproduction": ".api",
     # the records they take and return
     "SolveRequest": ".solver.request", "Objective": ".solver.request", "Schedule": ".solver.request",
     "SharedPolicy": ".solver.request", "LayerOptions": ".layers",
@@ -40,6 +40,21 @@ _EXPORTS: dict[str, str] = {
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]
+
+
+def _plan_plot(plan: Any, *args: Any, **kwargs: Any) -> Any:
+    return importlib.import_module(".api", __name__).plot(plan, *args, **kwargs)
+
+
+def _plan_report(plan: Any, *args: Any, **kwargs: Any) -> Any:
+    return importlib.import_module(".api", __name__).report(plan, *args, **kwargs)
+
+
+# Plan.plot() and Plan.report() are drawn by the reporting stage, bound here (common/hooks.py)
+from .common import hooks as _hooks  # noqa: E402
+
+_hooks.register("plan.plot", _plan_plot)
+_hooks.register("plan.report", _plan_report)
 
 
 def __getattr__(name: str) -> Any:

@@ -30,7 +30,7 @@ from .model.analysis import Analysis
 from .solver.request import Schedule, SharedPolicy, SolveRequest
 
 __all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
-           "import_onnx", "reproduce", "solve", "sweep", "synthesize", "targets"]
+           "import_onnx", "plot", "report", "reproduce", "solve", "sweep", "synthesize", "targets"]
 
 ProfileLike = str | Path | Profile | Analysis
 
@@ -48,8 +48,9 @@ class Events:
         """Something the user should know (kept in ``warnings``)."""
         self.warnings.append(message)
 
-    def start(self, label: str) -> None:
-        """A phase begins."""
+    def start(self, label: str, unit: str = "") -> None:
+        """A phase begins (it ends at ``done`` or when the next one starts); ``unit`` names
+        what its ``update`` counts (e.g. "device counts"), empty when only the share matters."""
 
     def update(self, done: int, total: int) -> None:
         """``done`` of ``total`` units of the current phase."""
@@ -114,15 +115,18 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
         profile = profile.profile
     if isinstance(profile, (str, Path)):
         path = _path("profile", profile)
-        slow = path.endswith(".pop")
-        if slow:
-            events.start(f"reading {show(path)}")
-        profile = load_profile(path, _path("debug", debug, optional=True), events.update if slow else None)
-        if slow:
-            events.done()
+        events.start(f"reading {show(path)}")
+        profile = load_profile(path, _path("debug", debug, optional=True), events.update)
+        events.done()
     elif not isinstance(profile, Profile):
         raise OptionError("profile", f"expected a path, a Profile or an Analysis, got {type(profile).__name__}")
-    analysis = Analysis.of(profile, layering, shared.value)
+    from .layers import group_layers
+    from .model.costmodel import StageCostModel
+    events.start(f"grouping {len(profile.operations):,} operations into layers")
+    layers = group_layers(profile, layering)
+    events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value))
+    events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):
         events.warn(message)
     return analysis
@@ -221,7 +225,7 @@ def _price(resolved: Resolved, events: Events, max_devices: int | None = None):
     """Every layer range priced once, for every in-flight count the request can need."""
     from .plan.advise import price
     L = resolved.model.num_layers
-    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")
+    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")       # counted in blocks of steps and tiles: a share
     table = price(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
     events.done()
     return table
@@ -238,8 +242,9 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     ``headroom``, ``reserve``, ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
     ``pin_layers`` ({layer name: device position}), ``communication``, ``link_bandwidth``,
     ``efficiency``, ``shared``, ``layer_compute`` ({layer name: compute}), ``layering``,
-    ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds the
-    greedy and uniform plans. ``plan.warnings`` lists what the command line prints as warnings.
+    ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds what
+    the user would do otherwise, priced by the same cost model: on a GPU the frameworks' default
+    splits (plan/baselines.py), on an IPU PopLiner's greedy and an even split. ``plan.warnings`` lists what the command line prints as warnings.
     """
     from .plan.advise import advise, advise_schedule
     events = _events(events)
@@ -405,9 +410,11 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     table = _price(resolved, events, max_devices=max(counts))
     done: list = []
 
+    events.start("solving", "device counts")
+
     def row_done(row) -> None:
         done.append(row)
-        events.start(f"solved {len(done)}/{len(counts)} device counts")
+        events.update(len(done), len(counts))
         if on_row is not None:
             on_row(row)
 
@@ -535,6 +542,11 @@ def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str,
                                   f"({show(model.profile.info.name or 'unnamed')}) has {len(names)} "
                                   f"({show(', '.join(names[:4]))}...): diagnose the plan with the profile and layer "
                                   "options it was solved with")
+        ours = model.profile.info.sha256
+        if plan.profile.sha256 and ours and plan.profile.sha256 != ours:
+            events.warn(f"{show(where)} was made for {show(plan.profile.name or plan.profile.path or 'a profile')} "
+                        f"(SHA-256 {plan.profile.sha256[:12]}...), not this file (SHA-256 {ours[:12]}...): the layers "
+                        "have the same names, so its split is diagnosed on this profile's figures")
         stages = [(s.first_layer, s.last_layer, s.in_flight, s.capacity_bytes or None) for s in plan.stages]
         if not stages:
             raise StagesplitError(f"{show(where)}: the plan has no stages (no split fitted)")
@@ -559,15 +571,14 @@ def convert(profile: str | Path, output: str | Path, *, debug: str | Path | None
     events = _events(events)
     source, output = _path("profile", profile), _path("output", output)
     check_outputs([("output", output, None)], [source, _path("debug", debug, optional=True)])
-    slow = source.endswith(".pop")
-    if slow:
-        events.start(f"reading {show(source)}")
-    loaded = load_profile(source, debug, events.update if slow else None)
-    if slow:
-        events.done()
+    events.start(f"reading {show(source)}")
+    loaded = load_profile(source, debug, events.update)
+    events.done()
     for message in loaded.info.warnings:
         events.warn(message)
+    events.start(f"writing {show(output)}")
     save_profile(loaded, output)
+    events.done()
     return loaded
 
 
@@ -594,17 +605,23 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     if name is not None and not isinstance(name, str):
         raise OptionError("name", f"expected a string, got {short_repr(name)}")
     layering = _layering(layering)
+    events.start(f"reading {show(source)}")
     result = read_onnx(source, target, batch=batch, dims=dims, training=training, dtype=dtype, name=name)
+    events.done()
     if output is not None:                    # the model's external data files are inputs too
         check_outputs([("output", output, None)], result.external_files)
+    events.start(f"grouping {len(result.profile.operations):,} operations into layers")
     layers = group_layers(result.profile, layering)
+    events.done()
     if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
         result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]
     result.layers = list(layers.names)
     for message in result.warnings:
         events.warn(message)
     if output is not None:
+        events.start(f"writing {show(output)}")
         save_profile(result.profile, output)
+        events.done()
     return result
 
 
@@ -622,13 +639,20 @@ def capture(model: str, output: str | Path | None = None, *, events: Events | No
     if output is not None:
         where = model.rpartition(":")[0]
         check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
-    events.start(f"capturing {show(model)}")
+    events.start("importing torch")
+    try:
+        import torch  # noqa: F401  (the longest part of a capture on a cold start: a phase of its own)
+    except ImportError:
+        pass                                  # capture_step says how to install it
+    events.start(f"capturing one training step of {show(model)}")
     profile = capture_step(model, **options)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)
     if output is not None:
+        events.start(f"writing {show(output)}")
         save_profile(profile, output)
+        events.done()
     return profile
 
 
@@ -658,6 +682,7 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
     else:
         profile = make(family, target, **options)
         if output is not None:
+            events.start(f"writing {show(output)}")
             save_profile(profile, output)
     events.done()
     return profile
@@ -685,6 +710,61 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     if output is not None:
         atomic_write_text(_path("output", output), text)
     return text
+
+
+def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, parameter: str = "plan"):
+    """A Plan (read from a file if given a path), with the cost model it was solved on and the
+    frameworks' splits to compare with: from ``profile`` when given (the recorded request
+    solved again on it, which must have the plan's layers), else what a plan in memory holds."""
+    from .plan.files import read_plan
+    from .plan.records import Plan
+    where = None
+    if isinstance(plan, (str, Path)):
+        where = str(plan)
+        plan = read_plan(plan)
+    elif not isinstance(plan, Plan):
+        raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
+    if profile is None:
+        return plan
+    fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+    if fresh.layer_names != plan.layer_names:
+        made_for = plan.profile.name or plan.profile.path or "another profile"
+        raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
+                              f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
+                              "give the profile the plan was solved on")
+    plan = copy.copy(plan)
+    plan.analysis, plan.baselines = fresh.analysis, fresh.baselines
+    return plan
+
+
+def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *, events: Events | None = None) -> str:
+    """Write ``plan`` (a ``Plan`` or a plan file) as one self-contained HTML page to ``output``:
+    the split and why, memory by stage, the schedule per rank, the layers, the comparison with
+    the frameworks' defaults and the export snippets. ``profile`` (the one the plan was solved
+    on) adds the why, the per-layer figures and the comparison to a plan read from a file.
+    Returns the path written."""
+    from .reporting.html import write_report
+    events = _events(events)
+    output = _path("output", output)
+    inputs = [str(plan) if isinstance(plan, (str, Path)) else None,
+              str(profile) if isinstance(profile, (str, Path)) else None]
+    check_outputs([("output", output, None)], inputs)
+    plan = _plan_with_model(plan, profile, events)
+    events.start(f"writing {show(output)}")
+    write_report(plan, output)
+    events.done()
+    return output
+
+
+def plot(plan: Any, profile: ProfileLike | None = None):
+    """The plan as a matplotlib Figure (``Plan.plot()``): memory by stage and category against
+    capacity, on an IPU the stages' tiles, and each stage's time."""
+    from .reporting.plot import plan_figure
+    plan = _plan_with_model(plan, profile, Events())
+    tiles = None
+    if plan.analysis is not None and not plan.profile.one_tile:
+        tiles = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+    return plan_figure(plan, tiles)
 
 
 def targets() -> dict[str, Target]:

@@ -78,7 +78,8 @@ DEFAULT_TARGET = "a100-80gb"
 ALWAYS_KINDS = ("param", "buffer", "grad", "state")
 ROOT = "<root>"
 LOSS = "loss"
-TORCH_MISSING = "stagesplit capture needs PyTorch: pip install 'stagesplit[torch]'"
+TORCH_MISSING = ("stagesplit capture needs PyTorch: pip install 'stagesplit[torch]' (from a checkout of stagesplit: "
+                 "pip install '.[torch]')")
 #: the environment variables naming torch's on-disk caches (inductor's is made when torch._dynamo is imported)
 CACHE_VARIABLES = ("TORCHINDUCTOR_CACHE_DIR", "TRITON_CACHE_DIR")
 

@@ -58,7 +58,11 @@ def main(argv: Sequence[str] | None = None) -> int:
             return EXIT_USAGE
         from .commands import COMMANDS
         _check_outputs(args)
-        return COMMANDS[args.command](args)
+        try:
+            return COMMANDS[args.command](args)
+        finally:
+            from .commands import end_progress
+            end_progress()
     except StagesplitError as exc:
         if debug:
             traceback.print_exc()

@@ -12,30 +12,65 @@ from .. import api
 from ..common.text import one_line
 from ..errors import StagesplitError
 
-__all__ = ["COMMANDS", "TerminalEvents"]
+__all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
+
+
+#: the command's events, so that ``end_progress`` can clear a live line when a command fails
+_ACTIVE: list["TerminalEvents"] = []
 
 
 class TerminalEvents(api.Events):
-    """Warnings printed to stderr at once; progress as a line on stderr when it is a terminal
-    (or with ``--progress``)."""
+    """Warnings printed to stderr at once; progress as one live line per phase on stderr when
+    it is a terminal (plain lines with ``--progress`` when it is not): common/progress.py."""
 
     def __init__(self, progress: bool = False) -> None:
         from ..common.progress import Progress
         super().__init__()
         self.progress = Progress(enabled=True if progress else None)
+        _ACTIVE.append(self)
 
     def warn(self, message: str) -> None:
         super().warn(message)
-        print(f"stagesplit: warning: {one_line(str(message))}", file=sys.stderr)
+        self.progress.write(f"stagesplit: warning: {one_line(str(message))}")
 
-    def start(self, label: str) -> None:
-        self.progress.start(label)
+    def start(self, label: str, unit: str = "") -> None:
+        self.progress.start(label, unit)
 
     def update(self, done: int, total: int) -> None:
         self.progress.update(done, total)
 
     def done(self, detail: str = "") -> None:
         self.progress.done(detail)
+
+
+def end_progress() -> None:
+    """End every live progress line (a command that failed mid-phase leaves none behind)."""
+    while _ACTIVE:
+        _ACTIVE.pop().progress.finish()
+
+
+def _width(args: argparse.Namespace, to_file: bool | None = None) -> int | None:
+    """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal,
+    unless --wide, a machine format or the tables go to a file (``to_file``; default: --out
+    given); None (piped output): no limit."""
+    import shutil
+    to_file = bool(getattr(args, "out", None)) if to_file is None else to_file
+    if getattr(args, "wide", False) or to_file or getattr(args, "format", "text") != "text":
+        return None
+    if sys.stdout.isatty():
+        return max(40, shutil.get_terminal_size().columns - 1)
+    return None
+
+
+def _summary_with_why(plan, gpu: bool) -> str:
+    """The plan's summary with the one-line "why" under the split."""
+    from ..reporting.units import device_words
+    from ..reporting.why import why_line
+    lines = plan.summary(plan.inputs.micro_batches, gpu=gpu).split("\n")
+    why = why_line(plan, plan.analysis, device_words(plan.profile.tiles))
+    if why:
+        lines.insert(1, one_line(why))
+    return "\n".join(lines)
 
 
 def _events(args: argparse.Namespace) -> TerminalEvents:
@@ -105,12 +140,13 @@ def _gpu_view(args: argparse.Namespace, target_kind: str, tiles: int) -> bool:
 # -- commands -------------------------------------------------------------------------------------------
 
 def cmd_breakdown(args: argparse.Namespace) -> int:
-    from ..reporting.breakdown import SECTIONS
+    from ..reporting.breakdown import DEFAULT_SECTIONS, SECTIONS
     from ..reporting.table import gpu_view, render
-    sections = tuple(args.sections.split(",")) if args.sections else SECTIONS
+    given = args.sections and args.sections != "all"
+    sections = tuple(args.sections.split(",")) if given else SECTIONS if args.sections == "all" else DEFAULT_SECTIONS
     unknown = [s for s in sections if s not in SECTIONS]
     if unknown:
-        raise StagesplitError(f"--sections: unknown section '{one_line(unknown[0])}': expected some of "
+        raise StagesplitError(f"--sections: unknown section '{one_line(unknown[0])}': expected 'all' or some of "
                               f"{', '.join(SECTIONS)}")
     targets = _targets(args)
     result = api.breakdown(args.profile, debug=args.debug_cbor, target=targets[0] if targets else None,
@@ -118,12 +154,12 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
                            layer_compute=_layer_compute(args), events=_events(args))
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)
-    if gpu and not args.sections:
+    if gpu and not given:
         sections = tuple(s for s in sections if s != "tiles")     # one tile: nothing to rank
     tables = result.tables(sections, top_tiles=args.top_tiles)
     if gpu:
         tables = [gpu_view(t) for t in tables]
-    _emit(render(tables, args.format), args.out)
+    _emit(render(tables, args.format, width=_width(args)), args.out)
     return 0
 
 
@@ -173,12 +209,19 @@ def cmd_solve(args: argparse.Namespace) -> int:
                   f"{reserve if o.reserve else ''})\n"
                   f"objective: {o.objective.value}; schedule: {o.schedule.value}"
                   f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
-        text = header + "\n" + plan.summary(o.micro_batches, gpu=gpu) + "\n"
+        text = header + "\n" + _summary_with_why(plan, gpu) + "\n"
+        width = _width(args, to_file=False)                     # --out is the plan file, not this text
+        if plan.baselines and plan.stages:
+            from ..reporting.units import device_words
+            from ..reporting.why import compare_line, comparisons
+            words = device_words(p.tiles)
+            text += "compared with what you would do otherwise, under the same cost model:\n"
+            text += "".join(f"  {one_line(compare_line(c))}\n" for c in comparisons(plan, plan.baselines, words))
         if plan.stages:
             table = stages_table(plan)
-            text += "\n" + render([gpu_view(table) if gpu else table])
+            text += "\n" + render([gpu_view(table) if gpu else table], width=width)
         if plan.baselines:
-            text += "\n" + render([comparison_table([plan] + plan.baselines)])
+            text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
         sys.stdout.write(text)
@@ -205,7 +248,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": plan_document(r.plan)} for r in rows],
                           indent=1) + "\n"
     else:
-        text = render([sweep_table(rows)], args.format)
+        p = rows[0].plan.profile if len(rows) else None
+        gpu = p is not None and _gpu_view(args, "gpu" if p.one_tile else "ipu", p.tiles)
+        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args))
     fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
         text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")
@@ -225,11 +270,16 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         by_step, in_stage = live_bytes_by_step(result.model, s.first, s.last, s.tile)
         m = s.memory
         code = m.vertex_code + m.vertex_state + m.exchange_code + m.control_code
-        plot_liveness(by_step, in_stage, m.always_live + m.stashed_copies, code, s.capacity, s.step, args.plot,
-                      f"tile {s.tile}, layers {s.layers[0]}..{s.layers[-1]}: memory over program steps "
-                      f"(peak {s.total:,} bytes at step {s.step})")
+        one = result.model.profile.target.tiles == 1
+        where = "device memory" if one else f"tile {s.tile}"
+        peak = f"peak {s.total / 2**30:,.2f} GiB" if one else f"peak {s.total:,} bytes"
+        plot_liveness(by_step, in_stage, m.always_live, code, s.capacity, s.step, args.plot,
+                      f"{where}, layers {s.layers[0]}..{s.layers[-1]}: memory over the steps ({peak} at step "
+                      f"{s.step})", gpu=one, stashed=m.stashed_copies)
         print(f"wrote {args.plot}", file=sys.stderr)
-    _emit(render(diagnosis_tables(result), args.format), args.out)
+    target = result.model.profile.target
+    gpu = _gpu_view(args, target.kind, target.tiles)
+    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args)), args.out)
     return 0
 
 
@@ -294,15 +344,22 @@ def cmd_capture(args: argparse.Namespace) -> int:
 
 def cmd_targets(args: argparse.Namespace) -> int:
     from ..reporting.table import Column, Table, render
-    t = Table("Device targets", [Column("name"), Column("kind"), Column("tiles", "int"),
-                                 Column("bytes per tile", "int"), Column("device memory", "bytes"),
+    t = Table("Device targets", [Column("name"), Column("kind"), Column("tiles", "int", 2),
+                                 Column("bytes per tile", "int", 1), Column("device memory", "gib"),
                                  Column("description")])
     for name, target in api.targets().items():
         t.add(name, target.kind, target.tiles, target.bytes_per_tile, target.device_bytes, target.description)
-    _emit(render([t], args.format), args.out)
+    t.note = "GiB: 2**30 bytes, as in every command (solve's capacities, breakdown, diagnose, plots)"
+    _emit(render([t], args.format, width=_width(args)), args.out)
     return 0
 
 
-COMMANDS = {"breakdown": cmd_breakdown, "solve": cmd_solve, "sweep": cmd_sweep, "diagnose": cmd_diagnose,
+def cmd_report(args: argparse.Namespace) -> int:
+    written = api.report(args.plan, args.output, args.profile, events=_events(args))
+    print(f"wrote {written}", file=sys.stderr)
+    return 0
+
+
+COMMANDS = {"report": cmd_report, "breakdown": cmd_breakdown, "solve": cmd_solve, "sweep": cmd_sweep, "diagnose": cmd_diagnose,
             "convert": cmd_convert, "import": cmd_import, "synth": cmd_synth, "export": cmd_export,
             "capture": cmd_capture, "targets": cmd_targets}

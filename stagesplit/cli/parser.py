@@ -83,6 +83,13 @@ def _add_layer_options(p: argparse.ArgumentParser) -> None:
 def _add_output(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=("text", "csv", "tsv", "json"), default="text", help="output format")
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
+    _add_wide(p)
+
+
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wide", action="store_true",
+                   help="show every table column (by default text tables in a terminal leave out the columns it "
+                        "cannot fit and say which)")
 
 
 def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
@@ -150,12 +157,13 @@ def build_parser() -> argparse.ArgumentParser:
     def command(name: str, **kw) -> argparse.ArgumentParser:
         return sub.add_parser(name, parents=[common], **kw)
 
-    p = command("breakdown", help="memory and compute by operation, layer, category and tile")
+    p = command("breakdown", help="memory and compute by layer (and on request by operation, category and tile)")
     _add_profile(p)
     _add_layer_options(p)
     _add_output(p)
     p.add_argument("--sections", metavar="LIST",
-                   help="comma-separated sections: grouping,operations,layers,totals,tiles,affinity,communication")
+                   help="comma-separated sections, or 'all': summary,grouping,operations,layers,totals,tiles,affinity,"
+                        "communication (default: summary,layers)")
     p.add_argument("--top-tiles", type=_count, default=10, metavar="N", help="how many of the most loaded tiles to list")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes, the tiles section and the code columns")
@@ -170,13 +178,18 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the request recorded in PLAN again (on its recorded profile unless one is given) and "
                         "report whether the split is identical (exit 1 if not)")
     _add_layer_options(p)
-    p.add_argument("--compare", action="store_true", help="also show PopLiner's greedy and a uniform split")
+    p.add_argument("--compare", action="store_true",
+                   help="compare with what you would do otherwise, each split priced by the same cost model: on a "
+                        "GPU, Megatron's even layout, DeepSpeed's \"parameters\" and \"uniform\" partitions, "
+                        "torchtitan's default split and torch pipelining's equal split; on an IPU, PopLiner's greedy "
+                        "and an even split")
     p.add_argument("--unlayered-first", action="store_true",
                    help="with --compare, the greedy puts operations with no layer on the first stage only, "
                         "as PopLiner does (default: they count as --shared says, like every other method)")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes and the per-tile and code columns")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
+    _add_wide(p)
     p.add_argument("--out", metavar="PLAN", help="write the plan (.json, or .yaml/.yml) atomically")
     p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
 
@@ -202,7 +215,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
 
-    p = command("import", help="import an ONNX model as a profile (needs stagesplit[onnx])")
+    p = command("import", help="import an ONNX model as a profile (needs pip install 'stagesplit[onnx]', or "
+                               "'.[onnx]' in a checkout)")
     p.add_argument("model", metavar="MODEL.onnx", help="ONNX model (external data files next to it)")
     p.add_argument("-o", "--output", required=True, metavar="FILE",
                    help="output: .stagesplit or .npz for the compact form, anything else for JSON")
@@ -246,7 +260,7 @@ def build_parser() -> argparse.ArgumentParser:
                 "aten operation is one program step; every tensor storage a variable with its bytes and live "
                 "interval. Parameters, buffers, gradients and optimizer state are always live. Writes the full "
                 "form (one tile holding the target's memory) with FLOPs as compute. Needs pip install "
-                "'stagesplit[torch]'.")
+                "'stagesplit[torch]' (in a checkout of stagesplit: pip install '.[torch]').")
     p.add_argument("model", metavar="MODEL",
                    help="path/to/file.py:function or package.module:function; the function takes no arguments and "
                         "returns (model, inputs) or (model, inputs, loss_fn); inputs: a tensor, a tuple of arguments "
@@ -273,6 +287,13 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
+
+    p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
+    p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
+    p.add_argument("profile", nargs="?", metavar="PROFILE",
+                   help="the profile the plan was solved on: adds why the split binds, per-layer figures and the "
+                        "comparison with the frameworks' defaults")
+    p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write (atomically)")
 
     p = command("targets", help="list the shipped device targets")
     _add_output(p)

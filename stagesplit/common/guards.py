@@ -143,6 +143,7 @@ _FILE_INPUTS = {
     "convert": ("profile", "debug_cbor"),
     "import": ("model", "layer_compute"),
     "export": ("plan",),
+    "report": ("plan", "profile"),
 }
 
 

@@ -137,7 +137,8 @@ def _onnx():
         import onnx  # noqa: F401
         from onnx import shape_inference  # noqa: F401
     except ImportError:
-        raise StagesplitError("import needs the onnx package: pip install 'stagesplit[onnx]'") from None
+        raise StagesplitError("import needs the onnx package: pip install 'stagesplit[onnx]' (from a checkout of "
+                              "stagesplit: pip install '.[onnx]')") from None
     return onnx
 
 

@@ -1,5 +1,6 @@
-"""From a priced model to a plan: solve with CP-SAT, explain infeasibility, compare with the
-PopLiner-style greedy and a uniform split, and sweep the number of devices."""
+"""From a priced model to a plan: solve with CP-SAT, explain infeasibility, compare with what
+the user would do otherwise (the GPU frameworks' default splits, or PopLiner's greedy and an
+even split on an IPU), and sweep the number of devices."""
 
 from __future__ import annotations
 
@@ -13,13 +14,16 @@ from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import SolverResult, solve_cpsat
 from ..solver.dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
-from ..solver.problem import SolveOptions, SplitProblem, build_problem, in_flight, in_flight_values, with_devices
+from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate, in_flight, in_flight_values,
+                              with_devices)
+from .baselines import framework_baselines, layer_roles
 from .build import make_plan, make_schedule_plan
 from ..solver.request import SolveRequest
 from .records import Plan, PlanInputs
 
 __all__ = ["Advice", "SweepResult", "SweepRow", "advise", "advise_schedule", "device_capacities", "explain_infeasible",
-           "fewest_devices", "inputs_for", "inputs_of", "price", "schedule_problem", "sweep"]
+           "fewest_devices", "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price",
+           "schedule_problem", "sweep"]
 
 
 @dataclass
@@ -177,12 +181,39 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
                      message=message)
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
-    if compare:
+    if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults
+        advice.baselines.extend(framework_plans(model, problem, traffic, inputs))
+    elif compare:
         if unlayered_first:
             base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
+
+
+def layer_parameter_bytes(model: StageCostModel) -> np.ndarray:
+    """Each layer's own always-live bytes (its parameters with their gradients and optimizer
+    state), the shared items left out: what DeepSpeed's "parameters" partition balances."""
+    shared = int(model.shared_memory().always_live.sum()) if model.shared == "every" else 0
+    return np.array([max(int(model.stage_memory(l, l).always_live.sum()) - shared, 0)
+                     for l in range(model.num_layers)], np.float64)
+
+
+def framework_plans(model: StageCostModel, problem: SplitProblem, traffic: Traffic, inputs: PlanInputs) -> list[Plan]:
+    """The GPU frameworks' default splits (plan/baselines.py) priced as plans; one a framework
+    refuses for this model is a plan with no stages whose message says why."""
+    _, first_re, last_re, _ = model.layers.options.compiled()
+    embedding, head = layer_roles(model.layers.names, first_re, last_re)
+    out = []
+    for b in framework_baselines(model.num_layers, problem.devices, layer_parameter_bytes(model), embedding, head):
+        if b.bounds is None:
+            out.append(make_plan(model, problem, None, inputs, method=b.key, traffic=traffic, message=b.reason))
+            continue
+        split = Split(b.bounds)
+        ev = evaluate(problem, split)
+        out.append(make_plan(model, problem, split, inputs, method=b.key, traffic=traffic,
+                             message="" if ev.feasible else ev.reason))
+    return out
 
 
 def popliner_tables(model: StageCostModel, in_flight_counts) -> UnlayeredFirst:

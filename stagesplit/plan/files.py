@@ -19,6 +19,8 @@ import yaml
 from ..common.fields import FieldReader
 from ..common.fileio import atomic_write_text
 from ..common.safeinput import read_document
+from ..common.text import show
+from ..errors import StagesplitError
 from ..io.profile import Target
 from ..io.targets import known_targets, target_from_mapping, target_record
 from ..model.stagememory import MemoryBreakdown
@@ -81,13 +83,40 @@ def write_plan(plan: Plan, path: str | Path) -> None:
 
 # -- reading ------------------------------------------------------------------------------------
 
+#: what a file that is not a plan is, by its first bytes
+_KNOWN_BINARY = ((b"PK\x03\x04", "a zip archive, as a compact stagesplit profile (.stagesplit, .npz) is"),
+                 (b"SQLite format 3\x00", "an SQLite database, as a PopVision profile.pop is"),
+                 (b"\x08", "binary data (an ONNX model or another protobuf?)"))
+
+
+def _not_a_profile(path: Path) -> None:
+    """Refuse, saying what it is, a file that is recognisably not a plan (a profile above all)."""
+    try:
+        if not path.is_file():              # a folder, a device, a FIFO (opening it would block)
+            return                          # read_document says why it cannot be read
+        with open(path, "rb") as f:
+            head = f.read(16)
+    except OSError:
+        return
+    for magic, what in _KNOWN_BINARY:
+        if head.startswith(magic):
+            hint = (f"; a profile? make a plan from it with stagesplit solve {show(str(path))} --devices N --out "
+                    "plan.json" if magic == b"PK\x03\x04" else "")
+            raise StagesplitError(f"{show(str(path))} is not a plan: it is {what}{hint}")
+
+
 def read_plan(path: str | Path) -> Plan:
     """Read a plan file (version 1 or 2), checking every field; a bad one raises
     ``ProfileError`` naming the file and the field (``request.devices``, ``stages[2].layers``)."""
     path = Path(path)
+    _not_a_profile(path)
     doc = read_document(path, "plan")       # opened once, size-capped, strict JSON / safe YAML
     r = FieldReader(str(path))
     r.mapping(doc, "document")
+    if doc.get("format") == "stagesplit-profile":
+        raise StagesplitError(f"{show(str(path))} is a stagesplit profile (format \"stagesplit-profile\"), not a plan: "
+                              f"make a plan from it first with stagesplit solve {show(str(path))} --devices N --out "
+                              "plan.json")
     if doc.get("format") != FORMAT:
         r.fail("format", f'"{FORMAT}" (a plan written by stagesplit solve --out; is this a profile or another '
                "file?)", doc.get("format"))

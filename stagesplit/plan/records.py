@@ -13,6 +13,7 @@ from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
+from ..common import hooks
 from ..common.text import one_line
 from .text import seconds_text, split_text
 
@@ -248,7 +249,7 @@ class Plan:
     module_paths: list[str | None] = field(default_factory=list)
     #: things the user should know about the inputs (e.g. a defaulted micro-batch count)
     notes: list[str] = field(default_factory=list)
-    #: not written to the plan file: the greedy and uniform plans solved alongside (``compare``),
+    #: not written to the plan file: what the user would do otherwise, priced alongside (``compare``),
     #: and what the command line prints as warnings
     baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
@@ -377,6 +378,16 @@ class Plan:
         if seconds is not None:
             return f"{compute:.4g} {self.compute_unit} ({seconds_text(seconds)})"
         return f"{compute:.4g} {self.compute_unit}"
+
+    # -- pictures (drawn by stagesplit.reporting, bound through common/hooks.py) ---------------
+    def plot(self):
+        """The plan as a matplotlib Figure: each stage's memory by category against its
+        capacity (and, on an IPU, its tiles), and each stage's time (``stagesplit.plot``)."""
+        return hooks.call("plan.plot", self)
+
+    def report(self, path, profile=None) -> None:
+        """Write the plan as one self-contained HTML page to ``path`` (``stagesplit.report``)."""
+        hooks.call("plan.report", self, path, profile)
 
     # -- notebooks (pandas is imported only here) -----------------------------------------------
     def stage_target(self, stage: StagePlan) -> str:

@@ -12,11 +12,14 @@ from ..model.stagememory import program_code
 from ..layers import Rule
 from .table import Column, Table
 from ..model.traffic import Traffic, layer_traffic
-from ..common.text import one_line
+from ..common.text import one_line, show
+from .units import GIB, device_words
 
-__all__ = ["Breakdown", "CODE", "OperationCosts", "SECTIONS", "operation_costs"]
+__all__ = ["Breakdown", "CODE", "DEFAULT_SECTIONS", "OperationCosts", "SECTIONS", "operation_costs"]
 
-SECTIONS = ("grouping", "operations", "layers", "totals", "tiles", "affinity", "communication")
+SECTIONS = ("summary", "grouping", "operations", "layers", "totals", "tiles", "affinity", "communication")
+#: what a bare ``breakdown`` shows: the summary and one row per layer (the rest on request)
+DEFAULT_SECTIONS = ("summary", "layers")
 CODE = ("vertex_code", "vertex_state", "exchange_code", "control_code")
 
 
@@ -35,14 +38,65 @@ class Breakdown:
     def of(cls, model: StageCostModel) -> "Breakdown":
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
 
-    def tables(self, sections: tuple[str, ...] = SECTIONS, top_tiles: int = 10) -> list[Table]:
-        """The text tables of the given sections, in order."""
-        builders = {"grouping": self.grouping_table, "operations": self.operations_table, "layers": self.layers_table,
+    def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:
+        """The text tables of the given sections, in order (default: the summary and the layers)."""
+        builders = {"summary": self.summary_table, "grouping": self.grouping_table, "operations": self.operations_table, "layers": self.layers_table,
                     "totals": self.totals_table, "tiles": lambda: self.tiles_table(top_tiles),
                     "affinity": self.affinity_table, "communication": self.communication_table}
         return [builders[s]() for s in sections]
 
+    @property
+    def words(self):
+        return device_words(self.model.profile.target.tiles)
+
+    def _bytes(self, value: float) -> str:
+        """Bytes summed over tiles in a note: GiB on a GPU, MiB over an IPU's tiles."""
+        if self.words.one_tile:
+            return f"{value / GIB:,.2f} GiB"
+        return f"{value / 2**20:,.2f} MiB summed over tiles"
+
     # -- tables -----------------------------------------------------------------------------------
+    def summary_table(self) -> Table:
+        """The profile in a few lines: device, layers, what the whole model needs against one
+        device, compute, and the largest layers."""
+        m = self.model
+        p = m.profile
+        t_ = p.target
+        words = self.words
+        whole = self.whole
+        t = Table(f"Summary of {show(p.info.name or 'the profile')}{' (synthetic)' if p.info.synthetic else ''}",
+                  [Column("item"), Column("value")])
+        if words.one_tile:
+            t.add("device", f"{t_.name}: {t_.device_bytes / GIB:,.2f} GiB")
+        else:
+            t.add("device", f"{t_.name}: {t_.tiles:,} tiles x {t_.bytes_per_tile:,} bytes")
+        la = m.layers
+        t.add("layers", f"{len(la.names)} ({la.share_assigned:.0%} of {len(p.operations):,} operations have one)")
+        need = whole.worst_bytes()
+        cap = t_.device_bytes if words.one_tile else t_.bytes_per_tile
+        where = "the device" if words.one_tile else f"its worst tile (tile {whole.worst_tile()})"
+        t.add("whole model on one device", f"{words.bytes_of(need, cap)} on {where}: {need / cap:.0%}")
+        t.add("weights, gradients, optimizer state" if words.one_tile else "always-live variables",
+              self._bytes(whole.always_live.sum()))
+        shared = self.shared.total().sum()
+        t.add("used by no layer", f"{self._bytes(shared)}, counted on "
+              f"{'every stage' if m.shared == 'every' else 'no stage'} (--shared {m.shared})")
+        roof = _roofline(m)
+        compute = f"{m.layer_compute.sum() + m.shared_compute:.4g} {p.compute_unit}"
+        if roof is not None:
+            compute += f" ({roof.layer_seconds.sum() * 1e3:,.3g} ms on {t_.name})"
+        t.add("compute per step", compute)
+        if len(la.names):
+            sizes = [m.stage_memory(l, l).worst_bytes() for l in range(len(la.names))]
+            big = int(np.argmax(sizes))
+            heavy = int(np.argmax(m.layer_compute))
+            t.add("largest layer (memory)", f"{show(la.names[big])}: {words.bytes(sizes[big])}"
+                  + ("" if words.one_tile else " on its worst tile"))
+            t.add("heaviest layer (compute)", f"{show(la.names[heavy])}: {m.layer_compute[heavy]:.4g} {p.compute_unit}")
+        rest = [s for s in SECTIONS if s not in DEFAULT_SECTIONS and not (words.one_tile and s == "tiles")]
+        t.note = f"more: --sections {','.join(rest)}"
+        return t
+
     def grouping_table(self) -> Table:
         """How operations were assigned to layers, by rule."""
         la = self.model.layers
@@ -66,11 +120,11 @@ class Breakdown:
         la = m.layers
         roof = _roofline(m)
         t = Table("Operations (bytes summed over tiles)",
-                  [Column("#", "id"), Column("operation"), Column("layer"), Column("rule")]
-                  + [Column(_label(k), "bytes") for k in CODE]
-                  + [Column("variables", "bytes"), Column("total", "bytes"), Column(f"compute ({m.profile.compute_unit})",
-                                                                                      "compute")]
-                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
+                  [Column("#", "id"), Column("operation"), Column("layer"), Column("rule", "text", 3)]
+                  + [Column(_label(k), "bytes", 3) for k in CODE]
+                  + [Column("variables", "bytes", 2), Column("total", "bytes"),
+                     Column(f"compute ({m.profile.compute_unit})", "compute", 1 if roof is not None else 0)]
+                  + ([Column("time (ms)", "float"), Column("bound", "text", 1)] if roof is not None else []))
         for i in range(len(ops)):
             layer = la.names[la.op_layer[i]] if la.op_layer[i] >= 0 else "-"
             extra = ([roof.op_seconds[i] * 1e3, "memory" if roof.op_memory_bound[i] else "compute"]
@@ -85,19 +139,23 @@ class Breakdown:
         m = self.model
         la = m.layers
         roof = _roofline(m)
+        paths = list(la.module_paths) if m.profile.target.tiles == 1 and any(la.module_paths) else []
         t = Table("Layers (each layer as a stage of its own; bytes summed over tiles)",
-                  [Column("layer"), Column("ops", "int"), Column("always live", "bytes"),
-                   Column("not always live", "bytes")] + [Column(_label(k), "bytes") for k in CODE]
-                  + [Column("total", "bytes"), Column("worst tile", "id"), Column("worst tile bytes", "bytes"),
-                     Column("stashed", "bytes"), Column(f"compute ({m.profile.compute_unit})", "compute")]
-                  + ([Column("time (ms)", "float"), Column("bound")] if roof is not None else []))
+                  [Column("layer")] + ([Column("module", "text", 2)] if paths else []) +
+                  [Column("ops", "int", 5), Column("always live", "bytes"),
+                   Column("not always live", "bytes")] + [Column(_label(k), "bytes", 3) for k in CODE]
+                  + [Column("total", "bytes"), Column("worst tile", "id", 4), Column("worst tile bytes", "bytes"),
+                     Column("stashed", "bytes", 2),
+                     Column(f"compute ({m.profile.compute_unit})", "compute", 1 if roof is not None else 0)]
+                  + ([Column("time (ms)", "float"), Column("bound", "text", 1)] if roof is not None else []))
         for l, name in enumerate(la.names):
             sm = m.stage_memory(l, l)
             extra = [roof.layer_seconds[l] * 1e3, roof.layer_bound[l]] if roof is not None else []
-            t.add(name, int((la.op_layer == l).sum()), int(sm.always_live.sum()), int(sm.not_always_live.sum()),
+            t.add(name, *([paths[l] or "-"] if paths else []), int((la.op_layer == l).sum()), int(sm.always_live.sum()),
+                  int(sm.not_always_live.sum()),
                   *(int(sm.category(k).sum()) for k in CODE), int(sm.total().sum()), sm.worst_tile(),
                   sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]), *extra)
-        t.note = (f"shared items on every layer: {self.shared.total().sum() / 1e6:.2f} MB summed over tiles"
+        t.note = (f"shared items (used by no layer) on every layer: {self._bytes(self.shared.total().sum())}"
                   if m.shared == "every" else "shared items are not counted (--shared none)")
         return t
 
@@ -114,16 +172,21 @@ class Breakdown:
         for name, values, part in rows:
             t.add(name, int(values.sum()), int(part.sum()), int(values.max(initial=0)))
         t.add("total", int(whole.total().sum()), int(shared.total().sum()), whole.worst_bytes())
-        notes = [f"capacity: {m.profile.target.tiles:,} tiles x {m.profile.target.bytes_per_tile:,} bytes "
-                 f"({m.profile.target.name}); worst tile needs {whole.worst_bytes() / m.profile.target.bytes_per_tile:.0%}"
-                 " of a tile",
+        target = m.profile.target
+        if self.words.one_tile:
+            capacity = (f"capacity: {target.device_bytes / GIB:,.2f} GiB ({target.name}); the whole model needs "
+                        f"{whole.worst_bytes() / target.device_bytes:.0%} of it")
+        else:
+            capacity = (f"capacity: {target.tiles:,} tiles x {target.bytes_per_tile:,} bytes ({target.name}); worst "
+                        f"tile needs {whole.worst_bytes() / target.bytes_per_tile:.0%} of a tile")
+        notes = [capacity,
                  f"compute: {m.layer_compute.sum():.4g} {m.profile.compute_unit} in layers, "
                  f"{m.shared_compute:.4g} in shared operations ({m.profile.info.compute_source or 'source not stated'})"]
         gt = m.profile.ground_truth
         if gt is not None:
             total = gt.tile_total()
-            notes.append(f"profile ground truth: {total.sum() / 1e6:.2f} MB summed over tiles, worst tile "
-                         f"{int(total.max()):,} bytes; modelled {whole.total().sum() / 1e6:.2f} MB")
+            notes.append(f"profile ground truth: {total.sum() / 2**20:,.2f} MiB summed over tiles, worst tile "
+                         f"{int(total.max()):,} bytes; modelled {whole.total().sum() / 2**20:,.2f} MiB")
         t.note = "\n".join(one_line(line) for line in notes)
         return t
 
@@ -134,8 +197,8 @@ class Breakdown:
         order = np.argsort(-total, kind="stable")[:max(top, 0)]
         t = Table(f"Most loaded tiles (whole profile as one stage, top {len(order)})",
                   [Column("tile", "id"), Column("total", "bytes"), Column("always live", "bytes"),
-                   Column("not always live", "bytes"), Column("peak step", "id")]
-                  + [Column(_label(k), "bytes") for k in CODE] + [Column("of capacity", "percent")])
+                   Column("not always live", "bytes"), Column("peak step", "id", 2)]
+                  + [Column(_label(k), "bytes", 3) for k in CODE] + [Column("of capacity", "percent")])
         cap = self.model.profile.target.bytes_per_tile
         for tile in order:
             step = int(whole.peak_step[tile])

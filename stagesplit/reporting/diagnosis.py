@@ -17,11 +17,12 @@ import numpy as np
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.stagememory import MemoryBreakdown
 from .table import Column, Table
-from ..common.text import one_line
+from .units import GIB, device_words
+from ..common.text import one_line, show
 
 __all__ = ["Diagnosis", "GROUND_TRUTH_CATEGORIES", "GroundTruthCheck", "GroupingHealth", "LiveVariable",
            "StageDiagnosis", "diagnose", "diagnose_stage", "diagnosis_tables", "grouping_health",
-           "live_bytes_by_step", "live_variables"]
+           "live_bytes_by_step", "live_variables", "operation_at", "operation_text"]
 
 # profile ground-truth category -> the model's category it corresponds to (None: not modelled)
 GROUND_TRUTH_CATEGORIES = {"vertex_code": "vertex_code", "vertex_instance_state": "vertex_state",
@@ -70,6 +71,8 @@ class StageDiagnosis:
     top_variables: list[LiveVariable]
     around: list[tuple[int, str, int, bool]]   # (step, name, not-always-live bytes, a step of this stage)
     ground_truth: GroundTruthCheck | None = None
+    #: the operation running at the peak step (its name from the profile; "" if none covers it)
+    operation: str = ""
 
     @property
     def total(self) -> int:
@@ -133,6 +136,25 @@ class _Lookup:
                             layers=[m.layers.names[l] for l in layers])
 
 
+def operation_at(model: StageCostModel, step: int) -> str:
+    """The name of the (first) operation whose steps include ``step``; "" if none does."""
+    ops = model.profile.operations
+    if step < 0 or not len(ops):
+        return ""
+    hits = np.flatnonzero((ops.first_step <= step) & (step <= ops.last_step))
+    return (ops.name[int(hits[0])] or f"op#{int(hits[0])}") if len(hits) else ""
+
+
+def operation_text(name: str) -> str:
+    """A captured operation's name (``module/phase/aten.op``) as a reader says it:
+    ``aten.mm in transformer.h.1.mlp.c_proj (backward)``; other names as they are."""
+    parts = name.split("/")
+    if len(parts) < 2 or not parts[-1].startswith(("aten.", "prims.")):
+        return show(name)
+    phase = f" ({', '.join(parts[1:-1])})" if len(parts) > 2 else ""
+    return show(f"{parts[-1]} in {parts[0]}{phase}")
+
+
 def live_variables(model: StageCostModel, vars_mask: np.ndarray, tile: int, step: int) -> np.ndarray:
     """Indices of the variables in ``vars_mask`` that occupy ``tile`` at ``step``, largest first."""
     v = model.profile.variables
@@ -182,10 +204,13 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
     if step >= 0:
         for s in range(max(0, step - window), min(p.num_steps, step + window + 1)):
             around.append((s, p.steps[s], int(by_step[s]), bool(in_stage[s])))
+        if p.target.tiles == 1:             # a captured step: name each step by its operation
+            around = [(s, operation_text(operation_at(model, s)) or name, b, inside) for s, name, b, inside in around]
     d = StageDiagnosis(first=first, last=last, layers=model.layers.names[first:last + 1], in_flight=in_flight,
                        capacity=int(capacity if capacity is not None else p.target.bytes_per_tile), tile=tile, step=step,
                        step_name=p.steps[step] if step >= 0 else "-", memory=memory,
-                       top_variables=lookup.describe_grouped(chosen, top), around=around)
+                       top_variables=lookup.describe_grouped(chosen, top), around=around,
+                       operation=operation_at(model, step))
     if ground_truth and p.ground_truth is not None:
         d.ground_truth = _ground_truth_check(model, sm, tile, step, lookup, top)
     return d
@@ -239,29 +264,43 @@ def _span(layers: list[str]) -> str:
     return layers[0] if len(layers) == 1 else f"{layers[0]}..{layers[-1]}"
 
 
-def diagnosis_tables(d: Diagnosis) -> list[Table]:
+def diagnosis_tables(d: Diagnosis, gpu: bool | None = None) -> list[Table]:
+    """The diagnosis as tables. ``gpu`` (default: the profile is on one tile): the device's
+    memory in GiB, the aten operation and module at the peak, no code categories or tiles."""
+    if gpu is None:
+        gpu = d.model is not None and d.model.profile.target.tiles == 1
+    words = device_words(1 if gpu else 2)
     tables = []
     for n, s in enumerate(d.stages):
         head = f"Stage {n} (layers {_span(s.layers)})" if len(d.stages) > 1 else f"Layers {_span(s.layers)}"
-        t = Table(f"{head}: bottleneck tile {s.tile} at step {s.step} ({s.step_name})",
-                  [Column("category"), Column("bytes", "int"), Column("share", "percent")])
+        if gpu:
+            at = operation_text(s.operation) if s.operation else f"step {s.step}"
+            t = Table(f"{head}: peak at {at} (step {s.step})",
+                      [Column("category"), Column("memory", "gib"), Column("share", "percent")])
+        else:
+            t = Table(f"{head}: bottleneck tile {s.tile} at step {s.step} ({s.step_name})",
+                      [Column("category"), Column("bytes", "int"), Column("share", "percent")])
         for key, value in s.memory.as_dict().items():
-            if value or key != "stashed_copies":
+            code = key in ("vertex_code", "vertex_state", "exchange_code", "control_code")
+            if (value or key != "stashed_copies") and not (gpu and code and not value):
                 t.add(key.replace("_", " "), value, value / s.total if s.total else 0.0)
         t.add("total", s.total, 1.0)
-        t.note = (f"capacity {s.capacity:,} bytes per tile: {s.total / s.capacity:.1%} used"
-                  + (f"; {s.in_flight} micro-batches in flight" if s.in_flight > 1 else ""))
+        capacity = (f"capacity {s.capacity / GIB:,.2f} GiB: {s.total / s.capacity:.1%} used" if gpu else
+                    f"capacity {s.capacity:,} bytes per tile: {s.total / s.capacity:.1%} used")
+        t.note = capacity + (f"; {s.in_flight} micro-batches in flight" if s.in_flight > 1 else "")
         tables.append(t)
-        v = Table(f"Largest variables live on tile {s.tile} at step {s.step}",
-                  [Column("variable"), Column("bytes", "int"), Column("pieces", "int"), Column("kind"),
-                   Column("layers"), Column("operations")])
+        where = f"at step {s.step}" if gpu else f"on tile {s.tile} at step {s.step}"
+        v = Table(f"Largest variables live {where}",
+                  [Column("variable"), Column("bytes", "bytes" if gpu else "int"), Column("pieces", "int", 3),
+                   Column("kind"), Column("layers", "text", 1), Column("operations", "text", 2)])
         for x in s.top_variables:
             v.add(x.name, x.bytes, x.pieces, "always live" if x.always_live else "not always live",
                   ", ".join(x.layers) or "(none: shared)", "; ".join(x.operations) or "(no operation)")
         tables.append(v)
         if s.around:
-            w = Table(f"Not-always-live bytes on tile {s.tile} around step {s.step}",
-                      [Column("step", "id"), Column("program"), Column("bytes", "int"), Column("this stage")])
+            w = Table(f"Not-always-live {'memory' if gpu else f'bytes on tile {s.tile}'} around step {s.step}",
+                      [Column("step", "id"), Column("operation" if gpu else "program"),
+                       Column("bytes", "bytes" if gpu else "int"), Column("this stage", "text", 1)])
             for step, name, nbytes, inside in s.around:
                 w.add(step, name + ("  <- peak" if step == s.step else ""), nbytes, "yes" if inside else "no")
             tables.append(w)

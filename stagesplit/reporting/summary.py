@@ -7,60 +7,81 @@ from typing import Sequence
 from ..plan.records import Plan
 from ..solver.problem import bubble_fraction
 from .table import Column, Table
+from .why import step_ratio
 
-__all__ = ["comparison_table", "stages_table", "sweep_table"]
+__all__ = ["comparison_table", "method_label", "stages_table", "sweep_table"]
 
 
 def stages_table(plan: Plan) -> Table:
+    """One row per stage; on a GPU, ``gpu_view`` leaves out the per-tile and code columns and
+    shows bytes in GiB. Columns a narrow terminal can spare have ``drop`` > 0."""
+    timed = any(s.time_s is not None for s in plan.stages)
     t = Table(f"Stages ({plan.method})",
-              [Column("stage", "id"), Column("device", "id"), Column("layers"), Column("in flight", "int"),
-               Column("worst tile", "id"), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
-               Column("variables", "int"), Column("stashed copies", "int"), Column("code+state", "int"),
-               Column(f"compute ({plan.compute_unit})", "compute"), Column("time (ms)", "float"),
-               Column("received", "bytes"), Column("sent", "bytes")])
+              [Column("stage", "id"), Column("device", "id", 4), Column("layers"), Column("in flight", "int", 2),
+               Column("worst tile", "id", 3), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
+               Column("variables", "int", 3), Column("stashed copies", "int", 3), Column("code+state", "int", 3),
+               Column(f"compute ({plan.compute_unit})", "compute", 1 if timed else 0)]
+              + ([Column("time (ms)", "float")] if timed else [])
+              + [Column("received", "bytes", 5), Column("sent", "bytes", 5)])
     for s in plan.stages:
         at = s.memory_at_worst_tile
         code = at.vertex_code + at.vertex_state + at.exchange_code + at.control_code
         span = s.layers[0] if len(s.layers) == 1 else f"{s.layers[0]}..{s.layers[-1]} ({len(s.layers)})"
         t.add(s.stage, s.device, span, s.in_flight, s.worst_tile, s.worst_tile_bytes,
               s.worst_tile_bytes / s.capacity_bytes if s.capacity_bytes else None,
-              at.always_live + at.not_always_live, at.stashed_copies, code,
-              s.compute, s.time_s * 1e3 if s.time_s is not None else None, s.bytes_received, s.bytes_sent)
+              at.always_live + at.not_always_live, at.stashed_copies, code, s.compute,
+              *([s.time_s * 1e3 if s.time_s is not None else None] if timed else []), s.bytes_received, s.bytes_sent)
     return t
 
 
-def comparison_table(plans: Sequence[Plan]) -> Table:
-    t = Table("Comparison", [Column("method"), Column("fits"), Column("devices used", "int"), Column("split"),
-                             Column("bottleneck compute", "compute"), Column("worst tile bytes", "int"),
-                             Column("vs optimal (compute)", "float"), Column("vs optimal (memory)", "float")])
+def method_label(method: str) -> str:
+    """How the comparison names a plan's method."""
+    if method == "cp-sat":
+        return "stagesplit (optimal)"
+    return method
+
+
+def comparison_table(plans: Sequence[Plan], gpu: bool = False) -> Table:
+    """The optimal plan (first) against the alternatives, each priced by the same cost model:
+    its split, the slowest stage, the fullest stage's memory (the device's on a GPU, the worst
+    tile's on an IPU) and both as multiples of the optimal plan's."""
+    memory = Column("memory", "gib") if gpu else Column("worst tile bytes", "int")
+    t = Table("Comparison (every split priced by the same cost model)",
+              [Column("method"), Column("fits"), Column("stages", "int", 2), Column("split", "text", 3),
+               Column("bottleneck compute", "compute"), memory,
+               Column("step vs optimal", "float"), Column("memory vs optimal", "float", 1)])
     best = next((p for p in plans if p.method == "cp-sat" and p.stages), None)
     for p in plans:
         if not p.stages:
-            t.add(p.method, "no", 0, "-", None, None, None, None)
+            t.add(method_label(p.method), "no", 0, "-", None, None, None, None)
             continue
         worst = max(s.worst_tile_bytes for s in p.stages)
-        ratio_c = p.bottleneck.compute / best.bottleneck.compute if best and best.bottleneck.compute else None
+        ratio_c = step_ratio(p, best) if best else None
         ratio_m = worst / max(s.worst_tile_bytes for s in best.stages) if best else None
-        t.add(p.method, "yes" if p.feasible else "NO", len(p.stages), p.short_split_text(), p.bottleneck.compute, worst,
-              ratio_c, ratio_m)
-    t.note = "vs optimal: the method's figure divided by the optimal plan's (1.000 = as good)"
+        t.add(method_label(p.method), "yes" if p.feasible else "NO", len(p.stages), p.short_split_text(), p.bottleneck.compute,
+              worst, ratio_c, ratio_m)
+    t.note = ("vs optimal: the method's pipeline step time ((micro-batches + stages - 1) x slowest stage) or fullest "
+              "stage's memory divided by the optimal plan's (1.000 = as good)")
     return t
 
 
-def sweep_table(rows: Sequence) -> Table:
+def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
+    """One row per device count; on a GPU (``gpu``) the fullest stage's memory in GiB too."""
     t = Table("Devices sweep", [Column("devices", "id"), Column("fits"), Column("used", "int"),
-                                Column("bottleneck compute", "compute"), Column("bottleneck ms", "float"),
-                                Column("efficiency", "percent"), Column("bubble", "percent"),
-                                Column("worst memory", "percent"), Column("status"), Column("split")])
+                                Column("bottleneck compute", "compute", 1), Column("bottleneck ms", "float"),
+                                Column("efficiency", "percent"), Column("bubble", "percent", 2),
+                                Column("worst memory", "percent")] + ([Column("memory", "gib", 2)] if gpu else [])
+              + [Column("status", "text", 3), Column("split")])
     for r in rows:
         p = r.plan
         if not p.stages:
-            t.add(r.devices, "no", 0, None, None, None, None, None, p.status, p.message)
+            t.add(r.devices, "no", 0, None, None, None, None, None, *([None] if gpu else []), p.status, p.message)
             continue
         b, w = p.bottleneck, p.worst_memory
         t.add(r.devices, "yes", len(p.stages), b.compute, b.time_s * 1e3 if b.time_s is not None else None,
               p.pipeline_efficiency(r.micro_batches), bubble_fraction(len(p.stages), r.micro_batches),
-              w.worst_tile_bytes / w.capacity_bytes, p.status, p.short_split_text())
+              w.worst_tile_bytes / w.capacity_bytes, *([w.worst_tile_bytes] if gpu else []), p.status,
+              p.short_split_text())
     if rows and rows[0].plan.inputs.micro_batches_auto:
         t.note = (f"--micro-batches not given: each row uses as many micro-batches as devices (the fewest that "
                   f"fill its {rows[0].plan.inputs.schedule.value} pipeline)")

@@ -7,12 +7,13 @@ import io
 import json
 import math
 import numbers
+import re
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..common.text import one_line
 
-__all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "gpu_view", "render",
+__all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "formatted", "gpu_view", "render",
            "render_text"]
 
 FORMATS = ("text", "csv", "tsv", "json")
@@ -20,11 +21,15 @@ FORMATS = ("text", "csv", "tsv", "json")
 
 @dataclass(frozen=True)
 class Column:
-    """``kind``: text, int, id (an index: no thousands separator), bytes (shown in MB or KB),
-    gib (bytes shown in GiB), float, compute (3 significant digits), percent (a fraction shown as %)."""
+    """``kind``: text, int, id (an index: no thousands separator), bytes (shown in KiB, MiB or
+    GiB: binary units, 1 GiB = 2**30 bytes, as everywhere), gib (bytes shown in GiB), float,
+    compute (3 significant digits), percent (a fraction shown as %). ``drop``: 0 for a column
+    every reader needs; columns with higher numbers are left out first when the table must fit
+    a narrow terminal (``render_text(width=...)``)."""
 
     name: str
     kind: str = "text"
+    drop: int = 0
 
 
 @dataclass
@@ -40,12 +45,12 @@ class Table:
 
 def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
     biggest = max((abs(v) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0)
-    if biggest >= 1e10:                 # GB only from 10 GB, so MB-sized rows keep their digits
-        return "GB", 1e9
-    if biggest >= 1e6:
-        return "MB", 1e6
-    if biggest >= 1e4:
-        return "KB", 1e3
+    if biggest >= 10 * 2**30:           # GiB only from 10 GiB, so MiB-sized rows keep their digits
+        return "GiB", 2.0**30
+    if biggest >= 2**20:
+        return "MiB", 2.0**20
+    if biggest >= 10 * 2**10:
+        return "KiB", 2.0**10
     return "B", 1.0
 
 
@@ -59,14 +64,16 @@ BYTE_COUNT_COLUMNS = ("worst tile bytes", "variables", "stashed copies")
 def gpu_view(table: Table) -> Table:
     """The table as a GPU user reads it: no per-tile or IPU code columns, bytes in GiB
     ("worst tile bytes" is simply the stage's memory on a one-tile device)."""
-    keep = [j for j, c in enumerate(table.columns) if c.name not in IPU_ONLY_COLUMNS]
+    names = {c.name for c in table.columns}
+    keep = [j for j, c in enumerate(table.columns) if c.name not in IPU_ONLY_COLUMNS
+            and not (c.name == "worst tile bytes" and "total" in names)]    # one tile: the same figure
     columns = []
     for j in keep:
         c = table.columns[j]
         if c.kind == "bytes" or (c.kind == "int" and c.name in BYTE_COUNT_COLUMNS):
-            c = Column("memory" if c.name == "worst tile bytes" else c.name, "gib")
+            c = Column("memory" if c.name == "worst tile bytes" else c.name, "gib", c.drop)
         columns.append(c)
-    title = table.title.replace(" (bytes summed over tiles)", "").replace("; bytes summed over tiles", "")
+    title = re.sub(r" \((bytes )?summed over tiles\)|;? (bytes )?summed over tiles", "", table.title)
     rows = [[row[j] for j in keep] for row in table.rows
             if not (row and isinstance(row[0], str) and row[0] in IPU_ONLY_COLUMNS)]
     return Table(title, columns, rows, table.note)
@@ -97,24 +104,61 @@ def _format_cell(value: Any, kind: str, scale: float) -> str:
     return one_line(str(value))                        # a name with a line break must not break the table
 
 
-def render_text(table: Table) -> str:
+#: the narrowest a text column is cut to when a table must fit (longer cells end in "...")
+MIN_TEXT_WIDTH = 12
+
+
+def formatted(table: Table) -> tuple[list[str], list[list[str]]]:
+    """Each column's header (with its unit) and its cells as text, column by column."""
     headers, cells = [], []
     for j, col in enumerate(table.columns):
         values = [row[j] for row in table.rows]
         unit, scale = _bytes_unit(values) if col.kind == "bytes" else ("GiB", 2.0**30) if col.kind == "gib" else ("", 1.0)
         headers.append(one_line(f"{col.name} ({unit})" if unit else col.name))
         cells.append([_format_cell(v, col.kind, scale) for v in values])
+    return headers, cells
+
+
+def render_text(table: Table, width: int | None = None) -> str:
+    """The table as aligned text. With ``width`` (a terminal's columns), columns are left out,
+    those with the highest ``drop`` first (never those with ``drop`` 0), then the widest text
+    column's cells are cut, until every line fits; a last line names what was left out."""
+    headers, cells = formatted(table)
+    shown = list(range(len(table.columns)))
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
+
+    def total() -> int:
+        return sum(widths[j] for j in shown) + 2 * max(len(shown) - 1, 0)
+
+    hidden: list[str] = []
+    if width is not None:
+        for j in sorted((j for j, c in enumerate(table.columns) if c.drop), key=lambda j: -table.columns[j].drop):
+            if total() <= width:
+                break
+            shown.remove(j)
+            hidden.append(table.columns[j].name)
+        while total() > width:                       # still too wide: cut the widest text column
+            texts = [j for j in shown if table.columns[j].kind == "text"
+                     and widths[j] > max(MIN_TEXT_WIDTH, len(headers[j]))]
+            if not texts:
+                break
+            j = max(texts, key=lambda k: widths[k])
+            widths[j] = max(MIN_TEXT_WIDTH, len(headers[j]), widths[j] - (total() - width))
+            cells[j] = [c if len(c) <= widths[j] else c[:widths[j] - 3] + "..." for c in cells[j]]
     right = [col.kind != "text" for col in table.columns]
 
     def line(items: Sequence[str]) -> str:
-        return "  ".join(s.rjust(w) if r else s.ljust(w) for s, w, r in zip(items, widths, right)).rstrip()
+        return "  ".join(items[k].rjust(widths[j]) if right[j] else items[k].ljust(widths[j])
+                         for k, j in enumerate(shown)).rstrip()
 
     title = one_line(table.title)
-    out = [title, "=" * len(title), line(headers), line(["-" * w for w in widths])]
-    out += [line([col[i] for col in cells]) for i in range(len(table.rows))]
+    out = [title, "=" * len(title), line([headers[j] for j in shown]), line(["-" * widths[j] for j in shown])]
+    out += [line([cells[j][i] for j in shown]) for i in range(len(table.rows))]
     if table.note:
         out.append(table.note)
+    if hidden:
+        out.append(f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} characters: "
+                   f"{', '.join(hidden)}; --wide shows them)")
     return "\n".join(out)
 
 
@@ -126,10 +170,11 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def render(tables: Sequence[Table], fmt: str = "text") -> str:
-    """All tables in one of FORMATS. CSV/TSV put a ``# title`` line before each table."""
+def render(tables: Sequence[Table], fmt: str = "text", width: int | None = None) -> str:
+    """All tables in one of FORMATS (text fitted to ``width`` characters when given). CSV/TSV
+    put a ``# title`` line before each table."""
     if fmt == "text":
-        return "\n\n".join(render_text(t) for t in tables) + "\n"
+        return "\n\n".join(render_text(t, width) for t in tables) + "\n"
     if fmt == "json":
         doc = [{"title": t.title, "columns": [c.name for c in t.columns],
                 "rows": [{c.name: _plain(v) for c, v in zip(t.columns, row)} for row in t.rows],

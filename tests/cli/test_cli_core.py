@@ -64,10 +64,10 @@ def test_breakdown_totals_carry_the_real_numbers(capsys, bert):
     modelled = gt.tile_total() - gt.categories["constant"] - gt.categories["vector_list_descriptor"]
     lines = out.splitlines()
     assert lines[0] == "Memory totals by category (whole profile as one stage; summed over tiles)"
-    assert lines[2].split()[:3] == ["category", "modelled", "(MB)"]
+    assert lines[2].split()[:3] == ["category", "modelled", "(MiB)"]
     total = next(line for line in lines if line.startswith("total "))
-    assert total.split()[1] == f"{modelled.sum() / 1e6:,.2f}"              # about 1,500 MB over all tiles
-    assert total.split()[3] == f"{modelled.max() / 1e6:,.2f}"              # the worst tile, in MB
+    assert total.split()[1] == f"{modelled.sum() / 2**20:,.2f}"            # about 1,400 MiB over all tiles
+    assert total.split()[3] == f"{modelled.max() / 2**20:,.2f}"            # the worst tile, in MiB
     assert f"worst tile needs {modelled.max() / 638976:.0%} of a tile" in out
     assert f"worst tile {int(gt.tile_total().max()):,} bytes" in out
 
@@ -289,7 +289,10 @@ def test_targets(capsys):
     assert lines[0] == "Device targets"
     assert lines[2].split()[:6] == ["name", "kind", "tiles", "bytes", "per", "tile"]
     mk2 = next(line for line in lines if line.startswith("ipu-mk2 "))
-    assert mk2.split()[:5] == ["ipu-mk2", "ipu", "1,472", "638,976", "0.94"]     # device memory in GB
+    assert mk2.split()[:5] == ["ipu-mk2", "ipu", "1,472", "638,976", "0.88"]     # 940,572,672 / 2**30 GiB
+    a100 = next(line for line in lines if line.startswith("a100-80gb "))
+    assert a100.split()[:5] == ["a100-80gb", "gpu", "1", "85,899,345,920", "80.00"]  # as solve says: 80.00 GiB
+    assert lines[2].split()[-3:] == ["memory", "(GiB)", "description"]
 
 
 @pytest.mark.parametrize("fmt", ["csv", "tsv", "json"])

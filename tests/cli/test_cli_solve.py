@@ -35,10 +35,12 @@ def test_solve_summary_plan_and_plots(tmp_path, capsys):
 def test_solve_compare_shows_greedy_worse(capsys):
     code, out, _ = run(capsys, "solve", CNN, "--devices", "4", "--compare")
     assert code == 0
-    rows = {line.split()[0]: line for line in out.splitlines() if line.startswith(("cp-sat ", "greedy ", "uniform "))}
-    assert set(rows) == {"cp-sat", "greedy", "uniform"}
-    ratio = float(rows["greedy"].split()[-2])
+    rows = {line.split()[0]: line for line in out.splitlines()
+            if line.startswith(("stagesplit (optimal) ", "greedy ", "uniform "))}
+    assert set(rows) == {"stagesplit", "greedy", "uniform"}
+    ratio = float(rows["greedy"].split()[-2])                # step time over the optimal plan's
     assert ratio > 1.0
+    assert f"{ratio:.2f}x faster than PopLiner's greedy" in out
 
 
 def test_solve_json_matches_plan_file(tmp_path, capsys):

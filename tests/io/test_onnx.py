@@ -175,7 +175,8 @@ def test_without_onnx_one_line_names_the_extra(tmp_path, capsys, monkeypatch):
     path = save(tiny_model(), tmp_path / "tiny.onnx")
     monkeypatch.setitem(sys.modules, "onnx", None)        # import onnx now raises ImportError
     code, err = _cli_error(capsys, "import", str(path), "-o", str(tmp_path / "o.stagesplit"), "--batch", "1")
-    assert code == 2 and err == ["stagesplit: error: import needs the onnx package: pip install 'stagesplit[onnx]'"]
+    assert code == 2 and err == ["stagesplit: error: import needs the onnx package: pip install 'stagesplit[onnx]' "
+                                 "(from a checkout of stagesplit: pip install '.[onnx]')"]
 
 
 def test_cyclic_graph(tmp_path, capsys):

@@ -34,8 +34,12 @@ def test_plan_contents():
     assert plan.stages[0].memory_at_worst_tile.always_live == 12 * UNIT
     assert plan.phases[0].value == plan.phases[0].bound == 6 and plan.phases[0].gap == 0.0
     assert plan.inputs.request.devices == 3 and plan.inputs.objective == "compute"
+    # an A100 profile: compared with the GPU frameworks' default splits (tests/plan/test_baselines.py)
+    assert [b.method for b in advice.baselines] == ["megatron-even", "deepspeed-parameters", "deepspeed-uniform",
+                                                    "torchtitan-default", "torch-pipelining-equal"]
     # PopLiner's loop: 3+ layers per stage first, which fit (12) only at 100% of memory
-    assert [b.method for b in advice.baselines] == ["greedy (3+ layers, 100% of memory)", "uniform"]
+    from stagesplit.solver.dp import greedy
+    assert greedy(advice.problem).method == "greedy (3+ layers, 100% of memory)"
     assert abs(plan.pipeline_efficiency(1) - (14 / 18) / 3) < 1e-9    # balance 14/(3*6), bubble 2/3
 
 

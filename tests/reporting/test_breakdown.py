@@ -26,12 +26,26 @@ def by_first_column(table):
 
 
 def test_sections_in_order():
-    tables = breakdown().tables()
+    tables = breakdown().tables(SECTIONS)
     assert [t.title.split(" (")[0] for t in tables] == [
-        "Layer grouping", "Operations", "Layers", "Memory totals by category", "Most loaded tiles",
-        "Memory affinity", "Inter-layer communication"]
-    assert len(SECTIONS) == 7
-    assert [t.title for t in breakdown().tables(("totals", "grouping"))] == [tables[3].title, tables[0].title]
+        "Summary of the profile", "Layer grouping", "Operations", "Layers", "Memory totals by category",
+        "Most loaded tiles", "Memory affinity", "Inter-layer communication"]
+    assert len(SECTIONS) == 8
+    assert [t.title for t in breakdown().tables(("totals", "grouping"))] == [tables[4].title, tables[1].title]
+    # a bare breakdown is short: the summary, then one row per layer
+    assert [t.title for t in breakdown().tables()] == [tables[0].title, tables[3].title]
+
+
+def test_summary_of_a_tiled_profile():
+    """The tiny profile: 2 tiles of 1,000 bytes; the whole model's worst tile holds 290 bytes
+    (test_totals_table), compute 310 in layers + 7 shared."""
+    t = breakdown().summary_table()
+    got = by_first_column(t)
+    assert got["device"] == ["tiny: 2 tiles x 1,000 bytes"]
+    assert got["whole model on one device"] == ["290 of 1,000 bytes on its worst tile (tile 0): 29%"]
+    assert got["compute per step"] == ["317 cycles"]
+    assert got["used by no layer"] == ["0.00 MiB summed over tiles, counted on every stage (--shared every)"]
+    assert t.note == "more: --sections grouping,operations,totals,tiles,affinity,communication"
 
 
 def test_grouping_table():
@@ -72,7 +86,7 @@ def test_layers_table():
         ["0", 2, 110 + 0, 70 + 5, 80 + 60, 12 + 8, 12 + 0, 6 + 2, 290 + 75, 0, 290, 0, 110.0],
         ["1", 1, 10 + 50, 40 + 20, 60 + 60, 0 + 16, 0 + 6, 2 + 5, 112 + 157, 1, 157, 0, 200.0],
     ]
-    assert t.note == "shared items on every layer: 0.00 MB summed over tiles"
+    assert t.note == "shared items (used by no layer) on every layer: 0.00 MiB summed over tiles"
 
 
 def test_layers_table_without_shared_items():
@@ -97,7 +111,7 @@ def test_totals_table():
         "capacity: 2 tiles x 1,000 bytes (tiny); worst tile needs 29% of a tile",
         "compute: 310 cycles in layers, 7 in shared operations (source not stated)",
         # ground truth: always 110+50, peak 70+20, vertex code 80+60, constant 7: worst tile 0 = 267
-        "profile ground truth: 0.00 MB summed over tiles, worst tile 267 bytes; modelled 0.00 MB"]
+        "profile ground truth: 0.00 MiB summed over tiles, worst tile 267 bytes; modelled 0.00 MiB"]
 
 
 def test_totals_table_without_ground_truth():
@@ -129,14 +143,14 @@ def test_every_section_renders_in_every_format():
     import csv
     import io
     import json
-    tables = breakdown().tables()
+    tables = breakdown().tables(SECTIONS)
     doc = json.loads(render(tables, "json"))
     totals = next(d for d in doc if d["title"].startswith("Memory totals"))
     assert totals["rows"][-1] == {"category": "total", "modelled": 455, "shared part": 19, "worst tile": 290}
     text = render(tables, "csv")
     blocks = text.split("\n\n")
-    assert len(blocks) == 7
-    totals_csv = list(csv.reader(io.StringIO(blocks[3])))
+    assert len(blocks) == 8
+    totals_csv = list(csv.reader(io.StringIO(blocks[4])))
     assert totals_csv[1] == ["category", "modelled_bytes", "shared part_bytes", "worst tile_bytes"]
     assert totals_csv[-1] == ["total", "455", "19", "290"]
 
@@ -167,8 +181,8 @@ def test_sample_totals_match_ground_truth(name):
     assert totals["total"][0] == int(covered.sum())
     assert totals["total"][2] == int(covered.max())
     note = b.totals_table().note.splitlines()[-1]
-    assert note == (f"profile ground truth: {gt.tile_total().sum() / 1e6:.2f} MB summed over tiles, worst tile "
-                    f"{int(gt.tile_total().max()):,} bytes; modelled {covered.sum() / 1e6:.2f} MB")
+    assert note == (f"profile ground truth: {gt.tile_total().sum() / 2**20:,.2f} MiB summed over tiles, worst tile "
+                    f"{int(gt.tile_total().max()):,} bytes; modelled {covered.sum() / 2**20:,.2f} MiB")
 
 
 @pytest.mark.parametrize("name", SAMPLE_NAMES)

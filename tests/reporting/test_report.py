@@ -136,13 +136,15 @@ def test_stages_table_cells():
 
 
 def test_stages_table_missing_seconds_and_capacity():
-    # no seconds (a target that cannot convert its compute unit), no capacity recorded: empty cells
+    # no seconds (a target that cannot convert its compute unit): no time column; no capacity
+    # recorded: an empty cell
     p = plan([stage(0, 0, 1, compute=7.0, worst=40, capacity=0, device=2)], devices=3)
     (row,) = stages_table(p).rows
-    assert row == [0, 2, "emb..l1 (2)", 1, 0, 40, None, 40, 0, 0, 7.0, None, 0, 0]
+    assert "time (ms)" not in [c.name for c in stages_table(p).columns]
+    assert row == [0, 2, "emb..l1 (2)", 1, 0, 40, None, 40, 0, 0, 7.0, 0, 0]
     text = render([stages_table(p)])
     assert text.splitlines()[4].split() == ["0", "2", "emb..l1", "(2)", "1", "0", "40", "-", "40", "0", "0", "7",
-                                            "-", "0", "0"]
+                                            "0", "0"]
 
 
 # -- plan_summary -----------------------------------------------------------------------------------
@@ -209,24 +211,26 @@ def comparison_plans():
 
 def test_comparison_table_ratios_to_the_optimal_plan():
     t = comparison_table(comparison_plans())
-    assert t.title == "Comparison"
-    assert [c.name for c in t.columns] == ["method", "fits", "devices used", "split", "bottleneck compute",
-                                           "worst tile bytes", "vs optimal (compute)", "vs optimal (memory)"]
+    assert t.title == "Comparison (every split priced by the same cost model)"
+    assert [c.name for c in t.columns] == ["method", "fits", "stages", "split", "bottleneck compute",
+                                           "worst tile bytes", "step vs optimal", "memory vs optimal"]
     rows = t.rows
-    assert rows[0] == ["cp-sat", "yes", 2, "[ emb l1 l2 | head ]", 3000.0, 800, 1.0, 1.0]
+    assert rows[0] == ["stagesplit (optimal)", "yes", 2, "[ emb l1 l2 | head ]", 3000.0, 800, 1.0, 1.0]
+    # one micro-batch: a step is (1 + P - 1) x the slowest stage, in compute (the others have no seconds)
     assert rows[1][:6] == ["greedy", "yes", 2, "[ emb l1 | l2 head ]", 2000.0, 700]
-    assert rows[1][6:] == [pytest.approx(2 / 3), pytest.approx(7 / 8)]
+    assert rows[1][6:] == [pytest.approx(2 * 2000 / (2 * 3000)), pytest.approx(7 / 8)]
     assert rows[2][:6] == ["uniform", "NO", 3, "[ emb | l1 | l2 head ]", 2000.0, 1200]
-    assert rows[2][6:] == [pytest.approx(2 / 3), pytest.approx(1.5)]
+    assert rows[2][6:] == [pytest.approx(3 * 2000 / (2 * 3000)), pytest.approx(1.5)]
     assert rows[3] == ["greedy (3+ layers)", "no", 0, "-", None, None, None, None]
-    assert t.note == "vs optimal: the method's figure divided by the optimal plan's (1.000 = as good)"
+    assert t.note.startswith("vs optimal: the method's pipeline step time ((micro-batches + stages - 1) x slowest "
+                             "stage)")
 
 
-def test_comparison_table_without_an_optimal_plan():
-    _, greedy, uniform, _ = comparison_plans()
-    rows = comparison_table([greedy, uniform]).rows
-    assert [r[6:] for r in rows] == [[None, None], [None, None]]
-    assert [r[4:6] for r in rows] == [[2000.0, 700], [2000.0, 1200]]
+def test_comparison_table_on_a_gpu_shows_memory_in_gib():
+    t = comparison_table(comparison_plans(), gpu=True)
+    assert [c.name for c in t.columns][5] == "memory" and t.columns[5].kind == "gib"
+    text = render([t])
+    assert "memory (GiB)" in text and "worst tile" not in text
 
 
 # -- sweep_table ------------------------------------------------------------------------------------

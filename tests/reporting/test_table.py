@@ -4,6 +4,7 @@ import csv
 import io
 import json
 import math
+import re
 
 import numpy as np
 import pytest
@@ -26,11 +27,11 @@ def test_text_layout():
     assert text.splitlines() == [
         "Stages",
         "======",
-        "stage               layers  memory (MB)    load   compute  ratio",
-        "------------------  ------  -----------  ------  --------  -----",
-        "first                    3         2.50   50.0%  1.23e+06  1.500",
-        "second, with comma      12         0.75   12.5%         3      -",
-        'quoted "name"        1,000            -  100.0%  0.000123  2.000',
+        "stage               layers  memory (MiB)    load   compute  ratio",
+        "------------------  ------  ------------  ------  --------  -----",
+        "first                    3          2.38   50.0%  1.23e+06  1.500",
+        "second, with comma      12          0.72   12.5%         3      -",
+        'quoted "name"        1,000             -  100.0%  0.000123  2.000',
         "a note",
         "over two lines",
     ]
@@ -44,16 +45,17 @@ def test_text_columns_are_aligned():
 
 
 @pytest.mark.parametrize("values, unit, shown", [
-    ([12, 9999], "B", ["12", "9,999"]),
-    ([12, 10_000], "KB", ["0.01", "10.00"]),
-    ([999_999, 5], "KB", ["1,000.00", "0.01"]),
-    ([1_000_000, 5], "MB", ["1.00", "0.00"]),
-    ([2_500_000_000, 1], "MB", ["2,500.00", "0.00"]),
-    ([25_000_000_000, 1], "GB", ["25.00", "0.00"]),
-    ([-3_000_000, 1], "MB", ["-3.00", "0.00"]),
+    # binary units, one rule everywhere: KiB from 10 KiB, MiB from 1 MiB, GiB from 10 GiB
+    ([12, 10_239], "B", ["12", "10,239"]),
+    ([12, 10_240], "KiB", ["0.01", "10.00"]),                      # 12 / 1024 = 0.0117
+    ([1_048_575, 5], "KiB", ["1,024.00", "0.00"]),                 # 1023.999; 5 / 1024 = 0.0049
+    ([1_048_576, 5], "MiB", ["1.00", "0.00"]),
+    ([2_500_000_000, 1], "MiB", ["2,384.19", "0.00"]),             # under 10 GiB (10,737,418,240)
+    ([25_000_000_000, 1], "GiB", ["23.28", "0.00"]),               # 25e9 / 2**30 = 23.283
+    ([-3_000_000, 1], "MiB", ["-2.86", "0.00"]),
     ([None, float("nan")], "B", ["-", "-"]),
-    ([np.int64(5_000_000), np.int32(7)], "MB", ["5.00", "0.00"]),
-    ([np.float64(2e10), np.uint8(1)], "GB", ["20.00", "0.00"]),
+    ([np.int64(5_000_000), np.int32(7)], "MiB", ["4.77", "0.00"]),
+    ([np.float64(2e10), np.uint8(1)], "GiB", ["18.63", "0.00"]),
 ])
 def test_byte_units(values, unit, shown):
     t = Table("T", [Column("b", "bytes")])
@@ -161,3 +163,42 @@ def test_floats_round_trip_exactly_in_csv():
         t.add(v)
     rows = list(csv.reader(io.StringIO(render([t], "csv"))))
     assert [float(r[0]) for r in rows[1:]] == values
+
+
+def fitting_table():
+    t = Table("Fit", [Column("name"), Column("keep", "int"), Column("spare", "int", 1), Column("spare first", "int", 2),
+                      Column("split")])
+    t.add("stage-zero", 1, 22, 333, "[ a b c d e f g h i j k l m n o p ]")
+    t.add("one", 4444, 5, 6, "[ q | r ]")
+    return t
+
+
+def test_a_wide_table_is_unchanged_without_a_width():
+    lines = render_text(fitting_table()).splitlines()
+    assert re.split(r"\s{2,}", lines[2].strip()) == ["name", "keep", "spare", "spare first", "split"]
+    assert max(len(line) for line in lines) == 10 + 2 + 5 + 2 + 5 + 2 + 11 + 2 + 35        # "4,444" is 5 wide
+
+
+@pytest.mark.parametrize("width, shown, hidden", [
+    (100, ["name", "keep", "spare", "spare first", "split"], []),
+    (61, ["name", "keep", "spare", "split"], ["spare first"]),       # 10+2+5+2+5+2+35 = 61
+    (60, ["name", "keep", "split"], ["spare first", "spare"]),       # 54 without both
+    (40, ["name", "keep", "split"], ["spare first", "spare"]),       # then the split is cut to 21
+])
+def test_a_narrow_width_leaves_out_columns_by_drop_order_then_cuts_text(width, shown, hidden):
+    lines = render_text(fitting_table(), width).splitlines()
+    assert [h for h in re.split(r"\s{2,}", lines[2].strip())] == shown
+    assert all(len(line) <= width for line in lines if not line.startswith("("))
+    if hidden:
+        assert lines[-1] == (f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} "
+                             f"characters: {', '.join(hidden)}; --wide shows them)")
+    else:
+        assert not lines[-1].startswith("(")
+    if width == 40:
+        assert lines[4].endswith("  [ a b c d e f g h ...")         # 21 characters: 18 kept and "..."
+        assert lines[5].endswith("[ q | r ]")
+
+
+def test_columns_without_drop_are_never_left_out():
+    lines = render_text(fitting_table(), 10).splitlines()
+    assert re.split(r"\s{2,}", lines[2].strip()) == ["name", "keep", "split"]
