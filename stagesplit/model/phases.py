@@ -154,8 +154,8 @@ def phase_table(model: StageCostModel) -> PhaseTable:
     per_op, unit = _op_times(model)
     times = _layer_phase_times(model, per_op)
     diagonal = np.arange(L)
-    recompute = recompute_table(model, peaks["forward"][diagonal, diagonal], peaks["full_backward"][diagonal, diagonal],
-                                per_op, unit)
+    recompute = recompute_table(model, _producers(model), peaks["forward"][diagonal, diagonal],
+                                peaks["full_backward"][diagonal, diagonal], per_op, unit)
     return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
                       backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute)

@@ -88,16 +88,15 @@ class RecomputeTable:
         return s, x, t
 
 
-def recompute_table(model: StageCostModel, forward_peak: np.ndarray, backward_peak: np.ndarray,
-                    op_times: np.ndarray, time_unit: str) -> RecomputeTable:
-    """The options' figures for every layer of a profile with phases. ``forward_peak`` and
-    ``backward_peak`` are each single layer's transient figures (the phase table's diagonals),
-    ``op_times`` every operation's time."""
+def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: np.ndarray,
+                    backward_peak: np.ndarray, op_times: np.ndarray, time_unit: str) -> RecomputeTable:
+    """The options' figures for every layer of a profile with phases. ``producer``: the
+    operation that made each variable (-1: none); ``forward_peak`` and ``backward_peak``: each
+    single layer's transient figures (the phase table's diagonals); ``op_times``: every
+    operation's time."""
     p = model.profile
     ops = p.operations
     L = model.num_layers
-    from .phases import _producers
-    producer = _producers(model)
     op_layer = model.layers.op_layer
     nv = len(p.variables)
     # the layers that use each variable: one owner, or -2 for several
