@@ -27,7 +27,7 @@ from .errors import OptionError, StagesplitError
 from .io.profile import Profile, Target
 from .layers import LayerOptions
 from .model.analysis import Analysis
-from .solver.request import Schedule, SharedPolicy, SolveRequest
+from .solver.request import RecomputeMode, Schedule, SharedPolicy, SolveRequest
 
 __all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
            "import_onnx", "plot", "report", "reproduce", "solve", "sweep", "synthesize", "targets"]
@@ -287,6 +287,12 @@ def _scheduled(request: SolveRequest, model) -> bool:
     """Whether the request is solved with a schedule's own actions (solver/chunks.py): any
     schedule but none, on a one-device profile that records each operation's phase; the looped
     and V-shaped schedules need such a profile, GPipe and 1F1B fall back to the stage model."""
+    recompute = request.recompute not in (None, RecomputeMode.NONE)
+    if recompute and (request.schedule is Schedule.NONE or model.phase_cols is None
+                      or model.profile.target.tiles != 1):
+        raise OptionError("recompute", f"{request.recompute.value} needs a profile of one device that records each "
+                          "operation's phase (as stagesplit capture writes) and a pipeline schedule (--schedule 1f1b, "
+                          "zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
     if request.schedule is Schedule.NONE:
         return False
     ok = model.phase_cols is not None and model.profile.target.tiles == 1

@@ -115,7 +115,7 @@ def _request(args: argparse.Namespace, devices: int):
     compute = _layer_compute(args) or {}
     return SolveRequest.from_settings(
         args.config, devices, objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches,
-        chunks_per_rank=getattr(args, "chunks_per_rank", None),
+        chunks_per_rank=getattr(args, "chunks_per_rank", None), recompute=getattr(args, "recompute", None),
         headroom=args.headroom, time_limit=args.time_limit, workers=args.workers, communication=args.communication,
         exact=True if args.exact else None, shared=args.shared, targets=_targets(args),
         reserve=getattr(args, "reserve", 0) or 0, min_layers=args.min_layers, max_layers=args.max_layers,

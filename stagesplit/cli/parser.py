@@ -114,6 +114,10 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
     g.add_argument("--chunks-per-rank", type=int_in(1, MAX_CHUNKS_PER_RANK), metavar="V",
                    help="chunks (virtual stages) per device for the looped and V-shaped schedules (default: the "
                         "schedule's: 1 for gpipe and 1f1b, 2 for the others)")
+    g.add_argument("--recompute", choices=("auto", "none", "selective", "full"), metavar="MODE",
+                   help="activation recompute per layer: auto (chosen with the split where it pays), none, "
+                        "selective or full on every layer (default: none where the plan fits without, else auto); "
+                        "needs a captured profile and a schedule")
     g.add_argument("--micro-batches", type=int_in(1, MAX_MICRO_BATCHES), metavar="M",
                    help="micro-batches per step (default: the number of devices with --schedule, else 1)")
     g.add_argument("--headroom", type=float_in(0, 1, high_open=True), metavar="F",
@@ -302,7 +306,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 #: the Python API's parameter names (errors.OptionError.parameter) as command-line flags
 FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "objective": "--objective",
-         "schedule": "--schedule", "micro_batches": "--micro-batches", "chunks_per_rank": "--chunks-per-rank", "headroom": "--headroom",
+         "schedule": "--schedule", "micro_batches": "--micro-batches", "chunks_per_rank": "--chunks-per-rank", "recompute": "--recompute", "headroom": "--headroom",
          "reserve": "--reserve", "min_layers": "--min-layers", "max_layers": "--max-layers",
          "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
          "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",

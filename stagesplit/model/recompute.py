@@ -15,8 +15,9 @@ before and after hold them), so every stashed byte belongs to at most one layer.
   activations, normalisation, softmax, dropout) and adds their forward time to the backward.
 
 A chunk (a range of layers) with choices ``o_i`` holds, per micro-batch in flight, its stash
-less ``sum saved[o_i, i]``; the transient of its forward and backward drop the same bytes and
-add back the largest ``rerun[o_i, i]`` (one layer is re-materialised at a time); its B time
+less ``sum saved[o_i, i]``; the transient of its backward drops the same bytes and adds back the
+largest ``rerun[o_i, i]`` (one layer is re-materialised at a time), that of its forward the
+largest ``saved[o_i, i]`` (a checkpointed layer's intermediates live while it runs); its B time
 grows by ``sum added[o_i, i]``. Where a schedule splits the backward, what B re-materialises
 stays for W: the weight stash is not reduced (solver/chunks.py).
 """
@@ -73,7 +74,13 @@ class RecomputeTable:
 
     def chunk_effect(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved, largest
-        rerun, time added."""
+        rerun (held again in the backward), time added."""
+        s, x, t, _ = self.chunk_effects(bounds, choice)
+        return s, x, t
+
+    def chunk_effects(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """``chunk_effect`` and, last, the largest single layer's saving (what a checkpointed
+        forward holds of one layer while it runs)."""
         b = np.asarray(bounds, np.int64)
         cols = np.arange(self.num_layers)
         saved = self.saved[choice, cols]
@@ -85,7 +92,9 @@ class RecomputeTable:
         t = np.bincount(chunk, weights=added, minlength=C)
         x = np.zeros(C, np.int64)
         np.maximum.at(x, chunk, rerun)
-        return s, x, t
+        one = np.zeros(C, np.int64)
+        np.maximum.at(one, chunk, saved)
+        return s, x, t, one
 
 
 def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: np.ndarray,

@@ -397,10 +397,31 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
             raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
                                   f"{table.time_unit} and the target cannot convert it")
         seconds_per_byte = 1.0 / float(o.link_bytes_per_s)
+    from ..solver.request import RecomputeMode
     return ChunkProblem(table=table, schedule=schedule, capacities=device_capacities(model, o),
                         seconds_per_byte=seconds_per_byte, objective=o.objective, min_layers=o.min_layers,
                         max_layers=o.max_layers, pinned_splits=o.pinned_splits, time_limit=o.time_limit,
-                        workers=o.workers)
+                        workers=o.workers, recompute=inputs.request.recompute or RecomputeMode.NONE)
+
+
+def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool):
+    """CP-SAT on ``problem``; where recompute was left to stagesplit and nothing fits without it,
+    again with recompute chosen per layer (and a note that says so)."""
+    from ..solver.chunks import solve_cpsat
+    from ..solver.request import RecomputeMode
+    solved = solve_cpsat(problem)
+    fits = solved.result is not None and solved.result.feasible
+    if fits or not default_recompute or problem.table.recompute is None:
+        return problem, solved
+    if log:
+        log("CP-SAT: nothing fits without recompute; choosing recompute per layer")
+    auto = replace(problem, recompute=RecomputeMode.AUTO)
+    again = solve_cpsat(auto)
+    if again.result is not None and again.result.feasible:
+        again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
+                           "column are recomputed (--recompute none to refuse, auto to let it choose always)")
+        return auto, again
+    return problem, solved
 
 
 def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, traffic: Traffic | None = None,
@@ -408,7 +429,6 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
     schedule's own actions and the simulated step is fastest (or the fullest device emptiest,
     with ``objective="memory"``); the devices objective tries 1, 2, ... devices."""
-    from ..solver.chunks import solve_cpsat
     from ..solver.request import Objective
     traffic = traffic or layer_traffic(model)
     o = inputs.options
@@ -424,7 +444,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
                 continue
             if log:
                 log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
-            solved = solve_cpsat(problem)
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
             last = (problem, solved, trial)
             if solved.result is not None and solved.result.feasible:
                 break
@@ -438,7 +458,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     problem = schedule_problem(model, inputs, table)
     if log:
         log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
-    solved = solve_cpsat(problem)
+    problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
     plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
     return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
 

@@ -109,6 +109,12 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
         cc = problem.table.chunks(bounds)
         unit_s = model.profile.target.seconds_per_unit(model.profile.compute_unit)
         seconds = problem.table.time_unit == "seconds"
+        rc = problem.table.recompute
+        choice = np.asarray(result.choice if result.choice else [0] * len(model.layers.names), np.int64)
+        saved, _, added = rc.chunk_effect(bounds, choice) if rc is not None else \
+            (np.zeros(schedule.chunks, np.int64), None, np.zeros(schedule.chunks))
+        options = ("none", "selective", "full")
+        recomputing = bool(choice.any())
         for c in range(schedule.chunks):
             first, last = bounds[c], bounds[c + 1] - 1
             rank = schedule.chunk_rank[c]
@@ -116,7 +122,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
             m = result.memory
             received, sent = traffic.stage_io(first, last)
             compute = model.range_compute(first, last)
-            chunk_time = float(cc.forward_time[c] + cc.backward_input_time[c] + cc.backward_weight_time[c])
+            chunk_time = float(cc.forward_time[c] + cc.backward_input_time[c] + cc.backward_weight_time[c] + added[c])
             breakdown = MemoryBreakdown(always_live=int(m.resident[c]), not_always_live=int(max(
                 m.forward_peak[c], m.full_backward_peak[c])), stashed_copies=int((k - 1) * m.stash[c]))
             stages.append(StagePlan(
@@ -124,11 +130,13 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                 in_flight=k, capacity_bytes=int(problem.capacities[rank]), worst_tile=0,
                 worst_tile_bytes=int(result.ranks[rank].peak), memory_at_worst_tile=breakdown, memory_total=breakdown,
                 compute=float(compute), time_s=chunk_time if seconds else (chunk_time * unit_s if unit_s else None),
-                bytes_received=int(received), bytes_sent=int(sent), time=float(compute)))
+                bytes_received=int(received), bytes_sent=int(sent), time=float(compute),
+                recompute=tuple(options[o] for o in choice[first:last + 1]) if recomputing else (),
+                recompute_saved_bytes=int(saved[c]), recompute_time=float(added[c])))
         ranks = []
         for r in result.ranks:
             at = "the optimizer step" if r.peak_action < 0 else _action_text(schedule.leaves[r.rank][r.peak_action])
-            busy = float(sum(schedule.micro_batches * (cc.forward_time[c] + cc.backward_input_time[c]
+            busy = float(sum(schedule.micro_batches * (cc.forward_time[c] + cc.backward_input_time[c] + added[c]
                                                        + cc.backward_weight_time[c]) + cc.optimizer_time[c]
                              for c in schedule.rank_chunks(r.rank)))
             ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
@@ -136,8 +144,8 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
         record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
                                 micro_batches=schedule.micro_batches, step_time=float(result.step_time),
                                 time_unit=problem.table.time_unit, bubble=float(result.bubble), ranks=tuple(ranks),
-                                chunk_times=tuple((float(f), float(b), float(w)) for f, b, w in zip(
-                                    cc.forward_time, cc.backward_input_time, cc.backward_weight_time)))
+                                chunk_times=tuple((float(f), float(b + a), float(w)) for f, b, w, a in zip(
+                                    cc.forward_time, cc.backward_input_time, cc.backward_weight_time, added)))
     feasible = result is not None and result.feasible
     status = "optimal" if solve.optimal and feasible else "feasible" if feasible else \
         ("infeasible" if solve.status == "infeasible" else "unknown")

@@ -64,6 +64,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
                                  "versions": dict(plan.run.versions)}}
     for s in plan.stages:
         rec = asdict(s)
+        rec["recompute"] = list(s.recompute)
         rec["headroom_bytes"] = s.headroom_bytes
         rec["headroom"] = round(s.headroom, 6)
         doc["stages"].append(rec)
@@ -375,11 +376,25 @@ def _stages(r: FieldReader, doc: dict, names: list[str], devices: int) -> list[S
             time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
             bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
             bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent"),
-            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time")))
+            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time"),
+            recompute=_recompute_of(r, s.get("recompute", []), f"{p}.recompute", last - first + 1),
+            recompute_saved_bytes=r.integer(s.get("recompute_saved_bytes", 0), f"{p}.recompute_saved_bytes"),
+            recompute_time=r.number(s.get("recompute_time", 0.0), f"{p}.recompute_time")))
     for prev, cur in zip(stages, stages[1:]):
         if cur.first_layer != prev.last_layer + 1:
             r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
     return stages
+
+
+#: a layer's recompute options as plans write them (model/recompute.py)
+RECOMPUTE_OPTIONS = ("none", "selective", "full")
+
+
+def _recompute_of(r: FieldReader, value: Any, path: str, layers: int) -> tuple[str, ...]:
+    items = r.list(value, path)
+    if items and len(items) != layers:
+        r.fail(path, f"one option per layer of the stage ({layers})", f"{len(items)} options")
+    return tuple(r.choice(x, f"{path}[{i}]", RECOMPUTE_OPTIONS) for i, x in enumerate(items))
 
 
 def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -> list[str]:

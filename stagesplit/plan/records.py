@@ -48,6 +48,16 @@ class StagePlan:
     #: stage time in the plan's compute unit with transfers in and out included (== compute
     #: without --communication); None in plans written before it was recorded
     time: float | None = None
+    #: each of the stage's layers' activation recompute (none / selective / full); empty: none
+    recompute: tuple[str, ...] = ()
+    #: stash bytes one micro-batch no longer holds thanks to the recompute, and the time it adds
+    #: to the stage's backward (in the schedule's time unit)
+    recompute_saved_bytes: int = 0
+    recompute_time: float = 0.0
+
+    @property
+    def recomputed_layers(self) -> int:
+        return sum(1 for r in self.recompute if r != "none")
 
     @property
     def stage_time(self) -> float:

@@ -9,20 +9,24 @@ from ..solver.problem import bubble_fraction
 from .table import Column, Table
 from .why import step_ratio
 
-__all__ = ["comparison_table", "method_label", "stages_table", "sweep_table"]
+__all__ = ["comparison_table", "method_label", "recompute_text", "stages_table", "sweep_table"]
 
 
 def stages_table(plan: Plan) -> Table:
     """One row per stage; on a GPU, ``gpu_view`` leaves out the per-tile and code columns and
     shows bytes in GiB. Columns a narrow terminal can spare have ``drop`` > 0."""
     timed = any(s.time_s is not None for s in plan.stages)
+    recomputing = any(s.recomputed_layers for s in plan.stages)
     t = Table(f"Stages ({plan.method})",
               [Column("stage", "id"), Column("device", "id", 4), Column("layers"), Column("in flight", "int", 2),
                Column("worst tile", "id", 3), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
                Column("variables", "int", 3), Column("stashed copies", "int", 3), Column("code+state", "int", 3),
                Column(f"compute ({plan.compute_unit})", "compute", 1 if timed else 0)]
               + ([Column("time (ms)", "float")] if timed else [])
-              + [Column("received", "bytes", 5), Column("sent", "bytes", 5)])
+              + [Column("received", "bytes", 5), Column("sent", "bytes", 5)]
+              + ([Column("recompute"), Column("saved per micro-batch", "bytes"),
+                  Column("recompute (ms)" if timed else f"recompute ({plan.compute_unit})", "float")]
+                 if recomputing else []))
     for s in plan.stages:
         at = s.memory_at_worst_tile
         code = at.vertex_code + at.vertex_state + at.exchange_code + at.control_code
@@ -30,8 +34,18 @@ def stages_table(plan: Plan) -> Table:
         t.add(s.stage, s.device, span, s.in_flight, s.worst_tile, s.worst_tile_bytes,
               s.worst_tile_bytes / s.capacity_bytes if s.capacity_bytes else None,
               at.always_live + at.not_always_live, at.stashed_copies, code, s.compute,
-              *([s.time_s * 1e3 if s.time_s is not None else None] if timed else []), s.bytes_received, s.bytes_sent)
+              *([s.time_s * 1e3 if s.time_s is not None else None] if timed else []), s.bytes_received, s.bytes_sent,
+              *([recompute_text(s.recompute), s.recompute_saved_bytes,
+                 s.recompute_time * (1e3 if timed else 1)] if recomputing else []))
     return t
+
+
+def recompute_text(options) -> str:
+    """A stage's recompute in a few characters: '-', 'full 3/4', 'selective 2/4, full 1/4'."""
+    n = len(options)
+    parts = [f"{kind} {sum(1 for o in options if o == kind)}/{n}" for kind in ("selective", "full")
+             if any(o == kind for o in options)]
+    return ", ".join(parts) or "-"
 
 
 def method_label(method: str) -> str:

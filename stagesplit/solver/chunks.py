@@ -96,10 +96,10 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     grad_received = np.where(last, 0, table.backward_cut[b[1:]]).astype(np.int64)
     resident = cc.resident + M * (received + grad_received)
     kept_output = np.where(last, cc.output, 0)
-    saved = change = np.zeros(C, np.int64)
+    saved = change = forward_change = np.zeros(C, np.int64)
     if choice is not None and table.recompute is not None:
-        saved, rerun, _ = table.recompute.chunk_effect(b, np.asarray(choice, np.int64))
-        change = rerun - saved
+        saved, rerun, _, one = table.recompute.chunk_effects(b, np.asarray(choice, np.int64))
+        change, forward_change = rerun - saved, one - saved
     stash = np.maximum(np.maximum(cc.stash - received, 0) + kept_output - saved, 0)
     # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all
     weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
@@ -108,7 +108,7 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     hold = np.zeros(C, np.int64)
     if schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1:
         hold[-1] = cc.output[-1] + cc.sent_backward[-1]
-    forward = np.maximum(cc.forward_peak + hold + change, 0)
+    forward = np.maximum(cc.forward_peak + hold + forward_change, 0)
     full = np.maximum(cc.full_backward_peak + hold + change, 0)
     backward = np.maximum(cc.backward_input_peak + extra + change, 0)
     weight = cc.backward_weight_peak + extra
@@ -526,7 +526,8 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
     (``y``), layer i in chunk c as ``[s_c <= i] - [s_(c+1) <= i]``, and per chunk the bytes
     saved ``S_c``, the largest rerun ``X_c`` and the time added ``T_c`` as sums over the
     layer-in-chunk-with-option booleans. The chunk figures become, as ``chunk_memory`` has
-    them: stash ``max(0, stash - S)``, forward / B / full backward ``max(0, peak + X - S)``; the
+    them: stash ``max(0, stash - S)``, B / full backward ``max(0, peak + X - S)``, forward
+    ``max(0, peak + X1 - S)`` (X1: the largest single saving); the
     weight stash and W keep what B re-materialises; a split backward's first chunk keeps its
     rules (B holds the stash, W is the whole backward)."""
     table = problem.table.recompute
@@ -556,6 +557,7 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
     saved_terms = [[] for _ in range(C)]
     added_terms = [[] for _ in range(C)]
     reruns = [[] for _ in range(C)]
+    ones = [[] for _ in range(C)]
     for (i, o), var in y.items():
         for c in range(C):
             z = m.NewBoolVar(f"z{i}_{c}_{o}")
@@ -572,6 +574,7 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
             saved_terms[c].append(int(table.saved[o, i]) * z)
             added_terms[c].append(int(round(float(table.added[o, i]) * scale)) * z)
             reruns[c].append((int(table.rerun[o, i]), z))
+            ones[c].append((int(table.saved[o, i]), z))
     big = int(table.saved.sum() + table.rerun.max(initial=0)) + 1
     split = problem.schedule.traits.splits_backward
     out = {name: list(values) for name, values in q.items()}
@@ -579,9 +582,11 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
     for c in range(C):
         saved = sum(saved_terms[c]) if saved_terms[c] else 0
         rerun = m.NewIntVar(0, int(table.rerun.max(initial=0)), f"x{c}")
-        for value, z in reruns[c]:
-            if value:
-                m.Add(rerun >= value).OnlyEnforceIf(z)
+        one = m.NewIntVar(0, int(table.saved.max(initial=0)), f"one{c}")
+        for var, pairs in ((rerun, reruns[c]), (one, ones[c])):
+            for value, z in pairs:
+                if value:
+                    m.Add(var >= value).OnlyEnforceIf(z)
         added.append(sum(added_terms[c]) if added_terms[c] else 0)
 
         def clipped(name: str, expression):
@@ -589,7 +594,7 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
             m.AddMaxEquality(v, [0, expression])
             return v
         out["stash"][c] = clipped("stash", q["stash"][c] - saved)
-        out["forward"][c] = clipped("forward", q["forward"][c] + rerun - saved)
+        out["forward"][c] = clipped("forward", q["forward"][c] + one - saved)
         out["full_backward"][c] = clipped("full_backward", q["full_backward"][c] + rerun - saved)
         if split and c == 0:
             out["backward"][c] = out["stash"][c]
