@@ -30,7 +30,8 @@ import numpy as np
 
 from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
-from .schedule import (ChunkMemory, Op, RankMemory, Schedule, ScheduleKind, critical_path, memory_signatures,
+from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, ScheduleKind, critical_path,
+                       memory_signatures,
                        rank_memory)
 
 __all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "fitting_choice", "local_search",
@@ -137,6 +138,8 @@ class ChunkResult:
     memory: ChunkMemory
     #: every layer's recompute option (0 none, 1 selective, 2 full: model/recompute.py)
     choice: tuple[int, ...] = ()
+    #: the chain of actions that makes the step time (a valid lower bound for every split)
+    path: CriticalPath | None = field(default=None, compare=False, repr=False)
 
     @property
     def peaks(self) -> np.ndarray:
@@ -206,7 +209,7 @@ def _evaluate(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray
     if not reason and over:
         r = ranks[over[0]]
         reason = f"rank {r.rank} needs {r.peak:,} bytes, more than its {int(problem.capacities[r.rank]):,}"
-    return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory, tuple(int(x) for x in choice))
+    return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory, tuple(int(x) for x in choice), path)
 
 
 def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
@@ -299,11 +302,15 @@ def _balanced(problem: ChunkProblem) -> tuple[int, ...]:
     return tuple(reversed(bounds))
 
 
-def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, budget_s: float = 5.0) -> ChunkResult:
+def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, budget_s: float = 5.0,
+                 seen: list | None = None) -> ChunkResult:
     """A good split fast: the balanced split, then single boundary moves (by up to 3 layers)
-    while one improves the objective (feasibility first: the summed excess over capacity)."""
+    while one improves the objective (feasibility first: the summed excess over capacity).
+    ``seen`` collects every split evaluated (their critical paths seed CP-SAT)."""
     deadline = _time.monotonic() + budget_s
     current = evaluate(problem, start or _balanced(problem))
+    if seen is not None:
+        seen.append(current)
     improved = True
     while improved and _time.monotonic() < deadline:
         improved = False
@@ -314,6 +321,8 @@ def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, bu
                 if not b[i - 1] < b[i] < b[i + 1]:
                     continue
                 cand = evaluate(problem, b)
+                if seen is not None:
+                    seen.append(cand)
                 if cand.key(problem) < current.key(problem):
                     current, improved = cand, True
     return current
@@ -353,18 +362,33 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     scale = _scale(problem)
     lo = max(problem.min_layers, 1)
     sig = memory_signatures(problem.schedule)
+    seen: list = []
     if hint is None or not hint.feasible:
-        hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4))
+        hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4), seen=seen)
+    seen.append(hint)
     paths: list = []
+    keys: set = set()
     best = hint if hint.feasible else None
     bound = 0.0
 
     def path_of(r: ChunkResult):
+        if r.path is not None:
+            return r.path
         f, bi, bw, transfer, optimizer = _times(problem, r.bounds, np.asarray(r.choice, np.int64))
         return critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
 
-    if best is not None:
-        paths.append(path_of(best))
+    def add_path(path) -> bool:
+        """Keep a chain (every chain is a lower bound for every split); False if known."""
+        key = _path_key(path)
+        if key in keys:
+            return False
+        keys.add(key)
+        paths.append(path)
+        return True
+
+    # the chains of every split the quick search tried: a tight start for the step's bound
+    for r in sorted(seen, key=lambda r: r.key(problem))[:MAX_SEED_PATHS]:
+        add_path(path_of(r))
     # the per-layer prefix times and per-range tables, as integers
     fixed = problem.fixed_choice()
     auto = fixed is None and table.recompute is not None
@@ -438,6 +462,19 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             int(prefix["O"][-1]) + int(cut_units.sum()) * problem.schedule.micro_batches * 2 + 1
         step = m.NewIntVar(0, horizon, "step")
         rank_of = np.asarray(problem.schedule.chunk_rank)
+        M = problem.schedule.micro_batches
+        # bounds every schedule obeys: a rank is busy for all its actions and its optimizer step,
+        # and one micro-batch goes forward through every chunk and back (then the first chunk's W)
+        for r in range(P):
+            mine = [c for c in range(C) if rank_of[c] == r]
+            busy = [M * (at[k][c + 1] - at[k][c]) for c in mine for k in ("F", "B", "W")]
+            busy += [at["O"][c + 1] - at["O"][c] for c in mine]
+            busy += [M * added[c] for c in mine if auto]
+            m.Add(step >= sum(busy))
+        chain = [at["F"][C], at["B"][C], at["W"][1]] + [2 * cut[j] for j in range(C - 1)
+                                                       if rank_of[j] != rank_of[j + 1]]
+        chain += [added[c] for c in range(C) if auto]
+        m.Add(step >= sum(chain))
         for path in paths:
             terms = []
             for c in range(C):
@@ -502,7 +539,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         model_bound = solver.BestObjectiveBound() / scale
         bound = max(bound, model_bound)
         path = path_of(found)
-        known = any(_same_path(path, p) for p in paths)
+        known = _path_key(path) in keys
         # times are integers in the model: a chain's length there is within one unit per boundary
         # of each kind it reads of its true length
         slack = (6 * C + 4) / scale
@@ -512,7 +549,17 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         if known:                   # the model cannot improve on it within its time limit
             status = "time limit"
             break
-        paths.append(path)
+        add_path(path)
+        # and the chains of its neighbours (each boundary moved by one layer)
+        for c in range(1, C):
+            for step in (-1, 1):
+                b = list(bounds)
+                b[c] += step
+                if b[c - 1] < b[c] < b[c + 1]:
+                    neighbour = _evaluate(problem, tuple(b), choice)
+                    add_path(path_of(neighbour))
+                    if neighbour.key(problem) < best.key(problem):
+                        best = neighbour
     seconds = _time.monotonic() - started
     optimal = status == "optimal"
     if best is not None and optimal and problem.objective is not Objective.MEMORY:
@@ -605,10 +652,13 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
     return out, added, y
 
 
-def _same_path(a, b) -> bool:
-    return (a.optimizer_rank == b.optimizer_rank and np.array_equal(a.forward, b.forward)
-            and np.array_equal(a.backward_input, b.backward_input)
-            and np.array_equal(a.backward_weight, b.backward_weight) and np.array_equal(a.transfers, b.transfers))
+#: how many of the quick search's chains seed the CP-SAT model
+MAX_SEED_PATHS = 200
+
+
+def _path_key(path) -> tuple:
+    return (path.optimizer_rank, path.forward.tobytes(), path.backward_input.tobytes(),
+            path.backward_weight.tobytes(), path.transfers.tobytes())
 
 
 def _rank_forms(sig, q: dict, C: int) -> list[list]:
