@@ -10,6 +10,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..common.text import show
+from ..errors import OptionError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import SolverResult, solve_cpsat
@@ -433,27 +434,9 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     traffic = traffic or layer_traffic(model)
     o = inputs.options
     if o.objective is Objective.DEVICES:
-        last = None
-        for n in range(1, o.devices + 1):
-            trial = inputs_for(inputs, n)
-            trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
-                            request=replace(trial.request, objective=Objective.COMPUTE))
-            try:
-                problem = schedule_problem(model, trial, table)
-            except Exception:            # too few layers or micro-batches for n devices: not a candidate
-                continue
-            if log:
-                log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
-            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
-            last = (problem, solved, trial)
-            if solved.result is not None and solved.result.feasible:
-                break
-        if last is None:
-            from ..errors import StagesplitError
-            raise StagesplitError(f"no device count up to {o.devices} can run the schedule")
-        problem, solved, trial = last
-        plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, problem.schedule.devices),
-                                  traffic=traffic, message=_schedule_message(problem, solved))
+        problem, solved, n = _fewest_devices(model, inputs, table, log)
+        plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
+                                  message=_schedule_message(problem, solved))
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
     problem = schedule_problem(model, inputs, table)
     if log:
@@ -461,6 +444,59 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
     plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
     return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
+
+
+def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
+    """The fewest devices (up to the request's) on which the schedule fits, by bisection between
+    what the resident bytes alone need and the request's count, then the fastest split there.
+    Each count is tried with the quick search first and CP-SAT where that finds no fit."""
+    import math
+    from ..errors import StagesplitError
+    from ..model.phases import phase_table
+    from ..solver.chunks import local_search
+    from ..solver.request import Objective
+    table = table if table is not None else phase_table(model)
+    top = inputs.options.devices
+    tried: dict[int, tuple] = {}
+
+    def attempt(n: int, prove: bool):
+        trial = inputs_for(inputs, n)
+        trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
+                        request=replace(trial.request, objective=Objective.COMPUTE))
+        try:
+            problem = schedule_problem(model, trial, table)
+        except (StagesplitError, OptionError):       # too few layers or micro-batches for n devices
+            return None
+        if not prove and n not in tried:
+            quick = local_search(problem, budget_s=min(2.0, problem.time_limit / 4))
+            if quick.feasible:
+                return True
+        if log:
+            log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
+        problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+        tried[n] = (problem, solved)
+        return solved.result is not None and solved.result.feasible
+
+    capacity = float(device_capacities(model, inputs.options).max())
+    low = max(1, math.ceil(float(table.resident[0, table.num_layers - 1]) / capacity))
+    per_device = inputs.request.chunks_per_rank or (1 if inputs.options.schedule.one_stage_per_device else 2)
+    high = max(1, min(top, table.num_layers // per_device))        # every chunk needs a layer
+    low = min(low, high)
+    if not attempt(high, prove=False):
+        if high not in tried:
+            attempt(high, prove=True)
+        if high not in tried:
+            raise StagesplitError(f"no device count up to {top} can run the schedule")
+        return (*tried[high], high)
+    while low < high:
+        mid = (low + high) // 2
+        if attempt(mid, prove=False):
+            high = mid
+        else:
+            low = mid + 1
+    if high not in tried or not (tried[high][1].result is not None and tried[high][1].result.feasible):
+        attempt(high, prove=True)
+    return (*tried[high], high)
 
 
 def _schedule_message(problem, solved) -> str:
