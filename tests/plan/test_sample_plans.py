@@ -42,7 +42,8 @@ def option_sets(path: str, n: int) -> dict[str, dict]:
         sets["mixed"] = {"devices": n, "targets": tuple("a100-80gb" if i % 3 else "a100-40gb" for i in range(n))}
         sets["mixed-1f1b"] = {**sets["mixed"], "schedule": "1f1b", "micro_batches": n + 2}
         sets["mixed-devices"] = {**sets["mixed"], "objective": "devices"}
-        sets["mixed-memory"] = {**sets["mixed"], "objective": "memory", "devices": n + 3}
+        sets["mixed-memory"] = {"devices": n + 3, "objective": "memory",
+                                "targets": tuple("a100-40gb" if i % 2 else "a100-80gb" for i in range(n + 3))}
         sets["pins"] = {"devices": n, "pin_layers": (("middle", n // 2),), "schedule": "1f1b", "micro_batches": n}
     return sets
 
