@@ -18,6 +18,7 @@ workspace and boundary tensors, and a cut between layers moves ``output`` bytes.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
 
@@ -127,7 +128,11 @@ def build_layer_profile(layers: Sequence[LayerSpec], target: Target, training: b
         b.variable(shared_weights, live="always", name="shared/weights")
     if shared_other:
         b.variable(shared_other, live="always", name="shared/other")
-    return b.build(source=source)
+    profile = b.build(source=source)
+    # remembered with a fingerprint of what it determines: ``layer_form`` then needs no rebuild
+    form = LayerForm(tuple(layers), training, int(shared_weights), int(shared_other))
+    profile.__dict__[_FORM] = (form, _fingerprint(profile))
+    return profile
 
 
 def profile_from_layer_document(doc: dict, r: FieldReader) -> Profile:
@@ -186,6 +191,9 @@ def layer_form(profile: Profile) -> LayerForm | None:
     ops = profile.operations
     if profile.target.tiles != 1 or len(profile.programs) or not len(ops):
         return None
+    remembered = profile.__dict__.get(_FORM)
+    if remembered is not None and remembered[1] == _fingerprint(profile):
+        return remembered[0]
     index: dict[str, int] = {}
     for v in range(len(profile.variables)):
         name = profile.variable_name(v)
@@ -214,13 +222,29 @@ def layer_form(profile: Profile) -> LayerForm | None:
     return None
 
 
+_FORM = "_stagesplit_layer_form"
+
+
+def _structure(p: Profile) -> tuple[np.ndarray, ...]:
+    """The arrays the per-layer figures determine: variables (bytes, liveness), operations
+    (steps, variables, programs)."""
+    v, o = p.variables, p.operations
+    return (v.bytes, v.tile, v.always_live, v.live_class, p.liveness.intervals.offsets, p.liveness.intervals.values,
+            o.first_step, o.last_step, o.vars.offsets, o.vars.values, o.programs.values)
+
+
 def _same_structure(p: Profile, q: Profile) -> bool:
     """The same variables (bytes, liveness) and operations (steps, variables, layers)."""
-    pv, qv, po, qo = p.variables, q.variables, p.operations, q.operations
-    arrays = ((pv.bytes, qv.bytes), (pv.tile, qv.tile), (pv.always_live, qv.always_live),
-              (pv.live_class, qv.live_class), (p.liveness.intervals.offsets, q.liveness.intervals.offsets),
-              (p.liveness.intervals.values, q.liveness.intervals.values), (po.first_step, qo.first_step),
-              (po.last_step, qo.last_step), (po.vars.offsets, qo.vars.offsets), (po.vars.values, qo.vars.values),
-              (po.programs.values, qo.programs.values))
-    return p.num_steps == q.num_steps and list(po.layer) == list(qo.layer) and \
-        all(len(x) == len(y) and np.array_equal(x, y) for x, y in arrays)
+    return p.num_steps == q.num_steps and list(p.operations.layer) == list(q.operations.layer) and \
+        all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(_structure(p), _structure(q)))
+
+
+def _fingerprint(p: Profile) -> bytes:
+    """A hash of the structure ``_same_structure`` compares."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{p.num_steps}\0{p.target.tiles}\0{len(p.programs)}\0".encode())
+    h.update("\0".join("\1" if x is None else str(x) for x in p.operations.layer).encode("utf-8", "surrogatepass"))
+    for array in _structure(p):
+        h.update(b"|")
+        h.update(np.ascontiguousarray(array, np.int64).tobytes())
+    return h.digest()

@@ -144,8 +144,13 @@ class SolveRequest:
                        pin_layers=tuple(p for p in self.pin_layers if p[1] < devices))
 
     def resolved_targets(self) -> tuple[Target, ...]:
-        """The targets as records (names and YAML paths loaded)."""
-        return tuple(load_target(t) if isinstance(t, str) else t for t in self.targets)
+        """The targets as records (names and YAML paths loaded, each distinct one once: a list of
+        256 devices names two targets)."""
+        loaded: dict[str, Target] = {}
+        for t in self.targets:
+            if isinstance(t, str) and t not in loaded:
+                loaded[t] = load_target(t)
+        return tuple(loaded[t] if isinstance(t, str) else t for t in self.targets)
 
     # -- settings files and the plan's record ---------------------------------------------------
     @classmethod
