@@ -285,12 +285,15 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     assert advice.plan.status == "optimal" and [p.proof for p in advice.plan.phases] == ["dp", "dp"]
     assert advice.plan.phases[0].value == 6
     assert advice.plan.run.dp_seconds is not None and advice.plan.run.cpsat_seconds is None
-    # with no time at all the DP is not run, and says so; CP-SAT's time limit shows as above
+    # with no time at all neither the DP nor CP-SAT is run, and the plan says so: the greedy split
+    # it started from is given, not proven
     advice = advise(model, replace(options(3, 12), time_limit=0.0))
-    assert advice.plan.status == "feasible"
-    assert advice.plan.message.startswith("stopped by the time limit (0 s): best split found, not proven optimal")
+    assert advice.plan.status == "feasible" and advice.plan.phases[0].value == 11
+    assert advice.plan.message == ("stopped by the time limit (0 s): best split found, not proven optimal "
+                                   "(gap unknown)")
     assert advice.plan.notes[0].startswith("the exact DP was not run: it would take about ")
-    assert advice.plan.run.dp_seconds is None and advice.plan.run.cpsat_seconds is not None
+    assert advice.plan.notes[1].startswith("CP-SAT was not run: its model would take about ")
+    assert advice.plan.run.dp_seconds is None and advice.plan.run.cpsat_seconds is None
 
 
 def test_user_compute_override_changes_the_split():
