@@ -6,9 +6,9 @@ It wires the parts together and holds no algorithm of its own:
 * ``itemgroups``: which layers use each variable and program, items grouped by layer set;
 * ``stash``: which variables a pipeline schedule stashes per micro-batch in flight;
 * ``stagememory``: one range priced from scratch, with per-tile detail (``stage_memory``);
-* ``pricing``: every range priced in one sweep (``price_ranges``), or, for per-layer profiles,
-  ``layercosts``: closed-form costs; either kept as a ``RangeTable`` of the band of ranges that
-  can fit a device;
+* ``pricing``: every range priced in one sweep over tiles (``price_ranges``); for one-tile
+  profiles ``onetile`` prices the band only, and for per-layer profiles ``layercosts`` gives
+  closed-form costs; each kept as a ``RangeTable`` of the band of ranges that can fit a device;
 * compute per layer (below), fixed at construction; ``with_compute`` gives a new model.
 
 Items with no layer ("shared": used only by operations without a layer, or by no operation at
@@ -33,8 +33,9 @@ from ..io.profile import Profile
 from ..layers import LayerAssignment
 from .itemgroups import ItemGroups, sorted_unique
 from .layercosts import LayerCosts, price_layer_ranges
+from .onetile import price_one_tile_ranges
 from .pricing import price_all_ranges
-from .rangetable import RangeTable, band_width
+from .rangetable import RangeTable
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
 from .stash import stashed_variables
 from .tied import tied_parameters
@@ -148,18 +149,15 @@ class StageCostModel:
                      capacity: int | None = None) -> RangeTable:
         """Worst-tile bytes, for each in-flight count, of every range a..b that can fit a device
         of ``capacity`` bytes per tile (every range for None): closed-form for a per-layer
-        profile, else the sweep (``pricing``); on one tile, as the linear form."""
+        profile (``layercosts``), the band on one tile (``onetile``), else the per-tile sweep
+        (``pricing``)."""
         ks = tuple(sorted({int(k) for k in in_flight}))
         costs = self.layer_costs()
         if costs is not None:
             return price_layer_ranges(costs, ks, capacity, self.compute_prefix)
         if self.num_tiles != 1:
             return price_all_ranges(self, ks, progress, capacity=capacity)
-        full = price_all_ranges(self, (1, 2), progress)    # one tile: bytes grow by the stash per micro-batch
-        once = full.band(1)
-        width = band_width(once, capacity)
-        stash = np.where(once < full.band(2), full.band(2) - once, 0)
-        return RangeTable.linear(ks, once[:, :width].copy(), stash[:, :width].copy(), capacity, self.compute_prefix)
+        return price_one_tile_ranges(self, ks, capacity)
 
     def layer_costs(self) -> LayerCosts | None:
         """The closed-form costs when the profile is a per-layer profile (``io/layerform.py``)

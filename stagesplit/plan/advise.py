@@ -59,6 +59,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
     notes = []
     oracle = None
     dp_seconds = None
+    found_by = "the greedy first-fit" if hint is not None else ""
     if estimate <= limit:
         if log:
             log("exact DP")
@@ -77,16 +78,17 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
             quick = conservative_split(problem, deadline=start + limit, clock=clock)
             dp_seconds = clock() - start
             if quick.feasible and (hint is None or _better(problem, quick.split, hint)):
-                hint = quick.split
+                hint, found_by = quick.split, "the DP with the most micro-batches in flight"
                 notes.append("a split that fits was found by the DP with every stage holding the most micro-batches "
                              "its position can have")
     if oracle is not None and oracle.feasible:
-        hint = oracle.split
+        hint, found_by = oracle.split, "the exact DP"
     remaining = max(limit - (clock() - start), 0.0)
     build = model_seconds_estimate(problem)
     if build > remaining:
         notes.append(f"CP-SAT was not run: its model would take about {build:.3g} s to build, more than the time left "
-                     f"({remaining:.2g} s); the best split found is given, not proven optimal")
+                     f"({remaining:.2g} s); " + (f"the split of {found_by} is given, not proven optimal" if found_by
+                                                 else "no split was found"))
         result = _unproven_result(problem, hint, oracle)
     else:
         notes.append("CP-SAT searched with the time left")
