@@ -87,7 +87,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
     build = model_seconds_estimate(problem)
     if build > remaining:
         notes.append(f"CP-SAT was not run: its model would take about {build:.3g} s to build, more than the time left "
-                     f"({remaining:.2g} s); " + (f"the split of {found_by} is given, not proven optimal" if found_by
+                     f"({remaining:.2f} s); " + (f"the split of {found_by} is given, not proven optimal" if found_by
                                                  else "no split was found"))
         result = _unproven_result(problem, hint, oracle)
     else:
@@ -207,48 +207,54 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
     if enough is None:
         return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
     if enough > n:
-        kinds = list(dict.fromkeys(kind for kind, _, _ in rules))
+        kinds = list(dict.fromkeys(kind for kind, _, _, _ in rules))
         caveat = f" (ignoring {_join(kinds, 'and')})" if kinds else ""
         return (f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is "
                 f"{enough}{caveat}")
     if not rules:                                      # not expected: every rule that can bind is listed
         return f"no split fits on {n} device(s), although {enough} device(s) would hold the layers"
     # the layers fit on `enough` <= n devices, so a rule the request gives binds: find which
-    binding = [rule for _, rule, relax in rules if _fits_without(model, problem, table, relax)]
+    binding = [name for _, _, name, relax in rules if _fits_without(model, problem, table, relax)]
+    head = f"no split fits on {'exactly ' if o.exact else ''}{n} device(s)"
     if len(rules) == 1 and binding and o.exact:
-        text = f"no split fits on exactly {n} device(s); on at most {n}, {enough} would do"
+        text = f"{head}; on at most {n}, {enough} would do"
         if o.schedule == "1f1b" and o.micro_batches > 1:
             text += (f" (with 1F1B, the first of P stages holds min({o.micro_batches}, P) micro-batches in flight, "
                      "so more stages need more memory on the first ones)")
         return text
+    given = [phrase for _, phrase, _, _ in rules if phrase]
+    head += f" with {_join(given, 'and')}" if given else ""
     if len(rules) == 1 and binding:
-        return f"no split fits on {n} device(s) with {binding[0]}; without it {enough} device(s) would do"
-    given = _join([rule for _, rule, _ in rules], "and")
-    blame = f"dropping {_join(binding, 'or')} alone would make it fit" if binding else \
-        "no one of them alone makes it fit"
-    return f"no split fits on {n} device(s) with {given}; {blame}, and without any of them {enough} device(s) would do"
+        return f"{head}; without it {enough} device(s) would do"
+    blame = f"it would fit without {_join(binding, 'or')}" if binding else \
+        "dropping any one of these rules alone is not enough"
+    return f"{head}; {blame}, and without all of them {enough} device(s) would do"
 
 
 #: seconds the exact DP may take to check one relaxed problem when explaining infeasibility
 EXPLAIN_SECONDS = 2.0
 
 
-def _given_rules(o: SolveOptions) -> list[tuple[str, str, dict[str, Any]]]:
-    """The rules of the request beyond memory that can leave no split: (kind, the rule in words,
+def _given_rules(o: SolveOptions) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """The rules of the request beyond memory that can leave no split: (kind, the rule as the
+    request gives it ("" for the exact device count, which the message's head says), its name,
     the option values that drop it)."""
     def layers(n: int) -> str:
         return f"{n} layer{'s' if n != 1 else ''} per stage"
-    rules: list[tuple[str, str, dict[str, Any]]] = []
+    rules: list[tuple[str, str, str, dict[str, Any]]] = []
     if o.exact:
-        rules.append(("the exact device count", f"exactly {o.devices} device(s)", {"exact": False}))
+        rules.append(("the exact device count", "", "the exact device count", {"exact": False}))
     if o.pinned_splits:
-        rules.append(("the pinned splits", "the pinned splits", {"pinned_splits": ()}))
+        rules.append(("the pinned splits", "the pinned splits", "the pinned splits", {"pinned_splits": ()}))
     if o.pinned_layers:
-        rules.append(("the pinned layers", "the layers pinned to devices", {"pinned_layers": ()}))
+        rules.append(("the pinned layers", "the layers pinned to devices", "the layers pinned to devices",
+                      {"pinned_layers": ()}))
     if o.min_layers > 1:
-        rules.append(("the layer-count limits", f"at least {layers(o.min_layers)}", {"min_layers": 1}))
+        rules.append(("the layer-count limits", f"at least {layers(o.min_layers)}",
+                      f"the minimum of {layers(o.min_layers)}", {"min_layers": 1}))
     if o.max_layers is not None:
-        rules.append(("the layer-count limits", f"at most {layers(o.max_layers)}", {"max_layers": None}))
+        rules.append(("the layer-count limits", f"at most {layers(o.max_layers)}",
+                      f"the maximum of {layers(o.max_layers)}", {"max_layers": None}))
     return rules
 
 

@@ -83,7 +83,7 @@ class SolveRequest:
     #: where ``layer_compute`` came from (a file path), for the plan's record
     layer_compute_source: str | None = None
     layering: LayerOptions = field(default_factory=LayerOptions)
-    #: CP-SAT seconds per objective phase, and search workers (1 is deterministic)
+    #: seconds for the whole search (the exact DP and CP-SAT together), and CP-SAT's workers (1 is deterministic)
     time_limit: float = 60.0
     workers: int = 1
     #: also plan PopLiner's greedy split and a uniform split, for comparison

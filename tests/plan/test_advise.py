@@ -177,13 +177,12 @@ def test_explain_names_the_rule_that_binds():
         "no split fits on 2 device(s) with the layers pinned to devices; without it 2 device(s) would do"
     # exactly four devices with at least two layers each is impossible; either rule alone is fine
     assert why(4, exact=True, min_layers=2) == (
-        "no split fits on 4 device(s) with exactly 4 device(s) and at least 2 layers per stage; dropping exactly "
-        "4 device(s) or at least 2 layers per stage alone would make it fit, and without any of them 2 device(s) "
-        "would do")
+        "no split fits on exactly 4 device(s) with at least 2 layers per stage; it would fit without the exact "
+        "device count or the minimum of 2 layers per stage, and without all of them 2 device(s) would do")
     # two rules that each forbid every split: dropping one leaves the other
     assert why(2, pinned_layers=((0, 1), (3, 0)), max_layers=1) == (
-        "no split fits on 2 device(s) with the layers pinned to devices and at most 1 layer per stage; no one of "
-        "them alone makes it fit, and without any of them 2 device(s) would do")
+        "no split fits on 2 device(s) with the layers pinned to devices and at most 1 layer per stage; dropping any "
+        "one of these rules alone is not enough, and without all of them 2 device(s) would do")
 
 
 def test_explain_the_reproducer_without_pins(tmp_path):
