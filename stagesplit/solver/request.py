@@ -188,7 +188,7 @@ class SolveRequest:
             if isinstance(value, Enum):
                 value = value.value
             elif f.name == "targets":
-                value = [target_record(load_target(t) if isinstance(t, str) else t) for t in value]
+                value = [target_record(t) for t in self.resolved_targets()]
             elif f.name == "layering":
                 value = value.to_record()
             elif f.name in ("pin_layers", "pin_splits"):
