@@ -146,6 +146,11 @@ class RangeTable:
         """(L,) bytes of each layer alone."""
         return self.band(in_flight)[:, 0].copy() if self.width else np.zeros(self.num_layers, np.int64)
 
+    def width_for(self, in_flight: int, capacity: int) -> int:
+        """The longest stage that fits ``capacity`` with ``in_flight`` in flight (0: none)."""
+        fits = (self.band(in_flight) <= capacity).any(axis=0)
+        return int(np.flatnonzero(fits)[-1]) + 1 if fits.any() else 0
+
     def reach(self, in_flight: int, capacity: int) -> np.ndarray:
         """(L,) for each first layer a, the end (exclusive) of the longest stage from a that fits
         ``capacity`` (a itself when none does)."""

@@ -22,7 +22,7 @@ from ..solver.request import SolveRequest
 from .build import make_plan
 from .records import Plan, PlanInputs
 
-__all__ = ["Advice", "DP_CELLS_PER_SECOND", "SweepResult", "SweepRow", "advise", "dp_seconds_estimate",
+__all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise", "dp_seconds_estimate",
            "explain_infeasible", "fewest_devices", "price", "search", "sweep"]
 
 
@@ -36,14 +36,17 @@ class Advice:
 
 
 #: the exact DP's speed, in (state, stage end) cells per second, that its work (``dp.dp_cells``) is
-#: checked against the time limit with before it starts; about a third of what it does on the
-#: 2-core development machine, so that the estimate errs on the side of time
-DP_CELLS_PER_SECOND = 3e7
+#: checked against the time limit with before it starts: measured 6.8e7-8.5e7 on the 2-core
+#: development machine where the stages' in-flight counts differ, 6e8-1e9 where they are all one
+#: count (its arrays are then made once); these are below both, so the estimate errs on the side of time
+DP_CELLS_PER_SECOND = 5e7
+DP_CELLS_PER_SECOND_ONE_COUNT = 5e8
 
 
 def dp_seconds_estimate(problem: SplitProblem) -> float:
-    """About how long the exact DP would take on ``problem`` (its work over ``DP_CELLS_PER_SECOND``)."""
-    return dp_cells(problem) / DP_CELLS_PER_SECOND
+    """About how long the exact DP would take on ``problem`` (its work over its speed)."""
+    rate = DP_CELLS_PER_SECOND_ONE_COUNT if len(problem.in_flight_values) == 1 else DP_CELLS_PER_SECOND
+    return dp_cells(problem) / rate
 
 
 def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str], None] | None = None,

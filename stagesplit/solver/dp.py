@@ -90,14 +90,22 @@ def dp_mode(problem: SplitProblem) -> str:
 
 def dp_cells(problem: SplitProblem) -> int:
     """About how many (state, end) cells the DP's passes visit: the work its time limit is
-    checked against before it starts."""
-    L, N, W = problem.num_layers, problem.devices, max(problem.width, 1)
+    checked against before it starts. A stage count with more micro-batches in flight reads a
+    narrower band (fewer stages fit), so each count's band is measured."""
+    L, N = problem.num_layers, problem.devices
+    cap = int(problem.capacity.max())
+    widths = {k: max(problem.table.width_for(k, cap), 1) for k in problem.in_flight_values} if L else {}
+
+    def width(c: int) -> int:
+        return widths.get(_k(problem, c), 1) if L else 1
     mode = dp_mode(problem)
-    if mode == "count":
-        return 2 * N * L * W
-    if mode == "position":
-        return 2 * N * L * W
-    return 2 * (N * (N + 1) // 2) * L * W
+    if mode == "count" or (mode == "position" and problem.options.exact):
+        per_pass = sum(L * width(c) for c in range(1, N + 1))
+    elif mode == "position":
+        per_pass = N * L * width(1)
+    else:
+        per_pass = sum((N - c + 1) * L * width(c) for c in range(1, N + 1))   # positions with c stages from them
+    return 2 * per_pass
 
 
 class _Stages:

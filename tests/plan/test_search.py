@@ -14,7 +14,8 @@ from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
 from stagesplit.plan import advise as advise_module
-from stagesplit.plan.advise import DP_CELLS_PER_SECOND, advise, dp_seconds_estimate, search
+from stagesplit.plan.advise import (DP_CELLS_PER_SECOND, DP_CELLS_PER_SECOND_ONE_COUNT, advise, dp_seconds_estimate,
+                                    search)
 from stagesplit.solver import cpsat
 from stagesplit.solver.dp import dp_cells, dp_mode, exact_optimum
 from stagesplit.solver.problem import SolveOptions, build_problem
@@ -40,12 +41,19 @@ def test_dp_cells_by_mode():
     same = build_problem(model, options(3, 2))
     assert dp_mode(same) == "count" and same.width == 2
     assert dp_cells(same) == 2 * 3 * 6 * 2                      # two passes of N x L x W
+    assert dp_seconds_estimate(same) == dp_cells(same) / DP_CELLS_PER_SECOND_ONE_COUNT
     mixed = build_problem(model, options(3, [2, 2, 3]))
     assert dp_mode(mixed) == "position" and mixed.width == 3
     assert dp_cells(mixed) == 2 * 3 * 6 * 3
-    counted = build_problem(model, options(3, [2, 2, 3], schedule="1f1b", micro_batches=3))
+    # 1F1B with 3 micro-batches: stage counts 1..3 hold 1..3 in flight; with activations of 1000
+    # bytes per layer, 2 layers fit 3000 with one in flight, 1 with two or three (2000 + 1000 x k)
+    stash = layer_model([1] * 6, [1] * 6, training=True, activations=[1] * 6)
+    counted = build_problem(stash, options(3, [4, 4, 5], schedule="1f1b", micro_batches=3))
     assert dp_mode(counted) == "position-count"
-    assert dp_cells(counted) == 2 * 6 * 6 * 3                   # N(N+1)/2 positions x counts
+    widths = [counted.table.width_for(k, 5000) for k in (1, 2, 3)]
+    # positions with c stages from them: 3 with c = 1, 2 with c = 2, 1 with c = 3
+    assert dp_cells(counted) == 2 * 6 * (3 * widths[0] + 2 * widths[1] + 1 * widths[2])
+    assert widths[0] > widths[2] >= 1
     assert dp_seconds_estimate(counted) == dp_cells(counted) / DP_CELLS_PER_SECOND
 
 
