@@ -72,6 +72,10 @@ class Solution:
         return not self.stopped
 
 
+#: bytes of (stage allowed, stage value) bands a pass keeps for the positions and counts it meets again
+OK_CACHE_BYTES = 96 * 2**20
+
+
 class _OutOfTime(Exception):
     """A pass reached the deadline."""
 
@@ -194,6 +198,7 @@ class _Pass:
         self.s, self.quantity, self.bounds = stages, quantity, bounds
         self.deadline, self.clock = deadline, clock
         self._ok: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
+        self._ok_bytes = 0
         self._pad = np.full(stages.W, INF, np.int64)
 
     def tick(self) -> None:
@@ -202,8 +207,8 @@ class _Pass:
 
     def ok(self, position: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
         """(the stages allowed at ``position`` with ``k`` in flight within the bounds, their
-        values, the band columns that hold any), narrowed to those columns; kept for positions
-        alike (same capacity, no pins) and a few counts."""
+        values, the band columns that hold any), narrowed to those columns; kept (up to
+        ``OK_CACHE_BYTES``) for positions alike (same capacity, no pins) and counts met again."""
         s = self.s
         key = (int(s.p.capacity[position]) if not s.p.options.pinned_layers else -1 - position, k)
         hit = self._ok.get(key)
@@ -216,9 +221,12 @@ class _Pass:
             width = int(np.flatnonzero(columns)[-1]) + 1 if columns.any() else 0
             ok = np.ascontiguousarray(ok[:, :width])
             hit = (~ok, np.ascontiguousarray(s.value(self.quantity, position, k)[:, :width]), width)
-            if len(self._ok) >= 8:
-                self._ok.pop(next(iter(self._ok)))
+            size = hit[0].nbytes + hit[1].nbytes
+            while self._ok and self._ok_bytes + size > OK_CACHE_BYTES:      # the oldest go first
+                old = self._ok.pop(next(iter(self._ok)))
+                self._ok_bytes -= old[0].nbytes + old[1].nbytes
             self._ok[key] = hit
+            self._ok_bytes += size
         return hit
 
     def candidates(self, position: int, k: int, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
