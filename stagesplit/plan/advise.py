@@ -170,7 +170,8 @@ def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOption
             reach_cache[key] = table.reach(k, cap)          # == a: no stage fits
         return reach_cache[key]
 
-    for stages in range(1, (limit or L) + 1):
+    # no stage holds more layers than the band is wide: fewer stages cannot hold them all
+    for stages in range(max(1, -(-L // max(table.width, 1))), (limit or L) + 1):
         starts = np.zeros(L + 1, bool)                          # prefixes the stages so far can hold
         starts[0] = True
         for s in range(stages):
