@@ -62,7 +62,7 @@ class RangeTable:
         of ``capacity``."""
         ks = tuple(int(k) for k in in_flight)
         worst_bytes = np.asarray(worst_bytes, np.int64)
-        K, L = worst_bytes.shape[0], worst_bytes.shape[1]
+        L = worst_bytes.shape[1]
         a = np.arange(L)[:, None]
         b = a + np.arange(L)[None, :]
         real = b < L

@@ -34,13 +34,13 @@ import numpy as np
 
 from ..common.interrupt import solve_interruptibly
 from ..model.rangetable import OVER
+from .dp import ORDER
 from .problem import Evaluation, Split, SplitProblem, evaluate
 
 __all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "MODEL_SIZE_PER_SECOND", "ORDER", "PHASE_NAMES", "PhaseResult",
            "SolverResult", "model_seconds_estimate", "solve_cpsat"]
 
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
-ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 BIG = OVER
 DP_CONFIRM_S = 0.25     # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
 DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)

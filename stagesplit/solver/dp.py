@@ -40,7 +40,7 @@ import numpy as np
 from ..model.rangetable import OVER, RangeTable
 from .problem import Evaluation, Split, SplitProblem, evaluate, in_flight
 
-__all__ = ["INF", "MIN_LAYERS_ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
+__all__ = ["INF", "MIN_LAYERS_ORDER", "ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
            "dp_mode", "exact_optimum", "greedy", "uniform"]
 
 INF = OVER
