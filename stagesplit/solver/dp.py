@@ -73,7 +73,7 @@ class Solution:
 
 
 #: bytes of (stage allowed, stage value) bands a pass keeps for the positions and counts it meets again
-OK_CACHE_BYTES = 96 * 2**20
+OK_CACHE_BYTES = 64 * 2**20
 
 
 class _OutOfTime(Exception):
