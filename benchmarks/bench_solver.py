@@ -1,28 +1,40 @@
-"""Solver benchmark (issue 3): pricing and CP-SAT time, and how the optimal split's bottleneck
-compares with PopLiner's greedy and a uniform split.
+"""Solver benchmark: stagesplit against a plain dynamic program, and the time limit.
 
-* the BERT-Large-scale profile (26 layers, 1472 tiles) on 16 IPUs: target optimal in 10 s
-  (and on 8 IPUs, where the baselines differ more)
-* a 200-layer additive per-layer profile on 64 devices: target optimal in 60 s
-* the same with every option at once (issue 10): 1F1B with 128 micro-batches, the devices
-  objective (and compute, memory), mixed capacities (every third device half the memory) and
-  communication: ``advise`` (exact DP as hint and bound, then CP-SAT) against CP-SAT alone
-  (30 s limit): target proven optimal in seconds
-* each of those options alone on 200 layers x 64 devices, and all together: target proven
-  optimal in under 10 s; all together on 500 layers x 128 devices: under 60 s
+**The comparison (issue 26).** For per-layer profiles of 200 layers on 64 devices, 500 on 128 and
+1000 on 256 (training, random figures, 80 GB GPUs), each with the default options, 1F1B with 128
+micro-batches, mixed capacities (every third device 40 GB), communication, and the devices
+objective: ``stagesplit solve`` (the command line, from reading the file to writing the plan) and
+a plain numpy dynamic program written here, independently of the package (``plain_dp``), each in
+its own process (with Python's bytecode cache, as an installed package has it). The table shows
+each one's CPU seconds and peak RSS, the ratio, and whether the two found the same optimum (both
+objective phases, in the solver's integer units).
+Targets: every ratio <= 2x; 1000 x 256 under 4 s and 200 MB.
 
-Run from the repository root:  python benchmarks/bench_solver.py [--options-only]
+**The time limit (issue 18).** ``solve --time-limit 2`` on an 800-layer profile with 128 devices
+must end within 3 s (wall) with the best split found and an honest status: the issue's
+``--objective memory`` case, and mixed capacities with 1F1B, where the exact DP does not fit in
+the limit and CP-SAT searches alone.
+
+``--extended`` adds the earlier tables (BERT-Large scale on IPUs, CP-SAT with and without hints,
+issue 10's options alone and together).
+
+Run from the repository root:  python benchmarks/bench_solver.py [--sizes 200x64,500x128] [--extended]
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import subprocess
 import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
-from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measurement
+from _common import ROOT, bert_large_profile_path, peak_rss_mb, print_table, run_measurement
 
 
 def additive_model(layers: int = 200, seed: int = 7):
@@ -146,10 +158,8 @@ def measure(case: str, path: str) -> None:
         "uniform_fits": flat.feasible, "rss": peak_rss_mb()}))
 
 
-def main() -> None:
-    if len(sys.argv) > 3 and sys.argv[1] == "--measure":
-        measure(sys.argv[2], sys.argv[3])
-        return
+def extended() -> None:
+    """The earlier tables (issues 3 and 10): BERT-Large scale, CP-SAT with and without a hint, options alone."""
     rows = []
     for layers, devices, target in ((200, 64, "< 10 s"), (500, 128, "< 60 s")):
         for which in OPTION_CASES if layers == 200 else ("all",):
@@ -190,6 +200,253 @@ def main() -> None:
                                                            f" (gap {100 * (m['alone_gap'] or 0):.1f}%)"), ""),
             ("peak RSS", f"{m['rss']:,.0f} MB", ""),
         ])
+
+
+# -- the plain DP (independent of the package) ----------------------------------------------------
+
+GIB = 2**30
+CAPACITY = 80 * GIB                      # a100-80gb; a100-40gb is exactly half
+TIME_TOTAL = 10**9                       # integer time units: the documented solver model (see plain_times)
+LINK = 25e9                              # --link-bandwidth of the communication case, bytes/s
+FLOPS = 312e12                           # the A100 targets' FLOP/s
+OPTIONS = ("default", "1f1b", "mixed", "communication", "devices")
+SIZES = ((200, 64), (500, 128), (1000, 256))
+
+
+def plain_profile(layers: int, seed: int = 26) -> dict:
+    """A per-layer training profile document of ``layers`` random layers (written with plain dicts)."""
+    rng = np.random.default_rng(seed)
+    rows = [{"name": f"block{i}", "weights": int(rng.integers(200, 1400)) * 2**20,
+             "activations": int(rng.integers(20, 200)) * 2**20, "output": int(rng.integers(4, 16)) * 2**20,
+             "other": 0, "workspace": int(rng.integers(0, 64)) * 2**20,
+             "compute": float(rng.integers(50, 400)) * 1e9} for i in range(layers)]
+    return {"format": "stagesplit-profile", "version": 1, "kind": "layers", "name": f"bench-{layers}",
+            "target": "a100-80gb", "training": True, "compute_unit": "flops", "layers": rows}
+
+
+def cli_options(option: str, devices: int) -> list[str]:
+    """The ``stagesplit solve`` flags of one option case."""
+    return {"default": [], "1f1b": ["--schedule", "1f1b", "--micro-batches", "128"],
+            "mixed": ["--target", ",".join("a100-40gb" if i % 3 == 0 else "a100-80gb" for i in range(devices))],
+            "communication": ["--communication", "--link-bandwidth", f"{LINK:g}"],
+            "devices": ["--objective", "devices"]}[option]
+
+
+def plain_times(doc: dict, communication: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(up, down) with stage time of layers a..e-1 = up[e] - down[a], in integer units: compute and
+    cut transfer times (a cut moves the output forward and its gradient back) scaled so that
+    compute plus twice every cut's transfer totals at most 1e9 units, each rounded."""
+    flops = np.array([row["compute"] for row in doc["layers"]], float)
+    out = np.array([row["output"] for row in doc["layers"]], float)
+    cut = np.zeros(len(flops) + 1)
+    if communication:
+        cut[1:-1] = 2 * out[:-1] / LINK * FLOPS          # seconds of transfer, in FLOPs at the target's rate
+    integral = np.allclose(flops, np.round(flops), rtol=0, atol=1e-6) and \
+        np.allclose(cut, np.round(cut), rtol=0, atol=1e-6)
+    if integral:
+        flops, cut = np.round(flops), np.round(cut)
+    total = flops.sum() + 2 * cut.sum()
+    scale = 1.0 if (integral and total <= TIME_TOTAL) or total == 0 else TIME_TOTAL / total
+    prefix = np.concatenate([[0], np.cumsum(np.round(flops * scale).astype(np.int64))])
+    units = np.round(cut * scale).astype(np.int64)
+    return prefix + units, prefix - units
+
+
+def plain_dp(doc: dict, devices: int, option: str) -> dict:
+    """The optimum of one case, lexicographically (bottleneck time, then worst memory; devices
+    objective: fewest stages, then time), by a dynamic program over contiguous splits.
+
+    Memory of a stage a..b (training, one micro-batch): its weights and other bytes, plus the peak
+    over its layers' steps of the activations its layers have stashed so far, the running layer's
+    workspace, and the running layer's output and input; each extra micro-batch in flight adds the
+    stage's activations once more (the last layer's are used at once, not stashed). 1F1B: a stage
+    with c stages from it to the end (itself included) holds min(M, c) micro-batches."""
+    INF = np.iinfo(np.int64).max // 4
+    rows = doc["layers"]
+    L = len(rows)
+    col = {k: np.array([row[k] for row in rows], np.int64) for k in ("weights", "other", "activations", "output",
+                                                                     "workspace")}
+    act, out = col["activations"], col["output"]
+    acts = np.concatenate([[0], np.cumsum(act)])
+    fixed = np.concatenate([[0], np.cumsum(col["weights"] + col["other"])])
+    stashed = np.concatenate([[0], np.cumsum(np.where(np.arange(L) < L - 1, act, 0))])
+    out_before = np.concatenate([[0], out[:-1]])
+    step_peak = acts[1:] + col["workspace"] + out + out_before           # minus acts[a] for a stage from a
+    caps = np.array([CAPACITY // 2 if option == "mixed" and i % 3 == 0 else CAPACITY for i in range(devices)])
+    micro = 128 if option == "1f1b" else 1
+    up, down = plain_times(doc, option == "communication")
+
+    # the band of stage lengths that can fit anywhere: column j is the stage a..a+j
+    first = np.arange(L)
+    once_cols, stash_cols, time_cols = [], [], []
+    peak = np.full(L, -INF)
+    for j in range(L):
+        last = np.minimum(first + j, L - 1)
+        real = first + j < L
+        peak = np.maximum(peak, step_peak[last])
+        once = np.where(real, fixed[last + 1] - fixed[first] + peak - acts[first], INF)
+        if j and not (once <= caps.max()).any():
+            break
+        once_cols.append(once)
+        stash_cols.append(stashed[last + 1] - stashed[first])
+        time_cols.append(np.where(real, up[last + 1] - down[first], INF))
+    once, stash, stage_time = (np.stack(c, axis=1) for c in (once_cols, stash_cols, time_cols))
+    W = once.shape[1]
+    ends = np.minimum(first[:, None] + 1 + np.arange(W)[None, :], L)       # e = a + 1 + j
+
+    def memory(k: int) -> np.ndarray:
+        return np.where(once < INF, once + (k - 1) * stash, INF)
+
+    def in_flight(c: int) -> int:
+        return min(micro, c) if option == "1f1b" else 1
+
+    def by_count(value, bound, count=None):
+        """g[c][a]: best max of ``value`` over splits of layers a.. into exactly c stages (identical
+        devices); returns (optimum, stage count, g, choices)."""
+        g = [np.append(np.full(L, INF), 0)]
+        picks = [None]
+        for c in range(1, (count or devices) + 1):
+            mem = memory(in_flight(c))
+            ok = (mem <= CAPACITY) & bound(mem)
+            cand = np.where(ok, np.maximum(value(mem), g[-1][ends]), INF)
+            j = cand.argmin(axis=1)
+            g.append(np.append(cand[first, j], INF))
+            picks.append(j)
+        counts = range(1, len(g)) if count is None else [count]
+        best = min(counts, key=lambda c: (g[c][0], c))
+        return int(g[best][0]), best, g, picks
+
+    def by_position(value, bound):
+        """f[i][a]: best max of ``value`` over layers a.. on positions i..N-1 (a position may stay empty)."""
+        f = np.append(np.full(L, INF), 0)
+        choice = []
+        for i in range(devices - 1, -1, -1):
+            mem = memory(1)
+            ok = (mem <= caps[i]) & bound(mem, i)
+            cand = np.where(ok, np.maximum(value(mem, i), f[ends]), INF)
+            j = cand.argmin(axis=1)
+            best = np.append(cand[first, j], INF)
+            choice.append(j)
+            f = np.minimum(f, best)
+        return int(f[0])
+
+    if option == "mixed":
+        ppm = lambda mem, i: np.where(mem < INF, -((-mem * 1_000_000) // int(caps[i])), INF)  # noqa: E731
+        t = by_position(lambda mem, i: stage_time, lambda mem, i: True)
+        m = by_position(ppm, lambda mem, i: stage_time <= t)
+        return {"values": [t, m]}
+    if option == "devices":
+        _, fewest, _, _ = by_count(lambda mem: np.zeros_like(mem), lambda mem: True)
+        t, _, _, _ = by_count(lambda mem: stage_time, lambda mem: True, count=fewest)
+        return {"values": [fewest, t]}
+    t, _, _, _ = by_count(lambda mem: stage_time, lambda mem: True)
+    m, _, _, _ = by_count(lambda mem: mem, lambda mem: stage_time <= t)
+    return {"values": [t, m]}
+
+
+# -- measuring each side in its own process --------------------------------------------------------
+
+def child(kind: str, path: str, devices: int, option: str) -> None:
+    """Run one side in this (fresh) process and print its answer as JSON."""
+    if kind == "plain":
+        doc = json.loads(Path(path).read_text())
+        print(json.dumps(plain_dp(doc, devices, option)))
+        return
+    from stagesplit.cli import main as cli
+    plan_path = path + f".{option}.{devices}.plan.json"
+    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
+        code = cli(["solve", path, "--devices", str(devices), "--out", plan_path, *cli_options(option, devices)])
+    plan = json.loads(Path(plan_path).read_text())
+    print(json.dumps({"code": code, "values": [ph["solver_value"] for ph in plan["objective"]],
+                      "status": plan["status"], "proof": "/".join(ph.get("proof") or "-" for ph in plan["objective"]),
+                      "dp_seconds": plan["run"].get("dp_seconds"), "cpsat_seconds": plan["run"].get("cpsat_seconds")}))
+
+
+def child_env() -> dict[str, str]:
+    """The children's environment: bytecode caching on, as in an installed package (this
+    machine's PYTHONDONTWRITEBYTECODE would make every run compile stagesplit again, 0.2 s)."""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
+    return {**env, "PYTHONPATH": str(ROOT)}
+
+
+def timed(*args: str) -> tuple[dict, float, float, float]:
+    """Run ``child`` in a fresh interpreter: (its answer, CPU seconds, peak RSS in MB, wall seconds)."""
+    start = time.perf_counter()
+    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=child_env())
+    _, status, usage = os.wait4(proc.pid, 0)
+    wall = time.perf_counter() - start
+    out, err = proc.stdout.read(), proc.stderr.read()
+    if status != 0:
+        raise SystemExit(f"{args}: {err}")
+    return json.loads(out.strip().splitlines()[-1]), usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, wall
+
+
+def compare(sizes) -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        warm = str(Path(folder) / "warm.json")              # the first run writes the bytecode caches
+        Path(warm).write_text(json.dumps(plain_profile(8)))
+        timed("plain", warm, "2", "default"), timed("stagesplit", warm, "2", "default")
+        for layers, devices in sizes:
+            path = str(Path(folder) / f"layers{layers}.json")
+            Path(path).write_text(json.dumps(plain_profile(layers)))
+            for option in OPTIONS:
+                plain, plain_cpu, plain_rss, _ = timed("plain", path, str(devices), option)
+                ours, cpu, rss, wall = timed("stagesplit", path, str(devices), option)
+                same = "yes" if ours["values"] == plain["values"] else f"NO {ours['values']} vs {plain['values']}"
+                rows.append((f"{layers} x {devices}", option, f"{plain_cpu:.2f} s, {plain_rss:.0f} MB",
+                             f"{cpu:.2f} s, {rss:.0f} MB", f"{cpu / plain_cpu:.2f}x", f"{rss / plain_rss:.2f}x",
+                             f"{ours['status']} ({ours['proof']})", same))
+                print(" | ".join(rows[-1]), file=sys.stderr, flush=True)
+    header = ("layers x devices", "option", "plain DP (CPU, RSS)", "stagesplit (CPU, RSS)", "CPU ratio", "RSS ratio",
+              "status (proof)", "same optimum")
+    print_rows("stagesplit solve against a plain numpy DP (fresh process each; target: CPU ratio <= 2x)", header, rows)
+
+
+def time_limit_cases() -> None:
+    rows = []
+    with tempfile.TemporaryDirectory() as folder:
+        path = str(Path(folder) / "layers800.json")
+        Path(path).write_text(json.dumps(plain_profile(800, seed=18)))
+        cases = (("--objective memory", ["--objective", "memory"]),
+                 ("mixed + 1F1B M=128", cli_options("mixed", 128) + cli_options("1f1b", 128)))
+        for name, flags in cases:
+            start = time.perf_counter()
+            proc = subprocess.run([sys.executable, "-m", "stagesplit", "solve", path, "--devices", "128",
+                                   "--time-limit", "2", *flags], capture_output=True, text=True, cwd=str(ROOT),
+                                  env=child_env())
+            wall = time.perf_counter() - start
+            status = next((line for line in proc.stdout.splitlines() if line.startswith("status:")), proc.stderr)
+            notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
+            rows.append((name, f"{wall:.2f} s", status, " / ".join(notes)))
+    print_rows("solve --time-limit 2, 800 layers x 128 devices (target: < 3 s wall, best split found, honest "
+               "status)", ("case", "wall", "status line", "notes"), rows)
+
+
+def print_rows(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
+    width = [max(len(str(r[i])) for r in [header, *rows]) for i in range(len(header))]
+    print(title)
+    print("=" * len(title))
+    for row in [header, tuple("-" * w for w in width), *rows]:
+        print("  ".join(str(cell).ljust(w) for cell, w in zip(row, width)).rstrip())
+    print()
+
+
+def main() -> None:
+    if len(sys.argv) > 1 and sys.argv[1] == "--measure":
+        measure(sys.argv[2], sys.argv[3])
+        return
+    if len(sys.argv) > 1 and sys.argv[1] == "--child":
+        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        return
+    sizes = SIZES
+    if "--sizes" in sys.argv:
+        sizes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[sys.argv.index("--sizes") + 1].split(",")]
+    compare(sizes)
+    time_limit_cases()
+    if "--extended" in sys.argv:
+        extended()
 
 
 if __name__ == "__main__":

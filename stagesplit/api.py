@@ -225,7 +225,7 @@ def _price(resolved: Resolved, events: Events, max_devices: int | None = None):
     """Every layer range priced once, for every in-flight count the request can need."""
     from .plan.advise import price
     L = resolved.model.num_layers
-    events.start(f"pricing {L * (L + 1) // 2:,} layer ranges")       # counted in blocks of steps and tiles: a share
+    events.start(f"pricing the ranges of {L:,} layers that can fit a device")
     table = price(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
     events.done()
     return table

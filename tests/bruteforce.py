@@ -1,7 +1,7 @@
 """A third, independent solver for tiny instances: enumerate every split of L layers over N
 device positions and keep the lexicographically best feasible one.
 
-It shares only the priced tables with the DP and CP-SAT (``problem.mem``, the integer stage
+It shares only the priced tables with the DP and CP-SAT (``problem.table``, the integer stage
 times ``time_up``/``time_down`` and the capacities); the rules (in-flight counts per schedule,
 layer counts, pins, empty positions, the objectives and their tie-breaks) are written out here
 again from the README's definitions rather than taken from ``problem.py``.
@@ -41,7 +41,7 @@ def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...]):
             if (a <= layer < e) != (pos == position):
                 return None
         k = in_flight_here(o.schedule, o.micro_batches, s, len(stages))
-        nbytes = int(problem.mem[problem.in_flight_values.index(k), a, e - 1])
+        nbytes = problem.table.bytes_of(k, a, e - 1)
         cap = int(problem.capacity[position])
         if nbytes > cap:
             return None

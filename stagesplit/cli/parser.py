@@ -136,7 +136,7 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
     g.add_argument("--link-bandwidth", type=float_in(1, 1e300), metavar="BYTES_PER_S",
                    help="device-to-device bandwidth")
     g.add_argument("--time-limit", type=float_in(0, MAX_TIME_LIMIT, low_open=True), metavar="S",
-                   help="CP-SAT seconds per objective phase (default: 60)")
+                   help="seconds for the whole search, the exact DP and CP-SAT together (default: 60)")
     g.add_argument("--workers", type=int_in(1, MAX_WORKERS), metavar="W",
                    help="CP-SAT workers (default 1: deterministic)")
     g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")

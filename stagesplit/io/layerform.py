@@ -18,8 +18,11 @@ workspace and boundary tensors, and a cut between layers moves ``output`` bytes.
 
 from __future__ import annotations
 
+import hashlib
 from dataclasses import dataclass
 from typing import Any, Sequence
+
+import numpy as np
 
 from .builder import ProfileBuilder
 from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
@@ -27,7 +30,8 @@ from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 from ..common.fields import FieldReader
 from .documents import byte_count, compute_figure, read_info, read_target
 
-__all__ = ["LayerSpec", "build_layer_profile", "layer_document", "one_tile", "profile_from_layer_document"]
+__all__ = ["LayerForm", "LayerSpec", "build_layer_profile", "layer_document", "layer_form", "one_tile",
+           "profile_from_layer_document"]
 
 _TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
         "compute_unit", "training", "layers", "shared"}
@@ -46,6 +50,17 @@ class LayerSpec:
     other: int = 0
     workspace: int = 0
     compute: float = 0.0
+
+
+@dataclass(frozen=True)
+class LayerForm:
+    """What ``build_layer_profile`` made a profile from: its layers, training or inference, and
+    the bytes no layer uses."""
+
+    layers: tuple[LayerSpec, ...]
+    training: bool
+    shared_weights: int = 0
+    shared_other: int = 0
 
 
 def one_tile(target: Target) -> Target:
@@ -113,7 +128,11 @@ def build_layer_profile(layers: Sequence[LayerSpec], target: Target, training: b
         b.variable(shared_weights, live="always", name="shared/weights")
     if shared_other:
         b.variable(shared_other, live="always", name="shared/other")
-    return b.build(source=source)
+    profile = b.build(source=source)
+    # remembered with a fingerprint of what it determines: ``layer_form`` then needs no rebuild
+    form = LayerForm(tuple(layers), training, int(shared_weights), int(shared_other))
+    profile.__dict__[_FORM] = (form, _fingerprint(profile))
+    return profile
 
 
 def profile_from_layer_document(doc: dict, r: FieldReader) -> Profile:
@@ -161,3 +180,71 @@ def layer_document(layers: Sequence[LayerSpec], target: str | dict, training: bo
             "description": description, "target": target, "training": training, "compute_unit": compute_unit,
             "layers": [{"name": l.name, **{f: getattr(l, f) for f in _BYTE_FIELDS}, "compute": l.compute}
                        for l in layers]}
+
+
+def layer_form(profile: Profile) -> LayerForm | None:
+    """The per-layer figures ``profile`` was built from by ``build_layer_profile``, or None when it
+    is not exactly such a profile. The figures are read back by the variables' names and the
+    profile is built again from them: only a profile whose variables, liveness and operations
+    are equal to the rebuilt one's is recognised (so the closed-form costs of the per-layer form
+    apply to it exactly)."""
+    ops = profile.operations
+    if profile.target.tiles != 1 or len(profile.programs) or not len(ops):
+        return None
+    remembered = profile.__dict__.get(_FORM)
+    if remembered is not None and remembered[1] == _fingerprint(profile):
+        return remembered[0]
+    index: dict[str, int] = {}
+    for v in range(len(profile.variables)):
+        name = profile.variable_name(v)
+        index[name] = -1 if name in index else v            # a name used twice: not recognised
+    sizes = profile.variables.bytes
+
+    def size(name: str) -> int:
+        v = index.get(name, -2)
+        return -1 if v == -1 else 0 if v == -2 else int(sizes[v])
+
+    for training in (True, False):
+        n = len(ops) // 2 if training else len(ops)
+        if n == 0 or profile.num_steps != (2 * n if training else n) or (training and len(ops) % 2):
+            continue
+        names = ops.layer[:n]
+        if any(not isinstance(x, str) for x in names) or len(set(names)) != n:
+            continue
+        specs = tuple(LayerSpec(name, **{f: size(f"{name}/{f}") for f in _BYTE_FIELDS},
+                                compute=float(ops.compute[i])) for i, name in enumerate(names))
+        shared = (size("shared/weights"), size("shared/other"))
+        if min([*shared, *(getattr(l, f) for l in specs for f in _BYTE_FIELDS)]) < 0:
+            return None
+        rebuilt = build_layer_profile(specs, profile.target, training, profile.compute_unit, *shared)
+        if _same_structure(profile, rebuilt):
+            return LayerForm(specs, training, *shared)
+    return None
+
+
+_FORM = "_stagesplit_layer_form"
+
+
+def _structure(p: Profile) -> tuple[np.ndarray, ...]:
+    """The arrays the per-layer figures determine: variables (bytes, liveness), operations
+    (steps, variables, programs)."""
+    v, o = p.variables, p.operations
+    return (v.bytes, v.tile, v.always_live, v.live_class, p.liveness.intervals.offsets, p.liveness.intervals.values,
+            o.first_step, o.last_step, o.vars.offsets, o.vars.values, o.programs.values)
+
+
+def _same_structure(p: Profile, q: Profile) -> bool:
+    """The same variables (bytes, liveness) and operations (steps, variables, layers)."""
+    return p.num_steps == q.num_steps and list(p.operations.layer) == list(q.operations.layer) and \
+        all(len(x) == len(y) and np.array_equal(x, y) for x, y in zip(_structure(p), _structure(q)))
+
+
+def _fingerprint(p: Profile) -> bytes:
+    """A hash of the structure ``_same_structure`` compares."""
+    h = hashlib.blake2b(digest_size=16)
+    h.update(f"{p.num_steps}\0{p.target.tiles}\0{len(p.programs)}\0".encode())
+    h.update("\0".join("\1" if x is None else str(x) for x in p.operations.layer).encode("utf-8", "surrogatepass"))
+    for array in _structure(p):
+        h.update(b"|")
+        h.update(np.ascontiguousarray(array, np.int64).tobytes())
+    return h.digest()

@@ -6,7 +6,9 @@ It wires the parts together and holds no algorithm of its own:
 * ``itemgroups``: which layers use each variable and program, items grouped by layer set;
 * ``stash``: which variables a pipeline schedule stashes per micro-batch in flight;
 * ``stagememory``: one range priced from scratch, with per-tile detail (``stage_memory``);
-* ``pricing``: every range priced in one sweep (``price_ranges``);
+* ``pricing``: every range priced in one sweep over tiles (``price_ranges``); for one-tile
+  profiles ``onetile`` prices the band only, and for per-layer profiles ``layercosts`` gives
+  closed-form costs; each kept as a ``RangeTable`` of the band of ranges that can fit a device;
 * compute per layer (below), fixed at construction; ``with_compute`` gives a new model.
 
 Items with no layer ("shared": used only by operations without a layer, or by no operation at
@@ -26,10 +28,14 @@ import numpy as np
 
 from ..common.chunks import CHUNK
 from ..errors import LayerRangeError, OptionError, StagesplitError
-from .itemgroups import ItemGroups, sorted_unique
-from ..layers import LayerAssignment
-from .pricing import RangeTable, price_all_ranges
+from ..io.layerform import layer_form
 from ..io.profile import Phase, Profile
+from ..layers import LayerAssignment
+from .itemgroups import ItemGroups, sorted_unique
+from .layercosts import LayerCosts, price_layer_ranges
+from .onetile import price_one_tile_ranges
+from .pricing import price_all_ranges
+from .rangetable import RangeTable
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
 from .stash import stashed_variables
 from .tied import tied_parameters
@@ -146,10 +152,33 @@ class StageCostModel:
         vars_, progs = self.base_items()
         return price_stage(self, vars_, progs, self.base_stage_cols.copy(), -1, -1)
 
-    def price_ranges(self, in_flight: Sequence[int] = (1,),
-                     progress: Callable[[int, int], None] | None = None) -> RangeTable:
-        """Worst-tile bytes (for each in-flight count) and compute of every range a..b."""
-        return price_all_ranges(self, in_flight, progress)
+    def price_ranges(self, in_flight: Sequence[int] = (1,), progress: Callable[[int, int], None] | None = None,
+                     capacity: int | None = None) -> RangeTable:
+        """Worst-tile bytes, for each in-flight count, of every range a..b that can fit a device
+        of ``capacity`` bytes per tile (every range for None): closed-form for a per-layer
+        profile (``layercosts``), the band on one tile (``onetile``), else the per-tile sweep
+        (``pricing``)."""
+        ks = tuple(sorted({int(k) for k in in_flight}))
+        costs = self.layer_costs()
+        if costs is not None:
+            return price_layer_ranges(costs, ks, capacity, self.compute_prefix)
+        if self.num_tiles != 1:
+            return price_all_ranges(self, ks, progress, capacity=capacity)
+        return price_one_tile_ranges(self, ks, capacity)
+
+    def layer_costs(self) -> LayerCosts | None:
+        """The closed-form costs when the profile is a per-layer profile (``io/layerform.py``)
+        grouped into its own layers, else None."""
+        if "_layer_costs" not in self.__dict__:
+            costs = None
+            form = layer_form(self.profile) if self.num_tiles == 1 else None
+            if form is not None and list(self.layers.names) == [layer.name for layer in form.layers]:
+                n = len(form.layers)
+                own = np.concatenate([np.arange(n), np.arange(n)[::-1]]) if form.training else np.arange(n)
+                if np.array_equal(self.layers.op_layer, own):
+                    costs = LayerCosts.of(form, self.shared == "every")
+            self.__dict__["_layer_costs"] = costs
+        return self.__dict__["_layer_costs"]
 
 
 def _vertex_code_sizes(vc, num_tiles: int, num_types: int, chunk: int = CHUNK) -> np.ndarray:

@@ -35,6 +35,7 @@ import numpy as np
 
 from ..common.chunks import CHUNK
 from .itemgroups import sorted_unique
+from .rangetable import RangeTable
 from .timeline import ramp as _ramp
 from .view import PricingView
 
@@ -43,21 +44,6 @@ __all__ = ["LayerSets", "MEMORY_BUDGET", "RangeTable", "price_all_ranges"]
 
 # bytes of int64 grids per tile block (per-layer maxima, merge rows and the sweep state)
 MEMORY_BUDGET = 384 * 2**20
-
-
-@dataclass
-class RangeTable:
-    """Costs of every contiguous layer range: entry ``[k, a, b]`` is the range ``a..b`` (b >= a)
-    with ``in_flight[k]`` micro-batches in flight. Entries with b < a are unused (zero)."""
-
-    in_flight: tuple[int, ...]
-    worst_bytes: np.ndarray
-    worst_tile: np.ndarray
-    compute: np.ndarray
-
-    def k_index(self, in_flight: int) -> int:
-        """Index of an in-flight count in ``in_flight``."""
-        return self.in_flight.index(in_flight)
 
 
 @dataclass(frozen=True)
@@ -446,17 +432,17 @@ def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.nda
 
 def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
                      progress: Callable[[int, int], None] | None = None,
-                     memory_budget: int = MEMORY_BUDGET) -> RangeTable:
-    """Worst-tile bytes (for each in-flight count) and compute of every range a..b of ``model``."""
+                     memory_budget: int = MEMORY_BUDGET, capacity: int | None = None) -> RangeTable:
+    """Worst-tile bytes (for each in-flight count) of every range a..b of ``model``, kept on the
+    band of the ranges that fit ``capacity`` bytes per tile (all of them for None)."""
     L, T, G = model.num_layers, model.num_tiles, model.num_columns
     ks = tuple(sorted(set(int(k) for k in in_flight)))
     k_minus_one = np.array(ks, np.int64) - 1
     worst = np.zeros((len(ks), L, L), np.int64)
     worst_tile = np.zeros((len(ks), L, L), np.int64)
     prefix = model.compute_prefix
-    compute = np.triu(prefix[None, 1:] - prefix[:-1, None])
     if L == 0 or T == 0:
-        return RangeTable(ks, worst, worst_tile, compute)
+        return RangeTable.dense(ks, worst, worst_tile, capacity, prefix)
 
     every = model.shared == "every"
     sets = LayerSets.of(model.var_items.group_layers)
@@ -619,5 +605,5 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
     worst_tile = np.triu(worst_tile)
     if progress is not None:
         progress(total_work, total_work)
-    return RangeTable(in_flight=ks, worst_bytes=worst, worst_tile=worst_tile, compute=compute)
+    return RangeTable.dense(ks, worst, worst_tile, capacity, prefix)
 

@@ -1,9 +1,11 @@
-"""From a priced model to a plan: solve with CP-SAT, explain infeasibility, compare with what
-the user would do otherwise (the GPU frameworks' default splits, or PopLiner's greedy and an
-even split on an IPU), and sweep the number of devices."""
+"""From a priced model to a plan: search (the exact DP within the time limit, CP-SAT for what it
+does not prove), explain infeasibility, compare with what the user would do otherwise (the GPU
+frameworks' default splits, or PopLiner's greedy and an even split on an IPU), sweep the number of
+devices, and solve the chunks of pipeline schedules."""
 
 from __future__ import annotations
 
+import time as _time
 from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Iterator
 
@@ -13,18 +15,20 @@ from ..common.text import show
 from ..errors import OptionError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
-from ..solver.cpsat import SolverResult, solve_cpsat
-from ..solver.dp import Solution, UnlayeredFirst, exact_optimum, greedy, uniform
+from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_cpsat
+from ..solver.dp import (Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy,
+                         uniform)
 from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate, in_flight, in_flight_values,
-                              with_devices)
+                              stage_capacities, with_devices)
 from .baselines import framework_baselines, layer_roles
-from .build import make_plan, make_schedule_plan
 from ..solver.request import SolveRequest
+from .build import make_plan, make_schedule_plan
 from .records import Plan, PlanInputs
 
-__all__ = ["Advice", "SweepResult", "SweepRow", "advise", "advise_schedule", "device_capacities", "explain_infeasible",
-           "fewest_devices", "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price",
-           "schedule_problem", "sweep"]
+__all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
+           "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible", "fewest_devices",
+           "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price", "schedule_problem", "search",
+           "sweep"]
 
 
 @dataclass
@@ -36,28 +40,120 @@ class Advice:
     warnings: list[str] = field(default_factory=list)
 
 
-#: the exact DP runs before CP-SAT when its work, about N^2/2 x (L+1) x W array cells per pass
-#: (W: the most layers a stage that fits can hold), is at most this: 500 layers on 128 devices
-#: with stages of up to 100 layers is 4e8, a few seconds per pass
-DP_BUDGET = 2e9
+#: the exact DP's speed, in (state, stage end) cells per second, that its work (``dp.dp_cells``) is
+#: checked against the time limit with before it starts: measured 8e7-2.9e8 on the 2-core
+#: development machine where the stages' in-flight counts differ, 6e8-1e9 where they are all one
+#: count (its arrays are then made once). A DP that runs longer than estimated stops at the limit
+#: with the phases it proved.
+DP_CELLS_PER_SECOND = 1e8
+DP_CELLS_PER_SECOND_ONE_COUNT = 5e8
 
 
-def dp_affordable(problem: SplitProblem) -> bool:
-    """Whether the exact DP (oracle.py) is cheap enough to give CP-SAT its optimum as a bound."""
-    L = problem.num_layers
-    mem = problem.mem[0]                               # the fewest micro-batches in flight: the widest band
-    fits = np.triu(mem <= int(problem.capacity.max()))
-    width = int((np.where(fits, np.arange(L)[None, :] - np.arange(L)[:, None] + 1, 0)).max(initial=0))
-    return problem.devices ** 2 / 2 * (L + 1) * max(width, 1) <= DP_BUDGET
+def dp_seconds_estimate(problem: SplitProblem) -> float:
+    """About how long the exact DP would take on ``problem`` (its work over its speed)."""
+    rate = DP_CELLS_PER_SECOND_ONE_COUNT if len(problem.in_flight_values) == 1 else DP_CELLS_PER_SECOND
+    return dp_cells(problem) / rate
+
+
+def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str], None] | None = None,
+           clock: Callable[[], float] = _time.monotonic) -> SolverResult:
+    """The optimal split within the options' time limit, for every phase together: the exact DP
+    first when its estimated time fits in the limit (it also stops at the limit); CP-SAT, with
+    the time left, only for the phases the DP did not prove, given the DP's optimum as hint and
+    bound (else ``hint``, e.g. the greedy split), and only when its model can be built in the time
+    left. The result says which solver proved each phase and how long each took."""
+    limit = float(problem.options.time_limit)
+    start = clock()
+    estimate = dp_seconds_estimate(problem)
+    notes = []
+    oracle = None
+    dp_seconds = None
+    found_by = "the greedy first-fit" if hint is not None else ""
+    if estimate <= limit:
+        if log:
+            log("exact DP")
+        oracle = exact_optimum(problem, deadline=start + limit, clock=clock)
+        dp_seconds = clock() - start
+        if oracle.complete:
+            return _dp_result(problem, oracle, dp_seconds)
+        proven = " and ".join(PHASE_NAMES[q] for q in oracle.proven)
+        notes.append(f"the exact DP stopped at the time limit ({limit:g} s) after {dp_seconds:.2f} s"
+                     + (f", having proved the {proven}" if proven else ""))
+    else:
+        notes.append(f"the exact DP was not run: it would take about {estimate:.3g} s here, more than the time limit "
+                     f"({limit:g} s)")
+        if dp_mode(problem) == "position-count":
+            # the stage count in the DP's state is what costs: without it, a split that fits, fast
+            quick = conservative_split(problem, deadline=start + limit, clock=clock)
+            dp_seconds = clock() - start
+            if quick.feasible and (hint is None or _better(problem, quick.split, hint)):
+                hint, found_by = quick.split, "the DP with the most micro-batches in flight"
+                notes.append("a split that fits was found by the DP with every stage holding the most micro-batches "
+                             "its position can have")
+    if oracle is not None and oracle.feasible:
+        hint, found_by = oracle.split, "the exact DP"
+    remaining = max(limit - (clock() - start), 0.0)
+    build = model_seconds_estimate(problem)
+    if build > remaining:
+        notes.append(f"CP-SAT was not run: its model would take about {build:.3g} s to build, more than the time left "
+                     f"({remaining:.2f} s); " + (f"the split of {found_by} is given, not proven optimal" if found_by
+                                                 else "no split was found"))
+        result = _unproven_result(problem, hint, oracle)
+    else:
+        notes.append("CP-SAT searched with the time left")
+        result = solve_cpsat(problem, hint=hint, log=log, oracle=oracle, time_limit=remaining)
+    result.dp_seconds = dp_seconds
+    result.notes[:0] = notes
+    return result
+
+
+def _better(problem: SplitProblem, split: Split, other: Split) -> bool:
+    """Whether ``split`` is lexicographically better than ``other`` (which may not fit)."""
+    objective = problem.options.objective
+    mine, theirs = evaluate(problem, split), evaluate(problem, other)
+    return not theirs.feasible or mine.key(objective) < theirs.key(objective)
+
+
+def _unproven_result(problem: SplitProblem, split: Split | None, oracle: Solution | None) -> SolverResult:
+    """The best split known, no solver having proved it: the DP's proven phases are OPTIMAL (proof
+    "dp"), the others FEASIBLE with no bound (status "feasible"; "unknown" without a split)."""
+    evaluation = evaluate(problem, split) if split is not None else None
+    if evaluation is None or not evaluation.feasible:
+        return SolverResult(None, None, [PhaseResult(ORDER[problem.options.objective][0], "UNKNOWN", None, None, 0.0)],
+                            cpsat_seconds=None)
+    proven = oracle.proven if oracle is not None else ()
+    phases = []
+    for quantity in ORDER[problem.options.objective]:
+        value = int(getattr(evaluation, quantity))
+        if quantity in proven:
+            phases.append(PhaseResult(quantity, "OPTIMAL", value, value, 0.0, 0, "dp"))
+        else:
+            phases.append(PhaseResult(quantity, "FEASIBLE", value, None, 0.0, 0, ""))
+    return SolverResult(split, evaluation, phases)
+
+
+def _dp_result(problem: SplitProblem, oracle: Solution, seconds: float) -> SolverResult:
+    """The DP's complete answer as a solver result: every phase proved by the DP (or no split fits)."""
+    quantities = ORDER[problem.options.objective]
+    result = SolverResult(oracle.split, oracle.evaluation, dp_seconds=seconds)
+    if oracle.split is None:
+        result.phases.append(PhaseResult(quantities[0], "INFEASIBLE", None, None, oracle.seconds[0], 0, "dp"))
+        return result
+    for quantity, took in zip(quantities, oracle.seconds):
+        value = int(getattr(oracle.evaluation, quantity))
+        result.phases.append(PhaseResult(quantity, "OPTIMAL", value, value, took, 0, "dp"))
+    return result
 
 
 def price(model: StageCostModel, options: SolveOptions, max_devices: int | None = None,
           progress: Callable[[int, int], None] | None = None) -> RangeTable:
-    """Price every range once for all the in-flight counts a solve (or sweep) may need, and for
-    one micro-batch and any stage count, which explaining an infeasible problem needs."""
+    """Price, once, the ranges that can fit the largest device for all the in-flight counts a
+    solve (or sweep) may need, and for one micro-batch and any stage count, which explaining an
+    infeasible problem needs."""
     stages = max(options.devices, max_devices or 0, model.num_layers)
     ks = {1, *in_flight_values(options.schedule, options.micro_batches, stages)}
-    return model.price_ranges(tuple(sorted(ks)), progress=progress)
+    capacity, _ = stage_capacities(model.profile.target, options)
+    return model.price_ranges(tuple(sorted(ks)), progress=progress, capacity=int(capacity.max()))
 
 
 def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
@@ -69,24 +165,23 @@ def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOption
     (a stage's memory grows with its last layer). First fit, which always takes as many layers
     as fit, is optimal on identical devices but not on mixed ones: taking one more layer onto a
     large device can leave a layer in front of a small device that cannot hold it."""
-    L = table.worst_bytes.shape[1]
-    rows = np.arange(L)
+    L = table.num_layers
     reach_cache: dict[tuple[int, int], np.ndarray] = {}
 
     def reach(k: int, cap: int) -> np.ndarray:
         """reach[a] = the end (exclusive) of the longest stage starting at layer a that fits."""
         key = (k, cap)
         if key not in reach_cache:
-            bad = (table.worst_bytes[table.k_index(k)] > cap) & (rows[None, :] >= rows[:, None])
-            reach_cache[key] = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # == a: no stage fits
+            reach_cache[key] = table.reach(k, cap)          # == a: no stage fits
         return reach_cache[key]
 
-    for stages in range(1, (limit or L) + 1):
+    # no stage holds more layers than the band is wide: fewer stages cannot hold them all
+    for stages in range(max(1, -(-L // max(table.width, 1))), (limit or L) + 1):
         starts = np.zeros(L + 1, bool)                          # prefixes the stages so far can hold
         starts[0] = True
         for s in range(stages):
             k = in_flight(options.schedule, options.micro_batches, s, stages)
-            if k not in table.in_flight:
+            if not table.supports((k,)):
                 starts[:] = False
                 break
             end = reach(k, int(capacity[s % len(capacity)]))
@@ -107,25 +202,82 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
     """Say plainly why nothing fits: a layer too big for any device, or how many devices would do."""
     names = model.layers.names
     cap = int(problem.capacity.max())
-    single = np.diagonal(table.worst_bytes[table.k_index(1)])
+    single = table.single(1)
     too_big = np.flatnonzero(single > cap)
     n = problem.devices
     if len(too_big):
         l = int(too_big[np.argmax(single[too_big])])
-        tile = int(table.worst_tile[table.k_index(1), l, l])
+        tile = table.tile_of(1, l, l)
         return (f"layer '{names[l]}' alone needs {int(single[l]):,} bytes on tile {tile}, more than a device holds "
                 f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
                 f"(a finer --layer-regex) or free memory on that tile")
     o = problem.options
-    constrained = bool(o.pinned_splits or o.pinned_layers or o.min_layers > 1 or o.max_layers)
     enough = fewest_devices(table, problem.capacity, o)
+    rules = _given_rules(o)
     if enough is None:
         return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
-    if enough <= n:
-        return (f"no split fits on {n} device(s) under the given pins and layer-count limits; without them "
-                f"{enough} device(s) would do")
-    caveat = " (ignoring pins and layer-count limits)" if constrained else ""
-    return f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is {enough}{caveat}"
+    if enough > n:
+        kinds = list(dict.fromkeys(kind for kind, _, _, _ in rules))
+        caveat = f" (ignoring {_join(kinds, 'and')})" if kinds else ""
+        return (f"no split of the {len(names)} layers fits on {n} device(s); the smallest number that fits is "
+                f"{enough}{caveat}")
+    if not rules:                                      # not expected: every rule that can bind is listed
+        return f"no split fits on {n} device(s), although {enough} device(s) would hold the layers"
+    # the layers fit on `enough` <= n devices, so a rule the request gives binds: find which
+    binding = [name for _, _, name, relax in rules if _fits_without(model, problem, table, relax)]
+    head = f"no split fits on {'exactly ' if o.exact else ''}{n} device(s)"
+    if len(rules) == 1 and binding and o.exact:
+        text = f"{head}; on at most {n}, {enough} would do"
+        if o.schedule == "1f1b" and o.micro_batches > 1:
+            text += (f" (with 1F1B, the first of P stages holds min({o.micro_batches}, P) micro-batches in flight, "
+                     "so more stages need more memory on the first ones)")
+        return text
+    given = [phrase for _, phrase, _, _ in rules if phrase]
+    head += f" with {_join(given, 'and')}" if given else ""
+    if len(rules) == 1 and binding:
+        return f"{head}; without it {enough} device(s) would do"
+    blame = f"it would fit without {_join(binding, 'or')}" if binding else \
+        "dropping any one of these rules alone is not enough"
+    return f"{head}; {blame}, and without all of them {enough} device(s) would do"
+
+
+#: seconds the exact DP may take to check one relaxed problem when explaining infeasibility
+EXPLAIN_SECONDS = 2.0
+
+
+def _given_rules(o: SolveOptions) -> list[tuple[str, str, str, dict[str, Any]]]:
+    """The rules of the request beyond memory that can leave no split: (kind, the rule as the
+    request gives it ("" for the exact device count, which the message's head says), its name,
+    the option values that drop it)."""
+    def layers(n: int) -> str:
+        return f"{n} layer{'s' if n != 1 else ''} per stage"
+    rules: list[tuple[str, str, str, dict[str, Any]]] = []
+    if o.exact:
+        rules.append(("the exact device count", "", "the exact device count", {"exact": False}))
+    if o.pinned_splits:
+        rules.append(("the pinned splits", "the pinned splits", "the pinned splits", {"pinned_splits": ()}))
+    if o.pinned_layers:
+        rules.append(("the pinned layers", "the layers pinned to devices", "the layers pinned to devices",
+                      {"pinned_layers": ()}))
+    if o.min_layers > 1:
+        rules.append(("the layer-count limits", f"at least {layers(o.min_layers)}",
+                      f"the minimum of {layers(o.min_layers)}", {"min_layers": 1}))
+    if o.max_layers is not None:
+        rules.append(("the layer-count limits", f"at most {layers(o.max_layers)}",
+                      f"the maximum of {layers(o.max_layers)}", {"max_layers": None}))
+    return rules
+
+
+def _fits_without(model: StageCostModel, problem: SplitProblem, table: RangeTable, relax: dict[str, Any]) -> bool:
+    """Whether some split fits once the rule ``relax`` drops is dropped (False when the DP
+    cannot say within ``EXPLAIN_SECONDS``)."""
+    relaxed = replace(problem.options, objective="devices", communication=False, **relax)
+    answer = exact_optimum(build_problem(model, relaxed, table=table), deadline=_time.monotonic() + EXPLAIN_SECONDS)
+    return answer.complete and answer.feasible
+
+
+def _join(items: list[str], word: str) -> str:
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {word} {items[-1]}"
 
 
 def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **request: Any) -> PlanInputs:
@@ -166,18 +318,18 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         warnings.append("the profile has no compute estimates, so compute cannot be balanced: the split "
                         "minimises the worst stage's memory instead")
     base = greedy(problem)
-    oracle = exact_optimum(problem) if dp_affordable(problem) else None
-    result = solve_cpsat(problem, hint=base.split, log=log, oracle=oracle)
+    result = search(problem, hint=base.split, log=log)
     message = ""
     if result.split is None:
         if result.status == "infeasible":
             message = explain_infeasible(model, problem, table)
         else:
-            message = (f"CP-SAT found no split within the time limit ({options.time_limit:g} s); "
+            message = (f"no split was found within the time limit ({options.time_limit:g} s); "
                        "allow more time with --time-limit")
     elif result.status == "feasible":
-        message = (f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal "
-                   f"(gap {100 * max(p.gap or 0 for p in result.phases):.1f}%)")
+        gaps = [p.gap for p in result.phases if p.status != "OPTIMAL"]
+        gap = "gap unknown" if None in gaps else f"gap {100 * max(gaps, default=0):.1f}%"
+        message = f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal ({gap})"
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
     warnings += _tied_warnings(plan)
@@ -186,7 +338,8 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         advice.baselines.extend(framework_plans(model, problem, traffic, inputs))
     elif compare:
         if unlayered_first:
-            base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values))
+            base = greedy(problem, unlayered_first=popliner_tables(model, problem.in_flight_values,
+                                                                   int(problem.capacity.max())))
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
@@ -217,16 +370,15 @@ def framework_plans(model: StageCostModel, problem: SplitProblem, traffic: Traff
     return out
 
 
-def popliner_tables(model: StageCostModel, in_flight_counts) -> UnlayeredFirst:
+def popliner_tables(model: StageCostModel, in_flight_counts, capacity: int | None = None) -> UnlayeredFirst:
     """Stage memory as PopLiner counts it: the operations with no layer (and the items only
     they use) on the first stage, nowhere else. The first stage is priced with
-    ``shared="every"``, the others with ``shared="none"``, whatever the model's own policy."""
-    from ..model.costmodel import StageCostModel
+    ``shared="every"``, the others with ``shared="none"`` (the ranges that can fit ``capacity``
+    bytes per tile), whatever the model's own policy."""
     ks = tuple(in_flight_counts)
     every = model if model.shared == "every" else StageCostModel(model.profile, model.layers, shared="every")
     none = model if model.shared == "none" else StageCostModel(model.profile, model.layers, shared="none")
-    table = none.price_ranges(ks)
-    rest = np.stack([table.worst_bytes[table.k_index(k)] for k in ks])
+    rest = none.price_ranges(ks, capacity=capacity)
     first = np.array([[every.stage_memory(0, e).worst_bytes(k) for e in range(model.num_layers)] for k in ks],
                      np.int64).reshape(len(ks), model.num_layers)
     alone = np.array([every.shared_memory().worst_bytes(k) for k in ks], np.int64)

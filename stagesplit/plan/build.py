@@ -32,6 +32,10 @@ def plan_profile(model: StageCostModel) -> PlanProfile:
                        path=None if p.info.path is None else str(p.info.path), sha256=sha)
 
 
+def _rounded(seconds: float | None) -> float | None:
+    return None if seconds is None else round(seconds, 3)
+
+
 def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None, inputs: PlanInputs, *,
               method: str, traffic: Traffic, result: SolverResult | None = None, message: str = "",
               profile: PlanProfile | None = None) -> Plan:
@@ -87,7 +91,9 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
     run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   solver_seconds=round(result.seconds, 3) if result else 0.0,
-                  phase_seconds=tuple(ph.seconds for ph in phases), versions=versions())
+                  phase_seconds=tuple(ph.seconds for ph in phases), versions=versions(),
+                  dp_seconds=_rounded(result.dp_seconds if result else None),
+                  cpsat_seconds=_rounded(result.cpsat_seconds if result else None))
     return Plan(profile=profile or plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=o.devices, method=method, status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),

@@ -419,6 +419,9 @@ def _run(r: FieldReader, value: Any) -> PlanRun:
                    solver_seconds=None if run.get("solver_seconds") is None else
                    r.number(run["solver_seconds"], "run.solver_seconds"),
                    phase_seconds=tuple(r.number(x, f"run.phase_seconds[{i}]") for i, x in enumerate(seconds)),
+                   dp_seconds=None if run.get("dp_seconds") is None else r.number(run["dp_seconds"], "run.dp_seconds"),
+                   cpsat_seconds=None if run.get("cpsat_seconds") is None else
+                   r.number(run["cpsat_seconds"], "run.cpsat_seconds"),
                    versions={r.string(k, "run.versions"): r.string(v, f"run.versions.{k}") for k, v in versions.items()})
 
 

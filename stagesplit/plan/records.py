@@ -234,8 +234,11 @@ class PlanRun:
 
     stagesplit: str = ""
     created: str = ""
-    solver_seconds: float | None = None          # None: not recorded
+    solver_seconds: float | None = None          # the whole search (DP and CP-SAT); None: not recorded
     phase_seconds: tuple[float, ...] = ()
+    #: wall seconds of the exact DP and of CP-SAT (None: that solver did not run, or not recorded)
+    dp_seconds: float | None = None
+    cpsat_seconds: float | None = None
     #: versions of stagesplit, Python and what the answer depends on (numpy, ortools)
     versions: Mapping[str, str] = field(default_factory=dict)
 
@@ -318,17 +321,29 @@ class Plan:
 
     # -- text ----------------------------------------------------------------------------------
     def status_line(self) -> str:
-        """The status, what proved it and how long the solver took (a second line for a note)."""
+        """The status, which solver proved each phase and how long the search took, each solver's
+        share when both ran (a second line for a note)."""
         if not self.feasible:
             return f"status: {self.status} - {self.message}"
         phases = "; ".join(f"{p.quantity} {p.status.lower()}" + (f" (gap {100 * p.gap:.2f}%)" if p.gap else "")
                            for p in self.phases)
-        by_dp = any(p.proof != "cp-sat" for p in self.phases)
-        proven = ("NOT proven optimal" if self.status != "optimal" else
-                  "proven optimal by the exact DP" if by_dp else "proven optimal by CP-SAT")
+        by = {"dp": [p.quantity for p in self.phases if p.proof == "dp"],
+              "cp-sat": [p.quantity for p in self.phases if p.proof != "dp"]}
+        if self.status != "optimal":
+            proven = "NOT proven optimal"
+        elif not by["cp-sat"]:
+            proven = "proven optimal by the exact DP"
+        elif not by["dp"]:
+            proven = "proven optimal by CP-SAT"
+        else:
+            proven = (f"proven optimal by the exact DP ({', '.join(by['dp'])}) and CP-SAT "
+                      f"({', '.join(by['cp-sat'])})")
         text = f"status: {self.status}, {proven}"
-        if self.run.solver_seconds is not None:
-            text += f" in {self.run.solver_seconds:.2f} s"
+        run = self.run
+        if run.solver_seconds is not None:
+            text += f" in {run.solver_seconds:.2f} s"
+            if run.dp_seconds is not None and run.cpsat_seconds is not None:
+                text += f" (exact DP {run.dp_seconds:.2f} s, CP-SAT {run.cpsat_seconds:.2f} s)"
         text += f" [{phases}]" if phases else ""
         if self.message:
             text += f"\nnote: {self.message}"

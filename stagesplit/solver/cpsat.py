@@ -16,9 +16,12 @@ The gap is between the best split found and the smallest value not yet proven in
 devices objective minimises the number of stages directly. Lexicographic tie-breaks run as
 further phases with the earlier optima as bounds.
 
-Given the exact DP's answer (``advise`` computes it where it is cheap), each phase's value is
-the DP's optimum and CP-SAT only tries to prove the next smaller value impossible; a phase it
-cannot prove in a short deterministic budget records the DP as its proof.
+Given the exact DP's answer for some phases (``advise`` runs CP-SAT only for the phases the DP did
+not prove in the time limit; tests give it all), each such phase's value is the DP's optimum and
+CP-SAT only tries to prove the next smaller value impossible; a phase it cannot prove in a short
+deterministic budget records the DP as its proof. Every range is read on the band of the range
+table (the stages that can fit a device), so nothing of size (L+1)^2 per in-flight count is built.
+OR-Tools is imported when a model is first built.
 """
 
 from __future__ import annotations
@@ -28,19 +31,22 @@ from dataclasses import dataclass, field
 from typing import Callable
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from ..common.interrupt import solve_interruptibly
+from ..model.rangetable import OVER
+from .dp import ORDER
 from .problem import Evaluation, Split, SplitProblem, evaluate
 
-__all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "ORDER", "PHASE_NAMES", "PhaseResult", "SolverResult",
-           "solve_cpsat"]
+__all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "MODEL_SIZE_PER_SECOND", "ORDER", "PHASE_NAMES", "PhaseResult",
+           "SolverResult", "model_seconds_estimate", "solve_cpsat"]
 
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
-ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
-BIG = np.iinfo(np.int64).max // 4
+BIG = OVER
 DP_CONFIRM_S = 0.25     # CP-SAT's deterministic time to prove the DP's optimum tight before the DP's bound is used
 DP_CONFIRM_SIZE = 20_000    # above this many fit constraints CP-SAT is not asked at all (see _model_size)
+#: fit constraints (``_model_size``) CP-SAT's model gets per second of building, at the least
+#: (measured 30,000-100,000 on the 2-core development machine)
+MODEL_SIZE_PER_SECOND = 30_000
 
 
 @dataclass(frozen=True)
@@ -67,6 +73,9 @@ class SolverResult:
     phases: list[PhaseResult] = field(default_factory=list)
     #: what a reader of the plan must know about how it was found (e.g. the DP set aside)
     notes: list[str] = field(default_factory=list)
+    #: wall seconds of the exact DP and of CP-SAT (None: that solver did not run)
+    dp_seconds: float | None = None
+    cpsat_seconds: float | None = None
 
     @property
     def status(self) -> str:
@@ -85,64 +94,83 @@ class SolverResult:
 
     @property
     def seconds(self) -> float:
-        return sum(p.seconds for p in self.phases)
+        """Wall seconds of the whole search (the DP and CP-SAT)."""
+        if self.dp_seconds is None and self.cpsat_seconds is None:
+            return sum(p.seconds for p in self.phases)
+        return (self.dp_seconds or 0.0) + (self.cpsat_seconds or 0.0)
+
+
+def _cp_model():
+    """OR-Tools' CP-SAT module, imported when first needed (it takes half a second and 100 MB)."""
+    from ortools.sat.python import cp_model
+    return cp_model
 
 
 class _Tables:
-    """Per-stage quantities for every (a, e) range, as (L+1) x (L+1) arrays (e > a)."""
+    """Per-stage quantities on the band: entry [a, j] is the stage a..e-1, e = a+1+j (``ends``),
+    for j < W, the longest stage that fits any device; longer stages fit nowhere."""
 
     def __init__(self, problem: SplitProblem):
-        p = problem
-        L = p.num_layers
-        A = L + 1
-        self.p = p
-        a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
-        self.nonempty = e_idx > a_idx
-        self.time = np.where(self.nonempty, p.time_up[None, :] - p.time_down[:, None], BIG)
-        self.compute = np.where(self.nonempty, (p.time_up - p.cut_units)[None, :] - (p.time_down + p.cut_units)[:, None],
-                                BIG)
+        p = self.p = problem
+        L = self.L = p.num_layers
+        W = self.W = max(p.width, 1)
+        self.rows = np.arange(L)
+        a = self.rows[:, None]
+        e = a + 1 + np.arange(W)[None, :]
+        self.real = e <= L
+        self.ends = np.minimum(e, L)
+        self.time = np.where(self.real, p.time_up[self.ends] - p.time_down[a], BIG)
+        self.compute = np.where(self.real, (p.time_up - p.cut_units)[self.ends] - (p.time_down + p.cut_units)[a], BIG)
         cap = p.options.max_layers
-        self.length_ok = self.nonempty & ((e_idx - a_idx) <= cap if cap is not None else True)
-        self.mem = {}
-        for k in p.in_flight_values:
-            m = np.full((A, A), BIG, np.int64)
-            m[:L, 1:] = p.mem[p.k_index(k)]
-            self.mem[k] = np.where(self.nonempty, m, BIG)
+        self.length_ok = self.real & ((e - a) <= cap if cap is not None else True)
+        self._bytes: dict[int, np.ndarray] = {}
+        self.caps = sorted({int(c) for c in p.capacity})
 
-    def memcost(self, position: int, k: int) -> np.ndarray:
-        """Memory objective of every range at a position: bytes, or ppm of its capacity on mixed
-        devices (built when asked: all positions x counts at once can take gigabytes)."""
-        m = self.mem[k]
+    def nbytes(self, k: int) -> np.ndarray:
+        """(L, W) worst-tile bytes with ``k`` in flight (a few counts kept)."""
+        band = self._bytes.get(k)
+        if band is None:
+            band = self.p.band(k)
+            if band.shape[1] < self.W:
+                band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), BIG, np.int64)], axis=1)
+            if len(self._bytes) >= 4:
+                self._bytes.pop(next(iter(self._bytes)))
+            self._bytes[k] = band
+        return band
+
+    def memcost(self, capacity: int, k: int) -> np.ndarray:
+        """Memory objective of every stage on a device of ``capacity``: bytes, or ppm of it on
+        mixed devices."""
+        m = self.nbytes(k)
         if self.p.homogeneous:
             return m
-        return np.where(self.nonempty, -((-m * 1_000_000) // int(self.p.capacity[position])), BIG)
+        return np.where(m < BIG, -((-m * 1_000_000) // int(capacity)), BIG)
 
-    def ok(self, position: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
-        """Ranges a..e-1 that fit at ``position`` with ``k`` in flight within the bounds (ignoring
-        communication, which is not monotone and is checked separately)."""
-        fits = self.mem[k] <= int(self.p.capacity[position])
-        return (self.length_ok & fits & (self.compute <= time_bound) &
-                (self.memcost(position, k) <= memory_bound))
+    def ok(self, capacity: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
+        """Stages that fit a device of ``capacity`` with ``k`` in flight within the bounds
+        (ignoring communication, which is not monotone and is checked separately)."""
+        fits = self.nbytes(k) <= capacity
+        ok = self.length_ok & fits & (self.compute <= time_bound)
+        if memory_bound < BIG:
+            ok &= self.memcost(capacity, k) <= memory_bound
+        return ok
 
     def reach(self, ok: np.ndarray) -> np.ndarray:
-        """reach[a] = the first e > a such that a..e-1 is not ok (L+1 when the whole rest is)."""
-        L = self.p.num_layers
-        bad = ~ok[:L, 1:]                                     # bad[a, e-1]
-        upper = np.triu(np.ones((L, L), bool))
-        bad = bad & upper
-        first_bad = np.where(bad.any(axis=1), bad.argmax(axis=1), L)   # index e-1 of the first bad end
-        return first_bad                                      # layers a..first_bad-1 fit; first_bad is too far
+        """reach[a] = the first layer that cannot share a stage with layer a (L when every later
+        layer can): the band's first stage that is not ok, or the first layer past the band."""
+        L = self.L
+        length = np.where(ok.all(axis=1), self.W, np.argmin(ok, axis=1))
+        return np.minimum(self.rows + length, L)
+
+    def fit_anywhere(self, k: int) -> np.ndarray:
+        return self.length_ok & (self.nbytes(k) <= self.caps[-1])
 
     def candidates(self, quantity: str) -> np.ndarray:
-        """Sorted values a stage's time or memory cost can take (over ranges that fit somewhere)."""
-        fit_any = np.zeros_like(self.nonempty)
-        for position in range(self.p.devices):
-            for k in self.p.in_flight_values:
-                fit_any |= self.length_ok & (self.mem[k] <= int(self.p.capacity[position]))
+        """Sorted values a stage's time or memory cost can take (over stages that fit somewhere)."""
+        ks = self.p.in_flight_values
         if quantity == "time":
-            return np.unique(self.time[fit_any])
-        values = [self.memcost(position, k)[fit_any & (self.mem[k] <= int(self.p.capacity[position]))]
-                  for position in range(self.p.devices) for k in self.p.in_flight_values]
+            return np.unique(self.time[self.fit_anywhere(min(ks))])   # more in flight: fewer stages fit
+        values = [self.memcost(cap, k)[self.length_ok & (self.nbytes(k) <= cap)] for cap in self.caps for k in ks]
         return np.unique(np.concatenate(values)) if values else np.zeros(0, np.int64)
 
 
@@ -155,6 +183,7 @@ class _Feasibility:
         o = p.options
         L, N = p.num_layers, p.devices
         self.p = p
+        cp_model = _cp_model()
         m = self.m = cp_model.CpModel()
         x = self.x = [m.NewIntVar(0, N - 1, f"x{l}") for l in range(L)]
         # s[a]: a stage starts at layer a
@@ -197,9 +226,13 @@ class _Feasibility:
             for a in range(L):
                 for k in ks:
                     is_k[a, k] = self._equals(k_var[a], k)
+        reaches: dict[tuple[int, int], np.ndarray] = {}
         for position in positions:
+            cap = int(p.capacity[position if position is not None else 0])
             for k in (ks if k_var else ks[:1]):
-                reach = tables.reach(tables.ok(position if position is not None else 0, k, time_bound, memory_bound))
+                if (cap, k) not in reaches:               # devices of one capacity share their limits
+                    reaches[cap, k] = tables.reach(tables.ok(cap, k, time_bound, memory_bound))
+                reach = reaches[cap, k]
                 for a in range(L):
                     conditions = ([at[a, position]] if position is not None else []) + \
                         ([is_k[a, k]] if k_var else [])
@@ -223,9 +256,9 @@ class _Feasibility:
         # e-1 share a position; so given both starts, e-1 must sit on a later position than a.
         # (The reach constraints above already exclude ranges whose compute alone is over.)
         if o.communication and time_bound < BIG:
-            over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.nonempty
-            for a, e in zip(*np.nonzero(over)):
-                a, e = int(a), int(e)
+            over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.real
+            for a, j in zip(*np.nonzero(over)):
+                a, e = int(a), int(tables.ends[a, j])
                 starts = [s[a]] + ([s[e]] if e < L else [])
                 if e - a == 1:
                     m.AddBoolOr([lit.Not() for lit in starts])
@@ -262,6 +295,7 @@ class _Feasibility:
     def solve(self, seconds: float, workers: int, deterministic: float | None = None) -> tuple[str, Split | None, float]:
         """``deterministic``: also stop after this much of CP-SAT's deterministic time (about
         seconds, but the same on every run and machine, so the answer does not vary)."""
+        cp_model = _cp_model()
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = max(seconds, 0.01)
         if deterministic is not None:
@@ -293,26 +327,34 @@ def _quantity(evaluation: Evaluation, quantity: str) -> int:
 
 
 def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
-                log: Callable[[str], None] | None = None, oracle=None) -> SolverResult:
-    """Solve ``problem`` lexicographically (see the module docstring). ``hint``: a known
+                log: Callable[[str], None] | None = None, oracle=None, time_limit: float | None = None) -> SolverResult:
+    """Solve ``problem`` lexicographically (see the module docstring) within ``time_limit``
+    seconds for all phases together (default: the options' ``time_limit``). ``hint``: a known
     feasible split, used as the starting upper bound. ``oracle``: the exact DP's answer
-    (``oracle.exact_optimum``); its split is the answer and its optimum each phase's value.
-    CP-SAT is asked only to prove the next smaller value impossible (within ``DP_CONFIRM_S`` of
-    deterministic time, on models of at most ``DP_CONFIRM_SIZE`` fit constraints); where it
-    does not, the phase's ``proof`` is "dp": the DP's optimum is the bound."""
+    (``dp.exact_optimum``); its split is the starting point and, for each phase it proved
+    (``oracle.proven``), its optimum is the phase's value. CP-SAT is asked only to prove the next
+    smaller value impossible (within ``DP_CONFIRM_S`` of deterministic time, on models of at most
+    ``DP_CONFIRM_SIZE`` fit constraints); where it does not, the phase's ``proof`` is "dp"."""
     o = problem.options
+    started = _time.monotonic()
+    deadline = started + float(o.time_limit if time_limit is None else time_limit)
     tables = _Tables(problem)
     bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
     result = SolverResult(None, None)
     best = hint if hint is not None and evaluate(problem, hint).feasible else None
     known: dict[str, int] = {}
-    if oracle is not None:
+    # what the oracle claims: the phases it proved, or, an answer that says nothing of it, all
+    claimed = () if oracle is None else \
+        oracle.proven if (oracle.proven or oracle.stopped) else ORDER[o.objective]
+    if claimed:
         if not oracle.feasible:              # the DP enumerates every split implicitly: none fits
             result.phases.append(PhaseResult(ORDER[o.objective][0], "INFEASIBLE", None, None, 0.0, 0, "dp"))
+            result.cpsat_seconds = _time.monotonic() - started
             return result
         best = oracle.split
-        known = {q: _quantity(oracle.evaluation, q) for q in ORDER[o.objective]}
-    deadline_each = float(o.time_limit)
+        known = {q: _quantity(oracle.evaluation, q) for q in claimed}
+    elif oracle is not None and oracle.feasible:
+        best = oracle.split
     for phase, quantity in enumerate(ORDER[o.objective]):
         if log:
             log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
@@ -322,7 +364,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             limits = dict(bounds)
             limits[quantity] = value
             model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
-            remaining = deadline_each - (_time.monotonic() - start)
+            remaining = deadline - _time.monotonic()
             return model.solve(remaining, o.workers, deterministic=budget)
 
         if quantity in known:
@@ -387,7 +429,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             lo = -1                      # candidates[lo] proven infeasible (none yet)
             unknown = False
             while hi - lo > 1:
-                if _time.monotonic() - start >= deadline_each:
+                if _time.monotonic() >= deadline:
                     unknown = True
                     break
                 mid = (lo + hi) // 2
@@ -410,7 +452,13 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
     if best is not None and result.phases and result.phases[0].value is not None:
         result.split = _canonical(problem, best)
         result.evaluation = evaluate(problem, result.split)
+    result.cpsat_seconds = _time.monotonic() - started
     return result
+
+
+def model_seconds_estimate(problem: SplitProblem) -> float:
+    """About how long building one CP-SAT model of ``problem`` takes, at the most."""
+    return _model_size(problem) / MODEL_SIZE_PER_SECOND
 
 
 def _model_size(problem: SplitProblem) -> int:
@@ -428,11 +476,10 @@ def _next_below(tables: _Tables, quantity: str, value: int) -> int | None:
         return value - 1 if value > 1 else None
     p = tables.p
     best = None
-    for cap in sorted({int(c) for c in p.capacity}):
-        position = int(np.flatnonzero(p.capacity == cap)[0])
+    for cap in tables.caps:
         for k in p.in_flight_values:
-            fits = tables.length_ok & (tables.mem[k] <= cap)
-            values = tables.time if quantity == "time" else tables.memcost(position, k)
+            fits = tables.length_ok & (tables.nbytes(k) <= cap)
+            values = tables.time if quantity == "time" else tables.memcost(cap, k)
             below = values[fits & (values < value)]
             if below.size and (best is None or below.max() > best):
                 best = int(below.max())

@@ -1,109 +1,186 @@
-"""Exact dynamic programming over contiguous splits (the oracle CP-SAT is tested against), and
-the two baselines it is compared with: PopLiner's greedy first-fit and a uniform split.
+"""Exact dynamic programming over contiguous splits (the oracle CP-SAT is tested against, and
+the exact pre-solve ``advise`` runs first), and the two baselines it is compared with: PopLiner's
+greedy first-fit and a uniform split.
 
-The DP walks device positions from the last to the first. Its state is the first layer still
-to place and the number ``c`` of non-empty stages from this position on, which fixes the 1F1B
-in-flight count of a stage (``min(M, c)``). A bottleneck objective combines by ``max``;
-lexicographic objectives run the DP once per objective, each bounded by the previous optimum.
-Stage times include the transfer time of both cuts (communication), and every rule of the
-problem applies per (position, count): mixed capacities, pins, layer-count limits; the devices
-objective is the smallest count with a feasible split. tests/test_oracle.py checks it against
-a brute-force enumeration of every split. Work: about N^2/2 x (L+1) x W cells per pass, where
-W is the most layers a fitting stage can hold (a stage's memory grows with its last layer).
+Stages are read on the band of the range table: a stage starting at layer ``a`` ends at
+``e = a+1..a+W``, where W is the longest stage that fits any device (a stage's memory grows
+with its last layer). A bottleneck objective combines by ``max``; lexicographic objectives run
+one pass per objective, each bounded by the previous optimum. Every rule of the problem applies:
+capacities per position, the schedule's in-flight counts, pins, layer-count limits, stage times
+with the transfer time of both cuts. The state of a pass depends on what the rules need:
+
+* **by count** (identical devices, no layer pinned to a position, "at most N"): the state is the
+  first layer still to place and the number ``c`` of stages from there on, which fixes the 1F1B
+  in-flight count ``min(M, c)``; the stages go on the first positions. C x L x W cells a pass
+  (C = N, or the devices objective's fewest count, found by growing c until a split fits).
+* **by position** ("exactly N" devices: stage i is on position i and has N - i stages from it on;
+  or mixed capacities / pinned layers with an in-flight count that does not depend on the stage
+  count): the state is the position and the first layer; a position may stay empty where the
+  rules allow. N x L x W cells a pass.
+* **by position and count** (mixed capacities or pinned layers with 1F1B, and the devices
+  objective on them): N^2/2 x L x W cells a pass.
+
+Ties between equal optima: the fewest stages where the count is part of the state, then, walking
+from the first layer, the shortest first stage (and an empty position before a stage).
+
+A pass stops when the clock passes ``deadline`` (checked after each position or count): the
+result then keeps the phases proven so far (``Solution.proven``) and says it stopped
+(``Solution.stopped``). ``dp_cells`` estimates the work before starting.
+tests/solver/test_oracle.py checks the DP against a brute-force enumeration of every split.
 """
 
 from __future__ import annotations
 
+import time as _time
 from dataclasses import dataclass
+from typing import Callable
 
 import numpy as np
 
+from ..model.rangetable import OVER, RangeTable
 from .problem import Evaluation, Split, SplitProblem, evaluate, in_flight
 
-__all__ = ["INF", "MIN_LAYERS_ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "exact_optimum", "greedy",
-           "uniform"]
+__all__ = ["INF", "MIN_LAYERS_ORDER", "ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
+           "dp_mode", "exact_optimum", "greedy", "uniform"]
 
-INF = np.iinfo(np.int64).max // 4
+INF = OVER
+
+#: the objective quantities of each objective, in lexicographic order
+ORDER = {"compute": ("time", "memory"), "memory": ("memory", "time"), "devices": ("devices", "time")}
 
 
 @dataclass(frozen=True)
 class Solution:
+    """A split and its evaluation. The exact DP also says which objective quantities it proved
+    optimal (``proven``, in order; with no split, a proof that nothing fits), how long each of its
+    passes took, and why it stopped early (``stopped``: "" when it finished)."""
+
     split: Split | None
     evaluation: Evaluation | None
     method: str
+    proven: tuple[str, ...] = ()
+    seconds: tuple[float, ...] = ()
+    stopped: str = ""
 
     @property
     def feasible(self) -> bool:
         return self.evaluation is not None and self.evaluation.feasible
 
+    @property
+    def complete(self) -> bool:
+        """The DP proved every phase (or that nothing fits)."""
+        return not self.stopped
 
-class _StageTables:
-    """time[a, e], and per (position, k) the memory cost and feasibility of stage a..e-1, read
-    on a band of ends e = a+1..a+W per first layer a: a stage's memory only grows with its last
-    layer, so no end beyond the band fits (``width``). Nothing of size positions x counts x
-    (L+1)^2 is built: 128 devices x 128 in-flight counts of 500-layer tables would take tens of
-    gigabytes."""
+
+#: bytes of (stage allowed, stage value) bands a pass keeps for the positions and counts it meets again
+OK_CACHE_BYTES = 64 * 2**20
+
+
+class _OutOfTime(Exception):
+    """A pass reached the deadline."""
+
+
+def dp_mode(problem: SplitProblem) -> str:
+    """The state the DP's passes need (see the module docstring): "count", "position" or
+    "position-count"."""
+    o = problem.options
+    if o.exact:
+        return "position"
+    if problem.homogeneous and not o.pinned_layers:
+        return "count"
+    counted = len(problem.in_flight_values) > 1 or o.objective == "devices"
+    return "position-count" if counted else "position"
+
+
+def dp_cells(problem: SplitProblem) -> int:
+    """About how many (state, end) cells the DP's passes visit: the work its time limit is
+    checked against before it starts. A stage count with more micro-batches in flight reads a
+    narrower band (fewer stages fit), so each count's band is measured."""
+    L, N = problem.num_layers, problem.devices
+    cap = int(problem.capacity.max())
+    widths = {k: max(problem.table.width_for(k, cap), 1) for k in problem.in_flight_values} if L else {}
+
+    def width(c: int) -> int:
+        return widths.get(_k(problem, c), 1) if L else 1
+    mode = dp_mode(problem)
+    if mode == "count" or (mode == "position" and problem.options.exact):
+        per_pass = sum(L * width(c) for c in range(1, N + 1))
+    elif mode == "position":
+        per_pass = N * L * width(1)
+    else:
+        per_pass = sum((N - c + 1) * L * width(c) for c in range(1, N + 1))   # positions with c stages from them
+    return 2 * per_pass
+
+
+class _Stages:
+    """The band of stages a..e-1, e = a+1..a+W (``ends``), with what every pass reads: stage
+    time, the layer-count and pin rules, and per (position, in-flight count) the bytes and
+    whether the stage fits."""
 
     def __init__(self, problem: SplitProblem):
-        self.p = problem
-        L = problem.num_layers
-        A = self.A = L + 1
-        a_idx, e_idx = np.meshgrid(np.arange(A), np.arange(A), indexing="ij")
-        self.nonempty = e_idx > a_idx
-        self.time = np.where(self.nonempty, problem.time_up[None, :] - problem.time_down[:, None], INF).astype(np.int64)
-        o = problem.options
-        n = e_idx - a_idx
-        count_ok = self.nonempty & (n >= o.min_layers)
+        p = self.p = problem
+        o = p.options
+        L = self.L = p.num_layers
+        W = self.W = max(p.width, 1)
+        self.rows = np.arange(L)
+        a = self.rows[:, None]
+        e = a + 1 + np.arange(W)[None, :]
+        self.real = e <= L
+        self.ends = np.minimum(e, L)
+        self.time = np.where(self.real, p.time_up[self.ends] - p.time_down[a], INF).astype(np.int64)
+        length = e - a
+        ok = self.real & (length >= o.min_layers)
         if o.max_layers is not None:
-            count_ok &= n <= o.max_layers
-        for j in o.pinned_splits:
-            count_ok &= ~((a_idx < j) & (j < e_idx))
-        self.allowed = [count_ok] * problem.devices
-        if o.pinned_layers:
-            for position in range(problem.devices):
-                ok = count_ok.copy()
-                for layer, pos in o.pinned_layers:
-                    inside = (a_idx <= layer) & (layer < e_idx)
-                    ok &= inside if pos == position else ~inside
-                self.allowed[position] = ok
-        self.mem = {}
-        for k in problem.in_flight_values:
-            m = np.full((A, A), INF, np.int64)
-            m[:L, 1:] = problem.mem[problem.k_index(k)]
-            self.mem[k] = np.where(self.nonempty, m, INF)
-        self._widths: dict[tuple[int, int], int] = {}
-        self.rows = np.arange(A)[:, None]
+            ok &= length <= o.max_layers
+        if o.pinned_splits:                                  # no pinned split strictly inside a stage
+            pins = np.array(sorted(o.pinned_splits), np.int64)
+            after = np.searchsorted(pins, self.rows, side="right")
+            next_pin = np.where(after < len(pins), pins[np.minimum(after, len(pins) - 1)], L)
+            ok &= e <= next_pin[:, None]
+        self.count_ok = ok
+        self._allowed: dict[int, np.ndarray] = {}
+        self._bytes: dict[int, np.ndarray] = {}
 
-    def width(self, position: int, k: int) -> int:
-        """The most layers a stage that fits at ``position`` with ``k`` in flight holds (0 if
-        none fits): ends a+1..a+width cover every fitting stage, whatever its first layer."""
-        cap = int(self.p.capacity[position])
-        key = (cap, k)
-        if key not in self._widths:
-            fits = self.mem[k] <= cap
-            length = np.where(fits, np.arange(self.A)[None, :] - np.arange(self.A)[:, None], 0)
-            self._widths[key] = int(length.max(initial=0))
-        return self._widths[key]
+    def allowed(self, position: int) -> np.ndarray:
+        """Layer-count, pinned-split and pinned-layer rules of a stage at ``position``."""
+        pins = self.p.options.pinned_layers
+        if not pins:
+            return self.count_ok
+        if position not in self._allowed:
+            ok = self.count_ok.copy()
+            a = self.rows[:, None]
+            for layer, pos in pins:
+                inside = (a <= layer) & (layer < self.ends) & self.real
+                ok &= inside if pos == position else ~inside
+            self._allowed[position] = ok
+        return self._allowed[position]
 
-    def ends(self, width: int) -> tuple[np.ndarray, np.ndarray]:
-        """End indices e = a+1..a+width per row a (clipped to L), and which are real."""
-        e = self.rows + 1 + np.arange(width)[None, :]
-        return np.minimum(e, self.A - 1), e <= self.A - 1
+    def nbytes(self, k: int) -> np.ndarray:
+        """(L, W) worst-tile bytes with ``k`` in flight (kept for a few counts)."""
+        band = self._bytes.get(k)
+        if band is None:
+            band = self.p.band(k)
+            if band.shape[1] < self.W:
+                band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), INF, np.int64)], axis=1)
+            if len(self._bytes) >= 4:
+                self._bytes.pop(next(iter(self._bytes)))
+            self._bytes[k] = band
+        return band
 
-    def fits(self, position: int, k: int, e: np.ndarray, real: np.ndarray) -> np.ndarray:
-        a = self.rows
-        return real & self.nonempty[a, e] & (self.mem[k][a, e] <= int(self.p.capacity[position])) & \
-            self.allowed[position][a, e]
+    def fits(self, position: int, k: int) -> np.ndarray:
+        return self.allowed(position) & (self.nbytes(k) <= int(self.p.capacity[position]))
 
-    def time_of(self, position: int, k: int, e: np.ndarray) -> np.ndarray:
-        return self.time[self.rows, e]
-
-    def mem_cost(self, position: int, k: int, e: np.ndarray) -> np.ndarray:
-        """Bytes, or parts per million of the position's capacity on mixed devices."""
-        m = self.mem[k][self.rows, e]
-        if self.p.homogeneous:
-            return m
-        return np.where(m < INF, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
+    def value(self, quantity: str, position: int, k: int) -> np.ndarray:
+        """A stage's contribution to an objective quantity: time, memory cost (bytes, or parts per
+        million of the position's capacity on mixed devices), or 0 (devices: counted apart)."""
+        if quantity == "time":
+            return self.time
+        if quantity == "memory":
+            m = self.nbytes(k)
+            if self.p.homogeneous:
+                return m
+            return np.where(m < INF, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
+        return np.zeros((self.L, self.W), np.int64)
 
 
 def _k(problem: SplitProblem, c: int) -> int:
@@ -112,74 +189,206 @@ def _k(problem: SplitProblem, c: int) -> int:
     return in_flight(o.schedule, o.micro_batches, 0, c)
 
 
-def _dp(problem: SplitProblem, t: _StageTables, value, feasible, count: int | None = None):
-    """Minimise the max of ``value(position, k, e)`` over splits whose stages satisfy
-    ``feasible(position, k, e, real)`` (both on the band of ends ``e`` of ``t.ends``); with
-    ``count``, exactly that many non-empty stages. Returns (optimum, split) or (INF, None)."""
-    L, N = problem.num_layers, problem.devices
-    A = L + 1
-    f = np.full((N + 1, N + 1, A), INF, np.int64)       # f[i, c, a]
-    choice = np.full((N + 1, N + 1, A), -1, np.int64)    # chosen end e (== a for an empty position)
-    f[N, 0, L] = 0
-    rows = np.arange(A)
-    for i in range(N - 1, -1, -1):
-        for c in range(0, N - i + 1):
-            best = np.full(A, INF, np.int64)
-            pick = np.full(A, -1, np.int64)
-            if problem.empty_allowed(i):
-                best = f[i + 1, c].copy()
-                pick = np.where(best < INF, rows, -1)
-            if c >= 1:
-                k = _k(problem, c)
-                width = t.width(i, k)
-                if width:
-                    e, real = t.ends(width)
-                    cand = np.where(feasible(i, k, e, real), np.maximum(value(i, k, e), f[i + 1, c - 1][e]), INF)
-                    j = cand.argmin(axis=1)
-                    v = cand[rows, j]
-                    better = v < best
-                    best = np.where(better, v, best)
-                    pick = np.where(better, e[rows, j], pick)
-            f[i, c] = best
-            choice[i, c] = pick
-    counts = range(N + 1) if count is None else [count]
-    best_c = min(counts, key=lambda c: (f[0, c, 0], c))
-    if f[0, best_c, 0] >= INF:
-        return INF, None
-    bounds = [0]
-    a, c = 0, best_c
-    for i in range(N):
-        e = int(choice[i, c, a])
-        if e > a:
-            c -= 1
-        bounds.append(e)
-        a = e
-    return int(f[0, best_c, 0]), Split(tuple(bounds))
+class _Pass:
+    """One lexicographic pass: minimise the max of ``quantity`` over the splits whose stages
+    keep the earlier quantities within ``bounds``."""
+
+    def __init__(self, stages: _Stages, quantity: str, bounds: dict[str, int], deadline: float | None,
+                 clock: Callable[[], float]):
+        self.s, self.quantity, self.bounds = stages, quantity, bounds
+        self.deadline, self.clock = deadline, clock
+        self._ok: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
+        self._ok_bytes = 0
+        self._pad = np.full(stages.W, INF, np.int64)
+
+    def tick(self) -> None:
+        if self.deadline is not None and self.clock() > self.deadline:
+            raise _OutOfTime
+
+    def ok(self, position: int, k: int) -> tuple[np.ndarray, np.ndarray, int]:
+        """(the stages allowed at ``position`` with ``k`` in flight within the bounds, their
+        values, the band columns that hold any), narrowed to those columns; kept (up to
+        ``OK_CACHE_BYTES``) for positions alike (same capacity, no pins) and counts met again."""
+        s = self.s
+        key = (int(s.p.capacity[position]) if not s.p.options.pinned_layers else -1 - position, k)
+        hit = self._ok.get(key)
+        if hit is None:
+            ok = s.fits(position, k)
+            for q, bound in self.bounds.items():
+                if q != "devices":
+                    ok = ok & (s.value(q, position, k) <= bound)
+            columns = ok.any(axis=0)
+            width = int(np.flatnonzero(columns)[-1]) + 1 if columns.any() else 0
+            ok = np.ascontiguousarray(ok[:, :width])
+            hit = (~ok, np.ascontiguousarray(s.value(self.quantity, position, k)[:, :width]), width)
+            size = hit[0].nbytes + hit[1].nbytes
+            while self._ok and self._ok_bytes + size > OK_CACHE_BYTES:      # the oldest go first
+                old = self._ok.pop(next(iter(self._ok)))
+                self._ok_bytes -= old[0].nbytes + old[1].nbytes
+            self._ok[key] = hit
+            self._ok_bytes += size
+        return hit
+
+    def candidates(self, position: int, k: int, rest: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Per first layer: the best value with a stage at ``position`` followed by ``rest`` (the
+        best of each end), and the band column of the stage's end (the first on ties)."""
+        s = self.s
+        not_ok, value, width = self.ok(position, k)
+        if width == 0:
+            return np.full(s.L, INF, np.int64), np.zeros(s.L, np.int16)
+        # rest at each end a+1+j, as a window over rest (no copy); past the last layer: INF
+        after = np.lib.stride_tricks.sliding_window_view(np.concatenate([rest, self._pad]), width)[1:s.L + 1]
+        cand = np.maximum(value, after)
+        np.copyto(cand, INF, where=not_ok)
+        j = cand.argmin(axis=1)
+        return cand[s.rows, j], j.astype(np.int16 if s.W < 2**15 else np.int32)
+
+    def by_count(self, count: int | None = None) -> tuple[int, Split | None]:
+        """Identical devices: g[c][a] over exactly c stages; stages on the first positions."""
+        s, p = self.s, self.s.p
+        L, N = s.L, p.devices
+        g = np.full(L + 1, INF, np.int64)
+        g[L] = 0
+        picks: list[np.ndarray] = []
+        best_c, best = 0, INF
+        devices_first = self.quantity == "devices"
+        for c in range(1, (count or N) + 1):
+            self.tick()
+            value, j = self.candidates(0, _k(p, c), g)
+            g = np.append(value, INF)
+            picks.append(j)
+            if (count is None or c == count) and value[0] < best:
+                best_c, best = c, int(value[0])
+                if devices_first:
+                    break                    # the fewest stages that fit: no need to try more
+        if best >= INF:
+            return INF, None
+        bounds, a = [0], 0
+        for c in range(best_c, 0, -1):
+            a = a + 1 + int(picks[c - 1][a])
+            bounds.append(a)
+        bounds += [L] * (N - best_c)
+        return (best_c if devices_first else best), Split(tuple(bounds))
+
+    def by_position(self, most_in_flight: bool = False) -> tuple[int, Split | None]:
+        """Position-dependent rules with an in-flight count fixed per position (exactly N stages:
+        N - i from position i on; else the schedule's, which does not depend on the count).
+        ``most_in_flight``: every stage holds the most micro-batches its position can have, as if
+        every later position held a stage (a restriction: what it finds fits, not proven best)."""
+        s, p = self.s, self.s.p
+        L, N = s.L, p.devices
+        exact = p.options.exact or most_in_flight
+        f = np.full(L + 1, INF, np.int64)
+        f[L] = 0
+        takes: list[tuple[np.ndarray, np.ndarray]] = []
+        for i in range(N - 1, -1, -1):
+            self.tick()
+            value, j = self.candidates(i, _k(p, N - i if exact else 1), f)
+            new = f.copy() if p.empty_allowed(i) else np.full(L + 1, INF, np.int64)
+            take = value < new[:L]                    # an empty position wins ties
+            new[:L] = np.where(take, value, new[:L])
+            takes.append((take, j))
+            f = new
+        if f[0] >= INF:
+            return INF, None
+        bounds, a = [0], 0
+        for i in range(N):
+            take, j = takes[N - 1 - i]
+            if a < L and take[a]:
+                a = a + 1 + int(j[a])
+            bounds.append(a)
+        return int(f[0]), Split(tuple(bounds))
+
+    def by_position_and_count(self, count: int | None = None) -> tuple[int, Split | None]:
+        """f[i, c, a]: positions i.. with exactly c stages (1F1B on mixed devices or with pinned
+        layers, and the devices objective there)."""
+        s, p = self.s, self.s.p
+        L, N = s.L, p.devices
+        C = count or N
+        f = np.full((C + 1, L + 1), INF, np.int64)          # positions i+1..: f[c, a]
+        f[0, L] = 0
+        takes: dict[tuple[int, int], tuple[np.ndarray, np.ndarray]] = {}
+        for i in range(N - 1, -1, -1):
+            self.tick()
+            new = f.copy() if p.empty_allowed(i) else np.full((C + 1, L + 1), INF, np.int64)
+            for c in range(1, min(C, N - i) + 1):
+                value, j = self.candidates(i, _k(p, c), f[c - 1])
+                take = value < new[c, :L]
+                new[c, :L] = np.where(take, value, new[c, :L])
+                takes[i, c] = (take, j)
+            f = new
+        counts = range(C + 1) if count is None else [count]
+        best_c = min(counts, key=lambda c: (f[c, 0], c))
+        if f[best_c, 0] >= INF:
+            return INF, None
+        bounds, a, c = [0], 0, best_c
+        for i in range(N):
+            take, j = takes.get((i, c), (None, None))
+            if take is not None and a < L and take[a]:
+                a, c = a + 1 + int(j[a]), c - 1
+            bounds.append(a)
+        value = best_c if self.quantity == "devices" else int(f[best_c, 0])
+        return value, Split(tuple(bounds))
 
 
-def exact_optimum(problem: SplitProblem) -> Solution:
-    """The lexicographic optimum of ``problem.options.objective`` by dynamic programming."""
-    t = _StageTables(problem)
-    objective = problem.options.objective
+def conservative_split(problem: SplitProblem, deadline: float | None = None,
+                       clock: Callable[[], float] = _time.monotonic) -> Solution:
+    """A split that fits, found fast where the exact DP needs the stage count in its state (1F1B
+    on mixed devices or with pinned layers): the by-position DP with each stage holding as many
+    micro-batches as its position can (``min(M, N - i)``, never fewer than it really holds), so
+    every split it finds fits. Lexicographic like ``exact_optimum``, but not proven optimal
+    (``proven`` is empty); None when it finds none or reaches ``deadline``."""
+    stages = _Stages(problem)
+    bounds: dict[str, int] = {}
+    split = None
+    for quantity in ORDER[problem.options.objective]:
+        try:
+            value, found = _Pass(stages, quantity, dict(bounds), deadline, clock).by_position(most_in_flight=True)
+        except _OutOfTime:
+            break
+        if found is None:
+            break
+        bounds[quantity] = found.devices_used if quantity == "devices" else value
+        split = found
+    if split is None:
+        return Solution(None, None, "dp with the most micro-batches in flight")
+    return Solution(split, evaluate(problem, split), "dp with the most micro-batches in flight")
 
-    def zero(i, k, e):
-        return np.zeros(e.shape, np.int64)
 
-    if objective == "devices":
-        # every feasible count scores 0, so the DP's tie-break (the smallest count) is the fewest devices
-        _, fewest = _dp(problem, t, zero, t.fits)
-        if fewest is None:
-            return Solution(None, None, "exact")
-        _, split = _dp(problem, t, t.time_of, t.fits, count=fewest.devices_used)
-    else:
-        first = t.time_of if objective == "compute" else t.mem_cost
-        second = t.mem_cost if objective == "compute" else t.time_of
-        best, split = _dp(problem, t, first, t.fits)
-        if split is None:
-            return Solution(None, None, "exact")
-        _, split = _dp(problem, t, second,
-                       lambda i, k, e, real: t.fits(i, k, e, real) & (first(i, k, e) <= best))
-    return Solution(split, evaluate(problem, split), "exact")
+def exact_optimum(problem: SplitProblem, deadline: float | None = None,
+                  clock: Callable[[], float] = _time.monotonic) -> Solution:
+    """The lexicographic optimum of ``problem.options.objective`` by dynamic programming. With a
+    ``deadline`` (on ``clock``), the passes stop when it passes: the answer then holds the
+    phases proven so far (and the split of the last one), ``stopped`` says so."""
+    stages = _Stages(problem)
+    mode = dp_mode(problem)
+    quantities = ORDER[problem.options.objective]
+    bounds: dict[str, int] = {}
+    proven: list[str] = []
+    seconds: list[float] = []
+    split: Split | None = None
+    for quantity in quantities:
+        started = clock()
+        step = _Pass(stages, quantity, dict(bounds), deadline, clock)
+        count = bounds.get("devices")
+        try:
+            if mode == "count":
+                value, found = step.by_count(count)
+            elif mode == "position":                 # "exactly N" (count N), or no count in the rules
+                value, found = step.by_position()
+            else:
+                value, found = step.by_position_and_count(count)
+        except _OutOfTime:
+            seconds.append(clock() - started)
+            return Solution(split, evaluate(problem, split) if split is not None else None, "exact",
+                            tuple(proven), tuple(seconds), "time")
+        seconds.append(clock() - started)
+        proven.append(quantity)
+        if found is None:
+            return Solution(None, None, "exact", tuple(proven), tuple(seconds))
+        bounds[quantity] = found.devices_used if quantity == "devices" else value
+        split = found
+    return Solution(split, evaluate(problem, split), "exact", tuple(proven), tuple(seconds))
 
 
 @dataclass(frozen=True)
@@ -190,7 +399,7 @@ class UnlayeredFirst:
     stages without them (``mem`` of a problem priced with ``shared="none"``)."""
 
     first: np.ndarray          # (K, L)
-    rest: np.ndarray           # (K, L, L)
+    rest: RangeTable           # the other stages, priced with shared="none"
     alone: np.ndarray          # (K,) the unlayered operations on their own
 
 
@@ -244,8 +453,10 @@ def _greedy_fill(problem: SplitProblem, share: float, min_layers: int,
             cost = lambda e: int(unlayered_first.first[ki, e - 1]) if e > 0 else int(unlayered_first.alone[ki])  # noqa: E731
         else:
             need = min_layers
-            mem = unlayered_first.rest if unlayered_first is not None else problem.mem
-            cost = lambda e, a=a: int(mem[ki, a, e - 1])                              # noqa: E731
+            if unlayered_first is not None:
+                cost = lambda e, a=a: unlayered_first.rest.bytes_of(k, a, e - 1)        # noqa: E731
+            else:
+                cost = lambda e, a=a: problem.stage_bytes(k, a, e)                       # noqa: E731
         e = a + max(need, 0)
         if e > L:                                    # fewer layers left than the minimum: one at a time
             e = a + (0 if pseudo else 1)

@@ -20,15 +20,16 @@ from dataclasses import dataclass, field, replace
 
 import numpy as np
 
-from ..model.costmodel import RangeTable, StageCostModel
-from ..errors import OptionError, StagesplitError
 from ..common.validate import choice, integer, number
-from .request import Objective, Schedule
+from ..errors import OptionError, StagesplitError
+from ..io.profile import Target
+from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic
+from .request import Objective, Schedule
 
 __all__ = ["Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "TIME_SCALE_LIMIT",
            "bubble_fraction", "build_problem", "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches",
-           "schedule_note", "stage_in_flight", "with_devices"]
+           "schedule_note", "stage_capacities", "stage_in_flight", "with_devices"]
 
 OBJECTIVES = tuple(o.value for o in Objective)
 SCHEDULES = tuple(s.value for s in Schedule)
@@ -114,14 +115,15 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
 
 @dataclass
 class SplitProblem:
-    """Integer tables shared by all solvers. ``mem[k][a, b]`` is the worst-tile bytes of layers
-    a..b with ``in_flight_values[k]`` micro-batches in flight."""
+    """Integer tables shared by all solvers. ``table`` gives the worst-tile bytes of layers a..b
+    with k micro-batches in flight, on the band of ranges that can fit (``stage_bytes``,
+    ``band``); a range outside it does not fit any position (it reads as ``OVER``)."""
 
     options: SolveOptions
     num_layers: int
     capacity: np.ndarray                 # (N,) bytes per tile, after headroom
     in_flight_values: tuple[int, ...]
-    mem: np.ndarray                      # (K, L, L) worst-tile bytes
+    table: RangeTable                    # covers capacity.max()
     time_up: np.ndarray                  # (L+1,) prefix compute + cut cost: stage time = up[e] - down[a]
     time_down: np.ndarray
     time_scale: float                    # time units per profile compute unit
@@ -159,17 +161,31 @@ class SplitProblem:
         """Integer time of the stage holding layers a..e-1 (e > a)."""
         return int(self.time_up[e] - self.time_down[a])
 
+    @property
+    def width(self) -> int:
+        """The most layers a stage that fits anywhere can hold (the band's width)."""
+        return self.table.width
+
+    def stage_bytes(self, k: int, a: int, e: int) -> int:
+        """Worst-tile bytes of layers a..e-1 with ``k`` micro-batches in flight (OVER when the
+        range is longer than any stage that fits)."""
+        return self.table.bytes_of(k, a, e - 1)
+
+    def band(self, k: int) -> np.ndarray:
+        """(L, W): bytes of the stage a..a+j with ``k`` in flight, j < ``width`` (OVER past the end)."""
+        return self.table.band(k)
+
     def mem_cost(self, position: int, k: int, a: int, e: int) -> int:
         """Memory objective value of layers a..e-1 at a position: bytes, or ppm of capacity on
         mixed devices."""
-        nbytes = int(self.mem[self.k_index(k), a, e - 1])
+        nbytes = self.stage_bytes(k, a, e)
         if self.homogeneous:
             return nbytes
         return math.ceil(nbytes * 1_000_000 / int(self.capacity[position]))
 
     def fits(self, position: int, k: int, a: int, e: int) -> bool:
         """Whether layers a..e-1 fit at ``position`` with ``k`` micro-batches in flight."""
-        return int(self.mem[self.k_index(k), a, e - 1]) <= int(self.capacity[position])
+        return self.stage_bytes(k, a, e) <= int(self.capacity[position])
 
     def allowed(self, position: int, a: int, e: int) -> bool:
         """Layer-count, pinned-split and pinned-layer rules for a non-empty stage."""
@@ -189,12 +205,9 @@ class SplitProblem:
         return not self.options.exact and all(pos != position for _, pos in self.options.pinned_layers)
 
 
-def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic | None = None,
-                  table: RangeTable | None = None, progress=None) -> SplitProblem:
-    """Price every layer range (unless ``table`` is given) and build the integer tables."""
-    L = model.num_layers
-    options.check_layers(L)
-    target = model.profile.target
+def stage_capacities(target: Target, options: SolveOptions) -> tuple[np.ndarray, bool]:
+    """(bytes per tile each device position offers after headroom and reserve, whether the
+    devices are all alike)."""
     n = options.devices
     raw_caps = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw_caps * (1.0 - options.headroom)).astype(np.int64)
@@ -203,11 +216,21 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
         if (capacity <= 0).any():
             raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device "
                                   f"({int(raw_caps.min()) * target.tiles:,} bytes)")
-    homogeneous = bool(np.all(raw_caps == raw_caps[0]))
+    return capacity, bool(np.all(raw_caps == raw_caps[0]))
+
+
+def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic | None = None,
+                  table: RangeTable | None = None, progress=None) -> SplitProblem:
+    """Price the ranges that can fit (unless ``table`` is given and covers them) and build the
+    integer tables."""
+    L = model.num_layers
+    options.check_layers(L)
+    target = model.profile.target
+    n = options.devices
+    capacity, homogeneous = stage_capacities(target, options)
     ks = in_flight_values(options.schedule, options.micro_batches, n)
-    if table is None or not set(ks) <= set(table.in_flight):
-        table = model.price_ranges(ks, progress=progress)
-    mem = np.stack([table.worst_bytes[table.k_index(k)] for k in ks])
+    if table is None or not table.supports(ks) or not table.covers(int(capacity.max())):
+        table = model.price_ranges(ks, progress=progress, capacity=int(capacity.max()))
 
     compute = np.nan_to_num(model.layer_compute, nan=0.0)
     seconds = target.seconds_per_unit(model.profile.compute_unit)
@@ -231,7 +254,7 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
     scale = 1.0 if (integral and total <= TIME_SCALE_LIMIT) or total == 0 else TIME_SCALE_LIMIT / total
     prefix = np.concatenate([[0], np.cumsum(np.round(compute * scale).astype(np.int64))])
     cut_units = np.round(cut_units_raw * scale).astype(np.int64)
-    return SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, mem=mem,
+    return SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, table=table,
                         time_up=prefix + cut_units, time_down=prefix - cut_units, time_scale=scale,
                         homogeneous=homogeneous, seconds_per_unit=seconds,
                         cut_units=cut_units, time_unit=time_unit)

@@ -113,7 +113,7 @@ class SolveRequest:
     #: where ``layer_compute`` came from (a file path), for the plan's record
     layer_compute_source: str | None = None
     layering: LayerOptions = field(default_factory=LayerOptions)
-    #: CP-SAT seconds per objective phase, and search workers (1 is deterministic)
+    #: seconds for the whole search (the exact DP and CP-SAT together), and CP-SAT's workers (1 is deterministic)
     time_limit: float = 60.0
     workers: int = 1
     #: also plan PopLiner's greedy split and a uniform split, for comparison
@@ -182,8 +182,13 @@ class SolveRequest:
                        pin_layers=tuple(p for p in self.pin_layers if p[1] < devices))
 
     def resolved_targets(self) -> tuple[Target, ...]:
-        """The targets as records (names and YAML paths loaded)."""
-        return tuple(load_target(t) if isinstance(t, str) else t for t in self.targets)
+        """The targets as records (names and YAML paths loaded, each distinct one once: a list of
+        256 devices names two targets)."""
+        loaded: dict[str, Target] = {}
+        for t in self.targets:
+            if isinstance(t, str) and t not in loaded:
+                loaded[t] = load_target(t)
+        return tuple(loaded[t] if isinstance(t, str) else t for t in self.targets)
 
     # -- settings files and the plan's record ---------------------------------------------------
     @classmethod
@@ -221,7 +226,7 @@ class SolveRequest:
             if isinstance(value, Enum):
                 value = value.value
             elif f.name == "targets":
-                value = [target_record(load_target(t) if isinstance(t, str) else t) for t in value]
+                value = [target_record(t) for t in self.resolved_targets()]
             elif f.name == "layering":
                 value = value.to_record()
             elif f.name in ("pin_layers", "pin_splits"):

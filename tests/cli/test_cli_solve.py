@@ -24,7 +24,7 @@ def test_solve_summary_plan_and_plots(tmp_path, capsys):
     code, out, err = run(capsys, "solve", BERT, "--devices", "4", "--out", str(plan), "--plot", str(png))
     assert code == 0
     assert "split: [ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]" in out
-    assert "status: optimal, proven optimal by CP-SAT" in out
+    assert "status: optimal, proven optimal by the exact DP" in out
     saved = read_plan(plan)
     assert saved.split_text == "[ 0 1 2 | 3 4 5 | 6 7 8 | 9 10 11 ]"
     assert png.read_bytes()[:4] == b"\x89PNG" and png.stat().st_size > 20_000

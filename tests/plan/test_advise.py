@@ -1,6 +1,7 @@
 """The pure helpers of stagesplit/advise.py on tiny hand-made range tables: ``fewest_devices``
-(against hand-worked first-fit runs and a brute force over every split), ``explain_infeasible``
-(each of its messages) and ``dp_affordable`` (the DP's work estimate and its budget)."""
+(against hand-worked first-fit runs and a brute force over every split) and ``explain_infeasible``
+(each of its messages; the rule that binds, on priced models). The DP's time budget is tested in
+test_search.py."""
 
 import itertools
 from types import SimpleNamespace
@@ -9,8 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from stagesplit.plan import advise
-from stagesplit.plan.advise import dp_affordable, explain_infeasible, fewest_devices
+from stagesplit.plan.advise import explain_infeasible, fewest_devices
 from stagesplit.model.costmodel import RangeTable
 from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 
@@ -30,7 +30,7 @@ def range_table(weights, stash=None, in_flights=(1,), tiles=None) -> RangeTable:
             for b in range(a, L):
                 worst[i, a, b] = w[b + 1] - w[a] + (k - 1) * (s[b + 1] - s[a])
                 tile[i, a, b] = tiles[a] if tiles else 0
-    return RangeTable(tuple(in_flights), worst, tile, np.zeros((len(in_flights), L, L)))
+    return RangeTable.dense(tuple(in_flights), worst, tile)
 
 
 def opts(schedule="none", micro_batches=1, **kw) -> SolveOptions:
@@ -154,20 +154,50 @@ def test_explain_more_devices_needed():
         "no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2"
     assert explain(table, list("abcd"), [6], devices=1, max_layers=4) == \
         ("no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2 "
-         "(ignoring pins and layer-count limits)")
-    # 5 per device: one layer each
+         "(ignoring the layer-count limits)")
+    # 5 per device: one layer each; the caveat names only the rules given
     assert explain(table, list("abcd"), [5, 5, 5], devices=3, pinned_splits=(2,)).endswith(
-        "the smallest number that fits is 4 (ignoring pins and layer-count limits)")
+        "the smallest number that fits is 4 (ignoring the pinned splits)")
+    assert explain(table, list("abcd"), [5, 5, 5], devices=3, exact=True, min_layers=1, max_layers=2).endswith(
+        "the smallest number that fits is 4 (ignoring the exact device count and the layer-count limits)")
 
 
-def test_explain_constraints_to_blame():
-    table = range_table([3, 3, 3, 3])
-    # two devices would do, but at most one layer per stage needs four
-    assert explain(table, list("abcd"), [6, 6], devices=2, max_layers=1) == \
-        ("no split fits on 2 device(s) under the given pins and layer-count limits; without them 2 device(s) "
-         "would do")
-    assert explain(table, list("abcd"), [12, 12], devices=2, pinned_layers=((0, 1), (3, 0))).endswith(
-        "without them 1 device(s) would do")
+def test_explain_names_the_rule_that_binds():
+    # 3 x 1000 bytes per layer, 6000 per device: two devices would do
+    model = layer_model([3, 3, 3, 3], [1, 1, 1, 1])
+
+    def why(devices, **kw):
+        problem = build_problem(model, options(devices, 6, **kw))
+        return explain_infeasible(model, problem, problem.table)
+    # at most one layer per stage needs four devices
+    assert why(2, max_layers=1) == "no split fits on 2 device(s) with at most 1 layer per stage; without it 2 " \
+        "device(s) would do"
+    # layer 0 pinned to device 1 and layer 3 to device 0: the order forbids it, whatever the memory
+    assert why(2, pinned_layers=((0, 1), (3, 0))) == \
+        "no split fits on 2 device(s) with the layers pinned to devices; without it 2 device(s) would do"
+    # exactly four devices with at least two layers each is impossible; either rule alone is fine
+    assert why(4, exact=True, min_layers=2) == (
+        "no split fits on exactly 4 device(s) with at least 2 layers per stage; it would fit without the exact "
+        "device count or the minimum of 2 layers per stage, and without all of them 2 device(s) would do")
+    # two rules that each forbid every split: dropping one leaves the other
+    assert why(2, pinned_layers=((0, 1), (3, 0)), max_layers=1) == (
+        "no split fits on 2 device(s) with the layers pinned to devices and at most 1 layer per stage; dropping any "
+        "one of these rules alone is not enough, and without all of them 2 device(s) would do")
+
+
+def test_explain_the_reproducer_without_pins(tmp_path):
+    """issue 18: --devices 4 --exact --schedule 1f1b --micro-batches 8 gave no pins and no limits; the
+    exact device count binds (the first of 4 stages holds 4 micro-batches), 3 devices would do."""
+    from stagesplit import api
+    from helpers import ROOT
+    plan = api.solve(ROOT / "tests/data/reproducers/infeasible-no-pins.json", 4, exact=True, schedule="1f1b",
+                     micro_batches=8)
+    assert plan.status == "infeasible"
+    assert plan.message == ("no split fits on exactly 4 device(s); on at most 4, 3 would do (with 1F1B, the first "
+                            "of P stages holds min(8, P) micro-batches in flight, so more stages need more memory on "
+                            "the first ones)")
+    assert api.solve(ROOT / "tests/data/reproducers/infeasible-no-pins.json", 4, schedule="1f1b",
+                     micro_batches=8).devices == 4
 
 
 def test_explain_nothing_fits_with_stashed_micro_batches():
@@ -192,43 +222,3 @@ def test_explain_on_a_priced_model():
     problem = build_problem(model, options(1, 7), table=model.price_ranges((1,)))
     assert explain_infeasible(model, problem, model.price_ranges((1,))) == \
         "no split of the 4 layers fits on 1 device(s); the smallest number that fits is 2"
-
-
-# -- dp_affordable -----------------------------------------------------------------------------------
-
-def dp_problem(layer_bytes, capacity, devices, extra_k=False):
-    """``mem[0][a, b]`` = sum of layer_bytes[a..b] (zero below the diagonal, as in a RangeTable)."""
-    table = range_table(layer_bytes, stash=[10**6] * len(layer_bytes), in_flights=(1, 2) if extra_k else (1,))
-    return SimpleNamespace(num_layers=len(layer_bytes), mem=table.worst_bytes, capacity=np.array(capacity),
-                           devices=devices)
-
-
-@pytest.mark.parametrize("capacity, devices, affordable", [
-    # 4 layers of 1 byte; work = N^2 / 2 x (L + 1) x W with W the longest range that fits; budget 1000
-    ([2], 14, True),     # W = 2: 98 x 5 x 2 = 980
-    ([2], 15, False),    # 112.5 x 5 x 2 = 1125
-    ([3], 11, True),     # W = 3: 60.5 x 5 x 3 = 907.5
-    ([3], 12, False),    # 72 x 5 x 3 = 1080
-    ([1, 3], 11, True),  # the largest capacity sets W
-    ([1, 3], 12, False),
-    ([0], 20, True),     # nothing fits: W counts as 1, 200 x 5 = 1000
-    ([0], 21, False),
-])
-def test_dp_affordable_against_the_budget(monkeypatch, capacity, devices, affordable):
-    monkeypatch.setattr(advise, "DP_BUDGET", 1000)
-    assert dp_affordable(dp_problem([1, 1, 1, 1], capacity, devices)) is affordable
-
-
-def test_dp_affordable_uses_the_fewest_micro_batches_in_flight(monkeypatch):
-    # with 2 in flight no range fits (a million stashed bytes per layer), but the DP's band is
-    # as wide as the widest stage that fits with the fewest in flight
-    monkeypatch.setattr(advise, "DP_BUDGET", 1000)
-    assert dp_affordable(dp_problem([1, 1, 1, 1], [3], 12, extra_k=True)) is False
-    assert dp_affordable(dp_problem([1, 1, 1, 1], [3], 11, extra_k=True)) is True
-
-
-def test_dp_affordable_at_the_documented_scale():
-    # 500 layers on 128 devices with stages of up to 100 layers: 128^2 / 2 x 501 x 100 = 4.1e8
-    assert dp_affordable(dp_problem([1] * 500, [100], 128))
-    # 1000 layers that all fit on one device, 128 devices: 8192 x 1001 x 1000 = 8.2e9, over 2e9
-    assert not dp_affordable(dp_problem([1] * 1000, [1000], 128))

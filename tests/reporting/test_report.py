@@ -95,9 +95,15 @@ def test_status_line_optimal_by_cp_sat():
 
 def test_status_line_optimal_by_the_dp():
     phases = [PhaseRecord("bottleneck stage time", "OPTIMAL", 3000, 3000, 0.0, proof="dp"),
-              PhaseRecord("worst stage memory", "OPTIMAL", 800, 800, 0.0)]
+              PhaseRecord("worst stage memory", "OPTIMAL", 800, 800, 0.0, proof="dp")]
     assert status_line(two_stage_plan(phases=phases)) == \
         "status: optimal, proven optimal by the exact DP [bottleneck stage time optimal; worst stage memory optimal]"
+    # each solver is credited with the phases it proved, and each one's time is shown
+    phases[1] = PhaseRecord("worst stage memory", "OPTIMAL", 800, 800, 0.0, proof="cp-sat")
+    p = two_stage_plan(phases=phases, run={"solver_seconds": 1.5, "dp_seconds": 0.25, "cpsat_seconds": 1.25})
+    assert status_line(p) == (
+        "status: optimal, proven optimal by the exact DP (bottleneck stage time) and CP-SAT (worst stage memory) "
+        "in 1.50 s (exact DP 0.25 s, CP-SAT 1.25 s) [bottleneck stage time optimal; worst stage memory optimal]")
 
 
 def test_status_line_not_proven_with_gap_and_note():

@@ -186,7 +186,8 @@ def test_same_inputs_give_the_same_plan(sample_analysis):
     opts = SolveOptions(devices=4, time_limit=30)
     first = plan_document(advise(sample_analysis.model, opts).plan)
     second = plan_document(advise(sample_analysis.model, opts).plan)
-    assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds", "versions"}
+    assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds", "versions", "dp_seconds",
+                                 "cpsat_seconds"}
     assert len(first["run"]["phase_seconds"]) == len(first["objective"]) >= 1
     first.pop("run"), second.pop("run")
     assert first == second
@@ -278,17 +279,21 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     assert first.status == "FEASIBLE" and first.value == 11
     assert first.bound < first.value and first.gap > 0
     assert stopped.evaluation.time == 11
-    # advise() runs the exact DP first where it is cheap: its split is optimal and its optimum
-    # the bound (CP-SAT may still prove it tight in its 0.01 s floor), whatever the time limit;
-    # with the DP out of budget, CP-SAT's time limit shows as above
+    # advise() runs the exact DP first when its estimated time fits in the limit: its split is
+    # optimal, every phase proved by the DP, and CP-SAT is not run (it could add no proof)
+    advice = advise(model, options(3, 12))
+    assert advice.plan.status == "optimal" and [p.proof for p in advice.plan.phases] == ["dp", "dp"]
+    assert advice.plan.phases[0].value == 6
+    assert advice.plan.run.dp_seconds is not None and advice.plan.run.cpsat_seconds is None
+    # with no time at all neither the DP nor CP-SAT is run, and the plan says so: the greedy split
+    # it started from is given, not proven
     advice = advise(model, replace(options(3, 12), time_limit=0.0))
-    assert advice.plan.status == "optimal" and {p.proof for p in advice.plan.phases} <= {"dp", "cp-sat"}
-    assert advice.plan.stages and advice.plan.phases[0].value == 6
-    import stagesplit.plan.advise as advise_module
-    monkeypatch.setattr(advise_module, "DP_BUDGET", 0)
-    advice = advise(model, replace(options(3, 12), time_limit=0.0))
-    assert advice.plan.status == "feasible"
-    assert advice.plan.message.startswith("stopped by the time limit (0 s): best split found, not proven optimal")
+    assert advice.plan.status == "feasible" and advice.plan.phases[0].value == 11
+    assert advice.plan.message == ("stopped by the time limit (0 s): best split found, not proven optimal "
+                                   "(gap unknown)")
+    assert advice.plan.notes[0].startswith("the exact DP was not run: it would take about ")
+    assert advice.plan.notes[1].startswith("CP-SAT was not run: its model would take about ")
+    assert advice.plan.run.dp_seconds is None and advice.plan.run.cpsat_seconds is None
 
 
 def test_user_compute_override_changes_the_split():

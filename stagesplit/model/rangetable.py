@@ -1,0 +1,198 @@
+"""The priced layer ranges, on the band the search reads.
+
+A stage's memory only grows with its range (more layers bring more items, more columns and more
+live bytes), so for each first layer ``a`` the ranges that fit a device of ``capacity`` bytes per
+tile are ``a..a+j`` for ``j`` below some bound. The table stores those ranges only: entry
+``[a, j]`` of a band is the range ``a..a+j``, for ``j < width``, where ``width`` is the longest
+range that fits anywhere (with the fewest micro-batches in flight, the widest band). A range
+outside the band does not fit a device of ``capacity`` bytes: it reads as ``OVER``.
+
+Two storages, one meaning (the worst tile's bytes of range ``a..b`` with ``k`` micro-batches in
+flight):
+
+* **per in-flight count**: a band per ``k`` (multi-tile profiles, where the worst tile depends on
+  ``k``), with the worst tile of each range;
+* **linear**: on one tile the bytes are ``once + (k - 1) x stash`` exactly, so two bands serve
+  every ``k`` (a 1000-layer, 1F1B table with 128 in-flight counts is two bands, not 128).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+__all__ = ["OVER", "RangeTable", "band_width"]
+
+#: the bytes of a range outside the band (or past the last layer): more than any device holds
+OVER = np.iinfo(np.int64).max // 4
+
+
+def band_width(once: np.ndarray, capacity: int | None) -> int:
+    """The band width that keeps every range of a (L, W) band of bytes that fits ``capacity``
+    (at least 1; all of it for None)."""
+    if capacity is None or once.shape[1] == 0:
+        return max(once.shape[1], 1)
+    fits = (once <= capacity).any(axis=0)
+    return int(np.flatnonzero(fits)[-1]) + 1 if fits.any() else 1
+
+
+@dataclass(frozen=True, eq=False)
+class RangeTable:
+    """Worst-tile bytes of the layer ranges up to ``width`` layers long (see the module
+    docstring). ``capacity``: every range that fits a device of this many bytes per tile, with
+    any of ``in_flight`` in flight, is in the band (None: every range is)."""
+
+    in_flight: tuple[int, ...]
+    capacity: int | None
+    #: (K, L, W) bytes per in-flight count, or (1, L, W) ``once`` bytes of the linear form
+    bands: np.ndarray
+    #: (L, W) stashed bytes of the linear form (one tile); None: a band per in-flight count
+    stash: np.ndarray | None = None
+    #: (K, L, W) worst tile per in-flight count; None: one tile (tile 0)
+    tiles: np.ndarray | None = None
+    #: (L + 1,) prefix sums of layer compute (``compute`` gives a range's)
+    compute_prefix: np.ndarray | None = None
+
+    # -- construction ---------------------------------------------------------------------------
+    @classmethod
+    def dense(cls, in_flight, worst_bytes: np.ndarray, worst_tile: np.ndarray | None = None,
+              capacity: int | None = None, compute_prefix: np.ndarray | None = None) -> "RangeTable":
+        """From full (K, L, L) arrays (entry [k, a, b] the range a..b; b < a unused), cut to the band
+        of ``capacity``."""
+        ks = tuple(int(k) for k in in_flight)
+        worst_bytes = np.asarray(worst_bytes, np.int64)
+        L = worst_bytes.shape[1]
+        a = np.arange(L)[:, None]
+        b = a + np.arange(L)[None, :]
+        real = b < L
+        bands = np.where(real[None], worst_bytes[:, a, np.minimum(b, L - 1)], OVER)
+        tiles = None
+        if worst_tile is not None:
+            tiles = np.where(real[None], np.asarray(worst_tile, np.int64)[:, a, np.minimum(b, L - 1)], 0)
+        width = band_width(bands[int(np.argmin(ks))], capacity) if L else 0
+        bands = np.ascontiguousarray(bands[:, :, :width])
+        tiles = None if tiles is None or not tiles.any() else np.ascontiguousarray(tiles[:, :, :width])
+        return cls(ks, capacity, bands, None, tiles, compute_prefix)
+
+    @classmethod
+    def linear(cls, in_flight, once: np.ndarray, stash: np.ndarray, capacity: int | None,
+               compute_prefix: np.ndarray | None = None) -> "RangeTable":
+        """One tile: (L, W) bands of the bytes held once and the bytes stashed per extra
+        micro-batch in flight (OVER past the last layer)."""
+        return cls(tuple(int(k) for k in in_flight), capacity, once[None], stash, None, compute_prefix)
+
+    # -- shape ----------------------------------------------------------------------------------
+    @property
+    def num_layers(self) -> int:
+        return self.bands.shape[1]
+
+    @property
+    def width(self) -> int:
+        """The longest range stored (layers)."""
+        return self.bands.shape[2]
+
+    @property
+    def one_tile(self) -> bool:
+        return self.tiles is None
+
+    def supports(self, in_flight) -> bool:
+        """Whether the table prices every one of these in-flight counts."""
+        ks = {int(k) for k in in_flight}
+        return all(k >= 1 for k in ks) if self.stash is not None else ks <= set(self.in_flight)
+
+    def covers(self, capacity: int) -> bool:
+        """Whether every range that fits ``capacity`` bytes per tile is in the band."""
+        return self.capacity is None or self.width >= self.num_layers or int(capacity) <= self.capacity
+
+    def k_index(self, in_flight: int) -> int:
+        """Index of an in-flight count in ``in_flight``."""
+        return self.in_flight.index(in_flight)
+
+    # -- reading --------------------------------------------------------------------------------
+    def band(self, in_flight: int) -> np.ndarray:
+        """(L, W): bytes of range a..a+j with ``in_flight`` micro-batches in flight (OVER past
+        the last layer)."""
+        if self.stash is None:
+            return self.bands[self.k_index(in_flight)]
+        once = self.bands[0]
+        if in_flight == 1:
+            return once
+        return np.where(once < OVER, once + (int(in_flight) - 1) * self.stash, OVER)
+
+    def tile_band(self, in_flight: int) -> np.ndarray:
+        """(L, W): the worst tile of each range of the band."""
+        if self.tiles is None:
+            return np.zeros(self.bands.shape[1:], np.int64)
+        return self.tiles[self.k_index(in_flight)]
+
+    def bytes_of(self, in_flight: int, first: int, last: int) -> int:
+        """Worst-tile bytes of layers first..last (OVER outside the band)."""
+        j = last - first
+        if not 0 <= j < self.width or last >= self.num_layers:
+            return int(OVER)
+        if self.stash is None:
+            return int(self.bands[self.k_index(in_flight), first, j])
+        return int(self.bands[0, first, j]) + (int(in_flight) - 1) * int(self.stash[first, j])
+
+    def tile_of(self, in_flight: int, first: int, last: int) -> int:
+        """The worst tile of layers first..last (0 outside the band)."""
+        j = last - first
+        if self.tiles is None or not 0 <= j < self.width:
+            return 0
+        return int(self.tiles[self.k_index(in_flight), first, j])
+
+    def single(self, in_flight: int = 1) -> np.ndarray:
+        """(L,) bytes of each layer alone."""
+        return self.band(in_flight)[:, 0].copy() if self.width else np.zeros(self.num_layers, np.int64)
+
+    def width_for(self, in_flight: int, capacity: int) -> int:
+        """The longest stage that fits ``capacity`` with ``in_flight`` in flight (0: none)."""
+        fits = (self.band(in_flight) <= capacity).any(axis=0)
+        return int(np.flatnonzero(fits)[-1]) + 1 if fits.any() else 0
+
+    def reach(self, in_flight: int, capacity: int) -> np.ndarray:
+        """(L,) for each first layer a, the end (exclusive) of the longest stage from a that fits
+        ``capacity`` (a itself when none does)."""
+        if not self.covers(capacity):
+            raise ValueError(f"the table's band covers {self.capacity} bytes per tile, not {capacity}")
+        fits = self.band(in_flight) <= capacity
+        length = np.where(fits.all(axis=1), self.width, np.argmin(fits, axis=1))
+        return np.arange(self.num_layers) + length
+
+    @property
+    def compute(self) -> np.ndarray:
+        """(L, L) dense compute of every range a..b (0 for b < a; small tables only)."""
+        prefix = self.compute_prefix if self.compute_prefix is not None else np.zeros(self.num_layers + 1)
+        return np.triu(prefix[None, 1:] - prefix[:-1, None])
+
+    # -- dense views (small tables: tests, tools) ------------------------------------------------
+    def dense_bytes(self, in_flight: int) -> np.ndarray:
+        """(L, L): entry [a, b] the bytes of a..b (0 for b < a, OVER outside the band)."""
+        L, W = self.num_layers, self.width
+        out = np.zeros((L, L), np.int64)
+        a, b = np.triu_indices(L)
+        j = b - a
+        inside = j < W
+        out[a, b] = OVER
+        band = self.band(in_flight)
+        out[a[inside], b[inside]] = band[a[inside], j[inside]]
+        return out
+
+    @property
+    def worst_bytes(self) -> np.ndarray:
+        """(K, L, L) dense form of every in-flight count (small tables only)."""
+        return np.stack([self.dense_bytes(k) for k in self.in_flight]) if self.in_flight else \
+            np.zeros((0, self.num_layers, self.num_layers), np.int64)
+
+    @property
+    def worst_tile(self) -> np.ndarray:
+        """(K, L, L) dense worst tiles (0 outside the band; small tables only)."""
+        L, W = self.num_layers, self.width
+        a, b = np.triu_indices(L)
+        j = b - a
+        inside = j < W
+        out = np.zeros((len(self.in_flight), L, L), np.int64)
+        for i, k in enumerate(self.in_flight):
+            out[i, a[inside], b[inside]] = self.tile_band(k)[a[inside], j[inside]]
+        return out
