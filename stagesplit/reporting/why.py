@@ -95,6 +95,9 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
     plan was solved on (each layer's time); without it only memory can be discussed."""
     if not plan.stages:
         return ""
+    if plan.status != "optimal":
+        return ("why: the search stopped at its time limit, so what binds this split is not known; allow more "
+                "--time-limit for a proven split")
     o = plan.inputs.options
     fullest = plan.worst_memory
     full = fullest.worst_tile_bytes / fullest.capacity_bytes if fullest.capacity_bytes else 0.0
