@@ -15,6 +15,7 @@ from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate, schedule_note, stage_in_flight
+from ..solver.schedule import chunks_in_flight
 from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
                       StagePlan)
 
@@ -124,7 +125,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
         for c in range(schedule.chunks):
             first, last = bounds[c], bounds[c + 1] - 1
             rank = schedule.chunk_rank[c]
-            k = _in_flight(schedule, c)
+            k = int(chunks_in_flight(schedule)[c])
             m = result.memory
             received, sent = traffic.stage_io(first, last)
             compute = model.range_compute(first, last)
@@ -175,22 +176,6 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                 devices=o.devices, method="cp-sat", status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=notes, run=run, tied=model.tied, schedule=record)
-
-
-def _in_flight(schedule, chunk: int) -> int:
-    """The most micro-batches of ``chunk`` between their forward and their backward at once."""
-    from ..solver.schedule import Op
-    rank = schedule.chunk_rank[chunk]
-    live, most = 0, 0
-    for a in schedule.leaves[rank]:
-        if a.chunk != chunk:
-            continue
-        if a.op is Op.FORWARD:
-            live += 1
-            most = max(most, live)
-        elif a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD):
-            live -= 1
-    return max(most, 1)
 
 
 def _action_text(action) -> str:

@@ -30,8 +30,8 @@ import numpy as np
 
 from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
-from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, ScheduleKind, critical_path,
-                       memory_signatures,
+from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, ScheduleKind, chunks_in_flight,
+                       critical_path, memory_signatures,
                        rank_memory)
 
 __all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "fitting_choice", "local_search",
@@ -213,36 +213,48 @@ def _evaluate(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray
 
 
 def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
-    """A split with the recompute a rank needs to fit (AUTO): from none, the option that saves
-    the most bytes per unit of time added on a layer of a rank that does not fit, until every
-    rank fits or no option is left. A good choice, not a proven one (``solve_cpsat`` proves)."""
+    """A split with the recompute its ranks need to fit (AUTO): from none, on each rank that does
+    not fit, the options that save the most bytes per unit of time added, as many as its excess
+    needs (each layer's saving counted once per micro-batch its chunk holds in flight), until
+    every rank fits or no option is left. A good choice, not a proven one (``solve_cpsat``
+    proves)."""
     bounds = tuple(int(x) for x in bounds)
     table = problem.table.recompute
     L = problem.num_layers
     choice = np.zeros(L, np.int64)
     current = _evaluate(problem, bounds, choice)
-    if table is None:
+    if table is None or _rules(problem, bounds):
         return current
     b = np.asarray(bounds)
     chunk_of_layer = np.searchsorted(b, np.arange(L), side="right") - 1
     rank_of_layer = np.asarray(problem.schedule.chunk_rank)[chunk_of_layer]
+    copies = chunks_in_flight(problem.schedule)[chunk_of_layer]
     while not current.feasible:
-        over = {r.rank for r in current.ranks if r.peak > problem.capacities[r.rank]}
-        if not over or _rules(problem, bounds):
-            break
-        best, best_ratio = None, -1.0
-        for i in np.flatnonzero(np.isin(rank_of_layer, list(over))):
-            for o in (1, 2):
-                gain = int(table.saved[o, i] - table.saved[choice[i], i])
-                if o <= choice[i] or gain <= 0:
+        changed = False
+        for r in current.ranks:
+            excess = int(r.peak - problem.capacities[r.rank])
+            if excess <= 0:
+                continue
+            candidates = []
+            for i in np.flatnonzero(rank_of_layer == r.rank):
+                for o in (1, 2):
+                    gain = int(table.saved[o, i] - table.saved[choice[i], i])
+                    if o > choice[i] and gain > 0:
+                        cost = float(table.added[o, i] - table.added[choice[i], i])
+                        candidates.append((-gain / max(cost, 1e-30), int(i), o, gain * int(copies[i])))
+            candidates.sort()
+            done = set()
+            for _, i, o, reduction in candidates:
+                if excess <= 0:
+                    break
+                if i in done:
                     continue
-                cost = float(table.added[o, i] - table.added[choice[i], i])
-                ratio = gain / max(cost, 1e-30)
-                if ratio > best_ratio:
-                    best, best_ratio = (i, o), ratio
-        if best is None:
+                choice[i] = o
+                done.add(i)
+                excess -= reduction
+                changed = True
+        if not changed:
             break
-        choice[best[0]] = best[1]
         current = _evaluate(problem, bounds, choice)
     return current
 
@@ -500,8 +512,11 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         if best is not None:
             for c in range(1, C):
                 m.AddHint(s[c], best.bounds[c])
-            for (i, o), var in y.items():
-                m.AddHint(var, int(best.choice[i] == o))
+            if y:
+                klass = layer_classes(problem)
+                for (c, k, o), var in y.items():
+                    m.AddHint(var, int(sum(1 for i in range(best.bounds[c], best.bounds[c + 1])
+                                           if klass[i] == k and best.choice[i] == o)))
         invalid = m.Validate()
         if invalid:
             raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
@@ -520,10 +535,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         bounds = tuple(int(solver.Value(x)) for x in s)
         choice = fixed if fixed is not None else np.zeros(L, np.int64)
         if auto:
-            choice = choice.copy()
-            for (i, o), var in y.items():
-                if solver.Value(var):
-                    choice[i] = o
+            choice = _choice_of_counts(problem, bounds, {key: int(solver.Value(var)) for key, var in y.items()})
         found = _evaluate(problem, bounds, choice)
         if best is None or found.key(problem) < best.key(problem):
             best = found
@@ -568,60 +580,67 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     return ChunkSolve(best, optimal, bound, len(paths), seconds, status)
 
 
+def layer_classes(problem: ChunkProblem) -> np.ndarray:
+    """Each layer's class: layers whose recompute options and figures are the same (a
+    transformer's blocks) share one, so the model chooses how many of a chunk's layers of each
+    class take each option, not which."""
+    table = problem.table.recompute
+    keys: dict = {}
+    out = np.zeros(problem.num_layers, np.int64)
+    for i, opts in enumerate(_options(problem)):
+        key = (opts, table.saved[:, i].tobytes(), table.rerun[:, i].tobytes(), table.added[:, i].tobytes())
+        out[i] = keys.setdefault(key, len(keys))
+    return out
+
+
 def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: float, largest: dict[str, int]):
-    """AUTO recompute in the CP-SAT model: per layer at most one of selective and full
-    (``y``), layer i in chunk c as ``[s_c <= i] - [s_(c+1) <= i]``, and per chunk the bytes
-    saved ``S_c``, the largest rerun ``X_c`` and the time added ``T_c`` as sums over the
-    layer-in-chunk-with-option booleans. The chunk figures become, as ``chunk_memory`` has
-    them: stash ``max(0, stash - S)``, B / full backward ``max(0, peak + X - S)``, forward
-    ``max(0, peak + X1 - S)`` (X1: the largest single saving); the
-    weight stash and W keep what B re-materialises; a split backward's first chunk keeps its
-    rules (B holds the stash, W is the whole backward)."""
+    """AUTO recompute in the CP-SAT model, by layer class (``layer_classes``): per chunk c and
+    class k, how many of the chunk's class-k layers take each option (``x``, at most the class's
+    layers in the chunk, counted from the boundaries by prefix lookups), and whether any does
+    (``u``). Per chunk: bytes saved ``S_c`` and time added ``T_c`` are sums over ``x``, the
+    largest rerun ``X_c`` and largest single saving ``X1_c`` maxima over ``u``. The chunk
+    figures become, as ``chunk_memory`` has them: stash ``max(0, stash - S)``, B / full
+    backward ``max(0, peak + X - S)``, forward ``max(0, peak + X1 - S)``; the weight stash and W
+    keep what B re-materialises; a split backward's first chunk keeps its rules (B holds the
+    stash, W is the whole backward). Returns the chunk figures, the time added per chunk and
+    the count variables ``x[c, k, o]``."""
     table = problem.table.recompute
     L, C = problem.num_layers, problem.chunks
     options = _options(problem)
-    y = {}
-    for i in range(L):
-        mine = [m.NewBoolVar(f"y{i}_{o}") for o in options[i][1:]]
-        for o, var in zip(options[i][1:], mine):
-            y[i, o] = var
-        if len(mine) > 1:
-            m.AddAtMostOne(mine)
-    ge = []                         # ge[c][i]: s_c <= i
-    for c in range(C + 1):
-        row = []
-        for i in range(L):
-            if c == 0:
-                row.append(1)
-            elif c == C:
-                row.append(0)
-            else:
-                b = m.NewBoolVar(f"ge{c}_{i}")
-                m.Add(s[c] <= i).OnlyEnforceIf(b)
-                m.Add(s[c] >= i + 1).OnlyEnforceIf(b.Not())
-                row.append(b)
-        ge.append(row)
+    klass = layer_classes(problem)
+    K = int(klass.max()) + 1
+    first_of = [int(np.flatnonzero(klass == k)[0]) for k in range(K)]
+    x: dict = {}
     saved_terms = [[] for _ in range(C)]
     added_terms = [[] for _ in range(C)]
     reruns = [[] for _ in range(C)]
     ones = [[] for _ in range(C)]
-    for (i, o), var in y.items():
+    for k in range(K):
+        i = first_of[k]
+        opts = options[i][1:]
+        if not opts:
+            continue
+        prefix = np.concatenate([[0], np.cumsum(klass == k)]).astype(np.int64)
+        total = int(prefix[-1])
+        at = []
+        for c in range(C + 1):
+            v = m.NewIntVar(0, total, f"n{k}_{c}")
+            m.AddElement(s[c], [int(v_) for v_ in prefix], v)
+            at.append(v)
         for c in range(C):
-            z = m.NewBoolVar(f"z{i}_{c}_{o}")
-            m.AddImplication(z, var)
-            if not isinstance(ge[c][i], int):
-                m.AddImplication(z, ge[c][i])
-            elif ge[c][i] == 0:
-                m.Add(z == 0)
-            if not isinstance(ge[c + 1][i], int):
-                m.AddImplication(z, ge[c + 1][i].Not())
-            elif ge[c + 1][i] == 1:
-                m.Add(z == 0)
-            m.Add(z >= var + ge[c][i] - ge[c + 1][i] - 1)
-            saved_terms[c].append(int(table.saved[o, i]) * z)
-            added_terms[c].append(int(round(float(table.added[o, i]) * scale)) * z)
-            reruns[c].append((int(table.rerun[o, i]), z))
-            ones[c].append((int(table.saved[o, i]), z))
+            mine = []
+            for o in opts:
+                n = m.NewIntVar(0, total, f"x{c}_{k}_{o}")
+                u = m.NewBoolVar(f"u{c}_{k}_{o}")
+                m.Add(n <= total * u)
+                m.Add(n >= u)
+                x[c, k, o] = n
+                mine.append(n)
+                saved_terms[c].append(int(table.saved[o, i]) * n)
+                added_terms[c].append(int(round(float(table.added[o, i]) * scale)) * n)
+                reruns[c].append((int(table.rerun[o, i]), u))
+                ones[c].append((int(table.saved[o, i]), u))
+            m.Add(sum(mine) <= at[c + 1] - at[c])
     big = int(table.saved.sum() + table.rerun.max(initial=0)) + 1
     split = problem.schedule.traits.splits_backward
     out = {name: list(values) for name, values in q.items()}
@@ -631,9 +650,9 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
         rerun = m.NewIntVar(0, int(table.rerun.max(initial=0)), f"x{c}")
         one = m.NewIntVar(0, int(table.saved.max(initial=0)), f"one{c}")
         for var, pairs in ((rerun, reruns[c]), (one, ones[c])):
-            for value, z in pairs:
+            for value, u in pairs:
                 if value:
-                    m.Add(var >= value).OnlyEnforceIf(z)
+                    m.Add(var >= value).OnlyEnforceIf(u)
         added.append(sum(added_terms[c]) if added_terms[c] else 0)
 
         def clipped(name: str, expression):
@@ -649,7 +668,21 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
             out["weight"][c] = out["full_backward"][c]
         else:
             out["backward"][c] = clipped("backward", q["backward"][c] + rerun - saved)
-    return out, added, y
+    return out, added, x
+
+
+def _choice_of_counts(problem: ChunkProblem, bounds, counts: dict) -> np.ndarray:
+    """Per-layer options from per-(chunk, class, option) counts: in each chunk, the first
+    layers of a class take full, the next selective (they are interchangeable)."""
+    klass = layer_classes(problem)
+    choice = np.zeros(problem.num_layers, np.int64)
+    for c in range(problem.chunks):
+        for k in np.unique(klass[bounds[c]:bounds[c + 1]]):
+            layers = [i for i in range(bounds[c], bounds[c + 1]) if klass[i] == k]
+            full, selective = counts.get((c, int(k), 2), 0), counts.get((c, int(k), 1), 0)
+            for j, i in enumerate(layers):
+                choice[i] = 2 if j < full else (1 if j < full + selective else 0)
+    return choice
 
 
 #: how many of the quick search's chains seed the CP-SAT model

@@ -39,7 +39,7 @@ from ..errors import OptionError
 __all__ = [
     "Action", "ChunkMemory", "CriticalPath", "MemorySignature", "Op", "Placement", "RankMemory", "RankSignatures",
     "Schedule", "critical_path", "ScheduleKind", "ScheduleTraits", "Simulation", "actions", "build_schedule",
-    "check_schedule", "chunk_ranks", "is_valid", "memory_signatures", "rank_memory", "simulate",
+    "check_schedule", "chunk_ranks", "chunks_in_flight", "is_valid", "memory_signatures", "rank_memory", "simulate",
     "timeline_text", "traits",
 ]
 
@@ -500,7 +500,35 @@ class _Graph:
     rank_offsets: np.ndarray  # leaf ids of rank r: rank_offsets[r] .. rank_offsets[r+1]-1
 
 
+def chunks_in_flight(schedule: Schedule) -> np.ndarray:
+    """Per chunk, the most micro-batches between their forward and their backward at once on
+    its rank (at least 1)."""
+    cached = schedule.__dict__.get("_in_flight_cache")
+    if cached is not None:
+        return cached
+    out = np.ones(schedule.chunks, np.int64)
+    for rank in range(schedule.devices):
+        live: dict[int, int] = {}
+        for a in schedule.leaves[rank]:
+            if a.op is Op.FORWARD:
+                live[a.chunk] = live.get(a.chunk, 0) + 1
+                out[a.chunk] = max(out[a.chunk], live[a.chunk])
+            elif a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD):
+                live[a.chunk] = live.get(a.chunk, 0) - 1
+    object.__setattr__(schedule, "_in_flight_cache", out)
+    return out
+
+
 def _graph(schedule: Schedule) -> _Graph:
+    """The schedule's dependency graph, built once per schedule (kept on the frozen record)."""
+    cached = schedule.__dict__.get("_graph_cache")
+    if cached is None:
+        cached = _build_graph(schedule)
+        object.__setattr__(schedule, "_graph_cache", cached)
+    return cached
+
+
+def _build_graph(schedule: Schedule) -> _Graph:
     leaves = schedule.leaves
     sizes = np.array([len(x) for x in leaves])
     offsets = np.concatenate([[0], np.cumsum(sizes)])
