@@ -238,7 +238,9 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     """Split ``profile`` into pipeline stages for ``devices`` devices and return the ``Plan``.
 
     Options are ``SolveRequest``'s fields: ``target``/``targets``, ``objective`` ("compute",
-    "memory", "devices"), ``exact``, ``schedule`` ("none", "1f1b", "gpipe"), ``micro_batches``,
+    "memory", "devices"), ``exact``, ``schedule`` ("none", "gpipe", "1f1b", "interleaved-1f1b",
+    "looped-bfs", "zb-h1", "zbv", "dualpipev", "auto"), ``chunks_per_rank``, ``recompute``
+    ("auto", "none", "selective", "full"), ``micro_batches``,
     ``headroom``, ``reserve``, ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
     ``pin_layers`` ({layer name: device position}), ``communication``, ``link_bandwidth``,
     ``efficiency``, ``shared``, ``layer_compute`` ({layer name: compute}), ``layering``,

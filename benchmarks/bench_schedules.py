@@ -1,0 +1,136 @@
+"""Pipeline schedules and recompute at real model scale (issues #23 and #24).
+
+Part 1 (schedules): a Llama-2-7B-shaped model (examples/real_models.py ``llama`` at ``full``: 32
+blocks, hidden 4096, sequence 4096, batch 1, bfloat16 autocast with float32 weights and Adam)
+captured once, split over 8 x a100-80gb with 16 and 32 micro-batches under every schedule torch
+ships (1 to 4 chunks per device where the schedule takes them) and ``--schedule auto``: step
+time, bubble, the fullest device's peak, whether it is proven optimal, and the solve time.
+
+Part 2 (recompute): a Llama-2-70B-shaped model (80 blocks, hidden 8192, 64 heads, 8 key-value
+heads, sequence 4096, batch 1, same precision): the fewest 80 GB GPUs (``--objective devices``,
+micro-batches = devices) with 1F1B and with ZBV, without recompute and with ``--recompute auto``,
+and the step time there.
+
+Run: ``python benchmarks/bench_schedules.py`` (about 10 minutes on 2 cores; ``--quick`` runs
+M = 16 of part 1 only). Captures are cached in the temp folder.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("interleaved-1f1b", 4),
+             ("looped-bfs", 2), ("zb-h1", 1), ("zb-h1", 2), ("zbv", 2), ("dualpipev", 2), ("auto", None)]
+
+
+def _cached_capture(name: str, build) -> Path:
+    import stagesplit.capturing.pytorch as capture_module
+    digest = hashlib.sha256(Path(capture_module.__file__).read_bytes()).hexdigest()[:12]
+    path = Path(tempfile.gettempdir()) / f"stagesplit-bench-{name}-{digest}.stagesplit"
+    if not path.exists():
+        from stagesplit.io import save_profile
+        start = time.perf_counter()
+        profile = build()
+        save_profile(profile, path)
+        print(f"captured {name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)
+    return path
+
+
+def llama_7b() -> Path:
+    def build():
+        from examples.real_models import build as build_model
+        from stagesplit.capturing.pytorch import capture_model
+        model, inputs = build_model("llama", "full")
+        return capture_model(model, inputs, optimizer="adam", amp=True, dtype="float32", name="llama-2-7b-shape")
+    return _cached_capture("llama7b", build)
+
+
+def llama_70b() -> Path:
+    def build():
+        import torch
+        import transformers as tf
+        from stagesplit.capturing.pytorch import capture_model
+        cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096)
+        with torch.device("meta"):
+            model = tf.LlamaForCausalLM(cfg)
+        ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
+        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                             name="llama-2-70b-shape")
+    return _cached_capture("llama70b", build)
+
+
+def _solve(path: Path, **request):
+    from stagesplit import api
+    from stagesplit.solver.request import SolveRequest
+    start = time.perf_counter()
+    plan = api.solve(path, request=SolveRequest(**request))
+    return plan, time.perf_counter() - start
+
+
+def _row(plan, seconds: float, label: str) -> str:
+    if not plan.stages:
+        return f"{label}  {'-':>9}  {'-':>6}  {'-':>9}  {plan.status:<10}  {seconds:7.1f}"
+    s = plan.schedule
+    peak = max(r.peak_bytes for r in s.ranks) / 2**30
+    recomputed = sum(st.recomputed_layers for st in plan.stages)
+    return (f"{label}  {s.step_time * 1e3:9.0f}  {s.bubble:6.1%}  {peak:9.2f}  {plan.status:<10}  {seconds:7.1f}"
+            + (f"  {recomputed} layers recomputed" if recomputed else ""))
+
+
+def schedules(micro_batches: tuple[int, ...]) -> None:
+    path = llama_7b()
+    print("Llama-2-7B shape (32 blocks, sequence 4096), 8 x a100-80gb")
+    header = f"{'schedule':<17} {'v':>2} {'M':>3}  {'step (ms)':>9}  {'bubble':>6}  {'peak GiB':>9}  {'status':<10}  {'solve s':>7}"
+    print(header)
+    print("-" * len(header))
+    for m in micro_batches:
+        for kind, v in SCHEDULES:
+            plan, seconds = _solve(path, devices=8, exact=True, schedule=kind, chunks_per_rank=v, micro_batches=m,
+                                   time_limit=60.0)
+            label = f"{kind:<17} {(plan.schedule.chunks_per_rank if plan.schedule else v) or '-':>2} {m:>3}"
+            if kind == "auto" and plan.schedule:
+                label = f"{'auto: ' + plan.schedule.kind:<17} {plan.schedule.chunks_per_rank:>2} {m:>3}"
+            print(_row(plan, seconds, label), flush=True)
+
+
+def recompute() -> None:
+    path = llama_70b()
+    print("\nLlama-2-70B shape (80 blocks, sequence 4096): fewest 80 GB GPUs, micro-batches = devices")
+    header = f"{'schedule / recompute':<24}  {'GPUs':>4}  {'step (ms)':>9}  {'bubble':>6}  {'peak GiB':>9}  {'solve s':>7}"
+    print(header)
+    print("-" * len(header))
+    for kind in ("1f1b", "zbv"):
+        for mode in ("none", "auto"):
+            plan, seconds = _solve(path, devices=128, schedule=kind, objective="devices", recompute=mode,
+                                   time_limit=60.0)
+            label = f"{kind + ' / ' + mode:<24}"
+            if not plan.stages:
+                print(f"{label}  {'none':>4}  {'-':>9}  {'-':>6}  {'-':>9}  {seconds:7.1f}  ({plan.message[:70]})",
+                      flush=True)
+                continue
+            s = plan.schedule
+            peak = max(r.peak_bytes for r in s.ranks) / 2**30
+            print(f"{label}  {len(s.ranks):>4}  {s.step_time * 1e3:9.0f}  {s.bubble:6.1%}  {peak:9.2f}  "
+                  f"{seconds:7.1f}  ({sum(st.recomputed_layers for st in plan.stages)} layers recomputed)", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="part 1 with 16 micro-batches only")
+    args = parser.parse_args()
+    schedules((16,) if args.quick else (16, 32))
+    if not args.quick:
+        recompute()
+
+
+if __name__ == "__main__":
+    main()
