@@ -202,6 +202,7 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     options = SolveOptions(
         devices=request.devices, objective=request.objective, exact=request.exact,
         schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
+        chunks_per_device=_chunks_per_rank(request),
         headroom=request.headroom, capacities=capacities, reserve=request.reserve, min_layers=request.min_layers,
         max_layers=request.max_layers, pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
         pinned_layers=tuple((layer(n, "pin_layers"), p) for n, p in request.pin_layers),
@@ -415,7 +416,9 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     req = _request(max(counts), request, options)
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
-    table = _price(resolved, events, max_devices=max(counts))
+    scheduled = _scheduled(req, resolved.model)
+    table = None if scheduled else _price(resolved, events, max_devices=max(counts))
+    phases = _phase_table(resolved.model) if scheduled else None
     done: list = []
 
     events.start("solving", "device counts")
@@ -426,7 +429,7 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
         if on_row is not None:
             on_row(row)
 
-    result = sweep_counts(resolved.model, resolved.inputs, counts, table=table, on_row=row_done)
+    result = sweep_counts(resolved.model, resolved.inputs, counts, table=table, on_row=row_done, phases=phases)
     events.done()
     for row in result:
         row.plan.analysis = resolved.model

@@ -165,7 +165,7 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     from ..plan.files import plan_document, write_plan
-    from ..reporting.summary import comparison_table, stages_table
+    from ..reporting.summary import candidates_table, comparison_table, stages_table
     from ..reporting.table import gpu_view, render
     events = _events(args)
     reproduction = None
@@ -222,6 +222,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
             text += "\n" + render([gpu_view(table) if gpu else table], width=width)
         if plan.baselines:
             text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
+        if plan.candidates:
+            text += "\n" + render([candidates_table(plan)], width=width)
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
         sys.stdout.write(text)

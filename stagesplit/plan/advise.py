@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..common.text import show
-from ..errors import OptionError
+from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_cpsat
@@ -22,7 +22,7 @@ from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, 
                               stage_capacities, with_devices)
 from .baselines import framework_baselines, layer_roles
 from ..solver.request import SolveRequest
-from .build import make_plan, make_schedule_plan
+from .build import make_plan, make_schedule_plan, refused_plan
 from .records import Plan, PlanInputs
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
@@ -486,17 +486,25 @@ class SweepResult:
 
 def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_counts: list[int], *,
           table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
-          on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
+          on_row: Callable[[SweepRow], None] | None = None, phases=None) -> SweepResult:
     """Solve for each device count (pricing every range once, unless ``table`` is given); the
-    rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows)."""
+    rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows). With
+    ``phases`` (a ``PhaseTable``) each count is solved under the schedule's own actions
+    (``advise_schedule``)."""
     inputs = inputs_of(model, inputs)
     traffic = layer_traffic(model)
-    if table is None:
+    if table is None and phases is None:
         table = price(model, inputs.options, max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
         row_inputs = inputs_for(inputs, n)
-        advice = advise(model, row_inputs, traffic=traffic, table=table)
+        if phases is not None:
+            try:
+                advice = advise_schedule(model, row_inputs, table=phases, traffic=traffic)
+            except (StagesplitError, OptionError) as exc:       # e.g. more chunks than layers
+                advice = Advice(plan=refused_plan(model, row_inputs, str(exc)), result=None, problem=None)
+        else:
+            advice = advise(model, row_inputs, traffic=traffic, table=table)
         row = SweepRow(n, advice.plan, row_inputs.micro_batches)
         rows.append(row)
         if on_row:

@@ -19,7 +19,7 @@ from ..solver.schedule import chunks_in_flight
 from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
                       StagePlan)
 
-__all__ = ["make_plan", "make_schedule_plan", "plan_profile"]
+__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
 
 
 def plan_profile(model: StageCostModel) -> PlanProfile:
@@ -176,6 +176,16 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                 devices=o.devices, method="cp-sat", status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=notes, run=run, tied=model.tied, schedule=record)
+
+
+def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str) -> Plan:
+    """A plan with no split: the request cannot be solved as asked (``message`` says why)."""
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+                  versions=versions())
+    return Plan(profile=plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
+                devices=inputs.options.devices, method="cp-sat", status="infeasible", feasible=False,
+                message=message, stages=[], phases=[], compute_unit=model.profile.compute_unit,
+                module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied)
 
 
 def _action_text(action) -> str:

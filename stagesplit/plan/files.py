@@ -28,8 +28,8 @@ from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule import ScheduleKind
-from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
-                      StagePlan)
+from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleCandidate,
+                      ScheduleRecord, StagePlan)
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "read_plan", "write_plan"]
 
@@ -149,7 +149,28 @@ def read_plan(path: str | Path) -> Plan:
                 compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
                 module_paths=paths, tied=_tied(r, doc.get("tied_parameters", []), len(names)),
                 schedule=_schedule(r, doc.get("schedule"), len(stages), devices),
+                candidates=_candidates(r, doc.get("schedule_candidates") or []),
                 notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
+
+
+def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
+    """``--schedule auto``'s table of every schedule tried."""
+    out = []
+    for i, item in enumerate(r.list(value, "schedule_candidates")):
+        p = f"schedule_candidates[{i}]"
+        r.mapping(item, p)
+        r.known_keys(item, p, {f.name for f in fields(ScheduleCandidate)})
+
+        def optional_number(key: str):
+            x = item.get(key)
+            return None if x is None else r.number(x, f"{p}.{key}")
+        out.append(ScheduleCandidate(
+            schedule=r.choice(r.get(item, "schedule", p), f"{p}.schedule", tuple(k.value for k in ScheduleKind)),
+            chunks_per_rank=r.integer(r.get(item, "chunks_per_rank", p), f"{p}.chunks_per_rank", minimum=1),
+            status=r.string(r.get(item, "status", p), f"{p}.status"), step_time=optional_number("step_time"),
+            bubble=optional_number("bubble"), worst_memory=optional_number("worst_memory"),
+            seconds=r.number(item.get("seconds", 0.0), f"{p}.seconds"), note=r.string(item.get("note", ""), f"{p}.note")))
+    return tuple(out)
 
 
 def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:

@@ -9,7 +9,7 @@ from ..solver.problem import bubble_fraction
 from .table import Column, Table
 from .why import step_ratio
 
-__all__ = ["comparison_table", "method_label", "recompute_text", "stages_table", "sweep_table"]
+__all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "stages_table", "sweep_table"]
 
 
 def stages_table(plan: Plan) -> Table:
@@ -80,7 +80,11 @@ def comparison_table(plans: Sequence[Plan], gpu: bool = False) -> Table:
 
 
 def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
-    """One row per device count; on a GPU (``gpu``) the fullest stage's memory in GiB too."""
+    """One row per device count; on a GPU (``gpu``) the fullest stage's memory in GiB too. Rows
+    solved under a schedule's own actions show the schedule, its step time and bubble."""
+    if any(r.plan.schedule is not None or r.plan.inputs.request.schedule.value not in ("none", "gpipe", "1f1b")
+           for r in rows):
+        return _schedule_sweep_table(rows, gpu)
     t = Table("Devices sweep", [Column("devices", "id"), Column("fits"), Column("used", "int"),
                                 Column("bottleneck compute", "compute", 1), Column("bottleneck ms", "float"),
                                 Column("efficiency", "percent"), Column("bubble", "percent", 2),
@@ -101,4 +105,46 @@ def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
                   f"fill its {rows[0].plan.inputs.schedule.value} pipeline)")
     elif rows and rows[0].plan.notes:
         t.note = rows[0].plan.notes[0]
+    return t
+
+
+def _schedule_sweep_table(rows: Sequence, gpu: bool) -> Table:
+    t = Table("Devices sweep", [Column("devices", "id"), Column("fits"), Column("schedule"), Column("M", "int", 2),
+                                Column("step (ms)", "float"), Column("per micro-batch (ms)", "float", 1),
+                                Column("bubble", "percent", 2),
+                                Column("worst memory", "percent")] + ([Column("memory", "gib", 2)] if gpu else [])
+              + [Column("recomputed layers", "int", 3), Column("status", "text", 3), Column("split")])
+    for r in rows:
+        p, s = r.plan, r.plan.schedule
+        if not p.stages or s is None:
+            t.add(r.devices, "no", None, r.micro_batches, None, None, None, None, *([None] if gpu else []), None,
+                  p.status, p.message)
+            continue
+        fullest = max(s.ranks, key=lambda x: x.peak_bytes / max(x.capacity_bytes, 1))
+        step = s.step_time * 1e3 if s.time_unit == "seconds" else s.step_time
+        t.add(r.devices, "yes" if p.feasible else "NO", s.kind + (f" x{s.chunks_per_rank}" if s.chunks_per_rank > 1
+                                                               else ""),
+              s.micro_batches, step, step / s.micro_batches, s.bubble, fullest.peak_bytes / max(fullest.capacity_bytes, 1),
+              *([fullest.peak_bytes] if gpu else []), sum(st.recomputed_layers for st in p.stages), p.status,
+              p.short_split_text())
+    if rows and rows[0].plan.inputs.micro_batches_auto:
+        t.note = "--micro-batches not given: each row uses as many micro-batches as chunks (devices x chunks per device)"
+    return t
+
+
+def candidates_table(plan: Plan) -> Table:
+    """``--schedule auto``: every schedule tried, fastest first, the plan's marked."""
+    unit = plan.schedule.time_unit if plan.schedule else "seconds"
+    step = Column("step (ms)" if unit == "seconds" else f"step ({unit})", "float")
+    t = Table("Schedules tried (--schedule auto)", [Column("schedule"), Column("chunks per device", "int"),
+                                                   Column("status"), step, Column("bubble", "percent"),
+                                                   Column("fullest device", "percent"), Column("solve (s)", "float", 2),
+                                                   Column("note", "text", 3)])
+    scale = 1e3 if unit == "seconds" else 1.0
+    chosen = (plan.schedule.kind, plan.schedule.chunks_per_rank) if plan.schedule else None
+    order = sorted(plan.candidates, key=lambda c: (c.step_time is None, c.step_time or 0.0))
+    for c in order:
+        mark = " (plan)" if (c.schedule, c.chunks_per_rank) == chosen else ""
+        t.add(c.schedule + mark, c.chunks_per_rank, c.status, None if c.step_time is None else c.step_time * scale,
+              c.bubble, c.worst_memory, c.seconds, c.note)
     return t

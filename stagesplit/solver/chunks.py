@@ -203,7 +203,7 @@ def _evaluate(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray
     busy = np.bincount(np.asarray(problem.schedule.chunk_rank), weights=problem.schedule.micro_batches * (f + bi + bw),
                        minlength=problem.schedule.devices) + optimizer
     step = path.length
-    bubble = 1.0 - float(busy.sum()) / (problem.schedule.devices * step) if step > 0 else 0.0
+    bubble = max(1.0 - float(busy.sum()) / (problem.schedule.devices * step), 0.0) if step > 0 else 0.0
     reason = _rules(problem, bounds)
     over = [r.rank for r in ranks if r.peak > problem.capacities[r.rank]]
     if not reason and over:
@@ -411,6 +411,9 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
               for i, k in enumerate(("F", "B", "W", "O"))}
     cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
     mem = _memory_tables(problem)
+    # times are integers in the model: a chain's length there is within one unit per boundary of
+    # each kind it reads of its true length
+    slack_units = 6 * C + 4
     status = "unknown"
     rounds = 0
     while rounds < max_rounds:
@@ -509,6 +512,10 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             m.Minimize(worst)
         else:
             m.Minimize(step)
+            if best is not None:
+                # only splits faster than the best known (beyond the model's rounding): where
+                # there is none, the best known is optimal
+                m.Add(step <= int(math.floor(best.step_time * scale)) - slack_units)
         if best is not None:
             for c in range(1, C):
                 m.AddHint(s[c], best.bounds[c])
@@ -527,6 +534,9 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"internal error: CP-SAT model invalid: {m.Validate()}")
         if code == cp_model.INFEASIBLE:
+            if best is not None and problem.objective is not Objective.MEMORY:
+                status = "optimal"            # nothing beats the best known
+                break
             status = "infeasible"
             return ChunkSolve(None, False, math.inf, len(paths), _time.monotonic() - started, status)
         if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
@@ -552,9 +562,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         bound = max(bound, model_bound)
         path = path_of(found)
         known = _path_key(path) in keys
-        # times are integers in the model: a chain's length there is within one unit per boundary
-        # of each kind it reads of its true length
-        slack = (6 * C + 4) / scale
+        slack = slack_units / scale
         if code == cp_model.OPTIMAL and (known or found.step_time <= solver.ObjectiveValue() / scale + slack):
             status = "optimal"
             break
@@ -576,7 +584,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     optimal = status == "optimal"
     if best is not None and optimal and problem.objective is not Objective.MEMORY:
         # rounding of times to integers: the proof holds up to one time unit per action
-        bound = min(bound, best.step_time)
+        bound = min(max(bound, best.step_time - 2 * slack_units / scale), best.step_time)
     return ChunkSolve(best, optimal, bound, len(paths), seconds, status)
 
 

@@ -48,7 +48,8 @@ class SolveOptions:
     exact: bool = False
     schedule: Schedule = Schedule.NONE
     micro_batches: int = 1
-    micro_batches_auto: bool = False                 # M not given: M = devices (``with_devices`` keeps it so)
+    micro_batches_auto: bool = False                 # M not given: M = devices x chunks per device (kept so)
+    chunks_per_device: int = 1                       # what a defaulted M multiplies the device count by
     headroom: float = 0.0
     capacities: tuple[int, ...] | None = None       # bytes per tile per device position
     reserve: int = 0                                 # bytes per device kept back (CUDA context, workspaces)
@@ -338,7 +339,7 @@ def with_devices(options: SolveOptions, devices: int) -> SolveOptions:
     caps = options.capacities
     if caps is not None and len(caps) != devices:
         caps = tuple(caps[i % len(caps)] for i in range(devices))
-    micro = devices if options.micro_batches_auto else options.micro_batches
+    micro = devices * options.chunks_per_device if options.micro_batches_auto else options.micro_batches
     return replace(options, devices=devices, capacities=caps, micro_batches=micro,
                    pinned_layers=tuple(p for p in options.pinned_layers if p[1] < devices))
 
