@@ -14,6 +14,7 @@ files take the output paths and refuse one that is also an input.
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -325,7 +326,8 @@ AUTO_CANDIDATES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interle
 
 def _solve_auto(req: SolveRequest, analysis, events: Events):
     """``--schedule auto``: each schedule (and chunks per device) that is valid for the device and
-    micro-batch counts is solved, with an equal share of the time limit; the fastest that fits
+    micro-batch counts is solved, the most promising (by a quick search) with a larger share of
+    the time limit; the fastest that fits
     (the emptiest, with the memory objective) is the plan, and ``plan.candidates`` lists them all."""
     from .plan.advise import advise_schedule
     from .plan.records import ScheduleCandidate
@@ -340,19 +342,36 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     if not candidates:
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
                           "micro-batches")
-    share = max(req.time_limit / len(candidates), 1.0)
-    plans = []
+    from .plan.advise import schedule_problem
+    from .solver.chunks import local_search
+    started = time.monotonic()
     table = None
+    ranked = []
+    events.start("ranking the schedules by a quick search")
     for kind, v, M in candidates:
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
+        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M)
         resolved = resolve(trial, analysis)
         if not _scheduled(trial, resolved.model):
             raise OptionError("schedule", "auto needs a profile of one device that records each operation's phase "
                               "(forward, backward, optimizer), as stagesplit capture writes")
         if table is None:
-            events.start("pricing every layer range in each phase of the step")
             table = _phase_table(resolved.model)
-            events.done()
+        try:
+            quick = local_search(schedule_problem(resolved.model, resolved.inputs, table), budget_s=0.5)
+            rank = (0 if quick.feasible else 1, quick.step_time)
+        except StagesplitError:
+            rank = (2, 0.0)
+        ranked.append((rank, kind, v, M))
+    events.done()
+    # the most promising schedules get more of the time limit (a proof each, where it can)
+    ranked.sort(key=lambda item: item[0])
+    weights = [4 if i == 0 else 2 if i < 3 else 1 for i in range(len(ranked))]
+    budget = max(req.time_limit - (time.monotonic() - started), float(len(ranked)))
+    plans = []
+    for weight, (_, kind, v, M) in zip(weights, ranked):
+        share = max(budget * weight / sum(weights), 1.0)
+        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
+        resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device")
         try:
             advice = advise_schedule(resolved.model, resolved.inputs, table=table)

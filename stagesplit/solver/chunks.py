@@ -512,7 +512,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             m.Minimize(worst)
         else:
             m.Minimize(step)
-            if best is not None:
+            if best is not None and CUTOFF:
                 # only splits faster than the best known (beyond the model's rounding): where
                 # there is none, the best known is optimal
                 m.Add(step <= int(math.floor(best.step_time * scale)) - slack_units)
@@ -692,6 +692,9 @@ def _choice_of_counts(problem: ChunkProblem, bounds, counts: dict) -> np.ndarray
                 choice[i] = 2 if j < full else (1 if j < full + selective else 0)
     return choice
 
+
+#: each round of the compute objective looks only for splits faster than the best known
+CUTOFF = True
 
 #: how many of the quick search's chains seed the CP-SAT model
 MAX_SEED_PATHS = 200
