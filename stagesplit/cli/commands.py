@@ -205,7 +205,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
         header = (f"{one_line(p.name or str(args.profile))}{' (synthetic)' if p.synthetic else ''}: "
                   f"{len(plan.layer_names)} layers on {'exactly' if o.exact else 'at most'} {o.devices} x "
                   f"{', '.join(sorted(set(inputs.target_names)))} ({size}"
-                  f"{f', {o.headroom:.0%} kept free' if o.headroom else ''}"
+                  f"{f', {o.headroom:.{0 if round(o.headroom, 2) == o.headroom else 1}%} kept free' if o.headroom else ''}"
                   f"{reserve if o.reserve else ''})\n"
                   f"objective: {o.objective.value}; schedule: {o.schedule.value}"
                   f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
