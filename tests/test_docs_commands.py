@@ -67,7 +67,6 @@ PAGES = (
     Page("README.md"),
     Page("docs/gpu.md", python=True),
     Page("docs/ipu.md", setup=_ipu_report_files),
-    Page("docs/development.md"),
 )
 
 
