@@ -1,8 +1,11 @@
-"""The README's "Using stagesplit from Python" section runs, and prints what it says it prints.
+"""The README and the docs as a manual: their Python runs and prints what they say, the README's
+test command is what CI runs, the README names what a user looks for, and every file and link
+the pages name exists.
 
-Its python blocks run in order in one namespace, from a temporary folder holding ``profiles/``
-(a link to the shipped samples). Each ``# -> text`` line is the expected output of the
-``print`` before it; every printed line must be claimed by one, in order.
+The python blocks of README.md and docs/python-api.md run in order, one namespace per page, from a
+temporary folder holding ``profiles/`` and ``examples/`` (links to the checkout's). Each
+``# -> text`` line is a line printed by the block; every printed line must be claimed by one, in
+order. (The console examples are tests/test_docs_commands.py's.)
 """
 
 from __future__ import annotations
@@ -10,40 +13,155 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shlex
 from pathlib import Path
 
 import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTION = "## Using stagesplit from Python"
+README = ROOT / "README.md"
+PYTHON_PAGES = ("README.md", "docs/python-api.md")
+PAGES = ("README.md", *sorted(str(p.relative_to(ROOT)) for p in (ROOT / "docs").glob("*.md")))
 
 
-def python_blocks() -> list[str]:
-    text = (ROOT / "README.md").read_text(encoding="utf-8")
-    start = text.index(SECTION)
-    end = text.find("\n## ", start + len(SECTION))
-    section = text[start:end if end >= 0 else len(text)]
-    return re.findall(r"```python\n(.*?)```", section, flags=re.S)
+def python_blocks(page: str) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", (ROOT / page).read_text(encoding="utf-8"), flags=re.S)
 
 
 def expected_output(block: str) -> list[str]:
     return [line.split("# -> ", 1)[1] for line in block.splitlines() if line.lstrip().startswith("# -> ")]
 
 
-def test_the_section_has_code_with_claimed_output():
-    blocks = python_blocks()
-    assert len(blocks) >= 2
-    assert all(expected_output(b) for b in blocks)
+def section(text: str, heading: str) -> str:
+    start = text.index(f"\n{heading}\n")
+    end = text.find("\n## ", start + len(heading) + 2)
+    return text[start:end if end >= 0 else len(text)]
+
+
+def test_the_python_pages_have_code_with_claimed_output():
+    for page in PYTHON_PAGES:
+        blocks = python_blocks(page)
+        assert blocks, page
+        assert all(expected_output(b) for b in blocks), page
 
 
 @pytest.mark.slow
-def test_readme_python_section_runs_and_prints_what_it_says(tmp_path, monkeypatch):
-    (tmp_path / "profiles").symlink_to(ROOT / "profiles", target_is_directory=True)
+@pytest.mark.parametrize("page", PYTHON_PAGES)
+def test_python_blocks_run_and_print_what_they_say(page, tmp_path, monkeypatch):
+    blocks = python_blocks(page)
+    if any("stagesplit.capture(" in b for b in blocks):
+        pytest.importorskip("torch", reason="the page captures a PyTorch model (the torch extra)")
+    for name in ("profiles", "examples"):
+        (tmp_path / name).symlink_to(ROOT / name, target_is_directory=True)
     monkeypatch.chdir(tmp_path)
-    namespace: dict = {"__name__": "readme"}
-    for i, block in enumerate(python_blocks()):
+    namespace: dict = {"__name__": "docs"}
+    for i, block in enumerate(blocks):
         out = io.StringIO()
         with contextlib.redirect_stdout(out):
-            exec(compile(block, f"README.md python block {i + 1}", "exec"), namespace)   # noqa: S102 - our own README
-        assert out.getvalue().splitlines() == expected_output(block), f"block {i + 1}"
-    assert (tmp_path / "plan.json").is_file()
+            exec(compile(block, f"{page} python block {i + 1}", "exec"), namespace)   # noqa: S102 - our own docs
+        assert out.getvalue().splitlines() == expected_output(block), f"{page}: block {i + 1}"
+
+
+# -- the README's two commands -------------------------------------------------------------------
+
+def two_commands() -> list[str]:
+    return re.findall(r"```sh\n(.*?)\n```", section(README.read_text(encoding="utf-8"), "## The two commands"),
+                      flags=re.S)
+
+
+def test_the_readmes_test_command_is_what_ci_runs():
+    main, tests = two_commands()
+    ci = [line for line in (ROOT / ".ci" / "run").read_text(encoding="utf-8").splitlines()
+          if line and not line.startswith("#") and not line.startswith(("set ", "cd "))]
+    assert ci == [tests]
+    words = shlex.split(tests)
+    assert words[:4] == ["apt-get", "install", "-y", "chromium"]      # the HTML report's browser test
+    assert tests.endswith(".venv/bin/python -m pytest -q")
+    assert "'.[test,torch,onnx]'" in tests
+
+
+def test_the_readmes_first_command_is_the_one_its_annotated_output_shows():
+    main, _ = two_commands()
+    assert main.startswith("python3.11 -m venv .venv && .venv/bin/pip install -q . && ")
+    command = main.split(" && ")[-1].replace(".venv/bin/stagesplit", "stagesplit", 1)
+    assert f"\n$ {command}\n" in section(README.read_text(encoding="utf-8"), "## Reading the output")
+
+
+# -- what a user looks for -----------------------------------------------------------------------
+
+def test_the_readme_names_what_a_user_looks_for():
+    text = README.read_text(encoding="utf-8")
+    for words in ("stagesplit report", "plan.report()", "plan.plot()", "--wide", "breakdown model.stagesplit "
+                  "--sections all", "2**30", "pip install '.[torch]'", "python examples/make_gpt_onnx.py -o gpt.onnx",
+                  "--chunks-per-rank", "--recompute auto|none|selective|full", "--time-limit", "bounds the whole search",
+                  "Megatron's even layout", "PopLiner's greedy", "torchtitan's default split"):
+        assert words in text, words
+
+
+def test_the_readme_lists_every_schedule_and_recompute_mode_the_solver_takes():
+    from stagesplit.solver.request import RecomputeMode, Schedule
+    text = README.read_text(encoding="utf-8")
+    for schedule in Schedule:
+        assert f"`{schedule.value}`" in text, schedule
+    assert "--recompute " + "|".join(mode.value for mode in RecomputeMode) in text
+
+
+def test_the_readme_has_one_line_per_command_linking_its_section():
+    from stagesplit.cli.parser import build_parser
+    commands = build_parser()._subparsers._group_actions[0].choices                # argparse's own list
+    lines = section(README.read_text(encoding="utf-8"), "## Commands").splitlines()
+    for name in commands:
+        ours = [line for line in lines if line.startswith(f"- [`stagesplit {name}`](docs/commands.md#{name})")]
+        assert len(ours) == 1, name
+
+
+# -- files and links ---------------------------------------------------------------------------
+
+_PATH = re.compile(r"\b((?:stagesplit|tests|benchmarks|examples|configs|profiles)/[\w./-]*\w)")
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def slug(heading: str) -> str:
+    """GitHub's anchor of a heading."""
+    text = re.sub(r"[^\w\- ]", "", heading.strip().lower().replace("`", ""))
+    return text.replace(" ", "-")
+
+
+def anchors(page: Path) -> set[str]:
+    text = re.sub(r"```.*?```", "", page.read_text(encoding="utf-8"), flags=re.S)
+    return {slug(h) for h in re.findall(r"^#+ (.+)$", text, flags=re.M)}
+
+
+def test_the_slug_is_githubs():
+    assert slug("The search within `--time-limit`") == "the-search-within---time-limit"
+    assert slug("bench_capture.py") == "bench_capturepy"
+    assert slug("IPU: PopTorch, PopART, TensorFlow") == "ipu-poptorch-popart-tensorflow"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_file_the_page_names_exists(page):
+    text = (ROOT / page).read_text(encoding="utf-8")
+    missing = []
+    for path in set(_PATH.findall(text)):
+        if path.startswith("stagesplit/") and "." not in Path(path).name and not (ROOT / path).exists():
+            continue                                   # a module path written with slashes, not a file
+        if not (ROOT / path).exists() and not (ROOT / path).with_suffix("").exists():
+            missing.append(path)
+    assert not missing, f"{page} names files that are not in the checkout: {sorted(missing)}"
+
+
+@pytest.mark.parametrize("page", PAGES)
+def test_every_link_to_a_page_and_heading_exists(page):
+    here = (ROOT / page).parent
+    text = (ROOT / page).read_text(encoding="utf-8")
+    broken = []
+    for target in _LINK.findall(text):
+        if target.startswith(("http://", "https://")):
+            continue
+        path, _, anchor = target.partition("#")
+        file = (here / path).resolve() if path else ROOT / page
+        if not file.exists():
+            broken.append(target)
+        elif anchor and file.suffix == ".md" and anchor not in anchors(file):
+            broken.append(target)
+    assert not broken, f"{page}: broken links {broken}"
