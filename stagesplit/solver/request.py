@@ -116,7 +116,8 @@ class SolveRequest:
     #: seconds for the whole search (the exact DP and CP-SAT together), and CP-SAT's workers (1 is deterministic)
     time_limit: float = 60.0
     workers: int = 1
-    #: also plan PopLiner's greedy split and a uniform split, for comparison
+    #: also price what the user would do otherwise: on a GPU the frameworks' default splits, on
+    #: an IPU PopLiner's greedy split and an even one
     compare: bool = False
     #: the greedy baseline puts the unlayered operations on the first stage, as PopLiner does
     unlayered_first: bool = False
