@@ -8,7 +8,8 @@ three ways:
 
 * ``none``: the plain model (what stagesplit captures and predicts from);
 * ``full``: every block under ``torch.utils.checkpoint.checkpoint(..., use_reentrant=False)``;
-  the Llama through Hugging Face's own ``gradient_checkpointing_enable``;
+  the Llama through Hugging Face's own switch (``activation_checkpointing_enable``, which
+  transformers 5 calls what was ``gradient_checkpointing_enable``);
 * ``selective``: the same with torch's selective activation checkpointing
   (``create_selective_checkpoint_contexts``), keeping the outputs of the operations
   ``model/recompute.py`` keeps (``EXPENSIVE_OPERATIONS``) and re-running the rest.
@@ -86,7 +87,12 @@ def model(name: str, mode: str):
     from transformers import LlamaConfig, LlamaForCausalLM
     llama = LlamaForCausalLM(LlamaConfig(**LLAMA))
     if mode != "none":
-        llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs=_checkpoint_kwargs(mode))
+        # Hugging Face's own switch (transformers 5 renamed gradient_checkpointing_enable, which warns)
+        enable = getattr(llama, "activation_checkpointing_enable", None)
+        if enable is not None:
+            enable(activation_checkpointing_kwargs=_checkpoint_kwargs(mode))
+        else:
+            llama.gradient_checkpointing_enable(gradient_checkpointing_kwargs=_checkpoint_kwargs(mode))
     llama.train()
     return llama
 

@@ -142,6 +142,16 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     kept_extra = made & forward_made & expensive_op[maker] & in_block[maker] & ~model.var_stashed & model.var_nal
     selective = selective - np.bincount(op_layer[maker[kept_extra]], weights=nbytes[kept_extra],
                                         minlength=L).astype(np.int64)[:L]
+    # torch stops the re-run once the backward's tensors are back; the output of the block's last
+    # kept operation, handed back from the cache, stays referenced while the backward starts
+    # (measured: 1 x (B, T, D) on the GPT and the Llama, tests/model/test_recompute_torch.py)
+    kept_op = np.flatnonzero((ops.phase == Phase.FORWARD) & (op_layer >= 0) & in_block & expensive_op)
+    last_kept = np.full(L, -1, np.int64)
+    if len(kept_op):
+        order = kept_op[np.argsort(ops.first_step[kept_op], kind="stable")]
+        last_kept[op_layer[order]] = order            # the later assignment wins: each layer's last
+    left = kept_extra & (maker == last_kept[np.where(made, op_layer[maker], 0)])
+    left_over = np.bincount(op_layer[maker[left]], weights=nbytes[left], minlength=L).astype(np.int64)[:L]
     forward = (ops.phase == Phase.FORWARD) & (op_layer >= 0) & in_block
     full_time = np.bincount(op_layer[forward], weights=op_times[forward], minlength=L)[:L]
     cheap_forward = forward & ~expensive_op
@@ -152,7 +162,7 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     cheap_time = np.where(selective > 0, cheap_time, 0.0)
     full_time = np.where(full > 0, full_time, 0.0)
     return RecomputeTable(saved=np.vstack([zeros, selective, full]),
-                          rerun=np.vstack([zeros, np.maximum(selective, 0), np.where(full > 0, rerun_full, 0)]),
+                          rerun=np.vstack([zeros, np.where(selective > 0, selective + left_over, 0), np.where(full > 0, rerun_full, 0)]),
                           added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
 
 

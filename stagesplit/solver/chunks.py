@@ -87,8 +87,8 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
       gradient between micro-batches, and every other chunk's last sent output;
     * where the backward is not split: a chunk's transient figures (taken from the whole
       model) count its input, which is the receive buffer already resident, so it is taken off
-      them; the last chunk holds its output (the loss's input, which a whole-model step frees
-      after the loss) through its backward.
+      them; the last of several chunks holds its output (the loss's input, which a whole-model
+      step frees after the loss) through its backward.
 
     ``choice``: each layer's recompute option (model/recompute.py; None: none)."""
     cc = table.chunks(bounds)
@@ -116,7 +116,7 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
         hold[-1] = cc.output[-1] + cc.sent_backward[-1]
     # measured on real pipelines where the backward is not split (tests/model/test_recompute_torch.py)
     input_again = 0 if split else received
-    output_held = np.where(last & (not split) & (not one_f_one_b), cc.output, 0)
+    output_held = np.where(last & (not split) & (not one_f_one_b) & (C > 1), cc.output, 0)
     # clipped before the recompute's change, as the CP-SAT model (_recompute_variables) has it
     forward = np.maximum(np.maximum(cc.forward_peak - input_again + hold, 0) + forward_change, 0)
     full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held, 0) + change, 0)
