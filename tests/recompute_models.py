@@ -102,9 +102,14 @@ def num_layers(name: str) -> int:
 
 
 def _inputs(name: str, sequences: int, device: str = "cpu"):
+    """Token ids: random on CPU (fixed seed; the gradients then say something, and the memory is
+    the same for any ids), zeros on the meta device (for capture)."""
     import torch
     context = GPT["context"] if name == "gpt" else LLAMA_CONTEXT
-    return torch.zeros(sequences, context, dtype=torch.long, device=device)
+    if device == "meta":
+        return torch.zeros(sequences, context, dtype=torch.long, device=device)
+    vocab = GPT["vocab_size"] if name == "gpt" else LLAMA["vocab_size"]
+    return torch.randint(0, vocab, (sequences, context), generator=torch.Generator().manual_seed(7))
 
 
 def _micro_batch(name: str) -> int:
