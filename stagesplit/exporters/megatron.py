@@ -156,7 +156,8 @@ def recompute_words(view: PlanView) -> tuple[list[str], str]:
     if "selective" in chosen:
         notes.append("Megatron's full recompute stands for the plan's selective layers too")
     if any(any(r == "none" for r in stage[:c]) for stage, c in zip(stages, counts)):
-        notes.append(f"Megatron recomputes the first {n} decoder layers of each stage, the plan other layers of it")
+        notes.append(f"Megatron recomputes the first {n} decoder layer{'s' if n > 1 else ''} of each stage, the plan "
+                     "other layers of it")
     return words, "; ".join(notes)
 
 
