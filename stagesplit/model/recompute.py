@@ -13,6 +13,11 @@ before and after hold them), so every stashed byte belongs to at most one layer.
   outputs of the compute-heavy operations - matrix products, convolutions, attention - and
   recompute the rest): drops the own stash made by the cheap operations (elementwise,
   activations, normalisation, softmax, dropout) and adds their forward time to the backward.
+  torch keeps *every* output of a kept operation until the block's backward, also those the
+  backward never reads (a projection's output that only a residual add reads): they are held
+  beyond the layer's stash, so they are taken off what it saves. Its backward holds the dropped
+  bytes again, and the output of the block's last kept operation, which torch's re-run (stopped
+  early once the backward's tensors are back) still references when the backward starts.
 
 A chunk (a range of layers) with choices ``o_i`` holds, per micro-batch in flight, its stash
 less ``sum saved[o_i, i]``; the transient of its backward drops the same bytes and adds back the
@@ -161,8 +166,9 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     # an option that saves nothing is no option: it costs its time for no memory
     cheap_time = np.where(selective > 0, cheap_time, 0.0)
     full_time = np.where(full > 0, full_time, 0.0)
+    rerun_selective = np.where(selective > 0, selective + left_over, 0)
     return RecomputeTable(saved=np.vstack([zeros, selective, full]),
-                          rerun=np.vstack([zeros, np.where(selective > 0, selective + left_over, 0), np.where(full > 0, rerun_full, 0)]),
+                          rerun=np.vstack([zeros, rerun_selective, np.where(full > 0, rerun_full, 0)]),
                           added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
 
 

@@ -114,7 +114,8 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     if one_f_one_b:
         hold[:-1] = cc.sent_forward[:-1]
         hold[-1] = cc.output[-1] + cc.sent_backward[-1]
-    # measured on real pipelines where the backward is not split (tests/model/test_recompute_torch.py)
+    # measured on real pipelines where the backward is not split (tests/model/test_recompute_torch.py,
+    # tests/exporters/test_export_recompute_torch.py)
     input_again = 0 if split else received
     output_held = np.where(last & (not split) & (not one_f_one_b) & (C > 1), cc.output, 0)
     # clipped before the recompute's change, as the CP-SAT model (_recompute_variables) has it
@@ -279,7 +280,7 @@ def _options(problem: ChunkProblem) -> list[tuple[int, ...]]:
     """Each layer's options worth trying: none, and those that save bytes. None but none where
     the schedule splits the backward: torch refuses selective checkpointing there, and re-runs a
     fully checkpointed block again for the weight gradients, far above what B re-materialises
-    (measured: tests/model/test_recompute_torch.py)."""
+    (measured: tests/solver/test_chunks_recompute.py)."""
     table = problem.table.recompute
     if table is None or problem.schedule.traits.splits_backward:
         return [(0,)] * problem.num_layers
