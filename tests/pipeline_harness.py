@@ -19,7 +19,8 @@ are real while the weights stay put, and the gradients stay comparable with ``re
 
 Nothing here comes from stagesplit except the schedule kind's name and torch class: the chunk
 placement is torch's own (``generate_rank_to_stage_mapping``) and the executed order is what the
-runtime calls.
+runtime calls. A case may instead bring its own stages and schedule (``stages_from``: an
+export's ``build_pipeline``), measured the same way.
 
 Usage::
 
@@ -98,6 +99,9 @@ class PipelineCase:
     grads_set_to_none: bool = True
     return_outputs: bool = True
     seed: int = 0
+    #: instead of ``build`` and torch's own placement: ``stages_from(rank, devices, loss)`` returns
+    #: this rank's ``(stages, schedule)`` (an export's ``build_pipeline``, say); ``build`` unused
+    stages_from: Callable | None = None
 
 
 @dataclass(frozen=True)
@@ -230,15 +234,22 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     from stagesplit.solver.schedule import traits
 
     torch.manual_seed(case.seed)
-    chunks = case.build()
-    C = len(chunks)
-    if C != case.chunks_per_rank * devices:
-        raise ValueError(f"{C} chunks built for {case.chunks_per_rank} x {devices}")
-    mine = _placement(case.kind, devices, C)[rank]
-    stages = [PipelineStage(chunks[c], c, C, torch.device("cpu")) for c in mine]
-    t = traits(case.kind)
-    cls = getattr(schedules, t.torch_class)
-    schedule = cls(stages if t.multi_stage else stages[0], n_microbatches=case.micro_batches, loss_fn=case.loss)
+    if case.stages_from is not None:
+        stages, schedule = case.stages_from(rank, devices, case.loss)
+        C = stages[0].num_stages
+        mine = [s.stage_index for s in stages]
+        chunks = {s.stage_index: s.submod for s in stages}
+    else:
+        built = case.build()
+        C = len(built)
+        if C != case.chunks_per_rank * devices:
+            raise ValueError(f"{C} chunks built for {case.chunks_per_rank} x {devices}")
+        chunks = dict(enumerate(built))
+        mine = _placement(case.kind, devices, C)[rank]
+        stages = [PipelineStage(chunks[c], c, C, torch.device("cpu")) for c in mine]
+        t = traits(case.kind)
+        cls = getattr(schedules, t.torch_class)
+        schedule = cls(stages if t.multi_stage else stages[0], n_microbatches=case.micro_batches, loss_fn=case.loss)
     x, y = case.make_batch()
     args = (x,) if 0 in mine else ()
     last = C - 1 in mine

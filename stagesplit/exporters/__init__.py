@@ -100,6 +100,12 @@ def _compare(view: PlanView, fmt: str, decoded: Decoded) -> None:
                         if xs else "nothing"
                 raise view.error(f"{fmt}: internal check failed: stage {k} would hold {names(got)}, the plan says "
                                  f"{names(plan)}; nothing written")
+    if decoded.recompute is not None and decoded.recompute != view.recompute:
+        differ = next(i for i, (a, b) in enumerate(zip(decoded.recompute + ("?",) * len(view.recompute),
+                                                           view.recompute)) if a != b)
+        got = decoded.recompute[differ] if differ < len(decoded.recompute) else "nothing"
+        raise view.error(f"{fmt}: internal check failed: layer '{view.layer(differ)}' would be recomputed "
+                         f"'{got}', the plan says '{view.recompute[differ]}'; nothing written")
     if decoded.devices is not None and decoded.devices != view.devices:
         raise view.error(f"{fmt}: internal check failed: the stages would run on devices {list(decoded.devices)}, "
                          f"the plan says {list(view.devices)}; nothing written")

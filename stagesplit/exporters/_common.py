@@ -31,6 +31,9 @@ class Decoded:
 
     stages: tuple[tuple[int, ...], ...]
     devices: tuple[int, ...] | None = None
+    #: each plan layer's recompute as the text applies it, where the format applies the plan's
+    #: choice exactly (None: the format checks what it writes itself, or writes none)
+    recompute: tuple[str, ...] | None = None
 
 
 def layer_paths(view: PlanView, fmt: str, layers: list[int] | tuple[int, ...]) -> list[str]:

@@ -16,9 +16,13 @@ from pathlib import Path
 from ..common.text import show
 from ..errors import ExportError, OptionError, StagesplitError
 from ..layers import LayerOptions
+from ..model.recompute import Recompute
 from ..plan.records import Plan, PlanInputs, PlanProfile, StagePlan
 
-__all__ = ["StageView", "PlanView", "view_of"]
+__all__ = ["RECOMPUTE_OPTIONS", "StageView", "PlanView", "view_of"]
+
+#: a layer's recompute options as plans write them (model/recompute.py's ``Recompute``)
+RECOMPUTE_OPTIONS = tuple(r.value for r in Recompute)
 
 
 @dataclass(frozen=True)
@@ -60,6 +64,18 @@ class PlanView:
     #: profile); a capture folds those into its first and last block instead
     embedding: bool
     head: bool
+    #: each plan layer's activation recompute as the plan chose it: "none", "selective", "full"
+    recompute: tuple[str, ...] = ()
+
+    @property
+    def recomputes(self) -> bool:
+        """Whether the plan recomputes any layer."""
+        return any(r != "none" for r in self.recompute)
+
+    def decoder_recompute(self) -> tuple[str, ...]:
+        """The recompute of the plan's decoder (transformer) layers: its layers less the
+        embedding and the head, which no framework checkpoints as a block."""
+        return self.recompute[int(self.embedding):len(self.recompute) - int(self.head)]
 
     @property
     def devices(self) -> tuple[int, ...]:
@@ -143,6 +159,7 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         raise fail(f"layer '{show(missing[0])}'{more} is in no stage: the plan would drop it")
     stages = []
     expected = 0
+    recompute: list[str] = []
     for k, s in enumerate(plan.stages):
         idx = [index[n] for n in s.layers]
         if idx != list(range(expected, expected + len(idx))):
@@ -152,6 +169,11 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         if (s.first_layer, s.last_layer) != (idx[0], idx[-1]):
             raise fail(f"stage {k}: first_layer..last_layer ({s.first_layer}..{s.last_layer}) disagree with its "
                        f"layers ({idx[0]}..{idx[-1]})")
+        options = tuple(s.recompute) if s.recompute else ("none",) * len(idx)
+        if len(options) != len(idx) or any(o not in RECOMPUTE_OPTIONS for o in options):
+            raise fail(f"stages[{k}].recompute: expected one of {', '.join(RECOMPUTE_OPTIONS)} per layer of the stage "
+                       f"({len(idx)}), got {', '.join(show(str(o)) for o in options[:8])}")
+        recompute += options
         stages.append(StageView(index=k, device=int(s.device), layers=tuple(idx),
                                 worst_tile_bytes=int(s.worst_tile_bytes), capacity_bytes=int(s.capacity_bytes),
                                 in_flight=int(s.in_flight)))
@@ -176,7 +198,7 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         micro_batches=schedule.micro_batches if schedule is not None else inputs.micro_batches,
         chunks_per_rank=schedule.chunks_per_rank if schedule is not None else 1,
         headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
-        head=head)
+        head=head, recompute=tuple(recompute))
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

@@ -7,6 +7,13 @@ entry of the plan's first layer (1 when the embedding is its own entry). A wrong
 ``FIRST_BLOCK`` would shift every stage by one without an error, so the subclass checks at
 construction that the entries standing for the plan's transformer blocks are all of one
 class, and says which ``FIRST_BLOCK`` would make them so.
+
+The plan's activation recompute: ``activation_checkpoint_interval=1`` checkpoints every block
+one at a time (DeepSpeed's checkpoint keeps a block's input and re-runs its forward before its
+backward), with ``checkpointable_layers`` the blocks' class so that the embedding and head
+entries run as they are. One interval applies to every stage and every block, and DeepSpeed
+has no selective recompute: where the plan recomputes some blocks only, or selectively, a
+comment line says so and every block is checkpointed (at least the plan's recompute).
 """
 
 from __future__ import annotations
@@ -17,11 +24,24 @@ from ._common import Decoded, ExportOptions, from_starts
 from ._plan_view import PlanView
 from .render import RenderCheckError, comment, literal_assignments, py_literal
 
-__all__ = ["NAME", "DESCRIPTION", "DEEPSPEED_VERSION", "render", "read_back"]
+__all__ = ["NAME", "DESCRIPTION", "DEEPSPEED_VERSION", "render", "read_back", "checkpoint_interval"]
 
 NAME = "deepspeed"
 DEEPSPEED_VERSION = "0.19"           # PipelineModule API the deepspeed export targets
 DESCRIPTION = f"DeepSpeed (>= {DEEPSPEED_VERSION}) PipelineModule with explicit stage boundaries"
+
+def checkpoint_interval(view: PlanView) -> tuple[int, str]:
+    """``activation_checkpoint_interval`` for the plan (0: none) and, where it is not the plan's
+    choice block by block, one line saying what DeepSpeed cannot take ('' where it is)."""
+    blocks = view.decoder_recompute()
+    if set(blocks) <= {"none"}:
+        return 0, ""
+    if set(blocks) == {"full"}:
+        return 1, ""
+    counts = ", ".join(f"{sum(1 for r in blocks if r == o)} {o}" for o in ("full", "selective", "none") if o in blocks)
+    return 1, (f"DeepSpeed checkpoints every block or none, and has no selective recompute: it cannot take the plan's "
+               f"per-layer choice ({counts}); every block is checkpointed below, at least the plan's recompute")
+
 
 _CLASS = [
     "def _entry_class(spec):",
@@ -47,6 +67,8 @@ _CLASS = [
     "                             f\"entries of one class, \"",
     "                             f\"but they are {sorted({c.__name__ for c in classes[first:stop]})} with \"",
     "                             f\"FIRST_BLOCK={FIRST_BLOCK}{hint}\")",
+    "        if ACTIVATION_CHECKPOINT_INTERVAL and self.checkpointable_layers is None:",
+    "            self.checkpointable_layers = [classes[first].__name__]   # the blocks, not the embedding or head",
     "        self.parts = [0] + [FIRST_BLOCK + b for b in BOUNDARIES[1:-1]] + [n]",
     "        stage_id = self._topo.get_coord(self.global_rank).pipe",
     "        self._set_bounds(start=self.parts[stage_id], stop=self.parts[stage_id + 1])",
@@ -67,6 +89,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         roles.append(f"'{comment(view.layer_names[-1])}' (the head)")
     blocks_note = "the plan's layers " + (f"other than {' and '.join(roles)} " if roles else "") + \
         "are transformer blocks: entries of one class in `layers`, checked at construction"
+    interval, cannot = checkpoint_interval(view)
+    recompute = ([f"ACTIVATION_CHECKPOINT_INTERVAL = {interval}   # activation_checkpoint_interval: "
+                  + ("0, the plan recomputes no block" if not interval else
+                     "checkpoint every block, one at a time, as the plan recomputes them"
+                     if not cannot else "checkpoint every block, one at a time")]
+                 + ([f"# {comment(cannot)}"] if cannot else []))
+    usage = (f"# model = StagesplitPipelineModule(layers=layers, num_stages={len(view.stages)}, loss_fn=loss_fn"
+             + (", activation_checkpoint_interval=ACTIVATION_CHECKPOINT_INTERVAL)" if interval else ")"))
     return [f"# DeepSpeed >= {DEEPSPEED_VERSION}: PipelineModule has no argument for explicit stage boundaries "
             "(DeepSpeed issue 2974),",
             "# so this subclass sets them where PipelineModule.__init__ partitions its layers.",
@@ -76,8 +106,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             f"BLOCKS = {py_literal(blocks)}   # {blocks_note}",
             f"GRADIENT_ACCUMULATION_STEPS = {view.micro_batches}   # ds_config \"gradient_accumulation_steps\": the "
             "micro-batches of one train_batch(), as the plan was solved",
-            "", "", *_CLASS, "", "",
-            f"# model = StagesplitPipelineModule(layers=layers, num_stages={len(view.stages)}, loss_fn=loss_fn)"]
+            *recompute,
+            "", "", *_CLASS, "", "", usage]
 
 
 def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decoded:
@@ -88,4 +118,6 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         raise RenderCheckError("BOUNDARIES must run from 0 to the plan's layer count")
     if blocks != [int(view.embedding), n - int(view.head)]:
         raise RenderCheckError("BLOCKS differs from the plan's transformer blocks")
+    if data.get("ACTIVATION_CHECKPOINT_INTERVAL") != checkpoint_interval(view)[0]:
+        raise RenderCheckError("ACTIVATION_CHECKPOINT_INTERVAL differs from the plan's recompute")
     return Decoded(from_starts(bounds[:-1], bounds[-1]))

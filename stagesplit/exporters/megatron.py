@@ -6,6 +6,15 @@ Each plan layer is one decoder layer (``t``) unless the plan's first layer is th
 megatron-core's ``TransformerConfig`` accepts decides what each form can express: the layout
 takes any split; the first/last flags must be > 0 (``num_layers_in_first_pipeline_stage must
 be larger than 0``) and the middle stages must hold equal, non-zero counts.
+
+The plan's activation recompute: ``--recompute-granularity full --recompute-method block
+--recompute-num-layers N`` recomputes the first N decoder layers of every (virtual) stage
+(megatron-core's ``TransformerBlock``), one N for all stages. Where the plan's per-stage counts
+differ, or it recomputes other layers than each stage's first ones, a comment line says what
+Megatron cannot take and N is the largest count (every stage recomputes at least the plan's
+count). Where the plan recomputes selectively only, ``--recompute-granularity selective``:
+Megatron's selective recompute re-runs the modules of ``--recompute-modules`` (core attention by
+default) in every layer, not the plan's per-operation choice, which a comment line says.
 """
 
 from __future__ import annotations
@@ -18,7 +27,7 @@ from .render import RenderCheckError, comment, shell_word
 
 __all__ = ["NAME", "UNEVEN_NAME", "DESCRIPTION", "UNEVEN_DESCRIPTION", "MEGATRON_VERSION", "render", "read_back",
            "render_uneven", "read_back_uneven", "megatron_layout", "parse_megatron_layout", "megatron_uneven",
-           "uneven_counts"]
+           "uneven_counts", "recompute_words"]
 
 NAME = "megatron"
 UNEVEN_NAME = "megatron-uneven"
@@ -117,6 +126,41 @@ def _uneven_words(counts: list[int], uneven: tuple[int | None, int | None]) -> l
     return words
 
 
+RECOMPUTE_FLAGS = {"--recompute-granularity", "--recompute-method", "--recompute-num-layers"}
+
+
+def recompute_words(view: PlanView) -> tuple[list[str], str]:
+    """Megatron's recompute arguments for the plan and, where they are not the plan's choice
+    layer by layer, one line saying what Megatron cannot take ('' where they are)."""
+    choices = view.decoder_recompute()
+    stages, start = [], 0
+    for count in view.decoder_counts():
+        stages.append(choices[start:start + count])
+        start += count
+    chosen = set(choices) - {"none"}
+    if not chosen:
+        return [], ""
+    if chosen == {"selective"}:
+        every = set(choices) == {"selective"}
+        return ["--recompute-granularity", "selective"], (
+            "Megatron's selective recompute re-runs the modules of --recompute-modules (core attention by default) in "
+            "every decoder layer, not the plan's choice of operations" + ("" if every else
+                                                                         " and layers") + ": its memory differs")
+    counts = [sum(1 for r in stage if r != "none") for stage in stages]
+    n = max(counts)
+    words = ["--recompute-granularity", "full", "--recompute-method", "block", "--recompute-num-layers", str(n)]
+    notes = []
+    if len(set(counts)) > 1:
+        notes.append(f"Megatron takes one --recompute-num-layers for every stage and cannot take the plan's per-stage "
+                     f"counts ({', '.join(map(str, counts))}): {n} on every stage, at least the plan's recompute")
+    if "selective" in chosen:
+        notes.append("Megatron's full recompute stands for the plan's selective layers too")
+    if any(any(r == "none" for r in stage[:c]) for stage, c in zip(stages, counts)):
+        notes.append(f"Megatron recomputes the first {n} decoder layer{'s' if n > 1 else ''} of each stage, the plan "
+                     "other layers of it")
+    return words, "; ".join(notes)
+
+
 #: the plan schedules Megatron runs: its pipeline is 1F1B, interleaved with virtual stages
 MEGATRON_SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b")
 
@@ -139,7 +183,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if virtual > 1:
         lines.append(f"# {len(counts)} virtual stages in the layout, {virtual} per pipeline rank: stage k runs on rank "
                      f"k mod {view.ranks}, as Megatron's interleaved schedule places them")
-    lines.append(" ".join(shell_word(w) for w in _layout_words(counts, view.ranks, virtual)))
+    recompute, cannot = recompute_words(view)
+    if cannot:
+        lines.append(f"# {cannot}")
+    lines.append(" ".join(shell_word(w) for w in _layout_words(counts, view.ranks, virtual) + recompute))
     if virtual > 1:
         lines.append("# (the first/last-stage flags cannot express virtual stages)")
         return lines
@@ -147,7 +194,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if isinstance(uneven, tuple):
         even = " (an even split: no first/last flags)" if uneven == (None, None) else ""
         lines.append(f"# the same split for Megatron versions without --pipeline-model-parallel-layout{even}:")
-        lines.append("# " + " ".join(shell_word(w) for w in _uneven_words(counts, uneven)))
+        lines.append("# " + " ".join(shell_word(w) for w in _uneven_words(counts, uneven) + recompute))
     else:
         lines.append(f"# (not expressible without the layout flag: {uneven})")
     return lines
@@ -159,10 +206,12 @@ def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
     uneven = megatron_uneven(counts)
     if isinstance(uneven, str):
         raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use --to megatron (the layout flag)")
+    recompute, cannot = recompute_words(view)
     return ["# megatron-core (Megatron-LM's pretrain_*.py arguments), for versions without "
             "--pipeline-model-parallel-layout:",
             f"# {_roles_note(view)}",
-            " ".join(shell_word(w) for w in _uneven_words(counts, uneven))]
+            *([f"# {cannot}"] if cannot else []),
+            " ".join(shell_word(w) for w in _uneven_words(counts, uneven) + recompute)]
 
 
 def _flags(words: list[str], allowed: set[str]) -> dict[str, str]:
@@ -174,6 +223,13 @@ def _flags(words: list[str], allowed: set[str]) -> dict[str, str]:
     return flags
 
 
+def _check_recompute(flags: dict[str, str], view: PlanView) -> None:
+    written = [w for flag in ("--recompute-granularity", "--recompute-method", "--recompute-num-layers")
+               if flag in flags for w in (flag, flags[flag])]
+    if written != recompute_words(view)[0]:
+        raise RenderCheckError(f"the recompute arguments {written} differ from the plan's")
+
+
 def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
     counts = list(counts)
     counts[0] += view.embedding
@@ -183,7 +239,8 @@ def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
 
 def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
     flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
-                           "--num-virtual-stages-per-pipeline-rank"})
+                           "--num-virtual-stages-per-pipeline-rank"} | RECOMPUTE_FLAGS)
+    _check_recompute(flags, view)
     stages = parse_megatron_layout(flags["--pipeline-model-parallel-layout"])
     ranks = int(flags["--pipeline-model-parallel-size"])
     virtual = int(flags.get("--num-virtual-stages-per-pipeline-rank", "1"))
@@ -202,7 +259,8 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
 
 def read_back_uneven(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
     flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
-                           "--decoder-last-pipeline-num-layers"})
+                           "--decoder-last-pipeline-num-layers"} | RECOMPUTE_FLAGS)
+    _check_recompute(flags, view)
     first, last = (int(flags[f]) if f in flags else None for f in ("--decoder-first-pipeline-num-layers",
                                                                    "--decoder-last-pipeline-num-layers"))
     counts = uneven_counts(int(flags["--num-layers"]), int(flags["--pipeline-model-parallel-size"]), first, last)

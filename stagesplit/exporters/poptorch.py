@@ -5,6 +5,13 @@ stage starts; every module after it runs on that IPU until the next BeginBlock. 
 training needs gradient accumulation of at least 2 x IPUs - 1 micro-batches (the forward and
 backward pipeline stages); pipelined inference needs at least as many device iterations as
 stages. With a headroom, PopLibs' default available memory proportion (0.6) is scaled down.
+
+The plan's activation recompute: PopART's pipeline recomputation (``autoRecomputation`` 3,
+``RecomputationType::Pipeline``) re-runs each forward stage before its backward except at
+``poptorch.recomputationCheckpoint`` tensors; a forward hook checkpoints every block's output, so
+each block is recomputed from its stored input, as full recompute does. PopART applies it to
+every stage and every block: where the plan recomputes some blocks only, or selectively, a
+comment line says so (every block is recomputed, at least the plan's recompute).
 """
 
 from __future__ import annotations
@@ -16,7 +23,11 @@ from ._common import POPLIBS_MEMORY_PROPORTION, Decoded, ExportOptions, fqn_inde
 from ._plan_view import PlanView
 from .render import RenderCheckError, expression_path, py_str
 
-__all__ = ["NAME", "DESCRIPTION", "render", "read_back", "memory_proportions"]
+__all__ = ["NAME", "DESCRIPTION", "render", "read_back", "memory_proportions", "RECOMPUTATION_PIPELINE"]
+
+#: PopART's RecomputationType::Pipeline, as ``opts._Popart.set("autoRecomputation", ...)`` takes it
+RECOMPUTATION_PIPELINE = 3
+_HOOK = "checkpoint_outputs"
 
 NAME = "poptorch"
 DESCRIPTION = "poptorch.BeginBlock per stage start and pipelined poptorch.Options"
@@ -48,12 +59,36 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     else:
         lines.append(f"opts.deviceIterations({max(p, view.micro_batches)})   # pipelined inference: >= {p} device "
                      f"iterations (one per stage)")
+    if options.training and view.recomputes:
+        lines += _recompute_lines(view, options)
     proportions = memory_proportions(view)
     if proportions:
         lines.append(f"# the plan keeps {view.headroom:.0%} of every IPU free: matmul/convolution temporaries get "
                      f"PopLibs' default {POPLIBS_MEMORY_PROPORTION} x (1 - headroom)")
         lines.append("opts.setAvailableMemoryProportion({" +
                      ", ".join(f"{py_str(f'IPU{d}')}: {v}" for d, v in proportions.items()) + "})")
+    return lines
+
+
+def _recompute_lines(view: PlanView, options: ExportOptions) -> list[str]:
+    blocks = view.decoder_recompute()
+    first = int(view.embedding)
+    exprs = layer_expressions(view, NAME, options.model, list(range(first, first + len(blocks))))
+    lines = ["", "",
+             f"def {_HOOK}(module, inputs, output):",
+             '    """Keep a block\'s output for the backward: PopART re-runs the forward between checkpoints."""',
+             "    if isinstance(output, tuple):",
+             "        return tuple(poptorch.recomputationCheckpoint(y) for y in output)",
+             "    return poptorch.recomputationCheckpoint(output)", "", ""]
+    if set(blocks) != {"full"}:
+        counts = ", ".join(f"{sum(1 for r in blocks if r == o)} {o}" for o in ("full", "selective", "none")
+                           if o in blocks)
+        lines.append(f"# PopART recomputes every block of every pipeline stage and cannot take the plan's per-layer "
+                     f"choice ({counts}): every block below, at least the plan's recompute")
+    lines.append("# activation recompute: every block's output is a checkpoint, the rest of the forward re-runs "
+                 "before the backward")
+    lines += [f"{expr}.register_forward_hook({_HOOK})" for expr in exprs]
+    lines.append(f"opts._Popart.set(\"autoRecomputation\", {RECOMPUTATION_PIPELINE})   # RecomputationType::Pipeline")
     return lines
 
 
@@ -85,4 +120,11 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         devices.append(ast.literal_eval(ipu[0].value))
     if starts != sorted(starts) or not starts or starts[0] != 0:
         raise RenderCheckError(f"BeginBlocks at plan layers {starts}: expected increasing from 0")
+    hooked = [by_path.get(expression_path(node.value.func.value), -1) for node in tree.body
+              if isinstance(node, ast.Expr) and isinstance(node.value, ast.Call)
+              and isinstance(node.value.func, ast.Attribute) and node.value.func.attr == "register_forward_hook"]
+    first = int(view.embedding)
+    want = list(range(first, first + len(view.decoder_recompute()))) if options.training and view.recomputes else []
+    if hooked != want:
+        raise RenderCheckError(f"recompute checkpoints at plan layers {hooked}, expected {want}")
     return Decoded(from_starts(starts, len(view.layer_names)), tuple(devices))

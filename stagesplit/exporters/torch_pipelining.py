@@ -11,12 +11,25 @@ What the snippet must get right (each from torch's own behaviour):
 - Hugging Face models need ``attn_implementation="sdpa"`` beyond 2 stages: eager GPT-2
   attention passes a float mask between stages and fails with ``PipeliningMetadataError:
   Backward of skip connections not supported yet``.
+- The plan's activation recompute (``RECOMPUTE``, per module fully qualified name) is applied
+  to the traced stage modules, after ``pipeline()``: its tracing (torch.export) refuses a model
+  whose blocks are already wrapped (``Attribute 'mlp' not found in model``), and the traced
+  stage keeps the model's module names (``transformer.h.3``). "full" wraps the block in
+  ``checkpoint_wrapper`` (non-reentrant: keep its input, re-run its forward before its
+  backward); "selective" adds torch's selective activation checkpointing with a policy that
+  keeps the outputs of the operations ``model/recompute.py`` counts as kept
+  (``EXPENSIVE_OPERATIONS``: matrix products, convolutions, attention) and re-runs the rest.
+  torch refuses selective checkpointing under a split backward ("You are only allowed to
+  backward once on any region computed under selective activation checkpoint"), so a
+  zero-bubble plan with selective recompute is refused.
 """
 
 from __future__ import annotations
 
 import ast
 
+from ..model.recompute import EXPENSIVE_OPERATIONS
+from ..solver.schedule import traits
 from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns
 from ._plan_view import PlanView
 from .render import RenderCheckError, literal_assignments, py_literal
@@ -49,6 +62,54 @@ def schedule_class(view: PlanView, training: bool, fmt: str = NAME) -> str:
     return name
 
 
+#: the split-backward schedules, under which torch refuses selective activation checkpointing
+_SPLIT_BACKWARD = {name for name in SCHEDULE_CLASSES if name != "none" and traits(name).splits_backward}
+
+
+def recompute_map(view: PlanView, fmt: str = NAME) -> dict[str, str]:
+    """Each recomputed plan layer's fully qualified module name -> "full" or "selective"."""
+    chosen = [i for i, r in enumerate(view.recompute) if r != "none"]
+    if any(view.recompute[i] == "selective" for i in chosen) and view.schedule in _SPLIT_BACKWARD:
+        raise view.error(f"{fmt}: torch refuses selective activation checkpointing under {view.schedule}'s split "
+                         "backward (it allows one backward per checkpointed region); solve with --recompute full or "
+                         "auto, or another schedule")
+    return dict(zip(layer_fqns(view, fmt, chosen), (view.recompute[i] for i in chosen)))
+
+
+def _recompute_lines(recompute: dict[str, str]) -> list[str]:
+    """The plan's recompute as code: the map, the selective policy and ``apply_recompute``."""
+    selective = "selective" in recompute.values()
+    return [
+        "# activation recompute as the plan chose it, per module (fully qualified names): \"full\" re-runs the whole",
+        "# block before its backward (checkpoint_wrapper, non-reentrant); \"selective\" keeps the outputs of matrix",
+        "# products, convolutions and attention and re-runs the rest (selective activation checkpointing)",
+        f"RECOMPUTE = {py_literal(recompute)}",
+        *([f"SELECTIVE_KEEPS = re.compile({py_literal(EXPENSIVE_OPERATIONS.pattern)})   # the aten operations "
+           "whose outputs selective recompute keeps", "", "",
+           "def keep_expensive(ctx, op, *args, **kwargs):",
+           '    """The selective policy: keep what SELECTIVE_KEEPS names, re-run everything else."""',
+           '    packet = getattr(op, "overloadpacket", None)',
+           '    name = f"{op.namespace}.{packet.__name__}" if packet is not None else ""',
+           "    return CheckpointPolicy.MUST_SAVE if SELECTIVE_KEEPS.fullmatch(name) else "
+           "CheckpointPolicy.PREFER_RECOMPUTE"] if selective else []),
+        "", "",
+        "def apply_recompute(stage_module):",
+        '    """Wrap the blocks of RECOMPUTE that this traced stage module holds. After pipeline(): its tracing',
+        '    refuses checkpoint wrappers, and the traced stage keeps the model\'s module names."""',
+        "    for fqn, mode in RECOMPUTE.items():",
+        "        try:",
+        "            block = stage_module.get_submodule(fqn)",
+        "        except AttributeError:",
+        "            continue   # on another stage",
+        "        parent, _, name = fqn.rpartition(\".\")",
+        *(["        context = {} if mode == \"full\" else {",
+           "            \"context_fn\": functools.partial(create_selective_checkpoint_contexts, keep_expensive)}",
+           "        setattr(stage_module.get_submodule(parent), name, checkpoint_wrapper(block, **context))"]
+          if selective else
+          ["        setattr(stage_module.get_submodule(parent), name, checkpoint_wrapper(block))"]),
+        "", ""]
+
+
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
     points = layer_fqns(view, NAME, [s.layers[0] for s in view.stages[1:]])
@@ -65,9 +126,16 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     placement = ([f"STAGES_OF_RANK = {py_literal(stages_of_rank)}   # one process per device: rank r builds these "
                   "stages"] if multi else [])
     model = options.model
-    lines = ["import torch",
+    recompute = recompute_map(view) if options.training and view.recomputes else {}
+    selective = "selective" in recompute.values()
+    lines = [*(["import functools", "import re", ""] if selective else []),
+             "import torch",
              "import torch.distributed as dist",
-             f"from torch.distributed.pipelining import {cls}, {'PipelineStage, ' if multi else ''}SplitPoint, pipeline", "",
+             *(["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
+               if recompute else []),
+             f"from torch.distributed.pipelining import {cls}, {'PipelineStage, ' if multi else ''}SplitPoint, pipeline",
+             *(["from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"]
+               if selective else []), "",
              "# each stage after the first begins at one of these modules (fully qualified names)",
              f"SPLIT_POINTS = {py_literal(points)}",
              (f"NUM_STAGES = {p}   # the stages (chunks) in model order" if multi else
@@ -75,6 +143,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               + ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices)) + ")"),
              *placement,
              f"N_MICROBATCHES = {m}   # micro-batches per step: {why}", "", "",
+             *(_recompute_lines(recompute) if recompute else []),
              "def build_pipeline(model, example_microbatch, device, loss_fn=None, group=None):",
              '    """This rank\'s stage of `model`, its schedule and its tied-parameter groups.',
              "",
@@ -83,7 +152,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "    error. Hugging Face models: load them with attn_implementation=\"sdpa\" (eager GPT-2 attention",
              "    passes a float mask between stages: PipeliningMetadataError beyond 2 stages) and use_cache=False.",
              "    Tied parameters (GPT-2's wte and lm_head) become one copy per stage that uses them: call",
-             '    sum_tied_gradients(tied) after each backward, or the optimizer step unties them."""',
+             '    sum_tied_gradients(tied) after each backward, or the optimizer step unties them.'
+             + ("" if recompute else '"""'),
+             *(["    The blocks of RECOMPUTE are checkpointed on this rank's stage modules (apply_recompute), once",
+                '    the tied groups are read."""'] if recompute else []),
              "    rank = dist.get_rank(group)",
              "    tied_names = {}",
              *(["    rank_of = {k: r for r, ks in enumerate(STAGES_OF_RANK) for k in ks}"] if multi else []),
@@ -114,6 +186,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               ("            mine = [copies[k][n] for k in STAGES_OF_RANK[rank] for n in names if n in copies[k]]"
                if multi else "            mine = [copies[rank][n] for n in names if n in copies[rank]]"),
               "            tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, mine))",
+              *(([f"    for k in STAGES_OF_RANK[rank]:", "        apply_recompute(pipe.get_stage_module(k))"]
+                 if multi else ["    apply_recompute(pipe.get_stage_module(rank))"]) if recompute else []),
               f"    return {stage}, schedule, tied", "", ""]
     first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
                    else ("stage.is_first", "stage.is_last"))
@@ -171,4 +245,28 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
     if -1 in bounds:
         raise RenderCheckError("a split point names no single plan layer")
     plan_ranks = sorted(set(view.devices))
-    return Decoded(from_starts(bounds, len(view.layer_names)), tuple(plan_ranks[d] for d in devices))
+    recompute = ["none"] * len(view.layer_names)
+    written = data.get("RECOMPUTE", {})
+    if not isinstance(written, dict):
+        raise RenderCheckError("RECOMPUTE is not a mapping")
+    for fqn, mode in written.items():
+        layer = by_fqn.get(fqn, -1)
+        if layer < 0 or mode not in ("full", "selective"):
+            raise RenderCheckError(f"RECOMPUTE names {fqn!r} ({mode!r}), which is no single plan layer's option")
+        recompute[layer] = mode
+    keeps = _assigned_calls(tree).get("SELECTIVE_KEEPS")
+    if ("selective" in written.values()) != (keeps is not None) or keeps not in (None, EXPENSIVE_OPERATIONS.pattern):
+        raise RenderCheckError("SELECTIVE_KEEPS differs from the operations the cost model keeps")
+    return Decoded(from_starts(bounds, len(view.layer_names)), tuple(plan_ranks[d] for d in devices),
+                   tuple(recompute) if options.training else None)
+
+
+def _assigned_calls(tree: ast.Module) -> dict[str, str]:
+    """Module-level ``NAME = re.compile(<literal>)`` assignments: name -> pattern."""
+    out = {}
+    for node in tree.body:
+        if (isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name)
+                and isinstance(node.value, ast.Call) and ast.unparse(node.value.func) == "re.compile"
+                and len(node.value.args) == 1):
+            out[node.targets[0].id] = ast.literal_eval(node.value.args[0])
+    return out

@@ -10,6 +10,16 @@ file to append after ``--module ... --config ...``.
   runs local_batch_size / microbatch_size micro-batches, M as the plan was solved;
 - ``--training.disable_cuda_graphs``: ``Trainer.Config`` refuses CUDA graphs with pipelining.
 
+- ``activation-checkpoint:full`` / ``activation-checkpoint:selective`` (a tyro subcommand, so the
+  last word: torchtitan's parser takes no flag of the trainer after it) where the plan
+  recomputes: torchtitan applies one mode to every transformer block (``layers.K``). Where the
+  plan's choice differs between blocks, the export says so in one line and writes ``full`` (every
+  block recomputes at least what the plan recomputes: slower than the plan, not larger), or
+  ``selective`` where no block is recomputed fully. torchtitan's selective policy keeps the
+  outputs of its compute-intensive operations but re-runs every second matrix product: it keeps
+  less than the plan counted. Without recompute in the plan the word is not written: torchtitan's
+  default (``selective``) then applies, which one comment line says.
+
 torchtitan refuses pipeline parallelism for models with tied weights (``enable_weight_tying``:
 "Weight tying is not supported with Pipeline Parallel."); so does this export when it is told
 of tied parameters.
@@ -23,7 +33,8 @@ from ._plan_view import PlanView
 from .render import RenderCheckError, comment, shell_word
 from .torch_pipelining import schedule_class
 
-__all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "read_back", "module_groups"]
+__all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "read_back", "module_groups",
+           "activation_checkpoint"]
 
 NAME = "torchtitan"
 TORCHTITAN_VERSION = "0.3"
@@ -35,6 +46,24 @@ SCHEDULES = {"ScheduleGPipe": "GPipe", "Schedule1F1B": "1F1B", "ScheduleInterlea
              "ScheduleZBVZeroBubble": "ZBVZeroBubble", "ScheduleDualPipeV": "DualPipeV"}
 EMBEDDING_FQN = "tok_embeddings"
 HEAD_FQNS = ("norm", "lm_head")
+#: torchtitan's activation checkpointing subcommand (``Trainer.Config.activation_checkpoint``)
+AC_SUBCOMMAND = "activation-checkpoint"
+
+
+def activation_checkpoint(view: PlanView) -> tuple[str | None, str]:
+    """The mode torchtitan gets for the plan's recompute ("full", "selective", None: the plan
+    recomputes nothing) and, where that is not the plan's choice block by block, why."""
+    blocks = view.decoder_recompute()
+    chosen = set(blocks) - {"none"}
+    if not chosen:
+        return None, ""
+    mode = "full" if "full" in chosen else "selective"
+    counts = ", ".join(f"{sum(1 for r in blocks if r == o)} {o}" for o in ("full", "selective", "none")
+                       if o in blocks)
+    if set(blocks) == {mode}:
+        return mode, ""
+    return mode, (f"torchtitan applies one activation checkpointing mode to every block and cannot take the plan's "
+                  f"per-layer choice ({counts}): {mode} on every block below, slower than the plan, not larger")
 
 
 def module_groups(view: PlanView) -> list[list[str]]:
@@ -55,12 +84,13 @@ def module_groups(view: PlanView) -> list[list[str]]:
 
 def _words(view: PlanView, options: ExportOptions) -> list[str]:
     schedule = SCHEDULES[schedule_class(view, True, NAME)]
+    mode, _ = activation_checkpoint(view)
     return ["--parallelism.pipeline_parallel_degree", str(view.ranks),
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
             "--parallelism.pipeline_parallel_microbatch_size", "1",
             "--training.local_batch_size", str(view.micro_batches),
-            "--training.disable_cuda_graphs"]
+            "--training.disable_cuda_graphs", *([f"{AC_SUBCOMMAND}:{mode}"] if mode else [])]
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
@@ -81,15 +111,34 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     note = ("the plan's " + "; ".join(roles) + "; " if roles else
             "tok_embeddings joins the first stage and norm, lm_head the last; ") + \
         "the other plan layers are torchtitan's layers.0, layers.1, ... in order"
+    mode, cannot = activation_checkpoint(view)
+    if mode is None:
+        checkpointing = ("# the plan recomputes no activation; torchtitan's default activation checkpointing is "
+                         f"selective: append {AC_SUBCOMMAND}:none (as the last word) to run as planned")
+    elif cannot:
+        checkpointing = f"# {cannot}"
+    else:
+        checkpointing = (f"# {AC_SUBCOMMAND}:{mode} (the last word: a subcommand): {mode} recompute on every block, "
+                         "as the plan chose" + (" (torchtitan's selective policy also re-runs every second matrix "
+                                                "product: it keeps less than the plan counted)"
+                                                if mode == "selective" else ""))
     return [f"# torchtitan >= {TORCHTITAN_VERSION} (torchtitan/train.py, after --module ... --config ...):",
             f"# {note}",
             f"# local_batch_size / pipeline_parallel_microbatch_size = {view.micro_batches} micro-batches per step, as "
             "the plan was solved: scale both together",
             "# torchtitan refuses pipeline parallelism for models with tied embeddings (enable_weight_tying)",
+            checkpointing,
             " ".join(shell_word(w) for w in _words(view, options))]
 
 
 def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    mode, _ = activation_checkpoint(view)
+    written = None
+    if words and words[-1].startswith(f"{AC_SUBCOMMAND}:"):
+        written = words[-1].split(":", 1)[1]
+        words = words[:-1]
+    if written != mode:
+        raise RenderCheckError(f"activation checkpointing {written!r} differs from the plan's {mode!r}")
     flags: dict[str, list[str]] = {}
     current = None
     for w in words:

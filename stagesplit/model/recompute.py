@@ -13,6 +13,11 @@ before and after hold them), so every stashed byte belongs to at most one layer.
   outputs of the compute-heavy operations - matrix products, convolutions, attention - and
   recompute the rest): drops the own stash made by the cheap operations (elementwise,
   activations, normalisation, softmax, dropout) and adds their forward time to the backward.
+  torch keeps *every* output of a kept operation until the block's backward, also those the
+  backward never reads (a projection's output that only a residual add reads): they are held
+  beyond the layer's stash, so they are taken off what it saves. Its backward holds the dropped
+  bytes again, and the output of the block's last kept operation, which torch's re-run (stopped
+  early once the backward's tensors are back) still references when the backward starts.
 
 A chunk (a range of layers) with choices ``o_i`` holds, per micro-batch in flight, its stash
 less ``sum saved[o_i, i]``; the transient of its backward drops the same bytes and adds back the
@@ -111,7 +116,10 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     # the layers that use each variable: one owner, or -2 for several
     entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
     entry_var = ops.vars.values
-    entry_layer = op_layer[entry_op]
+    # an operation outside its layer's block (the head reading the last block's output) uses
+    # the variable as another layer would: the block's checkpoint does not drop it
+    in_block = _in_block(ops.name, op_layer, model.layers.module_paths)
+    entry_layer = np.where(in_block[entry_op], op_layer[entry_op], -1)
     owner = np.full(nv, -1, np.int64)
     first = np.full(nv, np.iinfo(np.int64).max, np.int64)
     last = np.full(nv, -1, np.int64)
@@ -125,13 +133,31 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     forward_made = np.zeros(nv, bool)
     forward_made[made] = ops.phase[producer[made]] == Phase.FORWARD
     own = model.var_stashed & single & forward_made & (owner == np.where(made, op_layer[np.maximum(producer, 0)], -3))
+    own &= in_block[np.maximum(producer, 0)]
     leaf = np.array([name.rsplit("/", 1)[-1] for name in ops.name], dtype=object)
     expensive_op = np.array([bool(EXPENSIVE_OPERATIONS.fullmatch(n)) for n in leaf], bool)
     cheap_var = own & ~expensive_op[np.maximum(producer, 0)]
     nbytes = p.variables.bytes.astype(np.int64)
     full = np.bincount(owner[own], weights=nbytes[own], minlength=L).astype(np.int64)[:L]
     selective = np.bincount(owner[cheap_var], weights=nbytes[cheap_var], minlength=L).astype(np.int64)[:L]
-    forward = (ops.phase == Phase.FORWARD) & (op_layer >= 0)
+    # selective checkpointing keeps every output of a kept operation until the block's backward,
+    # also those the backward would not have read (a projection's output that only a residual
+    # add reads): held beyond what the layer stashes without recompute
+    maker = np.maximum(producer, 0)
+    kept_extra = made & forward_made & expensive_op[maker] & in_block[maker] & ~model.var_stashed & model.var_nal
+    selective = selective - np.bincount(op_layer[maker[kept_extra]], weights=nbytes[kept_extra],
+                                        minlength=L).astype(np.int64)[:L]
+    # torch stops the re-run once the backward's tensors are back; the output of the block's last
+    # kept operation, handed back from the cache, stays referenced while the backward starts
+    # (measured: 1 x (B, T, D) on the GPT and the Llama, tests/model/test_recompute_torch.py)
+    kept_op = np.flatnonzero((ops.phase == Phase.FORWARD) & (op_layer >= 0) & in_block & expensive_op)
+    last_kept = np.full(L, -1, np.int64)
+    if len(kept_op):
+        order = kept_op[np.argsort(ops.first_step[kept_op], kind="stable")]
+        last_kept[op_layer[order]] = order            # the later assignment wins: each layer's last
+    left = kept_extra & (maker == last_kept[np.where(made, op_layer[maker], 0)])
+    left_over = np.bincount(op_layer[maker[left]], weights=nbytes[left], minlength=L).astype(np.int64)[:L]
+    forward = (ops.phase == Phase.FORWARD) & (op_layer >= 0) & in_block
     full_time = np.bincount(op_layer[forward], weights=op_times[forward], minlength=L)[:L]
     cheap_forward = forward & ~expensive_op
     cheap_time = np.bincount(op_layer[cheap_forward], weights=op_times[cheap_forward], minlength=L)[:L]
@@ -140,6 +166,23 @@ def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: n
     # an option that saves nothing is no option: it costs its time for no memory
     cheap_time = np.where(selective > 0, cheap_time, 0.0)
     full_time = np.where(full > 0, full_time, 0.0)
+    rerun_selective = np.where(selective > 0, selective + left_over, 0)
     return RecomputeTable(saved=np.vstack([zeros, selective, full]),
-                          rerun=np.vstack([zeros, selective, np.where(full > 0, rerun_full, 0)]),
+                          rerun=np.vstack([zeros, rerun_selective, np.where(full > 0, rerun_full, 0)]),
                           added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
+
+
+def _in_block(names, op_layer: np.ndarray, module_paths) -> np.ndarray:
+    """Whether each operation runs inside its layer's module (its name starts with the layer's
+    module path and a separator: ``transformer.h.3.mlp/aten.mm``, ``transformer.h.3/aten.add``);
+    every operation of a layer without a module path counts as inside."""
+    out = op_layer >= 0
+    paths = list(module_paths) if module_paths else []
+    for i in np.flatnonzero(out):
+        layer = int(op_layer[i])
+        path = paths[layer] if layer < len(paths) else None
+        if path is None:
+            continue
+        name = names[i]
+        out[i] = name.startswith(path) and len(name) > len(path) and name[len(path)] in "./"
+    return out

@@ -548,6 +548,13 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     v = inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
         (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
     schedule = build_schedule(kind, o.devices, o.micro_batches, v)
+    from ..solver.request import RecomputeMode
+    fixed = inputs.request.recompute
+    if fixed in (RecomputeMode.FULL, RecomputeMode.SELECTIVE) and traits(kind).splits_backward:
+        raise StagesplitError(f"--recompute {fixed.value} under {kind.value}: torch refuses selective checkpointing "
+                              "under a split backward and re-runs a fully checkpointed block again for its weight "
+                              "gradients; use --recompute auto (none under a split backward) or a schedule that does "
+                              "not split the backward (gpipe, 1f1b, interleaved-1f1b, looped-bfs)")
     if schedule.chunks > model.num_layers:
         raise StagesplitError(f"{kind.value} with {v} chunks on each of {o.devices} devices needs {schedule.chunks} "
                               f"chunks, but the model has {model.num_layers} layers: use fewer devices or chunks")
@@ -558,7 +565,6 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
             raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
                                   f"{table.time_unit} and the target cannot convert it")
         seconds_per_byte = 1.0 / float(o.link_bytes_per_s)
-    from ..solver.request import RecomputeMode
     return ChunkProblem(table=table, schedule=schedule, capacities=device_capacities(model, o),
                         seconds_per_byte=seconds_per_byte, objective=o.objective, min_layers=o.min_layers,
                         max_layers=o.max_layers, pinned_splits=o.pinned_splits, time_limit=o.time_limit,

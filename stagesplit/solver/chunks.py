@@ -85,7 +85,11 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
       B does nothing (the model's input needs no gradient) and its W runs the whole backward;
     * runtimes that wait on sends only at the step's end keep each sent output and input
       gradient (``retained``); Schedule1F1B keeps one of the last chunk's outputs and its input
-      gradient between micro-batches.
+      gradient between micro-batches, and every other chunk's last sent output;
+    * where the backward is not split: a chunk's transient figures (taken from the whole
+      model) count its input, which is the receive buffer already resident, so it is taken off
+      them; the last of several chunks holds its output (the loss's input, which a whole-model
+      step frees after the loss) through its backward.
 
     ``choice``: each layer's recompute option (model/recompute.py; None: none)."""
     cc = table.chunks(bounds)
@@ -107,10 +111,17 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     split = schedule.traits.splits_backward
     extra = cc.weight_stash - cc.stash if split else 0
     hold = np.zeros(C, np.int64)
-    if schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1:
+    one_f_one_b = schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1
+    if one_f_one_b:
+        hold[:-1] = cc.sent_forward[:-1]
         hold[-1] = cc.output[-1] + cc.sent_backward[-1]
-    forward = np.maximum(cc.forward_peak + hold + forward_change, 0)
-    full = np.maximum(cc.full_backward_peak + hold + change, 0)
+    # measured on real pipelines where the backward is not split (tests/model/test_recompute_torch.py,
+    # tests/exporters/test_export_recompute_torch.py)
+    input_again = 0 if split else received
+    output_held = np.where(last & (not split) & (not one_f_one_b) & (C > 1), cc.output, 0)
+    # clipped before the recompute's change, as the CP-SAT model (_recompute_variables) has it
+    forward = np.maximum(np.maximum(cc.forward_peak - input_again + hold, 0) + forward_change, 0)
+    full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held, 0) + change, 0)
     backward = np.maximum(cc.backward_input_peak + extra + change, 0)
     weight = cc.backward_weight_peak + extra
     if split:
@@ -229,6 +240,7 @@ def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
     chunk_of_layer = np.searchsorted(b, np.arange(L), side="right") - 1
     rank_of_layer = np.asarray(problem.schedule.chunk_rank)[chunk_of_layer]
     copies = chunks_in_flight(problem.schedule)[chunk_of_layer]
+    options = _options(problem)
     while not current.feasible:
         changed = False
         for r in current.ranks:
@@ -237,7 +249,7 @@ def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
                 continue
             candidates = []
             for i in np.flatnonzero(rank_of_layer == r.rank):
-                for o in (1, 2):
+                for o in options[i][1:]:
                     gain = int(table.saved[o, i] - table.saved[choice[i], i])
                     if o > choice[i] and gain > 0:
                         cost = float(table.added[o, i] - table.added[choice[i], i])
@@ -280,9 +292,12 @@ def exhaustive(problem: ChunkProblem) -> ChunkResult | None:
 
 
 def _options(problem: ChunkProblem) -> list[tuple[int, ...]]:
-    """Each layer's options worth trying: none, and those that save bytes."""
+    """Each layer's options worth trying: none, and those that save bytes. None but none where
+    the schedule splits the backward: torch refuses selective checkpointing there, and re-runs a
+    fully checkpointed block again for the weight gradients, far above what B re-materialises
+    (measured: tests/solver/test_chunks_recompute.py)."""
     table = problem.table.recompute
-    if table is None:
+    if table is None or problem.schedule.traits.splits_backward:
         return [(0,)] * problem.num_layers
     return [(0, *[o for o in (1, 2) if table.saved[o, i] > 0]) for i in range(problem.num_layers)]
 

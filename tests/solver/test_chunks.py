@@ -78,12 +78,30 @@ def test_chunk_memory_runtime_rules_by_hand():
 
 
 def test_1f1b_keeps_the_last_chunk_s_output_and_input_gradient_between_micro_batches():
-    t = make_table(resident=[1, 1], stash=[2, 2], weight_extra=[0, 0], peak=[10, 10], cut=[50], back_cut=[60],
+    """Schedule1F1B waits on a send at its next one: the first chunk keeps its last sent output
+    (cut 50) and the last chunk its output (9) and sent input gradient (60) through its actions.
+    GPipe keeps every send to the step's end (``retained``) instead, and its last chunk holds
+    its output (9) through its backward only."""
+    t = make_table(resident=[1, 1], stash=[2, 2], weight_extra=[0, 0], peak=[100, 100], cut=[50], back_cut=[60],
                    times=np.ones((2, 4)), model_output=9)
     one = chunk_memory(t, (0, 1, 2), build_schedule("1f1b", 2, 4))
     gpipe = chunk_memory(t, (0, 1, 2), build_schedule("gpipe", 2, 4))
-    assert (one.forward_peak - gpipe.forward_peak).tolist() == [0, 9 + 60]
-    assert (one.full_backward_peak - gpipe.full_backward_peak).tolist() == [0, 9 + 60]
+    assert (one.forward_peak - gpipe.forward_peak).tolist() == [50, 9 + 60]
+    assert (one.full_backward_peak - gpipe.full_backward_peak).tolist() == [50, 9 + 60 - 9]
+
+
+def test_a_chunk_s_input_is_its_receive_buffer_and_the_last_chunk_holds_its_output_through_its_backward():
+    """Where the backward is not split: the whole-model peaks of a range count its input, which
+    is the receive buffer already resident (cut 30 into the second chunk): the transients drop
+    it; the last chunk's backward adds its output (7), which the runtime holds through it."""
+    t = make_table(resident=[10, 12, 8], stash=[100, 4, 5], weight_extra=[1, 1, 1], peak=[300, 300, 300],
+                   cut=[30, 40], back_cut=[5, 6], times=np.ones((3, 4)), model_output=7)
+    cm = chunk_memory(t, (0, 1, 3), build_schedule("gpipe", 2, 4))
+    assert cm.forward_peak.tolist() == [300, 300 - 30]
+    assert cm.full_backward_peak.tolist() == [4 * 300, 4 * 300 - 30 + 7]
+    # zero bubble keeps its own rules (measured separately): the transients are the table's
+    zb = chunk_memory(t, (0, 1, 3), build_schedule("zb-h1", 2, 4))
+    assert zb.forward_peak.tolist() == [300, 300] and zb.full_backward_peak.tolist() == [4 * 300, 4 * 300]
 
 
 @pytest.mark.parametrize("kind", ["gpipe", "1f1b"])
