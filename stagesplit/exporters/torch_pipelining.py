@@ -115,6 +115,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     points = layer_fqns(view, NAME, [s.layers[0] for s in view.stages[1:]])
     cls = schedule_class(view, options.training)
     multi = cls in MULTI_STAGE
+    # a V-shaped placement: two neighbouring stages on one rank
+    v_turn = any(a == b for a, b in zip(view.devices, view.devices[1:]))
     m = view.micro_batches
     why = ("the plan was solved without a schedule, one micro-batch in flight: GPipe" if view.schedule == "none"
            else f"as the plan was solved, with {cls}") if options.training else "inference: forward only, GPipe"
@@ -133,7 +135,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "import torch.distributed as dist",
              *(["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
                if recompute else []),
-             f"from torch.distributed.pipelining import {cls}, {'PipelineStage, ' if multi else ''}SplitPoint, pipeline",
+             f"from torch.distributed.pipelining import {cls}, SplitPoint, pipeline",
              *(["from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"]
                if selective else []), "",
              "# each stage after the first begins at one of these modules (fully qualified names)",
@@ -144,6 +146,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              *placement,
              f"N_MICROBATCHES = {m}   # micro-batches per step: {why}", "", "",
              *(_recompute_lines(recompute) if recompute else []),
+             *([
+                 "def _no_links_to_self(stage):",
+                 '    """torch\'s traced stages warm up their links with a send to and a receive from each neighbouring',
+                 "    stage, also one on the same rank (the V's turn), which gloo refuses: leave those out (the",
+                 '    schedule passes tensors between stages of one rank without communication)."""',
+                 "    warm_up = stage._get_init_p2p_neighbors_ops",
+                 "    stage._get_init_p2p_neighbors_ops = lambda: [op for op in warm_up() if op.group_peer != stage.group_rank]",
+                 "", ""] if multi and v_turn else []),
              "def build_pipeline(model, example_microbatch, device, loss_fn=None, group=None):",
              '    """This rank\'s stage of `model`, its schedule and its tied-parameter groups.',
              "",
@@ -165,10 +175,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
              "    if pipe.num_stages != NUM_STAGES:",
              '        raise ValueError(f"the split gave {pipe.num_stages} stages, the plan has {NUM_STAGES}")',
-             *(["    # PipelineStage, not pipe.build_stage: torch's traced stages warm up point-to-point links with",
-                "    # sends to their neighbours even on the same rank, which gloo refuses (V-shaped placements)",
-                "    stages = [PipelineStage(pipe.get_stage_module(k), k, NUM_STAGES, device, group=group)",
-                "              for k in STAGES_OF_RANK[rank]]"] if multi else
+             *(["    stages = [pipe.build_stage(k, device, group) for k in STAGES_OF_RANK[rank]]"]
+               + (["    for stage in stages:",
+                   "        _no_links_to_self(stage)"] if v_turn else []) if multi else
               ["    stage = pipe.build_stage(rank, device, group)"])]
     if options.training:
         lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)")
