@@ -17,7 +17,7 @@ def stages_table(plan: Plan) -> Table:
     shows bytes in GiB. Columns a narrow terminal can spare have ``drop`` > 0."""
     timed = any(s.time_s is not None for s in plan.stages)
     recomputing = any(s.recomputed_layers for s in plan.stages)
-    t = Table(f"Stages ({plan.method})",
+    t = Table("Stages" if plan.method == "cp-sat" else f"Stages ({method_label(plan.method)})",
               [Column("stage", "id"), Column("device", "id", 4), Column("layers"), Column("in flight", "int", 2),
                Column("worst tile", "id", 3), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
                Column("variables", "int", 3), Column("stashed copies", "int", 3), Column("code+state", "int", 3),

@@ -124,7 +124,7 @@ def test_status_line_without_phases():
 
 def test_stages_table_cells():
     t = stages_table(two_stage_plan())
-    assert t.title == "Stages (cp-sat)"
+    assert t.title == "Stages"
     assert [c.name for c in t.columns] == [
         "stage", "device", "layers", "in flight", "worst tile", "worst tile bytes", "of capacity", "variables",
         "stashed copies", "code+state", "compute (cycles)", "time (ms)", "received", "sent"]
