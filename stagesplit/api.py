@@ -249,6 +249,9 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     from .plan.advise import advise, advise_schedule
     events = _events(events)
     req = _request(devices, request, options)
+    variants = _variant_sources(profile)
+    if variants is not None:
+        return _solve_variants(variants, req, events, debug)
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
     if req.schedule is Schedule.AUTO:
@@ -270,6 +273,65 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved.model
     for baseline in plan.baselines:
         baseline.analysis = resolved.model
+    return plan
+
+
+def _variant_sources(profile: Any):
+    """The profile variants ``profile`` names (a variants file, or a list of them), or None for
+    one profile."""
+    from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
+        variants_from_arguments
+    if isinstance(profile, (str, Path)):
+        return read_variants_file(profile) if is_variants_file(profile) else None
+    if not isinstance(profile, (list, tuple)):
+        return None
+    out = []
+    for i, item in enumerate(profile):
+        if isinstance(item, VariantSource):
+            out.append(item)
+        elif isinstance(item, str):
+            out += variants_from_arguments([item])
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (str, Path, Profile)):
+            proportion = number(f"profile[{i}]", item[1], 0, 1, low_open=True)
+            source = item[0] if isinstance(item[0], Profile) else str(item[0])
+            name = str(item[0]) if not isinstance(item[0], Profile) else (item[0].info.name or f"variant{i}")
+            out.append(VariantSource(source, proportion, name))
+        else:
+            raise OptionError("profile", f"expected a list of profile variants ('PATH=PROPORTION', (profile, "
+                              f"proportion) or VariantSource), got {short_repr(item)} at {i}")
+    return check_variants(out, "profile")
+
+
+def _solve_variants(sources, req: SolveRequest, events: Events, debug):
+    """``solve`` on profile variants (plan/variants.py): each profile read and grouped as one
+    profile would be, their layers checked to be the same, every range priced in each."""
+    from .io.variants import check_same_layers
+    from .plan.variants import advise_variants
+    if debug is not None:
+        raise OptionError("debug", "with profile variants, give each profile.pop's debug.cbor in a variants file "
+                          "(its debug field)")
+    if not req.schedule.one_stage_per_device:
+        raise OptionError("schedule", f"profile variants are solved with the stage-level model: --schedule none, "
+                          f"gpipe or 1f1b, not {req.schedule.value}")
+    if req.recompute not in (None, RecomputeMode.NONE):
+        raise OptionError("recompute", "profile variants already trade memory for time per stage (the memory "
+                          "proportion); recompute is chosen on captured GPU profiles only")
+    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events)
+                for s in sources]
+    names = [s.name for s in sources]
+    check_same_layers(names, [a.layers.names for a in analyses])
+    resolved = [resolve(req, a) for a in analyses]
+    tables = [_price(r, events, max_devices=req.devices) for r in resolved]
+    events.start("solving")
+    advice = advise_variants([r.model for r in resolved], names, [s.proportion for s in sources], resolved[0].inputs,
+                             tables=tables, log=events.start)
+    events.done()
+    for message in advice.warnings:
+        events.warn(message)
+    plan = advice.plan
+    plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved[0].model
+    for baseline, r in zip(plan.baselines, resolved):
+        baseline.analysis = r.model
     return plan
 
 
@@ -468,6 +530,15 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         check_outputs([("out", _path("out", out), None)],
                       [plan_path, profile if isinstance(profile, (str, Path)) else None])
     recorded = read_plan(plan_path)
+    if profile is None and recorded.variants:             # solved on profile variants: the same again
+        from .io.variants import VariantSource
+        missing = [v.name for v in recorded.variants if not v.path]
+        if missing:
+            raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
+                                  f"{show(missing[0])}; give the profiles")
+        profile = [VariantSource(v.path, v.proportion, v.name) for v in recorded.variants]
+        if out is not None:
+            check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
     if profile is None:
         profile = recorded.profile.path
         if not profile:
