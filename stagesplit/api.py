@@ -330,6 +330,7 @@ def _solve_variants(sources, req: SolveRequest, events: Events, debug):
         events.warn(message)
     plan = advice.plan
     plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved[0].model
+    plan.variant_models = {name: r.model for name, r in zip(names, resolved)}
     for baseline, r in zip(plan.baselines, resolved):
         baseline.analysis = r.model
     return plan
@@ -803,6 +804,9 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
         raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
     if profile is None:
         return plan
+    if plan.variants and _variant_sources(profile) is None:
+        raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
+                              "variants: give them as the profile (a variants file, or a list of them)")
     fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
@@ -810,7 +814,7 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                               f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
     plan = copy.copy(plan)
-    plan.analysis, plan.baselines = fresh.analysis, fresh.baselines
+    plan.analysis, plan.baselines, plan.variant_models = fresh.analysis, fresh.baselines, fresh.variant_models
     return plan
 
 
@@ -840,7 +844,7 @@ def plot(plan: Any, profile: ProfileLike | None = None):
     plan = _plan_with_model(plan, profile, Events())
     tiles = None
     if plan.analysis is not None and not plan.profile.one_tile:
-        tiles = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
     return plan_figure(plan, tiles)
 
 

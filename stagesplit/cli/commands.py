@@ -189,7 +189,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.plot:
         if plan.stages:
             from ..reporting.plot import plot_plan
-            totals = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            totals = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight)
+                      for s in plan.stages]
             plot_plan(plan, totals, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
         else:

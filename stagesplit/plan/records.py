@@ -294,6 +294,16 @@ class Plan:
     #: the profile variants it was solved with (each stage records the one it takes); empty: one
     #: profile (``profile``, which with variants is the first variant's)
     variants: tuple[PlanVariant, ...] = ()
+    #: not written to the plan file: with profile variants, each variant's cost model by name (for
+    #: plots and reports; ``analysis`` is the first's); empty for a plan read from a file
+    variant_models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def stage_model(self, stage: StagePlan):
+        """The cost model ``stage`` was priced with: its profile variant's, else ``analysis``
+        (None for a plan read from a file)."""
+        if stage.variant is not None and stage.variant in self.variant_models:
+            return self.variant_models[stage.variant]
+        return self.analysis
 
     @property
     def split_text(self) -> str:
