@@ -4,6 +4,7 @@ re-costed as if compiled at other available memory proportions.
     python examples/make_variants.py 0.2 0.4 0.6
     stagesplit solve bert-base-amp0.2.stagesplit=0.2 bert-base-amp0.4.stagesplit=0.4 \
         bert-base-amp0.6.stagesplit=0.6 --devices 3
+    stagesplit solve bert-base-variants.yaml --devices 3       # the same, from the variants file
 
 A real variant is one more compile of the model with ``opts.setAvailableMemoryProportion(...)``
 (PopTorch) at another value. Here the shipped synthetic BERT-base (profiles/bert-base.stagesplit,
@@ -60,14 +61,20 @@ def variant(profile, proportion: float, base: float = BASE_PROPORTION):
 
 def write_variants(proportions, source: str | Path = ROOT / "profiles" / "bert-base.stagesplit",
                    folder: str | Path = ".") -> list[Path]:
-    """Write ``<stem>-amp<p>.stagesplit`` in ``folder`` for each proportion; the paths written."""
+    """Write ``<stem>-amp<p>.stagesplit`` in ``folder`` for each proportion, and the variants
+    file ``<stem>-variants.yaml`` that lists them; the paths written."""
     from stagesplit.io import load_profile, save_profile
     out = []
+    stem = Path(source).stem
+    lines = ["# profile variants of one model: stagesplit solve this-file.yaml --devices N", "variants:"]
     for p in proportions:
-        path = Path(folder) / f"{Path(source).stem}-amp{p:g}.stagesplit"
+        path = Path(folder) / f"{stem}-amp{p:g}.stagesplit"
         save_profile(variant(load_profile(source), p), path)
         out.append(path)
-    return out
+        lines.append(f"  - {{profile: {path.name}, proportion: {p:g}}}")
+    listing = Path(folder) / f"{stem}-variants.yaml"
+    listing.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return out + [listing]
 
 
 def main(argv: list[str] | None = None) -> int:
