@@ -474,6 +474,9 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     if on_row is not None and not callable(on_row):
         raise OptionError("on_row", f"expected a function of one row, got {short_repr(on_row)}")
     req = _request(max(counts), request, options)
+    if _variant_sources(profile) is not None:
+        raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
+                          "sweep one variant, or solve the variants for each count")
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
     table = _price(resolved, events, max_devices=max(counts))

@@ -115,7 +115,7 @@ def dp_cells(problem: SplitProblem) -> int:
         per_pass = N * L * width(1)
     else:
         per_pass = sum((N - c + 1) * L * width(c) for c in range(1, N + 1))   # positions with c stages from them
-    return 2 * per_pass
+    return 2 * per_pass * problem.variant_count          # with profile variants, each cell reads every variant
 
 
 class _Stages:

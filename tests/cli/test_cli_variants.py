@@ -188,3 +188,8 @@ def test_a_variants_plan_needs_its_variants_to_report_on(toy, capsys):
     api.report(toy / "plan.json", toy / "report.html", "variants.yaml")
     page = (toy / "report.html").read_text()
     assert "memory proportion" in page and "stage 0 binds at 300 ns with proportion 0.2 (slow.json)" in page
+
+
+def test_sweep_refuses_variants(toy):
+    with pytest.raises(StagesplitError, match="profile variants are solved by solve"):
+        api.sweep(["fast.json=0.6", "slow.json=0.2"], [1, 2])
