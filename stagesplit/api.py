@@ -294,7 +294,10 @@ def _variant_sources(profile: Any):
         elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (str, Path, Profile)):
             proportion = number(f"profile[{i}]", item[1], 0, 1, low_open=True)
             source = item[0] if isinstance(item[0], Profile) else str(item[0])
-            name = str(item[0]) if not isinstance(item[0], Profile) else (item[0].info.name or f"variant{i}")
+            if isinstance(source, Profile):          # named by its file, else its name and proportion
+                name = source.info.path or f"{source.info.name or 'variant'}@{proportion:g}"
+            else:
+                name = source
             out.append(VariantSource(source, proportion, name))
         else:
             raise OptionError("profile", f"expected a list of profile variants ('PATH=PROPORTION', (profile, "

@@ -114,8 +114,14 @@ def test_compare_solves_each_variant_alone(toy, capsys):
 def test_api_takes_profiles_and_pairs(toy):
     from stagesplit.io import load_profile
     plan = api.solve([(load_profile("fast.json"), 0.6), ("slow.json", 0.2)], devices=2)
-    assert [s.variant for s in plan.stages] == ["slow.json", "toy-fast"]
+    assert [s.variant for s in plan.stages] == ["slow.json", "fast.json"]       # a loaded profile: its file
     assert plan.stage_model(plan.stages[0]) is plan.variant_models["slow.json"]
+    fast, slow = load_profile("fast.json"), load_profile("slow.json")
+    fast.info.path = slow.info.path = None
+    slow.info.name = fast.info.name                # two compiles of one model, built in memory
+    plan = api.solve([(fast, 0.6), (slow, 0.2)], devices=2)
+    assert [s.variant for s in plan.stages] == ["toy-fast@0.2", "toy-fast@0.6"]
+    assert [v.path for v in plan.variants] == [None, None]
 
 
 def test_infeasible_with_variants_says_how_many_devices_any_variant_needs(toy, capsys):

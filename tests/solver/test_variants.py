@@ -247,3 +247,23 @@ def test_plain_build_problem_is_unchanged_by_the_variant_path():
     assert np.array_equal(plain.time_up, both.variants[0].time_up) and plain.time_scale == both.time_scale
     assert np.array_equal(plain.band(1), both.variants[0].table.band(1))
     assert both.variants[1].table.bytes_of(1, 0, 2) < both.variants[0].table.bytes_of(1, 0, 2) < OVER
+
+
+@pytest.mark.slow
+@settings(max_examples=1000, **_PROPERTY)
+@given(variant_problems(max_layers=7, max_devices=4, max_variants=3))
+def test_property_dp_equals_brute_force_over_splits_and_variants_many(problem):
+    check_dp(problem)
+
+
+@pytest.mark.slow
+@settings(max_examples=300, **_PROPERTY)
+@given(variant_problems(max_layers=20, max_devices=6, max_variants=4))
+def test_property_cp_sat_equals_dp_with_variants_many(problem):
+    oracle = exact_optimum(problem)
+    result = solve_cpsat(problem)
+    if not oracle.feasible:
+        assert result.status == "infeasible"
+        return
+    assert result.status == "optimal"
+    assert result.evaluation.key(problem.options.objective) == oracle.evaluation.key(problem.options.objective)
