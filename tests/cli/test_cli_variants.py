@@ -199,3 +199,43 @@ def test_a_variants_plan_needs_its_variants_to_report_on(toy, capsys):
 def test_sweep_refuses_variants(toy):
     with pytest.raises(StagesplitError, match="profile variants are solved by solve"):
         api.sweep(["fast.json=0.6", "slow.json=0.2"], [1, 2])
+
+
+def test_popvision_variants_through_the_pva_double(tmp_path, monkeypatch, capsys):
+    """``a.pop=0.2 b.pop=0.6``: PopVision reports (the libpva test double's files) of one
+    synthetic model at two proportions (examples/make_variants.py), and the same from a variants
+    file whose ``debug`` field gives each report's debug.cbor."""
+    import sys as _sys
+    from fake_pva.support import load_fake_pva
+    from helpers import ROOT
+    from stagesplit.io.profile import Target
+    from stagesplit.io.synth import synthesize
+    _sys.path.insert(0, str(ROOT / "examples"))
+    try:
+        from make_variants import variant
+    finally:
+        _sys.path.remove(str(ROOT / "examples"))
+    pva = load_fake_pva(monkeypatch)
+    monkeypatch.chdir(tmp_path)
+    small = Target("small", tiles=1472, bytes_per_tile=638976, clock_hz=1.33e9)
+    for p in (0.2, 0.6):
+        (tmp_path / f"amp{p}").mkdir()
+        pva.write_report_file(tmp_path / f"amp{p}" / "profile.pop",
+                              variant(synthesize("bert-base", small, layers=2, piece_bytes=16384), p))
+        pva.write_debug_cbor(tmp_path / f"amp{p}" / "debug.cbor", [])
+    code, out, err = run(capsys, "solve", "amp0.2/profile.pop=0.2", "amp0.6/profile.pop=0.6", "--devices", 6,
+                         "--out", "plan.json")
+    assert code == 0, out + err
+    plan = read_plan("plan.json")
+    assert {s.variant for s in plan.stages} <= {"amp0.2/profile.pop", "amp0.6/profile.pop"}
+    assert [v.proportion for v in plan.variants] == [0.2, 0.6]
+    (tmp_path / "variants.yaml").write_text(
+        "variants:\n"
+        "  - {profile: amp0.2/profile.pop, proportion: 0.2, debug: amp0.2/debug.cbor}\n"
+        "  - {profile: amp0.6/profile.pop, proportion: 0.6, debug: amp0.6/debug.cbor}\n")
+    pva.opened.clear()
+    code, out, err = run(capsys, "solve", "variants.yaml", "--devices", 6, "--out", "again.json")
+    assert code == 0, err
+    assert sorted(pva.opened) == [("amp0.2/profile.pop", "amp0.2/debug.cbor"),
+                                  ("amp0.6/profile.pop", "amp0.6/debug.cbor")]
+    assert read_plan("again.json").split_text == plan.split_text
