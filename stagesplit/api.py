@@ -253,6 +253,9 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     from .plan.advise import advise, advise_schedule
     events = _events(events)
     req = _request(devices, request, options)
+    variants = _variant_sources(profile)
+    if variants is not None:
+        return _solve_variants(variants, req, events, debug)
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
     if req.schedule is Schedule.AUTO:
@@ -274,6 +277,69 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved.model
     for baseline in plan.baselines:
         baseline.analysis = resolved.model
+    return plan
+
+
+def _variant_sources(profile: Any):
+    """The profile variants ``profile`` names (a variants file, or a list of them), or None for
+    one profile."""
+    from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
+        variants_from_arguments
+    if isinstance(profile, (str, Path)):
+        return read_variants_file(profile) if is_variants_file(profile) else None
+    if not isinstance(profile, (list, tuple)):
+        return None
+    out = []
+    for i, item in enumerate(profile):
+        if isinstance(item, VariantSource):
+            out.append(item)
+        elif isinstance(item, str):
+            out += variants_from_arguments([item])
+        elif isinstance(item, (tuple, list)) and len(item) == 2 and isinstance(item[0], (str, Path, Profile)):
+            proportion = number(f"profile[{i}]", item[1], 0, 1, low_open=True)
+            source = item[0] if isinstance(item[0], Profile) else str(item[0])
+            if isinstance(source, Profile):          # named by its file, else its name and proportion
+                name = source.info.path or f"{source.info.name or 'variant'}@{proportion:g}"
+            else:
+                name = source
+            out.append(VariantSource(source, proportion, name))
+        else:
+            raise OptionError("profile", f"expected a list of profile variants ('PATH=PROPORTION', (profile, "
+                              f"proportion) or VariantSource), got {short_repr(item)} at {i}")
+    return check_variants(out, "profile")
+
+
+def _solve_variants(sources, req: SolveRequest, events: Events, debug):
+    """``solve`` on profile variants (plan/variants.py): each profile read and grouped as one
+    profile would be, their layers checked to be the same, every range priced in each."""
+    from .io.variants import check_same_layers
+    from .plan.variants import advise_variants
+    if debug is not None:
+        raise OptionError("debug", "with profile variants, give each profile.pop's debug.cbor in a variants file "
+                          "(its debug field)")
+    if not req.schedule.one_stage_per_device:
+        raise OptionError("schedule", f"profile variants are solved with the stage-level model: --schedule none, "
+                          f"gpipe or 1f1b, not {req.schedule.value}")
+    if req.recompute not in (None, RecomputeMode.NONE):
+        raise OptionError("recompute", "profile variants already trade memory for time per stage (the memory "
+                          "proportion); recompute is chosen on captured GPU profiles only")
+    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events)
+                for s in sources]
+    names = [s.name for s in sources]
+    check_same_layers(names, [a.layers.names for a in analyses])
+    resolved = [resolve(req, a) for a in analyses]
+    tables = [_price(r, events, max_devices=req.devices) for r in resolved]
+    events.start("solving")
+    advice = advise_variants([r.model for r in resolved], names, [s.proportion for s in sources], resolved[0].inputs,
+                             tables=tables, log=events.start)
+    events.done()
+    for message in advice.warnings:
+        events.warn(message)
+    plan = advice.plan
+    plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved[0].model
+    plan.variant_models = {name: r.model for name, r in zip(names, resolved)}
+    for baseline, r in zip(plan.baselines, resolved):
+        baseline.analysis = r.model
     return plan
 
 
@@ -433,6 +499,9 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     if on_row is not None and not callable(on_row):
         raise OptionError("on_row", f"expected a function of one row, got {short_repr(on_row)}")
     req = _request(max(counts), request, options)
+    if _variant_sources(profile) is not None:
+        raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
+                          "sweep one variant, or solve the variants for each count")
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
     resolved = resolve(req, analysis)
     scheduled = _scheduled(req, resolved.model)
@@ -492,6 +561,15 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         check_outputs([("out", _path("out", out), None)],
                       [plan_path, profile if isinstance(profile, (str, Path)) else None])
     recorded = read_plan(plan_path)
+    if profile is None and recorded.variants:             # solved on profile variants: the same again
+        from .io.variants import VariantSource
+        missing = [v.name for v in recorded.variants if not v.path]
+        if missing:
+            raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
+                                  f"{show(missing[0])}; give the profiles")
+        profile = [VariantSource(v.path, v.proportion, v.name) for v in recorded.variants]
+        if out is not None:
+            check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
     if profile is None:
         profile = recorded.profile.path
         if not profile:
@@ -756,6 +834,9 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
         raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
     if profile is None:
         return plan
+    if plan.variants and _variant_sources(profile) is None:
+        raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
+                              "variants: give them as the profile (a variants file, or a list of them)")
     fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
@@ -763,7 +844,7 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                               f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
     plan = copy.copy(plan)
-    plan.analysis, plan.baselines = fresh.analysis, fresh.baselines
+    plan.analysis, plan.baselines, plan.variant_models = fresh.analysis, fresh.baselines, fresh.variant_models
     return plan
 
 
@@ -793,7 +874,7 @@ def plot(plan: Any, profile: ProfileLike | None = None):
     plan = _plan_with_model(plan, profile, Events())
     tiles = None
     if plan.analysis is not None and not plan.profile.one_tile:
-        tiles = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
     return plan_figure(plan, tiles)
 
 

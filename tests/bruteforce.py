@@ -5,6 +5,9 @@ It shares only the priced tables with the DP and CP-SAT (``problem.table``, the 
 times ``time_up``/``time_down`` and the capacities); the rules (in-flight counts per schedule,
 layer counts, pins, empty positions, the objectives and their tie-breaks) are written out here
 again from the README's definitions rather than taken from ``problem.py``.
+
+With profile variants (``problem.variants``) it also enumerates every choice of a variant for
+every stage of every split, each variant's own table and stage times, and keeps the best.
 """
 
 from __future__ import annotations
@@ -23,8 +26,10 @@ def in_flight_here(schedule: str, micro_batches: int, stage: int, stages: int) -
     return 1
 
 
-def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...]):
-    """(time, memory, devices) of a split given by its N+1 bounds, or None when a rule fails."""
+def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...], choice: tuple[int, ...] | None = None):
+    """(time, memory, devices) of a split given by its N+1 bounds, its non-empty stages taking
+    the variants ``choice`` (one per stage; None: the problem's own tables), or None when a rule
+    fails."""
     o = problem.options
     L, N = problem.num_layers, o.devices
     stages = [(i, a, e) for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])) if e > a]
@@ -41,11 +46,16 @@ def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...]):
             if (a <= layer < e) != (pos == position):
                 return None
         k = in_flight_here(o.schedule, o.micro_batches, s, len(stages))
-        nbytes = problem.table.bytes_of(k, a, e - 1)
+        if choice is None:
+            table, up, down = problem.table, problem.time_up, problem.time_down
+        else:
+            variant = problem.variants[choice[s]]
+            table, up, down = variant.table, variant.time_up, variant.time_down
+        nbytes = table.bytes_of(k, a, e - 1)
         cap = int(problem.capacity[position])
         if nbytes > cap:
             return None
-        times.append(int(problem.time_up[e]) - int(problem.time_down[a]))
+        times.append(int(up[e]) - int(down[a]))
         mems.append(nbytes if problem.homogeneous else math.ceil(nbytes * 1_000_000 / cap))
     for layer, pos in o.pinned_layers:          # a layer pinned to a position left empty
         if not any(p == pos for p, _, _ in stages):
@@ -59,18 +69,32 @@ def brute_key(objective: str, value: tuple[int, int, int]) -> tuple[int, int]:
 
 
 def brute_force(problem: SplitProblem):
-    """(best key, every optimal bounds tuple), or (None, []) when nothing is feasible."""
+    """(best key, every optimal bounds tuple), or (None, []) when nothing is feasible; with
+    variants, over every split and every choice of variants for its stages."""
     L, N = problem.num_layers, problem.devices
     objective = problem.options.objective
     best, argbest = None, []
     for inner in itertools.combinations_with_replacement(range(L + 1), N - 1):
         bounds = (0, *inner, L)
-        value = brute_evaluate(problem, bounds)
-        if value is None:
+        stages = sum(1 for a, e in zip(bounds[:-1], bounds[1:]) if e > a)
+        choices = itertools.product(range(len(problem.variants)), repeat=stages) if problem.variants else [None]
+        values = [v for v in (brute_evaluate(problem, bounds, c) for c in choices) if v is not None]
+        if not values:
             continue
-        key = brute_key(objective, value)
+        key = min(brute_key(objective, value) for value in values)
         if best is None or key < best:
             best, argbest = key, [bounds]
         elif key == best:
             argbest.append(bounds)
     return best, argbest
+
+
+def brute_variant_keys(problem: SplitProblem, bounds: tuple[int, ...]) -> dict[tuple[int, ...], tuple[int, int]]:
+    """Every choice of variants that fits the split ``bounds``, with its objective key."""
+    stages = sum(1 for a, e in zip(bounds[:-1], bounds[1:]) if e > a)
+    out = {}
+    for choice in itertools.product(range(len(problem.variants)), repeat=stages):
+        value = brute_evaluate(problem, bounds, choice)
+        if value is not None:
+            out[choice] = brute_key(problem.options.objective, value)
+    return out

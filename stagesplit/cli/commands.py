@@ -169,15 +169,18 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from ..reporting.table import gpu_view, render
     events = _events(args)
     reproduction = None
+    profile, debug = _solve_profile(args)
     if args.from_plan:
-        reproduction = api.reproduce(args.from_plan, args.profile, events=events, out=args.out)
+        if debug is not None:
+            raise StagesplitError("--from-plan: give the profile alone (the plan records its inputs)")
+        reproduction = api.reproduce(args.from_plan, profile, events=events, out=args.out)
         plan = reproduction.plan
     elif args.devices is None:
         raise StagesplitError("--devices: expected the number of devices (or --from-plan PLAN)")
-    elif args.profile is None:
+    elif profile is None:
         raise StagesplitError("expected a profile (or --from-plan PLAN, whose recorded profile is used)")
     else:
-        plan = api.solve(args.profile, request=_request(args, args.devices), debug=args.debug_cbor, events=events)
+        plan = api.solve(profile, request=_request(args, args.devices), debug=debug, events=events)
     if args.out and plan.stages:
         write_plan(plan, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
@@ -186,7 +189,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if args.plot:
         if plan.stages:
             from ..reporting.plot import plot_plan
-            totals = [plan.analysis.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            totals = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight)
+                      for s in plan.stages]
             plot_plan(plan, totals, args.plot)
             print(f"wrote {args.plot}", file=sys.stderr)
         else:
@@ -202,13 +206,17 @@ def cmd_solve(args: argparse.Namespace) -> int:
         gpu = _gpu_view(args, inputs.targets[0].kind if inputs.targets else "ipu", p.tiles)
         size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.tiles:,} tiles x {cap:,} bytes"
         reserve = f", {o.reserve / 2**30:,.2f} GiB reserved" if gpu else f", {o.reserve:,} bytes reserved"
-        header = (f"{one_line(p.name or str(args.profile))}{' (synthetic)' if p.synthetic else ''}: "
+        header = (f"{one_line(p.name or (profile if isinstance(profile, str) else p.path) or '')}{' (synthetic)' if p.synthetic else ''}: "
                   f"{len(plan.layer_names)} layers on {'exactly' if o.exact else 'at most'} {o.devices} x "
                   f"{', '.join(sorted(set(inputs.target_names)))} ({size}"
                   f"{f', {o.headroom:.{0 if round(o.headroom, 2) == o.headroom else 1}%} kept free' if o.headroom else ''}"
                   f"{reserve if o.reserve else ''})\n"
                   f"objective: {o.objective.value}; schedule: {o.schedule.value}"
                   f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
+        if plan.variants:
+            header += ("\nprofile variants (memory proportion): "
+                       + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None
+                                   else one_line(v.name) for v in plan.variants))
         text = header + "\n" + _summary_with_why(plan, gpu) + "\n"
         width = _width(args, to_file=False)                     # --out is the plan file, not this text
         if plan.baselines and plan.stages:
@@ -230,6 +238,37 @@ def cmd_solve(args: argparse.Namespace) -> int:
     if reproduction is not None and not reproduction.identical:
         return 1
     return 0 if plan.feasible else 1
+
+
+def _solve_profile(args: argparse.Namespace):
+    """solve's profile words: (one profile, its debug.cbor or None), (PROFILE=PROPORTION words,
+    None) or (a variants file, None); every profile a variants file names is checked as an
+    input of ``--out`` and ``--plot`` too."""
+    from ..common.guards import check_outputs, command_outputs
+    from ..io.variants import is_variants_file, read_variants_file, variant_argument, variants_from_arguments
+    words = list(args.profile or [])
+    pairs = [variant_argument(w) is not None for w in words]
+    if not words:
+        return None, None
+    if any(pairs):
+        if not all(pairs):
+            plain = words[pairs.index(False)]
+            raise StagesplitError(f"'{one_line(plain)}': expected PROFILE=PROPORTION like the other profile words "
+                                  "(profile variants each name their memory proportion)")
+        return list(variants_from_arguments(words)), None
+    if len(words) > 2:
+        raise StagesplitError(f"expected one profile (and, for a profile.pop, its debug.cbor), or PROFILE=PROPORTION "
+                              f"words for profile variants; got {len(words)} profile words")
+    if is_variants_file(words[0]):
+        if len(words) == 2:
+            raise StagesplitError(f"{one_line(words[1])}: a variants file names each variant's debug.cbor itself")
+        sources = read_variants_file(words[0])
+        plot_formats: tuple[str, ...] = ()
+        if getattr(args, "plot", None):
+            from ..reporting.plot import FORMATS as plot_formats
+        check_outputs(command_outputs(args, plot_formats), [s.path for s in sources] + [s.debug for s in sources])
+        return list(sources), None
+    return words[0], (words[1] if len(words) == 2 else None)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:

@@ -176,7 +176,11 @@ def build_parser() -> argparse.ArgumentParser:
     _add_efficiency(p)
 
     p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
-    _add_profile(p, optional=True)
+    p.add_argument("profile", nargs="*", metavar="PROFILE",
+                   help="profile: stagesplit JSON, compact .stagesplit, or PopVision profile.pop (its debug.cbor "
+                        "after it); or profile variants of one model compiled at different memory proportions, "
+                        "each stage taking the one that suits it: PROFILE=PROPORTION words (a.pop=0.2 b.pop=0.6) "
+                        "or a variants file (.yaml)")
     _add_solver_options(p)
     p.add_argument("--from-plan", metavar="PLAN",
                    help="run the request recorded in PLAN again (on its recorded profile unless one is given) and "

@@ -152,7 +152,13 @@ def command_inputs(args: argparse.Namespace) -> list[str]:
     files, YAML targets, the ONNX model, and the source file of a ``capture`` factory."""
     command = getattr(args, "command", None)
     names = _FILE_INPUTS.get(command, ())
-    inputs = [str(getattr(args, name)) for name in names if getattr(args, name, None)]
+    inputs = []
+    for name in names:
+        value = getattr(args, name, None)
+        for item in (value if isinstance(value, list) else [value] if value else []):
+            inputs.append(str(item))
+            if isinstance(value, list) and "=" in str(item):      # solve's PROFILE=PROPORTION words
+                inputs.append(str(item).rpartition("=")[0])
     if command == "capture":
         inputs += capture_inputs(getattr(args, "model", None))
     target = getattr(args, "target", None)

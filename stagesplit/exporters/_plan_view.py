@@ -35,6 +35,8 @@ class StageView:
     worst_tile_bytes: int
     capacity_bytes: int
     in_flight: int
+    #: the memory proportion of the profile variant the stage takes (None: one profile)
+    memory_proportion: float | None = None
 
 
 @dataclass(frozen=True)
@@ -85,6 +87,14 @@ class PlanView:
     def ranks(self) -> int:
         """How many devices (pipeline ranks) the plan runs on."""
         return len(set(self.devices))
+
+    @property
+    def memory_proportions(self) -> tuple[float, ...] | None:
+        """Each stage's memory proportion when the plan was solved on profile variants (``view_of``
+        checks that every stage has one or none has), else None."""
+        if self.stages[0].memory_proportion is None:
+            return None
+        return tuple(float(s.memory_proportion) for s in self.stages)
 
     def one_stage_per_device(self, fmt: str) -> None:
         """Refuse (one line) a plan whose devices hold several chunks: ``fmt`` cannot say so."""
@@ -174,10 +184,18 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
             raise fail(f"stages[{k}].recompute: expected one of {', '.join(RECOMPUTE_OPTIONS)} per layer of the stage "
                        f"({len(idx)}), got {', '.join(show(str(o)) for o in options[:8])}")
         recompute += options
+        proportion = s.memory_proportion
+        if proportion is not None and (isinstance(proportion, bool) or not isinstance(proportion, (int, float))
+                                       or not 0 < proportion <= 1):
+            raise fail(f"stage {k}: memory_proportion {show(repr(proportion))}: expected a number in (0, 1]")
         stages.append(StageView(index=k, device=int(s.device), layers=tuple(idx),
                                 worst_tile_bytes=int(s.worst_tile_bytes), capacity_bytes=int(s.capacity_bytes),
-                                in_flight=int(s.in_flight)))
+                                in_flight=int(s.in_flight), memory_proportion=proportion))
         expected += len(idx)
+    given = [s.memory_proportion is not None for s in stages]
+    if any(given) and not all(given):
+        raise fail(f"stage {given.index(False)} has no memory_proportion but stage {given.index(True)} has one: a "
+                   "plan solved on profile variants gives every stage its proportion")
     devices = [s.device for s in stages]
     schedule = plan.schedule
     if schedule is not None:                 # chunks (virtual stages) on their schedule's devices

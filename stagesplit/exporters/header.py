@@ -44,6 +44,8 @@ def header_lines(view: PlanView, fmt: str) -> list[str]:
             where = f" [{comment(paths[first])}{' .. ' + comment(paths[last]) if last != first and paths[last] else ''}]"
         share = f" ({s.worst_tile_bytes / s.capacity_bytes:.1%})" if s.capacity_bytes else ""
         flight = f"; {s.in_flight} micro-batches in flight" if s.in_flight > 1 else ""
+        if s.memory_proportion is not None:
+            flight += f"; memory proportion {s.memory_proportion:g} (its profile variant's)"
         lines.append(f"stage {s.index} on device {s.device}: layer{'s' if len(s.layers) > 1 else ''} {layers}{where}; "
                      f"memory {_bytes(s.worst_tile_bytes)} of {_bytes(s.capacity_bytes)}{share}{tile_note}{flight}")
     return lines

@@ -7,8 +7,10 @@ optimum expands ``layers_per_ipu`` against the model's own transformer layers
 ``parallelize()``: the embeddings on IPU 0; GPT-2's LM head, tied to the token embedding, on
 IPU 0 as well; classification heads on the last IPU. So a plan layer that is the embedding or
 the head (by the plan's first-/last-layer regexes) is not counted. Stage k runs on IPU k.
-``matmul_proportion`` defaults to 0.2 in optimum (``IPUConfig.__init__``); with a headroom it
-is scaled down. Inference uses the ``inference_*`` fields (optimum runs inference sharded).
+``matmul_proportion`` defaults to 0.2 in optimum (``IPUConfig.__init__``); a list gives one per
+IPU: for a plan solved on profile variants, the proportion of the variant each stage was priced
+with; otherwise, with a headroom, the default scaled down. Inference uses the ``inference_*``
+fields (optimum runs inference sharded).
 """
 
 from __future__ import annotations
@@ -58,7 +60,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              f"    {prefix}ipus_per_replica={p},",
              f"    {prefix}layers_per_ipu={py_literal(counts)},"]
     proportions = memory_proportions(view, OPTIMUM_MATMUL_PROPORTION)
-    if proportions:
+    if proportions and view.memory_proportions is not None:
+        lines.append(f"    {prefix}matmul_proportion={py_literal([float(p) for p in proportions.values()])},   # "
+                     "per IPU: the profile variant its stage was priced with")
+    elif proportions:
         lines.append(f"    {prefix}matmul_proportion={py_literal(list(proportions.values()))},   # optimum's default "
                      f"{OPTIMUM_MATMUL_PROPORTION} x (1 - the plan's headroom {view.headroom:.0%})")
     if options.training:
@@ -80,4 +85,8 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         raise RenderCheckError("ipus_per_replica differs from the length of layers_per_ipu")
     counts[0] += view.embedding
     counts[-1] += view.head
+    if view.memory_proportions is not None and kwargs.get(f"{prefix}matmul_proportion") != \
+            list(view.memory_proportions):
+        raise RenderCheckError(f"{prefix}matmul_proportion is {kwargs.get(f'{prefix}matmul_proportion')}, the plan's "
+                               f"stages say {list(view.memory_proportions)}")
     return Decoded(from_counts(counts), tuple(range(len(counts))))

@@ -1,7 +1,13 @@
 """PopART: ``builder.virtualGraph`` and ``builder.pipelineStage`` scopes per layer name, and
 pipelined ``SessionOptions`` (manual virtual graphs). Training accumulates at least 2 x stages
 micro-batches (PopART needs >= 2P - 1); pipelined inference needs at least as many batches
-per step (``popart.DataFlow``) as stages."""
+per step (``popart.DataFlow``) as stages.
+
+PopART sets the available memory proportion per operation, not per IPU
+(``builder.setAvailableMemoryProportion(output, proportion)``, 0 < proportion <= 1, on a matmul's
+or convolution's output, as PopTorch does for each operation of an IPU): for a plan solved on
+profile variants the snippet lists each stage's proportion and ``set_memory_proportion`` applies
+it to an operation of a layer."""
 
 from __future__ import annotations
 
@@ -25,6 +31,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "# the pipeline stage of each layer (the plan's layer names)",
              f"STAGE_OF_LAYER = {py_literal(stage_of)}",
              f"DEVICE_OF_STAGE = {py_literal(list(view.devices))}"]
+    proportions = view.memory_proportions
+    if proportions is not None:
+        lines.append(f"MEMORY_PROPORTION_OF_STAGE = {py_literal([float(x) for x in proportions])}   # the profile "
+                     "variant each stage was priced with")
     if not options.training:
         lines.append(f"BATCHES_PER_STEP = {max(p, view.micro_batches)}   # popart.DataFlow(BATCHES_PER_STEP, anchors): "
                      f"pipelined inference needs >= {p} batches per step")
@@ -35,8 +45,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               "    scope = contextlib.ExitStack()",
               "    scope.enter_context(builder.virtualGraph(DEVICE_OF_STAGE[stage]))",
               "    scope.enter_context(builder.pipelineStage(stage))",
-              "    return scope", "", "",
-              "opts = popart.SessionOptions()",
+              "    return scope", "", ""]
+    if proportions is not None:
+        lines += ["def set_memory_proportion(builder, layer, output):",
+                  '    """Call on the output of each matmul and convolution built in layer `layer`: its stage\'s '
+                  'availableMemoryProportion."""',
+                  "    builder.setAvailableMemoryProportion(output, MEMORY_PROPORTION_OF_STAGE[STAGE_OF_LAYER[layer]])",
+                  "", ""]
+    lines += ["opts = popart.SessionOptions()",
               "opts.virtualGraphMode = popart.VirtualGraphMode.Manual",
               "opts.enablePipelining = True"]
     if options.training:
@@ -56,4 +72,8 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
     stages = tuple(tuple(i for i, k in enumerate(values) if k == stage) for stage in range(len(devices)))
     if sum(map(len, stages)) != len(values):
         raise RenderCheckError("STAGE_OF_LAYER names a stage with no device")
+    want = None if view.memory_proportions is None else list(view.memory_proportions)
+    if data.get("MEMORY_PROPORTION_OF_STAGE") != want:
+        raise RenderCheckError(f"MEMORY_PROPORTION_OF_STAGE is {data.get('MEMORY_PROPORTION_OF_STAGE')}, the plan's "
+                               f"stages say {want}")
     return Decoded(stages, tuple(devices))

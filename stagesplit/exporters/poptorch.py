@@ -21,7 +21,7 @@ import ast
 from ._common import POPLIBS_MEMORY_PROPORTION, Decoded, ExportOptions, fqn_index, from_starts, \
     layer_expressions, pipelined_accumulation
 from ._plan_view import PlanView
-from .render import RenderCheckError, expression_path, py_str
+from .render import RenderCheckError, expression_path, py_literal, py_str
 
 __all__ = ["NAME", "DESCRIPTION", "render", "read_back", "memory_proportions", "RECOMPUTATION_PIPELINE"]
 
@@ -34,8 +34,13 @@ DESCRIPTION = "poptorch.BeginBlock per stage start and pipelined poptorch.Option
 
 
 def memory_proportions(view: PlanView, default: float = POPLIBS_MEMORY_PROPORTION) -> dict[int, float] | None:
-    """Per device, when the plan was solved with a headroom h: ``default`` x (1 - h), so that
-    matmul and convolution temporaries shrink with the budget instead of eating the headroom."""
+    """Per device: the memory proportion of the profile variant its stage takes, when the plan
+    was solved on variants (the plan's memory holds with it only); else, when the plan was
+    solved with a headroom h, ``default`` x (1 - h), so that matmul and convolution temporaries
+    shrink with the budget instead of eating the headroom; else None."""
+    chosen = view.memory_proportions
+    if chosen is not None:
+        return dict(zip(view.devices, chosen))
     if view.headroom <= 0:
         return None
     return {d: round(default * (1.0 - view.headroom), 3) for d in view.devices}
@@ -62,11 +67,15 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if options.training and view.recomputes:
         lines += _recompute_lines(view, options)
     proportions = memory_proportions(view)
-    if proportions:
+    if proportions and view.memory_proportions is not None:
+        lines.append("# each IPU's availableMemoryProportion: that of the profile variant its stage was priced with "
+                     "(the plan's memory holds only with it)")
+    elif proportions:
         lines.append(f"# the plan keeps {view.headroom:.0%} of every IPU free: matmul/convolution temporaries get "
                      f"PopLibs' default {POPLIBS_MEMORY_PROPORTION} x (1 - headroom)")
+    if proportions:
         lines.append("opts.setAvailableMemoryProportion({" +
-                     ", ".join(f"{py_str(f'IPU{d}')}: {v}" for d, v in proportions.items()) + "})")
+                     ", ".join(f"{py_str(f'IPU{d}')}: {py_literal(float(v))}" for d, v in proportions.items()) + "})")
     return lines
 
 
@@ -127,4 +136,11 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
     want = list(range(first, first + len(view.decoder_recompute()))) if options.training and view.recomputes else []
     if hooked != want:
         raise RenderCheckError(f"recompute checkpoints at plan layers {hooked}, expected {want}")
+    if view.memory_proportions is not None:
+        written = [ast.literal_eval(n.value.args[0]) for n in tree.body if isinstance(n, ast.Expr)
+                   and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
+                   and n.value.func.attr == "setAvailableMemoryProportion"]
+        want = {f"IPU{d}": p for d, p in zip(view.devices, view.memory_proportions)}
+        if written != [want]:
+            raise RenderCheckError(f"setAvailableMemoryProportion writes {written}, the plan's stages say {want}")
     return Decoded(from_starts(starts, len(view.layer_names)), tuple(devices))

@@ -6,6 +6,11 @@ stage (its layers in order) and the plan's ``device_mapping``.
 each stage runs per execution): at least 2 x stages for training, at least the stages for
 inference. When the infeed yields a dict, the first stage receives its entries as keyword
 arguments; a stage returning a dict passes keyword arguments to the next.
+
+For a plan solved on profile variants, each stage's matmuls and convolutions get the memory
+proportion of the variant it was priced with: one ``pipelining_ops.PipelineStageOptions``
+(``matmul_options`` and ``convolution_options``, Poplar option values as strings) per stage, as
+``forward_propagation_stages_poplar_options`` (and, training, the backward ones).
 """
 
 from __future__ import annotations
@@ -35,11 +40,28 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     else:
         count = max(p, view.micro_batches)
         why = f"inference: pipeline() still requires it; >= {p} stages"
+    proportions = view.memory_proportions
+    options_lines, options_args = [], []
+    if proportions is not None:
+        options_lines = [
+            f"MEMORY_PROPORTION_OF_STAGE = {py_literal([float(x) for x in proportions])}   # the profile variant each "
+            "stage was priced with", "", "",
+            "def _stage_options(proportion):",
+            '    """Poplar options of a stage: its matmuls and convolutions at `proportion`."""',
+            '    flags = {"availableMemoryProportion": str(proportion)}',
+            "    return ipu.pipelining_ops.PipelineStageOptions(convolution_options=dict(flags), "
+            "matmul_options=dict(flags))", "", "",
+            "STAGE_OPTIONS = [_stage_options(p) for p in MEMORY_PROPORTION_OF_STAGE]", "", ""]
+        options_args = ["                                       forward_propagation_stages_poplar_options="
+                        "STAGE_OPTIONS,"]
+        if options.training:
+            options_args.append("                                       backward_propagation_stages_poplar_options="
+                                "STAGE_OPTIONS,")
     return ["from tensorflow.python import ipu", "",
             "# the layers of each pipeline stage, in order (the plan's layer names)",
             f"STAGE_LAYERS = {py_literal(groups)}",
             f"DEVICE_MAPPING = {py_literal(list(view.devices))}",
-            f"GRADIENT_ACCUMULATION_COUNT = {count}   # {why}", "", "",
+            f"GRADIENT_ACCUMULATION_COUNT = {count}   # {why}", "", "", *options_lines,
             "def _stage(layers):",
             '    """A computational stage running `layers` in order. run_layer(name, *args, **kwargs) is yours: it',
             "    builds layer `name` (e.g. under tf.name_scope) and returns its outputs: a tensor, a tuple, or a dict",
@@ -63,6 +85,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             "    return ipu.pipelining_ops.pipeline(computational_stages=computational_stages,",
             "                                       gradient_accumulation_count=GRADIENT_ACCUMULATION_COUNT,",
             "                                       device_mapping=DEVICE_MAPPING,",
+            *options_args,
             "                                       **kwargs)"]
 
 
@@ -76,4 +99,8 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         stages = tuple(tuple(index[n] for n in g) for g in groups)
     except KeyError as exc:
         raise RenderCheckError(f"STAGE_LAYERS names a layer the plan does not have: {exc}") from None
+    want = None if view.memory_proportions is None else list(view.memory_proportions)
+    if data.get("MEMORY_PROPORTION_OF_STAGE") != want:
+        raise RenderCheckError(f"MEMORY_PROPORTION_OF_STAGE is {data.get('MEMORY_PROPORTION_OF_STAGE')}, the plan's "
+                               f"stages say {want}")
     return Decoded(stages, tuple(devices))

@@ -27,8 +27,8 @@ from .records import Plan, PlanInputs
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible", "fewest_devices",
-           "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price", "schedule_problem", "search",
-           "sweep"]
+           "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price", "result_message",
+           "schedule_problem", "search", "sweep"]
 
 
 @dataclass
@@ -319,17 +319,7 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
                         "minimises the worst stage's memory instead")
     base = greedy(problem)
     result = search(problem, hint=base.split, log=log)
-    message = ""
-    if result.split is None:
-        if result.status == "infeasible":
-            message = explain_infeasible(model, problem, table)
-        else:
-            message = (f"no split was found within the time limit ({options.time_limit:g} s); "
-                       "allow more time with --time-limit")
-    elif result.status == "feasible":
-        gaps = [p.gap for p in result.phases if p.status != "OPTIMAL"]
-        gap = "gap unknown" if None in gaps else f"gap {100 * max(gaps, default=0):.1f}%"
-        message = f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal ({gap})"
+    message = result_message(model, problem, table, result)
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
     warnings += _tied_warnings(plan)
@@ -343,6 +333,22 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
+
+
+def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTable, result: SolverResult) -> str:
+    """What the plan's message says of the search: why nothing fits, that nothing was found in
+    the time limit, or that the split is not proven optimal ("" when it is)."""
+    options = problem.options
+    if result.split is None:
+        if result.status == "infeasible":
+            return explain_infeasible(model, problem, table)
+        return (f"no split was found within the time limit ({options.time_limit:g} s); "
+                "allow more time with --time-limit")
+    if result.status == "feasible":
+        gaps = [p.gap for p in result.phases if p.status != "OPTIMAL"]
+        gap = "gap unknown" if None in gaps else f"gap {100 * max(gaps, default=0):.1f}%"
+        return f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal ({gap})"
+    return ""
 
 
 def layer_parameter_bytes(model: StageCostModel) -> np.ndarray:

@@ -5,6 +5,7 @@ what the plan was solved from."""
 from __future__ import annotations
 
 import datetime as _dt
+from typing import Sequence
 
 import numpy as np
 
@@ -39,22 +40,27 @@ def _rounded(seconds: float | None) -> float | None:
 
 def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None, inputs: PlanInputs, *,
               method: str, traffic: Traffic, result: SolverResult | None = None, message: str = "",
-              profile: PlanProfile | None = None) -> Plan:
-    """Describe ``split`` stage by stage (per-tile detail recomputed from the cost model)."""
+              profile: PlanProfile | None = None, variant_models: Sequence[StageCostModel] = ()) -> Plan:
+    """Describe ``split`` stage by stage (per-tile detail recomputed from the cost model; with
+    profile variants, from the cost model of the variant each stage takes, ``variant_models``
+    in the order of ``problem.variants``; ``model`` is the first's)."""
     p = model.profile
     o = problem.options
     evaluation = evaluate(problem, split) if split is not None else None
+    chosen = evaluation.variants if evaluation is not None and problem.variants else ()
     stages: list[StagePlan] = []
     if split is not None:
         ks = stage_in_flight(problem, split)
         seconds = problem.seconds_per_unit
         unit_s = p.target.seconds_per_unit(p.compute_unit)
         for index, ((position, first, last), k) in enumerate(zip(split.stages, ks)):
-            sm = model.stage_memory(first, last)
+            variant = problem.variants[chosen[index] if chosen else 0] if problem.variants else None
+            stage_model = variant_models[chosen[index] if chosen else 0] if variant_models else model
+            sm = stage_model.stage_memory(first, last)
             total = sm.total(k)
             tile = int(total.argmax())
             received, sent = traffic.stage_io(first, last)
-            compute = model.range_compute(first, last)
+            compute = stage_model.range_compute(first, last)
             stage_time = float(compute)
             cut_bytes = float(traffic.cut_bytes[first] + traffic.cut_bytes[last + 1])
             if o.communication and o.link_bytes_per_s and unit_s:
@@ -62,8 +68,8 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
             time_s = None
             if seconds is not None:
                 time_s = compute * seconds
-                if model.layer_time_s is not None:     # roofline seconds (model/roofline.py)
-                    time_s = float(sum(model.layer_time_s[first:last + 1]))
+                if stage_model.layer_time_s is not None:     # roofline seconds (model/roofline.py)
+                    time_s = float(sum(stage_model.layer_time_s[first:last + 1]))
                 if o.communication and o.link_bytes_per_s:
                     time_s += cut_bytes / o.link_bytes_per_s
             stages.append(StagePlan(
@@ -71,7 +77,9 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 layers=model.layers.names[first:last + 1], in_flight=k,
                 capacity_bytes=int(problem.capacity[position]), worst_tile=tile, worst_tile_bytes=int(total[tile]),
                 memory_at_worst_tile=sm.at_tile(tile, k), memory_total=sm.summed(k), compute=float(compute),
-                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent), time=stage_time))
+                time_s=time_s, bytes_received=int(received), bytes_sent=int(sent), time=stage_time,
+                memory_proportion=variant.proportion if variant is not None else None,
+                variant=variant.name if variant is not None else None))
     feasible = bool(evaluation is not None and evaluation.feasible)
     units = {"time": problem.time_unit, "memory": "bytes" if problem.homogeneous else "fraction of capacity",
              "devices": "devices"}

@@ -28,7 +28,8 @@ from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule import ScheduleKind
-from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleCandidate,
+from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
+                      ScheduleCandidate,
                       ScheduleRecord, StagePlan)
 
 __all__ = ["FORMAT", "VERSION", "plan_document", "read_plan", "write_plan"]
@@ -58,6 +59,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "tied_parameters": [{"name": t.name, "layers": list(t.layers)} for t in plan.tied],
            "schedule": None if plan.schedule is None else _schedule_document(plan.schedule),
            "schedule_candidates": [asdict(c) for c in plan.candidates],
+           "variants": [asdict(v) for v in plan.variants],
            "objective": [p.document() for p in plan.phases],
            "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
            "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
@@ -135,6 +137,7 @@ def read_plan(path: str | Path) -> Plan:
     if inputs.options.devices != devices:
         r.fail("devices", f"the request's device count ({inputs.options.devices})", devices)
     stages = _stages(r, doc, names, devices)
+    variants = _variants(r, doc.get("variants") or [], stages)
     paths = r.list(doc.get("module_paths") or [], "module_paths")
     if paths and len(paths) != len(names):
         r.fail("module_paths", f"one entry per layer ({len(names)})", f"{len(paths)} entries")
@@ -148,7 +151,7 @@ def read_plan(path: str | Path) -> Plan:
                 message=r.string(doc.get("message", ""), "message"), stages=stages, phases=phases,
                 compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
                 module_paths=paths, tied=_tied(r, doc.get("tied_parameters", []), len(names)),
-                schedule=_schedule(r, doc.get("schedule"), len(stages), devices),
+                schedule=_schedule(r, doc.get("schedule"), len(stages), devices), variants=variants,
                 candidates=_candidates(r, doc.get("schedule_candidates") or []),
                 notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
 
@@ -400,11 +403,48 @@ def _stages(r: FieldReader, doc: dict, names: list[str], devices: int) -> list[S
             time=None if s.get("time") is None else r.number(s["time"], f"{p}.time"),
             recompute=_recompute_of(r, s.get("recompute", []), f"{p}.recompute", last - first + 1),
             recompute_saved_bytes=r.integer(s.get("recompute_saved_bytes", 0), f"{p}.recompute_saved_bytes"),
-            recompute_time=r.number(s.get("recompute_time", 0.0), f"{p}.recompute_time")))
+            recompute_time=r.number(s.get("recompute_time", 0.0), f"{p}.recompute_time"),
+            memory_proportion=_proportion(r, s.get("memory_proportion"), f"{p}.memory_proportion"),
+            variant=_optional_string(r, s.get("variant"), f"{p}.variant")))
     for prev, cur in zip(stages, stages[1:]):
         if cur.first_layer != prev.last_layer + 1:
             r.fail(f"stages[{cur.stage}].first_layer", f"{prev.last_layer + 1} (stages are contiguous)", cur.first_layer)
     return stages
+
+
+def _proportion(r: FieldReader, value: Any, path: str) -> float | None:
+    """A memory proportion: null, or a number in (0, 1]."""
+    if value is None:
+        return None
+    number = r.number(value, path)
+    if not 0 < number <= 1:
+        r.fail(path, "a memory proportion in (0, 1] or null", value)
+    return number
+
+
+def _variants(r: FieldReader, value: Any, stages: list[StagePlan]) -> tuple[PlanVariant, ...]:
+    """The plan's profile variants; each stage's variant must be one of them, at its proportion."""
+    out = []
+    for i, item in enumerate(r.list(value, "variants")):
+        where = f"variants[{i}]"
+        r.mapping(item, where)
+        r.known_keys(item, where, {f.name for f in fields(PlanVariant)})
+        out.append(PlanVariant(name=r.string(r.get(item, "name", where), f"{where}.name"),
+                               proportion=_proportion(r, item.get("proportion"), f"{where}.proportion"),
+                               path=_optional_string(r, item.get("path"), f"{where}.path"),
+                               sha256=_sha256(r, item.get("sha256"), f"{where}.sha256")))
+    by_name = {v.name: v for v in out}
+    if len(by_name) != len(out):
+        r.fail("variants", "distinct variant names", [v.name for v in out])
+    for s in stages:
+        if out and s.variant not in by_name:
+            r.fail(f"stages[{s.stage}].variant", "one of the plan's variants (" + ", ".join(by_name) + ")", s.variant)
+        if out and s.memory_proportion != by_name[s.variant].proportion:
+            r.fail(f"stages[{s.stage}].memory_proportion", f"variant {s.variant}'s proportion "
+                   f"({by_name[s.variant].proportion})", s.memory_proportion)
+        if not out and s.variant is not None:
+            r.fail(f"stages[{s.stage}].variant", "null (the plan lists no profile variants)", s.variant)
+    return tuple(out)
 
 
 #: a layer's recompute options as plans write them (model/recompute.py)

@@ -17,7 +17,7 @@ from ..common import hooks
 from ..common.text import one_line
 from .text import seconds_text, split_text
 
-__all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "RankRecord",
+__all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "PlanVariant", "RankRecord",
            "ScheduleCandidate", "ScheduleRecord", "StagePlan"]
 
 MEMORY_KEYS = MemoryBreakdown.keys()
@@ -54,6 +54,10 @@ class StagePlan:
     #: to the stage's backward (in the schedule's time unit)
     recompute_saved_bytes: int = 0
     recompute_time: float = 0.0
+    #: solved with profile variants: the memory proportion of the variant whose figures the stage
+    #: takes (its IPU's availableMemoryProportion), and that variant's name; None: one profile
+    memory_proportion: float | None = None
+    variant: str | None = None
 
     @property
     def recomputed_layers(self) -> int:
@@ -120,6 +124,18 @@ class PlanProfile:
     def one_tile(self) -> bool:
         """A one-tile device (a GPU): memory is one pool, not per tile."""
         return self.tiles == 1
+
+
+@dataclass(frozen=True)
+class PlanVariant:
+    """One profile variant a plan was solved with (``stagesplit solve a.pop=0.2 b.pop=0.6``): the
+    name its stages record, the memory proportion it was compiled with, and the file and hash
+    it was read from (None for a profile built in memory)."""
+
+    name: str
+    proportion: float | None
+    path: str | None = None
+    sha256: str | None = None
 
 
 @dataclass(frozen=True)
@@ -275,6 +291,19 @@ class Plan:
     schedule: ScheduleRecord | None = None
     #: with ``--schedule auto``: every schedule tried (the plan is the best of them)
     candidates: tuple[ScheduleCandidate, ...] = ()
+    #: the profile variants it was solved with (each stage records the one it takes); empty: one
+    #: profile (``profile``, which with variants is the first variant's)
+    variants: tuple[PlanVariant, ...] = ()
+    #: not written to the plan file: with profile variants, each variant's cost model by name (for
+    #: plots and reports; ``analysis`` is the first's); empty for a plan read from a file
+    variant_models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+
+    def stage_model(self, stage: StagePlan):
+        """The cost model ``stage`` was priced with: its profile variant's, else ``analysis``
+        (None for a plan read from a file)."""
+        if stage.variant is not None and stage.variant in self.variant_models:
+            return self.variant_models[stage.variant]
+        return self.analysis
 
     @property
     def split_text(self) -> str:

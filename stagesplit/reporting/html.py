@@ -140,7 +140,8 @@ def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> 
         parts.append("<h2>Memory of each stage</h2>")
         tiles = None
         if model is not None and not gpu:
-            tiles = [model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            tiles = [(plan.stage_model(s) if plan.variant_models else model).stage_memory(
+                s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
         parts.append(_img(plan_figure(plan, tiles), "memory of each stage by category, and each stage's time"))
         parts.append("<h2>The schedule</h2>")
         try:

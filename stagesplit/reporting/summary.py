@@ -17,6 +17,7 @@ def stages_table(plan: Plan) -> Table:
     shows bytes in GiB. Columns a narrow terminal can spare have ``drop`` > 0."""
     timed = any(s.time_s is not None for s in plan.stages)
     recomputing = any(s.recomputed_layers for s in plan.stages)
+    variants = any(s.memory_proportion is not None for s in plan.stages)
     t = Table("Stages" if plan.method == "cp-sat" else f"Stages ({method_label(plan.method)})",
               [Column("stage", "id"), Column("device", "id", 4), Column("layers"), Column("in flight", "int", 2),
                Column("worst tile", "id", 3), Column("worst tile bytes", "int"), Column("of capacity", "percent"),
@@ -26,7 +27,8 @@ def stages_table(plan: Plan) -> Table:
               + [Column("received", "bytes", 5), Column("sent", "bytes", 5)]
               + ([Column("recompute"), Column("saved per micro-batch", "bytes"),
                   Column("recompute (ms)" if timed else f"recompute ({plan.compute_unit})", "float")]
-                 if recomputing else []))
+                 if recomputing else [])
+              + ([Column("memory proportion", "float"), Column("variant", "text", 2)] if variants else []))
     for s in plan.stages:
         at = s.memory_at_worst_tile
         code = at.vertex_code + at.vertex_state + at.exchange_code + at.control_code
@@ -36,7 +38,8 @@ def stages_table(plan: Plan) -> Table:
               at.always_live + at.not_always_live, at.stashed_copies, code, s.compute,
               *([s.time_s * 1e3 if s.time_s is not None else None] if timed else []), s.bytes_received, s.bytes_sent,
               *([recompute_text(s.recompute), s.recompute_saved_bytes,
-                 s.recompute_time * (1e3 if timed else 1)] if recomputing else []))
+                 s.recompute_time * (1e3 if timed else 1)] if recomputing else []),
+              *([s.memory_proportion, s.variant] if variants else []))
     return t
 
 

@@ -108,6 +108,8 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
     if o.objective == "devices":
         return (f"why: {len(plan.stages)} devices are the fewest that hold the model; {where} "
                 f"(fewer would not fit; more would cut the bottleneck)")
+    if plan.variants:
+        return _variants_why(plan, words)
     if model is None:
         return ""
     layers, seconds = layer_times(model)
@@ -137,6 +139,23 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
     return (f"why: the balance of the layers' compute binds: stage {stage.stage} "
             f"({_time(plan, have, seconds, words)}) is the best the layer boundaries allow on {plan.devices} devices; "
             f"{change}")
+
+
+def _variants_why(plan: Plan, words: DeviceWords) -> str:
+    """The why of a plan solved on profile variants: the bottleneck stage and its proportion,
+    and which stages run below the highest proportion."""
+    times, seconds = stage_times(plan)
+    b = plan.stages[int(np.argmax(times))]
+    highest = max((v.proportion for v in plan.variants if v.proportion is not None), default=None)
+    lower = [s.stage for s in plan.stages if highest is not None and s.memory_proportion is not None
+             and s.memory_proportion < highest]
+    text = (f"why: each stage's memory proportion was chosen with the split; stage {b.stage} binds at "
+            f"{_time(plan, max(times), seconds, words)} with proportion {b.memory_proportion:g} ({b.variant})")
+    if lower:
+        stages = ", ".join(map(str, lower))
+        text += (f"; stage{'s' if len(lower) > 1 else ''} {stages} run{'s' if len(lower) == 1 else ''} below the "
+                 f"highest proportion ({highest:g}): a higher one does not fit there or is not faster")
+    return text
 
 
 @dataclass(frozen=True)
@@ -170,10 +189,10 @@ def _problem(alternative: Plan, words: DeviceWords) -> str:
 
 def comparisons(plan: Plan, alternatives: Sequence[Plan], words: DeviceWords) -> list[Comparison]:
     out = []
-    bounds = [(s.first_layer, s.last_layer) for s in plan.stages]
+    bounds = [(s.first_layer, s.last_layer, s.memory_proportion) for s in plan.stages]
     for alt in alternatives:
         speedup = step_ratio(alt, plan)
-        same = bounds == [(s.first_layer, s.last_layer) for s in alt.stages]
+        same = bounds == [(s.first_layer, s.last_layer, s.memory_proportion) for s in alt.stages]
         out.append(Comparison(_label(alt.method), speedup, same, _problem(alt, words)))
     return out
 

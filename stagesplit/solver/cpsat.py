@@ -108,7 +108,9 @@ def _cp_model():
 
 class _Tables:
     """Per-stage quantities on the band: entry [a, j] is the stage a..e-1, e = a+1+j (``ends``),
-    for j < W, the longest stage that fits any device; longer stages fit nowhere."""
+    for j < W, the longest stage that fits any device; longer stages fit nowhere. With profile
+    variants, a stage is ok when any variant fits it within the bounds (each variant's ok set is
+    prefix-closed, so their union is too)."""
 
     def __init__(self, problem: SplitProblem):
         p = self.p = problem
@@ -119,41 +121,55 @@ class _Tables:
         e = a + 1 + np.arange(W)[None, :]
         self.real = e <= L
         self.ends = np.minimum(e, L)
-        self.time = np.where(self.real, p.time_up[self.ends] - p.time_down[a], BIG)
-        self.compute = np.where(self.real, (p.time_up - p.cut_units)[self.ends] - (p.time_down + p.cut_units)[a], BIG)
+        self.tables = p.variant_tables()
+        self.variants = len(self.tables)
+        self.times = [np.where(self.real, up[self.ends] - down[a], BIG) for _, up, down in self.tables]
+        self.computes = [np.where(self.real, (up - p.cut_units)[self.ends] - (down + p.cut_units)[a], BIG)
+                         for _, up, down in self.tables]
+        self.time, self.compute = self.times[0], self.computes[0]
         cap = p.options.max_layers
         self.length_ok = self.real & ((e - a) <= cap if cap is not None else True)
-        self._bytes: dict[int, np.ndarray] = {}
+        self._bytes: dict[tuple[int, int], np.ndarray] = {}
         self.caps = sorted({int(c) for c in p.capacity})
 
-    def nbytes(self, k: int) -> np.ndarray:
-        """(L, W) worst-tile bytes with ``k`` in flight (a few counts kept)."""
-        band = self._bytes.get(k)
+    def nbytes(self, k: int, v: int = 0) -> np.ndarray:
+        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (a few counts kept)."""
+        band = self._bytes.get((k, v))
         if band is None:
-            band = self.p.band(k)
+            band = self.tables[v][0].band(k)
             if band.shape[1] < self.W:
                 band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), BIG, np.int64)], axis=1)
-            if len(self._bytes) >= 4:
+            if len(self._bytes) >= 4 * self.variants:
                 self._bytes.pop(next(iter(self._bytes)))
-            self._bytes[k] = band
+            self._bytes[k, v] = band
         return band
 
-    def memcost(self, capacity: int, k: int) -> np.ndarray:
+    def memcost(self, capacity: int, k: int, v: int = 0) -> np.ndarray:
         """Memory objective of every stage on a device of ``capacity``: bytes, or ppm of it on
         mixed devices."""
-        m = self.nbytes(k)
+        m = self.nbytes(k, v)
         if self.p.homogeneous:
             return m
         return np.where(m < BIG, -((-m * 1_000_000) // int(capacity)), BIG)
 
-    def ok(self, capacity: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
-        """Stages that fit a device of ``capacity`` with ``k`` in flight within the bounds
-        (ignoring communication, which is not monotone and is checked separately)."""
-        fits = self.nbytes(k) <= capacity
-        ok = self.length_ok & fits & (self.compute <= time_bound)
-        if memory_bound < BIG:
-            ok &= self.memcost(capacity, k) <= memory_bound
-        return ok
+    def ok(self, capacity: int, k: int, time_bound: int, memory_bound: int, with_transfers: bool = False) -> np.ndarray:
+        """Stages that fit a device of ``capacity`` with ``k`` in flight within the bounds, in
+        some variant (ignoring communication, which is not monotone and is checked separately,
+        unless ``with_transfers``)."""
+        out = None
+        for v in range(self.variants):
+            fits = self.nbytes(k, v) <= capacity
+            ok = self.length_ok & fits & ((self.times if with_transfers else self.computes)[v] <= time_bound)
+            if memory_bound < BIG:
+                ok &= self.memcost(capacity, k, v) <= memory_bound
+            out = ok if out is None else out | ok
+        return out
+
+    def over(self, capacity: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
+        """With variants and communication: the stages that some variant allows on compute
+        alone but none with its transfers (forbidden apart from ``reach``)."""
+        return self.ok(capacity, k, time_bound, memory_bound) & \
+            ~self.ok(capacity, k, time_bound, memory_bound, with_transfers=True)
 
     def reach(self, ok: np.ndarray) -> np.ndarray:
         """reach[a] = the first layer that cannot share a stage with layer a (L when every later
@@ -162,15 +178,18 @@ class _Tables:
         length = np.where(ok.all(axis=1), self.W, np.argmin(ok, axis=1))
         return np.minimum(self.rows + length, L)
 
-    def fit_anywhere(self, k: int) -> np.ndarray:
-        return self.length_ok & (self.nbytes(k) <= self.caps[-1])
+    def fit_anywhere(self, k: int, v: int = 0) -> np.ndarray:
+        return self.length_ok & (self.nbytes(k, v) <= self.caps[-1])
 
     def candidates(self, quantity: str) -> np.ndarray:
-        """Sorted values a stage's time or memory cost can take (over stages that fit somewhere)."""
+        """Sorted values a stage's time or memory cost can take (over stages that fit somewhere,
+        in any variant)."""
         ks = self.p.in_flight_values
-        if quantity == "time":
-            return np.unique(self.time[self.fit_anywhere(min(ks))])   # more in flight: fewer stages fit
-        values = [self.memcost(cap, k)[self.length_ok & (self.nbytes(k) <= cap)] for cap in self.caps for k in ks]
+        if quantity == "time":   # more in flight: fewer stages fit
+            return np.unique(np.concatenate([self.times[v][self.fit_anywhere(min(ks), v)]
+                                             for v in range(self.variants)]))
+        values = [self.memcost(cap, k, v)[self.length_ok & (self.nbytes(k, v) <= cap)]
+                  for cap in self.caps for k in ks for v in range(self.variants)]
         return np.unique(np.concatenate(values)) if values else np.zeros(0, np.int64)
 
 
@@ -227,6 +246,8 @@ class _Feasibility:
                 for k in ks:
                     is_k[a, k] = self._equals(k_var[a], k)
         reaches: dict[tuple[int, int], np.ndarray] = {}
+        overs: dict[tuple[int, int], np.ndarray] = {}
+        variant_transfers = tables.variants > 1 and o.communication and time_bound < BIG
         for position in positions:
             cap = int(p.capacity[position if position is not None else 0])
             for k in (ks if k_var else ks[:1]):
@@ -237,6 +258,16 @@ class _Feasibility:
                     conditions = ([at[a, position]] if position is not None else []) + \
                         ([is_k[a, k]] if k_var else [])
                     self._limit(a, int(reach[a]), conditions)
+                if variant_transfers:
+                    # which variant a stage can take depends on where it is: the stages no
+                    # variant allows with its transfers are forbidden there (see below)
+                    if (cap, k) not in overs:
+                        overs[cap, k] = tables.over(cap, k, time_bound, memory_bound)
+                    for a, j in zip(*np.nonzero(overs[cap, k])):
+                        a = int(a)
+                        conditions = ([at[a, position]] if position is not None else []) + \
+                            ([is_k[a, k]] if k_var else [])
+                        self._forbid(a, int(tables.ends[a, j]), conditions)
         # layer-count limits and pins
         if o.min_layers > 1:
             for a in range(L):
@@ -255,15 +286,10 @@ class _Feasibility:
         # A stage is exactly a..e-1 iff a stage starts at a and at e (or e == L) and layers a and
         # e-1 share a position; so given both starts, e-1 must sit on a later position than a.
         # (The reach constraints above already exclude ranges whose compute alone is over.)
-        if o.communication and time_bound < BIG:
+        if o.communication and time_bound < BIG and not variant_transfers:
             over = (tables.time > time_bound) & (tables.compute <= time_bound) & tables.real
             for a, j in zip(*np.nonzero(over)):
-                a, e = int(a), int(tables.ends[a, j])
-                starts = [s[a]] + ([s[e]] if e < L else [])
-                if e - a == 1:
-                    m.AddBoolOr([lit.Not() for lit in starts])
-                else:
-                    m.Add(x[e - 1] >= x[a] + 1).OnlyEnforceIf(starts)
+                self._forbid(int(a), int(tables.ends[a, j]), [])
         if minimise_devices:
             m.Minimize(stages)
         if hint is not None:
@@ -278,6 +304,16 @@ class _Feasibility:
         self.m.Add(var == value).OnlyEnforceIf(lit)
         self.m.Add(var != value).OnlyEnforceIf(lit.Not())
         return lit
+
+    def _forbid(self, a: int, e: int, conditions: list) -> None:
+        """No stage is exactly layers a..e-1 (under ``conditions``): given a stage starting at
+        ``a`` and at ``e`` (or e == L), layer e-1 sits on a later position than layer a."""
+        m, x, s = self.m, self.x, self.s
+        starts = [s[a]] + ([s[e]] if e < self.p.num_layers else []) + list(conditions)
+        if e - a == 1:
+            m.AddBoolOr([lit.Not() for lit in starts])
+        else:
+            m.Add(x[e - 1] >= x[a] + 1).OnlyEnforceIf(starts)
 
     def _limit(self, a: int, reach: int, conditions: list) -> None:
         """Layer ``reach`` cannot share a stage with layer ``a`` (under ``conditions``); when
@@ -478,11 +514,12 @@ def _next_below(tables: _Tables, quantity: str, value: int) -> int | None:
     best = None
     for cap in tables.caps:
         for k in p.in_flight_values:
-            fits = tables.length_ok & (tables.nbytes(k) <= cap)
-            values = tables.time if quantity == "time" else tables.memcost(cap, k)
-            below = values[fits & (values < value)]
-            if below.size and (best is None or below.max() > best):
-                best = int(below.max())
+            for v in range(tables.variants):
+                fits = tables.length_ok & (tables.nbytes(k, v) <= cap)
+                values = tables.times[v] if quantity == "time" else tables.memcost(cap, k, v)
+                below = values[fits & (values < value)]
+                if below.size and (best is None or below.max() > best):
+                    best = int(below.max())
     return best
 
 

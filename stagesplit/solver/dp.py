@@ -23,6 +23,12 @@ with the transfer time of both cuts. The state of a pass depends on what the rul
 Ties between equal optima: the fewest stages where the count is part of the state, then, walking
 from the first layer, the shortest first stage (and an empty position before a stage).
 
+With profile variants (``SplitProblem.variants``) a stage's value in a pass is the best over the
+variants that fit it and keep the earlier passes' bounds (each bound holds per stage, since
+every objective is a maximum over stages), so the passes stay exact; ``evaluate`` then gives the
+split's variants. tests/solver/test_variants.py checks it against every split and every
+choice of variants.
+
 A pass stops when the clock passes ``deadline`` (checked after each position or count): the
 result then keeps the phases proven so far (``Solution.proven``) and says it stopped
 (``Solution.stopped``). ``dp_cells`` estimates the work before starting.
@@ -98,7 +104,7 @@ def dp_cells(problem: SplitProblem) -> int:
     narrower band (fewer stages fit), so each count's band is measured."""
     L, N = problem.num_layers, problem.devices
     cap = int(problem.capacity.max())
-    widths = {k: max(problem.table.width_for(k, cap), 1) for k in problem.in_flight_values} if L else {}
+    widths = {k: max(problem.width_for(k, cap), 1) for k in problem.in_flight_values} if L else {}
 
     def width(c: int) -> int:
         return widths.get(_k(problem, c), 1) if L else 1
@@ -109,13 +115,13 @@ def dp_cells(problem: SplitProblem) -> int:
         per_pass = N * L * width(1)
     else:
         per_pass = sum((N - c + 1) * L * width(c) for c in range(1, N + 1))   # positions with c stages from them
-    return 2 * per_pass
+    return 2 * per_pass * problem.variant_count          # with profile variants, each cell reads every variant
 
 
 class _Stages:
     """The band of stages a..e-1, e = a+1..a+W (``ends``), with what every pass reads: stage
     time, the layer-count and pin rules, and per (position, in-flight count) the bytes and
-    whether the stage fits."""
+    whether the stage fits; with profile variants, time and bytes per variant ``v``."""
 
     def __init__(self, problem: SplitProblem):
         p = self.p = problem
@@ -127,7 +133,10 @@ class _Stages:
         e = a + 1 + np.arange(W)[None, :]
         self.real = e <= L
         self.ends = np.minimum(e, L)
-        self.time = np.where(self.real, p.time_up[self.ends] - p.time_down[a], INF).astype(np.int64)
+        self.tables = p.variant_tables()
+        self.variants = len(self.tables)
+        self.times = [np.where(self.real, up[self.ends] - down[a], INF).astype(np.int64) for _, up, down in self.tables]
+        self.time = self.times[0]
         length = e - a
         ok = self.real & (length >= o.min_layers)
         if o.max_layers is not None:
@@ -139,7 +148,7 @@ class _Stages:
             ok &= e <= next_pin[:, None]
         self.count_ok = ok
         self._allowed: dict[int, np.ndarray] = {}
-        self._bytes: dict[int, np.ndarray] = {}
+        self._bytes: dict[tuple[int, int], np.ndarray] = {}
 
     def allowed(self, position: int) -> np.ndarray:
         """Layer-count, pinned-split and pinned-layer rules of a stage at ``position``."""
@@ -155,28 +164,29 @@ class _Stages:
             self._allowed[position] = ok
         return self._allowed[position]
 
-    def nbytes(self, k: int) -> np.ndarray:
-        """(L, W) worst-tile bytes with ``k`` in flight (kept for a few counts)."""
-        band = self._bytes.get(k)
+    def nbytes(self, k: int, v: int = 0) -> np.ndarray:
+        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (kept for a few counts)."""
+        band = self._bytes.get((k, v))
         if band is None:
-            band = self.p.band(k)
+            band = self.tables[v][0].band(k)
             if band.shape[1] < self.W:
                 band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), INF, np.int64)], axis=1)
-            if len(self._bytes) >= 4:
+            if len(self._bytes) >= 4 * self.variants:
                 self._bytes.pop(next(iter(self._bytes)))
-            self._bytes[k] = band
+            self._bytes[k, v] = band
         return band
 
-    def fits(self, position: int, k: int) -> np.ndarray:
-        return self.allowed(position) & (self.nbytes(k) <= int(self.p.capacity[position]))
+    def fits(self, position: int, k: int, v: int = 0) -> np.ndarray:
+        return self.allowed(position) & (self.nbytes(k, v) <= int(self.p.capacity[position]))
 
-    def value(self, quantity: str, position: int, k: int) -> np.ndarray:
-        """A stage's contribution to an objective quantity: time, memory cost (bytes, or parts per
-        million of the position's capacity on mixed devices), or 0 (devices: counted apart)."""
+    def value(self, quantity: str, position: int, k: int, v: int = 0) -> np.ndarray:
+        """A stage's contribution to an objective quantity in variant ``v``: time, memory cost
+        (bytes, or parts per million of the position's capacity on mixed devices), or 0
+        (devices: counted apart)."""
         if quantity == "time":
-            return self.time
+            return self.times[v]
         if quantity == "memory":
-            m = self.nbytes(k)
+            m = self.nbytes(k, v)
             if self.p.homogeneous:
                 return m
             return np.where(m < INF, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
@@ -213,14 +223,22 @@ class _Pass:
         key = (int(s.p.capacity[position]) if not s.p.options.pinned_layers else -1 - position, k)
         hit = self._ok.get(key)
         if hit is None:
-            ok = s.fits(position, k)
-            for q, bound in self.bounds.items():
-                if q != "devices":
-                    ok = ok & (s.value(q, position, k) <= bound)
+            ok, value = None, None
+            for v in range(s.variants):              # with variants: the best that fits within the bounds
+                fits = s.fits(position, k, v)
+                for q, bound in self.bounds.items():
+                    if q != "devices":
+                        fits = fits & (s.value(q, position, k, v) <= bound)
+                mine = s.value(self.quantity, position, k, v)
+                if s.variants == 1:
+                    ok, value = fits, mine
+                else:
+                    mine = np.where(fits, mine, INF)
+                    ok, value = (fits, mine) if ok is None else (ok | fits, np.minimum(value, mine))
             columns = ok.any(axis=0)
             width = int(np.flatnonzero(columns)[-1]) + 1 if columns.any() else 0
             ok = np.ascontiguousarray(ok[:, :width])
-            hit = (~ok, np.ascontiguousarray(s.value(self.quantity, position, k)[:, :width]), width)
+            hit = (~ok, np.ascontiguousarray(value[:, :width]), width)
             size = hit[0].nbytes + hit[1].nbytes
             while self._ok and self._ok_bytes + size > OK_CACHE_BYTES:      # the oldest go first
                 old = self._ok.pop(next(iter(self._ok)))

@@ -11,15 +11,24 @@ micro-batches' stashed activations in flight, stays within the position's per-ti
 * Stage memory cost = worst-tile bytes (or parts per million of capacity on mixed devices).
 * In-flight micro-batches ``k``: 1 with no schedule; M for GPipe; for 1F1B, stage ``s`` of a
   P-stage pipeline holds ``min(M, P - s)``, i.e. one more than the stages after it.
+
+**Profile variants** (``build_variant_problem``): several profiles of the same model compiled
+another way (an IPU's ``availableMemoryProportion``), each with its own priced ranges and stage
+times (``SplitProblem.variants``). A stage may take any variant that fits it there; which one is
+chosen with the split. Every objective is a maximum over stages and each earlier optimum bounds
+every stage, so choosing per stage stays exact: a stage's value in a pass is the best of the
+variants that fit it and keep the earlier bounds (``choose_variants`` says which a split gets).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field, replace
+from typing import Sequence
 
 import numpy as np
 
+from ..common.text import show
 from ..common.validate import choice, integer, number
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Target
@@ -27,9 +36,10 @@ from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic
 from .request import Objective, Schedule
 
-__all__ = ["Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "TIME_SCALE_LIMIT",
-           "bubble_fraction", "build_problem", "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches",
-           "schedule_note", "stage_capacities", "stage_in_flight", "with_devices"]
+__all__ = ["Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "StageVariant",
+           "TIME_SCALE_LIMIT", "VARIANT_ORDER", "bubble_fraction", "build_problem", "build_variant_problem", "choose_variants",
+           "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches", "schedule_note", "stage_capacities",
+           "stage_in_flight", "with_devices"]
 
 OBJECTIVES = tuple(o.value for o in Objective)
 SCHEDULES = tuple(s.value for s in Schedule)
@@ -114,6 +124,19 @@ def bubble_fraction(stages: int, micro_batches: int) -> float:
     return (stages - 1) / (micro_batches + stages - 1)
 
 
+@dataclass(frozen=True)
+class StageVariant:
+    """One profile variant of the model: its name (for the plan), the memory proportion it was
+    compiled with (None: not given), its priced ranges and its integer stage times (on the
+    problem's common time scale: stage time = ``time_up[e] - time_down[a]``)."""
+
+    name: str
+    proportion: float | None
+    table: RangeTable
+    time_up: np.ndarray
+    time_down: np.ndarray
+
+
 @dataclass
 class SplitProblem:
     """Integer tables shared by all solvers. ``table`` gives the worst-tile bytes of layers a..b
@@ -132,6 +155,19 @@ class SplitProblem:
     seconds_per_unit: float | None
     cut_units: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64))
     time_unit: str = "cycles"            # the user's unit of stage time (the profile's compute unit)
+    #: profile variants a stage may take (``table``, ``time_up`` and ``time_down`` are the first's);
+    #: empty: one profile
+    variants: tuple[StageVariant, ...] = ()
+
+    @property
+    def variant_count(self) -> int:
+        return len(self.variants) or 1
+
+    def variant_tables(self) -> list[tuple[RangeTable, np.ndarray, np.ndarray]]:
+        """(priced ranges, time_up, time_down) of each variant (the problem's own with none)."""
+        if not self.variants:
+            return [(self.table, self.time_up, self.time_down)]
+        return [(v.table, v.time_up, v.time_down) for v in self.variants]
 
     def user_value(self, quantity: str, value: int | None) -> float | int | None:
         """A solver-side objective value in the user's units: stage time in ``time_unit``
@@ -164,12 +200,32 @@ class SplitProblem:
 
     @property
     def width(self) -> int:
-        """The most layers a stage that fits anywhere can hold (the band's width)."""
-        return self.table.width
+        """The most layers a stage that fits anywhere can hold (the widest variant's band)."""
+        return max(t.width for t, _, _ in self.variant_tables())
+
+    def width_for(self, k: int, capacity: int) -> int:
+        """The longest stage that fits ``capacity`` with ``k`` in flight in any variant (0: none)."""
+        return max(t.width_for(k, capacity) for t, _, _ in self.variant_tables())
+
+    def stage_options(self, position: int, k: int, a: int, e: int) -> list[tuple[int, int, int]]:
+        """(variant, time, memory cost) of each variant in which layers a..e-1 fit at
+        ``position`` with ``k`` in flight (one entry at most without variants)."""
+        out = []
+        for v, (table, up, down) in enumerate(self.variant_tables()):
+            nbytes = table.bytes_of(k, a, e - 1)
+            if nbytes <= int(self.capacity[position]):
+                out.append((v, int(up[e] - down[a]), self._memory_cost(position, nbytes)))
+        return out
+
+    def _memory_cost(self, position: int, nbytes: int) -> int:
+        if self.homogeneous:
+            return nbytes
+        return math.ceil(nbytes * 1_000_000 / int(self.capacity[position]))
 
     def stage_bytes(self, k: int, a: int, e: int) -> int:
         """Worst-tile bytes of layers a..e-1 with ``k`` micro-batches in flight (OVER when the
-        range is longer than any stage that fits)."""
+        range is longer than any stage that fits); with variants, the first variant's (as
+        ``stage_time``, ``band``, ``mem_cost`` and ``fits``; ``stage_options`` has them all)."""
         return self.table.bytes_of(k, a, e - 1)
 
     def band(self, k: int) -> np.ndarray:
@@ -179,10 +235,7 @@ class SplitProblem:
     def mem_cost(self, position: int, k: int, a: int, e: int) -> int:
         """Memory objective value of layers a..e-1 at a position: bytes, or ppm of capacity on
         mixed devices."""
-        nbytes = self.stage_bytes(k, a, e)
-        if self.homogeneous:
-            return nbytes
-        return math.ceil(nbytes * 1_000_000 / int(self.capacity[position]))
+        return self._memory_cost(position, self.stage_bytes(k, a, e))
 
     def fits(self, position: int, k: int, a: int, e: int) -> bool:
         """Whether layers a..e-1 fit at ``position`` with ``k`` micro-batches in flight."""
@@ -224,41 +277,99 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
                   table: RangeTable | None = None, progress=None) -> SplitProblem:
     """Price the ranges that can fit (unless ``table`` is given and covers them) and build the
     integer tables."""
-    L = model.num_layers
-    options.check_layers(L)
-    target = model.profile.target
-    n = options.devices
-    capacity, homogeneous = stage_capacities(target, options)
-    ks = in_flight_values(options.schedule, options.micro_batches, n)
-    if table is None or not table.supports(ks) or not table.covers(int(capacity.max())):
-        table = model.price_ranges(ks, progress=progress, capacity=int(capacity.max()))
+    return _build([model], options, traffic, [table], progress)[0]
 
+
+def build_variant_problem(models: Sequence[StageCostModel], names: Sequence[str],
+                          proportions: Sequence[float | None], options: SolveOptions,
+                          traffic: Traffic | None = None, tables: Sequence[RangeTable | None] | None = None,
+                          progress=None) -> SplitProblem:
+    """The split problem of several profile variants of one model (see the module docstring):
+    the same layers and device, each variant's ranges priced (unless its entry of ``tables``
+    covers them) and its stage times on one common integer scale. The bytes crossing a cut are
+    the model's, not the compile's: the first variant's (or ``traffic``) serve every variant."""
+    if not models or not (len(models) == len(names) == len(proportions)):
+        raise ValueError("one name and one proportion per variant model")
+    first = models[0]
+    for name, m in zip(names[1:], models[1:]):
+        if m.num_layers != first.num_layers:
+            raise StagesplitError(f"variant {show(name)} has {m.num_layers} layers, the first ({show(names[0])}) "
+                                  f"{first.num_layers}: variants must be profiles of the same model")
+        a, b = m.profile.target, first.profile.target
+        if (a.tiles, a.bytes_per_tile) != (b.tiles, b.bytes_per_tile):
+            raise StagesplitError(f"variant {show(name)} was compiled for {a.tiles:,} tiles x {a.bytes_per_tile:,} "
+                                  f"bytes, the first ({show(names[0])}) for {b.tiles:,} x {b.bytes_per_tile:,}: "
+                                  "variants must be compiled for the same device")
+    if options.communication and traffic is None:
+        traffic = _traffic(first)
+    problem, priced, ups, downs = _build(list(models), options, traffic,
+                                         list(tables) if tables is not None else [None] * len(models), progress)
+    problem.variants = tuple(StageVariant(str(n), None if p is None else float(p), t, up, down)
+                             for n, p, t, up, down in zip(names, proportions, priced, ups, downs))
+    return problem
+
+
+def _raw_times(model: StageCostModel, options: SolveOptions,
+               traffic: Traffic | None) -> tuple[np.ndarray, np.ndarray, float | None, str]:
+    """(each layer's compute, each cut's transfer in compute units, seconds per unit, the unit)."""
+    L = model.num_layers
+    target = model.profile.target
     compute = np.nan_to_num(model.layer_compute, nan=0.0)
     seconds = target.seconds_per_unit(model.profile.compute_unit)
     time_unit = model.profile.compute_unit
     layer_time = getattr(model, "layer_time_s", None)
     if layer_time is not None:      # roofline seconds on the chosen target (stagesplit/roofline.py)
         compute, seconds, time_unit = np.asarray(layer_time, float), 1.0, "seconds"
-    cut_seconds = np.zeros(L + 1)
+    cut_units_raw = np.zeros(L + 1)
     if options.communication:
         traffic = traffic or _traffic(model)
         cut_seconds = traffic.cut_bytes / float(options.link_bytes_per_s)
         if seconds is None:
             raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
                                   f"{model.profile.compute_unit} and target {target.name} cannot convert it")
-    cut_units_raw = cut_seconds / seconds if options.communication else np.zeros(L + 1)
-    total = float(compute.sum() + 2 * cut_units_raw.sum())
+        cut_units_raw = cut_seconds / seconds
+    return compute, cut_units_raw, seconds, time_unit
+
+
+def _build(models: list[StageCostModel], options: SolveOptions, traffic: Traffic | None,
+           tables: list[RangeTable | None], progress) -> tuple[SplitProblem, list, list, list]:
+    """The problem of ``models`` (one, or the variants of one model), stage times on one scale,
+    with each model's priced ranges, ``time_up`` and ``time_down``."""
+    model = models[0]
+    L = model.num_layers
+    options.check_layers(L)
+    target = model.profile.target
+    n = options.devices
+    capacity, homogeneous = stage_capacities(target, options)
+    ks = in_flight_values(options.schedule, options.micro_batches, n)
+    priced = []
+    for m, table in zip(models, tables):
+        if table is None or not table.supports(ks) or not table.covers(int(capacity.max())):
+            table = m.price_ranges(ks, progress=progress, capacity=int(capacity.max()))
+        priced.append(table)
+    raws = [_raw_times(m, options, traffic) for m in models]
+    units = {raw[3] for raw in raws}
+    if len(units) > 1:
+        raise StagesplitError(f"the variants give stage times in different units ({', '.join(sorted(units))}): "
+                              "variants must be profiles of one kind")
+    total = max(float(c.sum() + 2 * cut.sum()) for c, cut, _, _ in raws)
     # integral up to float noise (100 bytes / 1e9 B/s in 1 ns cycles is 99.99999999...)
-    integral = all(np.allclose(x, np.round(x), rtol=0, atol=1e-6) for x in (compute, cut_units_raw))
-    if integral:
-        compute, cut_units_raw = np.round(compute), np.round(cut_units_raw)
+    integral = all(np.allclose(x, np.round(x), rtol=0, atol=1e-6) for c, cut, _, _ in raws for x in (c, cut))
     scale = 1.0 if (integral and total <= TIME_SCALE_LIMIT) or total == 0 else TIME_SCALE_LIMIT / total
-    prefix = np.concatenate([[0], np.cumsum(np.round(compute * scale).astype(np.int64))])
-    cut_units = np.round(cut_units_raw * scale).astype(np.int64)
-    return SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, table=table,
-                        time_up=prefix + cut_units, time_down=prefix - cut_units, time_scale=scale,
-                        homogeneous=homogeneous, seconds_per_unit=seconds,
-                        cut_units=cut_units, time_unit=time_unit)
+    ups, downs, cuts = [], [], []
+    for compute, cut_units_raw, _, _ in raws:
+        if integral:
+            compute, cut_units_raw = np.round(compute), np.round(cut_units_raw)
+        prefix = np.concatenate([[0], np.cumsum(np.round(compute * scale).astype(np.int64))])
+        cut_units = np.round(cut_units_raw * scale).astype(np.int64)
+        ups.append(prefix + cut_units)
+        downs.append(prefix - cut_units)
+        cuts.append(cut_units)
+    _, _, seconds, time_unit = raws[0]
+    problem = SplitProblem(options=options, num_layers=L, capacity=capacity, in_flight_values=ks, table=priced[0],
+                           time_up=ups[0], time_down=downs[0], time_scale=scale, homogeneous=homogeneous,
+                           seconds_per_unit=seconds, cut_units=cuts[0], time_unit=time_unit)
+    return problem, priced, ups, downs
 
 
 def _traffic(model: StageCostModel) -> Traffic:
@@ -292,6 +403,8 @@ class Evaluation:
     memory: int
     devices: int
     reason: str = ""
+    #: with profile variants, the variant each non-empty stage takes (``choose_variants``)
+    variants: tuple[int, ...] = ()
 
     def key(self, objective: str) -> tuple[int, int]:
         if objective == "compute":
@@ -308,29 +421,51 @@ def stage_in_flight(problem: SplitProblem, split: Split) -> list[int]:
     return [in_flight(o.schedule, o.micro_batches, s, len(stages)) for s in range(len(stages))]
 
 
+#: the per-stage quantities a split's variants are chosen by, in order, for each objective (the
+#: devices objective fixes the count with the split: then the fastest, then the least memory)
+VARIANT_ORDER = {"compute": (1, 2), "memory": (2, 1), "devices": (1, 2)}
+
+
+def choose_variants(objective: str, options: list[list[tuple[int, int, int]]]) -> list[tuple[int, int, int]]:
+    """The variant each stage of one split takes, given each stage's ``(variant, time, memory
+    cost)`` options that fit (``SplitProblem.stage_options``): the lexicographic optimum of
+    ``objective`` over the split's choices (first the bottleneck of the objective's quantity,
+    each stage at its best; then the other quantity's bottleneck within that bound), and within
+    both bounds each stage's fastest variant (then the least memory, then the first listed)."""
+    first, second = VARIANT_ORDER[getattr(objective, "value", objective)]
+    bound1 = max(min(o[first] for o in opts) for opts in options)
+    bound2 = max(min(o[second] for o in opts if o[first] <= bound1) for opts in options)
+    return [min((o for o in opts if o[first] <= bound1 and o[second] <= bound2), key=lambda o: (o[1], o[2], o[0]))
+            for opts in options]
+
+
 def evaluate(problem: SplitProblem, split: Split) -> Evaluation:
-    """Check a split against every rule and compute its objective values."""
+    """Check a split against every rule and compute its objective values (with profile
+    variants, those of the variants ``choose_variants`` gives its stages)."""
     b = split.bounds
     L, N = problem.num_layers, problem.devices
     if len(b) != N + 1 or b[0] != 0 or b[-1] != L or any(x > y for x, y in zip(b[:-1], b[1:])):
         return Evaluation(False, 0, 0, 0, "bounds are not a split of the layers over the devices")
     stages = split.stages
     ks = stage_in_flight(problem, split)
-    times, mems = [], []
+    options = []
     for (position, first, last), k in zip(stages, ks):
         a, e = first, last + 1
         if not problem.allowed(position, a, e):
             return Evaluation(False, 0, 0, 0, f"stage {position} breaks a layer-count or pin rule")
-        if not problem.fits(position, k, a, e):
-            return Evaluation(False, 0, 0, 0, f"stage {position} does not fit")
-        times.append(problem.stage_time(a, e))
-        mems.append(problem.mem_cost(position, k, a, e))
+        fitting = problem.stage_options(position, k, a, e)
+        if not fitting:
+            return Evaluation(False, 0, 0, 0, f"stage {position} does not fit"
+                              + (" with any profile variant" if problem.variants else ""))
+        options.append(fitting)
     for i in range(N):
         if b[i] == b[i + 1] and not problem.empty_allowed(i):
             return Evaluation(False, 0, 0, 0, f"position {i} must hold a stage")
     if any(not any(x == j for x in b) for j in problem.options.pinned_splits):
         return Evaluation(False, 0, 0, 0, "a pinned split is missing")
-    return Evaluation(True, max(times), max(mems), len(stages))
+    chosen = choose_variants(problem.options.objective.value, options)
+    return Evaluation(True, max(t for _, t, _ in chosen), max(m for _, _, m in chosen), len(stages),
+                      variants=tuple(v for v, _, _ in chosen) if problem.variants else ())
 
 
 def with_devices(options: SolveOptions, devices: int) -> SolveOptions:

@@ -4,15 +4,21 @@ signatures and the documented rules the exports must satisfy:
 
 - PopTorch: ``BeginBlock(layer_to_call, user_id=None, ipu_id=None)``; pipelined training needs
   gradient accumulation >= 2 x stages - 1; pipelined inference needs deviceIterations >= stages;
-  ``setAvailableMemoryProportion`` takes ``{"IPU<n>": proportion in (0, 1]}``.
+  ``setAvailableMemoryProportion`` takes ``{"IPU<n>": proportion}`` (PopTorch asserts each key
+  starts with ``IPU`` and reads the id after it; its docs: values between 0 and 1), one per IPU
+  the blocks use.
 - PopART: pipelined training needs ``accumulationFactor`` >= 2 x stages - 1; pipelined inference
-  needs ``popart.DataFlow`` batches per step >= stages.
+  needs ``popart.DataFlow`` batches per step >= stages; ``Builder.setAvailableMemoryProportion(
+  nodeOutputName, availableMemoryProportion)`` takes 0 < proportion <= 1.
 - TensorFlow for IPU ``pipelining_ops.pipeline``: at least 2 computational stages,
   ``gradient_accumulation_count`` required (training: >= 2 x stages - 1), one device per stage;
-  a dict infeed reaches the first stage as keyword arguments.
+  a dict infeed reaches the first stage as keyword arguments; ``*_stages_poplar_options`` hold
+  one ``PipelineStageOptions(convolution_options, matmul_options)`` (dicts of Poplar option
+  strings) per stage; an ``availableMemoryProportion`` is in (0, 1].
 - optimum-graphcore ``IPUConfig``: only its own keyword arguments; ``layers_per_ipu`` as long as
-  ``ipus_per_replica``; a ``matmul_proportion`` list as long too; the model's expansion needs the
-  counts to sum to its transformer layers (``IncompatibleIPUConfigError`` otherwise).
+  ``ipus_per_replica``; a ``matmul_proportion`` list as long too, its elements >= 0 (optimum) and
+  at most 1 (PopLibs' proportion); the model's expansion needs the counts to sum to its
+  transformer layers (``IncompatibleIPUConfigError`` otherwise).
 """
 
 from __future__ import annotations
@@ -25,6 +31,11 @@ from dataclasses import dataclass, field
 
 class RuleError(AssertionError):
     """A documented rule of the framework the export broke."""
+
+
+def _proportion(value) -> bool:
+    """An available memory proportion as PopLibs documents it: a number in (0, 1]."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and 0 < value <= 1
 
 
 def _module(name: str, **attrs) -> types.ModuleType:
@@ -72,8 +83,9 @@ class PopTorchRecord:
                             f"got {self.device_iterations}")
         if self.memory is not None:
             ipus = {f"IPU{ipu}" for _, _, ipu in self.blocks}
-            if set(self.memory) != ipus or not all(0 < v <= 1 for v in self.memory.values()):
-                raise RuleError(f"setAvailableMemoryProportion({self.memory}) for IPUs {sorted(ipus)}")
+            if set(self.memory) != ipus or not all(_proportion(v) for v in self.memory.values()):
+                raise RuleError(f"setAvailableMemoryProportion({self.memory}) for IPUs {sorted(ipus)}: one proportion "
+                                "in (0, 1] per IPU")
 
 
 def poptorch_module(record: PopTorchRecord) -> types.ModuleType:
@@ -91,8 +103,11 @@ def poptorch_module(record: PopTorchRecord) -> types.ModuleType:
         def deviceIterations(self, n):
             record.device_iterations = n
 
-        def setAvailableMemoryProportion(self, proportions):
-            record.memory = dict(proportions)
+        def setAvailableMemoryProportion(self, available_memory_proportion):   # noqa: N802 - PopTorch's
+            for key in available_memory_proportion:                             # as PopTorch reads the keys
+                assert key.startswith("IPU"), f"Invalid key: {key}"
+                int(key[3:])
+            record.memory = dict(available_memory_proportion)
 
     def BeginBlock(layer_to_call, user_id=None, ipu_id=None):   # noqa: N802 - PopTorch's name and signature
         record.blocks.append((getattr(layer_to_call, "_path", layer_to_call), user_id, ipu_id))
@@ -138,6 +153,14 @@ class FakeBuilder:
     def __init__(self):
         self.virtual_graph = None
         self.pipeline_stage = None
+        self.memory_proportions: list = []       # (output, proportion, virtual graph, pipeline stage)
+
+    def setAvailableMemoryProportion(self, nodeOutputName, availableMemoryProportion):  # noqa: N802,N803 - PopART's
+        if not isinstance(nodeOutputName, str) or not _proportion(availableMemoryProportion):
+            raise RuleError(f"setAvailableMemoryProportion({nodeOutputName!r}, {availableMemoryProportion!r}): "
+                            "expected a tensor id and 0 < proportion <= 1")
+        self.memory_proportions.append((nodeOutputName, availableMemoryProportion, self.virtual_graph,
+                                        self.pipeline_stage))
 
     @contextlib.contextmanager
     def _scope(self, attr, value):
@@ -157,10 +180,29 @@ class FakeBuilder:
 
 # -- TensorFlow for IPU ----------------------------------------------------------------------------------
 
+class PipelineStageOptions:
+    """``pipelining_ops.PipelineStageOptions(convolution_options=None, matmul_options=None)``:
+    dictionaries of Poplar option flags (strings) for a stage's convolutions and matmuls."""
+
+    def __init__(self, convolution_options=None, matmul_options=None):
+        for what, value in (("convolution_options", convolution_options), ("matmul_options", matmul_options)):
+            if value is not None and not isinstance(value, dict):
+                raise TypeError(f"PipelineStageOptions.{what} must be dictionary.")
+            for key, flag in (value or {}).items():
+                if not isinstance(key, str) or not isinstance(flag, str):
+                    raise TypeError(f"PipelineStageOptions.{what}: Poplar option flags are strings, got {key!r}: "
+                                    f"{flag!r}")
+                if key == "availableMemoryProportion" and not _proportion(float(flag)):
+                    raise RuleError(f"{what}: availableMemoryProportion {flag!r} is not in (0, 1]")
+        self.convolution_options = dict(convolution_options or {})
+        self.matmul_options = dict(matmul_options or {})
+
+
 def tensorflow_modules(calls: list, training: bool) -> list[types.ModuleType]:
     def pipeline(computational_stages, gradient_accumulation_count=None, gradient_accumulation_dtype=None,
                  repeat_count=1, inputs=None, infeed_queue=None, outfeed_queue=None, optimizer_function=None,
-                 device_mapping=None, pipeline_schedule=None, name=None, **more):
+                 device_mapping=None, pipeline_schedule=None, forward_propagation_stages_poplar_options=None,
+                 backward_propagation_stages_poplar_options=None, name=None, **more):
         if gradient_accumulation_count is None:
             raise ValueError("gradient_accumulation_count must be specified.")
         if len(computational_stages) < 2:
@@ -173,12 +215,20 @@ def tensorflow_modules(calls: list, training: bool) -> list[types.ModuleType]:
                             f"{2 * stages - 1}, got {gradient_accumulation_count}")
         if not training and gradient_accumulation_count < stages:
             raise RuleError(f"pipelined inference with {stages} stages needs gradient_accumulation_count >= {stages}")
+        for what, given in (("forward", forward_propagation_stages_poplar_options),
+                            ("backward", backward_propagation_stages_poplar_options)):
+            if given is not None and (len(given) != stages or
+                                      not all(isinstance(o, PipelineStageOptions) for o in given)):
+                raise ValueError(f"{what}_propagation_stages_poplar_options: expected one PipelineStageOptions per "
+                                 f"computational stage ({stages})")
         calls.append(dict(computational_stages=computational_stages, device_mapping=device_mapping,
                           gradient_accumulation_count=gradient_accumulation_count, inputs=inputs,
-                          infeed_queue=infeed_queue))
+                          infeed_queue=infeed_queue, forward_options=forward_propagation_stages_poplar_options,
+                          backward_options=backward_propagation_stages_poplar_options))
         return "pipeline-op"
 
-    ipu = types.SimpleNamespace(pipelining_ops=types.SimpleNamespace(pipeline=pipeline))
+    ipu = types.SimpleNamespace(pipelining_ops=types.SimpleNamespace(pipeline=pipeline,
+                                                                     PipelineStageOptions=PipelineStageOptions))
     tf = _module("tensorflow")
     tf.python = _module("tensorflow.python", ipu=ipu)
     return [tf, tf.python]
@@ -229,6 +279,11 @@ class IPUConfig:
             layers = getattr(self, f"{prefix}layers_per_ipu")
             if isinstance(proportion, list) and len(proportion) != ipus:
                 raise IncompatibleIPUConfigError(f"{prefix}matmul_proportion={proportion} for {ipus} IPUs")
+            values = proportion if isinstance(proportion, list) else [proportion]
+            if any(isinstance(v, (int, float)) and not isinstance(v, bool) and v < 0 for v in values):
+                raise ValueError(f"`IPUConfig` attribute `{prefix}matmul_proportion` must have all elements >= 0")
+            if not all(_proportion(v) for v in values):
+                raise RuleError(f"{prefix}matmul_proportion={proportion}: PopLibs' proportion is in (0, 1]")
             if -1 not in layers and len(layers) != ipus:
                 raise IncompatibleIPUConfigError(f"{prefix}layers_per_ipu={layers} for {ipus} IPUs")
 
