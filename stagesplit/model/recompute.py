@@ -20,11 +20,23 @@ before and after hold them), so every stashed byte belongs to at most one layer.
   early once the backward's tensors are back) still references when the backward starts.
 
 A chunk (a range of layers) with choices ``o_i`` holds, per micro-batch in flight, its stash
-less ``sum saved[o_i, i]``; the transient of its backward drops the same bytes and adds back the
-largest ``rerun[o_i, i]`` (one layer is re-materialised at a time), that of its forward the
-largest ``saved[o_i, i]`` (a checkpointed layer's intermediates live while it runs); its B time
-grows by ``sum added[o_i, i]``. Where a schedule splits the backward, what B re-materialises
-stays for W: the weight stash is not reduced (solver/chunks.py).
+less ``sum saved[o_i, i]``; its B time grows by ``sum added[o_i, i]``. The transients depend on
+where in the chunk the recomputed layers are, because the forward makes the layers' own stashes
+in order and the backward frees them in reverse (``chunk_changes``). With ``U`` the chunk's own
+stash (every layer's ``saved`` under full) and ``N_i`` the own bytes that layers up to ``i``
+still hold under their options:
+
+* the forward, while layer ``i`` runs, holds what the earlier layers kept and all of layer
+  ``i``'s own intermediates: the chunk's forward transient changes by ``max_i(N_{i-1} +
+  own_i) - U``;
+* the backward of layer ``i`` runs when the later layers' stashes are already freed, holding
+  what the earlier layers kept and layer ``i``'s rerun: it changes by ``max(N_last, max over
+  recomputed i of (N_i + rerun_i)) - U``.
+
+Recomputing a chunk's *first* layers therefore costs least: their rerun comes when little else
+is held (measured: 20% of a rank's peak between a chunk recomputing its first and its second
+layer, tests/exporters/test_export_recompute_torch.py). Where a schedule splits the backward,
+what B re-materialises stays for W: the weight stash is not reduced (solver/chunks.py).
 """
 
 from __future__ import annotations
@@ -80,26 +92,42 @@ class RecomputeTable:
     def chunk_effect(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved, largest
         rerun (held again in the backward), time added."""
-        s, x, t, _ = self.chunk_effects(bounds, choice)
-        return s, x, t
-
-    def chunk_effects(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-        """``chunk_effect`` and, last, the largest single layer's saving (what a checkpointed
-        forward holds of one layer while it runs)."""
         b = np.asarray(bounds, np.int64)
         cols = np.arange(self.num_layers)
-        saved = self.saved[choice, cols]
-        rerun = self.rerun[choice, cols]
-        added = self.added[choice, cols]
         chunk = np.searchsorted(b, cols, side="right") - 1
         C = len(b) - 1
-        s = np.bincount(chunk, weights=saved, minlength=C).astype(np.int64)
-        t = np.bincount(chunk, weights=added, minlength=C)
+        s = np.bincount(chunk, weights=self.saved[choice, cols], minlength=C).astype(np.int64)
+        t = np.bincount(chunk, weights=self.added[choice, cols], minlength=C)
         x = np.zeros(C, np.int64)
-        np.maximum.at(x, chunk, rerun)
-        one = np.zeros(C, np.int64)
-        np.maximum.at(one, chunk, saved)
-        return s, x, t, one
+        np.maximum.at(x, chunk, self.rerun[choice, cols])
+        return s, x, t
+
+    def chunk_changes(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved from the
+        stash, the change of the forward transient, the change of the backward transient (see the
+        module docstring: both depend on where the recomputed layers are), and time added."""
+        b = np.asarray(bounds, np.int64)
+        choice = np.asarray(choice, np.int64)
+        L = self.num_layers
+        cols = np.arange(L)
+        own = self.saved[2]
+        saved = self.saved[choice, cols]
+        rerun = self.rerun[choice, cols]
+        chunk = np.searchsorted(b, cols, side="right") - 1
+        C = len(b) - 1
+        kept = own - saved
+        cum = np.cumsum(kept)
+        before = np.concatenate([[0], cum])[b[:-1]]
+        held = cum - before[chunk]                       # N_i: own bytes kept by the chunk's layers up to i
+        whole = np.bincount(chunk, weights=own, minlength=C).astype(np.int64)
+        total_saved = np.bincount(chunk, weights=saved, minlength=C).astype(np.int64)
+        forward = np.zeros(C, np.int64)
+        np.maximum.at(forward, chunk, held - kept + own)
+        backward = whole - total_saved
+        recomputed = choice > 0
+        np.maximum.at(backward, chunk[recomputed], (held + rerun)[recomputed])
+        added = np.bincount(chunk, weights=self.added[choice, cols], minlength=C)
+        return total_saved, forward - whole, backward - whole, added
 
 
 def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: np.ndarray,

@@ -24,7 +24,7 @@ from __future__ import annotations
 import itertools
 import math
 import time as _time
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,7 +35,7 @@ from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, Sche
                        rank_memory)
 
 __all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "fitting_choice", "local_search",
-           "solve_cpsat"]
+           "prefix_choice", "solve_cpsat"]
 
 
 @dataclass(frozen=True)
@@ -103,8 +103,7 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     kept_output = np.where(last, cc.output, 0)
     saved = change = forward_change = np.zeros(C, np.int64)
     if choice is not None and table.recompute is not None:
-        saved, rerun, _, one = table.recompute.chunk_effects(b, np.asarray(choice, np.int64))
-        change, forward_change = rerun - saved, one - saved
+        saved, forward_change, change, _ = table.recompute.chunk_changes(b, np.asarray(choice, np.int64))
     stash = np.maximum(np.maximum(cc.stash - received, 0) + kept_output - saved, 0)
     # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all
     weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
@@ -224,50 +223,53 @@ def _evaluate(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray
 
 
 def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
-    """A split with the recompute its ranks need to fit (AUTO): from none, on each rank that does
-    not fit, the options that save the most bytes per unit of time added, as many as its excess
-    needs (each layer's saving counted once per micro-batch its chunk holds in flight), until
-    every rank fits or no option is left. A good choice, not a proven one (``solve_cpsat``
-    proves)."""
+    """A split with the recompute its ranks need to fit (AUTO), as recompute prefixes (each
+    chunk's first layers full, the next selective: ``prefix_choice``): from none, on each rank
+    that does not fit, the prefix extensions that save the most bytes per unit of time added, as
+    many as its excess needs (each saving counted once per micro-batch its chunk holds in
+    flight), until every rank fits or no extension is left. A good choice, not a proven one
+    (``solve_cpsat`` proves)."""
     bounds = tuple(int(x) for x in bounds)
-    table = problem.table.recompute
-    L = problem.num_layers
-    choice = np.zeros(L, np.int64)
-    current = _evaluate(problem, bounds, choice)
-    if table is None or _rules(problem, bounds):
+    L, C = problem.num_layers, len(bounds) - 1
+    current = _evaluate(problem, bounds, np.zeros(L, np.int64))
+    if problem.table.recompute is None or _rules(problem, bounds) or all(len(o) == 1 for o in _options(problem)):
         return current
-    b = np.asarray(bounds)
-    chunk_of_layer = np.searchsorted(b, np.arange(L), side="right") - 1
-    rank_of_layer = np.asarray(problem.schedule.chunk_rank)[chunk_of_layer]
-    copies = chunks_in_flight(problem.schedule)[chunk_of_layer]
-    options = _options(problem)
+    saved, _, added = _option_figures(problem)
+    copies = chunks_in_flight(problem.schedule)
+    rank_of = np.asarray(problem.schedule.chunk_rank)
+    full, selective = [0] * C, [0] * C
+
+    def moves(c: int):
+        """(bytes saved per micro-batch, time added, new full, new selective) of chunk c's
+        extensions: the full prefix by one layer (over a selective one, it shrinks that), or the
+        selective part by one."""
+        a, e = bounds[c], bounds[c + 1]
+        p, r = a + full[c], a + full[c] + selective[c]
+        out = []
+        if p < e:
+            was = 1 if selective[c] else 0
+            out.append((int(saved[2, p] - saved[was, p]), float(added[2, p] - added[was, p]), full[c] + 1,
+                        max(selective[c] - 1, 0)))
+        if r < e:
+            out.append((int(saved[1, r]), float(added[1, r]), full[c], selective[c] + 1))
+        return out
+
     while not current.feasible:
         changed = False
-        for r in current.ranks:
-            excess = int(r.peak - problem.capacities[r.rank])
-            if excess <= 0:
-                continue
-            candidates = []
-            for i in np.flatnonzero(rank_of_layer == r.rank):
-                for o in options[i][1:]:
-                    gain = int(table.saved[o, i] - table.saved[choice[i], i])
-                    if o > choice[i] and gain > 0:
-                        cost = float(table.added[o, i] - table.added[choice[i], i])
-                        candidates.append((-gain / max(cost, 1e-30), int(i), o, gain * int(copies[i])))
-            candidates.sort()
-            done = set()
-            for _, i, o, reduction in candidates:
-                if excess <= 0:
+        for rank in current.ranks:
+            excess = int(rank.peak - problem.capacities[rank.rank])
+            while excess > 0:
+                options = [(-gain / max(cost, 1e-30), c, gain, f, g) for c in np.flatnonzero(rank_of == rank.rank)
+                           for gain, cost, f, g in moves(int(c)) if gain > 0]
+                if not options:
                     break
-                if i in done:
-                    continue
-                choice[i] = o
-                done.add(i)
-                excess -= reduction
+                _, c, gain, f, g = min(options)
+                full[c], selective[c] = f, g
+                excess -= gain * int(copies[c])
                 changed = True
         if not changed:
             break
-        current = _evaluate(problem, bounds, choice)
+        current = _evaluate(problem, bounds, prefix_choice(problem, bounds, full, selective))
     return current
 
 
@@ -277,18 +279,27 @@ def _all_splits(L: int, C: int):
 
 
 def exhaustive(problem: ChunkProblem) -> ChunkResult | None:
-    """The best split by trying every one, and with AUTO recompute every layer's every option
-    (the oracle of the tests: small problems only)."""
+    """The best split by trying every one, and with AUTO recompute every recompute prefix of
+    every chunk (``prefix_choice``; the oracle of the tests: small problems only)."""
     best = None
     fixed = problem.fixed_choice()
-    choices = [fixed] if fixed is not None else \
-        [np.array(c, np.int64) for c in itertools.product(*_options(problem))]
     for bounds in _all_splits(problem.num_layers, problem.chunks):
-        for choice in choices:
+        for choice in ([fixed] if fixed is not None else _prefix_choices(problem, bounds)):
             r = _evaluate(problem, bounds, choice)
             if best is None or r.key(problem) < best.key(problem):
                 best = r
     return best if best is not None and best.feasible else None
+
+
+def _prefix_choices(problem: ChunkProblem, bounds) -> list[np.ndarray]:
+    """Every distinct per-layer choice of recompute prefixes on ``bounds``."""
+    sizes = np.diff(bounds)
+    per_chunk = [[(f, g) for f in range(n + 1) for g in range(n + 1 - f)] for n in sizes]
+    out: dict[bytes, np.ndarray] = {}
+    for combo in itertools.product(*per_chunk):
+        choice = prefix_choice(problem, bounds, [f for f, _ in combo], [g for _, g in combo])
+        out.setdefault(choice.tobytes(), choice)
+    return list(out.values())
 
 
 def _options(problem: ChunkProblem) -> list[tuple[int, ...]]:
@@ -534,11 +545,11 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         if best is not None:
             for c in range(1, C):
                 m.AddHint(s[c], best.bounds[c])
-            if y:
-                klass = layer_classes(problem)
-                for (c, k, o), var in y.items():
-                    m.AddHint(var, int(sum(1 for i in range(best.bounds[c], best.bounds[c + 1])
-                                           if klass[i] == k and best.choice[i] == o)))
+            counts = prefix_counts(best.bounds, best.choice) if y and best.choice else None
+            if counts is not None:
+                for c in range(C):
+                    m.AddHint(y[c, "full"], counts[0][c])
+                    m.AddHint(y[c, "selective"], counts[1][c])
         invalid = m.Validate()
         if invalid:
             raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
@@ -560,7 +571,9 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         bounds = tuple(int(solver.Value(x)) for x in s)
         choice = fixed if fixed is not None else np.zeros(L, np.int64)
         if auto:
-            choice = _choice_of_counts(problem, bounds, {key: int(solver.Value(var)) for key, var in y.items()})
+            choice = prefix_choice(problem, bounds, [solver.Value(y[c, "full"]) for c in range(C)],
+                                   [solver.Value(y[c, "selective"]) for c in range(C)]) if y else \
+                np.zeros(L, np.int64)
         found = _evaluate(problem, bounds, choice)
         if best is None or found.key(problem) < best.key(problem):
             best = found
@@ -603,109 +616,147 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     return ChunkSolve(best, optimal, bound, len(paths), seconds, status)
 
 
-def layer_classes(problem: ChunkProblem) -> np.ndarray:
-    """Each layer's class: layers whose recompute options and figures are the same (a
-    transformer's blocks) share one, so the model chooses how many of a chunk's layers of each
-    class take each option, not which."""
+def _option_figures(problem: ChunkProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per option row (none, selective, full) and layer: bytes saved, rerun and time added where
+    the option is open to the layer (``_options``); where it is not, the layer keeps none's
+    figures (a recompute prefix passes over it)."""
     table = problem.table.recompute
-    keys: dict = {}
-    out = np.zeros(problem.num_layers, np.int64)
+    L = problem.num_layers
+    saved, rerun, added = (np.zeros((3, L), np.int64), np.zeros((3, L), np.int64), np.zeros((3, L)))
     for i, opts in enumerate(_options(problem)):
-        key = (opts, table.saved[:, i].tobytes(), table.rerun[:, i].tobytes(), table.added[:, i].tobytes())
-        out[i] = keys.setdefault(key, len(keys))
+        for o in opts[1:]:
+            saved[o, i], rerun[o, i], added[o, i] = table.saved[o, i], table.rerun[o, i], table.added[o, i]
+    return saved, rerun, added
+
+
+def prefix_choice(problem: ChunkProblem, bounds, full, selective) -> np.ndarray:
+    """Per-layer options of the recompute prefixes: in chunk ``c``, its first ``full[c]`` layers
+    take full, the next ``selective[c]`` selective, the rest none (a layer an option is not open
+    to keeps none)."""
+    options = _options(problem)
+    choice = np.zeros(problem.num_layers, np.int64)
+    for c in range(len(bounds) - 1):
+        a = bounds[c]
+        for i in range(a, min(a + int(full[c]), bounds[c + 1])):
+            choice[i] = 2 if 2 in options[i] else 0
+        for i in range(a + int(full[c]), min(a + int(full[c]) + int(selective[c]), bounds[c + 1])):
+            choice[i] = 1 if 1 in options[i] else 0
+    return choice
+
+
+def prefix_counts(bounds, choice) -> tuple[list[int], list[int]] | None:
+    """``(full, selective)`` per chunk where ``choice`` is recompute prefixes (full layers, then
+    selective, then none, in each chunk), else None."""
+    full, selective = [], []
+    for c in range(len(bounds) - 1):
+        run = [int(o) for o in choice[bounds[c]:bounds[c + 1]]]
+        f = next((j for j, o in enumerate(run) if o != 2), len(run))
+        s = next((j for j, o in enumerate(run[f:]) if o != 1), len(run) - f)
+        if any(run[f + s:]):
+            return None
+        full.append(f)
+        selective.append(s)
+    return full, selective
+
+
+def _range_max(values: np.ndarray, offset: np.ndarray | None = None) -> np.ndarray:
+    """(L+1, L+1) table: at [p, e], the largest ``values[i] + offset[i] - offset[p]`` over
+    ``p <= i < e`` (0 for an empty range). ``offset``: a prefix sum of length L + 1."""
+    L = len(values)
+    out = np.zeros((L + 1, L + 1), np.int64)
+    for p in range(L):
+        term = values[p:] + (offset[p:L] - offset[p] if offset is not None else 0)
+        out[p, p + 1:] = np.maximum.accumulate(term)
     return out
 
 
 def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: float, largest: dict[str, int]):
-    """AUTO recompute in the CP-SAT model, by layer class (``layer_classes``): per chunk c and
-    class k, how many of the chunk's class-k layers take each option (``x``, at most the class's
-    layers in the chunk, counted from the boundaries by prefix lookups), and whether any does
-    (``u``). Per chunk: bytes saved ``S_c`` and time added ``T_c`` are sums over ``x``, the
-    largest rerun ``X_c`` and largest single saving ``X1_c`` maxima over ``u``. The chunk
-    figures become, as ``chunk_memory`` has them: stash ``max(0, stash - S)``, B / full
-    backward ``max(0, peak + X - S)``, forward ``max(0, peak + X1 - S)``; the weight stash and W
-    keep what B re-materialises; a split backward's first chunk keeps its rules (B holds the
-    stash, W is the whole backward). Returns the chunk figures, the time added per chunk and
-    the count variables ``x[c, k, o]``."""
-    table = problem.table.recompute
+    """AUTO recompute in the CP-SAT model as recompute prefixes: in chunk c, the first ``f_c``
+    layers take full and the next ``g_c`` selective (Megatron's block method, with selective
+    after it): recomputing a chunk's first layers costs least, since their rerun comes when the
+    later layers' stashes are freed (model/recompute.py). With ``p = s_c + f_c`` and ``r = p +
+    g_c``, everything is a lookup: bytes saved ``S`` and time added from prefix sums, the chunk's
+    own stash ``U``, and the transients' terms (as ``RecomputeTable.chunk_changes``): the forward
+    ``max(largest own over [s_c, p), max over [p, r) of kept-before + own, kept)`` and the
+    backward ``max(kept, largest full rerun over [s_c, p), max over [p, r) of kept-through +
+    rerun)``, kept = the selective layers' unsaved own bytes + the none layers' own. The chunk
+    figures become stash ``max(0, stash - S)``, forward ``max(0, peak - U + forward term)``, B /
+    full backward ``max(0, peak - U + backward term)``. Returns the chunk figures, the time added
+    per chunk and the variables ``{(c, "full"), (c, "selective")}``."""
     L, C = problem.num_layers, problem.chunks
-    options = _options(problem)
-    klass = layer_classes(problem)
-    K = int(klass.max()) + 1
-    first_of = [int(np.flatnonzero(klass == k)[0]) for k in range(K)]
+    if all(len(o) == 1 for o in _options(problem)):
+        return q, [0] * C, {}
+    saved, rerun, added_t = _option_figures(problem)
+    own = problem.table.recompute.saved[2].astype(np.int64)
+    kept_full = own - saved[2]                      # a layer of the full prefix that full is not open to
+    kept_selective = own - saved[1]                 # what a selective layer still holds of its own bytes
+
+    def cum(v) -> np.ndarray:
+        return np.concatenate([[0], np.cumsum(v)])
+
+    O, S2, S1, K2, D = (cum(v).astype(np.int64) for v in (own, saved[2], saved[1], kept_full, kept_selective))
+    T2, T1 = (np.round(cum(v) * scale).astype(np.int64) for v in (added_t[2], added_t[1]))
+    full_rerun = _range_max(rerun[2] + kept_full, K2)
+    full_forward = _range_max(own, K2)
+    sel_backward = _range_max(rerun[1] + kept_selective, D)
+    sel_forward = _range_max(own, D)
     x: dict = {}
-    saved_terms = [[] for _ in range(C)]
-    added_terms = [[] for _ in range(C)]
-    reruns = [[] for _ in range(C)]
-    ones = [[] for _ in range(C)]
-    for k in range(K):
-        i = first_of[k]
-        opts = options[i][1:]
-        if not opts:
-            continue
-        prefix = np.concatenate([[0], np.cumsum(klass == k)]).astype(np.int64)
-        total = int(prefix[-1])
-        at = []
-        for c in range(C + 1):
-            v = m.NewIntVar(0, total, f"n{k}_{c}")
-            m.AddElement(s[c], [int(v_) for v_ in prefix], v)
-            at.append(v)
-        for c in range(C):
-            mine = []
-            for o in opts:
-                n = m.NewIntVar(0, total, f"x{c}_{k}_{o}")
-                u = m.NewBoolVar(f"u{c}_{k}_{o}")
-                m.Add(n <= total * u)
-                m.Add(n >= u)
-                x[c, k, o] = n
-                mine.append(n)
-                saved_terms[c].append(int(table.saved[o, i]) * n)
-                added_terms[c].append(int(round(float(table.added[o, i]) * scale)) * n)
-                reruns[c].append((int(table.rerun[o, i]), u))
-                ones[c].append((int(table.saved[o, i]), u))
-            m.Add(sum(mine) <= at[c + 1] - at[c])
-    big = int(table.saved.sum() + table.rerun.max(initial=0)) + 1
-    split = problem.schedule.traits.splits_backward
     out = {name: list(values) for name, values in q.items()}
     added = []
+    split = problem.schedule.traits.splits_backward
+    big = int(own.sum() + rerun.max(initial=0)) + 1
+    W = L + 1
+
+    def element(name: str, index, values: np.ndarray):
+        v = m.NewIntVar(int(min(values.min(initial=0), 0)), int(max(values.max(initial=0), 0)), name)
+        m.AddElement(index, [int(z) for z in values.ravel()], v)
+        return v
+
     for c in range(C):
-        saved = sum(saved_terms[c]) if saved_terms[c] else 0
-        rerun = m.NewIntVar(0, int(table.rerun.max(initial=0)), f"x{c}")
-        one = m.NewIntVar(0, int(table.saved.max(initial=0)), f"one{c}")
-        for var, pairs in ((rerun, reruns[c]), (one, ones[c])):
-            for value, u in pairs:
-                if value:
-                    m.Add(var >= value).OnlyEnforceIf(u)
-        added.append(sum(added_terms[c]) if added_terms[c] else 0)
+        f = m.NewIntVar(0, L, f"full{c}")
+        g = m.NewIntVar(0, L, f"selective{c}")
+        m.Add(f + g <= s[c + 1] - s[c])
+        x[c, "full"], x[c, "selective"] = f, g
+        p = m.NewIntVar(0, L, f"p{c}")
+        r = m.NewIntVar(0, L, f"r{c}")
+        m.Add(p == s[c] + f)
+        m.Add(r == p + g)
+        at = {}
+        for key, arr in (("O", O), ("S2", S2), ("S1", S1), ("T2", T2), ("T1", T1), ("K2", K2)):
+            at[key] = [element(f"{key}{c}_{j}", idx, arr) for j, idx in enumerate((s[c], p, r, s[c + 1]))]
+        pair_fp = m.NewIntVar(0, W * W - 1, f"fp{c}")
+        m.Add(pair_fp == s[c] * W + p)
+        pair_pr = m.NewIntVar(0, W * W - 1, f"pr{c}")
+        m.Add(pair_pr == p * W + r)
+        rerun_full = element(f"rf{c}", pair_fp, full_rerun)
+        forward_full = element(f"ff{c}", pair_fp, full_forward)
+        rerun_sel = element(f"rs{c}", pair_pr, sel_backward)
+        forward_sel = element(f"fs{c}", pair_pr, sel_forward)
+        kept_f = at["K2"][1] - at["K2"][0]                       # full-prefix layers that full is not open to
+        saving = (at["S2"][1] - at["S2"][0]) + (at["S1"][2] - at["S1"][1])
+        whole = at["O"][3] - at["O"][0]
+        kept = m.NewIntVar(0, big, f"kept{c}")                   # own bytes still held after the chunk's forward
+        m.Add(kept == whole - saving)
+        backward_term = m.NewIntVar(0, 2 * big, f"bt{c}")
+        m.AddMaxEquality(backward_term, [kept, rerun_full, kept_f + rerun_sel])
+        forward_term = m.NewIntVar(0, 2 * big, f"ft{c}")
+        m.AddMaxEquality(forward_term, [kept, forward_full, kept_f + forward_sel])
+        added.append((at["T2"][1] - at["T2"][0]) + (at["T1"][2] - at["T1"][1]))
 
         def clipped(name: str, expression):
-            v = m.NewIntVar(0, big + max(largest[name], 0), f"{name}_r{c}")
+            v = m.NewIntVar(0, 2 * big + max(largest[name], 0), f"{name}_r{c}")
             m.AddMaxEquality(v, [0, expression])
             return v
-        out["stash"][c] = clipped("stash", q["stash"][c] - saved)
-        out["forward"][c] = clipped("forward", q["forward"][c] + one - saved)
-        out["full_backward"][c] = clipped("full_backward", q["full_backward"][c] + rerun - saved)
+        out["stash"][c] = clipped("stash", q["stash"][c] - saving)
+        out["forward"][c] = clipped("forward", q["forward"][c] - whole + forward_term)
+        out["full_backward"][c] = clipped("full_backward", q["full_backward"][c] - whole + backward_term)
         if split and c == 0:
             out["backward"][c] = out["stash"][c]
             out["weight_stash"][c] = out["stash"][c]
             out["weight"][c] = out["full_backward"][c]
         else:
-            out["backward"][c] = clipped("backward", q["backward"][c] + rerun - saved)
+            out["backward"][c] = clipped("backward", q["backward"][c] - whole + backward_term)
     return out, added, x
-
-
-def _choice_of_counts(problem: ChunkProblem, bounds, counts: dict) -> np.ndarray:
-    """Per-layer options from per-(chunk, class, option) counts: in each chunk, the first
-    layers of a class take full, the next selective (they are interchangeable)."""
-    klass = layer_classes(problem)
-    choice = np.zeros(problem.num_layers, np.int64)
-    for c in range(problem.chunks):
-        for k in np.unique(klass[bounds[c]:bounds[c + 1]]):
-            layers = [i for i in range(bounds[c], bounds[c + 1]) if klass[i] == k]
-            full, selective = counts.get((c, int(k), 2), 0), counts.get((c, int(k), 1), 0)
-            for j, i in enumerate(layers):
-                choice[i] = 2 if j < full else (1 if j < full + selective else 0)
-    return choice
 
 
 #: each round of the compute objective looks only for splits faster than the best known

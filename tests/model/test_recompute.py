@@ -79,3 +79,29 @@ def test_full_recompute_saves_what_the_checkpointed_model_does_not_stash():
     d = np.arange(L)
     assert (plain.stash[d, d] - checkpointed.stash[d, d]).tolist() == plain.recompute.saved[2].tolist()
     assert not checkpointed.recompute.saved[2].any()               # nothing of its own left to drop
+
+
+def test_the_transients_depend_on_where_in_the_chunk_the_recomputed_layers_are():
+    """Two layers of own stash 8 and 10; selective saves 3 and 4 and holds 5 and 6 again; full
+    holds its own again. Forward: the largest over layers of (what the earlier layers kept + the
+    layer's own); backward: the largest of what all layers kept and, per recomputed layer, what
+    it and the earlier layers kept + its rerun. Changes are against no recompute (18 both)."""
+    from stagesplit.model.recompute import RecomputeTable
+    table = RecomputeTable(saved=np.array([[0, 0], [3, 4], [8, 10]]), rerun=np.array([[0, 0], [5, 6], [8, 10]]),
+                           added=np.array([[0.0, 0.0], [0.5, 0.5], [1.0, 1.0]]), time_unit="seconds")
+
+    def changes(choice):
+        saved, forward, backward, added = table.chunk_changes((0, 2), np.array(choice))
+        return int(saved[0]), int(forward[0]), int(backward[0]), float(added[0])
+
+    # full first: forward max(0 + 8, 0 + 10) = 10; backward max(kept 10, 0 + 8) = 10
+    assert changes([2, 0]) == (8, 10 - 18, 10 - 18, 1.0)
+    # full second: forward max(8, 8 + 10) = 18; backward max(8, 8 + 0 + 10) = 18: no transient gain
+    assert changes([0, 2]) == (10, 0, 0, 1.0)
+    # selective first: kept 5 of layer 0; forward max(8, 5 + 10) = 15; backward max(15, 5 + 5) = 15
+    assert changes([1, 0]) == (3, 15 - 18, 15 - 18, 0.5)
+    # both full: forward max(8, 10) = 10; backward max(0, 0 + 8, 0 + 10) = 10
+    assert changes([2, 2]) == (18, 10 - 18, 10 - 18, 2.0)
+    # two chunks, one layer each: each its own
+    saved, forward, backward, _ = table.chunk_changes((0, 1, 2), np.array([0, 2]))
+    assert saved.tolist() == [0, 10] and forward.tolist() == [0, 0] and backward.tolist() == [0, 0]
