@@ -429,24 +429,26 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
             rank = (2, 0.0)
         ranked.append((rank, kind, v, M))
     events.done()
-    # the most promising schedules get more of the time limit (a proof each, where it can)
+    # the most promising schedules get more of the time limit (a proof each, where it can): they are
+    # solved last, each with its share of what is left, so that the time the others did not need
+    # (a quick proof) goes to the most promising one
     ranked.sort(key=lambda item: item[0])
     weights = [4 if i == 0 else 2 if i < 3 else 1 for i in range(len(ranked))]
-    budget = max(req.time_limit - (time.monotonic() - started), float(len(ranked)))
-    plans = []
-    for weight, (_, kind, v, M) in zip(weights, ranked):
-        share = max(budget * weight / sum(weights), 1.0)
+    solved: dict[int, tuple] = {}
+    for i in reversed(range(len(ranked))):
+        _, kind, v, M = ranked[i]
+        left = max(req.time_limit - (time.monotonic() - started), 0.0)
+        share = max(left * weights[i] / sum(weights[:i + 1]), 1.0)
         trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device")
         try:
-            advice = advise_schedule(resolved.model, resolved.inputs, table=table)
+            solved[i] = (kind, v, advise_schedule(resolved.model, resolved.inputs, table=table), "")
         except StagesplitError as exc:
-            plans.append((kind, v, None, str(exc)))
-            continue
+            solved[i] = (kind, v, None, str(exc))
         finally:
             events.done()
-        plans.append((kind, v, advice, ""))
+    plans = [solved[i] for i in range(len(ranked))]
     feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
     memory = req.objective.value == "memory"
 

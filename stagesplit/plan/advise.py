@@ -580,15 +580,19 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
 def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool):
     """CP-SAT on ``problem``; where recompute was left to stagesplit and nothing fits without it,
     again with recompute chosen per layer (and a note that says so)."""
+    import time
     from ..solver.chunks import solve_cpsat
     from ..solver.request import RecomputeMode
+    started = time.monotonic()
     solved = solve_cpsat(problem)
     fits = solved.result is not None and solved.result.feasible
     if fits or not default_recompute or problem.table.recompute is None:
         return problem, solved
     if log:
         log("CP-SAT: nothing fits without recompute; choosing recompute per layer")
-    auto = replace(problem, recompute=RecomputeMode.AUTO)
+    # the time limit is the whole solve's: the second search gets what the first left
+    auto = replace(problem, recompute=RecomputeMode.AUTO,
+                   time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
     again = solve_cpsat(auto)
     if again.result is not None and again.result.feasible:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
@@ -623,15 +627,19 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     what the resident bytes alone need and the request's count, then the fastest split there.
     Each count is tried with the quick search first and CP-SAT where that finds no fit."""
     import math
+    import time
     from ..errors import StagesplitError
     from ..model.phases import phase_table
     from ..solver.chunks import local_search
     from ..solver.request import Objective
+    started = time.monotonic()
     table = table if table is not None else phase_table(model)
     top = inputs.options.devices
     tried: dict[int, tuple] = {}
 
-    def attempt(n: int, prove: bool):
+    def attempt(n: int, prove: bool, share: float = 1 / 3):
+        """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
+        CP-SAT with ``share`` of the time the whole solve has left."""
         trial = inputs_for(inputs, n)
         trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
                         request=replace(trial.request, objective=Objective.COMPUTE))
@@ -639,6 +647,8 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
             problem = schedule_problem(model, trial, table)
         except (StagesplitError, OptionError):       # too few layers or micro-batches for n devices
             return None
+        left = problem.time_limit - (time.monotonic() - started)
+        problem = replace(problem, time_limit=max(left * share, 1.0))
         if not prove and n not in tried:
             quick = local_search(problem, budget_s=min(2.0, problem.time_limit / 4))
             if quick.feasible:
@@ -656,7 +666,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     low = min(low, high)
     if not attempt(high, prove=False):
         if high not in tried:
-            attempt(high, prove=True)
+            attempt(high, prove=True, share=1.0)
         if high not in tried:
             raise StagesplitError(f"no device count up to {top} can run the schedule")
         return (*tried[high], high)
@@ -667,7 +677,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
         else:
             low = mid + 1
     if high not in tried or not (tried[high][1].result is not None and tried[high][1].result.feasible):
-        attempt(high, prove=True)
+        attempt(high, prove=True, share=1.0)
     return (*tried[high], high)
 
 

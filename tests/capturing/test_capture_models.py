@@ -9,12 +9,12 @@ solve and ``export --to torch-pipelining`` succeed, and the whole step's capture
 1% of the peak torch's MemTracker (not capture's code) measures on one real training step of
 the same model on CPU tensors.
 
-torchvision and timm are not in the test extra: PyPI's torchvision wheels are built against
-CUDA torch, and beside the CPU torch the package's ``__init__`` fails registering fake kernels
-for its C++ operators ("operator torchvision::nms does not exist"), which also breaks
-``transformers`` (its image utilities import torchvision when it is installed). Where they are
-installed, their model code is imported without that ``__init__`` (``_torchvision`` below; the
-model definitions use none of those operators), before transformers is.
+torchvision and timm are installed by the README's test command without their dependencies:
+PyPI's torchvision wheels are built against CUDA torch, and beside the CPU torch the package's
+``__init__`` fails registering fake kernels for its C++ operators ("operator torchvision::nms
+does not exist"), which also breaks ``transformers`` (its image utilities import torchvision
+when it is installed). tests/conftest.py imports their model code without that ``__init__``
+(the model definitions use none of those operators), before transformers is.
 """
 
 from __future__ import annotations
@@ -22,7 +22,6 @@ from __future__ import annotations
 import ast
 import importlib.util
 import sys
-import types
 import warnings
 from pathlib import Path
 
@@ -33,22 +32,7 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 
-def _torchvision() -> bool:
-    """Make ``torchvision.models`` importable (the model code only), if torchvision is installed."""
-    if "torchvision" in sys.modules:
-        return True
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    package = types.ModuleType("torchvision")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    package.__file__ = spec.origin
-    sys.modules["torchvision"] = package
-    return True
-
-
-HAVE_TORCHVISION = _torchvision()        # before transformers or timm import it
+HAVE_TORCHVISION = "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None   # conftest
 HAVE_TIMM = importlib.util.find_spec("timm") is not None and HAVE_TORCHVISION
 
 from stagesplit.model.analysis import Analysis  # noqa: E402
