@@ -14,6 +14,7 @@ files take the output paths and refuse one that is also an input.
 from __future__ import annotations
 
 import copy
+import math
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
@@ -390,6 +391,44 @@ AUTO_CANDIDATES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interle
                    ("looped-bfs", 2), ("zb-h1", 2), ("zb-h1", 3), ("zb-h1", 4), ("zbv", 2), ("dualpipev", 2))
 
 
+def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans: list, started: float,
+                        events: Events) -> None:
+    """``--schedule auto``'s second pass: while time is left, a schedule whose search stopped
+    unproven with a lower bound below the fastest plan found (it might still beat it) is searched
+    again with all of that time, the one with the fastest plan first; its plan is replaced where
+    the new one is faster."""
+    from .plan.advise import advise_schedule
+
+    def step(advice) -> float:
+        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
+
+    retried: set[int] = set()
+    while True:
+        left = req.time_limit - (time.monotonic() - started)
+        best = min((step(a) for _, _, a, _ in plans), default=math.inf)
+        # the closest to winning first: the fastest plan found, then the lowest bound
+        open_ = [(step(a), a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
+                 if i not in retried and a is not None and a.plan.status != "optimal" and a.plan.phases
+                 and a.plan.phases[0].bound is not None and a.plan.phases[0].bound < best * (1 - 1e-9)]
+        if left < 2.0 or not open_:
+            return
+        *_, i = min(open_)
+        retried.add(i)
+        kind, v, advice, _ = plans[i]
+        M = ranked[i][3]
+        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=left)
+        resolved = resolve(trial, analysis)
+        events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
+        try:
+            again = advise_schedule(resolved.model, resolved.inputs, table=table)
+        except StagesplitError:
+            continue
+        finally:
+            events.done()
+        if step(again) < step(advice) or (step(again) == step(advice) and again.plan.status == "optimal"):
+            plans[i] = (kind, v, again, "")
+
+
 def _solve_auto(req: SolveRequest, analysis, events: Events):
     """``--schedule auto``: each schedule (and chunks per device) that is valid for the device and
     micro-batch counts is solved, the most promising (by a quick search) with a larger share of
@@ -429,15 +468,17 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
             rank = (2, 0.0)
         ranked.append((rank, kind, v, M))
     events.done()
-    # the most promising schedules get more of the time limit (a proof each, where it can): they are
-    # solved last, each with its share of what is left, so that the time the others did not need
-    # (a quick proof) goes to the most promising one
+    # first pass, with half the time limit: every schedule gets a search (a proof, where it is
+    # quick), the most promising a larger share; they are solved last, each with its share of what
+    # is left, so that the time the others did not need goes to them. The second pass
+    # (_spend_what_is_left) gives the rest to the schedules that might still beat the fastest plan.
     ranked.sort(key=lambda item: item[0])
     weights = [4 if i == 0 else 2 if i < 3 else 1 for i in range(len(ranked))]
+    first_pass = started + (req.time_limit - (time.monotonic() - started)) / 2 - started
     solved: dict[int, tuple] = {}
     for i in reversed(range(len(ranked))):
         _, kind, v, M = ranked[i]
-        left = max(req.time_limit - (time.monotonic() - started), 0.0)
+        left = max(first_pass - (time.monotonic() - started), 0.0)
         share = max(left * weights[i] / sum(weights[:i + 1]), 1.0)
         trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
@@ -449,6 +490,8 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         finally:
             events.done()
     plans = [solved[i] for i in range(len(ranked))]
+    if req.objective.value != "memory":
+        _spend_what_is_left(req, analysis, table, ranked, plans, started, events)
     feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
     memory = req.objective.value == "memory"
 
