@@ -5,30 +5,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from vision import torchvision_model_code  # noqa: E402
 
-def _torchvision_model_code() -> None:
-    """Make ``import torchvision`` give torchvision's model code where the package is installed
-    but its ``__init__`` cannot run: PyPI's torchvision is built for CUDA torch, and beside the CPU
-    torch its ``__init__`` fails registering its C++ operators ("operator torchvision::nms does not
-    exist"). The model definitions (torchvision's and timm's ResNets, the tests' captures) use none
-    of them. Done before anything imports transformers or timm, which import torchvision."""
-    import importlib.metadata
-    import importlib.util
-    import types
-    if "torchvision" in sys.modules:
-        return
-    spec = importlib.util.find_spec("torchvision")
-    if spec is None or not spec.submodule_search_locations:
-        return
-    package = types.ModuleType("torchvision")
-    package.__path__ = list(spec.submodule_search_locations)
-    package.__spec__ = spec
-    package.__file__ = spec.origin
-    package.__version__ = importlib.metadata.version("torchvision")
-    sys.modules["torchvision"] = package
-
-
-_torchvision_model_code()
+torchvision_model_code()          # before anything imports transformers or timm
 
 from helpers import PROFILES, load_sample, sample_json_text  # noqa: E402
 

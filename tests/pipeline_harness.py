@@ -44,6 +44,11 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from vision import torchvision_model_code
+
+# a spawned worker has the test process's path (with torchvision's folder) but not its modules
+torchvision_model_code()
+
 __all__ = ["PipelineCase", "RankResult", "mlp_chunks", "mse", "reference", "regression_batch", "run_pipeline",
            "run_pipelines"]
 

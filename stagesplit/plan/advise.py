@@ -639,7 +639,8 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
 
     def attempt(n: int, prove: bool, share: float = 1 / 3):
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
-        CP-SAT with ``share`` of the time the whole solve has left."""
+        CP-SAT with ``share`` of the time the whole solve has left (the last search 0.9 of it:
+        building CP-SAT's models comes on top of its limit)."""
         trial = inputs_for(inputs, n)
         trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
                         request=replace(trial.request, objective=Objective.COMPUTE))
@@ -650,7 +651,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
         left = problem.time_limit - (time.monotonic() - started)
         problem = replace(problem, time_limit=max(left * share, 1.0))
         if not prove and n not in tried:
-            quick = local_search(problem, budget_s=min(2.0, problem.time_limit / 4))
+            quick = local_search(problem, budget_s=max(min(2.0, left / 12), 0.2))
             if quick.feasible:
                 return True
         if log:
@@ -666,7 +667,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     low = min(low, high)
     if not attempt(high, prove=False):
         if high not in tried:
-            attempt(high, prove=True, share=1.0)
+            attempt(high, prove=True, share=0.9)
         if high not in tried:
             raise StagesplitError(f"no device count up to {top} can run the schedule")
         return (*tried[high], high)
@@ -677,7 +678,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
         else:
             low = mid + 1
     if high not in tried or not (tried[high][1].result is not None and tried[high][1].result.feasible):
-        attempt(high, prove=True, share=1.0)
+        attempt(high, prove=True, share=0.9)
     return (*tried[high], high)
 
 

@@ -553,8 +553,13 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         invalid = m.Validate()
         if invalid:
             raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
+        # building the model took time too: the search gets what is left of the limit
+        remaining = problem.time_limit - (_time.monotonic() - started)
+        if remaining <= 0.05:
+            status = "time limit"
+            break
         solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = max(remaining, 0.05)
+        solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_search_workers = problem.workers
         code = solver.Solve(m)
         if code == cp_model.MODEL_INVALID:

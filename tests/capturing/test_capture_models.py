@@ -9,12 +9,13 @@ solve and ``export --to torch-pipelining`` succeed, and the whole step's capture
 1% of the peak torch's MemTracker (not capture's code) measures on one real training step of
 the same model on CPU tensors.
 
-torchvision and timm are installed by the README's test command without their dependencies:
-PyPI's torchvision wheels are built against CUDA torch, and beside the CPU torch the package's
-``__init__`` fails registering fake kernels for its C++ operators ("operator torchvision::nms
-does not exist"), which also breaks ``transformers`` (its image utilities import torchvision
-when it is installed). tests/conftest.py imports their model code without that ``__init__``
-(the model definitions use none of those operators), before transformers is.
+torchvision and timm are installed by the README's test command without their dependencies, into
+``.venv/vision``, outside site-packages: PyPI's torchvision wheels are built against CUDA torch,
+and beside the CPU torch the package's ``__init__`` fails registering fake kernels for its C++
+operators ("operator torchvision::nms does not exist"), which also breaks ``transformers`` in
+every process that sees torchvision (its image utilities import it). tests/conftest.py puts that
+folder on the test process's path and imports their model code without the ``__init__`` (the
+model definitions use none of those operators), before transformers is.
 """
 
 from __future__ import annotations
