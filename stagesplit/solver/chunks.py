@@ -437,6 +437,10 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
               for i, k in enumerate(("F", "B", "W", "O"))}
     cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
     mem = _memory_tables(problem)
+    # the chunks (first layer a, last b) whose resident bytes alone fit the largest device: no other
+    # can be in a split that fits, so the range lookups need no other (a much smaller model to presolve)
+    alone = np.argwhere(np.triu(mem["resident"] <= int(np.max(problem.capacities))))
+    allowed = sorted(int(a) * (L + 1) + int(b) + 1 for a, b in alone)
     # times are integers in the model: a chain's length there is within one unit per boundary of
     # each kind it reads of its true length
     slack_units = 6 * C + 4
@@ -478,7 +482,8 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         # range lookups: index a * (L + 1) + e of the (L+1) x (L+1) tables
         pair = []
         for c in range(C):
-            v = m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
+            v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}") if allowed else \
+                m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
             m.Add(v == s[c] * (L + 1) + s[c + 1])
             pair.append(v)
 
