@@ -35,7 +35,7 @@ import numpy as np
 from ..common.interrupt import solve_interruptibly
 from ..model.rangetable import OVER
 from .dp import ORDER
-from .problem import Evaluation, Split, SplitProblem, evaluate
+from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate
 
 __all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "MODEL_SIZE_PER_SECOND", "ORDER", "PHASE_NAMES", "PhaseResult",
            "SolverResult", "model_seconds_estimate", "solve_cpsat"]
@@ -129,20 +129,12 @@ class _Tables:
         self.time, self.compute = self.times[0], self.computes[0]
         cap = p.options.max_layers
         self.length_ok = self.real & ((e - a) <= cap if cap is not None else True)
-        self._bytes: dict[tuple[int, int], np.ndarray] = {}
+        self._bytes = BandBytes(p)
         self.caps = sorted({int(c) for c in p.capacity})
 
     def nbytes(self, k: int, v: int = 0) -> np.ndarray:
         """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (a few counts kept)."""
-        band = self._bytes.get((k, v))
-        if band is None:
-            band = self.tables[v][0].band(k)
-            if band.shape[1] < self.W:
-                band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), BIG, np.int64)], axis=1)
-            if len(self._bytes) >= 4 * self.variants:
-                self._bytes.pop(next(iter(self._bytes)))
-            self._bytes[k, v] = band
-        return band
+        return self._bytes(k, v)
 
     def memcost(self, capacity: int, k: int, v: int = 0) -> np.ndarray:
         """Memory objective of every stage on a device of ``capacity``: bytes, or ppm of it on

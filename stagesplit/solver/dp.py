@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ..model.rangetable import OVER, RangeTable
-from .problem import Evaluation, Split, SplitProblem, evaluate, in_flight
+from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate, in_flight
 
 __all__ = ["INF", "MIN_LAYERS_ORDER", "ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
            "dp_mode", "exact_optimum", "greedy", "uniform"]
@@ -148,7 +148,7 @@ class _Stages:
             ok &= e <= next_pin[:, None]
         self.count_ok = ok
         self._allowed: dict[int, np.ndarray] = {}
-        self._bytes: dict[tuple[int, int], np.ndarray] = {}
+        self._bytes = BandBytes(p)
 
     def allowed(self, position: int) -> np.ndarray:
         """Layer-count, pinned-split and pinned-layer rules of a stage at ``position``."""
@@ -165,16 +165,8 @@ class _Stages:
         return self._allowed[position]
 
     def nbytes(self, k: int, v: int = 0) -> np.ndarray:
-        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (kept for a few counts)."""
-        band = self._bytes.get((k, v))
-        if band is None:
-            band = self.tables[v][0].band(k)
-            if band.shape[1] < self.W:
-                band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), INF, np.int64)], axis=1)
-            if len(self._bytes) >= 4 * self.variants:
-                self._bytes.pop(next(iter(self._bytes)))
-            self._bytes[k, v] = band
-        return band
+        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (a few counts kept)."""
+        return self._bytes(k, v)
 
     def fits(self, position: int, k: int, v: int = 0) -> np.ndarray:
         return self.allowed(position) & (self.nbytes(k, v) <= int(self.p.capacity[position]))

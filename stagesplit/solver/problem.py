@@ -33,10 +33,11 @@ from ..common.validate import choice, integer, number
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Target
 from ..model.costmodel import RangeTable, StageCostModel
+from ..model.rangetable import OVER
 from ..model.traffic import Traffic
 from .request import Objective, Schedule
 
-__all__ = ["Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "StageVariant",
+__all__ = ["BandBytes", "Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "StageVariant",
            "TIME_SCALE_LIMIT", "VARIANT_ORDER", "bubble_fraction", "build_problem", "build_variant_problem", "choose_variants",
            "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches", "schedule_note", "stage_capacities",
            "stage_in_flight", "with_devices"]
@@ -500,3 +501,25 @@ def schedule_note(options: SolveOptions) -> str:
         return (f"--schedule {o.schedule.value} with 1 micro-batch holds one micro-batch per stage, the same as "
                 f"--schedule none: give --micro-batches M (at least the number of stages) to model the pipeline")
     return ""
+
+
+class BandBytes:
+    """Worst-tile bytes of every band range of ``problem`` with ``k`` micro-batches in flight, in
+    variant ``v``, as an (L, W) array padded to the search's width with OVER; the last few counts
+    are kept. The exact DP and CP-SAT read the same arrays."""
+
+    def __init__(self, problem: SplitProblem):
+        self.tables = problem.variant_tables()
+        self.L, self.W = problem.num_layers, max(problem.width, 1)
+        self._kept: dict[tuple[int, int], np.ndarray] = {}
+
+    def __call__(self, k: int, v: int = 0) -> np.ndarray:
+        band = self._kept.get((k, v))
+        if band is None:
+            band = self.tables[v][0].band(k)
+            if band.shape[1] < self.W:
+                band = np.concatenate([band, np.full((self.L, self.W - band.shape[1]), OVER, np.int64)], axis=1)
+            if len(self._kept) >= 4 * len(self.tables):
+                self._kept.pop(next(iter(self._kept)))
+            self._kept[k, v] = band
+        return band
