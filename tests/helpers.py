@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import re
 from pathlib import Path
 
 import numpy as np
@@ -288,3 +289,26 @@ def plan_inputs(devices: int = 1, *, micro_batches_auto: bool = False, **request
                            headroom=req.headroom, communication=req.communication,
                            link_bytes_per_s=1e9 if req.communication else None)
     return PlanInputs(request=req, options=options)
+
+
+# -- the console examples of a docs page, run in-process ---------------------------------------------
+
+def console_examples(page: Path) -> list[tuple[str, list[str]]]:
+    """(command, the output lines shown under it) of every ``$`` line in the page's console blocks."""
+    out = []
+    for block in re.findall(r"```console\n(.*?)```", page.read_text(encoding="utf-8"), flags=re.S):
+        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
+            if chunk.strip():
+                command, *expected = chunk.rstrip("\n").split("\n")
+                out.append((command, expected))
+    return out
+
+
+def lines_match(expected: list[str], got: list[str], same=lambda want, line: want == line) -> bool:
+    """``got`` against ``expected``, where a line ``...`` matches any run of lines and other lines
+    are compared by ``same``."""
+    if not expected:
+        return not got
+    if expected[0] == "...":
+        return any(lines_match(expected[1:], got[i:], same) for i in range(len(got) + 1))
+    return bool(got) and same(expected[0], got[0]) and lines_match(expected[1:], got[1:], same)

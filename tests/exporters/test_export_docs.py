@@ -7,10 +7,10 @@ any number of lines.
 
 from __future__ import annotations
 
-import re
 import shlex
 
 from exporthelpers import ROOT
+from helpers import console_examples, lines_match
 from stagesplit.cli import main
 
 DOC = ROOT / "docs" / "export.md"
@@ -18,22 +18,7 @@ DOC = ROOT / "docs" / "export.md"
 
 def examples() -> list[tuple[str, list[str]]]:
     """(command, expected output lines) for every ``$ stagesplit ...`` line of the page."""
-    out = []
-    for block in re.findall(r"```console\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S):
-        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
-            if chunk.strip():
-                command, *expected = chunk.rstrip("\n").split("\n")
-                out.append((command, expected))
-    return out
-
-
-def matches(expected: list[str], got: list[str]) -> bool:
-    """``got`` against ``expected``, where a line ``...`` matches any run of lines."""
-    if not expected:
-        return not got
-    if expected[0] == "...":
-        return any(matches(expected[1:], got[i:]) for i in range(len(got) + 1))
-    return bool(got) and got[0] == expected[0] and matches(expected[1:], got[1:])
+    return console_examples(DOC)
 
 
 def test_the_page_has_examples():
@@ -52,4 +37,4 @@ def test_every_example_prints_what_the_page_says(tmp_path, monkeypatch, capsys):
         main(shlex.split(command)[2:])
         out, err = capsys.readouterr()
         got = (out + err).rstrip("\n").split("\n")
-        assert matches(expected, got), f"{command}\n--- got:\n" + "\n".join(got)
+        assert lines_match(expected, got), f"{command}\n--- got:\n" + "\n".join(got)

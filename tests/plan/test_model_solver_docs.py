@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import shlex
 
-from helpers import ROOT
+from helpers import ROOT, console_examples, lines_match
 from stagesplit.cli import main
 
 DOC = ROOT / "docs" / "model-and-solver.md"
@@ -18,22 +18,12 @@ SECONDS = re.compile(r"\b\d+\.\d\d s\b")
 
 
 def examples() -> list[tuple[str, list[str]]]:
-    out = []
-    for block in re.findall(r"```console\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S):
-        for chunk in re.split(r"^(?=\$ )", block, flags=re.M):
-            if chunk.strip():
-                command, *expected = chunk.rstrip("\n").split("\n")
-                out.append((command, expected))
-    return out
+    return console_examples(DOC)
 
 
 def matches(expected: list[str], got: list[str]) -> bool:
-    if not expected:
-        return not got
-    if expected[0] == "...":
-        return any(matches(expected[1:], got[i:]) for i in range(len(got) + 1))
-    same = bool(got) and SECONDS.sub("#.## s", got[0]) == SECONDS.sub("#.## s", expected[0])
-    return same and matches(expected[1:], got[1:])
+    """As the page shows it, with solve times ("0.01 s") compared as placeholders."""
+    return lines_match(expected, got, lambda want, line: SECONDS.sub("#.## s", line) == SECONDS.sub("#.## s", want))
 
 
 def test_every_example_prints_what_the_page_says(monkeypatch, capsys):
