@@ -386,73 +386,48 @@ def _phase_table(model):
     return cached
 
 
-#: the schedules and chunks per device ``--schedule auto`` tries
-AUTO_CANDIDATES = (("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1f1b", 3), ("interleaved-1f1b", 4),
-                   ("looped-bfs", 2), ("zb-h1", 2), ("zb-h1", 3), ("zb-h1", 4), ("zbv", 2), ("dualpipev", 2))
+#: the most chunks per device ``--schedule auto`` tries (each schedule that takes several: 1 to this)
+AUTO_MAX_CHUNKS_PER_RANK = 4
 
 
-def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans: list, started: float,
-                        events: Events) -> None:
-    """``--schedule auto``'s second pass: while time is left, a schedule whose search stopped
-    unproven with a lower bound below the fastest plan found (it might still beat it) is searched
-    again with all of that time, the one with the fastest plan first; its plan is replaced where
-    the new one is faster."""
-    from .plan.advise import advise_schedule
-
-    def step(advice) -> float:
-        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
-
-    retried: set[int] = set()
-    while True:
-        left = req.time_limit - (time.monotonic() - started)
-        best = min((step(a) for _, _, a, _ in plans), default=math.inf)
-        # the closest to winning first: the fastest plan found, then the lowest bound
-        open_ = [(step(a), a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
-                 if i not in retried and a is not None and a.plan.status != "optimal" and a.plan.phases
-                 and a.plan.phases[0].bound is not None and a.plan.phases[0].bound < best * (1 - 1e-9)]
-        if left < 2.0 or not open_:
-            return
-        *_, i = min(open_)
-        retried.add(i)
-        kind, v, advice, _ = plans[i]
-        M = ranked[i][3]
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=left)
-        resolved = resolve(trial, analysis)
-        events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
-        try:
-            again = advise_schedule(resolved.model, resolved.inputs, table=table)
-        except StagesplitError:
-            continue
-        finally:
-            events.done()
-        if step(again) < step(advice) or (step(again) == step(advice) and again.plan.status == "optimal"):
-            plans[i] = (kind, v, again, "")
+def _auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
+    """Every (schedule, chunks per device, micro-batches) ``--schedule auto`` tries: each schedule
+    torch ships with each chunks-per-device count it takes, up to AUTO_MAX_CHUNKS_PER_RANK (or the
+    one asked for), where torch's class accepts the device and micro-batch counts."""
+    from .solver.schedule import ScheduleKind, is_valid, traits
+    out = []
+    for kind in ScheduleKind:
+        fixed = traits(kind).fixed_chunks_per_rank
+        for v in ([fixed] if fixed else range(1, AUTO_MAX_CHUNKS_PER_RANK + 1)):
+            if req.chunks_per_rank is not None and v != req.chunks_per_rank:
+                continue
+            M = req.micro_batches or req.devices * v
+            if is_valid(kind, req.devices, M, v):
+                out.append((kind.value, v, M))
+    return out
 
 
 def _solve_auto(req: SolveRequest, analysis, events: Events):
-    """``--schedule auto``: each schedule (and chunks per device) that is valid for the device and
-    micro-batch counts is solved, the most promising (by a quick search) with a larger share of
-    the time limit; the fastest that fits
-    (the emptiest, with the memory objective) is the plan, and ``plan.candidates`` lists them all."""
-    from .plan.advise import advise_schedule
+    """``--schedule auto``: every schedule (and chunks per device) valid for the device and
+    micro-batch counts, the most promising first (by a quick search of each). The first is solved
+    to its proven optimum; every other is asked only for a split faster than the fastest plan so
+    far, which is quick to refute where there is none (and where there is, that schedule's plan
+    becomes the fastest, proven in turn). Time left at the end goes to the searches the time limit
+    stopped. The plan is the fastest that fits (the emptiest, with the memory objective);
+    ``plan.candidates`` lists them all."""
+    from .plan.advise import advise_schedule, schedule_problem
     from .plan.records import ScheduleCandidate
-    from .solver.schedule import is_valid
-    candidates = []
-    for kind, v in AUTO_CANDIDATES:
-        if req.chunks_per_rank is not None and v != req.chunks_per_rank:
-            continue
-        M = req.micro_batches or req.devices * v
-        if is_valid(kind, req.devices, M, v):
-            candidates.append((kind, v, M))
+    from .solver.chunks import local_search
+    candidates = _auto_candidates(req)
     if not candidates:
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
                           "micro-batches")
-    from .plan.advise import schedule_problem
-    from .solver.chunks import local_search
+    memory = req.objective.value == "memory"
     started = time.monotonic()
     table = None
     ranked = []
     events.start("ranking the schedules by a quick search")
+    budget = min(0.25, req.time_limit / (10 * len(candidates)))
     for kind, v, M in candidates:
         trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M)
         resolved = resolve(trial, analysis)
@@ -462,38 +437,41 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         if table is None:
             table = _phase_table(resolved.model)
         try:
-            quick = local_search(schedule_problem(resolved.model, resolved.inputs, table), budget_s=0.5)
-            rank = (0 if quick.feasible else 1, quick.step_time)
+            problem = schedule_problem(resolved.model, resolved.inputs, table)
+            quick = local_search(problem, budget_s=budget)
+            share = float((quick.peaks / problem.capacities).max())
+            rank = (0 if quick.feasible else 1, share if memory else quick.step_time)
         except StagesplitError:
             rank = (2, 0.0)
         ranked.append((rank, kind, v, M))
     events.done()
-    # first pass, with half the time limit: every schedule gets a search (a proof, where it is
-    # quick), the most promising a larger share; they are solved last, each with its share of what
-    # is left, so that the time the others did not need goes to them. The second pass
-    # (_spend_what_is_left) gives the rest to the schedules that might still beat the fastest plan.
     ranked.sort(key=lambda item: item[0])
-    weights = [4 if i == 0 else 2 if i < 3 else 1 for i in range(len(ranked))]
-    first_pass = started + (req.time_limit - (time.monotonic() - started)) / 2 - started
-    solved: dict[int, tuple] = {}
-    for i in reversed(range(len(ranked))):
-        _, kind, v, M = ranked[i]
-        left = max(first_pass - (time.monotonic() - started), 0.0)
-        share = max(left * weights[i] / sum(weights[:i + 1]), 1.0)
+
+    def step(advice) -> float:
+        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
+
+    plans: list = [None] * len(ranked)
+    for i, (_, kind, v, M) in enumerate(ranked):
+        left = req.time_limit - (time.monotonic() - started)
+        # the first (the likeliest fastest) may take half of the time, each other its part of what
+        # is left or (a schedule that beats the fastest so far proves its own optimum) up to 10 s;
+        # refuting a split faster than the fastest so far takes a second or two where there is none
+        share = max(left / 2 if i == 0 else max(left / (len(ranked) - i), min(left / 2, 10.0)), 1.0)
+        best = min((step(p[2]) for p in plans[:i]), default=math.inf)
         trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device")
         try:
-            solved[i] = (kind, v, advise_schedule(resolved.model, resolved.inputs, table=table), "")
+            advice = advise_schedule(resolved.model, resolved.inputs, table=table,
+                                     cutoff=None if memory or not math.isfinite(best) else best)
+            plans[i] = (kind, v, advice, "")
         except StagesplitError as exc:
-            solved[i] = (kind, v, None, str(exc))
+            plans[i] = (kind, v, None, str(exc))
         finally:
             events.done()
-    plans = [solved[i] for i in range(len(ranked))]
-    if req.objective.value != "memory":
+    if not memory:
         _spend_what_is_left(req, analysis, table, ranked, plans, started, events)
     feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
-    memory = req.objective.value == "memory"
 
     def score(item):
         s = item[2].plan.schedule
@@ -503,11 +481,13 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     for kind, v, advice, error in plans:
         plan = advice.plan if advice is not None else None
         s = plan.schedule if plan is not None else None
+        status = "refused" if plan is None else "slower" if advice.slower else plan.status
         rows.append(ScheduleCandidate(
-            schedule=kind, chunks_per_rank=v, status=plan.status if plan is not None else "refused",
+            schedule=kind, chunks_per_rank=v, status=status,
             step_time=s.step_time if s else None, bubble=s.bubble if s else None,
             worst_memory=max(r.peak_bytes / r.capacity_bytes for r in s.ranks) if s else None,
-            seconds=plan.run.solver_seconds if plan is not None else 0.0, note=error or (plan.message if plan else "")))
+            seconds=(plan.run.solver_seconds or 0.0) if plan is not None else 0.0,
+            note=error or (plan.message if plan else "")))
     if feasible:
         best = min(feasible, key=score)[2]
     else:
@@ -517,13 +497,56 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
                                                                                for k, v, _, e in plans))
     plan = best.plan
     plan.candidates = tuple(rows)
+    proven = plan.status == "optimal" and all(r.status in ("optimal", "slower", "infeasible", "refused") for r in rows)
     plan.notes.append(f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
                       f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
+                      + (" (proven: no other schedule is faster)" if proven and not memory else "")
                       if plan.feasible else f"--schedule auto: none of the {len(rows)} schedules tried fits")
     for message in best.warnings:
         events.warn(message)
     plan.warnings, plan.analysis = list(events.warnings), analysis.model
     return plan
+
+
+def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans: list, started: float,
+                        events: Events) -> None:
+    """``--schedule auto``'s second pass: while time is left, a schedule whose search the time
+    limit stopped with a lower bound below the fastest plan found (it might still beat it) is
+    searched again, with all of that time and the fastest plan's step to beat, the one with the
+    lowest bound first; its plan is replaced where the new one is faster."""
+    from .plan.advise import advise_schedule
+
+    def step(advice) -> float:
+        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
+
+    retried: set[int] = set()
+    while True:
+        left = req.time_limit - (time.monotonic() - started)
+        best = min((step(a) for _, _, a, _ in plans), default=math.inf)
+        open_ = [(a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
+                 if i not in retried and a is not None and not a.slower and a.plan.status != "optimal"
+                 and a.plan.phases and a.plan.phases[0].bound is not None
+                 and a.plan.phases[0].bound < best * (1 - 1e-9)]
+        if left < 2.0 or not open_:
+            return
+        _, i = min(open_)
+        retried.add(i)
+        kind, v, advice, _ = plans[i]
+        M = ranked[i][3]
+        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=left)
+        resolved = resolve(trial, analysis)
+        events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
+        try:
+            again = advise_schedule(resolved.model, resolved.inputs, table=table,
+                                    cutoff=best if step(advice) > best and math.isfinite(best) else None)
+        except StagesplitError:
+            continue
+        finally:
+            events.done()
+        if again.slower and step(again) >= step(advice):
+            advice.slower, advice.plan.message = True, again.plan.message
+        elif step(again) < step(advice) or (step(again) == step(advice) and again.plan.status == "optimal"):
+            plans[i] = (kind, v, again, "")
 
 
 def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveRequest | None = None,

@@ -38,6 +38,8 @@ class Advice:
     problem: SplitProblem
     baselines: list[Plan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
+    #: a schedule search given a step to beat (``--schedule auto``) proved that no split beats it
+    slower: bool = False
 
 
 #: the exact DP's speed, in (state, stage end) cells per second, that its work (``dp.dp_cells``) is
@@ -588,6 +590,14 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
     fits = solved.result is not None and solved.result.feasible
     if fits or not default_recompute or problem.table.recompute is None:
         return problem, solved
+    if problem.cutoff is not None:
+        # a step to beat: recompute only adds time and memory only rules splits out, so where no
+        # split beats it without either, none does with recompute (a much smaller model to prove)
+        relaxed = replace(problem, capacities=np.full_like(problem.capacities, _NO_LIMIT),
+                          time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
+        bound = solve_cpsat(relaxed)
+        if bound.status == "slower":
+            return problem, replace(bound, result=solved.result, seconds=time.monotonic() - started)
     if log:
         log("CP-SAT: nothing fits without recompute; choosing recompute per layer")
     # the time limit is the whole solve's: the second search gets what the first left
@@ -601,11 +611,17 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
     return problem, solved
 
 
+#: a capacity no split reaches (the relaxation without memory limits)
+_NO_LIMIT = 2**60
+
+
 def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, traffic: Traffic | None = None,
-                    log: Callable[[str], None] | None = None) -> Advice:
+                    log: Callable[[str], None] | None = None, cutoff: float | None = None) -> Advice:
     """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
     schedule's own actions and the simulated step is fastest (or the fullest device emptiest,
-    with ``objective="memory"``); the devices objective tries 1, 2, ... devices."""
+    with ``objective="memory"``); the devices objective tries 1, 2, ... devices. ``cutoff``: a
+    step time to beat (``--schedule auto``: another schedule's); where no split beats it, the
+    search stops there (``Advice.slower``) instead of proving this schedule's own optimum."""
     from ..solver.request import Objective
     traffic = traffic or layer_traffic(model)
     o = inputs.options
@@ -615,11 +631,13 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
                                   message=_schedule_message(problem, solved))
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
     problem = schedule_problem(model, inputs, table)
+    if cutoff is not None and o.objective is Objective.COMPUTE:
+        problem = replace(problem, cutoff=float(cutoff))
     if log:
         log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
     problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
     plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
-    return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
+    return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan), slower=solved.status == "slower")
 
 
 def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
@@ -684,6 +702,9 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
 
 def _schedule_message(problem, solved) -> str:
     r = solved.result
+    if solved.status == "slower":
+        return (f"no split is faster than {_ms(problem.cutoff, problem.table.time_unit)} (proven)"
+                + ("" if r is not None and r.feasible else "; none that fits was found"))
     if r is None or not r.feasible:
         if solved.status == "infeasible":
             fullest = "" if r is None else f" (the closest split still needs {max(r.peaks / problem.capacities):.0%} " \
@@ -704,3 +725,11 @@ def _tied_warnings(plan: Plan) -> list[str]:
             f"pipeline frameworks keep one copy per stage, so sum the copies' gradients across those stages before "
             f"each optimizer step (the torch-pipelining export does), or they untie; torchtitan refuses such models"
             for tied, stages in plan.tied_across_stages()]
+
+
+def _ms(value: float, unit: str) -> str:
+    """A step time as the tables show it (four significant figures at least)."""
+    if unit != "seconds":
+        return f"{value:,.6g} {unit}"
+    ms = value * 1e3
+    return f"{ms:,.0f} ms" if ms >= 1000 else f"{ms:.4g} ms"

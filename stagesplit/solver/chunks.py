@@ -54,6 +54,9 @@ class ChunkProblem:
     workers: int = 1
     #: activation recompute: one option on every layer, or AUTO (chosen per layer)
     recompute: RecomputeMode = RecomputeMode.NONE
+    #: only splits faster than this step time are sought (``--schedule auto``: the fastest plan of
+    #: another schedule); where there is none, the search ends "slower" instead of proving its own optimum
+    cutoff: float | None = None
 
     def fixed_choice(self) -> np.ndarray | None:
         """Every layer's option where the mode fixes it (None for AUTO)."""
@@ -439,8 +442,8 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     mem = _memory_tables(problem)
     # the chunks (first layer a, last b) whose resident bytes alone fit the largest device: no other
     # can be in a split that fits, so the range lookups need no other (a much smaller model to presolve)
-    alone = np.argwhere(np.triu(mem["resident"] <= int(np.max(problem.capacities))))
-    allowed = sorted(int(a) * (L + 1) + int(b) + 1 for a, b in alone)
+    fits_alone = _fits_alone(problem, mem, sig)
+    chunk_busy = _chunk_busy(problem)
     # times are integers in the model: a chain's length there is within one unit per boundary of
     # each kind it reads of its true length
     slack_units = 6 * C + 4
@@ -479,11 +482,22 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             v = m.NewIntVar(0, int(cut_units.max(initial=0)), f"t{c}")
             m.AddElement(s[c], [int(x) for x in cut_units], v)
             cut.append(v)
-        # range lookups: index a * (L + 1) + e of the (L+1) x (L+1) tables
+        # the step to beat (compute objective): the best known, or the cutoff where that is lower
+        limit = min(best.step_time if best is not None else math.inf,
+                    problem.cutoff if problem.cutoff is not None else math.inf)
+        if problem.objective is Objective.MEMORY or not CUTOFF:
+            limit = math.inf
+        # range lookups: index a * (L + 1) + e of the (L+1) x (L+1) tables, over each chunk's possible
+        # ranges: those that fit its device on their own and keep it busy for less than the step to beat
         pair = []
         for c in range(C):
-            v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}") if allowed else \
-                m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
+            ok = fits_alone[c] & (chunk_busy[c] <= limit)
+            allowed = [int(a) * (L + 1) + int(b) + 1 for a, b in np.argwhere(ok)]
+            if allowed:
+                v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}")
+            else:                       # no range fits this chunk: no split does
+                v = m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
+                m.AddBoolOr([])
             m.Add(v == s[c] * (L + 1) + s[c + 1])
             pair.append(v)
 
@@ -543,10 +557,10 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             m.Minimize(worst)
         else:
             m.Minimize(step)
-            if best is not None and CUTOFF:
+            if math.isfinite(limit):
                 # only splits faster than the best known (beyond the model's rounding): where
                 # there is none, the best known is optimal
-                m.Add(step <= int(math.floor(best.step_time * scale)) - slack_units)
+                m.Add(step <= int(math.floor(limit * scale)) - slack_units)
         if best is not None:
             for c in range(1, C):
                 m.AddHint(s[c], best.bounds[c])
@@ -566,10 +580,22 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = remaining
         solver.parameters.num_search_workers = problem.workers
-        code = solver.Solve(m)
+        # measured on the schedule models (bench_schedules.py): the LP relaxation and probing cost
+        # more than they prune here (element tables of chunk figures): a third of the time
+        if not y:                   # with recompute variables, the LP bound is what proves
+            solver.parameters.linearization_level = 0
+            solver.parameters.cp_model_probing_level = 0
+        log = _solution_log(s, y, C)
+        code = solver.Solve(m, log)
         if code == cp_model.MODEL_INVALID:
             raise RuntimeError(f"internal error: CP-SAT model invalid: {m.Validate()}")
         if code == cp_model.INFEASIBLE:
+            slower = problem.cutoff is not None and problem.objective is not Objective.MEMORY and \
+                (best is None or best.step_time >= problem.cutoff)
+            if slower:                        # nothing beats the cutoff: not this schedule's own proof
+                status = "slower"
+                bound = max(bound, problem.cutoff - 2 * slack_units / scale)
+                break
             if best is not None and problem.objective is not Objective.MEMORY:
                 status = "optimal"            # nothing beats the best known
                 break
@@ -608,6 +634,13 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             status = "time limit"
             break
         add_path(path)
+        # the chains of the other splits the search went through on its way
+        for other, counts in log.found[:-1]:
+            if other != bounds:
+                r = _evaluate(problem, other, choice if not y else prefix_choice(problem, other, *counts))
+                add_path(path_of(r))
+                if r.key(problem) < best.key(problem):
+                    best = r
         # and the chains of its neighbours (each boundary moved by one layer)
         for c in range(1, C):
             for step in (-1, 1):
@@ -624,6 +657,67 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         # rounding of times to integers: the proof holds up to one time unit per action
         bound = min(max(bound, best.step_time - 2 * slack_units / scale), best.step_time)
     return ChunkSolve(best, optimal, bound, len(paths), seconds, status)
+
+
+def _solution_log(s: list, y: dict, C: int):
+    """A CP-SAT callback that keeps every solution found during a round (boundaries, and the
+    recompute prefix counts) in ``.found``: the splits the search passes through on its way are as
+    good a source of chains as the one it ends on."""
+    from ortools.sat.python import cp_model
+
+    class SolutionLog(cp_model.CpSolverSolutionCallback):
+        def __init__(self):
+            super().__init__()
+            self.found: list = []
+
+        def on_solution_callback(self):
+            bounds = tuple(int(self.Value(x)) for x in s)
+            counts = ([int(self.Value(y[c, "full"])) for c in range(C)],
+                      [int(self.Value(y[c, "selective"])) for c in range(C)]) if y else None
+            self.found.append((bounds, counts))
+    return SolutionLog()
+
+
+def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.ndarray:
+    """(C, L, L) booleans: whether chunk ``c`` may hold layers ``a..b``, by the bytes that range
+    alone puts on its device (the other chunks' terms are never negative): its resident bytes and,
+    at each of the device's memory signatures, its own stashes and transient. With AUTO recompute
+    the stashes and transients may shrink, so only the resident bytes count."""
+    C = problem.chunks
+    L = problem.num_layers
+    auto = problem.fixed_choice() is None and problem.table.recompute is not None
+    out = np.zeros((C, L, L), bool)
+    upper = np.triu(np.ones((L, L), bool))
+    for rs in sig:
+        cap = int(problem.capacities[rs.rank])
+        for c in rs.chunks:
+            need = mem["resident"].copy()
+            if not auto:
+                worst = np.zeros((L, L), np.int64)
+                for k, signature in enumerate(rs.signatures):
+                    term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
+                            * mem["weight_stash"] + int(rs.retained_counts[k, c]) * mem["retained"])
+                    if signature.op is None:
+                        term = term + mem["optimizer"]
+                    elif signature.chunk == c:
+                        term = term + mem[_TRANSIENT[signature.op]]
+                    np.maximum(worst, term, out=worst)
+                need = need + worst
+            out[c] = upper & (need <= cap)
+    return out
+
+
+def _chunk_busy(problem: ChunkProblem) -> np.ndarray:
+    """(C, L, L) seconds: what chunk ``c`` holding layers ``a..b`` alone keeps its device busy
+    for (every micro-batch's F, B and W and its optimizer step; no recompute): a lower bound on
+    the step of any split with that chunk."""
+    t = problem.table.layer_times
+    prefix = np.concatenate([np.zeros((1, t.shape[1])), np.cumsum(t, axis=0)])
+    M = problem.schedule.micro_batches
+    work = prefix[1:, :3].sum(axis=1)[None, :] - prefix[:-1, :3].sum(axis=1)[:, None]      # [a, b]: a..b
+    optimizer = prefix[1:, 3][None, :] - prefix[:-1, 3][:, None]
+    busy = np.where(np.triu(np.ones_like(work, bool)), M * work + optimizer, np.inf)
+    return np.broadcast_to(busy, (problem.chunks, *busy.shape))
 
 
 def _option_figures(problem: ChunkProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:

@@ -72,7 +72,13 @@ def test_schedule_auto_with_fixed_recompute_leaves_the_zero_bubble_schedules_out
     split = [c for c in plan.candidates if c.schedule in ("zb-h1", "zbv", "dualpipev")]
     assert split and all(c.status == "refused" and c.note.startswith(f"--recompute full under {c.schedule}: ")
                          for c in split)
-    assert any(c.status == "optimal" for c in plan.candidates if c.schedule == "1f1b")
+    # the others are solved (the plan's proven optimal, the rest proven no faster than it), or
+    # refused where the model has fewer layers than the schedule has chunks
+    assert plan.status == "optimal"
+    for c in plan.candidates:
+        if c not in split:
+            assert c.status in ("optimal", "slower") or (c.status == "refused" and "chunks, but the model has" in c.note
+                                                         and c.chunks_per_rank >= 3), c
 
 
 @pytest.mark.slow
