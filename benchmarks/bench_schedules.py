@@ -86,8 +86,10 @@ def _row(plan, seconds: float, label: str) -> str:
     s = plan.schedule
     peak = max(r.peak_bytes for r in s.ranks) / 2**30
     recomputed = sum(st.recomputed_layers for st in plan.stages)
+    gap = plan.phases[0].gap if plan.phases and plan.status != "optimal" else None
     return (f"{label}  {s.step_time * 1e3:9.0f}  {s.bubble:6.1%}  {peak:9.2f}  {plan.status:<10}  {seconds:7.1f}"
-            + (f"  {recomputed} layers recomputed" if recomputed else ""))
+            + (f"  {recomputed} layers recomputed" if recomputed else "")
+            + (f"  (gap {gap:.1%})" if gap is not None else ""))
 
 
 def schedules(micro_batches: tuple[int, ...], each: bool) -> None:

@@ -407,6 +407,11 @@ def _auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
     return out
 
 
+def _step(advice) -> float:
+    """A schedule solve's step time (infinite where nothing fits or it was refused)."""
+    return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
+
+
 def _solve_auto(req: SolveRequest, analysis, events: Events):
     """``--schedule auto``: every schedule (and chunks per device) valid for the device and
     micro-batch counts, the most promising first (by a quick search of each). The first is solved
@@ -447,9 +452,6 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     events.done()
     ranked.sort(key=lambda item: item[0])
 
-    def step(advice) -> float:
-        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
-
     plans: list = [None] * len(ranked)
     for i, (_, kind, v, M) in enumerate(ranked):
         left = req.time_limit - (time.monotonic() - started)
@@ -457,7 +459,7 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         # is left or (a schedule that beats the fastest so far proves its own optimum) up to 10 s;
         # refuting a split faster than the fastest so far takes a second or two where there is none
         share = max(left / 2 if i == 0 else max(left / (len(ranked) - i), min(left / 2, 10.0)), 1.0)
-        best = min((step(p[2]) for p in plans[:i]), default=math.inf)
+        best = min((_step(p[2]) for p in plans[:i]), default=math.inf)
         trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device")
@@ -476,7 +478,8 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     def score(item):
         s = item[2].plan.schedule
         worst = max(r.peak_bytes / r.capacity_bytes for r in s.ranks)
-        return (worst, s.step_time) if memory else (s.step_time, worst)
+        unproven = item[2].plan.status != "optimal"      # on a tie, the proven plan
+        return (worst, unproven, s.step_time) if memory else (s.step_time, unproven, worst)
     rows = []
     for kind, v, advice, error in plans:
         plan = advice.plan if advice is not None else None
@@ -516,13 +519,10 @@ def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans:
     lowest bound first; its plan is replaced where the new one is faster."""
     from .plan.advise import advise_schedule
 
-    def step(advice) -> float:
-        return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
-
     retried: set[int] = set()
     while True:
         left = req.time_limit - (time.monotonic() - started)
-        best = min((step(a) for _, _, a, _ in plans), default=math.inf)
+        best = min((_step(a) for _, _, a, _ in plans), default=math.inf)
         open_ = [(a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
                  if i not in retried and a is not None and not a.slower and a.plan.status != "optimal"
                  and a.plan.phases and a.plan.phases[0].bound is not None
@@ -538,14 +538,14 @@ def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans:
         events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
         try:
             again = advise_schedule(resolved.model, resolved.inputs, table=table,
-                                    cutoff=best if step(advice) > best and math.isfinite(best) else None)
+                                    cutoff=best if _step(advice) > best and math.isfinite(best) else None)
         except StagesplitError:
             continue
         finally:
             events.done()
-        if again.slower and step(again) >= step(advice):
+        if again.slower and _step(again) >= _step(advice):
             advice.slower, advice.plan.message = True, again.plan.message
-        elif step(again) < step(advice) or (step(again) == step(advice) and again.plan.status == "optimal"):
+        elif _step(again) < _step(advice) or (_step(again) == _step(advice) and again.plan.status == "optimal"):
             plans[i] = (kind, v, again, "")
 
 

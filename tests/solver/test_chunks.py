@@ -5,6 +5,7 @@ against every split tried (the exhaustive oracle) on random layer tables."""
 from __future__ import annotations
 
 import math
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -194,6 +195,46 @@ def test_cp_sat_split_is_as_good_as_every_split(problem):
     assert solved.bound <= best.key(problem)[1] * (1 + 1e-6) + 1e-9
 
 
+@settings(max_examples=100, deadline=None)
+@given(problems(), st.sampled_from([0.97, 1.03]))
+def test_a_step_to_beat_is_refuted_exactly_where_no_split_beats_it(problem, factor):
+    """With a cutoff (``--schedule auto``: another schedule's step), CP-SAT ends "slower" where no
+    split that fits is faster (the oracle: every split), with a bound at the cutoff; where one is,
+    it finds the optimum and proves it, as without a cutoff."""
+    problem = replace(problem, objective=Objective.COMPUTE)
+    best = exhaustive(problem)
+    if best is None:
+        solved = solve_cpsat(replace(problem, cutoff=1.0))
+        assert solved.status == "slower" and (solved.result is None or not solved.result.feasible)
+        return
+    cutoff = best.step_time * factor
+    solved = solve_cpsat(replace(problem, cutoff=cutoff))
+    event(f"cutoff x {factor}")
+    if factor < 1:
+        assert solved.status == "slower" and not solved.optimal
+        assert cutoff * (1 - 1e-4) <= solved.bound <= best.step_time     # less the rounding of times
+        assert solved.result is None or solved.result.step_time >= best.step_time * (1 - 1e-9)
+    else:
+        assert solved.optimal and solved.result.feasible
+        assert solved.result.step_time <= best.step_time * (1 + 1e-6) + 1e-9
+
+
+@settings(max_examples=60, deadline=None)
+@given(problems())
+def test_every_chunk_of_every_split_that_fits_is_in_its_possible_ranges(problem):
+    """The ranges CP-SAT may give a chunk (those that fit its device alone) hold every chunk of
+    every split that fits."""
+    from stagesplit.solver.chunks import _fits_alone, _memory_tables
+    from stagesplit.solver.schedule import memory_signatures
+    allowed = _fits_alone(problem, _memory_tables(problem), memory_signatures(problem.schedule))
+    fitting = 0
+    for bounds in _some_splits(problem.num_layers, problem.chunks):
+        if evaluate(problem, bounds).feasible:
+            fitting += 1
+            assert all(allowed[c, bounds[c], bounds[c + 1] - 1] for c in range(problem.chunks)), bounds
+    event(f"{'some' if fitting else 'no'} split fits")
+
+
 def test_local_search_fits_where_a_split_fits_and_cp_sat_never_loses_to_it():
     rng = np.random.default_rng(0)
     for trial in range(10):
@@ -281,6 +322,31 @@ def test_one_layer_must_be_recomputed_and_the_arithmetic_says_which():
     assert exhaustive(ChunkProblem(table, problem.schedule, problem.capacities)) is None
     every = exhaustive(ChunkProblem(table, problem.schedule, problem.capacities, recompute=RecomputeMode.FULL))
     assert every.choice == (2, 2, 2) and every.step_time > 23
+
+
+def test_a_step_to_beat_without_memory_limits_or_recompute_is_refuted_before_recompute_is_tried():
+    """The case above (nothing fits without recompute; split [0 1 | 2] with layer 0 recomputed,
+    step 23, is optimal). Given a step to beat that no split reaches even without memory limits,
+    the solve ends "slower" without the recompute model; given 25, recompute is chosen and the
+    optimum proven as without a step to beat; given one between the split's best without memory
+    limits and 23, "slower" again, now from the recompute model (with the split it found, 23)."""
+    from stagesplit.plan.advise import _solve_chunks
+    rc = recompute_of([0, 0, 0], [8, 10, 14], [0, 0, 0], [1, 1.5, 2])
+    table = _stash_only_table([10, 12, 16], [1, 1.5, 2], rc)
+    problem = ChunkProblem(table, build_schedule("gpipe", 2, 2), np.full(2, 36))
+    unlimited = exhaustive(replace(problem, capacities=np.full(2, 10**12)))
+    assert unlimited.step_time < 23 * 0.99
+    used, solved = _solve_chunks(replace(problem, cutoff=unlimited.step_time * 0.99), None, True)
+    assert solved.status == "slower" and used.recompute is RecomputeMode.NONE and solved.result is None
+    used, solved = _solve_chunks(replace(problem, cutoff=25.0), None, True)
+    assert used.recompute is RecomputeMode.AUTO and solved.optimal
+    assert solved.result.bounds == (0, 2, 3) and solved.result.choice == (2, 0, 0)
+    assert solved.result.step_time == pytest.approx(23)
+    cutoff = (unlimited.step_time + 23) / 2
+    used, solved = _solve_chunks(replace(problem, cutoff=cutoff), None, True)
+    assert solved.status == "slower" and not solved.optimal and solved.bound >= cutoff * (1 - 1e-4)
+    # what it found on the way (the quick search's split with recompute) is kept, slower than the cutoff
+    assert used.recompute is RecomputeMode.AUTO and solved.result.feasible and solved.result.step_time >= cutoff
 
 
 @st.composite
