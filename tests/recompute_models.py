@@ -23,7 +23,7 @@ from __future__ import annotations
 import functools
 import warnings
 
-__all__ = ["GPT", "LLAMA", "MODES", "batch", "capture", "chunks", "keep_expensive", "measured_step_peak", "model",
+__all__ = ["GPT", "LLAMA", "MODES", "batch", "capture", "chunks", "cut", "keep_expensive", "measured_step_peak", "model",
            "num_layers"]
 
 MODES = ("none", "selective", "full")
@@ -170,12 +170,19 @@ def batch(name: str, micro_batches: int) -> tuple:
 def chunks(name: str, bounds, mode: str = "none") -> list:
     """Model ``name`` cut into the chunks ``bounds[k]..bounds[k+1]-1`` (blocks), every block
     recomputed as ``mode`` says (a str, or one per layer)."""
+    modes = [mode] * num_layers(name) if isinstance(mode, str) else list(mode)
+    return cut(model(name, "none"), name, bounds, modes)
+
+
+def cut(whole, name: str, bounds, modes=None) -> list:
+    """``whole``, the example GPT (``name`` "gpt") or a Hugging Face Llama ("llama") of any
+    configuration, cut into the chunks ``bounds[k]..bounds[k+1]-1`` (blocks), the embedding with
+    the first and the head with the last; block i recomputed as ``modes[i]`` says (None: none)."""
     import torch
     from torch import nn
     from torch.utils.checkpoint import checkpoint
-    modes = [mode] * num_layers(name) if isinstance(mode, str) else list(mode)
-    whole = model(name, "none")
-    layers = num_layers(name)
+    layers = len(whole.transformer.h) if name == "gpt" else len(whole.model.layers)
+    modes = ["none"] * layers if modes is None else list(modes)
 
     def run(index: int, block, *args, **kwargs):
         if modes[index] == "none":

@@ -15,6 +15,8 @@ import functools
 import numpy as np
 import pytest
 
+import recompute_models as rm
+
 pytestmark = pytest.mark.slow
 
 TOLERANCE = 0.05
@@ -34,37 +36,12 @@ def _gpt_config():
     return GPTConfig(vocab_size=512, context=32, d_model=64, heads=4, layers=8, batch=2, tie_embeddings=False)
 
 
-class _GptChunk:
-    """Layers ``first..last`` of the example GPT (the embedding with the first, the head with the last)."""
-
-    @staticmethod
-    def build(bounds):
-        import torch
-        from torch import nn
-        from examples.gpt import GPT
-        config = _gpt_config()
-
-        class Chunk(nn.Module):
-            def __init__(self, model, first, last):
-                super().__init__()
-                t = model.transformer
-                self.first, self.last = first == 0, last == config.layers - 1
-                if self.first:
-                    self.wte, self.wpe = t.wte, t.wpe
-                self.blocks = nn.ModuleList(t.h[first:last + 1])
-                if self.last:
-                    self.ln_f, self.lm_head = t.ln_f, model.lm_head
-
-            def forward(self, x):
-                if self.first:
-                    x = self.wte(x) + self.wpe(torch.arange(x.shape[1]))
-                for block in self.blocks:
-                    x = block(x)
-                return self.lm_head(self.ln_f(x)) if self.last else x
-
-        torch.manual_seed(0)
-        model = GPT(config)
-        return [Chunk(model, a, b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
+def _gpt_build(bounds):
+    """The example GPT cut into the chunks ``bounds`` (the embedding with the first, the head with the last)."""
+    import torch
+    from examples.gpt import GPT
+    torch.manual_seed(0)
+    return rm.cut(GPT(_gpt_config()), "gpt", bounds)
 
 
 def _gpt_capture():
@@ -101,38 +78,7 @@ def _llama():
 
 
 def _llama_build(bounds):
-    import torch
-    from torch import nn
-    from transformers.masking_utils import create_causal_mask
-    model = _llama()
-    layers = LLAMA["num_hidden_layers"]
-
-    class Chunk(nn.Module):
-        def __init__(self, first, last):
-            super().__init__()
-            inner = model.model
-            self.first, self.last = first == 0, last == layers - 1
-            if self.first:
-                self.embed_tokens = inner.embed_tokens
-            self.layers = nn.ModuleList(inner.layers[first:last + 1])
-            self.rotary_emb = inner.rotary_emb
-            if self.last:
-                self.norm, self.lm_head = inner.norm, model.lm_head
-
-        def forward(self, x):
-            if self.first:
-                x = self.embed_tokens(x)
-            # as LlamaModel.forward does: the same mask and rotary tables for every layer
-            positions = torch.arange(x.shape[1]).unsqueeze(0)
-            mask = create_causal_mask(config=model.config, inputs_embeds=x, attention_mask=None, cache=None,
-                                      position_ids=positions)
-            rotary = self.rotary_emb(x, positions)
-            for layer in self.layers:
-                x = layer(x, attention_mask=mask, position_embeddings=rotary, position_ids=positions)
-                x = x[0] if isinstance(x, tuple) else x
-            return self.lm_head(self.norm(x)) if self.last else x
-
-    return [Chunk(a, b - 1) for a, b in zip(bounds[:-1], bounds[1:])]
+    return rm.cut(_llama(), "llama", bounds)
 
 
 def _llama_capture():
@@ -151,7 +97,7 @@ def _llama_batch(micro_batches):
             torch.zeros(LLAMA_BATCH * micro_batches))
 
 
-MODELS = {"gpt": (_gpt_capture, _GptChunk.build, _gpt_batch), "llama": (_llama_capture, _llama_build, _llama_batch)}
+MODELS = {"gpt": (_gpt_capture, _gpt_build, _gpt_batch), "llama": (_llama_capture, _llama_build, _llama_batch)}
 
 
 def _predicted(table, bounds, kind, P, M, v):
