@@ -393,7 +393,8 @@ def _scale(problem: ChunkProblem) -> float:
 
 def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50) -> ChunkSolve:
     """The optimal split (see the module docstring), or the best found within the time limit
-    with a proven bound."""
+    with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
+    "slower" (bound at the cutoff) where none fits, otherwise as without it."""
     from ortools.sat.python import cp_model
 
     started = _time.monotonic()
