@@ -24,6 +24,7 @@ from .baselines import framework_baselines, layer_roles
 from ..solver.request import SolveRequest
 from .build import make_plan, make_schedule_plan, refused_plan
 from .records import Plan, PlanInputs
+from .text import step_text
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible", "fewest_devices",
@@ -703,7 +704,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
 def _schedule_message(problem, solved) -> str:
     r = solved.result
     if solved.status == "slower":
-        return (f"no split is faster than {_ms(problem.cutoff, problem.table.time_unit)} (proven)"
+        return (f"no split is faster than {step_text(problem.cutoff, problem.table.time_unit)} (proven)"
                 + ("" if r is not None and r.feasible else "; none that fits was found"))
     if r is None or not r.feasible:
         if solved.status == "infeasible":
@@ -725,11 +726,3 @@ def _tied_warnings(plan: Plan) -> list[str]:
             f"pipeline frameworks keep one copy per stage, so sum the copies' gradients across those stages before "
             f"each optimizer step (the torch-pipelining export does), or they untie; torchtitan refuses such models"
             for tied, stages in plan.tied_across_stages()]
-
-
-def _ms(value: float, unit: str) -> str:
-    """A step time as the tables show it (four significant figures at least)."""
-    if unit != "seconds":
-        return f"{value:,.6g} {unit}"
-    ms = value * 1e3
-    return f"{ms:,.0f} ms" if ms >= 1000 else f"{ms:.4g} ms"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["seconds_text", "split_text"]
+__all__ = ["seconds_text", "split_text", "step_text"]
 
 
 def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
@@ -15,6 +15,15 @@ def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | Non
         return full
     return "[ " + " | ".join(" ".join(names[a:b + 1]) if b - a < 2 else f"{names[a]}..{names[b]}"
                              for a, b in ranges) + " ]"
+
+
+def step_text(value: float, unit: str) -> str:
+    """A step time precise enough to tell two schedules apart: whole ms from a second up
+    (2,169 ms), four significant figures below (5.142 ms); other units as they are."""
+    if unit != "seconds":
+        return f"{value:,.6g} {unit}"
+    ms = value * 1e3
+    return f"{ms:,.0f} ms" if ms >= 1000 else f"{ms:.4g} ms"
 
 
 def seconds_text(seconds: float) -> str:

@@ -441,10 +441,10 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
               for i, k in enumerate(("F", "B", "W", "O"))}
     cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
     mem = _memory_tables(problem)
-    # the chunks (first layer a, last b) whose resident bytes alone fit the largest device: no other
-    # can be in a split that fits, so the range lookups need no other (a much smaller model to presolve)
+    # each chunk's ranges (first layer a, last b) that fit its device on their own: no other can be
+    # in a split that fits, so the range lookups need no other (a much smaller model to presolve)
     fits_alone = _fits_alone(problem, mem, sig)
-    chunk_busy = _chunk_busy(problem)
+    range_busy = _range_busy(problem)
     # times are integers in the model: a chain's length there is within one unit per boundary of
     # each kind it reads of its true length
     slack_units = 6 * C + 4
@@ -492,7 +492,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         # ranges: those that fit its device on their own and keep it busy for less than the step to beat
         pair = []
         for c in range(C):
-            ok = fits_alone[c] & (chunk_busy[c] <= limit)
+            ok = fits_alone[c] & (range_busy <= limit)
             allowed = [int(a) * (L + 1) + int(b) + 1 for a, b in np.argwhere(ok)]
             if allowed:
                 v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}")
@@ -708,17 +708,14 @@ def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.nd
     return out
 
 
-def _chunk_busy(problem: ChunkProblem) -> np.ndarray:
-    """(C, L, L) seconds: what chunk ``c`` holding layers ``a..b`` alone keeps its device busy
-    for (every micro-batch's F, B and W and its optimizer step; no recompute): a lower bound on
-    the step of any split with that chunk."""
-    t = problem.table.layer_times
-    prefix = np.concatenate([np.zeros((1, t.shape[1])), np.cumsum(t, axis=0)])
-    M = problem.schedule.micro_batches
-    work = prefix[1:, :3].sum(axis=1)[None, :] - prefix[:-1, :3].sum(axis=1)[:, None]      # [a, b]: a..b
-    optimizer = prefix[1:, 3][None, :] - prefix[:-1, 3][:, None]
-    busy = np.where(np.triu(np.ones_like(work, bool)), M * work + optimizer, np.inf)
-    return np.broadcast_to(busy, (problem.chunks, *busy.shape))
+def _range_busy(problem: ChunkProblem) -> np.ndarray:
+    """(L, L) seconds: what a chunk holding layers ``a..b`` keeps its device busy for (every
+    micro-batch's F, B and W and its optimizer step; no recompute; infinite below the diagonal):
+    a lower bound on the step of any split with that chunk."""
+    prefix = np.concatenate([np.zeros((1, 4)), np.cumsum(problem.table.layer_times[:, :4], axis=0)])
+    span = prefix[1:][None, :, :] - prefix[:-1][:, None, :]          # [a, b]: layers a..b
+    busy = problem.schedule.micro_batches * span[:, :, :3].sum(axis=2) + span[:, :, 3]
+    return np.where(np.triu(np.ones(busy.shape, bool)), busy, np.inf)
 
 
 def _option_figures(problem: ChunkProblem) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
