@@ -49,8 +49,8 @@ from vision import torchvision_model_code
 # a spawned worker has the test process's path (with torchvision's folder) but not its modules
 torchvision_model_code()
 
-__all__ = ["PipelineCase", "RankResult", "mlp_chunks", "mse", "reference", "regression_batch", "run_pipeline",
-           "run_pipelines"]
+__all__ = ["ExportedCase", "PipelineCase", "RankResult", "mlp_chunks", "mse", "reference", "regression_batch", "run_pipeline",
+           "run_exported", "run_pipelines"]
 
 
 def mse(output, target):
@@ -367,3 +367,101 @@ def reference(case: PipelineCase) -> tuple[float, dict[str, np.ndarray]]:
     return float(loss.detach()), {f"{c}.{name}": p.grad.detach().numpy().copy() for c, chunk in enumerate(chunks)
                          for name, p in chunk.named_parameters()}
 
+
+
+# -- an exported plan's own program -----------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class ExportedCase:
+    """The user's path: ``code`` (a torch-pipelining export's text) run as its comments say, on every
+    rank: ``model()`` (called after ``torch.manual_seed(seed)``) builds the whole model,
+    ``build_pipeline(model, one micro-batch, cpu, loss)``, then steps of ``train_step``,
+    ``sum_tied_gradients``, Adam (learning rate 0, as above) and ``zero_grad`` as the export's
+    ``GRADIENTS_SET_TO_NONE`` says. ``make_batch()`` gives the whole batch (inputs, targets)."""
+
+    code: str
+    model: Callable
+    make_batch: Callable
+    loss: Callable | None = None
+    seed: int = 0
+
+
+def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workdir: Path) -> None:
+    import torch
+    import torch.distributed as dist
+
+    ns: dict = {}
+    exec(compile(case.code, f"export{index}.py", "exec"), ns)
+    torch.manual_seed(case.seed)
+    model = case.model()
+    x, y = case.make_batch()
+    micro = x[: x.shape[0] // ns["N_MICROBATCHES"]]
+    built, schedule, tied = ns["build_pipeline"](model, micro, torch.device("cpu"), case.loss)
+    stages = list(built) if isinstance(built, (list, tuple)) else [built]
+    first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
+    params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
+    optimizer = torch.optim.Adam(params, lr=0.0)
+    set_to_none = ns["GRADIENTS_SET_TO_NONE"]
+    names = {id(p): n for n, p in model.named_parameters()}
+
+    def step() -> list:
+        losses = ns["train_step"](built, schedule, x if first else None, y if last else None)
+        ns["sum_tied_gradients"](tied)
+        return losses
+
+    step()
+    optimizer.step()
+    optimizer.zero_grad(set_to_none=set_to_none)
+    dist.barrier()
+    log: list[str] = []
+    trace: list[list[int]] = []
+    tracker = _peak_tracker()
+    for stage in stages:
+        _record(stage, log, trace, tracker)
+    tracker.track_external(*[s.submod for s in stages], optimizer, *_receive_buffers(stages))
+    with tracker:
+        for measured_step in (False, True):
+            if measured_step:
+                log.clear()
+                trace.clear()
+                tracker.restart_peak()
+                tracker.overall = 0
+            start = time.perf_counter()
+            losses = [float(v.detach()) for v in step()]
+            grads = {names[id(p)]: p.grad.detach().numpy().copy() for p in params if p.grad is not None}
+            before = tracker.restart_peak()
+            optimizer.step()
+            optimizer_trace = (before, tracker.peak_since_restart(), tracker.live_bytes())
+            seconds = time.perf_counter() - start
+            optimizer.zero_grad(set_to_none=set_to_none)
+            if not measured_step:
+                dist.barrier()
+    total = max(tracker.overall, tracker.peak_since_restart())
+    record = {"rank": rank, "stages": [s.stage_index for s in stages], "executed": log, "peak_bytes": total,
+              "trace": trace, "optimizer_trace": optimizer_trace, "losses": losses, "seconds": seconds}
+    base = workdir / f"case{index}-rank{rank}"
+    (base.with_suffix(".json")).write_text(json.dumps(record))
+    np.savez(base.with_suffix(".npz"), **grads)
+
+
+def run_exported(cases: Sequence[ExportedCase], devices: int, timeout_s: float = 300.0) -> list[list[RankResult]]:
+    """Run each exported program, one after the other, in one group of ``devices`` processes (gloo);
+    per case, the ranks' results in rank order (``grads`` keyed by the model's parameter names)."""
+    import torch.multiprocessing as mp
+    with tempfile.TemporaryDirectory(prefix="exported-pipeline-") as tmp:
+        mp.spawn(_exported_worker, args=(devices, list(cases), tmp, timeout_s), nprocs=devices, join=True)
+        return [[_load(Path(tmp) / f"case{i}-rank{r}") for r in range(devices)] for i in range(len(cases))]
+
+
+def _exported_worker(rank: int, devices: int, cases: list[ExportedCase], workdir: str, timeout_s: float) -> None:
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=devices,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        for index, case in enumerate(cases):
+            _run_exported(rank, devices, case, index, Path(workdir))
+            dist.barrier()
+    finally:
+        dist.destroy_process_group()

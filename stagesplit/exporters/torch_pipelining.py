@@ -27,10 +27,11 @@ What the snippet must get right (each from torch's own behaviour):
 from __future__ import annotations
 
 import ast
+from pathlib import Path
 
 from ..model.recompute import EXPENSIVE_OPERATIONS
 from ..solver.schedule import traits
-from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns
+from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns, module_fqn
 from ._plan_view import PlanView
 from .render import RenderCheckError, literal_assignments, py_literal
 
@@ -76,8 +77,9 @@ def recompute_map(view: PlanView, fmt: str = NAME) -> dict[str, str]:
     return dict(zip(layer_fqns(view, fmt, chosen), (view.recompute[i] for i in chosen)))
 
 
-def _recompute_lines(recompute: dict[str, str]) -> list[str]:
-    """The plan's recompute as code: the map, the selective policy and ``apply_recompute``."""
+def _recompute_lines(recompute: dict[str, str], from_modules: bool = False) -> list[str]:
+    """The plan's recompute as code: the map, the selective policy, ``recompute_block`` (one block,
+    for stages built from modules) and ``apply_recompute`` (a traced stage module)."""
     selective = "selective" in recompute.values()
     return [
         "# activation recompute as the plan chose it, per module (fully qualified names): \"full\" re-runs the whole",
@@ -93,26 +95,55 @@ def _recompute_lines(recompute: dict[str, str]) -> list[str]:
            "    return CheckpointPolicy.MUST_SAVE if SELECTIVE_KEEPS.fullmatch(name) else "
            "CheckpointPolicy.PREFER_RECOMPUTE"] if selective else []),
         "", "",
+        "def recompute_block(fqn, block):",
+        '    """`block` (the module named `fqn`) as RECOMPUTE says: checkpointed, or as it is."""',
+        "    mode = RECOMPUTE.get(fqn)",
+        "    if mode is None:",
+        "        return block",
+        *(["    context = {} if mode == \"full\" else {",
+           "        \"context_fn\": functools.partial(create_selective_checkpoint_contexts, keep_expensive)}",
+           "    return checkpoint_wrapper(block, **context)"] if selective else
+          ["    return checkpoint_wrapper(block)"]),
+        "", "",
         "def apply_recompute(stage_module):",
         '    """Wrap the blocks of RECOMPUTE that this traced stage module holds. After pipeline(): its tracing',
         '    refuses checkpoint wrappers, and the traced stage keeps the model\'s module names."""',
-        "    for fqn, mode in RECOMPUTE.items():",
+        "    for fqn in RECOMPUTE:",
         "        try:",
         "            block = stage_module.get_submodule(fqn)",
         "        except AttributeError:",
         "            continue   # on another stage",
         "        parent, _, name = fqn.rpartition(\".\")",
-        *(["        context = {} if mode == \"full\" else {",
-           "            \"context_fn\": functools.partial(create_selective_checkpoint_contexts, keep_expensive)}",
-           "        setattr(stage_module.get_submodule(parent), name, checkpoint_wrapper(block, **context))"]
-          if selective else
-          ["        setattr(stage_module.get_submodule(parent), name, checkpoint_wrapper(block))"]),
+        "        setattr(stage_module.get_submodule(parent), name, recompute_block(fqn, block))",
         "", ""]
+
+
+def block_stack(view: PlanView) -> str | None:
+    """The fully qualified name of the stack whose blocks the plan's layers are, in order
+    (``model.layers`` for layers ``model.layers.0`` ... ``model.layers.{L-1}``), else None."""
+    paths = view.module_paths
+    if not paths or any(p is None for p in paths):
+        return None
+    try:
+        fqns = [module_fqn(p) for p in paths]
+    except ValueError:
+        return None
+    stack = fqns[0].rpartition(".")[0]
+    if not stack or fqns != [f"{stack}.{i}" for i in range(len(fqns))]:
+        return None
+    return stack
+
+
+def _stage_modules_source() -> list[str]:
+    """stage_modules.py as lines, to inline (it imports only torch; its own ``import torch`` is left out)."""
+    text = (Path(__file__).parent / "stage_modules.py").read_text(encoding="utf-8")
+    return [line for line in text.splitlines() if line != "import torch"]
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
-    points = layer_fqns(view, NAME, [s.layers[0] for s in view.stages[1:]])
+    starts = [s.layers[0] for s in view.stages]
+    points = layer_fqns(view, NAME, starts[1:])
     cls = schedule_class(view, options.training)
     multi = cls in MULTI_STAGE
     # a V-shaped placement: two neighbouring stages on one rank
@@ -125,27 +156,37 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     # one stage per rank keeps torch's own one-stage form (stage, stage.is_first); chunked
     # schedules take the list of a rank's stages
     stage = "stages" if multi else "stage"
-    placement = ([f"STAGES_OF_RANK = {py_literal(stages_of_rank)}   # one process per device: rank r builds these "
-                  "stages"] if multi else [])
     model = options.model
     recompute = recompute_map(view) if options.training and view.recomputes else {}
     selective = "selective" in recompute.values()
+    # training a model whose layers are the blocks of one stack: stages built from its modules where it is a
+    # Hugging Face causal language model (stage_modules.py says why), else traced
+    stack = block_stack(view) if options.training else None
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
              "import torch.distributed as dist",
              *(["from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import checkpoint_wrapper"]
                if recompute else []),
-             f"from torch.distributed.pipelining import {cls}, SplitPoint, pipeline",
+             f"from torch.distributed.pipelining import {'PipelineStage, ' if stack else ''}{cls}, SplitPoint, "
+             "pipeline",
              *(["from torch.utils.checkpoint import CheckpointPolicy, create_selective_checkpoint_contexts"]
                if selective else []), "",
+             *([*_stage_modules_source(), "", "",
+                "# the model's stack of blocks: the plan's layers are its blocks, in order",
+                f"BLOCKS = {py_literal(stack)}",
+                f"STAGE_STARTS = {py_literal(starts)}   # each stage's first block"] if stack else []),
              "# each stage after the first begins at one of these modules (fully qualified names)",
              f"SPLIT_POINTS = {py_literal(points)}",
              (f"NUM_STAGES = {p}   # the stages (chunks) in model order" if multi else
               f"NUM_STAGES = {p}   # one process per stage: rank k runs stage k (plan devices "
               + ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices)) + ")"),
-             *placement,
-             f"N_MICROBATCHES = {m}   # micro-batches per step: {why}", "", "",
-             *(_recompute_lines(recompute) if recompute else []),
+             f"STAGES_OF_RANK = {py_literal(stages_of_rank)}   # one process per device: rank r builds these stages",
+             f"N_MICROBATCHES = {m}   # micro-batches per step: {why}",
+             *(["# the runtime the plan was priced under, which train_step sets: the last stage does not keep the",
+                "# micro-batches' outputs (schedule.step(return_outputs=False)), and the gradients stay allocated",
+                "# between steps (zero the gradients with zero_grad(set_to_none=False))",
+                "RETURN_OUTPUTS = False", "GRADIENTS_SET_TO_NONE = False"] if options.training else []), "", "",
+             *(_recompute_lines(recompute, stack is not None) if recompute else []),
              *([
                  "def _no_links_to_self(stage):",
                  '    """torch\'s traced stages warm up their links with a send to and a receive from each neighbouring',
@@ -155,63 +196,101 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                  "    stage._get_init_p2p_neighbors_ops = lambda: [op for op in warm_up() if op.group_peer != stage.group_rank]",
                  "", ""] if multi and v_turn else []),
              "def build_pipeline(model, example_microbatch, device, loss_fn=None, group=None):",
-             '    """This rank\'s stage of `model`, its schedule and its tied-parameter groups.',
+             '    """This rank\'s stage' + ('s' if multi else '') + ' of `model`, its schedule and its tied-parameter groups.',
              "",
+             *(["    A Hugging Face causal language model is cut into stages built from its own modules (ModelStage:",
+                "    only the hidden state crosses a stage boundary); `loss_fn` None: the model's own loss, with the",
+                "    labels as train_step's `targets` (for a causal language model, the token ids themselves), else",
+                "    loss_fn(logits, targets). Any other model is traced by pipeline(), and `loss_fn(output, targets)`",
+                "    is the loss on the last stage's output.", ""] if stack else []),
              "    `example_microbatch` is ONE micro-batch (the batch's first dimension divided by N_MICROBATCHES),",
              "    not the whole batch: pipeline() traces it, and a whole batch fails at the first step with a shape",
-             "    error. Hugging Face models: load them with attn_implementation=\"sdpa\" (eager GPT-2 attention",
-             "    passes a float mask between stages: PipeliningMetadataError beyond 2 stages) and use_cache=False.",
-             "    Tied parameters (GPT-2's wte and lm_head) become one copy per stage that uses them: call",
+             "    error. Hugging Face models: load them with attn_implementation=\"sdpa\" and use_cache=False.",
+             "    Tied parameters (GPT-2's wte and lm_head) become one copy per rank that uses them: call",
              '    sum_tied_gradients(tied) after each backward, or the optimizer step unties them.'
              + ("" if recompute else '"""'),
-             *(["    The blocks of RECOMPUTE are checkpointed on this rank's stage modules (apply_recompute), once",
-                '    the tied groups are read."""'] if recompute else []),
+             *(["    The blocks of RECOMPUTE are checkpointed as the plan chose (apply_recompute), once the tied groups",
+                '    are read."""'] if recompute else []),
              "    rank = dist.get_rank(group)",
-             "    tied_names = {}",
-             *(["    rank_of = {k: r for r, ks in enumerate(STAGES_OF_RANK) for k in ks}"] if multi else []),
-             "    for name, parameter in model.named_parameters(remove_duplicate=False):",
-             "        tied_names.setdefault(id(parameter), []).append(name)",
-             "    split_spec = {fqn: SplitPoint.BEGINNING for fqn in SPLIT_POINTS}",
-             "    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
-             "    if pipe.num_stages != NUM_STAGES:",
-             '        raise ValueError(f"the split gave {pipe.num_stages} stages, the plan has {NUM_STAGES}")',
-             *(["    stages = [pipe.build_stage(k, device, group) for k in STAGES_OF_RANK[rank]]"]
-               + (["    for stage in stages:",
-                   "        _no_links_to_self(stage)"] if v_turn else []) if multi else
-              ["    stage = pipe.build_stage(rank, device, group)"])]
+             f"    mine = STAGES_OF_RANK[rank]"]
+    if stack:
+        wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
+        lines += ["    if builds_from_modules(model):",
+                  f"        modules = model_stages(model, BLOCKS, STAGE_STARTS, example_microbatch{wrap})",
+                  "        stages = [PipelineStage(modules[k], k, NUM_STAGES, device, group=group) for k in mine]",
+                  "        loss_fn = stage_loss(modules[-1], loss_fn)",
+                  "    else:"]
+    indent = "        " if stack else "    "
+    lines += [indent + "split_spec = {fqn: SplitPoint.BEGINNING for fqn in SPLIT_POINTS}",
+              indent + "pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
+              indent + "if pipe.num_stages != NUM_STAGES:",
+              indent + '    raise ValueError(f"the split gave {pipe.num_stages} stages, the plan has {NUM_STAGES}")',
+              indent + "modules = [pipe.get_stage_module(k) for k in range(NUM_STAGES)]",
+              indent + "stages = [pipe.build_stage(k, device, group) for k in mine]",
+              *([indent + "for stage in stages:", indent + "    _no_links_to_self(stage)"] if multi and v_turn else []),
+              *([indent + "for k in mine:", indent + "    apply_recompute(modules[k])"] if recompute else [])]
+    if not multi:
+        lines.append("    stage, = stages")
     if options.training:
         lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)")
     else:
         lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES)")
-    lines += ["    tied = []",
-              "    for names in (names for names in tied_names.values() if len(names) > 1):",
-              "        copies = [dict(pipe.get_stage_module(k).named_parameters(remove_duplicate=False))",
-              "                  for k in range(NUM_STAGES)]",
-              "        holders = [k for k in range(NUM_STAGES) if any(n in copies[k] for n in names)]",
-              "        if len(holders) > 1:   # every rank creates every group, in the same order",
-              ("            ranks = sorted({rank_of[k] for k in holders})   # a rank may hold several copies"
-               if multi else "            ranks = holders"),
-              "            ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
-              ("            mine = [copies[k][n] for k in STAGES_OF_RANK[rank] for n in names if n in copies[k]]"
-               if multi else "            mine = [copies[rank][n] for n in names if n in copies[rank]]"),
-              "            tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, mine))",
-              *(([f"    for k in STAGES_OF_RANK[rank]:", "        apply_recompute(pipe.get_stage_module(k))"]
-                 if multi else ["    apply_recompute(pipe.get_stage_module(rank))"]) if recompute else []),
-              f"    return {stage}, schedule, tied", "", ""]
+    lines += ["    tied = tied_groups(model, modules, mine, group)",
+              f"    return {stage}, schedule, tied", "", "",
+              *(["def builds_from_modules(model):",
+                 '    """Whether `model` is a Hugging Face causal language model whose stages model_stages builds: it has',
+                 '    an output embedding and a config, and the module holding BLOCKS takes `inputs_embeds`."""',
+                 "    import inspect",
+                 '    if not hasattr(model, "get_output_embeddings") or not hasattr(model, "config"):',
+                 "        return False",
+                 "    try:",
+                 '        decoder = model.get_submodule(BLOCKS.rpartition(".")[0])',
+                 "    except AttributeError:",
+                 "        return False",
+                 '    return "inputs_embeds" in inspect.signature(decoder.forward).parameters', "", ""] if stack else []),
+              "def tied_groups(model, modules, mine, group=None):",
+              '    """Each parameter the model ties (one tensor under several names) that several stages hold: a process',
+              "    group of the ranks holding it and this rank's copies, for sum_tied_gradients. Every rank creates",
+              '    every group, in the same order."""',
+              "    rank_of = {k: r for r, ks in enumerate(STAGES_OF_RANK) for k in ks}",
+              "    tied_names = {}",
+              "    for name, parameter in model.named_parameters(remove_duplicate=False):",
+              "        tied_names.setdefault(id(parameter), []).append(name)",
+              "    copies = [dict(m.named_parameters(remove_duplicate=False)) for m in modules]",
+              "    ids = [{id(p) for p in m.parameters()} for m in modules]",
+              "    tied = []",
+              "    for key, names in tied_names.items():",
+              "        if len(names) < 2:",
+              "            continue",
+              "        # a traced stage holds a copy under one of the model's names; a stage built from modules holds the",
+              "        # model's own parameter",
+              "        holders = [k for k in range(NUM_STAGES) if key in ids[k] or any(n in copies[k] for n in names)]",
+              "        if len(holders) < 2:",
+              "            continue",
+              "        ranks = sorted({rank_of[k] for k in holders})   # a rank may hold several copies",
+              "        ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
+              "        mine_copies = {}",
+              "        for k in mine:",
+              "            for p in modules[k].parameters():",
+              "                if id(p) == key or any(copies[k].get(n) is p for n in names):",
+              "                    mine_copies[id(p)] = p",
+              "        tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, list(mine_copies.values())))",
+              "    return tied", "", ""]
     first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
                    else ("stage.is_first", "stage.is_last"))
     if options.training:
         lines += [f"def train_step({stage}, schedule, inputs=None, targets=None):",
-                  '    """One forward and backward over a whole batch (N_MICROBATCHES micro-batches): the first',
-                  "    stage passes `inputs`, the last stage `targets` and gets the micro-batch losses back. Then call",
-                  '    sum_tied_gradients(tied) and optimizer.step()."""',
+                  '    """One forward and backward over a whole batch (N_MICROBATCHES micro-batches), as the plan was',
+                  "    priced: the first stage passes `inputs`, the last stage `targets` and gets the micro-batch losses",
+                  "    back; the outputs are not kept (RETURN_OUTPUTS). Then call sum_tied_gradients(tied),",
+                  '    optimizer.step() and optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)."""',
                   "    losses = []",
                   f"    args = (inputs,) if {first} else ()",
                   f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
-                  "    schedule.step(*args, **kwargs)",
+                  "    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)",
                   "    return losses", "", "",
                   "def sum_tied_gradients(tied):",
-                  '    """Sum the gradients of each tied parameter\'s per-stage copies, so that they stay equal."""',
+                  '    """Sum the gradients of each tied parameter\'s per-rank copies, so that they stay equal."""',
                   "    for process_group, copies in tied:",
                   "        if not copies:",
                   "            continue",
@@ -224,12 +303,15 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         lines += [f"def run_step({stage}, schedule, inputs=None):",
                   '    """One forward over a whole batch: the first stage passes `inputs`; the last gets the outputs."""',
                   f"    return schedule.step(inputs) if {first} else schedule.step()", "", ""]
-    step = (f"losses = train_step({stage}, schedule, inputs, targets); sum_tied_gradients(tied); optimizer.step()"
+    step = (f"losses = train_step({stage}, schedule, inputs, targets); sum_tied_gradients(tied); optimizer.step(); "
+            "optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)"
             if options.training else f"outputs = run_step({stage}, schedule, inputs)")
-    procs = len(plan_ranks) if multi else "NUM_STAGES"
+    procs = len(plan_ranks)
     lines += [f"# on every rank (torchrun --nproc-per-node {procs} ...), with the whole model built on each:",
               f"#   {stage}, schedule, tied = build_pipeline({model}, example_microbatch, device"
               f"{', loss_fn' if options.training else ''})",
+              "#   optimizer = torch.optim.AdamW(list({id(p): p for s in " + ("stages" if multi else "[stage]")
+              + " for p in s.submod.parameters()}.values()))" if options.training else "#",
               f"#   {step}"]
     return lines
 

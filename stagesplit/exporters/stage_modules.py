@@ -1,0 +1,191 @@
+# The pipeline stages of a Hugging Face causal language model, built from its own modules (not traced).
+#
+# This file is inlined, as it is, into the torch-pipelining export of a plan whose layers are the blocks of
+# one stack (``model.layers.0``, ``model.layers.1``, ...): it imports only torch, and its names begin with
+# ``_`` except ``ModelStage``, ``model_stages`` and ``stage_loss``. Why not torch's tracer (``pipeline()``):
+# a traced decoder computes the rotary tables and the causal mask once, at its root, and sends them from
+# stage 0 to every later stage; torch refuses those skip connections beyond 2 stages ("Backward of skip
+# connections not supported yet") and adjacent-only schedules (interleaved, ZBV) refuse them at any size,
+# and gloo refuses the stride-0 mask some families send ("input tensor has to be contiguous"). Here each
+# stage holds its blocks (the embeddings on the first, the final norm, head and loss on the last) and runs
+# the model's own code for everything around them, so that only the hidden state crosses a stage boundary.
+#
+# How: the decoder (the module that holds the block stack) runs its own ``forward`` on every stage, with the
+# stack replaced by a runner of this stage's blocks. On the first stage it embeds the token ids as the model
+# does; on the others it is handed a zero ``inputs_embeds`` of the hidden state's shape that holds no memory
+# (one scalar, expanded) and the runner feeds the received hidden state to the first block instead. (A
+# family that adds position embeddings or scales the embeddings makes one hidden state's bytes of it.) The decoder computes what it computes once per step at its root (positions, rotary cos/sin, the
+# mask or SDPA's ``is_causal``) on each stage. The decoder's own modules that hold parameters are sorted by
+# one call before the blocks run (embeddings, before them) and after (final norm, after): a stage holds the
+# former only if it is the first, the latter only if it is the last; elsewhere they are stand-ins that hold
+# nothing. The head and the loss are the model's own ``forward`` around a stand-in for its decoder, run by
+# the schedule's ``loss_fn`` (``stage_loss``) on the last stage's output, the final hidden state: torch keeps
+# that output until the micro-batch's backward, as the model's own head keeps it for its weight gradient.
+import torch
+
+
+class _Hidden(tuple):
+    """The decoder's output as the model's head reads it: ``out[0]`` or ``out.last_hidden_state``; every
+    other field (cache, attentions) is None."""
+
+    def __getattr__(self, name):
+        if name == "last_hidden_state":
+            return self[0]
+        return None
+
+
+class _Decoded(torch.nn.Module):
+    """Stands in for the model's decoder around the head: returns the ``inputs_embeds`` it is handed (the
+    last stage's final hidden state) as the decoder's output."""
+
+    def forward(self, *args, inputs_embeds=None, **kwargs):
+        return _Hidden((inputs_embeds,))
+
+
+class _Nothing(torch.nn.Module):
+    """Stands in for a module this stage does not hold: returns a scalar zero (an embedding added to the
+    stand-in ``inputs_embeds``), or its first argument where it stood after the blocks."""
+
+    def __init__(self, passthrough):
+        super().__init__()
+        self.passthrough = passthrough
+
+    def forward(self, *args, **kwargs):
+        if self.passthrough and args:
+            return args[0]
+        return torch.zeros(())
+
+
+class _Runner(torch.nn.Module):
+    """This stage's blocks, called as the decoder calls its one block: the first gets the received hidden
+    state (or, on the first stage, the decoder's embedding), each the decoder's keyword arguments."""
+
+    def __init__(self):
+        super().__init__()
+        self.blocks = []          # a plain list: the stage module registers the blocks, the runner only calls
+        self.received = None
+        self.result = None
+
+    def forward(self, hidden, *args, **kwargs):
+        if self.received is not None:
+            hidden, self.received = self.received, None
+        for block in self.blocks:
+            out = block(hidden, *args, **kwargs)
+            hidden = out[0] if isinstance(out, tuple) else out
+        self.result = hidden
+        return hidden
+
+
+class _Marker(torch.nn.Module):
+    def __init__(self, calls):
+        super().__init__()
+        self.calls = calls
+
+    def forward(self, hidden, *args, **kwargs):
+        self.calls.append(None)
+        return hidden
+
+
+def _shell(module, replace):
+    """A shallow copy of ``module`` with some children replaced; ``module`` itself is left as it was."""
+    shell = object.__new__(type(module))
+    shell.__dict__ = dict(module.__dict__)
+    shell._modules = {**module._modules, **replace}
+    return shell
+
+
+def _find_stack(model, blocks):
+    """(the decoder, the stack's name in it, the path from the model to the decoder)."""
+    path, _, name = blocks.rpartition(".")
+    decoder = model.get_submodule(path) if path else model
+    stack = getattr(decoder, name, None)
+    if not isinstance(stack, torch.nn.ModuleList) or not path:
+        raise ValueError(f"{blocks!r} is not a stack of blocks (torch.nn.ModuleList) inside the model")
+    if not hasattr(model, "get_output_embeddings") or not hasattr(model, "config"):
+        raise ValueError("model_stages builds the stages of Hugging Face causal language models (a model with "
+                         "get_output_embeddings() and a config); for another model, export with --traced")
+    return decoder, name, path.split(".")
+
+
+def _sides(decoder, stack_name, example_ids):
+    """The decoder's children that hold parameters, sorted by one call of its forward on ``example_ids``'s
+    first token (the blocks left out): called before the blocks, after them, never."""
+    calls = []
+    handles = []
+    for name, child in decoder.named_children():
+        if name != stack_name and any(True for _ in child.parameters()):
+            handles.append(child.register_forward_pre_hook(lambda _m, _a, name=name: calls.append(name)))
+    shell = _shell(decoder, {stack_name: torch.nn.ModuleList([_Marker(calls)])})
+    try:
+        with torch.no_grad():
+            shell(input_ids=example_ids[:1, :1], use_cache=False)
+    finally:
+        for handle in handles:
+            handle.remove()
+    turn = calls.index(None)
+    return calls[:turn], [name for name in calls[turn + 1:] if name is not None]
+
+
+class ModelStage(torch.nn.Module):
+    """One pipeline stage of a causal language model: blocks ``start`` to ``stop - 1`` of its stack, with the
+    embeddings if ``start`` is 0, the final norm and head if ``stop`` is the stack's length. Its parameters
+    are the model's own (not copies). Input: the token ids (first stage) or the hidden state; output: the
+    hidden state (the last stage's after the final norm, which ``stage_loss`` turns into the loss)."""
+
+    def __init__(self, model, blocks, start, stop, sides, wrap=None):
+        super().__init__()
+        decoder, stack_name, path = _find_stack(model, blocks)
+        stack = getattr(decoder, stack_name)
+        self.is_first, self.is_last = start == 0, stop == len(stack)
+        before, after = sides
+        held = (before if self.is_first else []) + (after if self.is_last else [])
+        wrap = wrap or (lambda index, block: block)
+        self.blocks = torch.nn.ModuleList(wrap(i, stack[i]) for i in range(start, stop))
+        self.decoder_parts = torch.nn.ModuleDict({name: getattr(decoder, name) for name in held})
+        self._runner = _Runner()
+        self._runner.blocks = list(self.blocks)
+        standins = {name: _Nothing(passthrough=name in after) for name in before + after if name not in held}
+        object.__setattr__(self, "_decoder", _shell(decoder, {stack_name: torch.nn.ModuleList([self._runner]),
+                                                             **standins}))
+        if self.is_last:
+            # the model's modules around the decoder (the head), and the model with the decoder replaced
+            levels = [model]
+            for name in path[:-1]:
+                levels.append(getattr(levels[-1], name))
+            self.head = torch.nn.ModuleDict({f"{depth}_{name}": child for depth, level in enumerate(levels)
+                                             for name, child in level.named_children() if name != path[depth]})
+            stand_in = _Decoded()
+            for level, name in reversed(list(zip(levels, path))):
+                stand_in = _shell(level, {name: stand_in})
+            object.__setattr__(self, "_model", stand_in)
+
+    def forward(self, x):
+        if self.is_first:
+            out = self._decoder(input_ids=x, use_cache=False)
+        else:
+            self._runner.received = x
+            out = self._decoder(inputs_embeds=x.new_zeros(()).expand(x.shape), use_cache=False)
+        result, self._runner.result = self._runner.result, None
+        return out[0] if self.is_last else result
+
+    def loss(self, hidden, labels, loss_fn=None):
+        """The model's own head on the final hidden state, then its own loss (labels: the token ids for a
+        causal language model), or ``loss_fn(logits, labels)``."""
+        if loss_fn is None:
+            return self._model(inputs_embeds=hidden, labels=labels, use_cache=False).loss
+        return loss_fn(self._model(inputs_embeds=hidden, use_cache=False).logits, labels)
+
+
+def model_stages(model, blocks, starts, example_ids, wrap=None):
+    """Every stage of ``model`` (a ``ModelStage`` per entry of ``starts``, the first block of each stage),
+    sharing the model's modules: build them all on every rank (cheap: nothing is copied) and hand each rank
+    its own."""
+    decoder, stack_name, _ = _find_stack(model, blocks)
+    sides = _sides(decoder, stack_name, example_ids)
+    bounds = [*starts, len(getattr(decoder, stack_name))]
+    return [ModelStage(model, blocks, a, b, sides, wrap) for a, b in zip(bounds, bounds[1:])]
+
+
+def stage_loss(stage, loss_fn=None):
+    """The schedule's ``loss_fn`` for the last stage: the model's head and loss on its output."""
+    return lambda output, target: stage.loss(output, target, loss_fn)

@@ -1,0 +1,84 @@
+"""Hugging Face decoder language models of several families, built from configs (nothing is
+downloaded): 8 small blocks, float32, SDPA attention, no dropout, untied embeddings unless a
+family ties them by default (GPT-2), labels = the input ids (the documented recipe). For the
+tests that run the torch-pipelining export of a plan for each: ``factory(name)`` is a
+``stagesplit capture`` factory (on the meta device), ``model(name)`` the same model with real
+weights, ``batch(name, micro_batches)`` a whole batch (ids, labels)."""
+
+from __future__ import annotations
+
+import functools
+
+__all__ = ["BATCH", "FAMILIES", "SEQUENCE", "batch", "capture_spec", "model"]
+
+#: sequences per micro-batch and tokens per sequence
+BATCH, SEQUENCE = 2, 32
+VOCAB = 256
+_COMMON = dict(vocab_size=VOCAB, use_cache=False, bos_token_id=1, eos_token_id=2)
+_SMALL = dict(hidden_size=64, intermediate_size=128, num_attention_heads=4, max_position_embeddings=64,
+              num_hidden_layers=8)
+
+
+def _configs():
+    import transformers as tf
+    return {
+        "gpt2": (tf.GPT2LMHeadModel, tf.GPT2Config(n_embd=64, n_layer=8, n_head=4, n_positions=64, resid_pdrop=0.0,
+                                                   embd_pdrop=0.0, attn_pdrop=0.0, **_COMMON)),
+        "llama": (tf.LlamaForCausalLM, tf.LlamaConfig(num_key_value_heads=2, tie_word_embeddings=False, **_SMALL,
+                                                      **_COMMON)),
+        "qwen2": (tf.Qwen2ForCausalLM, tf.Qwen2Config(num_key_value_heads=2, tie_word_embeddings=False, **_SMALL,
+                                                     **_COMMON)),
+        "mistral": (tf.MistralForCausalLM, tf.MistralConfig(num_key_value_heads=2, sliding_window=None,
+                                                            tie_word_embeddings=False, **_SMALL, **_COMMON)),
+        "gpt_neox": (tf.GPTNeoXForCausalLM, tf.GPTNeoXConfig(tie_word_embeddings=False, hidden_dropout=0.0,
+                                                             attention_dropout=0.0, **_SMALL, **_COMMON)),
+        "opt": (tf.OPTForCausalLM, tf.OPTConfig(hidden_size=64, ffn_dim=128, num_attention_heads=4, num_hidden_layers=8,
+                                                max_position_embeddings=64, word_embed_proj_dim=64, dropout=0.0,
+                                                attention_dropout=0.0, tie_word_embeddings=False, **_COMMON)),
+        "phi3": (tf.Phi3ForCausalLM, tf.Phi3Config(num_key_value_heads=2, pad_token_id=0, resid_pdrop=0.0,
+                                                   embd_pdrop=0.0, attention_dropout=0.0, tie_word_embeddings=False,
+                                                   **_SMALL, **_COMMON)),
+        "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
+                                                     **_SMALL, **_COMMON)),
+        "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(num_key_value_heads=2, head_dim=16, **_SMALL, **_COMMON)),
+    }
+
+
+#: the families the tests run (gemma ties its embeddings, as GPT-2 does)
+FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi3", "qwen3", "gemma")
+
+
+def model(name: str, device: str | None = None):
+    """Family ``name``'s model with random weights (seeded by the caller), in training mode."""
+    import torch
+    cls, config = _configs()[name]
+    config._attn_implementation = "sdpa"
+    if device == "meta":
+        with torch.device("meta"):
+            return cls(config)
+    return cls(config).train()
+
+
+def batch(name: str, micro_batches: int, seed: int = 7) -> tuple:
+    """``micro_batches`` micro-batches of token ids, and the labels (the ids themselves)."""
+    import torch
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(0, VOCAB, (BATCH * micro_batches, SEQUENCE), generator=g)
+    return ids, ids
+
+
+def factory(name: str):
+    """A capture factory: the model on the meta device and one micro-batch, labels = input ids."""
+    import torch
+    ids = torch.zeros(BATCH, SEQUENCE, dtype=torch.long, device="meta")
+    return model(name, "meta"), {"input_ids": ids, "labels": ids}
+
+
+for _name in FAMILIES:
+    globals()[_name] = functools.partial(factory, _name)
+
+
+def capture_spec(name: str) -> str:
+    """The ``stagesplit capture`` factory spec of family ``name``."""
+    from pathlib import Path
+    return f"{Path(__file__).resolve()}:{name}"
