@@ -403,6 +403,8 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
     optimizer = torch.optim.Adam(params, lr=0.0)
     set_to_none = ns["GRADIENTS_SET_TO_NONE"]
     names = {id(p): n for n, p in model.named_parameters()}
+    for s in stages:   # a stage built from modules may hold a copy of a tied parameter: the model's name
+        names.update({id(own): names[key] for key, own in getattr(s.submod, "originals", {}).items() if key in names})
 
     def step() -> list:
         losses = ns["train_step"](built, schedule, x if first else None, y if last else None)

@@ -141,22 +141,25 @@ class ModelStage(torch.nn.Module):
         held = (before if self.is_first else []) + (after if self.is_last else [])
         wrap = wrap or (lambda index, block: block)
         self.blocks = torch.nn.ModuleList(wrap(i, stack[i]) for i in range(start, stop))
-        self.decoder_parts = torch.nn.ModuleDict({name: getattr(decoder, name) for name in held})
+        own = {name: getattr(decoder, name) for name in held}
+        self.decoder_parts = torch.nn.ModuleDict(own)
         self._runner = _Runner()
         self._runner.blocks = list(self.blocks)
         standins = {name: _Nothing(passthrough=name in after) for name in before + after if name not in held}
         object.__setattr__(self, "_decoder", _shell(decoder, {stack_name: torch.nn.ModuleList([self._runner]),
-                                                             **standins}))
+                                                             **standins, **own}))
         if self.is_last:
             # the model's modules around the decoder (the head), and the model with the decoder replaced
             levels = [model]
             for name in path[:-1]:
                 levels.append(getattr(levels[-1], name))
-            self.head = torch.nn.ModuleDict({f"{depth}_{name}": child for depth, level in enumerate(levels)
-                                             for name, child in level.named_children() if name != path[depth]})
+            heads = [{name: child for name, child in level.named_children() if name != path[depth]}
+                     for depth, level in enumerate(levels)]
+            self.head = torch.nn.ModuleDict({f"{depth}_{name}": child for depth, level in enumerate(heads)
+                                             for name, child in level.items()})
             stand_in = _Decoded()
-            for level, name in reversed(list(zip(levels, path))):
-                stand_in = _shell(level, {name: stand_in})
+            for level, name, own_children in reversed(list(zip(levels, path, heads))):
+                stand_in = _shell(level, {**own_children, name: stand_in})
             object.__setattr__(self, "_model", stand_in)
 
     def forward(self, x):
@@ -166,7 +169,10 @@ class ModelStage(torch.nn.Module):
             self._runner.received = x
             out = self._decoder(inputs_embeds=x.new_zeros(()).expand(x.shape), use_cache=False)
         result, self._runner.result = self._runner.result, None
-        return out[0] if self.is_last else result
+        result = out[0] if self.is_last else result
+        # a split backward detaches the stage's output in place, which torch refuses for a view (OPT's blocks and
+        # GPT-2's decoder end in one): a copy, after which the view and what it viewed are freed
+        return result.clone() if result._base is not None else result
 
     def loss(self, hidden, labels, loss_fn=None):
         """The model's own head on the final hidden state, then its own loss (labels: the token ids for a
@@ -179,7 +185,9 @@ class ModelStage(torch.nn.Module):
 def model_stages(model, blocks, starts, example_ids, wrap=None):
     """Every stage of ``model`` (a ``ModelStage`` per entry of ``starts``, the first block of each stage),
     sharing the model's modules: build them all on every rank (cheap: nothing is copied) and hand each rank
-    its own."""
+    its own. A parameter the model ties (GPT-2's embedding and head) is one tensor in two stages: on one rank
+    (a V's first and last stage) its gradients add up in it, so the schedule must not scale each stage's
+    gradients by the micro-batches on its own (the export's ``train_step`` does it once per tensor)."""
     decoder, stack_name, _ = _find_stack(model, blocks)
     sides = _sides(decoder, stack_name, example_ids)
     bounds = [*starts, len(getattr(decoder, stack_name))]

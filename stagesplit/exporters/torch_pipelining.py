@@ -232,7 +232,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if not multi:
         lines.append("    stage, = stages")
     if options.training:
-        lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)")
+        lines += ["    # scale_grads=False: train_step scales each gradient once (two stages on one rank may share a tied tensor)",
+                  f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn, scale_grads=False)"]
     else:
         lines.append(f"    schedule = {cls}({stage}, n_microbatches=N_MICROBATCHES)")
     lines += ["    tied = tied_groups(model, modules, mine, group)",
@@ -256,25 +257,24 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               "    tied_names = {}",
               "    for name, parameter in model.named_parameters(remove_duplicate=False):",
               "        tied_names.setdefault(id(parameter), []).append(name)",
-              "    copies = [dict(m.named_parameters(remove_duplicate=False)) for m in modules]",
-              "    ids = [{id(p) for p in m.parameters()} for m in modules]",
+              "    # per stage: the model's parameter (by id) -> the stage's own tensor for it (a traced stage holds copies",
+              "    # under the model's names; a stage built from modules holds the model's own)",
+              "    held = []",
+              "    for m in modules:",
+              "        named = dict(m.named_parameters(remove_duplicate=False))",
+              "        held.append({key: named[n] for key, names in tied_names.items() for n in names if n in named}",
+              "                    | {id(p): p for p in m.parameters()})",
               "    tied = []",
               "    for key, names in tied_names.items():",
               "        if len(names) < 2:",
               "            continue",
-              "        # a traced stage holds a copy under one of the model's names; a stage built from modules holds the",
-              "        # model's own parameter",
-              "        holders = [k for k in range(NUM_STAGES) if key in ids[k] or any(n in copies[k] for n in names)]",
+              "        holders = [k for k in range(NUM_STAGES) if key in held[k]]",
               "        if len(holders) < 2:",
               "            continue",
               "        ranks = sorted({rank_of[k] for k in holders})   # a rank may hold several copies",
               "        ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
-              "        mine_copies = {}",
-              "        for k in mine:",
-              "            for p in modules[k].parameters():",
-              "                if id(p) == key or any(copies[k].get(n) is p for n in names):",
-              "                    mine_copies[id(p)] = p",
-              "        tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, list(mine_copies.values())))",
+              "        copies = list({id(held[k][key]): held[k][key] for k in mine if key in held[k]}.values())",
+              "        tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, copies))",
               "    return tied", "", ""]
     first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
                    else ("stage.is_first", "stage.is_last"))
@@ -288,6 +288,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   f"    args = (inputs,) if {first} else ()",
                   f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
                   "    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)",
+                  "    # the mean over the micro-batches of each one's mean loss: each gradient divided once",
+                  f"    for p in {{id(p): p for s in {'stages' if multi else '[stage]'} for p in s.submod.parameters()}}.values():",
+                  "        if p.grad is not None:",
+                  "            p.grad.div_(N_MICROBATCHES)",
                   "    return losses", "", "",
                   "def sum_tied_gradients(tied):",
                   '    """Sum the gradients of each tied parameter\'s per-rank copies, so that they stay equal."""',

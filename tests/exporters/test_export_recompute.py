@@ -47,7 +47,10 @@ def test_torch_pipelining_names_every_recomputed_block_and_its_option():
     data = literal_assignments(ast.parse(text))
     assert data["RECOMPUTE"] == {"transformer.h.0": "full", "transformer.h.2": "selective", "transformer.h.4": "full",
                                  "transformer.h.5": "full"}
-    assert "    apply_recompute(pipe.get_stage_module(rank))" in text
+    # traced stages are wrapped after pipeline(); stages built from modules wrap each block as they take it
+    assert "            apply_recompute(modules[k])" in text
+    assert ('        modules = model_stages(model, BLOCKS, STAGE_STARTS, example_microbatch, '
+            'wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block))') in text
     # no recompute: no recompute code at all
     plain = export_plan(_plan(("none",) * 6), "torch-pipelining")
     assert "RECOMPUTE" not in plain and "checkpoint" not in plain

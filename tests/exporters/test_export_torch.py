@@ -30,9 +30,14 @@ def test_the_schedule_class_follows_the_plan(schedule, cls):
     plan = make_plan([str(i) for i in range(4)], [0, 2], paths=[f"h.{i}" for i in range(4)], schedule=schedule,
                      micro_batches=4)
     text = export_plan(plan, "torch-pipelining")
-    assert f"from torch.distributed.pipelining import {cls}, SplitPoint, pipeline" in text
-    assert f"    schedule = {cls}(stage, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)" in text
-    assert _constants(text) == {"SPLIT_POINTS": ["h.2"], "NUM_STAGES": 2, "N_MICROBATCHES": 4}
+    # the layers are the blocks of one stack (h.0 .. h.3): stages built from modules where the model allows
+    assert f"from torch.distributed.pipelining import PipelineStage, {cls}, SplitPoint, pipeline" in text
+    assert (f"    schedule = {cls}(stage, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn, scale_grads=False)"
+            in text)
+    assert _constants(text) == {"SPLIT_POINTS": ["h.2"], "NUM_STAGES": 2, "N_MICROBATCHES": 4, "BLOCKS": "h",
+                                "STAGE_STARTS": [0, 2], "STAGES_OF_RANK": [[0], [1]], "RETURN_OUTPUTS": False,
+                                "GRADIENTS_SET_TO_NONE": False}
+    assert "class ModelStage(torch.nn.Module):" in text and "    if builds_from_modules(model):" in text
     assert "`example_microbatch` is ONE micro-batch" in text and 'attn_implementation="sdpa"' in text
     inference = export_plan(plan, "torch-pipelining", training=False)
     assert "    schedule = ScheduleGPipe(stage, n_microbatches=N_MICROBATCHES)" in inference

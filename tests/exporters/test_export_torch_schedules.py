@@ -44,7 +44,8 @@ def test_a_chunked_plan_exports_its_rank_placement(capsys, captured_gpt, tmp_pat
     # the plan's own rank order: looped (0,1,0,1) or V-shaped (0,1,1,0)
     v_shape = schedule in ("zbv", "dualpipev")
     assert placement == ([[0, 3], [1, 2]] if v_shape else [[0, 2], [1, 3]])
-    assert f"schedule = {SCHEDULES[schedule]}(stages, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn)" in text
+    assert (f"schedule = {SCHEDULES[schedule]}(stages, n_microbatches=N_MICROBATCHES, loss_fn=loss_fn, "
+            "scale_grads=False)" in text)
     assert "# on every rank (torchrun --nproc-per-node 2 ...)" in text
 
 
