@@ -62,7 +62,8 @@ def test_one_layer_alone_binds():
     stage = next(s.stage for s in plan.stages if s.first_layer <= 2 <= s.last_layer)
     assert why_line(plan, model, GPU) == (
         f"why: the compute of layer l2 alone binds stage {stage}: more devices cannot help below {seconds(10)} per "
-        "micro-batch (a finer --layer-regex, or tensor parallelism inside that layer, would)")
+        "micro-batch (a finer --layer-regex, or tensor parallelism inside that layer, would); headroom: stage 0, the "
+        "fullest, uses 0.00 of 0.00 GiB (2.0%), 0.00 GiB free")          # [ l0 l1 | l2 | l3 ]: 2 of 100 units
 
 
 def test_memory_binds_and_says_what_it_costs():
@@ -71,9 +72,9 @@ def test_memory_binds_and_says_what_it_costs():
     plan, model = plan_of([5, 5, 1, 1], [4, 1, 1, 4], 2, 9)
     assert plan.split_text == "[ l0 | l1 l2 l3 ]" and plan.bottleneck.compute == 6
     assert why_line(plan, model, GPU) == (
-        f"why: memory binds (stage 1 is 78% full): ignoring memory, 2 devices could reach {seconds(5)} per stage "
-        f"instead of {seconds(6)} (1.20x); more memory per device, fewer micro-batches in flight or recompute would "
-        "allow it")                                                     # stage 1: 7 of 9 units
+        f"why: memory binds: ignoring memory, 2 devices could reach {seconds(5)} per stage instead of {seconds(6)} "
+        "(1.20x) with [ l0 l1 | l2 l3 ], which does not fit (more memory per device would allow it); headroom: "
+        "stage 1, the fullest, uses 0.00 of 0.00 GiB (77.8%), 0.00 GiB free")     # stage 1: 7 of 9 units
 
 
 def test_the_balance_of_compute_binds():
@@ -83,7 +84,8 @@ def test_the_balance_of_compute_binds():
     line = why_line(plan, model, GPU)
     assert line.startswith("why: the balance of the layers' compute binds: stage ")
     assert line.endswith(f"({seconds(6)}) is the best the layer boundaries allow on 3 devices; 4 devices could bring "
-                         f"it to {seconds(3)} if memory allows")
+                         f"it to {seconds(3)} if memory allows; headroom: stage 0, the fullest, uses 0.00 of 0.00 GiB "
+                         "(2.0%), 0.00 GiB free")
 
 
 def test_step_time_counts_the_bubble():
