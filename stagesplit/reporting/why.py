@@ -472,7 +472,8 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
                 f"(more devices, fewer micro-batches in flight or recompute could); {headroom}")
     if o.objective == "devices":
         used = len(plan.schedule.ranks) if plan.schedule is not None else len(plan.stages)
-        return f"why: {used} devices are the fewest that hold the model (fewer would not fit); {headroom}"
+        are = "device is the fewest that holds" if used == 1 else "devices are the fewest that hold"
+        return f"why: {used} {are} the model (fewer would not fit); {headroom}"
     if plan.variants:
         return f"{_variants_why(plan, words)}; {headroom}"
     if plan.schedule is not None:
