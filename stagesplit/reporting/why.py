@@ -17,6 +17,7 @@ import numpy as np
 
 from ..plan.baselines import LABELS
 from ..plan.records import Plan
+from ..errors import StagesplitError
 from ..plan.text import split_text
 from .units import DeviceWords
 
@@ -214,7 +215,7 @@ def _layer_figures(plan: Plan, model) -> _LayerFigures | None:
         return None
     try:
         compute, cuts, _, unit = _raw_times(model, plan.inputs.options, None)
-    except Exception:                 # noqa: BLE001 - a model that cannot price the plan's options
+    except StagesplitError:           # a model that cannot price the plan's options
         return None
     seconds = unit == "seconds"
     prefix = np.concatenate([[0.0], np.cumsum(compute)])
@@ -226,10 +227,6 @@ def _layer_figures(plan: Plan, model) -> _LayerFigures | None:
         if not np.isclose(priced, figure, rtol=1e-6, atol=1e-12 * max(abs(figure), 1e-300)):
             return None
     return _LayerFigures(np.asarray(compute, np.float64), np.asarray(cuts, np.float64), seconds)
-
-
-def _figure_text(plan: Plan, value: float, figures: _LayerFigures, words: DeviceWords) -> str:
-    return _time(plan, value, figures.seconds, words)
 
 
 def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
@@ -245,7 +242,7 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     if not len(figures.layers) or figures.layers.max() <= 0:
         return f"why: no compute estimates, so memory decides; {headroom}"
     o = plan.inputs.options
-    times = [figure for figure in (s.time_s if figures.seconds else s.stage_time for s in plan.stages)]
+    times = [s.time_s if figures.seconds else s.stage_time for s in plan.stages]
     b = int(np.argmax(times))
     have = float(times[b])
     stage = plan.stages[b]
@@ -256,7 +253,7 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     free = values[plan.devices - 1]
 
     def text(value: float) -> str:
-        return _figure_text(plan, value, figures, words)
+        return _time(plan, value, figures.seconds, words)
     if have < free * (1 - TOLERANCE):          # not the rules or figures the plan was solved with
         return (f"why: {_stage_text(plan, b)} is the slowest at {text(have)}; {headroom}")
     if _worse(have, free):
@@ -276,7 +273,7 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     if lower is not None:
         change = f"{lower} devices could bring it to {text(values[lower - 1])} if memory allows"
     else:
-        change = f"no number of devices would lower it"
+        change = "no number of devices would lower it"
     return (f"why: the balance of the layers' compute binds: stage {stage.stage} ({text(have)}) is the best the "
             f"layer boundaries allow on {plan.devices} devices; {change}; {headroom}")
 
@@ -306,7 +303,7 @@ def step_path(plan: Plan, model=None) -> StepPath | None:
         return None
     try:
         schedule = build_schedule(s.kind, len(s.ranks), s.micro_batches, s.chunks_per_rank)
-    except Exception:                # noqa: BLE001 - a record no schedule of this version runs
+    except StagesplitError:          # a record no schedule of this version runs
         return None
     if tuple(schedule.chunk_rank) != s.chunk_ranks:
         return None
@@ -380,8 +377,9 @@ def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
     parts.append(f"{which} is the slowest: {text(chunk[slowest])} per micro-batch")
     problem = _schedule_problem(plan, model)
     if problem is not None:
-        parts += _schedule_balance(plan, problem, chunk[slowest], text)
-        parts += _schedule_memory(plan, problem, text)
+        balance = _schedule_balance(plan, problem, chunk[slowest], text)
+        parts += balance
+        parts += _schedule_memory(plan, problem, text, any(c.endswith(_NO_FIT) for c in balance))
     parts.append(headroom)
     return "; ".join(parts)
 
@@ -395,7 +393,7 @@ def _schedule_problem(plan: Plan, model):
         return None
     try:
         problem = schedule_problem(model, plan.inputs, table)
-    except Exception:                # noqa: BLE001 - the plan's options no longer fit this model
+    except StagesplitError:          # the plan's options no longer fit this model
         return None
     if problem.schedule.chunks != len(plan.stages) or problem.schedule.kind.value != plan.schedule.kind:
         return None
@@ -428,19 +426,24 @@ def _schedule_balance(plan: Plan, problem, have: float, text) -> list[str]:
         if other.feasible:
             return [clause + f"that split's step takes {text(other.step_time)}"]
         if "needs" in other.reason:                   # a rank over its capacity (the rules are kept)
-            return [clause + "that split does not fit"]
+            return [clause + _NO_FIT]
     return [clause + "no split that fits has a faster step than this one"]
 
 
-def _schedule_memory(plan: Plan, problem, text) -> list[str]:
-    """"memory binds" where a device is within ``FULL_MARGIN`` of its capacity (or recompute was
-    needed) and the fastest split with memory ignored (same schedule, rules and fixed recompute)
-    is faster than the plan: the plan being the fastest that fits, that split does not fit."""
+#: how the balance clause ends where the split of the least slowest stage does not fit
+_NO_FIT = "that split does not fit"
+
+
+def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> list[str]:
+    """"memory binds" where the fastest split with memory ignored (same schedule, rules and fixed
+    recompute) is faster than the plan: the plan being the fastest that fits, that split does
+    not. That search runs only where memory may bind: a device within ``FULL_MARGIN`` of its
+    capacity, recompute needed, or the split of the least slowest stage not fitting."""
     from ..solver.chunks import solve_cpsat
     from ..solver.request import RecomputeMode
     s = plan.schedule
     full = any(r.peak_bytes >= (1 - FULL_MARGIN) * r.capacity_bytes for r in s.ranks)
-    if not (full or _recomputes(plan)):
+    if not (full or _recomputes(plan) or balanced_does_not_fit):
         return []
     fixed = plan.inputs.request.recompute
     relaxed = replace(problem, capacities=np.full_like(problem.capacities, NO_LIMIT), cutoff=None,
@@ -468,8 +471,9 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
                 f"--time-limit for a proven split; {headroom}")
     o = plan.inputs.options
     if o.objective == "memory":
-        return (f"why: the objective is memory: no split on {plan.devices} devices leaves the fullest emptier "
-                f"(more devices, fewer micro-batches in flight or recompute could); {headroom}")
+        kind = "device" if plan.schedule is not None else "stage"
+        return (f"why: the objective is memory: no split on {plan.devices} devices leaves its fullest {kind} "
+                f"emptier (more devices, fewer micro-batches in flight or recompute may); {headroom}")
     if o.objective == "devices":
         used = len(plan.schedule.ranks) if plan.schedule is not None else len(plan.stages)
         are = "device is the fewest that holds" if used == 1 else "devices are the fewest that hold"
