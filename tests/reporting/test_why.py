@@ -506,7 +506,7 @@ def scheduled(draw):
 
 @pytest.mark.slow
 @given(scheduled())
-@settings(max_examples=12, deadline=None)
+@settings(max_examples=20, deadline=None)
 def test_every_claim_of_a_scheduled_line_is_the_plan_s(case):
     from stagesplit.errors import StagesplitError
     from stagesplit.plan.advise import advise_schedule
