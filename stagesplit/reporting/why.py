@@ -461,7 +461,7 @@ def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> 
 def why_line(plan: Plan, model, words: DeviceWords) -> str:
     """One line: what binds the plan and what would change it, and the fullest device's
     headroom. ``model``: the cost model the plan was solved on (each layer's time); without it
-    only what the plan records is discussed. Every figure is the plan's own (tests/reporting/
+    the compute objective gets no line (what binds needs the layers' times). Every figure is the plan's own (tests/reporting/
     test_why.py parses each claim and checks it)."""
     if not plan.stages:
         return ""
@@ -480,6 +480,8 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
         return f"why: {used} {are} the model (fewer would not fit); {headroom}"
     if plan.variants:
         return f"{_variants_why(plan, words)}; {headroom}"
+    if model is None:                 # a plan read back from its file: nothing to weigh its figures by
+        return ""
     if plan.schedule is not None:
         return _schedule_why(plan, model, words, headroom)
     return _stage_model_why(plan, model, words, headroom)
