@@ -1,6 +1,13 @@
-"""Why this split: what binds the plan (the memory of one stage, or the compute of one layer
-alone, or the balance of the layers' compute) and what would change it; and how it compares
-with what the user would do otherwise, each in one line.
+"""Why this split: what binds the plan (memory, or the compute of one layer alone, or the
+balance of the layers' compute; under a schedule's own actions, the critical path of the step)
+and what would change it, with the fullest device's headroom; and how it compares with what the
+user would do otherwise, each in one line.
+
+Every claim is computed from the plan's own figures and the model it was solved on: "memory
+binds" only where the best split with memory ignored (the same rules, found exactly for the stage
+model, by CP-SAT under a schedule) is faster than the plan, which, the plan being the fastest
+that fits, cannot fit; a layer named is on the stage named. tests/reporting/test_why.py parses
+each claim of random plans' lines and checks it by brute force.
 
 A stage's time is what the solver minimised: its roofline seconds where the target gives them
 (``StagePlan.time_s``), else its compute with transfers (``StagePlan.stage_time``). A pipeline
