@@ -468,8 +468,8 @@ def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> 
 def why_line(plan: Plan, model, words: DeviceWords) -> str:
     """One line: what binds the plan and what would change it, and the fullest device's
     headroom. ``model``: the cost model the plan was solved on (each layer's time); without it
-    the compute objective gets no line (what binds needs the layers' times). Every figure is the plan's own (tests/reporting/
-    test_why.py parses each claim and checks it)."""
+    the compute objective gets no line (what binds needs the layers' times). Every figure is the
+    plan's own (tests/reporting/test_why.py parses each claim and checks it)."""
     if not plan.stages:
         return ""
     headroom = headroom_text(plan, words)
