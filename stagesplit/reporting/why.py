@@ -43,6 +43,9 @@ FULL_MARGIN = 0.05
 RELAXED_SECONDS = 10.0
 #: a capacity no split reaches (the search with memory ignored)
 NO_LIMIT = 2**60
+#: up to this many layers the line says how many devices would lower the slowest stage, whatever
+#: the count (a search of cube time in the layers); beyond, whether one more device would
+SCAN_LAYERS = 200
 
 
 def balanced_bottleneck(compute: Sequence[float], stages: int) -> float:
@@ -256,7 +259,9 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     rules = dict(cuts=figures.cuts, min_layers=o.min_layers, max_layers=o.max_layers, pinned_splits=o.pinned_splits,
                  pinned_layers=o.pinned_layers, empty_allowed=not o.exact)
     L = len(plan.layer_names)
-    values, splits = least_slowest(figures.layers, max(plan.devices, L) + 1, **rules)
+    # every device count that can matter (a stage holds a layer at least), where that is cheap
+    scanned = max(plan.devices, L) + 1 if L <= SCAN_LAYERS else plan.devices + 1
+    values, splits = least_slowest(figures.layers, scanned, **rules)
     free = values[plan.devices - 1]
 
     def text(value: float) -> str:
@@ -279,8 +284,10 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
                  None)
     if lower is not None:
         change = f"{lower} devices could bring it to {text(values[lower - 1])} if memory allows"
-    else:
+    elif scanned > L:
         change = "no number of devices would lower it"
+    else:
+        change = "one more device would not lower it"
     return (f"why: the balance of the layers' compute binds: stage {stage.stage} ({text(have)}) is the best the "
             f"layer boundaries allow on {plan.devices} devices; {change}; {headroom}")
 

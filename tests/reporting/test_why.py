@@ -101,6 +101,22 @@ def test_a_model_that_does_not_price_the_plan_gives_only_the_slowest_stage():
     assert why_line(plan, None, GPU) == ""
 
 
+def test_the_devices_that_would_lower_the_slowest_stage_are_counted_past_one_more(monkeypatch):
+    """Compute 2, 2, 2, 2 on 2 devices: [l0 l1 | l2 l3] (4). A third device does not help (one
+    stage still holds two layers); a fourth brings it to 2. Past ``SCAN_LAYERS`` layers only
+    one more device is tried, and the line says no more than that."""
+    from stagesplit.reporting import why
+    plan, model = plan_of([1, 1, 1, 1], [2, 2, 2, 2], 2, 100)
+    assert plan.split_text == "[ l0 l1 | l2 l3 ]"
+    head = (f"why: the balance of the layers' compute binds: stage 0 ({seconds(4)}) is the best the layer "
+            "boundaries allow ")
+    tail = "; headroom: stage 0, the fullest, uses 0.00 of 0.00 GiB (2.0%), 0.00 GiB free"
+    assert why_line(plan, model, GPU) == (head + f"on 2 devices; 4 devices could bring it to {seconds(2)} if memory "
+                                          "allows" + tail)
+    monkeypatch.setattr(why, "SCAN_LAYERS", 3)
+    assert why_line(plan, model, GPU) == head + "on 2 devices; one more device would not lower it" + tail
+
+
 def test_step_time_counts_the_bubble():
     plan, _ = plan_of([1, 1, 1, 1], [3, 3, 3, 3], 3, 100)
     # at most 3 devices: the solver uses two stages of 6 FLOPs (a third cannot go faster);
@@ -299,6 +315,8 @@ def check_stage_model(plan, model, problem, line: str) -> None:
                                         for n in range(plan.devices + 1, k))
         lower = brute_least(compute, cuts, k, o)
         assert lower < worst and same(m.group(2), lower)
+    elif head[1] == "one more device would not lower it":
+        assert brute_least(compute, cuts, plan.devices + 1, o) >= worst * (1 - 1e-4)
     else:
         assert head[1] == "no number of devices would lower it"
         assert brute_least(compute, cuts, max(plan.devices, L) + 1, o) >= worst * (1 - 1e-4)
