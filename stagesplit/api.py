@@ -440,7 +440,7 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
             raise OptionError("schedule", "auto needs a profile of one device that records each operation's phase "
                               "(forward, backward, optimizer), as stagesplit capture writes")
         if table is None:
-            table = _phase_table(resolved.model)
+            table, solved_on = _phase_table(resolved.model), resolved.model
         try:
             problem = schedule_problem(resolved.model, resolved.inputs, table)
             quick = local_search(problem, budget_s=budget)
@@ -507,7 +507,8 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
                       if plan.feasible else f"--schedule auto: none of the {len(rows)} schedules tried fits")
     for message in best.warnings:
         events.warn(message)
-    plan.warnings, plan.analysis = list(events.warnings), analysis.model
+    # the model the plans were solved on (the target's roofline applied, the phase table kept)
+    plan.warnings, plan.analysis = list(events.warnings), solved_on
     return plan
 
 

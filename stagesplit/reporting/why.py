@@ -1,6 +1,13 @@
-"""Why this split: what binds the plan (the memory of one stage, or the compute of one layer
-alone, or the balance of the layers' compute) and what would change it; and how it compares
-with what the user would do otherwise, each in one line.
+"""Why this split: what binds the plan (memory, or the compute of one layer alone, or the
+balance of the layers' compute; under a schedule's own actions, the critical path of the step)
+and what would change it, with the fullest device's headroom; and how it compares with what the
+user would do otherwise, each in one line.
+
+Every claim is computed from the plan's own figures and the model it was solved on: "memory
+binds" only where the best split with memory ignored (the same rules, found exactly for the stage
+model, by CP-SAT under a schedule) is faster than the plan, which, the plan being the fastest
+that fits, cannot fit; a layer named is on the stage named. tests/reporting/test_why.py parses
+each claim of random plans' lines and checks it by brute force.
 
 A stage's time is what the solver minimised: its roofline seconds where the target gives them
 (``StagePlan.time_s``), else its compute with transfers (``StagePlan.stage_time``). A pipeline
@@ -10,20 +17,35 @@ step of ``P`` stages and ``M`` micro-batches takes ``(M + P - 1)`` times the slo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Sequence
 
 import numpy as np
 
 from ..plan.baselines import LABELS
 from ..plan.records import Plan
+from ..errors import StagesplitError
+from ..plan.text import split_text
 from .units import DeviceWords
 
-__all__ = ["Comparison", "balanced_bottleneck", "compare_line", "comparisons", "layer_times", "stage_times",
-           "step_ratio", "step_time", "why_line"]
+__all__ = ["Comparison", "StepPath", "balanced_bottleneck", "compare_line", "comparisons", "headroom_text",
+           "layer_times", "least_slowest", "stage_times", "step_path", "step_ratio", "step_time", "why_line"]
 
 #: relative tolerance under which two stage times are the same
 SAME = 1e-6
+#: relative difference under which a float optimum here and the solver's (on integers scaled to
+#: at most 10**9 units: solver/problem.py) are taken as equal
+TOLERANCE = 1e-4
+#: a device this close to its capacity (a share of it) is full enough that memory may bind a
+#: scheduled plan; only then is the memory-free split searched for
+FULL_MARGIN = 0.05
+#: the most seconds that search may take (it ends early where it proves its optimum)
+RELAXED_SECONDS = 10.0
+#: a capacity no split reaches (the search with memory ignored)
+NO_LIMIT = 2**60
+#: up to this many layers the line says how many devices would lower the slowest stage, whatever
+#: the count (a search of cube time in the layers); beyond, whether one more device would
+SCAN_LAYERS = 200
 
 
 def balanced_bottleneck(compute: Sequence[float], stages: int) -> float:
@@ -90,55 +112,393 @@ def _time(plan: Plan, value: float, seconds: bool, words: DeviceWords) -> str:
     return f"{value:.4g} {plan.compute_unit}"
 
 
+# -- what every line ends with: the fullest device's headroom ----------------------------------------
+
+def headroom_text(plan: Plan, words: DeviceWords) -> str:
+    """``headroom: device 0, the fullest, uses 0.32 of 80.00 GiB (0.4%), 79.68 GiB free``: the
+    fullest device of a scheduled plan (its peak under the schedule's actions), else the fullest
+    stage (on an IPU, its worst tile), against the capacity the solver allowed it."""
+    s = plan.schedule
+    if s is not None and s.ranks:
+        r = max(s.ranks, key=lambda r: (r.peak_bytes / max(r.capacity_bytes, 1), -r.rank))
+        who, used, capacity, tile = f"device {r.rank}", r.peak_bytes, r.capacity_bytes, ""
+    else:
+        w = plan.worst_memory
+        who, used, capacity = f"stage {w.stage}", w.worst_tile_bytes, w.capacity_bytes
+        tile = "" if words.one_tile else f" on tile {w.worst_tile}"
+    share = f" ({used / capacity:.1%})" if capacity > 0 else ""
+    rest = f"{words.bytes(capacity - used)} free" if used <= capacity else f"{words.bytes(used - capacity)} over"
+    return f"headroom: {who}, the fullest, uses {words.bytes_of(used, capacity)}{tile}{share}, {rest}"
+
+
+def _stage_text(plan: Plan, stage: int) -> str:
+    """``stage 2 (layers 4..6)``, ``stage 3 (layer 7)``: a stage and the layers it holds, by name."""
+    s = plan.stages[stage]
+    first, last = plan.layer_names[s.first_layer], plan.layer_names[s.last_layer]
+    return f"stage {s.stage} (layer {first})" if s.first_layer == s.last_layer else \
+        f"stage {s.stage} (layers {first}..{last})"
+
+
+# -- the least slowest stage the layer boundaries allow (memory ignored) -----------------------------
+
+def least_slowest(layer_times: Sequence[float], positions: int, *, cuts: Sequence[float] | None = None,
+                  min_layers: int = 1, max_layers: int | None = None, pinned_splits: Sequence[int] = (),
+                  pinned_layers: Sequence[tuple[int, int]] = (), empty_allowed: bool = True
+                  ) -> tuple[list[float], list[list[tuple[int, int]]]]:
+    """The least slowest stage of the layers split into contiguous stages on ``positions`` device
+    positions in order, memory ignored, for 1, 2, ..., ``positions`` positions, with each best
+    split as (first, last) layer ranges. A stage of layers a..e-1 takes the sum of their
+    ``layer_times`` plus ``cuts[a] + cuts[e]`` (each cut's transfer, as the solver prices it);
+    the rules are the solver's (``SplitProblem.allowed``): ``min_layers`` to ``max_layers``
+    layers a stage, a stage starts at each of ``pinned_splits``, each (layer, position) of
+    ``pinned_layers`` puts that layer on that position, and a position may hold nothing where
+    ``empty_allowed`` and no layer is pinned to it. ``inf`` (and no split) where no split keeps
+    the rules."""
+    t = np.asarray(layer_times, np.float64)
+    L = len(t)
+    c = np.zeros(L + 1) if cuts is None else np.asarray(cuts, np.float64)
+    prefix = np.concatenate([[0.0], np.cumsum(t)])
+    a, e = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
+    span = prefix[None, :] - prefix[:, None] + c[:, None] + c[None, :]     # span[a, e]: layers a..e-1
+    n = e - a
+    rule = (n >= max(min_layers, 1)) & ((n <= max_layers) if max_layers is not None else True)
+    for j in pinned_splits:
+        rule &= ~((a < j) & (j < e))
+    best = np.full(L + 1, np.inf)
+    best[0] = 0.0
+    parents: list[np.ndarray] = []
+    values: list[float] = []
+    splits: list[list[tuple[int, int]]] = []
+    pinned_positions = {pos for _, pos in pinned_layers}
+    for p in range(positions):
+        allowed = rule.copy()
+        for layer, pos in pinned_layers:
+            allowed &= ((a <= layer) & (layer < e)) == (pos == p)
+        candidates = np.where(allowed, np.maximum(best[:, None], span), np.inf)
+        start = candidates.argmin(axis=0)
+        new = candidates[start, np.arange(L + 1)]
+        parent = np.where(np.isfinite(new), start, -2)
+        if empty_allowed and p not in pinned_positions:
+            keep = best <= new
+            new = np.where(keep, best, new)
+            parent = np.where(keep & np.isfinite(best), -1, parent)
+        best = new
+        parents.append(parent)
+        values.append(float(best[L]))
+        splits.append(_ranges(parents, L) if np.isfinite(best[L]) else [])
+    return values, splits
+
+
+def _ranges(parents: list[np.ndarray], L: int) -> list[tuple[int, int]]:
+    out = []
+    end = L
+    for parent in reversed(parents):
+        start = int(parent[end])
+        if start >= 0:
+            out.append((start, end - 1))
+            end = start
+    return out[::-1]
+
+
+def _worse(value: float, than: float) -> bool:
+    """``value`` exceeds ``than`` by more than the solver's integer scaling can account for."""
+    return value > than * (1 + TOLERANCE) + 1e-300
+
+
+# -- the stage model (no schedule's own actions): what binds the slowest stage -----------------------
+
+@dataclass(frozen=True)
+class _LayerFigures:
+    """Each layer's time and each cut's transfer as the stage-model solver priced them, in the
+    plan's stage-time figure (seconds or the profile's unit)."""
+
+    layers: np.ndarray
+    cuts: np.ndarray
+    seconds: bool
+
+
+def _layer_figures(plan: Plan, model) -> _LayerFigures | None:
+    """The solver's per-layer figures for ``plan`` (solver/problem.py), or None where they do not
+    add up to every stage's time in the plan (not the model the plan was solved on)."""
+    from ..solver.problem import _raw_times
+    if model is None or getattr(model, "num_layers", None) != len(plan.layer_names):
+        return None
+    try:
+        compute, cuts, _, unit = _raw_times(model, plan.inputs.options, None)
+    except StagesplitError:           # a model that cannot price the plan's options
+        return None
+    seconds = unit == "seconds"
+    prefix = np.concatenate([[0.0], np.cumsum(compute)])
+    for s in plan.stages:
+        figure = s.time_s if seconds else s.stage_time
+        if figure is None:
+            return None
+        priced = prefix[s.last_layer + 1] - prefix[s.first_layer] + cuts[s.first_layer] + cuts[s.last_layer + 1]
+        if not np.isclose(priced, figure, rtol=1e-6, atol=1e-12 * max(abs(figure), 1e-300)):
+            return None
+    return _LayerFigures(np.asarray(compute, np.float64), np.asarray(cuts, np.float64), seconds)
+
+
+def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
+    """The stage model's why: memory binds (the least slowest stage that keeps the rules, memory
+    ignored, is faster than the plan's), or one layer alone makes the slowest stage, or the
+    balance of the layers' compute does."""
+    figures = _layer_figures(plan, model)
+    if figures is None:
+        times, seconds = stage_times(plan)
+        b = int(np.argmax(times))
+        return (f"why: {_stage_text(plan, b)} is the slowest at {_time(plan, times[b], seconds, words)}; "
+                f"{headroom}")
+    if not len(figures.layers) or figures.layers.max() <= 0:
+        return f"why: no compute estimates, so memory decides; {headroom}"
+    o = plan.inputs.options
+    times = [s.time_s if figures.seconds else s.stage_time for s in plan.stages]
+    b = int(np.argmax(times))
+    have = float(times[b])
+    stage = plan.stages[b]
+    rules = dict(cuts=figures.cuts, min_layers=o.min_layers, max_layers=o.max_layers, pinned_splits=o.pinned_splits,
+                 pinned_layers=o.pinned_layers, empty_allowed=not o.exact)
+    L = len(plan.layer_names)
+    # every device count that can matter (a stage holds a layer at least), where that is cheap
+    scanned = max(plan.devices, L) + 1 if L <= SCAN_LAYERS else plan.devices + 1
+    values, splits = least_slowest(figures.layers, scanned, **rules)
+    free = values[plan.devices - 1]
+
+    def text(value: float) -> str:
+        return _time(plan, value, figures.seconds, words)
+    if have < free * (1 - TOLERANCE):          # not the rules or figures the plan was solved with
+        return (f"why: {_stage_text(plan, b)} is the slowest at {text(have)}; {headroom}")
+    if _worse(have, free):
+        faster = split_text(plan.layer_names, splits[plan.devices - 1])
+        return (f"why: memory binds: ignoring memory, {plan.devices} devices could reach {text(free)} per stage "
+                f"instead of {text(have)} ({have / free:.2f}x) with {faster}, which does not fit (more memory "
+                f"per device would allow it); {headroom}")
+    own = figures.layers[stage.first_layer:stage.last_layer + 1]
+    slowest = stage.first_layer + int(np.argmax(own))
+    floor = float(figures.layers[slowest])
+    if float(own.sum()) <= floor * (1 + SAME):
+        return (f"why: the compute of layer {plan.layer_names[slowest]} alone binds stage {stage.stage}: more "
+                f"devices cannot help below {text(floor)} per micro-batch (a finer --layer-regex, or tensor "
+                f"parallelism inside that layer, would); {headroom}")
+    lower = next((n for n in range(plan.devices + 1, len(values) + 1) if values[n - 1] < have * (1 - TOLERANCE)),
+                 None)
+    if lower is not None:
+        change = f"{lower} devices could bring it to {text(values[lower - 1])} if memory allows"
+    elif scanned > L:
+        change = "no number of devices would lower it"
+    else:
+        change = "one more device would not lower it"
+    return (f"why: the balance of the layers' compute binds: stage {stage.stage} ({text(have)}) is the best the "
+            f"layer boundaries allow on {plan.devices} devices; {change}; {headroom}")
+
+
+# -- a pipeline schedule's own actions: the critical path of the step --------------------------------
+
+@dataclass(frozen=True)
+class StepPath:
+    """The chain of actions that makes a scheduled plan's step (``schedule.critical_path`` on the
+    plan's own per-chunk times): how long it runs on each device (that device's optimizer step
+    included where the chain ends there) and in transfers between devices."""
+
+    step: float
+    device_time: tuple[float, ...]
+    transfer_time: float
+    end_device: int
+
+
+def step_path(plan: Plan, model=None) -> StepPath | None:
+    """The critical path of ``plan``'s schedule from its record: each chunk's forward, backward
+    and weight-gradient times, each device's optimizer time (its busy time less its actions),
+    and, with communication, each boundary's transfer from ``model``'s phase table. None where
+    the chain does not add up to the recorded step time (the figures were not all recorded)."""
+    from ..solver.schedule import build_schedule, critical_path
+    s = plan.schedule
+    if s is None or not s.ranks or len(s.chunk_times) != len(plan.stages):
+        return None
+    try:
+        schedule = build_schedule(s.kind, len(s.ranks), s.micro_batches, s.chunks_per_rank)
+    except StagesplitError:          # a record no schedule of this version runs
+        return None
+    if tuple(schedule.chunk_rank) != s.chunk_ranks:
+        return None
+    times = np.asarray(s.chunk_times, np.float64)
+    f, b, w = times[:, 0], times[:, 1], times[:, 2]
+    optimizer = np.array([max(r.busy - s.micro_batches * float(sum(f[c] + b[c] + w[c] for c in r.chunks)), 0.0)
+                          for r in s.ranks])
+    transfer = _transfers(plan, model)
+    if transfer is None:
+        return None
+    path = critical_path(schedule, f, b, w, transfer, optimizer)
+    if not np.isclose(path.length, s.step_time, rtol=1e-6, atol=0):
+        return None
+    ranks = np.asarray(schedule.chunk_rank)
+    per_chunk = path.forward * f + path.backward_input * b + path.backward_weight * w
+    device = np.bincount(ranks, weights=per_chunk, minlength=len(s.ranks))
+    device[path.optimizer_rank] += optimizer[path.optimizer_rank]
+    crossing = np.where(ranks[:-1] == ranks[1:], 0.0, np.asarray(transfer, np.float64))
+    return StepPath(float(path.length), tuple(float(x) for x in device), float(path.transfers @ crossing),
+                    int(path.optimizer_rank))
+
+
+def _transfers(plan: Plan, model) -> np.ndarray | None:
+    """Each chunk boundary's transfer time as the solver priced it (solver/chunks.py): none
+    without communication; else from ``model``'s phase table (None without one)."""
+    C = len(plan.stages)
+    o = plan.inputs.options
+    if not o.communication:
+        return np.zeros(max(C - 1, 0))
+    table = _table(model)
+    if table is None or not o.link_bytes_per_s:
+        return None
+    cuts = np.array([s.first_layer for s in plan.stages[1:]], np.int64)
+    return (table.forward_cut[cuts] + table.backward_cut[cuts]) / 2 / float(o.link_bytes_per_s)
+
+
+def _table(model):
+    """``model``'s phase table (model/phases.py), kept on it as the API keeps it; None without phases."""
+    from ..model.phases import has_phases, phase_table
+    if model is None or not has_phases(model):
+        return None
+    table = getattr(model, "_phase_table", None)
+    if table is None:
+        table = phase_table(model)
+        model._phase_table = table
+    return table
+
+
+def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
+    """A scheduled plan's why: the critical path of its step (on which device it runs longest),
+    the slowest stage against the least the layer boundaries allow, whether memory rules out a
+    faster split, and the headroom."""
+    s = plan.schedule
+
+    def text(value: float) -> str:
+        return words.seconds(value) if s.time_unit == "seconds" else f"{value:.4g} {s.time_unit}"
+    chunk = [f + b + w for f, b, w in s.chunk_times]
+    slowest = int(np.argmax(chunk))
+    parts = []
+    path = step_path(plan, model)
+    named: tuple[int, ...] = ()
+    if path is not None:
+        d = int(np.argmax(path.device_time))
+        named = s.ranks[d].chunks
+        runs = ", ".join(_stage_text(plan, c) for c in named)
+        parts.append(f"why: the step's critical path ({text(s.step_time)}, bubble {s.bubble:.1%}) spends "
+                     f"{text(path.device_time[d])} on device {d}, which runs {runs}")
+    else:
+        parts.append(f"why: the step takes {text(s.step_time)} (bubble {s.bubble:.1%})")
+    which = f"stage {slowest}" if slowest in named else _stage_text(plan, slowest)
+    parts.append(f"{which} is the slowest: {text(chunk[slowest])} per micro-batch")
+    problem = _schedule_problem(plan, model)
+    if problem is not None:
+        balance = _schedule_balance(plan, problem, chunk[slowest], text)
+        parts += balance
+        parts += _schedule_memory(plan, problem, text, any(c.endswith(_NO_FIT) for c in balance))
+    parts.append(headroom)
+    return "; ".join(parts)
+
+
+def _schedule_problem(plan: Plan, model):
+    """The chunk-split problem ``plan`` was solved as (plan/advise.py), or None where ``model``
+    cannot give it (no phases, another model)."""
+    from ..plan.advise import schedule_problem
+    table = _table(model)
+    if table is None or table.num_layers != len(plan.layer_names):
+        return None
+    try:
+        problem = schedule_problem(model, plan.inputs, table)
+    except StagesplitError:          # the plan's options no longer fit this model
+        return None
+    if problem.schedule.chunks != len(plan.stages) or problem.schedule.kind.value != plan.schedule.kind:
+        return None
+    return problem
+
+
+def _recomputes(plan: Plan) -> bool:
+    return any(s.recomputed_layers for s in plan.stages)
+
+
+def _schedule_balance(plan: Plan, problem, have: float, text) -> list[str]:
+    """The slowest stage against the least slowest stage any split into as many chunks allows
+    (each chunk's forward, backward and weight-gradient time, recompute aside), memory ignored;
+    where that split is not the plan's, what it would give."""
+    from ..solver.chunks import evaluate
+    C = problem.chunks
+    layers = problem.table.layer_times[:, :3].sum(axis=1)
+    values, splits = least_slowest(layers, C, min_layers=problem.min_layers, max_layers=problem.max_layers,
+                                   pinned_splits=problem.pinned_splits, empty_allowed=False)
+    least = values[C - 1]
+    if not np.isfinite(least):
+        return []
+    if not _worse(have, least):
+        return [f"no split into {C} stages has a faster slowest stage"]
+    ranges = splits[C - 1]
+    clause = f"the layers allow a slowest stage of {text(least)} ({split_text(plan.layer_names, ranges)}), but "
+    if not _recomputes(plan) and problem.fixed_choice() is not None:
+        bounds = (0, *[a for a, _ in ranges[1:]], len(plan.layer_names))
+        other = evaluate(problem, bounds)
+        if other.feasible:
+            return [clause + f"that split's step takes {text(other.step_time)}"]
+        if "needs" in other.reason:                   # a rank over its capacity (the rules are kept)
+            return [clause + _NO_FIT]
+    return [clause + "no split that fits has a faster step than this one"]
+
+
+#: how the balance clause ends where the split of the least slowest stage does not fit
+_NO_FIT = "that split does not fit"
+
+
+def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> list[str]:
+    """"memory binds" where the fastest split with memory ignored (same schedule, rules and fixed
+    recompute) is faster than the plan: the plan being the fastest that fits, that split does
+    not. That search runs only where memory may bind: a device within ``FULL_MARGIN`` of its
+    capacity, recompute needed, or the split of the least slowest stage not fitting."""
+    from ..solver.chunks import solve_cpsat
+    from ..solver.request import RecomputeMode
+    s = plan.schedule
+    full = any(r.peak_bytes >= (1 - FULL_MARGIN) * r.capacity_bytes for r in s.ranks)
+    if not (full or _recomputes(plan) or balanced_does_not_fit):
+        return []
+    fixed = plan.inputs.request.recompute
+    relaxed = replace(problem, capacities=np.full_like(problem.capacities, NO_LIMIT), cutoff=None,
+                      recompute=fixed if fixed in (RecomputeMode.FULL, RecomputeMode.SELECTIVE) else RecomputeMode.NONE,
+                      time_limit=min(problem.time_limit, RELAXED_SECONDS))
+    result = solve_cpsat(relaxed).result
+    if result is None or not result.feasible or not _worse(s.step_time, result.step_time):
+        return []
+    ranges = [(a, b - 1) for a, b in zip(result.bounds, result.bounds[1:])]
+    return [f"memory binds: ignoring memory, {split_text(plan.layer_names, ranges)} would take "
+            f"{text(result.step_time)} per step instead of {text(s.step_time)} "
+            f"({s.step_time / result.step_time:.2f}x), but it does not fit"]
+
+
 def why_line(plan: Plan, model, words: DeviceWords) -> str:
-    """One line: what binds the plan and what would change it. ``model``: the cost model the
-    plan was solved on (each layer's time); without it only memory can be discussed."""
+    """One line: what binds the plan and what would change it, and the fullest device's
+    headroom. ``model``: the cost model the plan was solved on (each layer's time); without it
+    the compute objective gets no line (what binds needs the layers' times). Every figure is the
+    plan's own (tests/reporting/test_why.py parses each claim and checks it)."""
     if not plan.stages:
         return ""
+    headroom = headroom_text(plan, words)
     if plan.status != "optimal":
         return ("why: the search stopped at its time limit, so what binds this split is not known; allow more "
-                "--time-limit for a proven split")
+                f"--time-limit for a proven split; {headroom}")
     o = plan.inputs.options
-    fullest = plan.worst_memory
-    full = fullest.worst_tile_bytes / fullest.capacity_bytes if fullest.capacity_bytes else 0.0
-    where = f"stage {fullest.stage} is {full:.0%} full" + (f" on tile {fullest.worst_tile}" if not words.one_tile else "")
     if o.objective == "memory":
-        return (f"why: the objective is memory; {where}, the least any split on {plan.devices} devices reaches "
-                f"(more devices, fewer micro-batches in flight or recompute would lower it)")
+        kind = "device" if plan.schedule is not None else "stage"
+        return (f"why: the objective is memory: no split on {plan.devices} devices leaves its fullest {kind} "
+                f"emptier (more devices, fewer micro-batches in flight or recompute may); {headroom}")
     if o.objective == "devices":
-        return (f"why: {len(plan.stages)} devices are the fewest that hold the model; {where} "
-                f"(fewer would not fit; more would cut the bottleneck)")
+        used = len(plan.schedule.ranks) if plan.schedule is not None else len(plan.stages)
+        are = "device is the fewest that holds" if used == 1 else "devices are the fewest that hold"
+        return f"why: {used} {are} the model (fewer would not fit); {headroom}"
     if plan.variants:
-        return _variants_why(plan, words)
-    if model is None:
+        return f"{_variants_why(plan, words)}; {headroom}"
+    if model is None:                 # a plan read back from its file: nothing to weigh its figures by
         return ""
-    layers, seconds = layer_times(model)
-    times, _ = stage_times(plan)
-    if not len(layers) or layers.max() <= 0:
-        return f"why: no compute estimates, so memory decides: {where}"
-    b = int(np.argmax(times))
-    stage = plan.stages[b]
-    have = float(sum(layers[stage.first_layer:stage.last_layer + 1]))       # transfers left out
-    slowest = int(np.argmax(layers))
-    floor = float(layers[slowest])
-    if have <= floor * (1 + SAME):
-        return (f"why: the compute of layer {plan.layer_names[slowest]} alone binds stage {stage.stage}: more "
-                f"devices cannot help below {_time(plan, floor, seconds, words)} per micro-batch (a finer "
-                f"--layer-regex, or tensor parallelism inside that layer, would)")
-    free = balanced_bottleneck(layers, plan.devices)
-    if have > free * (1 + SAME):
-        return (f"why: memory binds ({where}): ignoring memory, {plan.devices} devices could reach "
-                f"{_time(plan, free, seconds, words)} per stage instead of {_time(plan, have, seconds, words)} "
-                f"({have / free:.2f}x); more memory per device, fewer micro-batches in flight or recompute would "
-                f"allow it")
-    more = balanced_bottleneck(layers, plan.devices + 1)
-    if more < have * (1 - SAME):
-        change = f"{plan.devices + 1} devices could bring it to {_time(plan, more, seconds, words)} if memory allows"
-    else:
-        change = f"more devices would not lower it"
-    return (f"why: the balance of the layers' compute binds: stage {stage.stage} "
-            f"({_time(plan, have, seconds, words)}) is the best the layer boundaries allow on {plan.devices} devices; "
-            f"{change}")
+    if plan.schedule is not None:
+        return _schedule_why(plan, model, words, headroom)
+    return _stage_model_why(plan, model, words, headroom)
 
 
 def _variants_why(plan: Plan, words: DeviceWords) -> str:
