@@ -159,15 +159,19 @@ def check_validate_gpu(out, rows, tmp_path):
     assert out.strip() == f"{len(predictions)} stage predictions written to {tmp_path / 'predictions.json'}"
     assert [(r["schedule"], r["stage"]) for r in predictions] == [(s, k) for s in ("none", "1f1b") for k in range(4)]
     assert all(r["predicted"] > 0 for r in predictions)
-    # the GPU half: here it says in one line that it needs a GPU (exit 2); on a GPU it measures
+    # the GPU half: without a GPU it says so in one line (exit 2); on a GPU it measures every predicted
+    # stage (exit 1 where the 5% target is missed: that is the benchmark's finding, not a breakage)
     import torch
     measured = subprocess.run([sys.executable, str(BENCHMARKS / "validate_gpu.py"), "--measure",
                                str(tmp_path / "predictions.json")], cwd=str(ROOT), capture_output=True, text=True,
                               env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
     if torch.cuda.is_available():
-        assert measured.returncode == 0, measured.stdout + measured.stderr
+        assert measured.returncode in (0, 1), measured.stdout + measured.stderr
+        assert len(re.findall(r"\(([\d,]+) vs ([\d,]+) bytes\)", measured.stdout)) == len(predictions)
+        assert "worst error" in measured.stdout
     else:
-        assert measured.returncode == 2 and measured.stderr.startswith("validate_gpu: no CUDA device here")
+        assert measured.returncode == 2 and measured.stdout == ""
+        assert measured.stderr.startswith("validate_gpu: no CUDA device here")
 
 
 CHECKS = {"bench_core.py": check_core, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
