@@ -216,3 +216,34 @@ def test_mixed_words_refused(tmp_path):
         doc["version"] = 2
     assert "profile.device_bytes: expected a known field" in hand_edited(tmp_path, json.loads(json.dumps(gpu)),
                                                                           old_version)
+
+
+def test_one_tile_profile_with_ipu_code_round_trips(tmp_path):
+    """A one-tile profile that records IPU code (vertex code, state, exchange and control code:
+    no GPU has them) is written in GPU words plus those categories where they are not zero, and
+    reads back with every byte: layer 0's stage holds 60 + 20 bytes of vertex code (MatMul and
+    Add), 8 + 4 of vertex state, 12 of exchange code and 4 of control code on its one tile."""
+    from stagesplit.io.builder import ProfileBuilder
+    from stagesplit.io.profile import Target
+    b = ProfileBuilder(Target("one-tile", tiles=1, bytes_per_tile=10**6, clock_hz=1e9), 4)
+    w0, w1 = b.variable(100, 0, "always", name="layer0.w"), b.variable(50, 0, "always", name="layer1.w")
+    act = b.variable(30, 0, [(0, 3)], name="layer0/a")
+    p0 = b.program("layer0/matmul/compute", cycles=100, vertex_code=[(0, "MatMul", 60)], vertex_state=[(0, 8)],
+                   control_code=[(0, 4)])
+    p1 = b.program("layer0/add/exchange", "DoExchange", cycles=10, vertex_code=[(0, "Add", 20)],
+                   vertex_state=[(0, 4)], exchange_code=[(0, 12)])
+    p2 = b.program("layer1/matmul/compute", cycles=200, vertex_code=[(0, "MatMul", 60)])
+    b.operation("layer0/matmul", 0, 0, vars=[w0, act], programs=[p0])
+    b.operation("layer0/add", 1, 1, vars=[act], programs=[p1])
+    b.operation("layer1/matmul", 2, 3, vars=[w1, act], programs=[p2])
+    plan = api.solve(b.build(), devices=2)
+    assert plan.split_text == "[ 0 | 1 ]"
+    at = plan.stages[0].memory_at_worst_tile
+    assert (at.vertex_code, at.vertex_state, at.exchange_code, at.control_code) == (80, 12, 12, 4)
+    path = tmp_path / "plan.json"
+    write_plan(plan, path)
+    memory = json.loads(path.read_text())["stages"][0]["memory"]
+    assert memory == {"weights_gradients_optimizer_state": at.always_live, "activations_and_temporaries":
+                      at.not_always_live, "stashed_activations": 0, "vertex_code": 80, "vertex_state": 12,
+                      "exchange_code": 12, "control_code": 4}
+    assert stage_figures(read_plan(path)) == stage_figures(plan)
