@@ -17,7 +17,8 @@ from pathlib import Path
 from _common import TINY_FLAG, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 TINY = tiny_mode()
-BLOCKS = 10 if TINY else 1000           # 10 nodes per block: LayerNormalization, MatMul, Add, Relu, MatMul, Add, Mul, Softmax, Add, Identity
+# 10 nodes per block: LayerNormalization, MatMul, Add, Relu, MatMul, Add, Mul, Softmax, Add, Identity
+BLOCKS = 10 if TINY else 1000
 WIDTH = 256
 TOKENS = 128
 

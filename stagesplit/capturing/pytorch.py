@@ -29,9 +29,10 @@ reaches one of them).
 Layers are the repeated blocks of the model's module stacks: every ``nn.ModuleList`` or
 ``nn.Sequential`` whose children are all of one class (outermost first: a stack inside a block is
 part of the block; a block that only wraps a stack gives way to that stack's blocks, unless the
-outer stack's blocks are identical, where frameworks split), in the order they first run, named by their module path (the child's index
-when there is one stack: ``transformer.h.3`` is layer ``3``; the path past the stacks' common
-prefix when there are several: ``encoder.block.3``, ``decoder.block.0``). Each operation belongs
+outer stack's blocks are identical, where frameworks split), in the order they first run, named
+by their module path (the child's index when there is one stack: ``transformer.h.3`` is layer
+``3``; the path past the stacks' common prefix when there are several: ``encoder.block.3``,
+``decoder.block.0``). Each operation belongs
 to the block whose module runs it; one outside every block (embeddings, a final norm, the head,
 the loss, the root module's own code) to the block that ran last before it in the forward pass,
 or the first block when none has run yet, which is where a pipeline split at a block's beginning
