@@ -15,22 +15,37 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 
-def bert_large_profile_path() -> Path:
+#: ``--tiny``: every script's own code path on tiny inputs, in seconds (tests/test_benchmarks.py
+#: runs each so, that a refactor cannot break one silently); the figures it prints are not the
+#: benchmark's. (Some scripts also have a ``--quick``: a shorter benchmark, its figures real.)
+TINY_FLAG = "--tiny"
+
+
+def tiny_mode(argv: list[str] | None = None) -> bool:
+    """Whether the script was asked for its tiny run (``--tiny`` among the arguments)."""
+    return TINY_FLAG in (sys.argv[1:] if argv is None else argv)
+
+
+def bert_large_profile_path(tiny: bool = False) -> Path:
     """Generate (once per machine, cached in the temp folder) the BERT-Large-scale profile:
-    26 layers (embeddings, 24 encoder layers, head), 1472 tiles, ~5,500 steps, ~1.26 M variables."""
+    26 layers (embeddings, 24 encoder layers, head), 1472 tiles, ~5,500 steps, ~1.26 M variables.
+    ``tiny``: the same generator's BERT with 4 encoder layers (the embeddings and the head group
+    with the first and the last: 4 layers), ~170 K variables, made in a second or two."""
     import hashlib
     import stagesplit.io.builder
     import stagesplit.io.synth
     source = "".join(Path(m.__file__).read_text() for m in (stagesplit.io.synth, stagesplit.io.builder))
     digest = hashlib.sha256(source.encode()).hexdigest()[:12]          # regenerate when the generator changes
-    path = Path(tempfile.gettempdir()) / f"stagesplit-bench-bert-large-{digest}.stagesplit"
+    name = "bert-4-layers" if tiny else "bert-large"
+    path = Path(tempfile.gettempdir()) / f"stagesplit-bench-{name}-{digest}.stagesplit"
     if not path.exists():
         # in a child process: Linux keeps a process's peak RSS across fork and exec, so a parent
         # grown by the generator would show in every measurement it starts afterwards
         start = time.perf_counter()
+        family = "'bert-base', layers=4" if tiny else "'bert-large'"
         code = ("from stagesplit.io.targets import load_target; from stagesplit.io import save_profile; "
-                "from stagesplit.io.synth import synthesize; import sys; save_profile(synthesize('bert-large', "
-                "load_target('ipu-mk2'), piece_bytes=4096, programs_per_op=6), sys.argv[1])")
+                "from stagesplit.io.synth import synthesize; import sys; save_profile(synthesize("
+                f"{family}, target=load_target('ipu-mk2'), piece_bytes=4096, programs_per_op=6), sys.argv[1])")
         subprocess.run([sys.executable, "-c", code, str(path)], check=True, cwd=str(ROOT),
                        env={**os.environ, "PYTHONPATH": str(ROOT)})
         print(f"generated {path.name} in {time.perf_counter() - start:.1f} s", file=sys.stderr)

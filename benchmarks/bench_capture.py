@@ -11,7 +11,8 @@ are its own; the import of torch is measured apart).
   and Adam state), and the fewest 80 GB GPUs (a100-80gb) that hold it with 1F1B (stagesplit's
   ``devices`` objective: the first stage holds as many micro-batches as there are stages).
 
-Run from the repository root:  python benchmarks/bench_capture.py [7b|70b ...]   (default: both)
+Run from the repository root:  python benchmarks/bench_capture.py [7b|70b ...] [--tiny]   (default: both)
+(``--tiny``: the same two shapes a few layers deep and 64 wide, in seconds; not the benchmark's figures.)
 """
 
 from __future__ import annotations
@@ -20,12 +21,17 @@ import json
 import sys
 import time
 
-from _common import peak_rss_mb, print_table, run_measurement
+from _common import TINY_FLAG, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 SHAPES = {
     "7b": dict(layers=32, d=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000, seq=4096, batch=1),
     "70b": dict(layers=80, d=8192, ffn=28672, heads=64, kv_heads=8, vocab=32000, seq=4096, batch=1),
 }
+#: ``--tiny`` (passed on to the measurement's child): the same shapes, small
+TINY = tiny_mode()
+if TINY:
+    SHAPES = {"7b": dict(layers=8, d=64, ffn=128, heads=4, kv_heads=4, vocab=256, seq=32, batch=1),
+              "70b": dict(layers=4, d=64, ffn=128, heads=4, kv_heads=2, vocab=256, seq=32, batch=1)}
 
 
 def llama_factory(layers=32, d=4096, ffn=11008, heads=32, kv_heads=32, vocab=32000, seq=4096, batch=1):
@@ -152,14 +158,18 @@ def measure(shape: str) -> None:
 
 
 def report(r: dict) -> None:
+    shape = SHAPES[r["shape"]]
     if r["shape"] == "7b":
         title = "stagesplit capture: LLaMA-2-7B-shaped training step on CPU (fake tensors)"
-        what = "capture (32 layers, seq 4096, bf16 amp, Adam)"
+        what = f"capture ({shape['layers']} layers, seq {shape['seq']}, bf16 amp, Adam)"
         solved = ("price + solve 8 x a100-80gb, 1F1B, 16 micro-batches", f"{r['solve_s']:.1f} s", "")
     else:
         title = "stagesplit capture: 80-layer 70B-shaped training step on CPU (fake tensors)"
-        what = "capture (80 layers, GQA 64/8, seq 4096, bf16, Adam)"
+        what = (f"capture ({shape['layers']} layers, GQA {shape['heads']}/{shape['kv_heads']}, seq {shape['seq']}, "
+                "bf16, Adam)")
         solved = ("price + solve for the fewest a100-80gb, 1F1B", f"{r['solve_s']:.1f} s", "")
+    if TINY:
+        title += f" (--tiny: {shape['layers']} layers, d {shape['d']})"
     rows = [
         ("import torch + stagesplit.capturing.pytorch", f"{r['import_s']:.1f} s", ""),
         ("peak RSS after the import", f"{r['import_rss_mb'] / 1024:.2f} GB", ""),
@@ -168,7 +178,7 @@ def report(r: dict) -> None:
         ("operations (program steps) / storages", f"{r['ops']:,} / {r['storages']:,}", ""),
         ("parameters + gradients + Adam state", f"{r['always_gib']:.1f} GiB", ""),
         ("FLOPs per step", f"{r['flops']:.3g}", ""),
-        ("layers found (the module tree's blocks)", f"{r['layers']}", "32" if r["shape"] == "7b" else "80"),
+        ("layers found (the module tree's blocks)", f"{r['layers']}", f"{shape['layers']}"),
         solved,
         ("peak RSS, whole run", f"{r['rss_mb'] / 1024:.2f} GB", ""),
     ]
@@ -194,7 +204,7 @@ def main() -> None:
         return
     shapes = [a for a in sys.argv[1:] if a in SHAPES] or list(SHAPES)
     for shape in shapes:
-        report(run_measurement(__file__, shape))
+        report(run_measurement(__file__, shape, *([TINY_FLAG] if TINY else [])))
 
 
 if __name__ == "__main__":

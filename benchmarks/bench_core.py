@@ -1,7 +1,8 @@
 """Core benchmark (issue 2): load a BERT-Large-scale profile and price every contiguous layer
 range. Target on a 2-core machine: all of it under 20 s and 3 GB.
 
-Run from the repository root:  python benchmarks/bench_core.py
+Run from the repository root:  python benchmarks/bench_core.py [--tiny]
+(``--tiny``: the same on a 4-layer BERT from the same generator, in seconds)
 """
 
 from __future__ import annotations
@@ -10,7 +11,7 @@ import json
 import sys
 import time
 
-from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measurement
+from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 
 def measure(path: str) -> None:
@@ -43,11 +44,13 @@ def main() -> None:
     if len(sys.argv) > 2 and sys.argv[1] == "--measure":
         measure(sys.argv[2])
         return
-    path = bert_large_profile_path()
+    tiny = tiny_mode()
+    path = bert_large_profile_path(tiny)
     m = run_measurement(__file__, str(path))
     total = m["load"] + m["model"] + m["price"]
     ranges = m["layers"] * (m["layers"] + 1) // 2
-    print_table("Core benchmark: BERT-Large-scale profile (synthetic)", [
+    print_table("Core benchmark: " + ("4-layer BERT profile (synthetic; --tiny)" if tiny else
+                                      "BERT-Large-scale profile (synthetic)"), [
         ("layers / tiles / program steps", f"{m['layers']} / {m['tiles']:,} / {m['steps']:,}", ""),
         ("variables / operations / programs", f"{m['variables']:,} / {m['operations']:,} / {m['programs']:,}", ""),
         ("timeline columns after compression", f"{m['columns']:,}", ""),

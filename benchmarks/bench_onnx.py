@@ -2,7 +2,8 @@
 (training mode, Adam) and write its compact profile. Targets on a 2-core machine: under 10 s
 and under 1 GB peak RSS, measured in a fresh interpreter.
 
-Run from the repository root:  python benchmarks/bench_onnx.py
+Run from the repository root:  python benchmarks/bench_onnx.py [--tiny]
+(``--tiny``: 100 nodes, in seconds.)
 """
 
 from __future__ import annotations
@@ -13,9 +14,11 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import peak_rss_mb, print_table, run_measurement
+from _common import TINY_FLAG, peak_rss_mb, print_table, run_measurement, tiny_mode
 
-BLOCKS = 1000           # 10 nodes per block: LayerNormalization, MatMul, Add, Relu, MatMul, Add, Mul, Softmax, Add, Identity
+TINY = tiny_mode()
+# 10 nodes per block: LayerNormalization, MatMul, Add, Relu, MatMul, Add, Mul, Softmax, Add, Identity
+BLOCKS = 10 if TINY else 1000
 WIDTH = 256
 TOKENS = 128
 
@@ -70,7 +73,8 @@ def run_generation(path: Path) -> int:
     import os
     import subprocess
     from _common import ROOT
-    proc = subprocess.run([sys.executable, __file__, "--generate", str(path)], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, __file__, "--generate", str(path), *([TINY_FLAG] if TINY else [])],
+                          capture_output=True, text=True,
                           cwd=str(ROOT), env={**os.environ, "PYTHONPATH": str(ROOT)})
     if proc.returncode != 0:
         raise SystemExit(proc.stderr)
@@ -97,7 +101,7 @@ def run(path: Path) -> None:
           f"{time.perf_counter() - start:.1f} s", file=sys.stderr)
     m = run_measurement(__file__, str(path))
     total = m["import_s"] + m["write_s"]
-    print_table("ONNX import: 10,000 nodes, training (Adam), batch 4", [
+    print_table(f"ONNX import: {m['nodes']:,} nodes, training (Adam), batch 4", [
         ("nodes", f"{m['nodes']:,}", ""),
         ("variables", f"{m['variables']:,}", ""),
         ("import (read, infer shapes, build)", f"{m['import_s']:.2f} s", ""),

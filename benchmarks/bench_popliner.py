@@ -21,8 +21,9 @@ reading time, and both tools' splits and worst stage memory (each by its own mod
 that one can see they solved the same problem.
 
 Run from the repository root:
-    python benchmarks/bench_popliner.py --popliner /path/to/popliner [--ipus 8] [--repeat 1]
-Without --popliner it says so in one line and prints the stagesplit figures alone.
+    python benchmarks/bench_popliner.py --popliner /path/to/popliner [--ipus 8] [--repeat 1] [--tiny]
+Without --popliner it says so in one line and prints the stagesplit figures alone. ``--tiny``: the
+same on a BERT with 4 encoder layers (split onto 2 IPUs unless --ipus says otherwise), in seconds.
 PopLiner needs numpy and tqdm (its coloredlogs is only used by its command line).
 """
 
@@ -50,12 +51,14 @@ FORMAT = "1"            # bump when the generated profile.pop/debug.cbor change
 # The profile: generated once, cached in the temp folder
 
 
-def popvision_profile() -> tuple[Path, Path]:
-    """profile.pop and debug.cbor of the BERT-Large-scale benchmark profile, in the form the
-    libpva test double reads (regenerated when the profile, the double or this format change)."""
-    compact = bert_large_profile_path()
+def popvision_profile(tiny: bool = False) -> tuple[Path, Path]:
+    """profile.pop and debug.cbor of the BERT-Large-scale benchmark profile (``tiny``: the
+    4-layer one), in the form the libpva test double reads (regenerated when the profile, the
+    double or this format change)."""
+    compact = bert_large_profile_path(tiny)
     digest = hashlib.sha256((compact.name + (FAKE_PVA / "pva.py").read_text() + FORMAT).encode()).hexdigest()[:12]
-    folder = Path(tempfile.gettempdir()) / f"stagesplit-bench-popvision-bert-large-{digest}"
+    name = "bert-4-layers" if tiny else "bert-large"
+    folder = Path(tempfile.gettempdir()) / f"stagesplit-bench-popvision-{name}-{digest}"
     pop, debug = folder / "profile.pop", folder / "debug.cbor"
     if not (pop.exists() and debug.exists()):
         start = time.perf_counter()
@@ -148,8 +151,10 @@ def read_alone(pop: str, debug: str) -> dict:
 
 
 def run_stagesplit(pop: str, debug: str, ipus: str) -> dict:
-    from stagesplit.api import analyze, make_request, price, resolve, solve_request
+    from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
+    from stagesplit.plan.advise import advise, price
+    from stagesplit.solver.request import SolveRequest
     phases = {}
     cpu = _cpu_seconds()
     start = time.perf_counter()
@@ -159,11 +164,12 @@ def run_stagesplit(pop: str, debug: str, ipus: str) -> dict:
     analysis = analyze(profile)                       # group layers + cost model
     phases["layers"] = time.perf_counter() - t
     t = time.perf_counter()
-    request = make_request(int(ipus))                 # every option at its default (objective: compute)
-    table = price(resolve(request, analysis))
+    request = SolveRequest(devices=int(ipus))         # every option at its default (objective: compute)
+    resolved = resolve(request, analysis)
+    table = price(resolved.model, resolved.inputs.options, max_devices=request.devices)
     phases["price"] = time.perf_counter() - t
     t = time.perf_counter()
-    plan = solve_request(analysis, request, table=table).plan
+    plan = advise(resolved.model, resolved.inputs, table=table).plan
     phases["solve"] = time.perf_counter() - t
     total = time.perf_counter() - start
     names = analysis.layers.names
@@ -228,10 +234,15 @@ def _worst(worst: list[int]) -> str:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--popliner", metavar="DIR", help="a checkout of graphcore/popliner (its source folder)")
-    ap.add_argument("--ipus", type=int, default=8, help="IPUs both tools split the model onto (default 8)")
+    ap.add_argument("--ipus", type=int, default=None, help="IPUs both tools split the model onto (default 8; "
+                    "2 with --tiny)")
     ap.add_argument("--repeat", type=int, default=1,
                     help="measure each this many times, alternating, and keep the fastest (default 1)")
+    ap.add_argument("--tiny", action="store_true", help="a BERT with 4 encoder layers: the same code in seconds "
+                    "(not the benchmark's figures)")
     args = ap.parse_args(argv)
+    if args.ipus is None:
+        args.ipus = 2 if args.tiny else 8
     popliner_dir = None
     if args.popliner:
         popliner_dir = Path(args.popliner).resolve()
@@ -239,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             ap.error(f"--popliner {args.popliner}: expected a checkout of graphcore/popliner "
                      "(a folder holding popliner/greedy_solver.py)")
 
-    pop, debug = popvision_profile()
+    pop, debug = popvision_profile(args.tiny)
     runs: dict[str, list[dict]] = {"read": [], "stagesplit": [], "popliner": []}
     for _ in range(max(args.repeat, 1)):
         runs["read"].append(_child("read", str(pop), str(debug)))
@@ -249,7 +260,8 @@ def main(argv: list[str] | None = None) -> int:
     read, ours, theirs = (min(runs[k], key=lambda r: r["seconds"]) if runs[k] else None
                           for k in ("read", "stagesplit", "popliner"))
 
-    print(f"BERT-Large-scale profile.pop through the libpva test double: {ours['layers']} layers, {read['tiles']:,} "
+    scale = "4-layer BERT (--tiny)" if args.tiny else "BERT-Large-scale"
+    print(f"{scale} profile.pop through the libpva test double: {ours['layers']} layers, {read['tiles']:,} "
           f"tiles x {read['bytes_per_tile']:,} B, {read['steps']:,} steps, {read['variables']:,} lowered variables, "
           f"{read['programs']:,} programs, {read['operations']:,} operations; split onto {args.ipus} IPUs"
           + (f"; fastest of {args.repeat} runs each" if args.repeat > 1 else ""))
@@ -295,7 +307,7 @@ def main(argv: list[str] | None = None) -> int:
                   if theirs["proportion"] else "no fit: best effort")
         rows += [(f"PopLiner split ({fitted}, {len(theirs['stages'])} stages)", _split(theirs["stages"]), ""),
                  ("  worst stage memory (worst tile, its model)", _worst(theirs["worst_bytes"]), "")]
-    print_table(f"stagesplit and PopLiner on one BERT-Large-scale profile.pop, {args.ipus} IPUs", rows)
+    print_table(f"stagesplit and PopLiner on one {scale} profile.pop, {args.ipus} IPUs", rows)
     if theirs is not None:
         print("PopLiner's first stage also holds the operations outside any layer; its pool workers are forked "
               "from the main process (copy-on-write), so their RSS is not added to it. stagesplit reads the programs, "

@@ -6,7 +6,8 @@ what both read), which both pay. The two files must be byte-identical.
 Note: ``convert`` reads large reports in two processes and the parent's peak RSS does not include
 its child's; the exporter reads in one.
 
-Run from the repository root:  python benchmarks/bench_pva_export.py [LAYERS]   (default 24)
+Run from the repository root:  python benchmarks/bench_pva_export.py [LAYERS] [--tiny]   (default 24)
+(``--tiny``: 2 layers unless LAYERS says otherwise, in seconds.)
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, peak_rss_mb, print_table, run_measurement
+from _common import ROOT, TINY_FLAG, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 
 def measure(mode: str, pop: str, out: str) -> None:
@@ -44,7 +45,8 @@ def main() -> None:
     if len(sys.argv) > 3 and sys.argv[1] == "--measure":
         measure(*sys.argv[2:])
         return
-    layers = int(sys.argv[1]) if len(sys.argv) > 1 else 24
+    given = [a for a in sys.argv[1:] if a != TINY_FLAG]
+    layers = int(given[0]) if given else 2 if tiny_mode() else 24
     sys.path.insert(0, str(ROOT / "tests" / "fake_pva"))
     import pva
     from stagesplit.io.targets import load_target

@@ -9,8 +9,9 @@ Targets on a 2-core machine:
   * 128 layers, ~3M variables: within 4 GB;
   * ``sweep --devices 1..64`` on the 96-layer profile: under 30 s (pricing shared by all counts).
 
-Run from the repository root:  python benchmarks/bench_scale.py [--quick]
-(--quick: the 96-layer rows only.)
+Run from the repository root:  python benchmarks/bench_scale.py [--quick | --tiny]
+(--quick: the 96-layer rows only; --tiny: the same code on 6 layers on 6 IPUs and a sweep over
+1..6 devices, in seconds.)
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, peak_rss_mb, print_table, run_measurement
+from _common import ROOT, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 
 def profile_path(layers: int, piece_bytes: int) -> Path:
@@ -107,9 +108,9 @@ def main() -> None:
     if len(sys.argv) > 3 and sys.argv[1] == "--measure":
         {"solve": measure_solve, "sweep": measure_sweep, "generate": generate}[sys.argv[2]](*sys.argv[3:])
         return
-    quick = "--quick" in sys.argv
-    cases = [(96, 22000, "48", "< 2,000 MB")]
-    if not quick:
+    quick, tiny = "--quick" in sys.argv, tiny_mode()
+    cases = [(6, 65536, "6", "")] if tiny else [(96, 22000, "48", "< 2,000 MB")]
+    if not quick and not tiny:
         cases.append((128, 9000, "64", "< 4,000 MB"))
     for layers, piece, devices, rss_target in cases:
         path = profile_path(layers, piece)
@@ -127,13 +128,14 @@ def main() -> None:
             ("total / floor", f"{total / m['floor']:.1f}x", "<= 10x"),
             ("peak RSS", f"{m['rss']:,.0f} MB", rss_target),
         ])
-    path = profile_path(96, 22000)
-    s = run_measurement(__file__, "sweep", str(path), "1..64")
-    print_table("Sweep: 96 layers, --devices 1..64 (pricing shared by every count)", [
+    layers, piece, counts = (6, 65536, 6) if tiny else (96, 22000, 64)
+    path = profile_path(layers, piece)
+    s = run_measurement(__file__, "sweep", str(path), f"1..{counts}")
+    print_table(f"Sweep: {layers} layers, --devices 1..{counts} (pricing shared by every count)", [
         ("device counts solved", f"{s['rows']}", ""),
         ("proven optimal", f"{s['proven']} of {s['rows']}", ""),
         ("fewest devices that fit", f"{s['fewest']}", ""),
-        ("wall time (load, price once, 64 solves)", f"{s['seconds']:.1f} s", "< 30 s"),
+        (f"wall time (load, price once, {counts} solves)", f"{s['seconds']:.1f} s", "< 30 s"),
         ("peak RSS", f"{s['rss']:,.0f} MB", ""),
     ])
 

@@ -14,8 +14,9 @@ micro-batches = devices) with 1F1B and with ZBV, without recompute and with ``--
 and the step time there.
 
 Run: ``python benchmarks/bench_schedules.py`` (about 2 minutes on 2 cores; ``--quick``: part 1
-only; ``--each``: part 1's schedules also solved alone, several minutes). Captures are cached in the
-temp folder.
+only; ``--each``: part 1's schedules also solved alone, several minutes; ``--tiny``: the same on
+Llama shapes 8 and 4 blocks deep and 64 wide, part 1 on 2 devices with 4 and 8 micro-batches, in
+seconds). Captures are cached in the temp folder.
 """
 
 from __future__ import annotations
@@ -48,16 +49,32 @@ def _cached_capture(name: str, build) -> Path:
     return path
 
 
-def llama_7b() -> Path:
+def llama_7b(tiny: bool = False) -> Path:
     def build():
         from examples.real_models import build as build_model
         from stagesplit.capturing.pytorch import capture_model
         model, inputs = build_model("llama", "full")
         return capture_model(model, inputs, optimizer="adam", amp=True, dtype="float32", name="llama-2-7b-shape")
+    if tiny:                            # 8 blocks: room for 4 chunks on each of 2 devices
+        return _cached_capture("llama7b-tiny", lambda: _tiny_llama(8, 4, "llama-8-blocks"))
     return _cached_capture("llama7b", build)
 
 
-def llama_70b() -> Path:
+def _tiny_llama(blocks: int, kv_heads: int, name: str):
+    """``--tiny``: a Llama ``blocks`` deep, 64 wide, sequence 32, captured as the full ones are."""
+    import torch
+    import transformers as tf
+    from stagesplit.capturing.pytorch import capture_model
+    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=blocks,
+                         num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(cfg)
+    ids = torch.zeros(1, 32, dtype=torch.long, device="meta")
+    return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                         name=name)
+
+
+def llama_70b(tiny: bool = False) -> Path:
     def build():
         import torch
         import transformers as tf
@@ -69,6 +86,8 @@ def llama_70b() -> Path:
         ids = torch.zeros(1, 4096, dtype=torch.long, device="meta")
         return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
                              name="llama-2-70b-shape")
+    if tiny:
+        return _cached_capture("llama70b-tiny", lambda: _tiny_llama(4, 2, "llama-4-blocks"))
     return _cached_capture("llama70b", build)
 
 
@@ -92,15 +111,18 @@ def _row(plan, seconds: float, label: str) -> str:
             + (f"  (gap {gap:.1%})" if gap is not None else ""))
 
 
-def schedules(micro_batches: tuple[int, ...], each: bool) -> None:
+def schedules(micro_batches: tuple[int, ...], each: bool, tiny: bool = False) -> None:
     """``--schedule auto`` at each micro-batch count: its table of every schedule, timed whole."""
-    path = llama_7b()
-    print("Llama-2-7B shape (32 blocks, sequence 4096), 8 x a100-80gb, --schedule auto")
+    path = llama_7b(tiny)
+    devices = 2 if tiny else 8
+    shape = "Llama, 8 blocks, hidden 64, sequence 32 (--tiny)" if tiny else \
+        "Llama-2-7B shape (32 blocks, sequence 4096)"
+    print(f"{shape}, {devices} x a100-80gb, --schedule auto")
     header = (f"{'schedule':<17} {'v':>2} {'M':>3}  {'step (ms)':>9}  {'bubble':>6}  {'peak GiB':>9}  "
               f"{'status':<10}  {'solve s':>7}")
     total = 0.0
     for m in micro_batches:
-        plan, seconds = _solve(path, devices=8, schedule="auto", micro_batches=m, time_limit=60.0)
+        plan, seconds = _solve(path, devices=devices, schedule="auto", micro_batches=m, time_limit=60.0)
         total += seconds
         capacity = plan.schedule.ranks[0].capacity_bytes
         print(f"\nM = {m}: {plan.schedule.kind}, {plan.schedule.chunks_per_rank} chunk(s) per device, "
@@ -124,14 +146,16 @@ def schedules(micro_batches: tuple[int, ...], each: bool) -> None:
     print("-" * len(header))
     for m in micro_batches:
         for kind, v in SCHEDULES:
-            plan, seconds = _solve(path, devices=8, exact=True, schedule=kind, chunks_per_rank=v, micro_batches=m,
+            plan, seconds = _solve(path, devices=devices, exact=True, schedule=kind, chunks_per_rank=v, micro_batches=m,
                                    time_limit=60.0)
             print(_row(plan, seconds, f"{kind:<17} {v:>2} {m:>3}"), flush=True)
 
 
-def recompute() -> None:
-    path = llama_70b()
-    print("\nLlama-2-70B shape (80 blocks, sequence 4096): fewest 80 GB GPUs, micro-batches = devices")
+def recompute(tiny: bool = False) -> None:
+    path = llama_70b(tiny)
+    shape = "Llama, 4 blocks, hidden 64, sequence 32 (--tiny)" if tiny else \
+        "Llama-2-70B shape (80 blocks, sequence 4096)"
+    print(f"\n{shape}: fewest 80 GB GPUs, micro-batches = devices")
     header = f"{'schedule / recompute':<24}  {'GPUs':>4}  {'step (ms)':>9}  {'bubble':>6}  {'peak GiB':>9}  {'solve s':>7}"
     print(header)
     print("-" * len(header))
@@ -154,10 +178,12 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="part 1 only")
     parser.add_argument("--each", action="store_true", help="part 1's schedules also solved alone")
+    parser.add_argument("--tiny", action="store_true", help="small shapes: the same code in seconds (not the "
+                        "benchmark's figures)")
     args = parser.parse_args()
-    schedules((16, 32), args.each)
+    schedules((4, 8) if args.tiny else (16, 32), args.each, args.tiny)
     if not args.quick:
-        recompute()
+        recompute(args.tiny)
 
 
 if __name__ == "__main__":

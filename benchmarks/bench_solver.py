@@ -18,7 +18,8 @@ the limit and CP-SAT searches alone.
 ``--extended`` adds the earlier tables (BERT-Large scale on IPUs, CP-SAT with and without hints,
 issue 10's options alone and together).
 
-Run from the repository root:  python benchmarks/bench_solver.py [--sizes 200x64,500x128] [--extended]
+Run from the repository root:  python benchmarks/bench_solver.py [--sizes 200x64,500x128] [--extended] [--tiny]
+(``--tiny``: every table on a few dozen layers and devices, in seconds; its figures are not the benchmark's.)
 """
 
 from __future__ import annotations
@@ -34,10 +35,15 @@ from pathlib import Path
 
 import numpy as np
 
-from _common import ROOT, bert_large_profile_path, peak_rss_mb, print_table, run_measurement
+from _common import ROOT, TINY_FLAG, bert_large_profile_path, peak_rss_mb, print_table, run_measurement, tiny_mode
+
+#: ``--tiny`` (passed on to every measurement's child): the same code on small sizes
+TINY = tiny_mode()
+#: the additive model's layers and the all-options case's devices (issue 10's 200 x 64)
+ADDITIVE = (16, 6) if TINY else (200, 64)
 
 
-def additive_model(layers: int = 200, seed: int = 7):
+def additive_model(layers: int = ADDITIVE[0], seed: int = 7):
     """``layers`` (200) layers of random size and compute in the per-layer form (inference: a stage needs the
     sum of its layers' weights plus its largest activation), on an 80 GB GPU."""
     from stagesplit.model.analysis import Analysis
@@ -54,8 +60,8 @@ def additive_model(layers: int = 200, seed: int = 7):
 def all_options(objective: str, time_limit: float = 60):
     from stagesplit.solver.problem import SolveOptions
     cap = 80 * 2**30
-    caps = tuple(int(cap * (0.5 if i % 3 == 0 else 1.0)) for i in range(64))
-    return SolveOptions(devices=64, objective=objective, schedule="1f1b", micro_batches=128, capacities=caps,
+    caps = tuple(int(cap * (0.5 if i % 3 == 0 else 1.0)) for i in range(ADDITIVE[1]))
+    return SolveOptions(devices=ADDITIVE[1], objective=objective, schedule="1f1b", micro_batches=128, capacities=caps,
                         communication=True, link_bytes_per_s=600e9, time_limit=time_limit)
 
 
@@ -131,7 +137,7 @@ def measure(case: str, path: str) -> None:
         devices = int(case.split("@")[1]) if "@" in case else 16
     else:
         model = additive_model()
-        devices = 64
+        devices = ADDITIVE[1]
     t1 = time.perf_counter()
     options = SolveOptions(devices=devices, time_limit=120)
     table = price(model, options)
@@ -161,18 +167,22 @@ def measure(case: str, path: str) -> None:
 def extended() -> None:
     """The earlier tables (issues 3 and 10): BERT-Large scale, CP-SAT with and without a hint, options alone."""
     rows = []
-    for layers, devices, target in ((200, 64, "< 10 s"), (500, 128, "< 60 s")):
-        for which in OPTION_CASES if layers == 200 else ("all",):
-            m = run_measurement(__file__, f"option@{which}@{layers}@{devices}", "-")
+    tiny = (TINY_FLAG,) if TINY else ()
+    sizes = ((16, 6, ""), (24, 8, "")) if TINY else ((200, 64, "< 10 s"), (500, 128, "< 60 s"))
+    for layers, devices, target in sizes:
+        for which in OPTION_CASES if (layers, devices) == sizes[0][:2] else ("all",):
+            m = run_measurement(__file__, f"option@{which}@{layers}@{devices}", "-", *tiny)
             rows.append((f"{layers} x {devices}: {which}", f"{m['price']:.2f} s + {m['advise']:.2f} s, "
                          f"{m['status']} (gap {100 * (m['gap'] or 0):.2f}%, {m['proof']}), {m['used']} used, "
                          f"{m['rss']:,.0f} MB", target))
     print_table("Solver: each option alone and all together (issue 10): price + advise, status, peak RSS", rows)
     if "--options-only" in sys.argv:
         return
-    path = str(bert_large_profile_path())
-    for case, target in (("bert-large", "< 10 s"), ("bert-large@8", ""), ("additive-200", "< 60 s")):
-        m = run_measurement(__file__, case, path)
+    path = str(bert_large_profile_path(TINY))
+    cases = (("bert-large@3", ""), ("bert-large@2", ""), ("additive-16", "")) if TINY else \
+        (("bert-large", "< 10 s"), ("bert-large@8", ""), ("additive-200", "< 60 s"))
+    for case, target in cases:
+        m = run_measurement(__file__, case, path, *tiny)
         ratio = lambda x: f"{x:.3f}x" if x else "does not fit"   # noqa: E731
         print_table(f"Solver benchmark: {case}, {m['layers']} layers on {m['devices']} devices", [
             ("load + build model", f"{m['load']:.2f} s", ""),
@@ -188,9 +198,9 @@ def extended() -> None:
             ("peak RSS", f"{m['rss']:,.0f} MB", ""),
         ])
     for objective in ("devices", "compute", "memory"):
-        m = run_measurement(__file__, f"all-options@{objective}", path)
-        print_table(f"Solver benchmark: 200 layers on 64 mixed devices, 1F1B x 128, communication, "
-                    f"--objective {objective}", [
+        m = run_measurement(__file__, f"all-options@{objective}", path, *tiny)
+        print_table(f"Solver benchmark: {ADDITIVE[0]} layers on {ADDITIVE[1]} mixed devices, 1F1B x 128, "
+                    f"communication, --objective {objective}", [
             ("price all ranges", f"{m['price']:.2f} s", ""),
             ("advise: exact DP hint + bound, CP-SAT", f"{m['advise']:.2f} s", "seconds"),
             ("status (what proved each phase)", f"{m['status']} ({m['proof']})", "optimal"),
@@ -406,22 +416,23 @@ def compare(sizes) -> None:
 
 def time_limit_cases() -> None:
     rows = []
+    layers, devices = (40, 8) if TINY else (800, 128)
     with tempfile.TemporaryDirectory() as folder:
-        path = str(Path(folder) / "layers800.json")
-        Path(path).write_text(json.dumps(plain_profile(800, seed=18)))
+        path = str(Path(folder) / f"layers{layers}.json")
+        Path(path).write_text(json.dumps(plain_profile(layers, seed=18)))
         cases = (("--objective memory", ["--objective", "memory"]),
-                 ("mixed + 1F1B M=128", cli_options("mixed", 128) + cli_options("1f1b", 128)))
+                 ("mixed + 1F1B M=128", cli_options("mixed", devices) + cli_options("1f1b", devices)))
         for name, flags in cases:
             start = time.perf_counter()
-            proc = subprocess.run([sys.executable, "-m", "stagesplit", "solve", path, "--devices", "128",
+            proc = subprocess.run([sys.executable, "-m", "stagesplit", "solve", path, "--devices", str(devices),
                                    "--time-limit", "2", *flags], capture_output=True, text=True, cwd=str(ROOT),
                                   env=child_env())
             wall = time.perf_counter() - start
             status = next((line for line in proc.stdout.splitlines() if line.startswith("status:")), proc.stderr)
             notes = [line for line in proc.stdout.splitlines() if line.startswith("note:")]
             rows.append((name, f"{wall:.2f} s", status, " / ".join(notes)))
-    print_rows("solve --time-limit 2, 800 layers x 128 devices (target: < 3 s wall, best split found, honest "
-               "status)", ("case", "wall", "status line", "notes"), rows)
+    print_rows(f"solve --time-limit 2, {layers} layers x {devices} devices (target: < 3 s wall, best split found, "
+               "honest status)", ("case", "wall", "status line", "notes"), rows)
 
 
 def print_rows(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]]) -> None:
@@ -440,7 +451,7 @@ def main() -> None:
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
         child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
         return
-    sizes = SIZES
+    sizes = ((12, 4),) if TINY else SIZES
     if "--sizes" in sys.argv:
         sizes = [tuple(int(x) for x in s.split("x")) for s in sys.argv[sys.argv.index("--sizes") + 1].split(",")]
     compare(sizes)

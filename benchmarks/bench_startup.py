@@ -4,7 +4,8 @@ plotting (matplotlib) nor pandas, and `stagesplit --help` answers in under 0.3 s
 Each command runs 5 times in a fresh interpreter; the table shows the median wall time and the
 heavy modules that ``python -X importtime`` saw imported.
 
-Run from the repository root:  python benchmarks/bench_startup.py
+Run from the repository root:  python benchmarks/bench_startup.py [--tiny]
+(``--tiny``: each command once, not 5 times.)
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import sys
 import tempfile
 import time
 
-from _common import ROOT, print_table
+from _common import ROOT, print_table, tiny_mode
 
 HEAVY = ("ortools", "matplotlib", "pandas", "torch", "onnx", "scipy")
 COMMANDS = (["--help"], ["targets"], ["breakdown", "profiles/tiny.json", "--sections", "totals"],
@@ -50,15 +51,17 @@ def wall(argv: list[str], runs: int = 5) -> tuple[float, float]:
 
 
 def main() -> None:
+    runs = 1 if tiny_mode() else 5
     rows = []
     for argv in COMMANDS:
         label = "stagesplit " + " ".join(argv[:2])
         heavy = heavy_imports(argv)
         target = "< 0.3 s" if argv == ["--help"] else ""
-        seconds, rss = wall(argv)
+        seconds, rss = wall(argv, runs)
         rows.append((label, f"{seconds:.2f} s, {rss:,.0f} MB peak RSS; heavy imports: {', '.join(heavy) or 'none'}",
                      target + ("; none" if target else "none")))
-    print_table("Start-up: median of 5 runs in a fresh interpreter, peak RSS, heavy modules imported", rows)
+    print_table(f"Start-up: median of {runs} run{'s' if runs > 1 else ''} in a fresh interpreter, peak RSS, heavy "
+                "modules imported", rows)
 
 
 if __name__ == "__main__":

@@ -12,7 +12,8 @@ A second table scales the layer count: random per-layer training profiles of 200
 and 500 on 128 (80 GB), 1, 3 and 5 variants (workspace x p / 0.6, compute x sqrt(0.6 / p)),
 without a schedule and with 1F1B and 128 micro-batches.
 
-Run from the repository root:  python benchmarks/bench_variants.py
+Run from the repository root:  python benchmarks/bench_variants.py [--tiny]
+(``--tiny``: 3 variants on 2 and 3 devices, and 12 layers on 4 GPUs, in seconds.)
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import sys
 import time
 
-from _common import ROOT
+from _common import ROOT, tiny_mode
 
 sys.path.insert(0, str(ROOT / "examples"))
 
@@ -91,12 +92,13 @@ def main() -> int:
     from stagesplit.plan.advise import advise, price
     from stagesplit.plan.variants import advise_variants
     from stagesplit.solver.problem import SolveOptions
+    tiny = tiny_mode()
     rows = []
-    for proportions in ((0.2, 0.4, 0.6), (0.1, 0.2, 0.4, 0.6, 0.8)):
+    for proportions in ((0.2, 0.4, 0.6),) if tiny else ((0.2, 0.4, 0.6), (0.1, 0.2, 0.4, 0.6, 0.8)):
         models = variant_models(proportions)
         names = [f"amp{p:g}" for p in proportions]
         for objective in ("compute", "memory", "devices"):
-            for devices in (2, 3, 4, 6):
+            for devices in (2, 3) if tiny else (2, 3, 4, 6):
                 options = SolveOptions(devices=devices, objective=objective, time_limit=60)
                 start = time.perf_counter()
                 tables = [price(m, options, max_devices=devices) for m in models]
@@ -120,9 +122,10 @@ def main() -> int:
           "as solve runs it; one profile s: the slowest single variant's search; vs best single: the best "
           "single-variant plan's step time, fullest stage or devices over the variants plan's (> 1: variants win)")
     rows = []
-    for layers, devices in ((200, 64), (500, 128)):
+    for layers, devices in ((12, 4),) if tiny else ((200, 64), (500, 128)):
         for schedule, micro in (("none", 1), ("1f1b", 128)):
-            for proportions in ((0.6,), (0.2, 0.4, 0.6), (0.1, 0.2, 0.4, 0.6, 0.8)):
+            counts = ((0.6,), (0.2, 0.4, 0.6)) if tiny else ((0.6,), (0.2, 0.4, 0.6), (0.1, 0.2, 0.4, 0.6, 0.8))
+            for proportions in counts:
                 models = scaled_models(layers, proportions)
                 options = SolveOptions(devices=devices, schedule=schedule, micro_batches=micro, time_limit=60)
                 start = time.perf_counter()

@@ -656,9 +656,11 @@ def test_plan_with_bad_numbers(capsys, tmp_path, profile):
     plan_path = tmp_path / "plan.json"
     assert cli(capsys, "solve", profile, "--devices", "2", "--out", plan_path)[0] == 0
     plan = json.loads(plan_path.read_text())
+    # a one-tile profile: its plan names the stage's memory breakdown ``memory`` (an IPU's: memory_total)
     for field, value in (("compute", "NaN"), ("bytes_received", '"lots"'), ("time_s", "Infinity"),
-                         ("memory_total", "[1, 2]")):
+                         ("memory", "[1, 2]"), ("peak_bytes", "-5")):
         text = json.dumps(plan).replace(f'"{field}": ', f'"{field}": {value}, "was_{field}": ', 1)
+        assert text != json.dumps(plan)
         bad = write_json(tmp_path / f"bad-{field}.json", text)
         code, out, err = cli(capsys, "diagnose", profile, "--plan", bad)
         one_error(code, err, str(bad))

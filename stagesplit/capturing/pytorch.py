@@ -28,9 +28,11 @@ reaches one of them).
 
 Layers are the repeated blocks of the model's module stacks: every ``nn.ModuleList`` or
 ``nn.Sequential`` whose children are all of one class (outermost first: a stack inside a block is
-part of the block), in the order they first run, named by their module path (the child's index
-when there is one stack: ``transformer.h.3`` is layer ``3``; the path past the stacks' common
-prefix when there are several: ``encoder.block.3``, ``decoder.block.0``). Each operation belongs
+part of the block; a block that only wraps a stack gives way to that stack's blocks, unless the
+outer stack's blocks are identical, where frameworks split), in the order they first run, named
+by their module path (the child's index when there is one stack: ``transformer.h.3`` is layer
+``3``; the path past the stacks' common prefix when there are several: ``encoder.block.3``,
+``decoder.block.0``). Each operation belongs
 to the block whose module runs it; one outside every block (embeddings, a final norm, the head,
 the loss, the root module's own code) to the block that ran last before it in the forward pass,
 or the first block when none has run yet, which is where a pipeline split at a block's beginning
@@ -701,8 +703,12 @@ def module_stacks(torch, model) -> list[ModuleStack]:
     """The model's stacks of repeated blocks, outermost first: a stack inside another stack's
     block belongs to that block (a mixture's experts inside a decoder layer), unless the block
     only wraps that stack (its one child is the stack, or wraps it the same way: a ResNet stage
-    around its bottleneck blocks), when the inner stack's blocks replace it. A ModuleList of one
-    block counts (a one-layer configuration); a Sequential needs two (one is a wrapper)."""
+    around its bottleneck blocks), when the inner stack's blocks replace it. A stack of two or
+    more identical blocks (``_block_signature``: the same modules, parameters and buffers) is
+    kept whatever its blocks wrap: it is the model's repeated unit, where frameworks split (six
+    blocks each holding a list of two linears are six layers, not twelve), while a ResNet's
+    stages differ in depth and width. A ModuleList of one block counts (a one-layer
+    configuration); a Sequential needs two (one is a wrapper)."""
     containers = (torch.nn.ModuleList, torch.nn.Sequential)
 
     def stack_at(path: str, module) -> ModuleStack | None:
@@ -729,6 +735,9 @@ def module_stacks(torch, model) -> list[ModuleStack]:
     modules = dict(model.named_modules())
 
     def expand(stack: ModuleStack) -> list[ModuleStack]:
+        blocks = [modules[block] for block in stack.blocks]
+        if len(blocks) > 1 and len({_block_signature(block) for block in blocks}) == 1:
+            return [stack]
         kept: list[str] = []
         inner: list[ModuleStack] = []
         for child, block in zip(stack.children, stack.blocks):
@@ -749,6 +758,15 @@ def module_stacks(torch, model) -> list[ModuleStack]:
             stacks.extend(expand(stack))
             claimed.update(stack.blocks)
     return stacks
+
+
+def _block_signature(module) -> tuple:
+    """What makes two blocks the same block: every module under it (relative path and class),
+    and every parameter's and buffer's relative name, shape and dtype."""
+    def tensors(items) -> tuple:
+        return tuple((name, tuple(t.shape), t.dtype) for name, t in items if t is not None)
+    return (tuple((name, type(m)) for name, m in module.named_modules()), tensors(module.named_parameters()),
+            tensors(module.named_buffers()))
 
 
 def _inside(path: str, blocks: set[str]) -> bool:

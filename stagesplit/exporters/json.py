@@ -1,5 +1,6 @@
-"""Plain JSON: the header lines and each stage's device, layer names, module paths and memory.
-Names are JSON strings (``json.dumps`` escapes them; lone surrogates as ``\\udXXX``)."""
+"""Plain JSON: the header lines and each stage's device, layer names, module paths and memory
+(``peak_bytes`` on a GPU, ``worst_tile_bytes`` on an IPU, as plan files name it). Names are JSON
+strings (``json.dumps`` escapes them; lone surrogates as ``\\udXXX``)."""
 
 from __future__ import annotations
 
@@ -18,10 +19,11 @@ DESCRIPTION = "plain stage -> layer-name lists (with module paths and memory)"
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     names, paths = view.layer_names, view.module_paths
+    memory = "peak_bytes" if view.tiles == 1 else "worst_tile_bytes"
     doc = {"format": "stagesplit-export", "header": header_lines(view, NAME),
            "profile": view.profile_name, "sha256": view.sha256, "objective": view.objective,
            "stages": [{"stage": s.index, "device": s.device, "layers": [names[i] for i in s.layers],
-                       "module_paths": [paths[i] for i in s.layers], "worst_tile_bytes": s.worst_tile_bytes,
+                       "module_paths": [paths[i] for i in s.layers], memory: s.worst_tile_bytes,
                        "capacity_bytes": s.capacity_bytes} for s in view.stages]}
     lines = ["{"]
     items = list(doc.items())

@@ -1,10 +1,17 @@
 """Plan files: the versioned JSON (or YAML) document, written atomically and read back with
 every field checked (a hand-edited or hostile plan fails in one line naming the file and the
-field), and the reader of version-1 plans (the options were a dict then).
+field), and the readers of version-1 and version-2 plans.
 
 Version 2 records the request once (``request``, the options record's own fields) and what it
 resolved to on the profile (``resolved``: the micro-batch count chosen, capacities, pins as
 layer indices, each position's target). Everything but ``run`` is a function of the inputs.
+
+Version 3 speaks the device's words: a GPU plan (a one-tile profile) names the device's memory
+``profile.device_bytes`` and each stage's ``peak_bytes`` and ``memory`` (weights, gradients and
+optimizer state; activations and temporaries; stashed activations), and leaves out what only an
+IPU has (the worst tile, and vertex code, vertex state and exchange code, which are zero on a
+GPU). An IPU plan keeps version 2's words. Version 1 and 2 plans, GPU ones included, are read
+with the old names. The in-memory records (``StagePlan``) keep one set of names for both.
 """
 
 from __future__ import annotations
@@ -32,12 +39,25 @@ from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, P
                       ScheduleCandidate,
                       ScheduleRecord, StagePlan)
 
-__all__ = ["FORMAT", "VERSION", "plan_document", "read_plan", "write_plan"]
+__all__ = ["FORMAT", "GPU_MEMORY_WORDS", "VERSION", "plan_document", "read_plan", "write_plan"]
 
 FORMAT = "stagesplit-plan"
-VERSION = 2
+VERSION = 3
 #: the versions this reader accepts
-READABLE = (1, 2)
+READABLE = (1, 2, 3)
+#: from this version on a GPU plan uses GPU words (``peak_bytes``, ``memory``, ``device_bytes``)
+GPU_WORDS_VERSION = 3
+#: a GPU plan's memory categories: the breakdown's field -> the word a GPU plan writes
+GPU_MEMORY_WORDS = {"always_live": "weights_gradients_optimizer_state",
+                    "not_always_live": "activations_and_temporaries",
+                    "stashed_copies": "stashed_activations"}
+#: the categories only an IPU has; a GPU plan writes one only where it is not zero (a one-tile
+#: profile that records IPU code), so that reading it back loses nothing
+IPU_ONLY_MEMORY = ("vertex_code", "vertex_state", "exchange_code", "control_code")
+#: the stage fields that name a tile (an IPU plan's, and version 1 and 2 GPU plans')
+IPU_STAGE_FIELDS = ("worst_tile", "worst_tile_bytes", "memory_at_worst_tile", "memory_total")
+#: the stage fields a version-3 GPU plan writes in their place
+GPU_STAGE_FIELDS = ("peak_bytes", "memory")
 
 
 # -- writing ------------------------------------------------------------------------------------
@@ -45,7 +65,7 @@ READABLE = (1, 2)
 def plan_document(plan: Plan) -> dict[str, Any]:
     """The plan as the JSON/YAML document ``write_plan`` writes."""
     o = plan.inputs.options
-    doc = {"format": FORMAT, "version": VERSION, "profile": asdict(plan.profile),
+    doc = {"format": FORMAT, "version": VERSION, "profile": _profile_document(plan.profile),
            "request": plan.inputs.request.to_record(),
            "resolved": {"micro_batches": o.micro_batches, "micro_batches_auto": o.micro_batches_auto,
                         "capacities": list(o.capacities) if o.capacities else None,
@@ -69,8 +89,34 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         rec["recompute"] = list(s.recompute)
         rec["headroom_bytes"] = s.headroom_bytes
         rec["headroom"] = round(s.headroom, 6)
-        doc["stages"].append(rec)
+        doc["stages"].append(_gpu_stage(rec, s) if plan.profile.one_tile else rec)
     return doc
+
+
+def _profile_document(profile: PlanProfile) -> dict[str, Any]:
+    """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
+    doc = asdict(profile)
+    if profile.one_tile:
+        doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
+    return doc
+
+
+def _gpu_stage(rec: dict[str, Any], stage: StagePlan) -> dict[str, Any]:
+    """A GPU stage's record in GPU words: ``peak_bytes`` for the worst tile's bytes (the device
+    is one pool, so the worst tile is the device and the sum over tiles is the same breakdown)
+    and one ``memory`` breakdown in place of the two."""
+    memory = stage.memory_at_worst_tile
+    words = {GPU_MEMORY_WORDS[k]: getattr(memory, k) for k in GPU_MEMORY_WORDS}
+    words.update({k: getattr(memory, k) for k in IPU_ONLY_MEMORY if getattr(memory, k)})
+    out: dict[str, Any] = {}
+    for key, value in rec.items():
+        if key == "worst_tile_bytes":
+            out["peak_bytes"] = value
+        elif key == "memory_at_worst_tile":
+            out["memory"] = words
+        elif key not in IPU_STAGE_FIELDS:
+            out[key] = value
+    return out
 
 
 def write_plan(plan: Plan, path: str | Path) -> None:
@@ -109,7 +155,7 @@ def _not_a_profile(path: Path) -> None:
 
 
 def read_plan(path: str | Path) -> Plan:
-    """Read a plan file (version 1 or 2), checking every field; a bad one raises
+    """Read a plan file (version 1, 2 or 3), checking every field; a bad one raises
     ``ProfileError`` naming the file and the field (``request.devices``, ``stages[2].layers``)."""
     path = Path(path)
     _not_a_profile(path)
@@ -131,12 +177,12 @@ def read_plan(path: str | Path) -> Plan:
         dup = next(n for i, n in enumerate(names) if n in names[:i])
         r.fail("layers", "distinct layer names", dup)
     devices = r.integer(r.get(doc, "devices", ""), "devices", minimum=1)
-    profile = _profile(r, doc.get("profile", {}))
-    inputs = _inputs_v2(r, doc, names) if version == 2 else _inputs_v1(r, doc.get("inputs", {}), names, devices,
+    profile = _profile(r, doc.get("profile", {}), version)
+    inputs = _inputs_v2(r, doc, names) if version >= 2 else _inputs_v1(r, doc.get("inputs", {}), names, devices,
                                                                       profile)
     if inputs.options.devices != devices:
         r.fail("devices", f"the request's device count ({inputs.options.devices})", devices)
-    stages = _stages(r, doc, names, devices)
+    stages = _stages(r, doc, names, devices, gpu_words=version >= GPU_WORDS_VERSION and profile.one_tile)
     variants = _variants(r, doc.get("variants") or [], stages)
     paths = r.list(doc.get("module_paths") or [], "module_paths")
     if paths and len(paths) != len(names):
@@ -242,15 +288,24 @@ def _optional_string(r: FieldReader, value: Any, path: str) -> str | None:
     return None if value is None else r.string(value, path)
 
 
-def _profile(r: FieldReader, value: Any) -> PlanProfile:
+def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
+    """The profile section; from version 3 a GPU's is ``device_bytes`` (one tile) in place of
+    ``tiles`` and ``bytes_per_tile``."""
     p = r.mapping(value, "profile")
-    r.known_keys(p, "profile", {f.name for f in fields(PlanProfile)})
+    known = {f.name for f in fields(PlanProfile)}
+    r.known_keys(p, "profile", known | {"device_bytes"} if version >= GPU_WORDS_VERSION else known)
+    tiles, per_tile = p.get("tiles", 1), p.get("bytes_per_tile", 0)
+    if "device_bytes" in p:
+        if "tiles" in p or "bytes_per_tile" in p:
+            r.fail("profile.device_bytes", "either device_bytes (a GPU) or tiles and bytes_per_tile (an IPU), "
+                   "not both", p["device_bytes"])
+        tiles, per_tile = 1, r.integer(p["device_bytes"], "profile.device_bytes")
     return PlanProfile(name=r.string(p.get("name", ""), "profile.name"),
                        source=r.string(p.get("source", ""), "profile.source"),
                        synthetic=r.boolean(p.get("synthetic", False), "profile.synthetic"),
                        target=r.string(p.get("target", ""), "profile.target"),
-                       tiles=r.integer(p.get("tiles", 1), "profile.tiles", minimum=1),
-                       bytes_per_tile=r.integer(p.get("bytes_per_tile", 0), "profile.bytes_per_tile"),
+                       tiles=r.integer(tiles, "profile.tiles", minimum=1),
+                       bytes_per_tile=r.integer(per_tile, "profile.bytes_per_tile"),
                        path=_optional_string(r, p.get("path"), "profile.path"),
                        sha256=_sha256(r, p.get("sha256"), "profile.sha256"))
 
@@ -357,6 +412,8 @@ def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profi
     if not targets:                # only each position's target name: a shipped target
         named = r.list(inputs.get("targets") or [], "inputs.targets")
         targets = tuple(_shipped_target(r, t, f"inputs.targets[{i}]") for i, t in enumerate(named))
+    if len(targets) == 1:          # one target, written once for every device: a later version lists each's
+        targets *= request.devices
     return PlanInputs(request=request, options=options, targets=targets, layer_compute_sha256=sha)
 
 
@@ -375,11 +432,24 @@ def _layer_name(r: FieldReader, names: list[str], index: Any, path: str) -> str:
     return names[index]
 
 
-def _stages(r: FieldReader, doc: dict, names: list[str], devices: int) -> list[StagePlan]:
+def _stages(r: FieldReader, doc: dict, names: list[str], devices: int, gpu_words: bool) -> list[StagePlan]:
+    """The stages; with ``gpu_words`` (a version-3 GPU plan) each names its memory ``peak_bytes``
+    and ``memory``, and a tile's field there is refused (a hand edit that mixes the two)."""
     stages = []
     for i, s in enumerate(r.list(r.get(doc, "stages", ""), "stages")):
         p = f"stages[{i}]"
         r.mapping(s, p)
+        if gpu_words:
+            tile, peak, at_tile, total = _gpu_memory(r, s, p)
+        else:
+            for key in GPU_STAGE_FIELDS:
+                if key in s:
+                    r.fail(f"{p}.{key}", "no such field in this plan (an IPU plan, or one written before version "
+                           f"{GPU_WORDS_VERSION}, names the stage's memory worst_tile_bytes)", key)
+            tile = r.integer(s.get("worst_tile", 0), f"{p}.worst_tile")
+            peak = r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes")
+            at_tile = _breakdown(r, s.get("memory_at_worst_tile"), f"{p}.memory_at_worst_tile")
+            total = _breakdown(r, s.get("memory_total"), f"{p}.memory_total")
         first = r.integer(r.get(s, "first_layer", p), f"{p}.first_layer")
         last = r.integer(r.get(s, "last_layer", p), f"{p}.last_layer")
         if last < first or last >= len(names):
@@ -392,10 +462,7 @@ def _stages(r: FieldReader, doc: dict, names: list[str], devices: int) -> list[S
             first_layer=first, last_layer=last, layers=_stage_layers(r, s, p, names[first:last + 1]),
             in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
             capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
-            worst_tile=r.integer(s.get("worst_tile", 0), f"{p}.worst_tile"),
-            worst_tile_bytes=r.integer(s.get("worst_tile_bytes", 0), f"{p}.worst_tile_bytes"),
-            memory_at_worst_tile=_breakdown(r, s.get("memory_at_worst_tile"), f"{p}.memory_at_worst_tile"),
-            memory_total=_breakdown(r, s.get("memory_total"), f"{p}.memory_total"),
+            worst_tile=tile, worst_tile_bytes=peak, memory_at_worst_tile=at_tile, memory_total=total,
             compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
             time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
             bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
@@ -464,6 +531,21 @@ def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -
     if "layers" not in stage:
         return default
     return [r.string(x, f"{where}.layers[{i}]") for i, x in enumerate(r.list(stage["layers"], f"{where}.layers"))]
+
+
+def _gpu_memory(r: FieldReader, stage: dict, where: str) -> tuple[int, int, MemoryBreakdown, MemoryBreakdown]:
+    """A version-3 GPU stage's memory as the records hold it: the device is its one tile
+    (``worst_tile`` 0, ``peak_bytes`` its bytes, the same breakdown at the tile and in total)."""
+    for key in IPU_STAGE_FIELDS:
+        if key in stage:
+            r.fail(f"{where}.{key}", f"no such field in a GPU plan (version {GPU_WORDS_VERSION} names the stage's "
+                   "memory peak_bytes and memory)", key)
+    memory = r.mapping(stage.get("memory", {}), f"{where}.memory")
+    r.known_keys(memory, f"{where}.memory", set(GPU_MEMORY_WORDS.values()) | set(IPU_ONLY_MEMORY))
+    words = {key: GPU_MEMORY_WORDS.get(key, key) for key in MEMORY_KEYS}
+    breakdown = MemoryBreakdown(**{key: r.integer(memory.get(word, 0), f"{where}.memory.{word}", minimum=0)
+                                   for key, word in words.items()})
+    return 0, r.integer(stage.get("peak_bytes", 0), f"{where}.peak_bytes"), breakdown, breakdown
 
 
 def _breakdown(r: FieldReader, value: Any, where: str) -> MemoryBreakdown:

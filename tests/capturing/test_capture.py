@@ -872,6 +872,78 @@ def test_sequential_of_one_block_class_is_a_stack():
     assert profile.info.layer_grouping.layer_regex == r"^(\d+)[./]" and not profile.info.warnings
 
 
+class _NestedBlock(torch.nn.Module):
+    """A block that only wraps a ModuleList of ``depth`` identical linears."""
+
+    def __init__(self, depth: int):
+        super().__init__()
+        self.layer = torch.nn.ModuleList([torch.nn.Linear(16, 16) for _ in range(depth)])
+
+    def forward(self, x):
+        for linear in self.layer:
+            x = torch.relu(linear(x))
+        return x
+
+
+class _NestedEncoder(torch.nn.Module):
+    def __init__(self, depths):
+        super().__init__()
+        self.block = torch.nn.ModuleList([_NestedBlock(d) for d in depths])
+
+
+class _NestedModel(torch.nn.Module):
+    """An embedding, ``encoder.block.N`` (each holding ``encoder.block.N.layer.0..``), a head."""
+
+    def __init__(self, depths=(2,) * 6):
+        super().__init__()
+        self.embed = torch.nn.Embedding(32, 16)
+        self.encoder = _NestedEncoder(depths)
+        self.head = torch.nn.Linear(16, 32)
+
+    def forward(self, ids):
+        x = self.embed(ids)
+        for block in self.encoder.block:
+            x = block(x)
+        return self.head(x)
+
+
+def test_nested_stacks_of_identical_blocks_group_at_the_outer_stack():
+    """Six identical blocks, each only a list of two linears: the six blocks are the layers (the
+    unit frameworks split at), not the twelve linears; the embedding joins the first, the head
+    the last."""
+    profile = capture_model(_NestedModel(), torch.zeros(2, 8, dtype=torch.long), allocator_round=1)
+    analysis = Analysis.of(profile)
+    layers = analysis.layers
+    blocks = [f"encoder.block.{i}" for i in range(6)]
+    assert layers.names == [str(i) for i in range(6)] and layers.module_paths == blocks
+    assert profile.info.layer_grouping.layer_regex == r"^encoder\.block\.(\d+)[./]" and not profile.info.warnings
+    ops = profile.operations
+    layer_of = {name.split("/")[0]: layers.names[layers.op_layer[i]] for i, name in enumerate(ops.name)
+                if layers.op_layer[i] >= 0}
+    assert layer_of["embed"] == "0" and layer_of["head"] == "5"
+    assert {layer_of[f"encoder.block.{i}.layer.{j}"] for i in range(6) for j in range(2)} == \
+        {str(i) for i in range(6)}
+    assert layer_of["encoder.block.3.layer.1"] == "3"
+    # each layer's always-live bytes: its block's two linears, (16 x 16 + 16) x 4 bytes each, held four
+    # times (weights, gradients, Adam's two moments) plus Adam's 4-byte step per tensor; the first
+    # adds the 32 x 16 embedding, the last the 16 -> 32 head
+    linear = (16 * 16 + 16) * 4
+    block = 2 * (4 * linear + 2 * 4)
+    embed, head = 4 * 32 * 16 * 4 + 4, 4 * (16 * 32 + 32) * 4 + 2 * 4
+    assert [analysis.model.stage_memory(k, k).summed(1).always_live for k in range(6)] == \
+        [block + embed] + [block] * 4 + [block + head]
+
+
+def test_nested_stacks_of_differing_blocks_give_way_to_the_inner_blocks():
+    """Blocks of one class that differ (in depth, as a ResNet's stages do) and each only wrap a
+    list: the inner lists' linears are the layers, as before."""
+    profile = capture_model(_NestedModel(depths=(2, 3, 2)), torch.zeros(2, 8, dtype=torch.long))
+    layers = Analysis.of(profile).layers
+    assert layers.module_paths == [f"encoder.block.{i}.layer.{j}" for i, depth in enumerate((2, 3, 2))
+                                   for j in range(depth)]
+    assert layers.names == [path.removeprefix("encoder.block.") for path in layers.module_paths]
+
+
 # ---- errors, caches and logging ----------------------------------------------------------------------
 
 
