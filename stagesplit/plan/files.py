@@ -214,13 +214,22 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
         if len(item) != 3:
             r.fail(f"schedule.chunk_times[{i}]", "[forward, backward, weight] times", item)
         times.append(tuple(r.number(x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
+    optional = {}
+    for key, size, what in (("transfer_times", max(num_stages - 1, 0), "one transfer time per boundary"),
+                            ("optimizer_times", devices, "one optimizer time per device")):
+        if s.get(key) is None:
+            continue
+        items = r.list(s[key], f"schedule.{key}")
+        if len(items) != size:
+            r.fail(f"schedule.{key}", f"{size} numbers ({what})", len(items))
+        optional[key] = tuple(r.number(x, f"schedule.{key}[{j}]") for j, x in enumerate(items))
     return ScheduleRecord(kind=kind, chunks_per_rank=v,
                           micro_batches=r.integer(r.get(s, "micro_batches", "schedule"), "schedule.micro_batches",
                                                   minimum=1),
                           step_time=r.number(r.get(s, "step_time", "schedule"), "schedule.step_time"),
                           time_unit=r.string(s.get("time_unit", "seconds"), "schedule.time_unit"),
                           bubble=r.number(s.get("bubble", 0.0), "schedule.bubble"), ranks=tuple(ranks),
-                          chunk_times=tuple(times))
+                          chunk_times=tuple(times), **optional)
 
 
 def _tied(r: FieldReader, value: Any, num_layers: int) -> tuple[TiedParameter, ...]:
