@@ -888,10 +888,19 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     return text
 
 
+#: ``report`` solves the plan's request again on the profile (for the frameworks' splits to
+#: compare with) only up to this many devices: beyond, the search can take minutes (2,000 layers
+#: on 1,024 devices: over one), so the page is drawn from the cost model alone and says so
+REPORT_RESOLVE_DEVICES = 64
+
+
 def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, parameter: str = "plan"):
     """A Plan (read from a file if given a path), with the cost model it was solved on and the
     frameworks' splits to compare with: from ``profile`` when given (the recorded request
-    solved again on it, which must have the plan's layers), else what a plan in memory holds."""
+    solved again on it, which must have the plan's layers; past ``REPORT_RESOLVE_DEVICES``
+    devices the cost model alone, with a warning), else what a plan in memory holds. A
+    profile whose bytes differ from the ones the plan records (its SHA-256) is warned of."""
+    from .plan.build import plan_profile
     from .plan.files import read_plan
     from .plan.records import Plan
     where = None
@@ -902,18 +911,44 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
         raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
     if profile is None:
         return plan
-    if plan.variants and _variant_sources(profile) is None:
+    variants = _variant_sources(profile)
+    if plan.variants and variants is None:
         raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
                               "variants: give them as the profile (a variants file, or a list of them)")
-    fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+    if plan.devices > REPORT_RESOLVE_DEVICES and variants is None:
+        request = plan.inputs.request
+        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events)
+        model = resolve(request, analysis).model
+        fresh = copy.copy(plan)
+        fresh.layer_names, fresh.profile = list(analysis.layers.names), plan_profile(model)
+        fresh.analysis, fresh.baselines, fresh.variant_models = model, [], {}
+        events.warn(f"{show(where or 'plan')}: devices: {plan.devices:,} devices, more than the "
+                    f"{REPORT_RESOLVE_DEVICES} a report solves the request again for: the page compares the plan "
+                    "with no other split")
+    else:
+        fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
         raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
                               f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
+    _warn_other_bytes(where, plan, fresh, profile, events)
     plan = copy.copy(plan)
     plan.analysis, plan.baselines, plan.variant_models = fresh.analysis, fresh.baselines, fresh.variant_models
     return plan
+
+
+def _warn_other_bytes(where: str | None, plan, fresh, profile: ProfileLike, events: Events) -> None:
+    """One warning per profile whose SHA-256 differs from the one the plan records: the same
+    layers, other figures (the page draws the plan's numbers beside the other profile's)."""
+    pairs = [(plan.profile.sha256, fresh.profile.sha256, profile if isinstance(profile, (str, Path)) else None)]
+    if plan.variants:
+        pairs = [(a.sha256, b.sha256, b.path or b.name) for a, b in zip(plan.variants, fresh.variants)]
+    for recorded, now, name in pairs:
+        if recorded and now and recorded != now:
+            events.warn(f"{show(str(name or 'the profile'))} is not the profile {show(where or 'the plan')} was solved "
+                        f"on: its SHA-256 is {now[:12]}..., the plan records {recorded[:12]}...; the page mixes the "
+                        "plan's figures with this profile's")
 
 
 def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *, events: Events | None = None) -> str:

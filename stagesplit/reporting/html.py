@@ -18,7 +18,7 @@ from ..common.text import escape_surrogates
 from ..common.versions import VERSION
 from ..errors import StagesplitError
 from ..plan.records import Plan
-from .plot import plan_figure
+from .plot import MANY_STAGES, plan_figure
 from .summary import comparison_table, stages_table
 from .table import Table, formatted, gpu_view
 from .timeline import (ChunkFigures, gantt_figure, rank_memory_figure, schedule_view, step_summary, step_text,
@@ -201,7 +201,7 @@ def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> 
         parts.append(_table(gpu_view(table) if gpu else table))
         parts.append("<h2>Memory of each stage</h2>")
         tiles = None
-        if model is not None and not gpu:
+        if model is not None and not gpu and len(plan.stages) <= MANY_STAGES:     # beyond: not drawn per tile
             tiles = [(plan.stage_model(s) if plan.variant_models else model).stage_memory(
                 s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
         parts.append(_img(plan_figure(plan, tiles), "memory of each stage by category, and each stage's time"))

@@ -183,12 +183,13 @@ def schedule_view(plan: Plan, figures: ChunkFigures | None = None) -> ScheduleVi
     if schedule.chunks != len(figures.forward):
         raise StagesplitError(f"the {kind.value} schedule has {schedule.chunks} chunks; the figures give "
                               f"{len(figures.forward)}")
-    simulation = simulate(schedule, figures.forward, figures.backward, figures.backward_weight, figures.transfer)
-    optimizer = figures.optimizer
-    last = np.array([e[-1] if len(e) else 0.0 for e in simulation.end])
-    finish = last + optimizer if optimizer is not None else last
-    step = _finite(float(finish.max()) if len(finish) else 0.0, "the step time")
-    busy = float(simulation.busy.sum()) + (float(optimizer.sum()) if optimizer is not None else 0.0)
+    with np.errstate(over="ignore", invalid="ignore"):          # an overflow is refused just below
+        simulation = simulate(schedule, figures.forward, figures.backward, figures.backward_weight, figures.transfer)
+        optimizer = figures.optimizer
+        last = np.array([e[-1] if len(e) else 0.0 for e in simulation.end])
+        finish = last + optimizer if optimizer is not None else last
+        step = _finite(float(finish.max()) if len(finish) else 0.0, "the step time")
+        busy = float(simulation.busy.sum()) + (float(optimizer.sum()) if optimizer is not None else 0.0)
     bubble = max(1.0 - busy / (P * step), 0.0) if step > 0 else 0.0
     memory = rank_memory(schedule, figures.memory)
     capacity = np.zeros(schedule.devices, np.int64)
@@ -253,7 +254,8 @@ def summary_figure(summary: StepSummary, title: str = ""):
     scale, unit = byte_scale(float(max(summary.peak.max(), 1)), summary.one_tile)
     ax_memory.stairs(summary.peak / scale, edges, fill=True, color="#9467bd", label="peak memory")
     if summary.capacity.max() <= 4 * max(summary.peak.max(), 1):
-        ax_memory.stairs(summary.capacity / scale, edges, color="black", linestyle="--", label="capacity")
+        ax_memory.stairs(summary.capacity / scale, edges, baseline=None, color="black", linestyle="--",
+                         label="capacity")
     ax_memory.set_xlim(edges[0], edges[-1])
     ax_memory.set_ylim(bottom=0)
     ax_memory.set_ylabel(f"{'device' if summary.one_tile else 'worst tile'} peak memory ({unit})")
