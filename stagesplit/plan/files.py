@@ -189,6 +189,7 @@ def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
     doc = asdict(s)
     doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
+    doc["transfer_times"], doc["optimizer_times"] = list(s.transfer_times), list(s.optimizer_times)
     return doc
 
 
