@@ -47,6 +47,8 @@ OPTIMIZER_COLOR = "#7f7f7f"
 #: the most ranks, and actions in one step, drawn one by one (see the module docstring)
 MAX_DRAWN_RANKS = 64
 MAX_DRAWN_ACTIONS = 20_000
+#: the most ranks the memory figure's legend names one by one
+LEGEND_RANKS = 16
 #: the most micro-batch numbers written on the bars
 MAX_BAR_LABELS = 600
 
@@ -347,7 +349,9 @@ def rank_memory_figure(view: ScheduleView, title: str = ""):
                 xs += [ends[i], starts[i + 1]]
                 ys += [m.after[i], m.after[i]]
         xs, ys = np.array(xs), np.array(ys, np.float64) / scale_b
-        ax.plot(xs, ys, color=cmap(r % 10), linewidth=1.2, label=f"rank {r} (peak {m.peak / scale_b:,.3g} {unit_b})")
+        named = P <= LEGEND_RANKS                      # beyond, a legend of every rank would not fit the figure
+        ax.plot(xs, ys, color=cmap(r % 10), linewidth=1.2,
+                label=f"rank {r} (peak {m.peak / scale_b:,.3g} {unit_b})" if named else None)
     caps = sorted(set(int(c) for c in view.capacity if c))
     for c in caps:
         if c <= 4 * max(peak, 1):
@@ -355,6 +359,10 @@ def rank_memory_figure(view: ScheduleView, title: str = ""):
     ax.set_xlabel(f"time in one step ({unit_t})")
     ax.set_ylabel(f"{'device' if view.one_tile else 'worst tile'} memory ({unit_b})")
     ax.set_ylim(bottom=0)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    ax.set_title(escape_surrogates(title or f"Memory of each rank over the step ({P} ranks)"), fontsize=10)
+    if ax.get_legend_handles_labels()[0]:
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    fullest = max(view.memory, key=lambda m: m.peak, default=None)
+    where = "" if P <= LEGEND_RANKS or fullest is None else \
+        f"; the fullest, rank {fullest.rank}, peaks at {fullest.peak / scale_b:,.3g} {unit_b}"
+    ax.set_title(escape_surrogates(title or f"Memory of each rank over the step ({P} ranks{where})"), fontsize=10)
     return fig

@@ -19,7 +19,7 @@ from stagesplit.cli import main
 from stagesplit.model.stagememory import MemoryBreakdown
 from stagesplit.plan.files import read_plan, write_plan
 from stagesplit.plan.records import Plan, PlanProfile, RankRecord, ScheduleRecord, StagePlan
-from stagesplit.reporting.html import report_html, schedule_section, schedule_text
+from stagesplit.reporting.html import schedule_section, schedule_text
 from stagesplit.reporting.timeline import (gantt_figure, schedule_view, step_summary, summary_figure,
                                            too_large_to_draw)
 
@@ -73,8 +73,9 @@ def test_a_hand_computed_step_with_optimizer_steps_is_the_plans():
     text = schedule_text(plan)
     assert text.startswith("Step: 10 ms for 2 micro-batches with 1f1b (bubble 22.5%, the schedule simulated). ")
     assert "gives a step of" not in text                               # the drawing agrees with the plan
-    page = report_html(plan)
-    assert note(page).startswith("Step: 10 ms for 2 micro-batches with 1f1b (bubble 22.5%")
+    section = schedule_section(plan)                                    # the page's schedule section
+    assert section.startswith('<p class="note">Step: 10 ms for 2 micro-batches with 1f1b (bubble 22.5%')
+    assert section.count("data:image/png;base64,") == 2
     # the plan's own summary line says the same, to the digit
     assert "step: 10 ms for 2 micro-batches with 1f1b (bubble 22.5%, the schedule simulated)" in \
         plan.summary(2, gpu=True)
@@ -325,3 +326,31 @@ def test_a_step_that_overflows_in_memory_is_refused_naming_the_fields():
     section = schedule_section(plan)
     assert section == ('<p class="bad">not drawn: the step time is too large to compute (it overflows a float): the '
                        "plan&#x27;s stage times (stages[].time_s, schedule.chunk_times) are out of range</p>")
+
+
+def test_64_ranks_are_drawn_one_by_one_with_the_fullest_rank_in_the_title():
+    from stagesplit.reporting.timeline import rank_memory_figure
+    plan = stage_level_plan(64, 64)
+    assert too_large_to_draw(plan) == ""                          # 64 x 64 x 2 = 8,192 actions
+    view = schedule_view(plan)
+    gantt = gantt_figure(view)
+    assert sum(len(c.get_paths()) for c in gantt.axes[0].collections) == 64 * 64 * 2
+    memory = rank_memory_figure(view)
+    ax = memory.axes[0]
+    assert len(ax.lines) == 64 and ax.get_legend() is None        # the capacity (8 GiB) is off the scale
+    assert ax.get_title() == "Memory of each rank over the step (64 ranks; the fullest, rank 0, peaks at 1 GiB)"
+
+
+@pytest.mark.parametrize("micro_batches", [1024, 4096])
+def test_a_solved_1f1b_schedule_on_1024_ranks_gives_the_plans_numbers_per_rank(micro_batches):
+    P = 1024
+    plan = scheduled_plan(micro_batches=micro_batches, chunk_times=((1 * MS, 1.5 * MS, 0.5 * MS),) * P,
+                          optimizer=(0.5 * MS,) * P, transfer=(0.0,) * (P - 1), names=[f"l{i}" for i in range(P)],
+                          step=7.5 * MS, bubble=0.4)
+    assert schedule_text(plan) == (
+        f"Step: 7.5 ms for {micro_batches:,} micro-batches with 1f1b (bubble 40.0%, the schedule simulated). Not drawn "
+        "action by action: 1,024 ranks (at most 64 are drawn action by action); the figure shows each rank's busy "
+        "share of the step and its peak memory, as the plan records them.")
+    summary = step_summary(plan)
+    assert summary.simulated and list(summary.busy) == [r.busy for r in plan.schedule.ranks]
+    assert summary.peak[0] == 200 and summary.capacity[0] == 1000
