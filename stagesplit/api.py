@@ -971,7 +971,7 @@ def _warn_other_bytes(where: str | None, plan, fresh, profile: ProfileLike, even
         pairs = [(a.sha256, b.sha256, b.path or b.name) for a, b in zip(plan.variants, fresh.variants)]
     for recorded, now, name in pairs:
         if recorded and now and recorded != now:
-            events.warn(f"{show(str(name or 'the profile'))} is not the profile {show(where or 'the plan')} was solved "
+            events.warn(f"{show(str(name or 'the profile given'))} is not the profile {show(where or 'the plan')} was solved "
                         f"on: its SHA-256 is {now[:12]}..., the plan records {recorded[:12]}...; the page mixes the "
                         "plan's figures with this profile's")
 

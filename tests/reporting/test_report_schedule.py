@@ -354,3 +354,16 @@ def test_a_solved_1f1b_schedule_on_1024_ranks_gives_the_plans_numbers_per_rank(m
     summary = step_summary(plan)
     assert summary.simulated and list(summary.busy) == [r.busy for r in plan.schedule.ranks]
     assert summary.peak[0] == 200 and summary.capacity[0] == 1000
+
+
+def test_the_stage_figure_of_1024_stages_has_a_bounded_width_and_no_per_stage_labels():
+    from stagesplit.reporting.plot import plan_figure
+    fig = plan_figure(stage_level_plan(1024, 4096))
+    memory, time = fig.axes
+    assert tuple(fig.get_size_inches()) == (16.0, 7.5)
+    assert len(memory.texts) == 0 and memory.get_xlabel() == time.get_xlabel() == "stage"
+    assert memory.get_xlim() == time.get_xlim() == (-0.5, 1023.5)
+    steps = time.patches[0].get_data()                      # each stage's time, in ms: (1 + i / 1024)
+    assert steps.values[0] == pytest.approx(1.0) and steps.values[-1] == pytest.approx(1 + 1023 / 1024)
+    assert list(time.lines[0].get_xdata()) == [1023]        # the bottleneck marked
+    assert fig._suptitle.get_text() == "wide: 1024 stages on 1024 GPUs"
