@@ -21,7 +21,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
-from .common.guards import check_outputs, device_counts
+from .common.guards import check_outputs as _check_paths, device_counts
 from .common.limits import MAX_DEVICES
 from .common.text import show, short_repr
 from .common.validate import choice, integer, number
@@ -59,6 +59,32 @@ class Events:
 
     def done(self, detail: str = "") -> None:
         """The current phase ended."""
+
+
+def _check_outputs(outputs, inputs) -> None:
+    """Every output checked against every file the command reads (``guards.check_outputs``),
+    the profiles and debug files a variants file lists included (``io.variants.input_files``):
+    the one check every command with an output goes through."""
+    from .io.variants import input_files
+    _check_paths(outputs, input_files(inputs))
+
+
+def _profile_files(profile: Any) -> list[str]:
+    """The files a profile argument names: a path (a variants file is expanded by
+    ``_check_outputs``), or each profile of a list of variants."""
+    from .io.variants import VariantSource, variant_argument
+    if isinstance(profile, (str, Path)):
+        return [str(profile)]
+    out: list[str] = []
+    for item in profile if isinstance(profile, (list, tuple)) else ():
+        if isinstance(item, VariantSource):
+            out += [x for x in (item.path, item.debug) if x]
+        elif isinstance(item, str):
+            pair = variant_argument(item)
+            out.append(pair[0] if pair else item)
+        elif isinstance(item, (tuple, list)) and item and isinstance(item[0], (str, Path)):
+            out.append(str(item[0]))
+    return out
 
 
 # -- arguments ----------------------------------------------------------------------------------
@@ -627,8 +653,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
     from .plan.files import read_plan
     plan_path = _path("plan_path", plan_path)
     if out is not None:
-        check_outputs([("out", _path("out", out), None)],
-                      [plan_path, profile if isinstance(profile, (str, Path)) else None])
+        _check_outputs([("out", _path("out", out), None)], [plan_path] + _profile_files(profile))
     recorded = read_plan(plan_path)
     if profile is None and recorded.variants:             # solved on profile variants: the same again
         from .io.variants import VariantSource
@@ -638,13 +663,13 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
                                   f"{show(missing[0])}; give the profiles")
         profile = [VariantSource(v.path, v.proportion, v.name) for v in recorded.variants]
         if out is not None:
-            check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
+            _check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
     if profile is None:
         profile = recorded.profile.path
         if not profile:
             raise StagesplitError(f"{show(plan_path)}: profile.path: the plan records no profile path; give the profile")
         if out is not None:                   # the plan's recorded profile is an input too
-            check_outputs([("out", str(out), None)], [profile])
+            _check_outputs([("out", str(out), None)], [profile])
     plan = solve(profile, request=recorded.inputs.request, events=events)
     want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
@@ -747,7 +772,7 @@ def convert(profile: str | Path, output: str | Path, *, debug: str | Path | None
     from .io import load_profile, save_profile
     events = _events(events)
     source, output = _path("profile", profile), _path("output", output)
-    check_outputs([("output", output, None)], [source, _path("debug", debug, optional=True)])
+    _check_outputs([("output", output, None)], [source, _path("debug", debug, optional=True)])
     events.start(f"reading {show(source)}")
     loaded = load_profile(source, debug, events.update)
     events.done()
@@ -773,7 +798,7 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     source = _path("model", model)
     output = _path("output", output, optional=True)
     if output is not None:
-        check_outputs([("output", output, None)], [source])
+        _check_outputs([("output", output, None)], [source])
     target = _target("target", target)
     batch = integer("batch", batch, 1, 2**40, optional=True)
     if dims is not None and not isinstance(dims, Mapping):
@@ -786,7 +811,7 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     result = read_onnx(source, target, batch=batch, dims=dims, training=training, dtype=dtype, name=name)
     events.done()
     if output is not None:                    # the model's external data files are inputs too
-        check_outputs([("output", output, None)], result.external_files)
+        _check_outputs([("output", output, None)], result.external_files)
     events.start(f"grouping {len(result.profile.operations):,} operations into layers")
     layers = group_layers(result.profile, layering)
     events.done()
@@ -815,7 +840,7 @@ def capture(model: str, output: str | Path | None = None, *, events: Events | No
     output = _path("output", output, optional=True)
     if output is not None:
         where = model.rpartition(":")[0]
-        check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
+        _check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
     events.start("importing torch")
     try:
         import torch  # noqa: F401  (the longest part of a capture on a cold start: a phase of its own)
@@ -877,7 +902,7 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     if isinstance(plan, (str, Path)):
         source = str(plan)
         if output is not None:
-            check_outputs([("output", _path("output", output), None)], [source])
+            _check_outputs([("output", _path("output", output), None)], [source])
         plan = read_plan(plan)
     elif not isinstance(plan, Plan):
         raise OptionError("plan", f"expected a Plan or a plan file path, got {type(plan).__name__}")
@@ -889,10 +914,19 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     return text
 
 
+#: ``report`` solves the plan's request again on the profile (for the frameworks' splits to
+#: compare with) only up to this many devices: beyond, the search can take minutes (2,000 layers
+#: on 1,024 devices: over one), so the page is drawn from the cost model alone and says so
+REPORT_RESOLVE_DEVICES = 64
+
+
 def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, parameter: str = "plan"):
     """A Plan (read from a file if given a path), with the cost model it was solved on and the
     frameworks' splits to compare with: from ``profile`` when given (the recorded request
-    solved again on it, which must have the plan's layers), else what a plan in memory holds."""
+    solved again on it, which must have the plan's layers; past ``REPORT_RESOLVE_DEVICES``
+    devices the cost model alone, with a warning), else what a plan in memory holds. A
+    profile whose bytes differ from the ones the plan records (its SHA-256) is warned of."""
+    from .plan.build import plan_profile
     from .plan.files import read_plan
     from .plan.records import Plan
     where = None
@@ -903,18 +937,44 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
         raise OptionError(parameter, f"expected a Plan or a plan file path, got {type(plan).__name__}")
     if profile is None:
         return plan
-    if plan.variants and _variant_sources(profile) is None:
+    variants = _variant_sources(profile)
+    if plan.variants and variants is None:
         raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
                               "variants: give them as the profile (a variants file, or a list of them)")
-    fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+    if plan.devices > REPORT_RESOLVE_DEVICES and variants is None:
+        request = plan.inputs.request
+        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events)
+        model = resolve(request, analysis).model
+        fresh = copy.copy(plan)
+        fresh.layer_names, fresh.profile = list(analysis.layers.names), plan_profile(model)
+        fresh.analysis, fresh.baselines, fresh.variant_models = model, [], {}
+        events.warn(f"{show(where or 'plan')}: devices: {plan.devices:,} devices, more than the "
+                    f"{REPORT_RESOLVE_DEVICES} a report solves the request again for: the page compares the plan "
+                    "with no other split")
+    else:
+        fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
         raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
                               f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
+    _warn_other_bytes(where, plan, fresh, profile, events)
     plan = copy.copy(plan)
     plan.analysis, plan.baselines, plan.variant_models = fresh.analysis, fresh.baselines, fresh.variant_models
     return plan
+
+
+def _warn_other_bytes(where: str | None, plan, fresh, profile: ProfileLike, events: Events) -> None:
+    """One warning per profile whose SHA-256 differs from the one the plan records: the same
+    layers, other figures (the page draws the plan's numbers beside the other profile's)."""
+    pairs = [(plan.profile.sha256, fresh.profile.sha256, profile if isinstance(profile, (str, Path)) else None)]
+    if plan.variants:
+        pairs = [(a.sha256, b.sha256, b.path or b.name) for a, b in zip(plan.variants, fresh.variants)]
+    for recorded, now, name in pairs:
+        if recorded and now and recorded != now:
+            events.warn(f"{show(str(name or 'the profile given'))} is not the profile {show(where or 'the plan')} was solved "
+                        f"on: its SHA-256 is {now[:12]}..., the plan records {recorded[:12]}...; the page mixes the "
+                        "plan's figures with this profile's")
 
 
 def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *, events: Events | None = None) -> str:
@@ -926,9 +986,8 @@ def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *,
     from .reporting.html import write_report
     events = _events(events)
     output = _path("output", output)
-    inputs = [str(plan) if isinstance(plan, (str, Path)) else None,
-              str(profile) if isinstance(profile, (str, Path)) else None]
-    check_outputs([("output", output, None)], inputs)
+    inputs = [str(plan) if isinstance(plan, (str, Path)) else None] + _profile_files(profile)
+    _check_outputs([("output", output, None)], inputs)
     plan = _plan_with_model(plan, profile, events)
     events.start(f"writing {show(output)}")
     write_report(plan, output)

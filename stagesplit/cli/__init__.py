@@ -19,12 +19,14 @@ EXIT_INTERNAL = 1
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output path checked before any input is read or any file written (see guards)."""
+    """Every output path checked before any input is read or any file written (see guards),
+    against every input, the profiles a variants file lists included (``input_files``)."""
     from ..common.guards import check_outputs, command_inputs, command_outputs
+    from ..io.variants import input_files
     plot_formats: tuple[str, ...] = ()
     if getattr(args, "plot", None):
         from ..reporting.plot import FORMATS as plot_formats
-    check_outputs(command_outputs(args, plot_formats), command_inputs(args))
+    check_outputs(command_outputs(args, plot_formats), input_files(command_inputs(args)))
 
 
 def _safe_stdout() -> None:

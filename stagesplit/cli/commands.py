@@ -242,9 +242,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
 
 def _solve_profile(args: argparse.Namespace):
     """solve's profile words: (one profile, its debug.cbor or None), (PROFILE=PROPORTION words,
-    None) or (a variants file, None); every profile a variants file names is checked as an
-    input of ``--out`` and ``--plot`` too."""
-    from ..common.guards import check_outputs, command_outputs
+    None) or (a variants file, None)."""
     from ..io.variants import is_variants_file, read_variants_file, variant_argument, variants_from_arguments
     words = list(args.profile or [])
     pairs = [variant_argument(w) is not None for w in words]
@@ -262,12 +260,7 @@ def _solve_profile(args: argparse.Namespace):
     if is_variants_file(words[0]):
         if len(words) == 2:
             raise StagesplitError(f"{one_line(words[1])}: a variants file names each variant's debug.cbor itself")
-        sources = read_variants_file(words[0])
-        plot_formats: tuple[str, ...] = ()
-        if getattr(args, "plot", None):
-            from ..reporting.plot import FORMATS as plot_formats
-        check_outputs(command_outputs(args, plot_formats), [s.path for s in sources] + [s.debug for s in sources])
-        return list(sources), None
+        return list(read_variants_file(words[0])), None      # its profiles were checked against --out in main
     return words[0], (words[1] if len(words) == 2 else None)
 
 

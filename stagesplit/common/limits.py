@@ -21,6 +21,10 @@ MAX_STEPS = 10_000_000
 MAX_BYTES = 1 << 50
 #: compute figures (cycles, FLOPs, seconds...) in one profile sum to at most this
 MAX_COMPUTE = 1e30
+#: a time or compute figure a plan file records is at most this: far above any real plan's, and
+#: far enough inside a float's range that a step of any micro-batch count on any number of
+#: stages, in ms, cannot overflow to "inf"
+MAX_PLAN_FIGURE = 1e100
 #: tiles of one device (an IPU has 1,472; per-tile arrays are allocated from this)
 MAX_TILES = 1 << 20
 #: device counts, micro-batches and solver workers accepted on the command line
@@ -36,5 +40,5 @@ MIN_EXPANDED_BYTES = 512 << 20
 EXPANSION_RATIO = 100
 
 __all__ = ["EXPANSION_RATIO", "FIFO_WAIT_S", "MAX_BYTES", "MAX_CHUNKS_PER_RANK", "MAX_COMPUTE", "MAX_CONFIG_BYTES",
-           "MAX_DEPTH", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_STEPS", "MAX_STREAM_BYTES", "MAX_TILES",
-           "MAX_TIME_LIMIT", "MAX_WORKERS", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MIN_EXPANDED_BYTES"]
+           "MAX_DEPTH", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_PLAN_FIGURE", "MAX_STEPS", "MAX_STREAM_BYTES",
+           "MAX_TILES", "MAX_TIME_LIMIT", "MAX_WORKERS", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MIN_EXPANDED_BYTES"]

@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterable, Sequence
 
 from ..common.fields import FieldReader
 from ..common.safeinput import read_yaml_file
@@ -33,8 +33,8 @@ from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from .profile import Profile
 
-__all__ = ["VARIANT_FILE_SUFFIXES", "VariantSource", "check_same_layers", "check_variants", "is_variants_file",
-           "read_variants_file", "variant_argument", "variants_from_arguments"]
+__all__ = ["VARIANT_FILE_SUFFIXES", "VariantSource", "check_same_layers", "check_variants", "input_files",
+           "is_variants_file", "read_variants_file", "variant_argument", "variants_from_arguments"]
 
 #: a profile argument with one of these suffixes is a variants file
 VARIANT_FILE_SUFFIXES = (".yaml", ".yml")
@@ -124,6 +124,24 @@ def read_variants_file(path: str | Path) -> tuple[VariantSource, ...]:
             debug = str(path.parent / debug)
         out.append(VariantSource(str(path.parent / profile), float(proportion), name, debug))
     return check_variants(out, show(str(path)))
+
+
+def input_files(paths: Iterable[str | Path | None]) -> list[str]:
+    """Every file a command reads through ``paths``: each path, and for a variants file, each
+    profile and debug.cbor it lists (what an output must never replace). A variants file that
+    cannot be read adds nothing here: reading it later reports why, before anything is written."""
+    out: list[str] = []
+    for path in paths:
+        if not path:
+            continue
+        out.append(str(path))
+        if is_variants_file(path):
+            try:
+                sources = read_variants_file(path)
+            except StagesplitError:
+                continue
+            out += [x for s in sources for x in (s.path, s.debug) if x]
+    return out
 
 
 def check_variants(variants: Sequence[VariantSource], where: str) -> tuple[VariantSource, ...]:

@@ -14,6 +14,7 @@ from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
 from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic
+from ..solver.chunks import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate, schedule_note, stage_in_flight
 from ..solver.schedule import chunks_in_flight
@@ -156,11 +157,14 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                              for c in schedule.rank_chunks(r.rank)))
             ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
                                     capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy))
+        _, _, _, transfer, optimizer = step_durations(problem, bounds, choice)
         record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
                                 micro_batches=schedule.micro_batches, step_time=float(result.step_time),
                                 time_unit=problem.table.time_unit, bubble=float(result.bubble), ranks=tuple(ranks),
                                 chunk_times=tuple((float(f), float(b + a), float(w)) for f, b, w, a in zip(
-                                    cc.forward_time, cc.backward_input_time, cc.backward_weight_time, added)))
+                                    cc.forward_time, cc.backward_input_time, cc.backward_weight_time, added)),
+                                transfer_times=tuple(float(x) for x in transfer),
+                                optimizer_times=tuple(float(x) for x in optimizer))
     feasible = result is not None and result.feasible
     status = "optimal" if solve.optimal and feasible else "feasible" if feasible else \
         ("infeasible" if solve.status == "infeasible" else "unknown")

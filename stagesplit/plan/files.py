@@ -25,6 +25,7 @@ import yaml
 
 from ..common.fields import FieldReader
 from ..common.fileio import atomic_write_text
+from ..common.limits import MAX_MICRO_BATCHES, MAX_PLAN_FIGURE
 from ..common.safeinput import read_document
 from ..common.text import show
 from ..errors import StagesplitError
@@ -61,6 +62,14 @@ GPU_STAGE_FIELDS = ("peak_bytes", "memory")
 
 
 # -- writing ------------------------------------------------------------------------------------
+
+
+def _figure(r: FieldReader, value: Any, path: str) -> float:
+    """A time or compute figure of the plan: a number in 0..MAX_PLAN_FIGURE (see limits.py)."""
+    number = r.number(value, path)
+    if number > MAX_PLAN_FIGURE:
+        r.fail(path, f"a number in 0..{MAX_PLAN_FIGURE:g}", value)
+    return number
 
 def plan_document(plan: Plan) -> dict[str, Any]:
     """The plan as the JSON/YAML document ``write_plan`` writes."""
@@ -212,7 +221,7 @@ def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
 
         def optional_number(key: str):
             x = item.get(key)
-            return None if x is None else r.number(x, f"{p}.{key}")
+            return None if x is None else _figure(r, x, f"{p}.{key}")
         out.append(ScheduleCandidate(
             schedule=r.choice(r.get(item, "schedule", p), f"{p}.schedule", tuple(k.value for k in ScheduleKind)),
             chunks_per_rank=r.integer(r.get(item, "chunks_per_rank", p), f"{p}.chunks_per_rank", minimum=1),
@@ -226,8 +235,16 @@ def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
     doc = asdict(s)
     doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
+    doc["transfer_times"], doc["optimizer_times"] = list(s.transfer_times), list(s.optimizer_times)
     return doc
 
+
+
+def _micro_batches(r: FieldReader, value: Any) -> int:
+    count = r.integer(value, "schedule.micro_batches", minimum=1)
+    if count > MAX_MICRO_BATCHES:
+        r.fail("schedule.micro_batches", f"an integer in 1..{MAX_MICRO_BATCHES:,}", value)
+    return count
 
 def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> ScheduleRecord | None:
     """The plan's schedule record, every field checked (the exports build their schedule from it)."""
@@ -250,7 +267,7 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
                                 peak_bytes=r.integer(r.get(item, "peak_bytes", p), f"{p}.peak_bytes"),
                                 capacity_bytes=r.integer(r.get(item, "capacity_bytes", p), f"{p}.capacity_bytes"),
                                 peak_at=r.string(item.get("peak_at", ""), f"{p}.peak_at"),
-                                busy=r.number(item.get("busy", 0.0), f"{p}.busy")))
+                                busy=_figure(r, item.get("busy", 0.0), f"{p}.busy")))
     if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
             num_stages != v * devices:
         r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))
@@ -259,14 +276,22 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
         item = r.list(item, f"schedule.chunk_times[{i}]")
         if len(item) != 3:
             r.fail(f"schedule.chunk_times[{i}]", "[forward, backward, weight] times", item)
-        times.append(tuple(r.number(x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
+        times.append(tuple(_figure(r, x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
+    optional = {}
+    for key, size, what in (("transfer_times", max(num_stages - 1, 0), "one transfer time per boundary"),
+                            ("optimizer_times", devices, "one optimizer time per device")):
+        if s.get(key) is None:
+            continue
+        items = r.list(s[key], f"schedule.{key}")
+        if len(items) != size:
+            r.fail(f"schedule.{key}", f"{size} numbers ({what})", len(items))
+        optional[key] = tuple(_figure(r, x, f"schedule.{key}[{j}]") for j, x in enumerate(items))
     return ScheduleRecord(kind=kind, chunks_per_rank=v,
-                          micro_batches=r.integer(r.get(s, "micro_batches", "schedule"), "schedule.micro_batches",
-                                                  minimum=1),
-                          step_time=r.number(r.get(s, "step_time", "schedule"), "schedule.step_time"),
+                          micro_batches=_micro_batches(r, r.get(s, "micro_batches", "schedule")),
+                          step_time=_figure(r, r.get(s, "step_time", "schedule"), "schedule.step_time"),
                           time_unit=r.string(s.get("time_unit", "seconds"), "schedule.time_unit"),
                           bubble=r.number(s.get("bubble", 0.0), "schedule.bubble"), ranks=tuple(ranks),
-                          chunk_times=tuple(times))
+                          chunk_times=tuple(times), **optional)
 
 
 def _tied(r: FieldReader, value: Any, num_layers: int) -> tuple[TiedParameter, ...]:
@@ -463,14 +488,14 @@ def _stages(r: FieldReader, doc: dict, names: list[str], devices: int, gpu_words
             in_flight=r.integer(s.get("in_flight", 1), f"{p}.in_flight", minimum=1),
             capacity_bytes=r.integer(s.get("capacity_bytes", 0), f"{p}.capacity_bytes"),
             worst_tile=tile, worst_tile_bytes=peak, memory_at_worst_tile=at_tile, memory_total=total,
-            compute=r.number(s.get("compute", 0.0), f"{p}.compute"),
-            time_s=None if s.get("time_s") is None else r.number(s["time_s"], f"{p}.time_s"),
+            compute=_figure(r, s.get("compute", 0.0), f"{p}.compute"),
+            time_s=None if s.get("time_s") is None else _figure(r, s["time_s"], f"{p}.time_s"),
             bytes_received=r.integer(s.get("bytes_received", 0), f"{p}.bytes_received"),
             bytes_sent=r.integer(s.get("bytes_sent", 0), f"{p}.bytes_sent"),
-            time=None if s.get("time") is None else r.number(s["time"], f"{p}.time"),
+            time=None if s.get("time") is None else _figure(r, s["time"], f"{p}.time"),
             recompute=_recompute_of(r, s.get("recompute", []), f"{p}.recompute", last - first + 1),
             recompute_saved_bytes=r.integer(s.get("recompute_saved_bytes", 0), f"{p}.recompute_saved_bytes"),
-            recompute_time=r.number(s.get("recompute_time", 0.0), f"{p}.recompute_time"),
+            recompute_time=_figure(r, s.get("recompute_time", 0.0), f"{p}.recompute_time"),
             memory_proportion=_proportion(r, s.get("memory_proportion"), f"{p}.memory_proportion"),
             variant=_optional_string(r, s.get("variant"), f"{p}.variant")))
     for prev, cur in zip(stages, stages[1:]):

@@ -218,6 +218,11 @@ class ScheduleRecord:
     ranks: tuple[RankRecord, ...]
     #: per chunk: forward, backward (input gradients) and weight-gradient time
     chunk_times: tuple[tuple[float, float, float], ...]
+    #: per boundary between chunks c and c + 1: the transfer time of one micro-batch's crossing
+    #: (0 on one rank), and per rank its optimizer step: with ``chunk_times``, every duration the
+    #: step time was simulated from, so the report draws the solved timeline (empty: not recorded)
+    transfer_times: tuple[float, ...] = ()
+    optimizer_times: tuple[float, ...] = ()
 
     @property
     def chunk_ranks(self) -> tuple[int, ...]:

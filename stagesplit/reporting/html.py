@@ -18,14 +18,15 @@ from ..common.text import escape_surrogates
 from ..common.versions import VERSION
 from ..errors import StagesplitError
 from ..plan.records import Plan
-from .plot import plan_figure
+from .plot import MANY_STAGES, plan_figure
 from .summary import comparison_table, stages_table
 from .table import Table, formatted, gpu_view
-from .timeline import ChunkFigures, gantt_figure, rank_memory_figure, schedule_view
+from .timeline import (ChunkFigures, gantt_figure, rank_memory_figure, schedule_view, step_summary, step_text,
+                       summary_figure, too_large_to_draw)
 from .units import device_words
 from .why import compare_line, comparisons, why_line
 
-__all__ = ["EXPORT_FORMATS", "report_html", "write_report"]
+__all__ = ["EXPORT_FORMATS", "report_html", "schedule_section", "schedule_text", "write_report"]
 
 #: the export snippets a report shows: what a GPU user or an IPU user would run
 EXPORT_FORMATS = {True: ("torch-pipelining", "deepspeed", "megatron", "torchtitan"),
@@ -115,6 +116,67 @@ def _snippets(plan: Plan) -> str:
     return "\n".join(out)
 
 
+def schedule_text(plan: Plan, figures: ChunkFigures | None = None) -> str:
+    """What the schedule section says beside its figures (see ``_schedule_drawing``)."""
+    return _schedule_drawing(plan, figures)[0]
+
+
+def _schedule_drawing(plan: Plan, figures: ChunkFigures | None = None):
+    """(text, ScheduleView or None, StepSummary or None). The text says the step and bubble (the plan's own,
+    to the digit the plan's summary prints), what the drawing is made of, and, where the step is
+    too large to draw action by action, that only a summary is drawn and why. Raises
+    StagesplitError where nothing can be drawn (no stages, a step that overflows)."""
+    M = plan.inputs.micro_batches if plan.schedule is None else plan.schedule.micro_batches
+    kind = plan.schedule.kind if plan.schedule is not None else plan.inputs.schedule.value
+    too_large = too_large_to_draw(plan)
+    if too_large:
+        summary = step_summary(plan)
+        step = step_text(summary.step_time, summary.unit)
+        model = ("the schedule simulated" if summary.simulated else
+                 "the stage model: M + P - 1 times the slowest stage")
+        return (f"Step: {step} for {M:,} micro-batches with {kind} (bubble {summary.bubble:.1%}, {model}). "
+                f"Not drawn action by action: {too_large}; the figure shows each rank's busy share of the step "
+                "and its peak memory, as the plan records them.", None, summary)
+    view = schedule_view(plan, figures)
+    drawn = step_text(view.step_time, view.unit)
+    if plan.schedule is not None and view.solved:
+        s = plan.schedule
+        step = step_text(s.step_time, view.unit)
+        text = (f"Step: {step} for {M:,} micro-batches with {kind} (bubble {s.bubble:.1%}, the schedule simulated). "
+                "The drawing is the solver's simulation of the schedule's own actions with the durations the plan "
+                "records (each chunk's forward, backward and weight gradient, each transfer, each rank's optimizer "
+                "step)")
+        if drawn != step or f"{view.bubble:.1%}" != f"{s.bubble:.1%}":
+            text += (f"; it gives a step of {drawn} (bubble {view.bubble:.1%}): this plan file does not record "
+                     "every duration the step was solved with")
+        return text + ". Each rank's memory over the step is drawn from the plan's stages.", view, None
+    if plan.schedule is not None:
+        s = plan.schedule
+        return (f"Step: {step_text(s.step_time, view.unit)} for {M:,} micro-batches with {kind} (bubble "
+                f"{s.bubble:.1%}, the schedule simulated). The drawing simulates the schedule with the per-chunk "
+                f"figures given, which give a step of {drawn} (bubble {view.bubble:.1%}).", view, None)
+    summary = step_summary(plan)
+    return (f"This plan was solved with the stage model: its step is M + P - 1 = {M + len(plan.stages) - 1:,} times "
+            f"its slowest stage, {step_text(summary.step_time, summary.unit)} for {M:,} micro-batches "
+            f"(bubble {summary.bubble:.1%}). The drawing runs {view.schedule.kind.value} with each stage's time "
+            f"split 1:2 between its forward and its backward (the plan records no schedule), which gives a step of "
+            f"{drawn} (bubble {view.bubble:.1%}); each rank's memory is drawn from the plan's stages.", view, None)
+
+
+def schedule_section(plan: Plan, figures: ChunkFigures | None = None) -> str:
+    """The schedule's text and figures (``schedule_text``), or one line saying why none is drawn."""
+    try:
+        text, view, summary = _schedule_drawing(plan, figures)
+        if view is None:
+            images = [_img(summary_figure(summary), "each rank's busy share of the step and peak memory")]
+        else:
+            images = [_img(gantt_figure(view), "the schedule as a timeline per rank"),
+                      _img(rank_memory_figure(view), "memory of each rank over the schedule's steps")]
+    except StagesplitError as exc:
+        return f'<p class="bad">not drawn: {_e(exc)}</p>'
+    return f'<p class="note">{_e(text)}</p>\n' + "\n".join(images)
+
+
 def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> str:
     """The page for ``plan``; ``model`` (the cost model it was solved on, ``plan.analysis`` by
     default) adds the "why" and per-layer figures; ``figures`` feeds the schedule drawings."""
@@ -139,21 +201,12 @@ def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> 
         parts.append(_table(gpu_view(table) if gpu else table))
         parts.append("<h2>Memory of each stage</h2>")
         tiles = None
-        if model is not None and not gpu:
+        if model is not None and not gpu and len(plan.stages) <= MANY_STAGES:     # beyond: not drawn per tile
             tiles = [(plan.stage_model(s) if plan.variant_models else model).stage_memory(
                 s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
         parts.append(_img(plan_figure(plan, tiles), "memory of each stage by category, and each stage's time"))
         parts.append("<h2>The schedule</h2>")
-        try:
-            view = schedule_view(plan, figures)
-            parts.append('<p class="note">Each rank\'s actions over one step (forward and backward of each '
-                         "micro-batch; blank: idle) and its memory over the step. "
-                         + ("Per-stage forward and backward times are taken as the stage's time split 1:2, memory "
-                            "from the plan's stages." if figures is None else "") + "</p>")
-            parts.append(_img(gantt_figure(view), "the schedule as a timeline per rank"))
-            parts.append(_img(rank_memory_figure(view), "memory of each rank over the schedule's steps"))
-        except StagesplitError as exc:
-            parts.append(f'<p class="bad">not drawn: {_e(exc)}</p>')
+        parts.append(schedule_section(plan, figures))
     parts.append("<h2>Layers</h2>")
     parts.append(_layers_table(plan, model))
     if plan.baselines and plan.stages:

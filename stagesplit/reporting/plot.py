@@ -37,6 +37,10 @@ CATEGORY_COLORS = {"always_live": "#1f77b4", "not_always_live": "#aec7e8", "stas
                    "vertex_code": "#ff7f0e", "vertex_state": "#ffbb78", "exchange_code": "#2ca02c",
                    "control_code": "#98df8a"}
 FORMATS = (".png", ".svg")
+#: past this many stages each stage is not labelled and annotated one by one: the memory and
+#: time are drawn as steps over the stage numbers, on a figure of bounded width (a plan of
+#: 1,024 stages would otherwise be a 68,000-pixel-wide picture that takes a minute to draw)
+MANY_STAGES = 48
 #: the capacity line is drawn only when it is at most this many times the fullest stage: beyond,
 #: it would squash every bar flat, and the axis title states the capacity instead
 CAPACITY_SCALE = 4.0
@@ -94,8 +98,13 @@ def _stage_labels(plan: Plan) -> list[str]:
     return labels
 
 
-def _set_stage_ticks(ax, x: np.ndarray, labels: list[str], width_inches: float) -> None:
-    """Stage labels under the bars, turned 35 degrees when side by side they would overlap."""
+def _set_stage_ticks(ax, x: np.ndarray, labels: list[str], width_inches: float, many: bool = False) -> None:
+    """Stage labels under the bars, turned 35 degrees when side by side they would overlap;
+    with ``many`` stages, the stage numbers on matplotlib's own ticks."""
+    if many:
+        ax.set_xlim(x[0] - 0.5, x[-1] + 0.5)
+        ax.set_xlabel("stage")
+        return
     longest = max((len(label) for label in labels), default=1)
     room = width_inches * 72 / max(len(labels), 1)            # points per stage
     fontsize = 8 if len(labels) <= 16 else 6
@@ -114,8 +123,9 @@ def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, tit
         raise StagesplitError("the plan has no stages to plot (no split fits)")
     gpu = plan.profile.one_tile
     n = len(plan.stages)
-    tiles = tile_totals is not None and not gpu and any(len(t) > 1 for t in tile_totals)
-    width = max(8.0, 0.6 * n + 4)
+    many = n > MANY_STAGES
+    tiles = tile_totals is not None and not gpu and any(len(t) > 1 for t in tile_totals) and not many
+    width = 16.0 if many else max(8.0, 0.6 * n + 4)
     fig = _figure(width, 10.5 if tiles else 7.5)
     axes = fig.subplots(3 if tiles else 2, 1)
     ax_bar, ax_time = axes[0], axes[-1]
@@ -127,13 +137,18 @@ def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, tit
     caps = np.array([s.capacity_bytes for s in plan.stages], float)
     scale, unit = byte_scale(max(used.max(), caps.max()), gpu)
     bottom = np.zeros(n)
+    edges = np.arange(n + 1) - 0.5
     for key in CATEGORY_LABELS:
         values = np.array([getattr(s.memory_at_worst_tile, key) for s in plan.stages], float) / scale
         if values.any():
-            ax_bar.bar(x, values, bottom=bottom, color=CATEGORY_COLORS[key], label=names[key], width=0.7)
+            if many:
+                ax_bar.stairs(bottom + values, edges, baseline=bottom.copy(), fill=True, color=CATEGORY_COLORS[key],
+                              label=names[key])
+            else:
+                ax_bar.bar(x, values, bottom=bottom, color=CATEGORY_COLORS[key], label=names[key], width=0.7)
             bottom += values
     share = used / np.maximum(caps, 1)
-    for i, fraction in enumerate(share):
+    for i, fraction in enumerate([] if many else share):
         ax_bar.annotate(f"{fraction:.1%}" if fraction < 0.1 else f"{fraction:.0%}", (x[i], bottom[i]), ha="center", va="bottom", fontsize=7,
                         xytext=(0, 2), textcoords="offset points")
     where = "device memory" if gpu else "worst tile memory"
@@ -141,14 +156,16 @@ def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, tit
         ax_bar.step(np.concatenate([x - 0.5, [x[-1] + 0.5]]), np.concatenate([caps, [caps[-1]]]) / scale,
                     where="post", color="black", linestyle="--", linewidth=1.5,
                     label="capacity" if gpu else "capacity per tile")
-        ax_bar.set_title(f"{where.capitalize()} of each stage, by category (% of capacity above each bar)")
+        ax_bar.set_title(f"{where.capitalize()} of each stage, by category"
+                         + ("" if many else " (% of capacity above each bar)"))
     else:
         cap_text = f"{caps.max() / scale:,.2f} {unit}" if gpu else f"{int(caps.max()):,} bytes per tile"
-        ax_bar.set_title(f"{where.capitalize()} of each stage, by category\n(% of capacity above each bar; the "
-                         f"capacity, {cap_text}, is off the scale)", fontsize=10)
+        ax_bar.set_title(f"{where.capitalize()} of each stage, by category\n("
+                         + ("" if many else "% of capacity above each bar; ")
+                         + f"the capacity, {cap_text}, is off the scale)", fontsize=10)
         ax_bar.set_ylim(0, max(bottom.max(), 1e-9) * 1.2)
     ax_bar.set_ylabel(f"{where} ({unit})")
-    _set_stage_ticks(ax_bar, x, labels, width)
+    _set_stage_ticks(ax_bar, x, labels, width, many)
     ax_bar.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
 
     if tiles:
@@ -172,13 +189,18 @@ def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, tit
     values = np.array(times, float) * (1e3 if seconds else 1.0)
     ylabel = "stage time (ms)" if seconds else f"stage compute ({plan.compute_unit})"
     bottleneck = int(np.argmax(values)) if len(values) else 0
-    colors = ["#d62728" if i == bottleneck else "#7f7f7f" for i in range(n)]
-    ax_time.bar(x, values, color=colors, width=0.7)
-    _set_stage_ticks(ax_time, x, labels, width)
+    if many:
+        ax_time.stairs(values, edges, fill=True, color="#7f7f7f")
+        ax_time.plot([bottleneck], [values[bottleneck]], "v", color="#d62728", markersize=8)
+    else:
+        colors = ["#d62728" if i == bottleneck else "#7f7f7f" for i in range(n)]
+        ax_time.bar(x, values, color=colors, width=0.7)
+    _set_stage_ticks(ax_time, x, labels, width, many)
     ax_time.set_ylabel(ylabel)
-    ax_time.set_title(f"{'Time' if seconds else 'Compute'} of each stage (the bottleneck in red)")
+    ax_time.set_title(f"{'Time' if seconds else 'Compute'} of each stage (the bottleneck "
+                      f"{'marked ' if many else ''}in red)")
     heading = title or (f"{plan.profile.name or 'profile'}: {len(plan.stages)} stages on {plan.devices} "
-                        f"{'GPUs' if gpu else 'IPUs'}, {plan.short_split_text(0)}")
+                        f"{'GPUs' if gpu else 'IPUs'}" + ("" if many else f", {plan.short_split_text(0)}"))
     fig.suptitle(_wrap(escape_surrogates(heading), width, 10), fontsize=10)
     _clean_text(fig)
     return fig

@@ -35,7 +35,7 @@ from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, Sche
                        rank_memory)
 
 __all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "evaluate", "exhaustive", "fitting_choice", "local_search",
-           "prefix_choice", "solve_cpsat"]
+           "prefix_choice", "solve_cpsat", "step_durations"]
 
 
 @dataclass(frozen=True)
@@ -181,6 +181,14 @@ def _times(problem: ChunkProblem, bounds, choice: np.ndarray | None = None) -> t
     ranks = np.asarray(problem.schedule.chunk_rank)
     optimizer = np.bincount(ranks, weights=cc.optimizer_time, minlength=problem.schedule.devices)
     return cc.forward_time, backward_input, cc.backward_weight_time, transfer, optimizer
+
+
+def step_durations(problem: ChunkProblem, bounds, choice=None) -> tuple[np.ndarray, ...]:
+    """What the step time of the split ``bounds`` is simulated from (``evaluate``): per chunk the
+    forward, input-gradient (recompute included) and weight-gradient times, per boundary the
+    transfer time, per rank the optimizer step. A plan records them so that its schedule can be
+    drawn from the very durations it was solved with."""
+    return _times(problem, bounds, None if choice is None else np.asarray(choice, np.int64))
 
 
 def _rules(problem: ChunkProblem, bounds) -> str:

@@ -53,7 +53,7 @@ def test_a_balanced_pipeline_takes_m_plus_p_minus_one_stage_times(llama_plan):
 def test_the_drawings(llama_plan):
     view = schedule_view(llama_plan)
     gantt = gantt_figure(view)
-    bars = [p for p in gantt.axes[0].patches]
+    bars = [path for c in gantt.axes[0].collections for path in c.get_paths()]     # one collection per rank and op
     assert len(bars) == 4 * 4 * 2                                # 4 ranks x 4 micro-batches x (F, B)
     assert gantt.axes[0].get_xlabel() == "time in one step (ms)"
     memory = rank_memory_figure(view)
