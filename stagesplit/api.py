@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from contextlib import contextmanager
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -142,7 +143,7 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
         if "targets" in options:
             raise OptionError("target", "give target or targets, not both")
         options["targets"] = options.pop("target")
-    known = set(SolveRequest.__dataclass_fields__)
+    known = set(SolveRequest.__dataclass_fields__) - {"origins"}
     unknown = sorted(k for k in options if k not in known)
     if unknown:
         raise OptionError(unknown[0], f"not an option of solve (options: {', '.join(sorted(known - {'devices'}))})")
@@ -150,7 +151,7 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
         changes = dict(options)
         if devices is not None:
             changes["devices"] = devices
-        return replace(request, **changes) if changes else request
+        return request.overridden(**changes) if changes else request
     if devices is None:
         raise OptionError("devices", "expected the number of devices")
     return SolveRequest(devices=devices, **options)
@@ -251,9 +252,28 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     the user would do otherwise, priced by the same cost model: on a GPU the frameworks' default
     splits (plan/baselines.py), on an IPU PopLiner's greedy and an even split. ``plan.warnings`` lists what the command line prints as warnings.
     """
-    from .plan.advise import advise, advise_schedule
     events = _events(events)
     req = _request(devices, request, options)
+    with _named_by(req):
+        return _solve(profile, req, events, debug)
+
+
+@contextmanager
+def _named_by(request: SolveRequest):
+    """An ``OptionError`` about a value a file gave (a settings file, a plan's request) leaves
+    named by that file and field, wherever it was found (solver/request.py's ``origins``)."""
+    try:
+        yield
+    except OptionError as exc:
+        named = request.named(exc)
+        if named is exc:
+            raise
+        raise named from exc
+
+
+def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str | Path | None):
+    """``solve`` once its request is made."""
+    from .plan.advise import advise, advise_schedule
     variants = _variant_sources(profile)
     if variants is not None:
         return _solve_variants(variants, req, events, debug)
@@ -554,7 +574,6 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
           **options: Any):
     """Solve for each device count in ``devices`` (a range like ``range(1, 17)``, a list, or
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
-    from .plan.advise import sweep as sweep_counts
     events = _events(events)
     if isinstance(devices, str):
         counts = device_counts(devices, MAX_DEVICES)
@@ -567,6 +586,14 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     if on_row is not None and not callable(on_row):
         raise OptionError("on_row", f"expected a function of one row, got {short_repr(on_row)}")
     req = _request(max(counts), request, options)
+    with _named_by(req):
+        return _sweep(profile, req, counts, events, on_row, debug)
+
+
+def _sweep(profile: ProfileLike, req: SolveRequest, counts: list[int], events: Events, on_row: Callable | None,
+           debug: str | Path | None):
+    """``sweep`` once its request is made."""
+    from .plan.advise import sweep as sweep_counts
     if _variant_sources(profile) is not None:
         raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
                           "sweep one variant, or solve the variants for each count")
@@ -905,7 +932,7 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
     if plan.variants and _variant_sources(profile) is None:
         raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
                               "variants: give them as the profile (a variants file, or a list of them)")
-    fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+    fresh = solve(profile, request=plan.inputs.request.overridden(compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
         raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
