@@ -651,6 +651,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
     """Run a plan's recorded request again on its profile (the recorded path unless
     ``profile`` is given) and compare the split and objective values."""
     from .plan.files import read_plan
+    events = _events(events)
     plan_path = _path("plan_path", plan_path)
     if out is not None:
         check_outputs([("out", _path("out", out), None)],
@@ -662,16 +663,27 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         if missing:
             raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
                                   f"{show(missing[0])}; give the profiles")
-        profile = [VariantSource(v.path, v.proportion, v.name) for v in recorded.variants]
+        profile = [VariantSource(_recorded_path(plan_path, v.path, f"variants[{i}].path"), v.proportion, v.name)
+                   for i, v in enumerate(recorded.variants)]
         if out is not None:
             check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
     if profile is None:
         profile = recorded.profile.path
         if not profile:
             raise StagesplitError(f"{show(plan_path)}: profile.path: the plan records no profile path; give the profile")
+        profile = _recorded_path(plan_path, profile, "profile.path")
         if out is not None:                   # the plan's recorded profile is an input too
             check_outputs([("out", str(out), None)], [profile])
-    plan = solve(profile, request=recorded.inputs.request, events=events)
+    request = recorded.inputs.request
+    if request.layer_compute_source:          # hashed for the new plan's record (its figures are in the plan)
+        try:
+            _recorded_path(plan_path, request.layer_compute_source, "request.layer_compute_source")
+        except StagesplitError:
+            events.warn(f"{show(plan_path)}: request.layer_compute_source '{show(request.layer_compute_source)}' "
+                        "leads outside the current folder and the plan's: not read (the plan's layer compute "
+                        "figures are used; the new plan records no layer-compute file)")
+            request = request.overridden(layer_compute_source=None)
+    plan = solve(profile, request=request, events=events)
     want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
     differences = []
@@ -688,6 +700,21 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
             differences.append(f"{a.quantity}: was {a.value} ({a.status}), now {b.value} ({b.status})")
     identical = old == new and recorded.layer_names == plan.layer_names
     return Reproduction(recorded, plan, identical, matches, differences)
+
+
+def _recorded_path(plan_path: str, location: str, field_: str) -> str:
+    """A file a plan records (its profile, a variant, the layer-compute file), checked before it
+    is opened: a plan records the path as it was given to solve, relative to the folder solve ran
+    in or absolute, so it must lead inside the current folder or the plan's own (a plan from
+    someone else names no file elsewhere: ``../../etc/passwd`` is refused unopened)."""
+    from .common.safeinput import confined_path
+    from .errors import ProfileError
+    try:
+        return confined_path(location, Path("."), plan_path, field_, "a file", within="the current folder",
+                             absolute=True, also=((Path(plan_path).parent, "the plan's folder"),))
+    except ProfileError as exc:
+        raise StagesplitError(f"{exc}; give the profile after the plan (stagesplit solve --from-plan PLAN "
+                              "PROFILE) if it is the one you mean") from None
 
 
 # -- looking at a profile -----------------------------------------------------------------------
