@@ -408,7 +408,10 @@ def confined_path(location: Any, folder: str | Path, source: str | Path, field: 
     ``ProfileError`` naming ``source``, ``field`` and what was expected. Returns the path joined
     to ``folder`` (links kept, as the user wrote it)."""
     folder = Path(folder) if str(folder) else Path(".")
-    roots = [(folder, within), *((Path(f) if str(f) else Path("."), words) for f, words in also)]
+    roots: list[tuple[Path, str]] = []
+    for root, words in [(folder, within), *((Path(f) if str(f) else Path("."), words) for f, words in also)]:
+        if all(os.path.realpath(root) != os.path.realpath(r) for r, _ in roots):     # one folder named once
+            roots.append((root, words))
     inside = " or ".join(f"{words} ('{one_line(str(root))}')" for root, words in roots)
     expected = f"a {'' if absolute else 'relative '}path to {what} inside {inside}"
     if not isinstance(location, str):
