@@ -83,7 +83,8 @@ class FileOptionError(OptionError, ProfileError):
         self.args = (self.render(error.parameter),)
 
     def from_file(self, file: str | Path, field: str) -> "FileOptionError":
-        return self                                    # already named by the file that gave it
+        """Itself: it is already named by the file that gave the value."""
+        return self
 
 
 class PatternError(OptionError):
@@ -97,9 +98,11 @@ class PatternError(OptionError):
         self.args = (self.render(shown),)
 
     def render(self, name: str) -> str:
+        """``invalid --layer-regex '(': ...``: the flag (or the API's name) inside the sentence."""
         return f"invalid {name} {self.detail}"
 
     def detail_in_file(self) -> str:
+        """``invalid regular expression '(': ...``, after the file and field that gave it."""
         return f"invalid regular expression {self.detail}"
 
 
