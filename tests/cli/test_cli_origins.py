@@ -171,6 +171,7 @@ def _regex_of(doc: dict, pattern: str) -> dict:
      "invalid regular expression '(?=x)': not supported by the linear-time regex engine RE2"),
 ])
 def test_from_plan_errors_name_the_plan_and_field(capsys, tmp_path, monkeypatch, zbv_plan, change, field, message):
+    monkeypatch.chdir(ROOT)                      # the plan's recorded profile is read from here (profiles/)
     doc = json.loads(json.dumps(zbv_plan))
     if "layering" in change:
         change = {"layering": _regex_of(doc, change["layering"])}
@@ -203,9 +204,10 @@ def test_from_plan_names_a_schedule_the_profile_cannot_run(capsys, tmp_path):
         f"--schedule: {NO_PHASES}does not say: capture the model, or use gpipe or 1f1b"
 
 
-def test_the_api_names_the_plan_too(tmp_path, zbv_plan):
+def test_the_api_names_the_plan_too(tmp_path, monkeypatch, zbv_plan):
     """``stagesplit.reproduce`` raises the same error the command line prints."""
     import stagesplit
+    monkeypatch.chdir(ROOT)
     doc = json.loads(json.dumps(zbv_plan))
     doc["request"]["micro_batches"] = 2
     doc["request"]["schedule"] = "dualpipev"
