@@ -37,6 +37,7 @@ _EXPORTS: dict[str, str] = {
     "Breakdown": ".reporting.breakdown", "Diagnosis": ".reporting.diagnosis",
     # the errors
     "StagesplitError": ".errors", "ProfileError": ".errors", "OptionError": ".errors", "LayerRangeError": ".errors",
+    "FileOptionError": ".errors",
 }
 
 __all__ = sorted(_EXPORTS) + ["__version__"]

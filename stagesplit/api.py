@@ -16,6 +16,7 @@ from __future__ import annotations
 import copy
 import math
 import time
+from contextlib import contextmanager
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -168,7 +169,7 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
         if "targets" in options:
             raise OptionError("target", "give target or targets, not both")
         options["targets"] = options.pop("target")
-    known = set(SolveRequest.__dataclass_fields__)
+    known = set(SolveRequest.__dataclass_fields__) - {"origins"}
     unknown = sorted(k for k in options if k not in known)
     if unknown:
         raise OptionError(unknown[0], f"not an option of solve (options: {', '.join(sorted(known - {'devices'}))})")
@@ -176,7 +177,7 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
         changes = dict(options)
         if devices is not None:
             changes["devices"] = devices
-        return replace(request, **changes) if changes else request
+        return request.overridden(**changes) if changes else request
     if devices is None:
         raise OptionError("devices", "expected the number of devices")
     return SolveRequest(devices=devices, **options)
@@ -277,9 +278,28 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     the user would do otherwise, priced by the same cost model: on a GPU the frameworks' default
     splits (plan/baselines.py), on an IPU PopLiner's greedy and an even split. ``plan.warnings`` lists what the command line prints as warnings.
     """
-    from .plan.advise import advise, advise_schedule
     events = _events(events)
     req = _request(devices, request, options)
+    with _named_by(req):
+        return _solve(profile, req, events, debug)
+
+
+@contextmanager
+def _named_by(request: SolveRequest):
+    """An ``OptionError`` about a value a file gave (a settings file, a plan's request) leaves
+    named by that file and field, wherever it was found (solver/request.py's ``origins``)."""
+    try:
+        yield
+    except OptionError as exc:
+        named = request.named(exc)
+        if named is exc:
+            raise
+        raise named from exc
+
+
+def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str | Path | None):
+    """``solve`` once its request is made."""
+    from .plan.advise import advise, advise_schedule
     variants = _variant_sources(profile)
     if variants is not None:
         return _solve_variants(variants, req, events, debug)
@@ -581,7 +601,6 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
           **options: Any):
     """Solve for each device count in ``devices`` (a range like ``range(1, 17)``, a list, or
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
-    from .plan.advise import sweep as sweep_counts
     events = _events(events)
     if isinstance(devices, str):
         counts = device_counts(devices, MAX_DEVICES)
@@ -594,6 +613,14 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     if on_row is not None and not callable(on_row):
         raise OptionError("on_row", f"expected a function of one row, got {short_repr(on_row)}")
     req = _request(max(counts), request, options)
+    with _named_by(req):
+        return _sweep(profile, req, counts, events, on_row, debug)
+
+
+def _sweep(profile: ProfileLike, req: SolveRequest, counts: list[int], events: Events, on_row: Callable | None,
+           debug: str | Path | None):
+    """``sweep`` once its request is made."""
+    from .plan.advise import sweep as sweep_counts
     if _variant_sources(profile) is not None:
         raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
                           "sweep one variant, or solve the variants for each count")
@@ -651,6 +678,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
     """Run a plan's recorded request again on its profile (the recorded path unless
     ``profile`` is given) and compare the split and objective values."""
     from .plan.files import read_plan
+    events = _events(events)
     plan_path = _path("plan_path", plan_path)
     if out is not None:
         _check_outputs([("out", _path("out", out), None)], [plan_path] + _profile_files(profile))
@@ -661,16 +689,27 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         if missing:
             raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
                                   f"{show(missing[0])}; give the profiles")
-        profile = [VariantSource(v.path, v.proportion, v.name) for v in recorded.variants]
+        profile = [VariantSource(_recorded_path(plan_path, v.path, f"variants[{i}].path"), v.proportion, v.name)
+                   for i, v in enumerate(recorded.variants)]
         if out is not None:
             _check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
     if profile is None:
         profile = recorded.profile.path
         if not profile:
             raise StagesplitError(f"{show(plan_path)}: profile.path: the plan records no profile path; give the profile")
+        profile = _recorded_path(plan_path, profile, "profile.path")
         if out is not None:                   # the plan's recorded profile is an input too
             _check_outputs([("out", str(out), None)], [profile])
-    plan = solve(profile, request=recorded.inputs.request, events=events)
+    request = recorded.inputs.request
+    if request.layer_compute_source:          # hashed for the new plan's record (its figures are in the plan)
+        try:
+            _recorded_path(plan_path, request.layer_compute_source, "request.layer_compute_source")
+        except StagesplitError:
+            events.warn(f"{show(plan_path)}: request.layer_compute_source '{show(request.layer_compute_source)}' "
+                        "leads outside the current folder and the plan's: not read (the plan's layer compute "
+                        "figures are used; the new plan records no layer-compute file)")
+            request = request.overridden(layer_compute_source=None)
+    plan = solve(profile, request=request, events=events)
     want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
     differences = []
@@ -687,6 +726,21 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
             differences.append(f"{a.quantity}: was {a.value} ({a.status}), now {b.value} ({b.status})")
     identical = old == new and recorded.layer_names == plan.layer_names
     return Reproduction(recorded, plan, identical, matches, differences)
+
+
+def _recorded_path(plan_path: str, location: str, field_: str) -> str:
+    """A file a plan records (its profile, a variant, the layer-compute file), checked before it
+    is opened: a plan records the path as it was given to solve, relative to the folder solve ran
+    in or absolute, so it must lead inside the current folder or the plan's own (a plan from
+    someone else names no file elsewhere: ``../../etc/passwd`` is refused unopened)."""
+    from .common.safeinput import confined_path
+    from .errors import ProfileError
+    try:
+        return confined_path(location, Path("."), plan_path, field_, "a file", within="the current folder",
+                             absolute=True, also=((Path(plan_path).parent, "the plan's folder"),))
+    except ProfileError as exc:
+        raise StagesplitError(f"{exc}; give the profile after the plan (stagesplit solve --from-plan PLAN "
+                              "PROFILE) if it is the one you mean") from None
 
 
 # -- looking at a profile -----------------------------------------------------------------------
@@ -952,7 +1006,7 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                     f"{REPORT_RESOLVE_DEVICES} a report solves the request again for: the page compares the plan "
                     "with no other split")
     else:
-        fresh = solve(profile, request=replace(plan.inputs.request, compare=True), events=events)
+        fresh = solve(profile, request=plan.inputs.request.overridden(compare=True), events=events)
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
         raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "

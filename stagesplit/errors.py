@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .common.text import one_line, short_repr
 
-__all__ = ["ExportError", "LayerRangeError", "OptionError", "ProfileError", "StagesplitError"]
+__all__ = ["ExportError", "FileOptionError", "LayerRangeError", "OptionError", "PatternError", "ProfileError",
+           "StagesplitError"]
 
 
 class StagesplitError(Exception):
@@ -46,11 +47,63 @@ class OptionError(StagesplitError, ValueError):
         self.detail = message
         #: what the parameter named when the message is about it (an output's path): "out plan.json: ..."
         self.subject = subject
-        super().__init__(self.render(parameter))
+        StagesplitError.__init__(self, self.render(parameter))   # not super(): FileOptionError's next is ProfileError
+
+    #: where the value came from when a file gave it ("plan.json: request.schedule"), which then
+    #: names it instead of the parameter or its flag (see ``FileOptionError``)
+    origin: str | None = None
 
     def render(self, name: str) -> str:
-        """The message with the parameter called ``name`` (the command line passes its flag)."""
+        """The message with the parameter called ``name`` (the command line passes its flag); a
+        value a file gave is named by that file and its field instead."""
+        name = self.origin or name
         return f"{name} {self.subject}: {self.detail}" if self.subject is not None else f"{name}: {self.detail}"
+
+    def from_file(self, file: str | Path, field: str) -> "FileOptionError":
+        """This error about a value that ``file`` gave in ``field`` (a settings file's key, a plan
+        file's ``request.chunks_per_rank``): the user fixes the file, not a flag."""
+        return FileOptionError(self, file, field)
+
+    def detail_in_file(self) -> str:
+        """The message after the file and field that gave the value."""
+        return self.detail
+
+
+class FileOptionError(OptionError, ProfileError):
+    """An option whose value came from a file (``--config``'s settings, the request a plan
+    recorded) and cannot be used: named by the file and the field, e.g. ``plan.json:
+    request.chunks_per_rank: zbv runs exactly 2 chunks per rank ...``. Both an ``OptionError``
+    (``parameter`` is the API's name) and a ``ProfileError`` (``file``, ``field``): a bad file."""
+
+    def __init__(self, error: OptionError, file: str | Path, field: str):
+        OptionError.__init__(self, error.parameter, error.detail_in_file(), error.subject)
+        self.file, self.field = str(file), field
+        self.expected, self.got = error.detail.removeprefix("expected "), None
+        self.origin = f"{one_line(self.file)}: {one_line(field)}"
+        self.args = (self.render(error.parameter),)
+
+    def from_file(self, file: str | Path, field: str) -> "FileOptionError":
+        """Itself: it is already named by the file that gave the value."""
+        return self
+
+
+class PatternError(OptionError):
+    """A regular expression that cannot be compiled: ``invalid --layer-regex '(': missing ), ...``
+    on the command line and in the Python API (which name the flag, ``shown``), ``plan.json:
+    request.layering.layer_regex: invalid regular expression '(': ...`` when a file gave it
+    (``from_file``)."""
+
+    def __init__(self, parameter: str, detail: str, shown: str):
+        super().__init__(parameter, detail)
+        self.args = (self.render(shown),)
+
+    def render(self, name: str) -> str:
+        """``invalid --layer-regex '(': ...``: the flag (or the API's name) inside the sentence."""
+        return f"invalid {name} {self.detail}"
+
+    def detail_in_file(self) -> str:
+        """``invalid regular expression '(': ...``, after the file and field that gave it."""
+        return f"invalid regular expression {self.detail}"
 
 
 class LayerRangeError(StagesplitError, IndexError):

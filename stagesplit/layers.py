@@ -26,7 +26,7 @@ import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 
@@ -81,8 +81,11 @@ class LayerOptions:
     call_regex: str = DEFAULT_CALL_REGEX
     order: LayerOrder = LayerOrder.STEPS
 
+    #: the four patterns' fields (each also the parameter an error about it names)
+    REGEX_FIELDS: ClassVar[tuple[str, ...]] = ("layer_regex", "first_layer_regex", "last_layer_regex", "call_regex")
+
     def __post_init__(self) -> None:
-        for name in ("layer_regex", "first_layer_regex", "last_layer_regex", "call_regex"):
+        for name in self.REGEX_FIELDS:
             if not isinstance(getattr(self, name), str):
                 raise OptionError(name, f"expected a regular expression (a string), got {short_repr(getattr(self, name))}")
         object.__setattr__(self, "order", choice(LayerOrder, "layer_order", self.order))
@@ -110,9 +113,8 @@ class LayerOptions:
     def compiled(self) -> tuple[Pattern, Pattern, Pattern, Pattern]:
         """The four patterns, compiled for linear-time matching (RE2: see stagesplit/regex.py)."""
         out = []
-        for flag, pattern in (("--layer-regex", self.layer_regex), ("--first-layer-regex", self.first_layer_regex),
-                              ("--last-layer-regex", self.last_layer_regex), ("--call-regex", self.call_regex)):
-            out.append(compile_regex(pattern, flag))
+        for name in self.REGEX_FIELDS:
+            out.append(compile_regex(getattr(self, name), "--" + name.replace("_", "-"), name))
         return out[0], out[1], out[2], out[3]
 
 

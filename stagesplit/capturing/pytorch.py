@@ -174,7 +174,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
             module = importlib.util.module_from_spec(module_spec)
             sys.modules[name] = module                      # dataclasses need their module registered
             module_spec.loader.exec_module(module)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:           # sys.exit() in the file is its failure, not ours
             sys.modules.pop(name, None)
             raise StagesplitError(f"{spec}: cannot import {where}: {_first_line(exc)}") from None
         finally:
@@ -185,7 +185,7 @@ def load_factory(spec: str) -> Callable[[], Any]:
     else:
         try:
             module = importlib.import_module(where)
-        except Exception as exc:
+        except (Exception, SystemExit) as exc:
             raise StagesplitError(f"{spec}: cannot import {where}: {_first_line(exc)}") from None
     factory = getattr(module, func, None)
     if factory is None:
@@ -200,8 +200,9 @@ def call_factory(factory: Callable[[], Any], spec: str):
     torch = _torch()
     try:
         result = factory()
-    except Exception as exc:
-        raise StagesplitError(f"{spec}: calling the factory raised {_first_line(exc)}") from None
+    except (Exception, SystemExit) as exc:               # Ctrl-C (KeyboardInterrupt) still interrupts
+        raise StagesplitError(f"{spec}: calling the factory raised {_first_line(exc)}; expected it to return "
+                              "(model, inputs) or (model, inputs, loss_fn)") from None
     return check_model(result, spec, torch)
 
 
@@ -909,16 +910,16 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                     with torch.autocast("cpu", dtype=autocast_dtype):
                         outputs = _call(model, fake_inputs)
                         rec.state.phase = "loss"
-                        loss = _loss(torch, outputs, loss_fn)
+                        loss = _loss(torch, outputs, loss_fn, source)
                 else:
                     outputs = _call(model, fake_inputs)
                     rec.state.phase = "loss"
-                    loss = _loss(torch, outputs, loss_fn)
+                    loss = _loss(torch, outputs, loss_fn, source)
             except _FakeOpError:
                 raise
             except StagesplitError:
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 what = "the loss" if rec.state.phase == "loss" else "the model's forward"
                 where = LOSS if rec.state.phase == "loss" else ROOT
                 raise StagesplitError(f"{source}: {what} raised {_failure_text(rec, exc, where, dtype)}") from None
@@ -935,7 +936,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                 loss.backward()
             except _FakeOpError:
                 raise
-            except Exception as exc:
+            except (Exception, SystemExit) as exc:
                 raise StagesplitError(f"{source}: the backward pass raised "
                                       f"{_failure_text(rec, exc, 'the backward', dtype)}") from None
             finally:
@@ -951,7 +952,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                     opt.step()
                 except _FakeOpError:
                     raise
-                except Exception as exc:
+                except (Exception, SystemExit) as exc:
                     raise StagesplitError(f"{source}: the optimizer step raised "
                                           f"{_failure_text(rec, exc, 'the optimizer step', dtype)}") from None
             rec.state.phase = "done"
@@ -990,10 +991,13 @@ def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:
 
 
 def _describe(value) -> str:
+    """What a value is, in a message: "a tensor of shape (2, 3)", "None", "a str"."""
     torch = _torch()
     if isinstance(value, torch.Tensor):
         return f"a tensor of shape {tuple(value.shape)}"
-    return type(value).__name__
+    if value is None:
+        return "None"
+    return f"a {type(value).__name__}"
 
 
 def _resolve_target(target):
@@ -1076,7 +1080,10 @@ def _call(model, inputs):
     return model(inputs)
 
 
-def _loss(torch, outputs, loss_fn):
+def _loss(torch, outputs, loss_fn, source: str):
+    """The scalar the backward starts from: ``loss_fn(outputs)``, else the output (its first
+    item if a tuple; its ``.loss``, else ``.logits``, where present), summed unless it is one
+    element that requires grad."""
     if loss_fn is not None:
         return loss_fn(outputs)
     out = outputs
@@ -1088,8 +1095,9 @@ def _loss(torch, outputs, loss_fn):
         elif getattr(out, "logits", None) is not None:
             out = out.logits
     if not isinstance(out, torch.Tensor):
-        raise StagesplitError(f"the model's output is {type(outputs).__name__}: give a loss_fn (the factory's third "
-                              "item) that turns it into a scalar")
+        raise StagesplitError(f"{source}: the model's forward returned {_describe(outputs)}; expected a tensor, a "
+                              "loss, a tuple whose first item is one, or an output with .loss or .logits; or give a "
+                              "loss_fn (the factory's third item) that turns the output into a scalar")
     return out if out.numel() == 1 and out.requires_grad else out.sum()
 
 

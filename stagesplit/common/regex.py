@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from typing import Iterator
 
-from ..errors import StagesplitError
+from ..errors import PatternError
 from .text import one_line, short_repr
 
 __all__ = ["ENGINE", "MAX_PATTERN_LENGTH", "MAX_REGEX_MEMORY", "Match", "Pattern", "compile_regex"]
@@ -96,19 +96,22 @@ class Pattern:
         return out
 
 
-def compile_regex(pattern: str, flag: str = "regex") -> Pattern:
+def compile_regex(pattern: str, flag: str = "regex", parameter: str | None = None) -> Pattern:
     """Compile a user pattern for linear-time matching; a bad or unsupported pattern raises a
-    one-line StagesplitError naming ``flag``."""
+    one-line ``PatternError`` (an ``OptionError`` about ``parameter``, the API's name for it)
+    naming ``flag``, or the file and field that gave it (``OptionError.from_file``)."""
+    parameter = parameter or flag
     if not isinstance(pattern, str):
-        raise StagesplitError(f"invalid {flag} {short_repr(pattern)}: expected a string")
+        raise PatternError(parameter, f"{short_repr(pattern)}: expected a string", flag)
     text = one_line(pattern)
     shown = "'" + (text if len(text) <= 80 else text[:77] + "...") + "'"
     if len(pattern) > MAX_PATTERN_LENGTH:
-        raise StagesplitError(f"invalid {flag}: {len(pattern):,} characters, at most {MAX_PATTERN_LENGTH:,} accepted")
+        raise PatternError(parameter, f"{shown}: {len(pattern):,} characters, at most {MAX_PATTERN_LENGTH:,} "
+                           "accepted", flag)
     try:
         python = re.compile(pattern)       # Python's own syntax check (and its messages)
     except (re.error, OverflowError, RecursionError) as exc:
-        raise StagesplitError(f"invalid {flag} {shown}: {one_line(str(exc))}") from None
+        raise PatternError(parameter, f"{shown}: {one_line(str(exc))}", flag) from None
     if _re2 is None:                       # pragma: no cover
         return Pattern(pattern, python)
     options = _re2.Options()
@@ -120,7 +123,7 @@ def compile_regex(pattern: str, flag: str = "regex") -> Pattern:
         detail = exc.args[0] if exc.args else exc
         if isinstance(detail, bytes):
             detail = detail.decode("utf-8", "replace")
-        raise StagesplitError(f"invalid {flag} {shown}: not supported by the linear-time regex engine RE2 "
-                              f"({one_line(str(detail))}); it has no lookaround or backreferences "
-                              "(and writes \\Z as \\z)") from None
+        raise PatternError(parameter, f"{shown}: not supported by the linear-time regex engine RE2 "
+                           f"({one_line(str(detail))}); it has no lookaround or backreferences "
+                           "(and writes \\Z as \\z)", flag) from None
     return Pattern(pattern, compiled)

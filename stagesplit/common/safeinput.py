@@ -21,8 +21,8 @@ from ..errors import ProfileError, StagesplitError
 from .limits import FIFO_WAIT_S, MAX_CONFIG_BYTES, MAX_DEPTH, MAX_STREAM_BYTES, MAX_YAML_ALIASES, MAX_YAML_NODES
 from .text import one_line, short_repr, show
 
-__all__ = ["InputFile", "check_depth", "decode_text", "field_path", "load_json", "load_yaml", "read_document",
-           "read_input", "read_yaml_file"]
+__all__ = ["InputFile", "check_depth", "confined_path", "decode_text", "field_path", "load_json", "load_yaml",
+           "read_document", "read_input", "read_yaml_file"]
 
 _CHUNK = 1 << 20
 
@@ -392,3 +392,39 @@ def read_document(path: str | Path, what: str = "file") -> Any:
     if Path(path).suffix.lower() in (".yaml", ".yml"):
         return load_yaml(text, str(path))
     return load_json(text, str(path))
+
+
+# -- paths a file names ---------------------------------------------------------------------------------
+
+def confined_path(location: Any, folder: str | Path, source: str | Path, field: str, what: str,
+                  *, within: str, absolute: bool = False, also: tuple[tuple[str | Path, str], ...] = ()) -> str:
+    """A path that the file ``source`` names in ``field`` (an ONNX model's external data, a variants
+    file's profiles, a plan's recorded profile), checked before anything opens it: joined to
+    ``folder`` (the folder of the file that names it), it must stay inside ``folder`` (described
+    as ``within``, e.g. "the model's folder") or one of ``also`` ((folder, description) pairs)
+    once ``..`` and symbolic links are resolved, as ONNX's own checker requires of external data.
+    Without ``absolute`` the path must be relative and hold no ``..`` at all; with it, an
+    absolute path inside the folders is accepted too. Anything else raises a one-line
+    ``ProfileError`` naming ``source``, ``field`` and what was expected. Returns the path joined
+    to ``folder`` (links kept, as the user wrote it)."""
+    folder = Path(folder) if str(folder) else Path(".")
+    roots: list[tuple[Path, str]] = []
+    for root, words in [(folder, within), *((Path(f) if str(f) else Path("."), words) for f, words in also)]:
+        if all(os.path.realpath(root) != os.path.realpath(r) for r, _ in roots):     # one folder named once
+            roots.append((root, words))
+    inside = " or ".join(f"{words} ('{one_line(str(root))}')" for root, words in roots)
+    expected = f"a {'' if absolute else 'relative '}path to {what} inside {inside}"
+    if not isinstance(location, str):
+        raise ProfileError(source, field, expected, location)
+    parts = location.replace("\\", "/").split("/")
+    rooted = os.path.isabs(location) or location.startswith(("/", "\\")) or (len(location) > 1 and location[1] == ":")
+    if not location or "\0" in location or (not absolute and (rooted or ".." in parts)):
+        raise ProfileError(source, field, expected, location)
+    joined = str(folder / location)
+    target = os.path.realpath(joined)
+    for root, _ in roots:
+        base = os.path.realpath(root)
+        if os.path.commonpath([base, target]) == base:
+            return joined
+    raise ProfileError(source, field, f"{expected}, got '{one_line(location)}', which leads outside "
+                       f"{'it' if len(roots) == 1 else 'them'}")

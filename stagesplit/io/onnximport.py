@@ -36,7 +36,7 @@ import numpy as np
 from .builder import ProfileBuilder
 from ..errors import OptionError, ProfileError, StagesplitError
 from .profile import Profile, ProfileInfo, Target
-from ..common.safeinput import InputFile
+from ..common.safeinput import InputFile, confined_path
 from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS, MAX_STREAM_BYTES
 from ..common.text import one_line, short_repr
 from .layerform import one_tile
@@ -580,16 +580,8 @@ def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
         entries[e.key] = e.value
     location = entries.get("location", "")
     field_ = f"{where}.external_data.location"
-    folder = path.parent if str(path.parent) else Path(".")
-    expected = f"a relative path to a file inside the model's folder ('{one_line(str(folder))}')"
-    parts = location.replace("\\", "/").split("/")
-    if not location or "\0" in location or os.path.isabs(location) or location.startswith(("/", "\\")) \
-            or (len(location) > 1 and location[1] == ":") or ".." in parts:
-        raise ProfileError(src, field_, expected, location)
-    base = os.path.realpath(folder)
-    target = os.path.realpath(os.path.join(base, location))
-    if os.path.commonpath([base, target]) != base:
-        raise ProfileError(src, field_, expected, f"'{one_line(location)}', which leads outside it")
+    joined = confined_path(location, path.parent, src, field_, "a file", within="the model's folder")
+    target = os.path.realpath(joined)
     try:
         st = os.stat(target)
     except OSError as exc:
@@ -612,7 +604,7 @@ def _check_external_data(t, where: str, path: Path, nbytes: int | None) -> str:
     if offset + length > st.st_size:
         raise ProfileError(src, field_, f"a file of at least offset + length = {offset + length:,} bytes",
                            f"'{one_line(location)}' of {st.st_size:,} bytes")
-    return os.path.normpath(os.path.join(str(folder), location))
+    return os.path.normpath(joined)
 
 
 def _bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None:

@@ -5,7 +5,7 @@ another memory proportion (PopTorch's ``availableMemoryProportion``, optimum's
 Two forms name them:
 
 * on the command line, ``PROFILE=PROPORTION`` pairs: ``a.pop=0.2 b.pop=0.4 c.pop=0.6``;
-* a variants file (YAML, read safely), paths relative to the file's folder::
+* a variants file (YAML, read safely), paths relative to the file's folder and inside it::
 
       variants:
         - profile: bert-amp0.2.stagesplit
@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 from ..common.fields import FieldReader
-from ..common.safeinput import read_yaml_file
+from ..common.safeinput import confined_path, read_yaml_file
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from .profile import Profile
@@ -92,9 +92,15 @@ def variants_from_arguments(items: Sequence[str]) -> tuple[VariantSource, ...]:
     return check_variants(out, "the profile variants")
 
 
+#: where a variants file's profiles must be (common/safeinput.py's ``confined_path``)
+_WITHIN = "the variants file's folder"
+
+
 def read_variants_file(path: str | Path) -> tuple[VariantSource, ...]:
     """The variants a YAML variants file lists (see the module docstring), every field checked:
-    a bad one raises ``ProfileError`` naming the file and the field."""
+    a bad one raises ``ProfileError`` naming the file and the field. Each path is relative to the
+    file and stays inside its folder (no ``..``, no absolute path, no link that leads out): it
+    is refused before anything opens it."""
     path = Path(path)
     doc = read_yaml_file(path, "variants file")
     r = FieldReader(str(path))
@@ -109,6 +115,7 @@ def read_variants_file(path: str | Path) -> tuple[VariantSource, ...]:
         profile = r.string(r.get(item, "profile", where), f"{where}.profile")
         if not profile:
             r.fail(f"{where}.profile", "a profile path", profile)
+        located = confined_path(profile, path.parent, str(path), f"{where}.profile", "a profile", within=_WITHIN)
         proportion = r.get(item, "proportion", where)
         if isinstance(proportion, bool) or not isinstance(proportion, (int, float)) or \
                 not math.isfinite(proportion) or not 0 < proportion <= 1:
@@ -121,8 +128,8 @@ def read_variants_file(path: str | Path) -> tuple[VariantSource, ...]:
             debug = r.string(debug, f"{where}.debug")
             if not profile.lower().endswith(".pop"):
                 r.fail(f"{where}.debug", "no debug.cbor: it goes with a PopVision profile.pop only", debug)
-            debug = str(path.parent / debug)
-        out.append(VariantSource(str(path.parent / profile), float(proportion), name, debug))
+            debug = confined_path(debug, path.parent, str(path), f"{where}.debug", "a debug.cbor", within=_WITHIN)
+        out.append(VariantSource(located, float(proportion), name, debug))
     return check_variants(out, show(str(path)))
 
 

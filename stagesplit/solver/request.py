@@ -16,10 +16,11 @@ from ..common.limits import (MAX_BYTES, MAX_CHUNKS_PER_RANK, MAX_COMPUTE, MAX_DE
 from ..common.safeinput import read_yaml_file
 from ..common.text import short_repr
 from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
-from ..errors import OptionError, ProfileError
+from ..errors import FileOptionError, OptionError, ProfileError
 from ..io.profile import Target
 from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
 from ..layers import LayerOptions
+from .schedule import check_chunks_per_rank
 
 __all__ = ["Objective", "RecomputeMode", "Schedule", "SharedPolicy", "SolveRequest"]
 
@@ -121,8 +122,34 @@ class SolveRequest:
     compare: bool = False
     #: the greedy baseline puts the unlayered operations on the first stage, as PopLiner does
     unlayered_first: bool = False
+    #: where values came from that a file gave: (parameter, file, field) for each, e.g.
+    #: ("schedule", "solver.yaml", "schedule") or ("layer_regex", "plan.json", "request.layering.layer_regex");
+    #: an error about such a value names the file and field (``named``), any other the parameter
+    #: (the command line: its flag). Not an option: equal requests may come from different places.
+    origins: tuple[tuple[str, str, str], ...] = field(default=(), compare=False, repr=False)
 
     def __post_init__(self) -> None:
+        if not isinstance(self.origins, tuple) or not all(isinstance(o, tuple) and len(o) == 3 and
+                                                          all(isinstance(x, str) for x in o) for o in self.origins):
+            raise OptionError("origins", f"expected (parameter, file, field) triples, got {short_repr(self.origins)}")
+        try:
+            self._check()
+        except OptionError as exc:
+            named = self.named(exc)
+            if named is exc:
+                raise
+            raise named from exc
+
+    def named(self, error: OptionError) -> OptionError:
+        """``error`` named by the file and field that gave its parameter's value (a
+        ``FileOptionError``), or ``error`` itself where no file gave it."""
+        for parameter, file, field_ in self.origins:
+            if parameter == error.parameter:
+                return error.from_file(file, field_)
+        return error
+
+    def _check(self) -> None:
+        """Every field checked and normalised (names to enums, lists to tuples)."""
         set_ = object.__setattr__
         set_(self, "devices", integer("devices", self.devices, 1, MAX_DEVICES))
         targets = (self.targets,) if isinstance(self.targets, (str, Target)) else \
@@ -141,10 +168,11 @@ class SolveRequest:
                                             optional=True))
         set_(self, "chunks_per_rank", integer("chunks_per_rank", self.chunks_per_rank, 1, MAX_CHUNKS_PER_RANK,
                                               optional=True))
-        if self.chunks_per_rank not in (None, 1) and self.schedule.one_stage_per_device \
-                and self.schedule is not Schedule.AUTO:
-            raise OptionError("chunks_per_rank", f"--schedule {self.schedule.value} runs one chunk per device; "
-                              f"give a looped or V-shaped schedule for {self.chunks_per_rank}")
+        if self.chunks_per_rank is not None and self.schedule is Schedule.NONE and self.chunks_per_rank != 1:
+            raise OptionError("chunks_per_rank", f"schedule none runs one stage per device: expected 1, got "
+                              f"{self.chunks_per_rank} (a looped or V-shaped schedule runs several)")
+        if self.chunks_per_rank is not None and self.schedule not in (Schedule.NONE, Schedule.AUTO):
+            check_chunks_per_rank(self.schedule.value, self.chunks_per_rank)
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
         set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
@@ -180,7 +208,12 @@ class SolveRequest:
         if len(targets) > 1:
             targets = tuple(targets[i % len(targets)] for i in range(devices))
         return replace(self, devices=devices, targets=targets,
-                       pin_layers=tuple(p for p in self.pin_layers if p[1] < devices))
+                       pin_layers=tuple(p for p in self.pin_layers if p[1] < devices),
+                       origins=tuple(o for o in self.origins if o[0] != "devices"))
+
+    def overridden(self, **changes: Any) -> "SolveRequest":
+        """The request with ``changes`` (arguments: no file gave them, so none names them)."""
+        return replace(self, **changes, origins=tuple(o for o in self.origins if o[0] not in changes))
 
     def resolved_targets(self) -> tuple[Target, ...]:
         """The targets as records (names and YAML paths loaded, each distinct one once: a list of
@@ -207,22 +240,29 @@ class SolveRequest:
             if key not in known:
                 raise ProfileError(file, str(key), "a known setting (" + ", ".join(known) + ")")
         values = {k: yaml_number(v) for k, v in data.items() if k != "stages"}
+        keys = {k: k for k in values}
         if "stages" in data:
             if data["stages"] not in ("at-most", "exact"):
                 raise ProfileError(file, "stages", "one of at-most, exact", data["stages"])
-            values["exact"] = data["stages"] == "exact"
-        for key, value in values.items():
-            try:
-                SolveRequest(devices=1, **{key: value})
-            except OptionError as exc:
-                raise ProfileError(file, key, exc.detail.removeprefix("expected ")) from None
-        values.update({k: v for k, v in overrides.items() if v is not None})
-        return cls(devices=devices, **values)
+            values["exact"], keys["exact"] = data["stages"] == "exact", "stages"
+        given = {k: v for k, v in overrides.items() if v is not None}
+        combined = {**values, **given}
+        origins = tuple((k, str(file), keys[k]) for k in values if k not in given)
+        # a value a flag overrides is still checked, alone (schedule auto takes any chunks per rank),
+        # so that a bad file is refused; the values used are checked together, the file's with the
+        # flags' (a file's chunks_per_rank with --schedule), each error naming where its value came from
+        for key in values:
+            if key in given:
+                alone = {key: values[key]} if key == "schedule" else {"schedule": Schedule.AUTO, key: values[key]}
+                cls(devices=1, **alone, origins=((key, str(file), keys[key]),))
+        return cls(devices=devices, **combined, origins=origins)
 
     def to_record(self) -> dict[str, Any]:
         """Every option as plain JSON values (targets in full), enough to run the solve again."""
         out: dict[str, Any] = {}
         for f in fields(self):
+            if f.name == "origins":
+                continue
             value = getattr(self, f.name)
             if isinstance(value, Enum):
                 value = value.value
@@ -243,7 +283,7 @@ class SolveRequest:
         ``ProfileError`` naming ``source`` (the plan file) and the field (``request.devices``)."""
         if not isinstance(record, Mapping):
             raise ProfileError(source, prefix, "a mapping of solve options", type(record).__name__)
-        known = {f.name for f in fields(cls)}
+        known = {f.name for f in fields(cls)} - {"origins"}
         unknown = sorted(str(k) for k in record if k not in known)
         if unknown:
             raise ProfileError(source, f"{prefix}.{unknown[0]}", "a known option (" + ", ".join(sorted(known)) + ")")
@@ -259,8 +299,14 @@ class SolveRequest:
                                   for i, t in enumerate(targets))
         if "layering" in values:
             values["layering"] = LayerOptions.from_record(values["layering"], source, f"{prefix}.layering")
+        origins = [(k, source, f"{prefix}.{k}") for k in values]
+        if "layering" in values:                 # its errors name the pattern (layer_regex...) or layer_order
+            origins += [(name, source, f"{prefix}.layering.{name}") for name in LayerOptions.REGEX_FIELDS]
+            origins.append(("layer_order", source, f"{prefix}.layering.order"))
         try:
-            return cls(**values)
+            return cls(**values, origins=tuple(origins))
+        except FileOptionError:
+            raise
         except OptionError as exc:
             raise ProfileError(source, f"{prefix}.{exc.parameter}", exc.detail.removeprefix("expected ")) from None
 

@@ -39,8 +39,8 @@ from ..errors import OptionError
 __all__ = [
     "Action", "ChunkMemory", "CriticalPath", "MemorySignature", "Op", "Placement", "RankMemory", "RankSignatures",
     "Schedule", "critical_path", "ScheduleKind", "ScheduleTraits", "Simulation", "actions", "build_schedule",
-    "check_schedule", "chunk_ranks", "chunks_in_flight", "is_valid", "memory_signatures", "rank_memory", "simulate",
-    "timeline_text", "traits",
+    "check_chunks_per_rank", "check_schedule", "chunk_ranks", "chunks_in_flight", "is_valid", "memory_signatures",
+    "rank_memory", "simulate", "timeline_text", "traits",
 ]
 
 
@@ -137,6 +137,16 @@ def _positive(parameter: str, value: int) -> None:
         raise OptionError(parameter, f"expected an integer >= 1, got {value!r}")
 
 
+def check_chunks_per_rank(kind: ScheduleKind | str, chunks_per_rank: int) -> None:
+    """Raise a one-line OptionError unless ``kind`` runs ``chunks_per_rank`` chunks per rank
+    (GPipe and 1F1B one, the V-shaped schedules exactly two, the looped ones any)."""
+    t = traits(kind)
+    if t.fixed_chunks_per_rank is not None and chunks_per_rank != t.fixed_chunks_per_rank:
+        why = "one stage per rank" if t.fixed_chunks_per_rank == 1 else "exactly 2 chunks per rank (the V shape)"
+        raise OptionError("chunks_per_rank", f"{t.kind.value} runs {why} (torch's {t.torch_class}): "
+                          f"expected {t.fixed_chunks_per_rank}, got {chunks_per_rank}")
+
+
 def check_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int, chunks_per_rank: int) -> None:
     """Raise a one-line OptionError unless torch's schedule class accepts ``devices`` ranks,
     ``micro_batches`` and ``chunks_per_rank`` (these are the checks its constructors make)."""
@@ -146,10 +156,7 @@ def check_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int, c
         _positive(parameter, value)
     t = _TRAITS[kind]
     P, M, v = int(devices), int(micro_batches), int(chunks_per_rank)
-    if t.fixed_chunks_per_rank is not None and v != t.fixed_chunks_per_rank:
-        why = "one stage per rank" if t.fixed_chunks_per_rank == 1 else "exactly 2 chunks per rank (the V shape)"
-        raise OptionError("chunks_per_rank", f"{kind.value} runs {why} (torch's {t.torch_class}): "
-                          f"expected {t.fixed_chunks_per_rank}, got {v}")
+    check_chunks_per_rank(kind, v)
     if kind is ScheduleKind.ONE_F_ONE_B and M < P:
         raise OptionError("micro_batches", f"1f1b needs at least as many micro-batches as ranks "
                           f"(torch's Schedule1F1B): expected >= {P}, got {M}")

@@ -205,7 +205,7 @@ def test_progress_lines(pva, tmp_path):
                            "truncated file"),
     (["{damaged}"], "{damaged}: OperationAnalysis(report).operations: expected objects with the attributes"),
 ])
-def test_errors_are_one_line(pva, tmp_path, capsys, args, message):
+def test_errors_are_one_line(pva, tmp_path, capsys, monkeypatch, args, message):
     names = {"pop": str(pva.register(tmp_path / "profile.pop", hand_report(pva))),
              "bad": str(tmp_path / "bad.pop"), "cbor": str(tmp_path / "debug.cbor"),
              "short": str(tmp_path / "short.cbor")}
@@ -216,7 +216,7 @@ def test_errors_are_one_line(pva, tmp_path, capsys, args, message):
     Path(names["cbor"]).write_bytes(b"\xff\x00 not CBOR")
     whole = pva.write_debug_cbor(tmp_path / "whole.cbor", DEBUG_CONTEXTS).read_bytes()
     Path(names["short"]).write_bytes(whole[:-3])
-    os.chdir(tmp_path)
+    monkeypatch.chdir(tmp_path)                 # restored after the test: later tests run where pytest started
     code = pva_export.main([a.format(**names) for a in args] + ["-o", str(tmp_path / "out.stagesplit")])
     lines = capsys.readouterr().err.splitlines()
     errors = [line for line in lines if not line.startswith("pva_export: read ")]   # progress lines may come first
