@@ -23,6 +23,8 @@
 # that output until the micro-batch's backward, as the model's own head keeps it for its weight gradient.
 import torch
 
+__all__ = ["ModelStage", "model_stages", "stage_loss"]
+
 
 class _Hidden(tuple):
     """The decoder's output as the model's head reads it: ``out[0]`` or ``out.last_hidden_state``; every

@@ -135,9 +135,10 @@ def block_stack(view: PlanView) -> str | None:
 
 
 def _stage_modules_source() -> list[str]:
-    """stage_modules.py as lines, to inline (it imports only torch; its own ``import torch`` is left out)."""
+    """stage_modules.py as lines, to inline (it imports only torch; its own ``import torch`` and
+    ``__all__`` are left out)."""
     text = (Path(__file__).parent / "stage_modules.py").read_text(encoding="utf-8")
-    return [line for line in text.splitlines() if line != "import torch"]
+    return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
 
 def render(view: PlanView, options: ExportOptions) -> list[str]:

@@ -235,7 +235,11 @@ def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
     doc = asdict(s)
     doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
-    doc["transfer_times"], doc["optimizer_times"] = list(s.transfer_times), list(s.optimizer_times)
+    for key, values in (("transfer_times", s.transfer_times), ("optimizer_times", s.optimizer_times)):
+        if values:
+            doc[key] = list(values)
+        else:                                        # a plan read from an older file has none
+            doc.pop(key)
     return doc
 
 

@@ -318,12 +318,14 @@ def optimum_modules(configs: list) -> list[types.ModuleType]:
 def torch_modules() -> list[types.ModuleType]:
     def refuse(*args, **kwargs):
         raise RuleError("the stand-in torch runs nothing")
-    pipelining = _module("torch.distributed.pipelining", pipeline=refuse, ScheduleGPipe=refuse, Schedule1F1B=refuse,
-                         SplitPoint=types.SimpleNamespace(BEGINNING="beginning"))
+    pipelining = _module("torch.distributed.pipelining", pipeline=refuse, PipelineStage=refuse, ScheduleGPipe=refuse,
+                         Schedule1F1B=refuse, SplitPoint=types.SimpleNamespace(BEGINNING="beginning"))
     distributed = _module("torch.distributed", pipelining=pipelining, get_rank=refuse, new_group=refuse,
                           all_reduce=refuse)
-    torch = _module("torch", distributed=distributed, zeros_like=refuse)
-    return [torch, distributed, pipelining]
+    # the stage classes of an export (stage_modules.py) derive from torch.nn.Module: a class that runs nothing
+    nn = _module("torch.nn", Module=type("Module", (), {"__init__": refuse}))
+    torch = _module("torch", distributed=distributed, nn=nn, zeros_like=refuse)
+    return [torch, distributed, pipelining, nn]
 
 
 def deepspeed_modules() -> list[types.ModuleType]:
