@@ -32,12 +32,14 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="Llama, 1F1B and ZBV, 2 processes")
     parser.add_argument("--families", help="comma-separated families (default: all)")
+    parser.add_argument("--schedules", help="comma-separated schedules (default: every one torch ships)")
     args = parser.parse_args(argv)
     import decoder_families
     import exported_matrix
     families = (["llama"] if args.quick else
                 args.families.split(",") if args.families else list(decoder_families.FAMILIES))
-    schedules = ["1f1b", "zbv"] if args.quick else list(exported_matrix.SCHEDULES)
+    schedules = (["1f1b", "zbv"] if args.quick else args.schedules.split(",") if args.schedules
+                 else list(exported_matrix.SCHEDULES))
     devices = [2] if args.quick else [2, 4]
     cases = [(f, s, p) for p in devices for f in families for s in schedules]
     start = time.perf_counter()
