@@ -122,6 +122,8 @@ class RankResult:
     losses: tuple[float, ...]         #: per micro-batch, on the rank of the last chunk; else empty
     grads: dict[str, np.ndarray] = field(repr=False)   #: "chunk.param" -> gradient after the step
     seconds: float = 0.0              #: wall time of the measured step
+    #: ``run_exported``: each parameter's name in the model -> its name in the rank's stage module
+    stage_names: dict[str, str] = field(default_factory=dict, repr=False)
 
 
 def _placement(kind: str, devices: int, chunks: int) -> dict[int, list[int]]:
@@ -336,7 +338,8 @@ def _load(base: Path) -> RankResult:
         grads = {k: z[k] for k in z.files}
     trace = np.array(record["trace"], np.int64).reshape(-1, 3)
     return RankResult(record["rank"], tuple(record["stages"]), tuple(record["executed"]), record["peak_bytes"],
-                      trace, tuple(record["optimizer_trace"]), tuple(record["losses"]), grads, record["seconds"])
+                      trace, tuple(record["optimizer_trace"]), tuple(record["losses"]), grads, record["seconds"],
+                      record.get("stage_names", {}))
 
 
 def run_pipelines(cases: Sequence[PipelineCase], devices: int, timeout_s: float = 120.0) -> list[list[RankResult]]:
@@ -402,9 +405,18 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
     optimizer = torch.optim.Adam(params, lr=0.0)
     set_to_none = ns["GRADIENTS_SET_TO_NONE"]
-    names = {id(p): n for n, p in model.named_parameters()}
-    for s in stages:   # a stage built from modules may hold a copy of a tied parameter: the model's name
-        names.update({id(own): names[key] for key, own in getattr(s.submod, "originals", {}).items() if key in names})
+    # each stage parameter's name in the model: a traced stage keeps the model's names (a tied parameter's
+    # first one), a stage built from modules holds the model's own tensors
+    canonical: dict[int, str] = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        canonical.setdefault(id(p), n)
+    alias = {n: canonical[id(p)] for n, p in model.named_parameters(remove_duplicate=False)}
+    names, stage_names = {}, {}
+    for s in stages:
+        for n, p in s.submod.named_parameters():
+            plain = n.replace("_checkpoint_wrapped_module.", "")
+            names[id(p)] = alias[plain] if plain in alias else canonical[id(p)]
+            stage_names[names[id(p)]] = n
 
     def step() -> list:
         losses = ns["train_step"](built, schedule, x if first else None, y if last else None)
@@ -440,7 +452,8 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
                 dist.barrier()
     total = max(tracker.overall, tracker.peak_since_restart())
     record = {"rank": rank, "stages": [s.stage_index for s in stages], "executed": log, "peak_bytes": total,
-              "trace": trace, "optimizer_trace": optimizer_trace, "losses": losses, "seconds": seconds}
+              "trace": trace, "optimizer_trace": optimizer_trace, "losses": losses, "seconds": seconds,
+              "stage_names": stage_names}
     base = workdir / f"case{index}-rank{rank}"
     (base.with_suffix(".json")).write_text(json.dumps(record))
     np.savez(base.with_suffix(".npz"), **grads)

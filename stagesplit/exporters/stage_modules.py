@@ -18,9 +18,10 @@
 # mask or SDPA's ``is_causal``) on each stage. The decoder's own modules that hold parameters are sorted by
 # one call before the blocks run (embeddings, before them) and after (final norm, after): a stage holds the
 # former only if it is the first, the latter only if it is the last; elsewhere they are stand-ins that hold
-# nothing. The head and the loss are the model's own ``forward`` around a stand-in for its decoder, run by
-# the schedule's ``loss_fn`` (``stage_loss``) on the last stage's output, the final hidden state: torch keeps
-# that output until the micro-batch's backward, as the model's own head keeps it for its weight gradient.
+# nothing. The head and the loss are the model's own ``forward`` around a stand-in for its decoder: with the
+# model's own loss, run by the schedule's ``loss_fn`` (``stage_loss``) on the last stage's output, the final
+# hidden state (torch keeps that output until the micro-batch's backward, as the model's own head keeps it
+# for its weight gradient); with the user's loss, the head runs in the stage, whose output is the logits.
 import torch
 
 __all__ = ["ModelStage", "model_stages", "stage_loss"]
@@ -139,6 +140,7 @@ class ModelStage(torch.nn.Module):
         decoder, stack_name, path = _find_stack(model, blocks)
         stack = getattr(decoder, stack_name)
         self.is_first, self.is_last = start == 0, stop == len(stack)
+        self.outputs_logits = False     # stage_loss sets it where the loss is the user's, on the logits
         before, after = sides
         held = (before if self.is_first else []) + (after if self.is_last else [])
         wrap = wrap or (lambda index, block: block)
@@ -171,17 +173,18 @@ class ModelStage(torch.nn.Module):
             self._runner.received = x
             out = self._decoder(inputs_embeds=x.new_zeros(()).expand(x.shape), use_cache=False)
         result, self._runner.result = self._runner.result, None
-        result = out[0] if self.is_last else result
+        if self.is_last:
+            result = out[0]
+            if self.outputs_logits:      # the user's loss on the logits: the stage's output, as the capture's
+                result = self._model(inputs_embeds=result, use_cache=False).logits
         # a split backward detaches the stage's output in place, which torch refuses for a view (OPT's blocks and
         # GPT-2's decoder end in one): a copy, after which the view and what it viewed are freed
         return result.clone() if result._base is not None else result
 
-    def loss(self, hidden, labels, loss_fn=None):
+    def loss(self, hidden, labels):
         """The model's own head on the final hidden state, then its own loss (labels: the token ids for a
-        causal language model), or ``loss_fn(logits, labels)``."""
-        if loss_fn is None:
-            return self._model(inputs_embeds=hidden, labels=labels, use_cache=False).loss
-        return loss_fn(self._model(inputs_embeds=hidden, use_cache=False).logits, labels)
+        causal language model)."""
+        return self._model(inputs_embeds=hidden, labels=labels, use_cache=False).loss
 
 
 def model_stages(model, blocks, starts, example_ids, wrap=None):
@@ -197,5 +200,12 @@ def model_stages(model, blocks, starts, example_ids, wrap=None):
 
 
 def stage_loss(stage, loss_fn=None):
-    """The schedule's ``loss_fn`` for the last stage: the model's head and loss on its output."""
-    return lambda output, target: stage.loss(output, target, loss_fn)
+    """The schedule's ``loss_fn`` for the last stage, as a capture records the step: ``loss_fn`` None, the
+    model's own loss (labels given to the model: the loss is inside it), computed with the head from the
+    stage's output, the final hidden state, which the head keeps for its backward anyway; else the stage
+    outputs the logits (the model's output, which the runtime keeps until the backward as it keeps a
+    loss's input) and ``loss_fn(logits, targets)`` is the loss."""
+    if loss_fn is None:
+        return stage.loss
+    stage.outputs_logits = True
+    return loss_fn

@@ -91,6 +91,11 @@ def _check_one_run(rank, text, make_model, expected_params, out):
     for name, p in model.named_parameters(remove_duplicate=False):
         canonical.setdefault(id(p), name)
     alias = {name: canonical[id(p)] for name, p in model.named_parameters(remove_duplicate=False)}
+    by_id = {id(p): canonical[id(p)] for p in model.parameters()}
+
+    def model_name(name, p):
+        """A traced stage's parameter is named as in the model; a stage built from modules holds the model's own."""
+        return alias[name] if name in alias else by_id[id(p)]
 
     reference = make_model()                                         # the unpipelined model, same weights
     loss = sum(_cross_entropy(reference(ids[i:i + MICRO_BATCH]), targets[i:i + MICRO_BATCH])
@@ -101,12 +106,12 @@ def _check_one_run(rank, text, make_model, expected_params, out):
     ns: dict = {}
     exec(compile(text, "pipe.py", "exec"), ns)
     stage, schedule, tied = ns["build_pipeline"](model, ids[:MICRO_BATCH], torch.device("cpu"), _cross_entropy)
-    held = {alias[n]: p.numel() * p.element_size() for n, p in stage.submod.named_parameters()}
+    held = {model_name(n, p): p.numel() * p.element_size() for n, p in stage.submod.named_parameters()}
     assert held == expected_params[rank], (rank, sorted(held), sorted(expected_params[rank]))
     losses = ns["train_step"](stage, schedule, ids if stage.is_first else None, targets if stage.is_last else None)
     ns["sum_tied_gradients"](tied)
     for name, p in stage.submod.named_parameters(remove_duplicate=False):
-        want = ref_grads[alias[name]]
+        want = ref_grads[model_name(name, p)]
         got = p.grad if p.grad is not None else torch.zeros_like(p)
         assert torch.allclose(got, want, rtol=1e-5, atol=1e-5 * float(want.abs().max())), (rank, name)
     if stage.is_last:
