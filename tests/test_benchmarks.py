@@ -24,6 +24,7 @@ BENCHMARKS = ROOT / "benchmarks"
 ARGUMENTS = {
     "bench_capture.py": ["--tiny"],
     "bench_core.py": ["--tiny"],
+    "bench_exported.py": ["--tiny"],
     "bench_onnx.py": ["--tiny"],
     "bench_popliner.py": ["--tiny"],
     "bench_popvision.py": ["--tiny"],
@@ -37,7 +38,7 @@ ARGUMENTS = {
     "validate_gpu.py": ["--predict", "{tmp}/predictions.json"],
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
-NEEDS = {"bench_capture.py": ("torch",), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
+NEEDS = {"bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
          "validate_gpu.py": ("torch",)}
 
 
@@ -91,6 +92,16 @@ def check_core(out, rows, tmp_path):
     assert "Core benchmark: 4-layer BERT profile (synthetic; --tiny)" in out
     assert rows["layers / tiles / program steps"].startswith("4 / 1,472 / ")
     assert "price all 10 layer ranges" in rows                   # 4 layers: 4 * 5 / 2 ranges
+
+
+def check_exported(out, rows, tmp_path):
+    # the exported Llama's program on 2 processes: the loss equal to the unpipelined model's, every rank's
+    # peak near the plan's, and the README's table row
+    row = next(line for line in out.splitlines() if line.startswith("llama "))
+    cells = row.split()
+    assert cells[:4] == ["llama", "1f1b", "2", "4"] and cells[7] == "yes", row
+    assert abs(float(cells[4].rstrip("%"))) <= 3.0 and float(cells[8]) <= 1e-4, row
+    assert "| llama | " in out and "1 runs in " in out
 
 
 def check_scale(out, rows, tmp_path):
@@ -174,7 +185,7 @@ def check_validate_gpu(out, rows, tmp_path):
         assert measured.stderr.startswith("validate_gpu: no CUDA device here")
 
 
-CHECKS = {"bench_core.py": check_core, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
+CHECKS = {"bench_core.py": check_core, "bench_exported.py": check_exported, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
           "bench_popliner.py": check_popliner, "bench_popvision.py": check_popvision,
           "bench_pva_export.py": check_pva_export, "bench_synth.py": check_synth, "bench_onnx.py": check_onnx,
           "bench_capture.py": check_capture, "bench_schedules.py": check_schedules, "bench_startup.py": check_startup,
