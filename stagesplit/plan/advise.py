@@ -554,8 +554,7 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     from ..solver.schedule import ScheduleKind, build_schedule, traits
     o = inputs.options
     kind = ScheduleKind(o.schedule.value)
-    v = inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
-        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+    v = chunks_per_rank_of(inputs)
     schedule = build_schedule(kind, o.devices, o.micro_batches, v)
     from ..solver.request import RecomputeMode
     fixed = inputs.request.recompute
@@ -609,6 +608,8 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
                            "column are recomputed (--recompute none to refuse, auto to let it choose always)")
         return auto, again
+    if again.status != "infeasible":        # not proven without recompute's help either: unknown
+        return auto, again
     return problem, solved
 
 
@@ -627,9 +628,12 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     traffic = traffic or layer_traffic(model)
     o = inputs.options
     if o.objective is Objective.DEVICES:
-        problem, solved, n = _fewest_devices(model, inputs, table, log)
+        problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
+        fits = solved.result is not None and solved.result.feasible
+        if fits:
+            solved.notes.append(shown)
         plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
-                                  message=_schedule_message(problem, solved))
+                                  message=_schedule_message(problem, solved) if fits else shown)
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
     problem = schedule_problem(model, inputs, table)
     if cutoff is not None and o.objective is Objective.COMPUTE:
@@ -641,10 +645,34 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan), slower=solved.status == "slower")
 
 
+def chunks_per_rank_of(inputs: PlanInputs) -> int:
+    """The chunks each device runs under ``inputs``' schedule (``schedule_problem``'s choice)."""
+    from ..solver.schedule import ScheduleKind, traits
+    kind = ScheduleKind(inputs.options.schedule.value)
+    return inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
+        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+
+
+def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
+    """The device counts up to the request's on which its schedule can run: torch's schedule
+    class accepts the count with the micro-batches it then has (a defaulted count follows the
+    devices), and every chunk gets a layer. Not monotone: 1F1B needs micro-batches >= devices,
+    interleaved 1F1B micro-batches that are a multiple of max(1, M // devices)."""
+    from ..solver.schedule import ScheduleKind, is_valid
+    kind = ScheduleKind(inputs.options.schedule.value)
+    v = chunks_per_rank_of(inputs)
+    return [n for n in range(1, inputs.options.devices + 1)
+            if n * v <= num_layers and is_valid(kind, n, with_devices(inputs.options, n).micro_batches, v)]
+
+
 def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
-    """The fewest devices (up to the request's) on which the schedule fits, by bisection between
-    what the resident bytes alone need and the request's count, then the fastest split there.
-    Each count is tried with the quick search first and CP-SAT where that finds no fit."""
+    """The fewest devices (up to the request's) on which the schedule fits, among the counts it
+    can run with (``runnable_device_counts``) that the resident bytes alone do not rule out: a
+    bisection (the quick search first, CP-SAT where that finds no fit) finds a count that fits,
+    then CP-SAT checks the fewer counts it passed over, fewest first, while time is left (a
+    schedule's memory need not shrink with more devices: 1F1B's first stage holds a micro-batch
+    more for each). Returns the problem and search at the count chosen, the count, and what the
+    search showed about fewer devices (a note; or, where none fits, the plan's message)."""
     import math
     import time
     from ..errors import StagesplitError
@@ -653,52 +681,141 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     from ..solver.request import Objective
     started = time.monotonic()
     table = table if table is not None else phase_table(model)
-    top = inputs.options.devices
+    o = inputs.options
     tried: dict[int, tuple] = {}
+
+    def left() -> float:
+        return o.time_limit - (time.monotonic() - started)
 
     def attempt(n: int, prove: bool, share: float = 1 / 3):
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
-        CP-SAT with ``share`` of the time the whole solve has left (the last search 0.9 of it:
-        building CP-SAT's models comes on top of its limit)."""
+        CP-SAT with ``share`` of the time the whole solve has left."""
         trial = inputs_for(inputs, n)
         trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
                         request=replace(trial.request, objective=Objective.COMPUTE))
-        try:
-            problem = schedule_problem(model, trial, table)
-        except (StagesplitError, OptionError):       # too few layers or micro-batches for n devices
-            return None
-        left = problem.time_limit - (time.monotonic() - started)
-        problem = replace(problem, time_limit=max(left * share, 1.0))
+        problem = schedule_problem(model, trial, table)
+        problem = replace(problem, time_limit=max(left() * share, 1.0))
         if not prove and n not in tried:
-            quick = local_search(problem, budget_s=max(min(2.0, left / 12), 0.2))
+            quick = local_search(problem, budget_s=max(min(2.0, left() / 12), 0.2))
             if quick.feasible:
                 return True
         if log:
             log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
         problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
         tried[n] = (problem, solved)
-        return solved.result is not None and solved.result.feasible
+        return fits(n)
 
-    capacity = float(device_capacities(model, inputs.options).max())
-    low = max(1, math.ceil(float(table.resident[0, table.num_layers - 1]) / capacity))
-    per_device = inputs.request.chunks_per_rank or (1 if inputs.options.schedule.one_stage_per_device else 2)
-    high = max(1, min(top, table.num_layers // per_device))        # every chunk needs a layer
-    low = min(low, high)
-    if not attempt(high, prove=False):
-        if high not in tried:
-            attempt(high, prove=True, share=0.9)
-        if high not in tried:
-            raise StagesplitError(f"no device count up to {top} can run the schedule")
-        return (*tried[high], high)
-    while low < high:
-        mid = (low + high) // 2
-        if attempt(mid, prove=False):
-            high = mid
+    def fits(n: int) -> bool:
+        solved = tried[n][1] if n in tried else None
+        return solved is not None and solved.result is not None and solved.result.feasible
+
+    runnable = runnable_device_counts(inputs, table.num_layers)
+    if not runnable:
+        raise StagesplitError(f"no device count up to {o.devices} can run {o.schedule.value} with "
+                              f"{chunks_per_rank_of(inputs)} chunk(s) per device on {table.num_layers} layers and "
+                              + _micro_words(o))
+    capacity = float(device_capacities(model, o).max())
+    need = max(1, math.ceil(float(table.resident[0, table.num_layers - 1]) / capacity))
+    counts = [n for n in runnable if n >= need] or runnable[-1:]
+    found = None
+    if attempt(counts[-1], prove=False):
+        low, high = 0, len(counts) - 1
+        while low < high:
+            mid = (low + high) // 2
+            if attempt(counts[mid], prove=False):
+                high = mid
+            else:
+                low = mid + 1
+        found = counts[high]
+    # the counts below the one found (all, where none was) that no search has ruled out, fewest first
+    for n in [m for m in counts if (found is None or m < found) and m not in tried]:
+        if left() < 1.0:
+            break
+        if attempt(n, prove=True, share=0.5):
+            found = n
+            break
+    if found is None:
+        n = counts[-1]
+        if n not in tried:
+            attempt(n, prove=True, share=0.9)
+        return (*tried[n], n, _none_fits(inputs, runnable, counts, need, tried))
+    if not fits(found) or not tried[found][1].optimal:
+        attempt(found, prove=True, share=0.9)
+    return (*tried[found], found, _fewer_note(runnable, found, need, tried))
+
+
+def _micro_words(o: SolveOptions) -> str:
+    return f"{o.micro_batches} micro-batches" if not o.micro_batches_auto else "as many micro-batches as chunks"
+
+
+def _counts_text(counts: list[int]) -> str:
+    """``1..3, 5 and 7``: device counts, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
         else:
-            low = mid + 1
-    if high not in tried or not (tried[high][1].result is not None and tried[high][1].result.feasible):
-        attempt(high, prove=True, share=0.9)
-    return (*tried[high], high)
+            runs.append([n, n])
+    parts = [str(a) if a == b else f"{a} and {b}" if b == a + 1 else f"{a}..{b}" for a, b in runs]
+    return _join(parts, "and")
+
+
+def _proven_out(tried: dict, n: int) -> bool:
+    return n in tried and tried[n][1].status == "infeasible"
+
+
+def _fewer_note(runnable: list[int], n: int, need: int, tried: dict) -> str:
+    """What the device search showed about fewer than ``n`` devices: every count the schedule
+    runs with below ``n`` is below what the resident bytes need, proven not to fit by CP-SAT, or
+    not known (the time limit stopped the search first)."""
+    head = f"--objective devices: {n} device{'s hold' if n != 1 else ' holds'} the model"
+    if n == 1:
+        return head
+    parts = []
+    if need > 1:
+        parts.append(f"fewer than {need} cannot hold even the bytes resident all step (parameters, gradients, "
+                     f"optimizer state)")
+    fewer = [m for m in runnable if need <= m < n]
+    proven = [m for m in fewer if _proven_out(tried, m)]
+    unknown = [m for m in fewer if m not in proven]
+    if proven:
+        parts.append(f"{_counts_text(proven)} {_do(proven)} not fit (proven by CP-SAT)")
+    if unknown:
+        parts.append(f"whether {_counts_text(unknown)} {_do(unknown)} is not known (the time limit stopped the "
+                     f"search first), so {n} is not proven the fewest")
+    idle = [m for m in range(1, n) if m not in runnable]
+    if idle:
+        parts.append(f"the schedule cannot run on {_counts_text(idle)}")
+    return head + "; " + "; ".join(parts)
+
+
+def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need: int, tried: dict) -> str:
+    """The message of a devices search where no count fits: which counts were ruled out, how,
+    and what would allow more devices."""
+    o = inputs.options
+    proven = [m for m in counts if _proven_out(tried, m)]
+    unknown = [m for m in counts if m not in proven]
+    text = f"no split fits on any number of devices up to {o.devices} that {o.schedule.value} can run with " \
+        f"{_micro_words(o)}"
+    said = []
+    if proven:
+        said.append(f"{_counts_text(proven)}: proven not to fit by CP-SAT")
+    if unknown:
+        said.append(f"{_counts_text(unknown)}: no split found within the time limit, not proven")
+    if need > runnable[-1]:
+        said.append(f"the bytes resident all step need at least {need} devices")
+    text += " (" + "; ".join(said) + ")"
+    most = min(o.devices, tried[counts[-1]][0].num_layers // chunks_per_rank_of(inputs))
+    if runnable[-1] < most:
+        text += f"; {o.schedule.value} runs on at most {runnable[-1]} of them with {_micro_words(o)}: give more " \
+            f"micro-batches to allow more devices, or use recompute or another schedule"
+    else:
+        text += "; use recompute, fewer micro-batches in flight (another schedule) or devices with more memory"
+    return text
+
+
+def _do(counts: list[int]) -> str:
+    return "does" if counts == [1] else "do"
 
 
 def _schedule_message(problem, solved) -> str:
