@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..common.deadline import TimeLimitReached, check_deadline, deadline_at, without_deadline
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
@@ -627,21 +628,29 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     from ..solver.request import Objective
     traffic = traffic or layer_traffic(model)
     o = inputs.options
+    # every part of the search (the schedule's actions, its simulation, CP-SAT's models) stops at the
+    # time limit (common/deadline.py); the plan is built after it, from what the search found
+    with deadline_at(_time.monotonic() + o.time_limit, o.time_limit):
+        if o.objective is Objective.DEVICES:
+            problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
+        else:
+            problem = schedule_problem(model, inputs, table)
+            if cutoff is not None and o.objective is Objective.COMPUTE:
+                problem = replace(problem, cutoff=float(cutoff))
+            if log:
+                log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
     if o.objective is Objective.DEVICES:
-        problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
         fits = solved.result is not None and solved.result.feasible
         if fits:
             solved.notes.append(shown)
-        plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
-                                  message=_schedule_message(problem, solved) if fits else shown)
+        with without_deadline():
+            plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
+                                      message=_schedule_message(problem, solved, o.time_limit) if fits else shown)
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
-    problem = schedule_problem(model, inputs, table)
-    if cutoff is not None and o.objective is Objective.COMPUTE:
-        problem = replace(problem, cutoff=float(cutoff))
-    if log:
-        log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
-    problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
-    plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
+    with without_deadline():
+        plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic,
+                                  message=_schedule_message(problem, solved, o.time_limit))
     return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan), slower=solved.status == "slower")
 
 
@@ -677,31 +686,40 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     import time
     from ..errors import StagesplitError
     from ..model.phases import phase_table
-    from ..solver.chunks import local_search
+    from ..solver.chunks import ChunkSolve, local_search
     from ..solver.request import Objective
     started = time.monotonic()
     table = table if table is not None else phase_table(model)
     o = inputs.options
     tried: dict[int, tuple] = {}
+    quick_fits: dict[int, tuple] = {}       # counts the quick search found a fit on: (problem, split, seconds)
 
     def left() -> float:
         return o.time_limit - (time.monotonic() - started)
 
     def attempt(n: int, prove: bool, share: float = 1 / 3):
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
-        CP-SAT with ``share`` of the time the whole solve has left."""
+        CP-SAT with ``share`` of the time the whole solve has left. False where the time limit
+        stops it before either finds a fit (the count is then not known)."""
+        begun = time.monotonic()
         trial = inputs_for(inputs, n)
         trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
                         request=replace(trial.request, objective=Objective.COMPUTE))
-        problem = schedule_problem(model, trial, table)
-        problem = replace(problem, time_limit=max(left() * share, 1.0))
-        if not prove and n not in tried:
-            quick = local_search(problem, budget_s=max(min(2.0, left() / 12), 0.2))
-            if quick.feasible:
-                return True
-        if log:
-            log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
-        problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+        try:
+            problem = schedule_problem(model, trial, table)
+            problem = replace(problem, time_limit=max(left() * share, 1.0))
+            if not prove and n not in tried:
+                quick = local_search(problem, budget_s=max(min(2.0, left() / 12), 0.2))
+                if quick.feasible:
+                    quick_fits[n] = (problem, quick, time.monotonic() - begun)
+                    return True
+            if log:
+                log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+        except TimeLimitReached:
+            return False
+        if n in tried and fits(n) and not (solved.result is not None and solved.result.feasible):
+            return True                      # a later search of the same count ran out of time: keep the first
         tried[n] = (problem, solved)
         return fits(n)
 
@@ -738,9 +756,16 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
         n = counts[-1]
         if n not in tried:
             attempt(n, prove=True, share=0.9)
+        if n not in tried:
+            check_deadline()                 # nothing was found before the time limit: the one-line error
+            raise TimeLimitReached(f"no split was found within the time limit ({o.time_limit:g} s); allow more "
+                                   "with --time-limit")
         return (*tried[n], n, _none_fits(inputs, runnable, counts, need, tried))
     if not fits(found) or not tried[found][1].optimal:
         attempt(found, prove=True, share=0.9)
+    if not fits(found):                      # the time limit stopped CP-SAT: the quick search's split, not proven
+        problem, quick, seconds = quick_fits[found]
+        tried[found] = (problem, ChunkSolve(quick, False, 0.0, 0, seconds, "time limit"))
     return (*tried[found], found, _fewer_note(runnable, found, need, tried))
 
 
@@ -818,8 +843,11 @@ def _do(counts: list[int]) -> str:
     return "does" if counts == [1] else "do"
 
 
-def _schedule_message(problem, solved) -> str:
+def _schedule_message(problem, solved, limit: float | None = None) -> str:
+    """The plan's message on how the search ended ("" where proven); ``limit``: the time limit
+    to name (default the problem's own)."""
     r = solved.result
+    limit = problem.time_limit if limit is None else limit
     if solved.status == "slower":
         return (f"no split is faster than {step_text(problem.cutoff, problem.table.time_unit)} (proven)"
                 + ("" if r is not None and r.feasible else "; none that fits was found"))
@@ -830,10 +858,10 @@ def _schedule_message(problem, solved) -> str:
             return (f"no split into {problem.schedule.chunks} chunks fits {problem.schedule.devices} devices under "
                     f"{problem.schedule.kind.value} with {problem.schedule.micro_batches} micro-batches{fullest}: use "
                     f"more devices, fewer micro-batches in flight (another schedule), or recompute")
-        return f"CP-SAT found no split within the time limit ({problem.time_limit:g} s); allow more with --time-limit"
+        return f"CP-SAT found no split within the time limit ({limit:g} s); allow more with --time-limit"
     if not solved.optimal:
         gap = (r.step_time - solved.bound) / r.step_time if r.step_time else 0.0
-        return (f"stopped by the time limit ({problem.time_limit:g} s): best split found, not proven optimal "
+        return (f"stopped by the time limit ({limit:g} s): best split found, not proven optimal "
                 f"(gap {100 * gap:.1f}%)")
     return ""
 
