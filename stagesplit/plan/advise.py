@@ -216,10 +216,22 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
                 f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
                 f"(a finer --layer-regex) or free memory on that tile")
     o = problem.options
+    L = len(names)
+    if o.exact and n > L:
+        works = _fewest_with_own_micro_batches(model, o) if o.micro_batches_auto else \
+            fewest_devices(table, problem.capacity, o)
+        return (f"{L} layers cannot fill exactly {n:,} devices: --exact puts at least one layer on each; use --devices "
+                f"{L} or fewer, or drop --exact" + _holds_text(o, works))
     enough = fewest_devices(table, problem.capacity, o)
     rules = _given_rules(o)
+    if enough is None and o.micro_batches_auto and o.schedule.value in ("gpipe", "1f1b"):
+        # the micro-batches follow --devices: fewer devices would have fewer in flight
+        held = "on every stage" if o.schedule.value == "gpipe" else "on the first stages"
+        return (f"no split of the {L} layers fits on {n:,} device(s) with {o.micro_batches:,} micro-batches in flight "
+                f"{held} under {o.schedule.value} (--micro-batches not given: one per device), nor on fewer devices with "
+                f"that many" + _holds_text(o, _fewest_with_own_micro_batches(model, o)))
     if enough is None:
-        return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
+        return f"no split of the {L} layers fits on {n} device(s), nor on any number of such devices"
     if enough > n:
         kinds = list(dict.fromkeys(kind for kind, _, _, _ in rules))
         caveat = f" (ignoring {_join(kinds, 'and')})" if kinds else ""
@@ -247,6 +259,37 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
 
 #: seconds the exact DP may take to check one relaxed problem when explaining infeasibility
 EXPLAIN_SECONDS = 2.0
+
+
+def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tuple[int, int] | None:
+    """Where the micro-batch count follows the devices (not given): the fewest ``--devices m``
+    whose ``m`` micro-batches fit, as (m, the stages that hold the model then), pins and layer-count
+    limits ignored; None where none up to the layer count does, or the ranges of each count could
+    not be priced within ``EXPLAIN_SECONDS``."""
+    stop = _time.monotonic() + EXPLAIN_SECONDS
+    for m in range(1, min(o.devices, model.num_layers) + 1):
+        if _time.monotonic() > stop:
+            return None
+        trial = with_devices(replace(o, exact=False), m)
+        capacity, _ = stage_capacities(model.profile.target, trial)
+        stages = fewest_devices(price(model, trial, max_devices=m), capacity, trial, limit=m)
+        if stages is not None:
+            return m, stages
+    return None
+
+
+def _holds_text(o: SolveOptions, works) -> str:
+    """What would hold the model: ``works`` is the fewest stages (micro-batches as given), or
+    (--devices m, stages) where the micro-batches follow the devices; "" where nothing is known."""
+    if works is None:
+        return ""
+    caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > o.exact else ""
+    if isinstance(works, tuple):
+        m, stages = works
+        return (f"; the fewest --devices that hold the model is {m} (so {m * o.chunks_per_device} micro-batches), "
+                f"on {stages} device{'s' if stages != 1 else ''}{caveat}")
+    micro = f" with {o.micro_batches:,} micro-batches" if o.schedule.value != "none" else ""
+    return f"; {works} device{'s are' if works != 1 else ' is'} the fewest that hold the model{micro}{caveat}"
 
 
 def _given_rules(o: SolveOptions) -> list[tuple[str, str, str, dict[str, Any]]]:
@@ -326,6 +369,9 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
     message = result_message(model, problem, table, result)
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
+    if options.objective == "devices" and options.exact and plan.feasible:
+        plan.notes.append(_exact_devices_note(options, fewest_devices(table, problem.capacity, options,
+                                                                      limit=options.devices)))
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults
@@ -337,6 +383,16 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
+
+
+def _exact_devices_note(o: SolveOptions, fewest: int | None) -> str:
+    """``--objective devices --exact``: the count is given, not searched; how many devices the
+    fewest that hold the model are (``fewest_devices``, proven by its prefix search)."""
+    if fewest is None or fewest >= o.devices:
+        return f"no fewer than the {o.devices} devices --exact uses hold the model"
+    caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > 1 else ""
+    return (f"{fewest} device{'s are' if fewest != 1 else ' is'} the fewest that hold the model{caveat}; --exact uses "
+            f"all {o.devices} (without it, --objective devices uses {fewest})")
 
 
 def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTable, result: SolverResult) -> str:
@@ -631,7 +687,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     # every part of the search (the schedule's actions, its simulation, CP-SAT's models) stops at the
     # time limit (common/deadline.py); the plan is built after it, from what the search found
     with deadline_at(_time.monotonic() + o.time_limit, o.time_limit):
-        if o.objective is Objective.DEVICES:
+        if o.objective is Objective.DEVICES and not o.exact:
             problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
         else:
             problem = schedule_problem(model, inputs, table)
@@ -640,13 +696,16 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
             if log:
                 log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
             problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
-    if o.objective is Objective.DEVICES:
+    if o.objective is Objective.DEVICES and not o.exact:
         fits = solved.result is not None and solved.result.feasible
         if fits:
             solved.notes.append(shown)
+        message = _schedule_message(problem, solved, o.time_limit) if fits else shown
+        if fits and not solved.optimal and solved.bound >= solved.result.step_time:
+            message = (f"stopped by the time limit ({o.time_limit:g} s): the split is the fastest on {n} devices, "
+                       f"but fewer devices were not all ruled out (see the note)")
         with without_deadline():
-            plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
-                                      message=_schedule_message(problem, solved, o.time_limit) if fits else shown)
+            plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic, message=message)
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
     with without_deadline():
         plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic,
@@ -682,6 +741,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     schedule's memory need not shrink with more devices: 1F1B's first stage holds a micro-batch
     more for each). Returns the problem and search at the count chosen, the count, and what the
     search showed about fewer devices (a note; or, where none fits, the plan's message)."""
+    import dataclasses
     import math
     import time
     from ..errors import StagesplitError
@@ -766,7 +826,11 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     if not fits(found):                      # the time limit stopped CP-SAT: the quick search's split, not proven
         problem, quick, seconds = quick_fits[found]
         tried[found] = (problem, ChunkSolve(quick, False, 0.0, 0, seconds, "time limit"))
-    return (*tried[found], found, _fewer_note(runnable, found, need, tried))
+    problem, solved = tried[found]
+    if any(need <= m < found and not _proven_out(tried, m) for m in runnable) and solved.optimal:
+        # the split is the fastest on `found` devices, but fewer may hold the model: not proven
+        solved = dataclasses.replace(solved, optimal=False, status="time limit")
+    return problem, solved, found, _fewer_note(runnable, found, need, tried)
 
 
 def _micro_words(o: SolveOptions) -> str:

@@ -105,6 +105,8 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
     if o.objective == "memory":
         return (f"why: the objective is memory; {where}, the least any split on {plan.devices} devices reaches "
                 f"(more devices, fewer micro-batches in flight or recompute would lower it)")
+    if o.objective == "devices" and o.exact:
+        return f"why: --exact uses all {plan.devices} devices, so the device count was given, not searched; {where}"
     if o.objective == "devices":
         return (f"why: {len(plan.stages)} devices are the fewest that hold the model; {where} "
                 f"(fewer would not fit; more would cut the bottleneck)")
