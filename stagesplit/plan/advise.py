@@ -567,6 +567,9 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
         if phases is not None:
             try:
                 advice = advise_schedule(model, row_inputs, table=phases, traffic=traffic)
+            except TimeLimitReached as exc:                     # not known, not refused
+                advice = Advice(plan=refused_plan(model, row_inputs, str(exc), status="unknown"), result=None,
+                                problem=None)
             except (StagesplitError, OptionError) as exc:       # e.g. more chunks than layers
                 advice = Advice(plan=refused_plan(model, row_inputs, str(exc)), result=None, problem=None)
         else:
