@@ -704,7 +704,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
         if fits:
             solved.notes.append(shown)
         message = _schedule_message(problem, solved, o.time_limit) if fits else shown
-        if fits and not solved.optimal and solved.bound >= solved.result.step_time:
+        if solved.status == _FEWER_UNKNOWN:
             message = (f"stopped by the time limit ({o.time_limit:g} s): the split is the fastest on {n} devices, "
                        f"but fewer devices were not all ruled out (see the note)")
         with without_deadline():
@@ -817,7 +817,7 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
             break
     if found is None:
         n = counts[-1]
-        if n not in tried:
+        if n not in tried or not _proven_out(tried, n) and left() >= 1.0:    # again, with the time left
             attempt(n, prove=True, share=0.9)
         if n not in tried:
             check_deadline()                 # nothing was found before the time limit: the one-line error
@@ -832,8 +832,13 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     problem, solved = tried[found]
     if any(need <= m < found and not _proven_out(tried, m) for m in runnable) and solved.optimal:
         # the split is the fastest on `found` devices, but fewer may hold the model: not proven
-        solved = dataclasses.replace(solved, optimal=False, status="time limit")
+        solved = dataclasses.replace(solved, optimal=False, status=_FEWER_UNKNOWN)
     return problem, solved, found, _fewer_note(runnable, found, need, tried)
+
+
+#: the status of a devices search's split that is the fastest on its count, where the time limit
+#: left some fewer count not known
+_FEWER_UNKNOWN = "fewer not known"
 
 
 def _micro_words(o: SolveOptions) -> str:
@@ -885,25 +890,31 @@ def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need:
     """The message of a devices search where no count fits: which counts were ruled out, how,
     and what would allow more devices."""
     o = inputs.options
-    proven = [m for m in counts if _proven_out(tried, m)]
-    unknown = [m for m in counts if m not in proven]
+    below = [m for m in runnable if m < need]
+    proven = [m for m in counts if m >= need and _proven_out(tried, m)]
+    unknown = [m for m in counts if m >= need and m not in proven]
     text = f"no split fits on any number of devices up to {o.devices} that {o.schedule.value} can run with " \
         f"{_micro_words(o)}"
-    said = []
+    from ..solver.request import RecomputeMode
+    problem = tried[counts[-1]][0]
+    recompute = problem.table.recompute is not None
+    said = [f"{_counts_text(below)}: the bytes resident all step alone need {need} devices"] if below else []
     if proven:
-        said.append(f"{_counts_text(proven)}: proven not to fit by CP-SAT")
+        said.append(f"{_counts_text(proven)}: proven not to fit by CP-SAT" +
+                    (", even with recompute chosen per layer" if recompute and inputs.request.recompute in
+                     (None, RecomputeMode.AUTO) else ""))
     if unknown:
         said.append(f"{_counts_text(unknown)}: no split found within the time limit, not proven")
-    if need > runnable[-1]:
-        said.append(f"the bytes resident all step need at least {need} devices")
     text += " (" + "; ".join(said) + ")"
-    most = min(o.devices, tried[counts[-1]][0].num_layers // chunks_per_rank_of(inputs))
+    most = min(o.devices, problem.num_layers // chunks_per_rank_of(inputs))
+    options = []
     if runnable[-1] < most:
-        text += f"; {o.schedule.value} runs on at most {runnable[-1]} of them with {_micro_words(o)}: give more " \
-            f"micro-batches to allow more devices, or use recompute or another schedule"
-    else:
-        text += "; use recompute, fewer micro-batches in flight (another schedule) or devices with more memory"
-    return text
+        text += f"; {o.schedule.value} runs on at most {runnable[-1]} of them with {_micro_words(o)}"
+        options.append("more micro-batches (to allow more devices)")
+    if recompute and inputs.request.recompute is RecomputeMode.NONE:
+        options.append("recompute (--recompute auto)")
+    options += ["another schedule", "devices with more memory"]
+    return f"{text}: try {_join(options, 'or')}"
 
 
 def _do(counts: list[int]) -> str:

@@ -94,8 +94,33 @@ def test_where_no_count_fits_the_message_names_the_counts_tried_and_the_micro_ba
     assert not plan.feasible
     assert plan.message == ("no split fits on any number of devices up to 32 that 1f1b can run with 4 micro-batches "
                             "(1..4: proven not to fit by CP-SAT); 1f1b runs on at most 4 of them with 4 micro-batches: "
-                            "give more micro-batches to allow more devices, or use recompute or another schedule")
+                            "try more micro-batches (to allow more devices), recompute (--recompute auto), another "
+                            "schedule or devices with more memory")
     for n in (1, 2, 3, 4):
         assert not _fits_exactly(n, 4, reserve=reserve)
     with pytest.raises(OptionError):
         check_schedule("1f1b", 5, 4, 1)
+    # recompute, as suggested, makes it fit (the fewest with it is one device, as below)
+    with_recompute = api.solve(str(CAPTURED), 32, schedule="1f1b", micro_batches=4, objective="devices",
+                               reserve=reserve, recompute="auto")
+    assert with_recompute.feasible
+
+
+def test_where_recompute_was_chosen_the_message_says_so():
+    """Recompute left to stagesplit: each count was also tried with recompute chosen per layer.
+    70 MiB per device: not even that fits on 1..4 devices (on one, not even the resident bytes)."""
+    reserve = DEVICE_BYTES - 70 * MIB
+    plan = api.solve(str(CAPTURED), 32, schedule="1f1b", micro_batches=4, objective="devices", reserve=reserve)
+    assert not plan.feasible
+    assert plan.message == ("no split fits on any number of devices up to 32 that 1f1b can run with 4 micro-batches "
+                            "(1: the bytes resident all step alone need 2 devices; 2..4: proven not to fit by CP-SAT, "
+                            "even with recompute chosen per layer); 1f1b runs on "
+                            "at most 4 of them with 4 micro-batches: try more micro-batches (to allow more devices), "
+                            "another schedule or devices with more memory")
+    for n in (1, 2, 3, 4):
+        exact = api.solve(str(CAPTURED), n, schedule="1f1b", micro_batches=4, exact=True, reserve=reserve,
+                          recompute="auto")
+        assert exact.status == "infeasible"
+    # the bytes resident all step (the whole model's) need more than one device of 70 MiB, not more than two
+    resident = int(api._phase_table(api.analyze(str(CAPTURED)).model).resident[0, -1])
+    assert 70 * MIB < resident <= 2 * 70 * MIB
