@@ -365,7 +365,7 @@ def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, bu
                     b[i] += step
                     if not b[i - 1] < b[i] < b[i + 1]:
                         continue
-                    if _time.monotonic() >= deadline:     # one evaluation can take seconds on long schedules
+                    if seconds_left() <= 0:      # the search's limit: one evaluation can take seconds
                         return current
                     cand = evaluate(problem, b)
                     if seen is not None:
