@@ -228,8 +228,8 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
         # the micro-batches follow --devices: fewer devices would have fewer in flight
         held = "on every stage" if o.schedule.value == "gpipe" else "on the first stages"
         return (f"no split of the {L} layers fits on {n:,} device(s) with {o.micro_batches:,} micro-batches in flight "
-                f"{held} under {o.schedule.value} (--micro-batches not given: one per device), nor on fewer devices with "
-                f"that many" + _holds_text(o, _fewest_with_own_micro_batches(model, o)))
+                f"{held} under {o.schedule.value} (--micro-batches not given: one per device), nor on fewer devices "
+                f"with that many" + _holds_text(o, _fewest_with_own_micro_batches(model, o)))
     if enough is None:
         return f"no split of the {L} layers fits on {n} device(s), nor on any number of such devices"
     if enough > n:

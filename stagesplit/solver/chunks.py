@@ -457,7 +457,8 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             layer_times[:, 1] += table.recompute.added[fixed, np.arange(L)]
         prefix = {k: np.round(np.concatenate([[0.0], np.cumsum(layer_times[:, i])]) * scale).astype(np.int64)
                   for i, k in enumerate(("F", "B", "W", "O"))}
-        cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
+        cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte
+                             * scale).astype(np.int64)
         mem = _memory_tables(problem)
         # each chunk's ranges (first layer a, last b) that fit its device on their own: no other can be
         # in a split that fits, so the range lookups need no other (a much smaller model to presolve)
