@@ -720,6 +720,7 @@ def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.nd
             if not auto:
                 worst = np.zeros((L, L), np.int64)
                 for k, signature in enumerate(rs.signatures):
+                    check_deadline(_BUILDING)
                     term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
                             * mem["weight_stash"] + int(rs.retained_counts[k, c]) * mem["retained"])
                     if signature.op is None:
@@ -905,6 +906,7 @@ def _rank_forms(sig, q: dict, C: int) -> list[list]:
         chunks = list(rs.chunks)
         forms = []
         for k, signature in enumerate(rs.signatures):
+            check_deadline(_BUILDING)
             terms = [q["resident"][c] for c in chunks]
             for c in range(C):
                 for name, counts in (("stash", rs.stash_counts), ("weight_stash", rs.weight_stash_counts),
@@ -939,6 +941,7 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     # figures as the only chunk of a one-chunk split would mix both, so build each from a split
     # of the right shape: the range, with the rest of the layers around it as other chunks
     for a in range(L):
+        check_deadline(_BUILDING)
         for b in range(a, L):
             bounds = [0] if a > 0 else []
             bounds += [a, b + 1]
