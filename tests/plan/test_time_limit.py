@@ -2,8 +2,8 @@
 chunks per device, a wide captured model, every schedule search kind (one schedule, ``--schedule
 auto``, ``--objective devices``, both, and the limit from a settings file). Each solve (its
 pricing included) ends within twice the limit plus 5 s and says what it proved: a plan proven
-optimal, one marked
-not proven (the time limit named), or the one-line error where nothing was found."""
+optimal, one marked not proven (the time limit named), or the one-line error where nothing was
+found."""
 
 from __future__ import annotations
 
