@@ -22,6 +22,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable
 
+from .common.deadline import TimeLimitReached, deadline_at
 from .common.guards import check_outputs as _check_paths, device_counts
 from .common.limits import MAX_DEVICES
 from .common.text import show, short_repr
@@ -465,7 +466,14 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     far, which is quick to refute where there is none (and where there is, that schedule's plan
     becomes the fastest, proven in turn). Time left at the end goes to the searches the time limit
     stopped. The plan is the fastest that fits (the emptiest, with the memory objective);
-    ``plan.candidates`` lists them all."""
+    ``plan.candidates`` lists them all. The time limit bounds all of it (common/deadline.py): a
+    schedule it stops before any split is found is listed as not known (status "unknown")."""
+    started = time.monotonic()
+    with deadline_at(started + req.time_limit, req.time_limit):
+        return _solve_auto_within(req, analysis, events, started)
+
+
+def _solve_auto_within(req: SolveRequest, analysis, events: Events, started: float):
     from .plan.advise import advise_schedule, schedule_problem
     from .plan.records import ScheduleCandidate
     from .solver.chunks import local_search
@@ -474,7 +482,6 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
                           "micro-batches")
     memory = req.objective.value == "memory"
-    started = time.monotonic()
     table = None
     ranked = []
     events.start("ranking the schedules by a quick search")
@@ -488,10 +495,15 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         if table is None:
             table, solved_on = _phase_table(resolved.model), resolved.model
         try:
-            problem = schedule_problem(resolved.model, resolved.inputs, table)
-            quick = local_search(problem, budget_s=budget)
+            # the ranking takes at most half of the time: on long schedules (thousands of micro-batches,
+            # many chunks) making one schedule's actions takes seconds, and the solves need the rest
+            with deadline_at(started + req.time_limit / 2):
+                problem = schedule_problem(resolved.model, resolved.inputs, table)
+                quick = local_search(problem, budget_s=budget)
             share = float((quick.peaks / problem.capacities).max())
             rank = (0 if quick.feasible else 1, share if memory else quick.step_time)
+        except TimeLimitReached:         # not ranked: after the others
+            rank = (3, 0.0)
         except StagesplitError:
             rank = (2, 0.0)
         ranked.append((rank, kind, v, M))
@@ -513,6 +525,8 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
             advice = advise_schedule(resolved.model, resolved.inputs, table=table,
                                      cutoff=None if memory or not math.isfinite(best) else best)
             plans[i] = (kind, v, advice, "")
+        except TimeLimitReached:
+            plans[i] = (kind, v, None, _NOT_SEARCHED)
         except StagesplitError as exc:
             plans[i] = (kind, v, None, str(exc))
         finally:
@@ -530,7 +544,8 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     for kind, v, advice, error in plans:
         plan = advice.plan if advice is not None else None
         s = plan.schedule if plan is not None else None
-        status = "refused" if plan is None else "slower" if advice.slower else plan.status
+        status = ("unknown" if error == _NOT_SEARCHED else "refused") if plan is None else \
+            "slower" if advice.slower else plan.status
         rows.append(ScheduleCandidate(
             schedule=kind, chunks_per_rank=v, status=status,
             step_time=s.step_time if s else None, bubble=s.bubble if s else None,
@@ -541,6 +556,9 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
         best = min(feasible, key=score)[2]
     else:
         best = next((a for _, _, a, _ in plans if a is not None), None)
+        if best is None and all(e == _NOT_SEARCHED for _, _, _, e in plans):
+            raise TimeLimitReached(f"no split was found within the time limit ({req.time_limit:g} s); allow more "
+                                   "with --time-limit")
         if best is None:
             raise StagesplitError("no schedule could be solved: " + "; ".join(f"{k} (v={v}): {e}"
                                                                                for k, v, _, e in plans))
@@ -556,6 +574,10 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
     # the model the plans were solved on (the target's roofline applied, the phase table kept)
     plan.warnings, plan.analysis = list(events.warnings), solved_on
     return plan
+
+
+#: a schedule ``--schedule auto``'s time limit stopped before any split of it was found
+_NOT_SEARCHED = "the time limit was reached before a split of this schedule was found"
 
 
 def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans: list, started: float,

@@ -135,9 +135,9 @@ def block_stack(view: PlanView) -> str | None:
 
 
 def _stage_modules_source() -> list[str]:
-    """stage_modules.py as lines, to inline (it imports only torch; its own ``import torch`` and
+    """templates/stage_modules.py (a file, not a module of the package: it imports torch) as lines, to inline (it imports only torch; its own ``import torch`` and
     ``__all__`` are left out)."""
-    text = (Path(__file__).parent / "stage_modules.py").read_text(encoding="utf-8")
+    text = (Path(__file__).parent / "templates" / "stage_modules.py").read_text(encoding="utf-8")
     return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
 

@@ -11,6 +11,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from ..common.deadline import TimeLimitReached, check_deadline, deadline_at, without_deadline
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
@@ -215,10 +216,22 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
                 f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
                 f"(a finer --layer-regex) or free memory on that tile")
     o = problem.options
+    L = len(names)
+    if o.exact and n > L:
+        works = _fewest_with_own_micro_batches(model, o) if o.micro_batches_auto else \
+            fewest_devices(table, problem.capacity, o)
+        return (f"{L} layers cannot fill exactly {n:,} devices: --exact puts at least one layer on each; use --devices "
+                f"{L} or fewer, or drop --exact" + _holds_text(o, works))
     enough = fewest_devices(table, problem.capacity, o)
     rules = _given_rules(o)
+    if enough is None and o.micro_batches_auto and o.schedule.value in ("gpipe", "1f1b"):
+        # the micro-batches follow --devices: fewer devices would have fewer in flight
+        held = "on every stage" if o.schedule.value == "gpipe" else "on the first stages"
+        return (f"no split of the {L} layers fits on {n:,} device(s) with {o.micro_batches:,} micro-batches in flight "
+                f"{held} under {o.schedule.value} (--micro-batches not given: one per device), nor on fewer devices "
+                f"with that many" + _holds_text(o, _fewest_with_own_micro_batches(model, o)))
     if enough is None:
-        return f"no split of the {len(names)} layers fits on {n} device(s), nor on any number of such devices"
+        return f"no split of the {L} layers fits on {n} device(s), nor on any number of such devices"
     if enough > n:
         kinds = list(dict.fromkeys(kind for kind, _, _, _ in rules))
         caveat = f" (ignoring {_join(kinds, 'and')})" if kinds else ""
@@ -246,6 +259,37 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
 
 #: seconds the exact DP may take to check one relaxed problem when explaining infeasibility
 EXPLAIN_SECONDS = 2.0
+
+
+def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tuple[int, int] | None:
+    """Where the micro-batch count follows the devices (not given): the fewest ``--devices m``
+    whose ``m`` micro-batches fit, as (m, the stages that hold the model then), pins and layer-count
+    limits ignored; None where none up to the layer count does, or the ranges of each count could
+    not be priced within ``EXPLAIN_SECONDS``."""
+    stop = _time.monotonic() + EXPLAIN_SECONDS
+    for m in range(1, min(o.devices, model.num_layers) + 1):
+        if _time.monotonic() > stop:
+            return None
+        trial = with_devices(replace(o, exact=False), m)
+        capacity, _ = stage_capacities(model.profile.target, trial)
+        stages = fewest_devices(price(model, trial, max_devices=m), capacity, trial, limit=m)
+        if stages is not None:
+            return m, stages
+    return None
+
+
+def _holds_text(o: SolveOptions, works) -> str:
+    """What would hold the model: ``works`` is the fewest stages (micro-batches as given), or
+    (--devices m, stages) where the micro-batches follow the devices; "" where nothing is known."""
+    if works is None:
+        return ""
+    caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > o.exact else ""
+    if isinstance(works, tuple):
+        m, stages = works
+        return (f"; the fewest --devices that hold the model is {m} (so {m * o.chunks_per_device} micro-batches), "
+                f"on {stages} device{'s' if stages != 1 else ''}{caveat}")
+    micro = f" with {o.micro_batches:,} micro-batches" if o.schedule.value != "none" else ""
+    return f"; {works} device{'s are' if works != 1 else ' is'} the fewest that hold the model{micro}{caveat}"
 
 
 def _given_rules(o: SolveOptions) -> list[tuple[str, str, str, dict[str, Any]]]:
@@ -325,6 +369,9 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
     message = result_message(model, problem, table, result)
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
+    if options.objective == "devices" and options.exact and plan.feasible:
+        plan.notes.append(_exact_devices_note(options, fewest_devices(table, problem.capacity, options,
+                                                                      limit=options.devices)))
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults
@@ -336,6 +383,16 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         for solution in (base, uniform(problem)):
             advice.baselines.append(_baseline_plan(model, problem, solution, traffic, inputs))
     return advice
+
+
+def _exact_devices_note(o: SolveOptions, fewest: int | None) -> str:
+    """``--objective devices --exact``: the count is given, not searched; how many devices the
+    fewest that hold the model are (``fewest_devices``, proven by its prefix search)."""
+    if fewest is None or fewest >= o.devices:
+        return f"no fewer than the {o.devices} devices --exact uses hold the model"
+    caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > 1 else ""
+    return (f"{fewest} device{'s are' if fewest != 1 else ' is'} the fewest that hold the model{caveat}; --exact uses "
+            f"all {o.devices} (without it, --objective devices uses {fewest})")
 
 
 def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTable, result: SolverResult) -> str:
@@ -510,6 +567,9 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
         if phases is not None:
             try:
                 advice = advise_schedule(model, row_inputs, table=phases, traffic=traffic)
+            except TimeLimitReached as exc:                     # not known, not refused
+                advice = Advice(plan=refused_plan(model, row_inputs, str(exc), status="unknown"), result=None,
+                                problem=None)
             except (StagesplitError, OptionError) as exc:       # e.g. more chunks than layers
                 advice = Advice(plan=refused_plan(model, row_inputs, str(exc)), result=None, problem=None)
         else:
@@ -554,8 +614,7 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     from ..solver.schedule import ScheduleKind, build_schedule, traits
     o = inputs.options
     kind = ScheduleKind(o.schedule.value)
-    v = inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
-        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+    v = chunks_per_rank_of(inputs)
     schedule = build_schedule(kind, o.devices, o.micro_batches, v)
     from ..solver.request import RecomputeMode
     fixed = inputs.request.recompute
@@ -609,6 +668,8 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
                            "column are recomputed (--recompute none to refuse, auto to let it choose always)")
         return auto, again
+    if again.status != "infeasible":        # not proven without recompute's help either: unknown
+        return auto, again
     return problem, solved
 
 
@@ -626,83 +687,245 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     from ..solver.request import Objective
     traffic = traffic or layer_traffic(model)
     o = inputs.options
-    if o.objective is Objective.DEVICES:
-        problem, solved, n = _fewest_devices(model, inputs, table, log)
-        plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic,
-                                  message=_schedule_message(problem, solved))
+    # every part of the search (the schedule's actions, its simulation, CP-SAT's models) stops at the
+    # time limit (common/deadline.py); the plan is built after it, from what the search found
+    with deadline_at(_time.monotonic() + o.time_limit, o.time_limit):
+        if o.objective is Objective.DEVICES and not o.exact:
+            problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
+        else:
+            problem = schedule_problem(model, inputs, table)
+            if cutoff is not None and o.objective is Objective.COMPUTE:
+                problem = replace(problem, cutoff=float(cutoff))
+            if log:
+                log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+    if o.objective is Objective.DEVICES and not o.exact:
+        fits = solved.result is not None and solved.result.feasible
+        if fits:
+            solved.notes.append(shown)
+        message = _schedule_message(problem, solved, o.time_limit) if fits else shown
+        if solved.status == _FEWER_UNKNOWN:
+            message = (f"stopped by the time limit ({o.time_limit:g} s): the split is the fastest on {n} devices, "
+                       f"but fewer devices were not all ruled out (see the note)")
+        with without_deadline():
+            plan = make_schedule_plan(model, problem, solved, inputs_for(inputs, n), traffic=traffic, message=message)
         return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan))
-    problem = schedule_problem(model, inputs, table)
-    if cutoff is not None and o.objective is Objective.COMPUTE:
-        problem = replace(problem, cutoff=float(cutoff))
-    if log:
-        log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
-    problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
-    plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic, message=_schedule_message(problem, solved))
+    with without_deadline():
+        plan = make_schedule_plan(model, problem, solved, inputs, traffic=traffic,
+                                  message=_schedule_message(problem, solved, o.time_limit))
     return Advice(plan=plan, result=None, problem=None, warnings=_tied_warnings(plan), slower=solved.status == "slower")
 
 
+def chunks_per_rank_of(inputs: PlanInputs) -> int:
+    """The chunks each device runs under ``inputs``' schedule (``schedule_problem``'s choice)."""
+    from ..solver.schedule import ScheduleKind, traits
+    kind = ScheduleKind(inputs.options.schedule.value)
+    return inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
+        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+
+
+def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
+    """The device counts up to the request's on which its schedule can run: torch's schedule
+    class accepts the count with the micro-batches it then has (a defaulted count follows the
+    devices), and every chunk gets a layer. Not monotone: 1F1B needs micro-batches >= devices,
+    interleaved 1F1B micro-batches that are a multiple of max(1, M // devices)."""
+    from ..solver.schedule import ScheduleKind, is_valid
+    kind = ScheduleKind(inputs.options.schedule.value)
+    v = chunks_per_rank_of(inputs)
+    return [n for n in range(1, inputs.options.devices + 1)
+            if n * v <= num_layers and is_valid(kind, n, with_devices(inputs.options, n).micro_batches, v)]
+
+
 def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
-    """The fewest devices (up to the request's) on which the schedule fits, by bisection between
-    what the resident bytes alone need and the request's count, then the fastest split there.
-    Each count is tried with the quick search first and CP-SAT where that finds no fit."""
+    """The fewest devices (up to the request's) on which the schedule fits, among the counts it
+    can run with (``runnable_device_counts``) that the resident bytes alone do not rule out: a
+    bisection (the quick search first, CP-SAT where that finds no fit) finds a count that fits,
+    then CP-SAT checks the fewer counts it passed over, fewest first, while time is left (a
+    schedule's memory need not shrink with more devices: 1F1B's first stage holds a micro-batch
+    more for each). Returns the problem and search at the count chosen, the count, and what the
+    search showed about fewer devices (a note; or, where none fits, the plan's message)."""
+    import dataclasses
     import math
     import time
     from ..errors import StagesplitError
     from ..model.phases import phase_table
-    from ..solver.chunks import local_search
+    from ..solver.chunks import ChunkSolve, local_search
     from ..solver.request import Objective
     started = time.monotonic()
     table = table if table is not None else phase_table(model)
-    top = inputs.options.devices
+    o = inputs.options
     tried: dict[int, tuple] = {}
+    quick_fits: dict[int, tuple] = {}       # counts the quick search found a fit on: (problem, split, seconds)
+
+    def left() -> float:
+        return o.time_limit - (time.monotonic() - started)
 
     def attempt(n: int, prove: bool, share: float = 1 / 3):
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
-        CP-SAT with ``share`` of the time the whole solve has left (the last search 0.9 of it:
-        building CP-SAT's models comes on top of its limit)."""
+        CP-SAT with ``share`` of the time the whole solve has left. False where the time limit
+        stops it before either finds a fit (the count is then not known)."""
+        begun = time.monotonic()
         trial = inputs_for(inputs, n)
         trial = replace(trial, options=replace(trial.options, objective=Objective.COMPUTE),
                         request=replace(trial.request, objective=Objective.COMPUTE))
         try:
             problem = schedule_problem(model, trial, table)
-        except (StagesplitError, OptionError):       # too few layers or micro-batches for n devices
-            return None
-        left = problem.time_limit - (time.monotonic() - started)
-        problem = replace(problem, time_limit=max(left * share, 1.0))
-        if not prove and n not in tried:
-            quick = local_search(problem, budget_s=max(min(2.0, left / 12), 0.2))
-            if quick.feasible:
-                return True
-        if log:
-            log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
-        problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+            problem = replace(problem, time_limit=max(left() * share, 1.0))
+            if not prove and n not in tried:
+                quick = local_search(problem, budget_s=max(min(2.0, left() / 12), 0.2))
+                if quick.feasible:
+                    quick_fits[n] = (problem, quick, time.monotonic() - begun)
+                    return True
+            if log:
+                log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+        except TimeLimitReached:
+            return False
+        if n in tried and fits(n) and not (solved.result is not None and solved.result.feasible):
+            return True                      # a later search of the same count ran out of time: keep the first
         tried[n] = (problem, solved)
-        return solved.result is not None and solved.result.feasible
+        return fits(n)
 
-    capacity = float(device_capacities(model, inputs.options).max())
-    low = max(1, math.ceil(float(table.resident[0, table.num_layers - 1]) / capacity))
-    per_device = inputs.request.chunks_per_rank or (1 if inputs.options.schedule.one_stage_per_device else 2)
-    high = max(1, min(top, table.num_layers // per_device))        # every chunk needs a layer
-    low = min(low, high)
-    if not attempt(high, prove=False):
-        if high not in tried:
-            attempt(high, prove=True, share=0.9)
-        if high not in tried:
-            raise StagesplitError(f"no device count up to {top} can run the schedule")
-        return (*tried[high], high)
-    while low < high:
-        mid = (low + high) // 2
-        if attempt(mid, prove=False):
-            high = mid
+    def fits(n: int) -> bool:
+        solved = tried[n][1] if n in tried else None
+        return solved is not None and solved.result is not None and solved.result.feasible
+
+    runnable = runnable_device_counts(inputs, table.num_layers)
+    if not runnable:
+        raise StagesplitError(f"no device count up to {o.devices} can run {o.schedule.value} with "
+                              f"{chunks_per_rank_of(inputs)} chunk(s) per device on {table.num_layers} layers and "
+                              + _micro_words(o))
+    capacity = float(device_capacities(model, o).max())
+    need = max(1, math.ceil(float(table.resident[0, table.num_layers - 1]) / capacity))
+    counts = [n for n in runnable if n >= need] or runnable[-1:]
+    found = None
+    if attempt(counts[-1], prove=False):
+        low, high = 0, len(counts) - 1
+        while low < high:
+            mid = (low + high) // 2
+            if attempt(counts[mid], prove=False):
+                high = mid
+            else:
+                low = mid + 1
+        found = counts[high]
+    # the counts below the one found (all, where none was) that no search has ruled out, fewest first
+    for n in [m for m in counts if (found is None or m < found) and m not in tried]:
+        if left() < 1.0:
+            break
+        if attempt(n, prove=True, share=0.5):
+            found = n
+            break
+    if found is None:
+        n = counts[-1]
+        if n not in tried or not _proven_out(tried, n) and left() >= 1.0:    # again, with the time left
+            attempt(n, prove=True, share=0.9)
+        if n not in tried:
+            check_deadline()                 # nothing was found before the time limit: the one-line error
+            raise TimeLimitReached(f"no split was found within the time limit ({o.time_limit:g} s); allow more "
+                                   "with --time-limit")
+        return (*tried[n], n, _none_fits(inputs, runnable, counts, need, tried))
+    if not fits(found) or not tried[found][1].optimal:
+        attempt(found, prove=True, share=0.9)
+    if not fits(found):                      # the time limit stopped CP-SAT: the quick search's split, not proven
+        problem, quick, seconds = quick_fits[found]
+        tried[found] = (problem, ChunkSolve(quick, False, 0.0, 0, seconds, "time limit"))
+    problem, solved = tried[found]
+    if any(need <= m < found and not _proven_out(tried, m) for m in runnable) and solved.optimal:
+        # the split is the fastest on `found` devices, but fewer may hold the model: not proven
+        solved = dataclasses.replace(solved, optimal=False, status=_FEWER_UNKNOWN)
+    return problem, solved, found, _fewer_note(runnable, found, need, tried)
+
+
+#: the status of a devices search's split that is the fastest on its count, where the time limit
+#: left some fewer count not known
+_FEWER_UNKNOWN = "fewer not known"
+
+
+def _micro_words(o: SolveOptions) -> str:
+    return f"{o.micro_batches} micro-batches" if not o.micro_batches_auto else "as many micro-batches as chunks"
+
+
+def _counts_text(counts: list[int]) -> str:
+    """``1..3, 5 and 7``: device counts, runs of consecutive ones as ranges."""
+    runs: list[list[int]] = []
+    for n in counts:
+        if runs and n == runs[-1][1] + 1:
+            runs[-1][1] = n
         else:
-            low = mid + 1
-    if high not in tried or not (tried[high][1].result is not None and tried[high][1].result.feasible):
-        attempt(high, prove=True, share=0.9)
-    return (*tried[high], high)
+            runs.append([n, n])
+    parts = [str(a) if a == b else f"{a} and {b}" if b == a + 1 else f"{a}..{b}" for a, b in runs]
+    return _join(parts, "and")
 
 
-def _schedule_message(problem, solved) -> str:
+def _proven_out(tried: dict, n: int) -> bool:
+    return n in tried and tried[n][1].status == "infeasible"
+
+
+def _fewer_note(runnable: list[int], n: int, need: int, tried: dict) -> str:
+    """What the device search showed about fewer than ``n`` devices: every count the schedule
+    runs with below ``n`` is below what the resident bytes need, proven not to fit by CP-SAT, or
+    not known (the time limit stopped the search first)."""
+    head = f"--objective devices: {n} device{'s hold' if n != 1 else ' holds'} the model"
+    if n == 1:
+        return head
+    parts = []
+    if need > 1:
+        parts.append(f"fewer than {need} cannot hold even the bytes resident all step (parameters, gradients, "
+                     f"optimizer state)")
+    fewer = [m for m in runnable if need <= m < n]
+    proven = [m for m in fewer if _proven_out(tried, m)]
+    unknown = [m for m in fewer if m not in proven]
+    if proven:
+        parts.append(f"{_counts_text(proven)} {_do(proven)} not fit (proven by CP-SAT)")
+    if unknown:
+        parts.append(f"whether {_counts_text(unknown)} {_do(unknown)} is not known (the time limit stopped the "
+                     f"search first), so {n} is not proven the fewest")
+    idle = [m for m in range(1, n) if m not in runnable]
+    if idle:
+        parts.append(f"the schedule cannot run on {_counts_text(idle)}")
+    return head + "; " + "; ".join(parts)
+
+
+def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need: int, tried: dict) -> str:
+    """The message of a devices search where no count fits: which counts were ruled out, how,
+    and what would allow more devices."""
+    o = inputs.options
+    below = [m for m in runnable if m < need]
+    proven = [m for m in counts if m >= need and _proven_out(tried, m)]
+    unknown = [m for m in counts if m >= need and m not in proven]
+    text = f"no split fits on any number of devices up to {o.devices} that {o.schedule.value} can run with " \
+        f"{_micro_words(o)}"
+    from ..solver.request import RecomputeMode
+    problem = tried[counts[-1]][0]
+    recompute = problem.table.recompute is not None
+    said = [f"{_counts_text(below)}: the bytes resident all step alone need {need} devices"] if below else []
+    if proven:
+        said.append(f"{_counts_text(proven)}: proven not to fit by CP-SAT" +
+                    (", even with recompute chosen per layer" if recompute and inputs.request.recompute in
+                     (None, RecomputeMode.AUTO) else ""))
+    if unknown:
+        said.append(f"{_counts_text(unknown)}: no split found within the time limit, not proven")
+    text += " (" + "; ".join(said) + ")"
+    most = min(o.devices, problem.num_layers // chunks_per_rank_of(inputs))
+    options = []
+    if runnable[-1] < most:
+        text += f"; {o.schedule.value} runs on at most {runnable[-1]} of them with {_micro_words(o)}"
+        options.append("more micro-batches (to allow more devices)")
+    if recompute and inputs.request.recompute is RecomputeMode.NONE:
+        options.append("recompute (--recompute auto)")
+    options += ["another schedule", "devices with more memory"]
+    return f"{text}: try {_join(options, 'or')}"
+
+
+def _do(counts: list[int]) -> str:
+    return "does" if counts == [1] else "do"
+
+
+def _schedule_message(problem, solved, limit: float | None = None) -> str:
+    """The plan's message on how the search ended ("" where proven); ``limit``: the time limit
+    to name (default the problem's own)."""
     r = solved.result
+    limit = problem.time_limit if limit is None else limit
     if solved.status == "slower":
         return (f"no split is faster than {step_text(problem.cutoff, problem.table.time_unit)} (proven)"
                 + ("" if r is not None and r.feasible else "; none that fits was found"))
@@ -713,10 +936,10 @@ def _schedule_message(problem, solved) -> str:
             return (f"no split into {problem.schedule.chunks} chunks fits {problem.schedule.devices} devices under "
                     f"{problem.schedule.kind.value} with {problem.schedule.micro_batches} micro-batches{fullest}: use "
                     f"more devices, fewer micro-batches in flight (another schedule), or recompute")
-        return f"CP-SAT found no split within the time limit ({problem.time_limit:g} s); allow more with --time-limit"
+        return f"CP-SAT found no split within the time limit ({limit:g} s); allow more with --time-limit"
     if not solved.optimal:
         gap = (r.step_time - solved.bound) / r.step_time if r.step_time else 0.0
-        return (f"stopped by the time limit ({problem.time_limit:g} s): best split found, not proven optimal "
+        return (f"stopped by the time limit ({limit:g} s): best split found, not proven optimal "
                 f"(gap {100 * gap:.1f}%)")
     return ""
 

@@ -190,12 +190,13 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                 notes=notes, run=run, tied=model.tied, schedule=record)
 
 
-def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str) -> Plan:
-    """A plan with no split: the request cannot be solved as asked (``message`` says why)."""
+def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:
+    """A plan with no split: the request cannot be solved as asked (``message`` says why), or
+    (``status="unknown"``) the time limit came before any split was found."""
     run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
                   versions=versions())
     return Plan(profile=plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
-                devices=inputs.options.devices, method="cp-sat", status="infeasible", feasible=False,
+                devices=inputs.options.devices, method="cp-sat", status=status, feasible=False,
                 message=message, stages=[], phases=[], compute_unit=model.profile.compute_unit,
                 module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied)
 

@@ -488,6 +488,8 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
         kind = "device" if plan.schedule is not None else "stage"
         return (f"why: the objective is memory: no split on {plan.devices} devices leaves its fullest {kind} "
                 f"emptier (more devices, fewer micro-batches in flight or recompute may); {headroom}")
+    if o.objective == "devices" and o.exact:
+        return f"why: --exact uses all {plan.devices} devices, so the device count was given, not searched; {headroom}"
     if o.objective == "devices":
         used = len(plan.schedule.ranks) if plan.schedule is not None else len(plan.stages)
         are = "device is the fewest that holds" if used == 1 else "devices are the fewest that hold"

@@ -28,6 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..common.deadline import TimeLimitReached, check_deadline, seconds_left
 from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
 from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, ScheduleKind, chunks_in_flight,
@@ -372,26 +373,37 @@ def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, bu
                  seen: list | None = None) -> ChunkResult:
     """A good split fast: the balanced split, then single boundary moves (by up to 3 layers)
     while one improves the objective (feasibility first: the summed excess over capacity).
-    ``seen`` collects every split evaluated (their critical paths seed CP-SAT)."""
-    deadline = _time.monotonic() + budget_s
-    current = evaluate(problem, start or _balanced(problem))
+    ``seen`` collects every split evaluated (their critical paths seed CP-SAT). The search's
+    time limit (common/deadline.py) ends it with the best so far; only where it is reached in the
+    first evaluation is ``TimeLimitReached`` raised."""
+    deadline = _time.monotonic() + min(budget_s, seconds_left())
+    current = evaluate(problem, start or _balanced(problem))     # the search's time limit: raised if reached here
     if seen is not None:
         seen.append(current)
     improved = True
-    while improved and _time.monotonic() < deadline:
-        improved = False
-        for i in range(1, problem.chunks):
-            for step in (-3, -2, -1, 1, 2, 3):
-                b = list(current.bounds)
-                b[i] += step
-                if not b[i - 1] < b[i] < b[i + 1]:
-                    continue
-                cand = evaluate(problem, b)
-                if seen is not None:
-                    seen.append(cand)
-                if cand.key(problem) < current.key(problem):
-                    current, improved = cand, True
+    try:
+        while improved and _time.monotonic() < deadline:
+            improved = False
+            for i in range(1, problem.chunks):
+                for step in (-3, -2, -1, 1, 2, 3):
+                    b = list(current.bounds)
+                    b[i] += step
+                    if not b[i - 1] < b[i] < b[i + 1]:
+                        continue
+                    if seconds_left() <= 0:      # the search's limit: one evaluation can take seconds
+                        return current
+                    cand = evaluate(problem, b)
+                    if seen is not None:
+                        seen.append(cand)
+                    if cand.key(problem) < current.key(problem):
+                        current, improved = cand, True
+    except TimeLimitReached:            # the best so far
+        pass
     return current
+
+
+#: what the search was doing where the time limit stops it (common/deadline.py)
+_BUILDING = "building CP-SAT's model"
 
 
 # --- CP-SAT ----------------------------------------------------------------------------------------
@@ -419,7 +431,9 @@ def _scale(problem: ChunkProblem) -> float:
 def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50) -> ChunkSolve:
     """The optimal split (see the module docstring), or the best found within the time limit
     with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
-    "slower" (bound at the cutoff) where none fits, otherwise as without it."""
+    "slower" (bound at the cutoff) where none fits, otherwise as without it. Where the search's
+    time limit (common/deadline.py) is reached inside a long computation, the best split so far
+    (None if none) with status "time limit"."""
     from ortools.sat.python import cp_model
 
     started = _time.monotonic()
@@ -428,257 +442,268 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     table = problem.table
     scale = _scale(problem)
     lo = max(problem.min_layers, 1)
-    sig = memory_signatures(problem.schedule)
-    seen: list = []
-    if hint is None or not hint.feasible:
-        hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4), seen=seen)
-    seen.append(hint)
-    paths: list = []
-    keys: set = set()
-    best = hint if hint.feasible else None
+    # what the search has where the time limit stops it in a long computation (common/deadline.py)
+    best: ChunkResult | None = None
     bound = 0.0
-
-    def path_of(r: ChunkResult):
-        if r.path is not None:
-            return r.path
-        f, bi, bw, transfer, optimizer = _times(problem, r.bounds, np.asarray(r.choice, np.int64))
-        return critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
-
-    def add_path(path) -> bool:
-        """Keep a chain (every chain is a lower bound for every split); False if known."""
-        key = _path_key(path)
-        if key in keys:
-            return False
-        keys.add(key)
-        paths.append(path)
-        return True
-
-    # the chains of every split the quick search tried: a tight start for the step's bound
-    for r in sorted(seen, key=lambda r: r.key(problem))[:MAX_SEED_PATHS]:
-        add_path(path_of(r))
-    # the per-layer prefix times and per-range tables, as integers
-    fixed = problem.fixed_choice()
-    auto = fixed is None and table.recompute is not None
-    layer_times = table.layer_times.copy()
-    if fixed is not None and table.recompute is not None:
-        layer_times[:, 1] += table.recompute.added[fixed, np.arange(L)]
-    prefix = {k: np.round(np.concatenate([[0.0], np.cumsum(layer_times[:, i])]) * scale).astype(np.int64)
-              for i, k in enumerate(("F", "B", "W", "O"))}
-    cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte * scale).astype(np.int64)
-    mem = _memory_tables(problem)
-    # each chunk's ranges (first layer a, last b) that fit its device on their own: no other can be
-    # in a split that fits, so the range lookups need no other (a much smaller model to presolve)
-    fits_alone = _fits_alone(problem, mem, sig)
-    range_busy = _range_busy(problem)
-    # times are integers in the model: a chain's length there is within one unit per boundary of
-    # each kind it reads of its true length
-    slack_units = 6 * C + 4
+    paths: list = []
     status = "unknown"
-    rounds = 0
-    while rounds < max_rounds:
-        rounds += 1
-        remaining = problem.time_limit - (_time.monotonic() - started)
-        if remaining <= 0.05:
-            status = "time limit"
-            break
-        m = cp_model.CpModel()
-        s = [m.NewConstant(0)] + [m.NewIntVar(c * lo, L - (C - c) * lo, f"s{c}") for c in range(1, C)] + \
-            [m.NewConstant(L)]
-        for c in range(C):
-            m.Add(s[c + 1] - s[c] >= lo)
-            if problem.max_layers is not None:
-                m.Add(s[c + 1] - s[c] <= problem.max_layers)
-        for j in problem.pinned_splits:
-            hits = []
-            for c in range(1, C):
-                h = m.NewBoolVar(f"pin{j}_{c}")
-                m.Add(s[c] == j).OnlyEnforceIf(h)
-                hits.append(h)
-            m.AddBoolOr(hits)
-        # prefix times at each boundary
-        at = {}
-        for k, arr in prefix.items():
-            at[k] = []
-            for c in range(C + 1):
-                v = m.NewIntVar(0, int(arr[-1]), f"{k}{c}")
-                m.AddElement(s[c], [int(x) for x in arr], v)
-                at[k].append(v)
-        cut = []
-        for c in range(1, C):
-            v = m.NewIntVar(0, int(cut_units.max(initial=0)), f"t{c}")
-            m.AddElement(s[c], [int(x) for x in cut_units], v)
-            cut.append(v)
-        # the step to beat (compute objective): the best known, or the cutoff where that is lower
-        limit = min(best.step_time if best is not None else math.inf,
-                    problem.cutoff if problem.cutoff is not None else math.inf)
-        if problem.objective is Objective.MEMORY or not CUTOFF:
-            limit = math.inf
-        # range lookups: index a * (L + 1) + e of the (L+1) x (L+1) tables, over each chunk's possible
-        # ranges: those that fit its device on their own and keep it busy for less than the step to beat
-        pair = []
-        for c in range(C):
-            ok = fits_alone[c] & (range_busy <= limit)
-            allowed = [int(a) * (L + 1) + int(b) + 1 for a, b in np.argwhere(ok)]
-            if allowed:
-                v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}")
-            else:                       # no range fits this chunk: no split does
-                v = m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
-                m.AddBoolOr([])
-            m.Add(v == s[c] * (L + 1) + s[c + 1])
-            pair.append(v)
+    try:
+        seen: list = []
+        if hint is None or not hint.feasible:
+            hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4), seen=seen)
+        seen.append(hint)
+        best = hint if hint.feasible else None
+        sig = memory_signatures(problem.schedule)    # after the hint: a split to return if time runs out
+        keys: set = set()
 
-        def lookup(name: str, values: np.ndarray, c: int):
-            flat = np.zeros((L + 1, L + 1), np.int64)
-            flat[:L, 1:] = values
-            v = m.NewIntVar(0, int(max(flat.max(), 0)), f"{name}{c}")
-            m.AddElement(pair[c], [int(x) for x in flat.ravel()], v)
-            return v
+        def path_of(r: ChunkResult):
+            if r.path is not None:
+                return r.path
+            f, bi, bw, transfer, optimizer = _times(problem, r.bounds, np.asarray(r.choice, np.int64))
+            return critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
 
-        q = {name: [lookup(name, arr, c) for c in range(C)] for name, arr in mem.items()}
-        on, back = remote_links(problem.schedule, C)
-        q["retained"] = [int(on[c]) * q["retained_on"][c] + int(back[c]) * q["retained_back"][c] for c in range(C)]
-        added = [0] * C
-        y: dict = {}
-        if auto:
-            q, added, y = _recompute_variables(m, problem, s, q, scale, {k: int(v.max()) for k, v in mem.items()})
-        rank_forms = _rank_forms(sig, q, C)
-        for rs, forms in zip(sig, rank_forms):
-            for form in forms:
-                m.Add(form <= int(problem.capacities[rs.rank]))
-        # the step: at least every known chain's length
-        horizon = int(prefix["F"][-1] + prefix["B"][-1] + prefix["W"][-1]) * problem.schedule.micro_batches * 2 + \
-            int(prefix["O"][-1]) + int(cut_units.sum()) * problem.schedule.micro_batches * 2 + 1
-        step = m.NewIntVar(0, horizon, "step")
-        rank_of = np.asarray(problem.schedule.chunk_rank)
-        M = problem.schedule.micro_batches
-        # bounds every schedule obeys: a rank is busy for all its actions and its optimizer step,
-        # and one micro-batch goes forward through every chunk and back (then the first chunk's W)
-        for r in range(P):
-            mine = [c for c in range(C) if rank_of[c] == r]
-            busy = [M * (at[k][c + 1] - at[k][c]) for c in mine for k in ("F", "B", "W")]
-            busy += [at["O"][c + 1] - at["O"][c] for c in mine]
-            busy += [M * added[c] for c in mine if auto]
-            m.Add(step >= sum(busy))
-        chain = [at["F"][C], at["B"][C], at["W"][1]] + [2 * cut[j] for j in range(C - 1)
-                                                       if rank_of[j] != rank_of[j + 1]]
-        chain += [added[c] for c in range(C) if auto]
-        m.Add(step >= sum(chain))
-        for path in paths:
-            terms = []
+        def add_path(path) -> bool:
+            """Keep a chain (every chain is a lower bound for every split); False if known."""
+            key = _path_key(path)
+            if key in keys:
+                return False
+            keys.add(key)
+            paths.append(path)
+            return True
+
+        # the chains of every split the quick search tried: a tight start for the step's bound
+        for r in sorted(seen, key=lambda r: r.key(problem))[:MAX_SEED_PATHS]:
+            add_path(path_of(r))
+        # the per-layer prefix times and per-range tables, as integers
+        fixed = problem.fixed_choice()
+        auto = fixed is None and table.recompute is not None
+        layer_times = table.layer_times.copy()
+        if fixed is not None and table.recompute is not None:
+            layer_times[:, 1] += table.recompute.added[fixed, np.arange(L)]
+        prefix = {k: np.round(np.concatenate([[0.0], np.cumsum(layer_times[:, i])]) * scale).astype(np.int64)
+                  for i, k in enumerate(("F", "B", "W", "O"))}
+        cut_units = np.round((table.forward_cut + table.backward_cut) / 2 * problem.seconds_per_byte
+                             * scale).astype(np.int64)
+        mem = _memory_tables(problem)
+        # each chunk's ranges (first layer a, last b) that fit its device on their own: no other can be
+        # in a split that fits, so the range lookups need no other (a much smaller model to presolve)
+        fits_alone = _fits_alone(problem, mem, sig)
+        range_busy = _range_busy(problem)
+        # times are integers in the model: a chain's length there is within one unit per boundary of
+        # each kind it reads of its true length
+        slack_units = 6 * C + 4
+        status = "unknown"
+        rounds = 0
+        while rounds < max_rounds:
+            rounds += 1
+            remaining = min(problem.time_limit - (_time.monotonic() - started), seconds_left())
+            if remaining <= 0.05:
+                status = "time limit"
+                break
+            m = cp_model.CpModel()
+            s = [m.NewConstant(0)] + [m.NewIntVar(c * lo, L - (C - c) * lo, f"s{c}") for c in range(1, C)] + \
+                [m.NewConstant(L)]
             for c in range(C):
-                for k, n in (("F", path.forward[c]), ("B", path.backward_input[c]), ("W", path.backward_weight[c])):
-                    if n:
-                        terms.append(int(n) * (at[k][c + 1] - at[k][c]))
-                if path.backward_input[c] and auto:
-                    terms.append(int(path.backward_input[c]) * added[c])
-                if rank_of[c] == path.optimizer_rank:
-                    terms.append(at["O"][c + 1] - at["O"][c])
-            for j in range(C - 1):
-                if path.transfers[j]:
-                    terms.append(int(path.transfers[j]) * cut[j])
-            m.Add(step >= sum(terms))
-        if problem.objective is Objective.MEMORY:
-            worst = m.NewIntVar(0, 10**6, "worst_ppm")
+                m.Add(s[c + 1] - s[c] >= lo)
+                if problem.max_layers is not None:
+                    m.Add(s[c + 1] - s[c] <= problem.max_layers)
+            for j in problem.pinned_splits:
+                hits = []
+                for c in range(1, C):
+                    h = m.NewBoolVar(f"pin{j}_{c}")
+                    m.Add(s[c] == j).OnlyEnforceIf(h)
+                    hits.append(h)
+                m.AddBoolOr(hits)
+            # prefix times at each boundary
+            at = {}
+            for k, arr in prefix.items():
+                at[k] = []
+                for c in range(C + 1):
+                    v = m.NewIntVar(0, int(arr[-1]), f"{k}{c}")
+                    m.AddElement(s[c], [int(x) for x in arr], v)
+                    at[k].append(v)
+            cut = []
+            for c in range(1, C):
+                v = m.NewIntVar(0, int(cut_units.max(initial=0)), f"t{c}")
+                m.AddElement(s[c], [int(x) for x in cut_units], v)
+                cut.append(v)
+            # the step to beat (compute objective): the best known, or the cutoff where that is lower
+            limit = min(best.step_time if best is not None else math.inf,
+                        problem.cutoff if problem.cutoff is not None else math.inf)
+            if problem.objective is Objective.MEMORY or not CUTOFF:
+                limit = math.inf
+            # range lookups: index a * (L + 1) + e of the (L+1) x (L+1) tables, over each chunk's possible
+            # ranges: those that fit its device on their own and keep it busy for less than the step to beat
+            pair = []
+            for c in range(C):
+                check_deadline(_BUILDING)
+                ok = fits_alone[c] & (range_busy <= limit)
+                allowed = [int(a) * (L + 1) + int(b) + 1 for a, b in np.argwhere(ok)]
+                if allowed:
+                    v = m.NewIntVarFromDomain(cp_model.Domain.FromValues(allowed), f"pair{c}")
+                else:                       # no range fits this chunk: no split does
+                    v = m.NewIntVar(0, (L + 1) ** 2 - 1, f"pair{c}")
+                    m.AddBoolOr([])
+                m.Add(v == s[c] * (L + 1) + s[c + 1])
+                pair.append(v)
+
+            def lookup(name: str, values: np.ndarray, c: int):
+                check_deadline(_BUILDING)
+                flat = np.zeros((L + 1, L + 1), np.int64)
+                flat[:L, 1:] = values
+                v = m.NewIntVar(0, int(max(flat.max(), 0)), f"{name}{c}")
+                m.AddElement(pair[c], [int(x) for x in flat.ravel()], v)
+                return v
+
+            q = {name: [lookup(name, arr, c) for c in range(C)] for name, arr in mem.items()}
+            on, back = remote_links(problem.schedule, C)
+            q["retained"] = [int(on[c]) * q["retained_on"][c] + int(back[c]) * q["retained_back"][c]
+                             for c in range(C)]
+            added = [0] * C
+            y: dict = {}
+            if auto:
+                q, added, y = _recompute_variables(m, problem, s, q, scale, {k: int(v.max()) for k, v in mem.items()})
+            rank_forms = _rank_forms(sig, q, C)
             for rs, forms in zip(sig, rank_forms):
                 for form in forms:
-                    m.Add(worst * int(problem.capacities[rs.rank]) >= form * 10**6)
-            m.Minimize(worst)
-        else:
-            m.Minimize(step)
-            if math.isfinite(limit):
-                # only splits faster than the best known (beyond the model's rounding): where
-                # there is none, the best known is optimal
-                m.Add(step <= int(math.floor(limit * scale)) - slack_units)
-        if best is not None:
-            for c in range(1, C):
-                m.AddHint(s[c], best.bounds[c])
-            counts = prefix_counts(best.bounds, best.choice) if y and best.choice else None
-            if counts is not None:
+                    m.Add(form <= int(problem.capacities[rs.rank]))
+            # the step: at least every known chain's length
+            horizon = int(prefix["F"][-1] + prefix["B"][-1] + prefix["W"][-1]) * problem.schedule.micro_batches * 2 + \
+                int(prefix["O"][-1]) + int(cut_units.sum()) * problem.schedule.micro_batches * 2 + 1
+            step = m.NewIntVar(0, horizon, "step")
+            rank_of = np.asarray(problem.schedule.chunk_rank)
+            M = problem.schedule.micro_batches
+            # bounds every schedule obeys: a rank is busy for all its actions and its optimizer step,
+            # and one micro-batch goes forward through every chunk and back (then the first chunk's W)
+            for r in range(P):
+                mine = [c for c in range(C) if rank_of[c] == r]
+                busy = [M * (at[k][c + 1] - at[k][c]) for c in mine for k in ("F", "B", "W")]
+                busy += [at["O"][c + 1] - at["O"][c] for c in mine]
+                busy += [M * added[c] for c in mine if auto]
+                m.Add(step >= sum(busy))
+            chain = [at["F"][C], at["B"][C], at["W"][1]] + [2 * cut[j] for j in range(C - 1)
+                                                           if rank_of[j] != rank_of[j + 1]]
+            chain += [added[c] for c in range(C) if auto]
+            m.Add(step >= sum(chain))
+            for path in paths:
+                check_deadline(_BUILDING)
+                terms = []
                 for c in range(C):
-                    m.AddHint(y[c, "full"], counts[0][c])
-                    m.AddHint(y[c, "selective"], counts[1][c])
-        invalid = m.Validate()
-        if invalid:
-            raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
-        # building the model took time too: the search gets what is left of the limit
-        remaining = problem.time_limit - (_time.monotonic() - started)
-        if remaining <= 0.05:
-            status = "time limit"
-            break
-        solver = cp_model.CpSolver()
-        solver.parameters.max_time_in_seconds = remaining
-        solver.parameters.num_search_workers = problem.workers
-        # measured on the schedule models (bench_schedules.py): the LP relaxation and probing cost
-        # more than they prune here (element tables of chunk figures): a third of the time
-        if not y:                   # with recompute variables, the LP bound is what proves
-            solver.parameters.linearization_level = 0
-            solver.parameters.cp_model_probing_level = 0
-        log = _solution_log(s, y, C)
-        code = solver.Solve(m, log)
-        if code == cp_model.MODEL_INVALID:
-            raise RuntimeError(f"internal error: CP-SAT model invalid: {m.Validate()}")
-        if code == cp_model.INFEASIBLE:
-            slower = problem.cutoff is not None and problem.objective is not Objective.MEMORY and \
-                (best is None or best.step_time >= problem.cutoff)
-            if slower:                        # nothing beats the cutoff: not this schedule's own proof
-                status = "slower"
-                bound = max(bound, problem.cutoff - 2 * slack_units / scale)
+                    for k, n in (("F", path.forward[c]), ("B", path.backward_input[c]), ("W", path.backward_weight[c])):
+                        if n:
+                            terms.append(int(n) * (at[k][c + 1] - at[k][c]))
+                    if path.backward_input[c] and auto:
+                        terms.append(int(path.backward_input[c]) * added[c])
+                    if rank_of[c] == path.optimizer_rank:
+                        terms.append(at["O"][c + 1] - at["O"][c])
+                for j in range(C - 1):
+                    if path.transfers[j]:
+                        terms.append(int(path.transfers[j]) * cut[j])
+                m.Add(step >= sum(terms))
+            if problem.objective is Objective.MEMORY:
+                worst = m.NewIntVar(0, 10**6, "worst_ppm")
+                for rs, forms in zip(sig, rank_forms):
+                    for form in forms:
+                        m.Add(worst * int(problem.capacities[rs.rank]) >= form * 10**6)
+                m.Minimize(worst)
+            else:
+                m.Minimize(step)
+                if math.isfinite(limit):
+                    # only splits faster than the best known (beyond the model's rounding): where
+                    # there is none, the best known is optimal
+                    m.Add(step <= int(math.floor(limit * scale)) - slack_units)
+            if best is not None:
+                for c in range(1, C):
+                    m.AddHint(s[c], best.bounds[c])
+                counts = prefix_counts(best.bounds, best.choice) if y and best.choice else None
+                if counts is not None:
+                    for c in range(C):
+                        m.AddHint(y[c, "full"], counts[0][c])
+                        m.AddHint(y[c, "selective"], counts[1][c])
+            invalid = m.Validate()
+            if invalid:
+                raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
+            # building the model took time too: the search gets what is left of the limit
+            remaining = min(problem.time_limit - (_time.monotonic() - started), seconds_left())
+            if remaining <= 0.05:
+                status = "time limit"
                 break
-            if best is not None and problem.objective is not Objective.MEMORY:
-                status = "optimal"            # nothing beats the best known
+            solver = cp_model.CpSolver()
+            solver.parameters.max_time_in_seconds = remaining
+            solver.parameters.num_search_workers = problem.workers
+            # measured on the schedule models (bench_schedules.py): the LP relaxation and probing cost
+            # more than they prune here (element tables of chunk figures): a third of the time
+            if not y:                   # with recompute variables, the LP bound is what proves
+                solver.parameters.linearization_level = 0
+                solver.parameters.cp_model_probing_level = 0
+            log = _solution_log(s, y, C)
+            code = solver.Solve(m, log)
+            if code == cp_model.MODEL_INVALID:
+                raise RuntimeError(f"internal error: CP-SAT model invalid: {m.Validate()}")
+            if code == cp_model.INFEASIBLE:
+                slower = problem.cutoff is not None and problem.objective is not Objective.MEMORY and \
+                    (best is None or best.step_time >= problem.cutoff)
+                if slower:                        # nothing beats the cutoff: not this schedule's own proof
+                    status = "slower"
+                    bound = max(bound, problem.cutoff - 2 * slack_units / scale)
+                    break
+                if best is not None and problem.objective is not Objective.MEMORY:
+                    status = "optimal"            # nothing beats the best known
+                    break
+                status = "infeasible"
+                return ChunkSolve(None, False, math.inf, len(paths), _time.monotonic() - started, status)
+            if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+                status = "time limit"
                 break
-            status = "infeasible"
-            return ChunkSolve(None, False, math.inf, len(paths), _time.monotonic() - started, status)
-        if code not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
-            status = "time limit"
-            break
-        bounds = tuple(int(solver.Value(x)) for x in s)
-        choice = fixed if fixed is not None else np.zeros(L, np.int64)
-        if auto:
-            choice = prefix_choice(problem, bounds, [solver.Value(y[c, "full"]) for c in range(C)],
-                                   [solver.Value(y[c, "selective"]) for c in range(C)]) if y else \
-                np.zeros(L, np.int64)
-        found = _evaluate(problem, bounds, choice)
-        if best is None or found.key(problem) < best.key(problem):
-            best = found
-        if problem.objective is Objective.MEMORY:
-            # the model's share is in whole parts per million, rounded up: the true share is at
-            # least one part below its bound
-            bound = max(solver.BestObjectiveBound() - 1, 0) / 10**6
-            if code == cp_model.OPTIMAL:
+            bounds = tuple(int(solver.Value(x)) for x in s)
+            choice = fixed if fixed is not None else np.zeros(L, np.int64)
+            if auto:
+                choice = prefix_choice(problem, bounds, [solver.Value(y[c, "full"]) for c in range(C)],
+                                       [solver.Value(y[c, "selective"]) for c in range(C)]) if y else \
+                    np.zeros(L, np.int64)
+            found = _evaluate(problem, bounds, choice)
+            if best is None or found.key(problem) < best.key(problem):
+                best = found
+            if problem.objective is Objective.MEMORY:
+                # the model's share is in whole parts per million, rounded up: the true share is at
+                # least one part below its bound
+                bound = max(solver.BestObjectiveBound() - 1, 0) / 10**6
+                if code == cp_model.OPTIMAL:
+                    status = "optimal"
+                    break
+                status = "time limit"
+                break
+            model_bound = solver.BestObjectiveBound() / scale
+            bound = max(bound, model_bound)
+            path = path_of(found)
+            known = _path_key(path) in keys
+            slack = slack_units / scale
+            if code == cp_model.OPTIMAL and (known or found.step_time <= solver.ObjectiveValue() / scale + slack):
                 status = "optimal"
                 break
-            status = "time limit"
-            break
-        model_bound = solver.BestObjectiveBound() / scale
-        bound = max(bound, model_bound)
-        path = path_of(found)
-        known = _path_key(path) in keys
-        slack = slack_units / scale
-        if code == cp_model.OPTIMAL and (known or found.step_time <= solver.ObjectiveValue() / scale + slack):
-            status = "optimal"
-            break
-        if known:                   # the model cannot improve on it within its time limit
-            status = "time limit"
-            break
-        add_path(path)
-        # the chains of the other splits the search went through on its way
-        for other, counts in log.found[:-1]:
-            if other != bounds:
-                r = _evaluate(problem, other, choice if not y else prefix_choice(problem, other, *counts))
-                add_path(path_of(r))
-                if r.key(problem) < best.key(problem):
-                    best = r
-        # and the chains of its neighbours (each boundary moved by one layer)
-        for c in range(1, C):
-            for step in (-1, 1):
-                b = list(bounds)
-                b[c] += step
-                if b[c - 1] < b[c] < b[c + 1]:
-                    neighbour = _evaluate(problem, tuple(b), choice)
-                    add_path(path_of(neighbour))
-                    if neighbour.key(problem) < best.key(problem):
-                        best = neighbour
+            if known:                   # the model cannot improve on it within its time limit
+                status = "time limit"
+                break
+            add_path(path)
+            # the chains of the other splits the search went through on its way
+            for other, counts in log.found[:-1]:
+                if other != bounds:
+                    r = _evaluate(problem, other, choice if not y else prefix_choice(problem, other, *counts))
+                    add_path(path_of(r))
+                    if r.key(problem) < best.key(problem):
+                        best = r
+            # and the chains of its neighbours (each boundary moved by one layer)
+            for c in range(1, C):
+                for step in (-1, 1):
+                    b = list(bounds)
+                    b[c] += step
+                    if b[c - 1] < b[c] < b[c + 1]:
+                        neighbour = _evaluate(problem, tuple(b), choice)
+                        add_path(path_of(neighbour))
+                        if neighbour.key(problem) < best.key(problem):
+                            best = neighbour
+    except TimeLimitReached:            # stopped in a long computation: the best split so far, not proven
+        status = "time limit"
     seconds = _time.monotonic() - started
     optimal = status == "optimal"
     if best is not None and optimal and problem.objective is not Objective.MEMORY:
@@ -725,6 +750,7 @@ def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.nd
             if not auto:
                 worst = np.zeros((L, L), np.int64)
                 for k, signature in enumerate(rs.signatures):
+                    check_deadline(_BUILDING)
                     term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
                             * mem["weight_stash"] + int(rs.retained_counts[k, c]) * retained[c])
                     if signature.op is None:
@@ -910,6 +936,7 @@ def _rank_forms(sig, q: dict, C: int) -> list[list]:
         chunks = list(rs.chunks)
         forms = []
         for k, signature in enumerate(rs.signatures):
+            check_deadline(_BUILDING)
             terms = [q["resident"][c] for c in chunks]
             for c in range(C):
                 for name, counts in (("stash", rs.stash_counts), ("weight_stash", rs.weight_stash_counts),
@@ -945,6 +972,7 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     # figures as the only chunk of a one-chunk split would mix both, so build each from a split
     # of the right shape: the range, with the rest of the layers around it as other chunks
     for a in range(L):
+        check_deadline(_BUILDING)
         for b in range(a, L):
             bounds = [0] if a > 0 else []
             bounds += [a, b + 1]

@@ -34,6 +34,7 @@ from typing import Sequence
 
 import numpy as np
 
+from ..common.deadline import check_deadline
 from ..errors import OptionError
 
 __all__ = [
@@ -118,6 +119,16 @@ _TRAITS = {
 }
 
 _KIND_NAMES = ", ".join(k.value for k in ScheduleKind)
+
+
+#: how often the loops over a step's actions look at the search's deadline (``common/deadline.py``):
+#: every 65,536 actions (a few tens of milliseconds), every 1,024 where each action costs a tuple per chunk
+_EVERY = 0xFFFF
+_EVERY_SIGNATURE = 0x3FF
+_GENERATING = "generating the schedule's actions"
+_SIMULATING = "simulating the schedule's step"
+_MEMORY = "following each device's memory through the step"
+_SIGNATURES = "listing each device's memory signatures for CP-SAT"
 
 
 def _kind(kind: ScheduleKind | str) -> ScheduleKind:
@@ -264,7 +275,11 @@ def build_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int,
     ranks = chunk_ranks(kind, P, v)
     local = [tuple(int(c) for c in np.flatnonzero(ranks == r)) for r in range(P)]
     generate = _GENERATORS[kind]
-    per_rank = tuple(tuple(generate(P, M, v, r, local[r])) for r in range(P))
+    per_rank = []
+    for r in range(P):
+        check_deadline(_GENERATING)
+        per_rank.append(tuple(generate(P, M, v, r, local[r])))
+    per_rank = tuple(per_rank)
     return Schedule(kind, P, M, v, tuple(int(r) for r in ranks), per_rank)
 
 
@@ -515,6 +530,7 @@ def chunks_in_flight(schedule: Schedule) -> np.ndarray:
         return cached
     out = np.ones(schedule.chunks, np.int64)
     for rank in range(schedule.devices):
+        check_deadline(_SIMULATING)
         live: dict[int, int] = {}
         for a in schedule.leaves[rank]:
             if a.op is Op.FORWARD:
@@ -543,6 +559,7 @@ def _build_graph(schedule: Schedule) -> _Graph:
     op_of: list[Op] = []
     chunk_of, rank_of, previous = [], [], []
     for r, rank_leaves in enumerate(leaves):
+        check_deadline(_SIMULATING)
         for i, a in enumerate(rank_leaves):
             lid = int(offsets[r]) + i
             key = "B" if a.op in _BACKWARDS else a.op.value
@@ -554,6 +571,7 @@ def _build_graph(schedule: Schedule) -> _Graph:
     last = schedule.chunks - 1
     deps: list[tuple[tuple[int, int], ...]] = []
     for r, rank_leaves in enumerate(leaves):
+        check_deadline(_SIMULATING)
         for a in rank_leaves:
             c, m = a.chunk, a.micro_batch
             if a.op is Op.FORWARD:
@@ -573,6 +591,7 @@ def _build_graph(schedule: Schedule) -> _Graph:
     while len(order) < n:
         progress = False
         for r in range(schedule.devices):
+            check_deadline(_SIMULATING)
             while cursor[r] < offsets[r + 1] and all(done[d] for d, _ in deps[cursor[r]]):
                 done[cursor[r]] = True
                 order.append(int(cursor[r]))
@@ -629,7 +648,9 @@ def simulate(schedule: Schedule, forward: Sequence[float] | np.ndarray, backward
     n = len(g.op_of)
     start = np.zeros(n)
     end = np.zeros(n)
-    for lid in g.order:
+    for i, lid in enumerate(g.order):
+        if not i & _EVERY:
+            check_deadline(_SIMULATING)
         ready = end[g.previous[lid]] if g.previous[lid] >= 0 else 0.0
         for d, boundary in g.deps[lid]:
             arrival = end[d] + (t[boundary] if boundary >= 0 else 0.0)
@@ -735,6 +756,8 @@ def rank_memory(schedule: Schedule, memory: ChunkMemory) -> tuple[RankMemory, ..
         during = np.zeros(len(leaves), np.int64)
         after = np.zeros(len(leaves), np.int64)
         for i, a in enumerate(leaves):
+            if not i & _EVERY:
+                check_deadline(_MEMORY)
             c, key = a.chunk, (a.chunk, a.micro_batch)
             own = holding.get(key, 0)
             during[i] = resident + held - own + int(memory.transient(a.op)[c])
@@ -821,7 +844,10 @@ class RankSignatures:
 def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
     """Per rank, the distinct memory signatures of its actions and its optimizer step, with
     dominated ones removed: ``rank_memory(...)[r].peak == memory_signatures(...)[r].peak(memory)``
-    for every ``ChunkMemory``."""
+    for every ``ChunkMemory``. Kept on the schedule (each search of it reads them)."""
+    cached = schedule.__dict__.get("_signatures_cache")
+    if cached is not None:
+        return cached
     C = schedule.chunks
     keeps = schedule.traits.keeps_sent
     out = []
@@ -831,7 +857,9 @@ def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
         kept = np.zeros(C, np.int64)
         state: dict[tuple[int, int], str] = {}
         seen: set[MemorySignature] = {MemorySignature(None, -1, (0,) * C, (0,) * C, (0,) * C)}
-        for a in leaves:
+        for i, a in enumerate(leaves):
+            if not i & _EVERY_SIGNATURE:
+                check_deadline(_SIGNATURES)
             c, key = a.chunk, (a.chunk, a.micro_batch)
             own = state.get(key)
             n, w = full.copy(), pending.copy()
@@ -855,10 +883,20 @@ def memory_signatures(schedule: Schedule) -> tuple[RankSignatures, ...]:
                 state.pop(key, None)
             if keeps and a.op in _BACKWARDS:
                 kept[c] += 1
-        best = [s for s in seen if not any(o != s and o.dominates(s) for o in seen)]
+        # one signature dominates another only at the same action (op and chunk): compare within those
+        same_action: dict[tuple, list[MemorySignature]] = defaultdict(list)
+        for sig in seen:
+            same_action[sig.op, sig.chunk].append(sig)
+        best = []
+        for group in same_action.values():
+            for sig in group:
+                check_deadline(_SIGNATURES)
+                if not any(o != sig and o.dominates(sig) for o in group):
+                    best.append(sig)
         best.sort(key=lambda s: (s.op is not None, s.op.value if s.op else "", s.chunk, s.stashes,
                                  s.weight_stashes, s.retained))
         out.append(RankSignatures(r, schedule.rank_chunks(r), tuple(best)))
+    object.__setattr__(schedule, "_signatures_cache", tuple(out))
     return tuple(out)
 
 
@@ -919,7 +957,9 @@ def critical_path(schedule: Schedule, forward, backward_input, backward_weight=N
     end = np.zeros(n)
     came_from = np.full(n, -1, np.int64)          # the predecessor that set the start
     crossed = np.full(n, -1, np.int64)            # the boundary crossed from it (-1: none)
-    for lid in g.order:
+    for i, lid in enumerate(g.order):
+        if not i & _EVERY:
+            check_deadline(_SIMULATING)
         ready = end[g.previous[lid]] if g.previous[lid] >= 0 else 0.0
         came_from[lid] = g.previous[lid]
         for d, boundary in g.deps[lid]:

@@ -1,0 +1,73 @@
+"""The search's deadline, seen by the long loops many calls below it.
+
+``--time-limit`` bounds the whole search, but much of a schedule search's time goes in loops
+several calls below the solver: generating a schedule's actions, its dependency graph, the
+simulation of a step, each rank's memory action by action, the memory signatures CP-SAT's model
+is built from. With 4,096 micro-batches and 16 chunks per device these are millions of actions
+each. Passing a deadline through every one of those functions (they also serve the reports,
+where there is none) would thread an argument through the whole schedule module, so the search
+sets it once for a block (``deadline_at``) and the loops call ``check_deadline`` every few
+thousand steps: outside any block it costs one context-variable read. A block inside another
+keeps the earlier deadline, so a part of the search given a share of the time never outlives the
+whole. What reaches the deadline raises ``TimeLimitReached``; each search catches it where it has
+a best-so-far to return (marked not proven), and where nothing was found it is the one-line error.
+"""
+
+from __future__ import annotations
+
+import time
+from contextlib import contextmanager
+from contextvars import ContextVar
+from typing import Iterator
+
+from ..errors import StagesplitError
+
+__all__ = ["TimeLimitReached", "check_deadline", "deadline_at", "seconds_left", "without_deadline"]
+
+#: (the deadline on time.monotonic(), the time limit the user gave in seconds, for the message)
+_DEADLINE: ContextVar[tuple[float, float | None] | None] = ContextVar("stagesplit_deadline", default=None)
+
+
+class TimeLimitReached(StagesplitError):
+    """The search's time limit passed inside a long computation (its message is the one line
+    the user sees where nothing was found before it)."""
+
+
+@contextmanager
+def deadline_at(at: float | None, limit: float | None = None) -> Iterator[None]:
+    """Within the block, ``check_deadline`` raises once ``time.monotonic()`` passes ``at`` (or
+    an earlier deadline already set outside); ``limit``: the seconds the user gave, for the
+    message. ``at`` None leaves the deadline as it is."""
+    current = _DEADLINE.get()
+    token = _DEADLINE.set(current if at is None or current is not None and current[0] <= at else (at, limit))
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+@contextmanager
+def without_deadline() -> Iterator[None]:
+    """No deadline within the block: building the plan from what a search found (its simulation,
+    each device's memory) runs to the end even where the search used all of the time."""
+    token = _DEADLINE.set(None)
+    try:
+        yield
+    finally:
+        _DEADLINE.reset(token)
+
+
+def seconds_left() -> float:
+    """Seconds until the deadline (infinite outside any block, 0 past it)."""
+    current = _DEADLINE.get()
+    return float("inf") if current is None else max(current[0] - time.monotonic(), 0.0)
+
+
+def check_deadline(doing: str = "") -> None:
+    """Raise ``TimeLimitReached`` if the deadline has passed; ``doing`` says what was under way."""
+    current = _DEADLINE.get()
+    if current is not None and time.monotonic() > current[0]:
+        limit = f" ({current[1]:g} s)" if current[1] is not None else ""
+        raise TimeLimitReached(f"no split was found within the time limit{limit}"
+                               + (f": it was reached while {doing}" if doing else "")
+                               + "; allow more with --time-limit")
