@@ -135,8 +135,8 @@ def block_stack(view: PlanView) -> str | None:
 
 
 def _stage_modules_source() -> list[str]:
-    """templates/stage_modules.py (a file, not a module of the package: it imports torch) as lines, to inline (it imports only torch; its own ``import torch`` and
-    ``__all__`` are left out)."""
+    """templates/stage_modules.py as lines, to inline: a file, not a module of the package (it imports
+    torch); its own ``import torch`` and ``__all__`` are left out."""
     text = (Path(__file__).parent / "templates" / "stage_modules.py").read_text(encoding="utf-8")
     return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
@@ -161,7 +161,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     recompute = recompute_map(view) if options.training and view.recomputes else {}
     selective = "selective" in recompute.values()
     # training a model whose layers are the blocks of one stack: stages built from its modules where it is a
-    # Hugging Face causal language model (stage_modules.py says why), else traced
+    # Hugging Face causal language model (templates/stage_modules.py says why), else traced
     stack = block_stack(view) if options.training else None
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
