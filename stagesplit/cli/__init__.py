@@ -26,7 +26,10 @@ def _check_outputs(args: argparse.Namespace) -> None:
     plot_formats: tuple[str, ...] = ()
     if getattr(args, "plot", None):
         from ..reporting.plot import FORMATS as plot_formats
-    check_outputs(command_outputs(args, plot_formats), input_files(command_inputs(args)))
+    outputs = command_outputs(args, plot_formats)
+    if not any(path for _, path, _ in outputs):      # nothing to write: no input to read for it (a variants file)
+        return
+    check_outputs(outputs, input_files(command_inputs(args)))
 
 
 def _safe_stdout() -> None:

@@ -76,7 +76,8 @@ def test_devices_objective_with_exact_says_the_count_was_given(capsys):
     """--devices 8 --objective devices --exact said "8 devices are the fewest that hold the model"
     while 2 hold it: with --exact the count is given, and the note says how many would do."""
     lines = _lines(capsys, "--devices", 8, "--objective", "devices", "--exact")
-    assert lines["why"].startswith("--exact uses all 8 devices, so the device count was given, not searched; stage ")
+    assert lines["why"].startswith("--exact uses all 8 devices, so the device count was given, not searched; "
+                                   "headroom: stage ")
     assert "the fewest" not in lines["why"]
     assert "2 devices are the fewest that hold the model; --exact uses all 8 (without it, --objective devices uses 2)" \
         in lines["note"].splitlines()
@@ -96,4 +97,4 @@ def test_devices_objective_with_exact_where_no_fewer_hold_it(capsys):
 @pytest.mark.parametrize("devices", [2, 8])
 def test_devices_objective_without_exact_still_names_the_fewest(capsys, devices):
     lines = _lines(capsys, "--devices", devices, "--objective", "devices")
-    assert lines["why"].startswith("2 devices are the fewest that hold the model; ")
+    assert lines["why"].startswith("2 devices are the fewest that hold the model (fewer would not fit); headroom: ")
