@@ -13,9 +13,10 @@
 # How: the decoder (the module that holds the block stack) runs its own ``forward`` on every stage, with the
 # stack replaced by a runner of this stage's blocks. On the first stage it embeds the token ids as the model
 # does; on the others it is handed a zero ``inputs_embeds`` of the hidden state's shape that holds no memory
-# (one scalar, expanded) and the runner feeds the received hidden state to the first block instead. (A
-# family that adds position embeddings or scales the embeddings makes one hidden state's bytes of it.) The decoder computes what it computes once per step at its root (positions, rotary cos/sin, the
-# mask or SDPA's ``is_causal``) on each stage. The decoder's own modules that hold parameters are sorted by
+# (one scalar, expanded) and the runner feeds the received hidden state to the first block instead (a
+# family that adds position embeddings or scales the embeddings makes one hidden state's bytes of it).
+# The decoder computes what it computes once per step at its root (positions, rotary cos/sin, the mask or
+# SDPA's ``is_causal``) on each stage. The decoder's own modules that hold parameters are sorted by
 # one call before the blocks run (embeddings, before them) and after (final norm, after): a stage holds the
 # former only if it is the first, the latter only if it is the last; elsewhere they are stand-ins that hold
 # nothing. The head and the loss are the model's own ``forward`` around a stand-in for its decoder: with the
