@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import io
 import re
-import shutil_tmp
+import shlex
 import shutil
 from pathlib import Path
 
