@@ -318,7 +318,9 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     np.savez(base.with_suffix(".npz"), **grads)
 
 
-def _worker(rank: int, devices: int, cases: list[PipelineCase], workdir: str, timeout_s: float) -> None:
+def _worker(rank: int, devices: int, cases: list, workdir: str, timeout_s: float,
+            run: Callable | None = None) -> None:
+    """One rank: every case in turn (``run``: ``_run_case``, or ``_run_exported`` for an export's program)."""
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
@@ -326,7 +328,7 @@ def _worker(rank: int, devices: int, cases: list[PipelineCase], workdir: str, ti
                             timeout=timedelta(seconds=timeout_s))
     try:
         for index, case in enumerate(cases):
-            _run_case(rank, devices, case, index, Path(workdir))
+            (run or _run_case)(rank, devices, case, index, Path(workdir))
             dist.barrier()
     finally:
         dist.destroy_process_group()
@@ -464,19 +466,5 @@ def run_exported(cases: Sequence[ExportedCase], devices: int, timeout_s: float =
     per case, the ranks' results in rank order (``grads`` keyed by the model's parameter names)."""
     import torch.multiprocessing as mp
     with tempfile.TemporaryDirectory(prefix="exported-pipeline-") as tmp:
-        mp.spawn(_exported_worker, args=(devices, list(cases), tmp, timeout_s), nprocs=devices, join=True)
+        mp.spawn(_worker, args=(devices, list(cases), tmp, timeout_s, _run_exported), nprocs=devices, join=True)
         return [[_load(Path(tmp) / f"case{i}-rank{r}") for r in range(devices)] for i in range(len(cases))]
-
-
-def _exported_worker(rank: int, devices: int, cases: list[ExportedCase], workdir: str, timeout_s: float) -> None:
-    import torch
-    import torch.distributed as dist
-    torch.set_num_threads(1)
-    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=devices,
-                            timeout=timedelta(seconds=timeout_s))
-    try:
-        for index, case in enumerate(cases):
-            _run_exported(rank, devices, case, index, Path(workdir))
-            dist.barrier()
-    finally:
-        dist.destroy_process_group()
