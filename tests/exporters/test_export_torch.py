@@ -206,3 +206,48 @@ def test_pipelined_runs_match_the_unpipelined_model(capsys, captured_gpt, tmp_pa
         got, want = results[-1][key]["loss"]
         assert abs(got - want) <= 1e-5 * abs(want)
         assert [r[key]["held"][0] for r in results] == [sorted(e) for e in runs[key][2]]
+
+
+class _SkipModel:
+    """Three linear blocks whose first block's output also feeds the last (a skip connection)."""
+
+    @staticmethod
+    def build():
+        import torch
+
+        class Skip(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.h = torch.nn.ModuleList(torch.nn.Linear(4, 4) for _ in range(3))
+
+            def forward(self, x):
+                a = self.h[0](x)
+                return self.h[2](self.h[1](a)) + a
+        return Skip()
+
+
+def test_a_traced_split_with_a_skip_connection_is_refused_naming_the_tensor(tmp_path):
+    """A model that is not a Hugging Face decoder is traced; a tensor the split would send past the next
+    stage (block 0's output, read again by block 2) is refused by build_pipeline before any step, naming
+    it and both stages; the same model cut where nothing skips (one stage boundary) builds."""
+    torch = pytest.importorskip("torch")
+    import torch.distributed as dist
+    plan = make_plan([str(i) for i in range(3)], [0, 1, 2], paths=[f"h.{i}" for i in range(3)], schedule="gpipe",
+                     micro_batches=2)
+    ns: dict = {}
+    exec(compile(export_plan(plan, "torch-pipelining"), "pipe.py", "exec"), ns)
+    dist.init_process_group("gloo", rank=0, world_size=1, store=dist.HashStore())
+    try:
+        with pytest.raises(ValueError, match=r"the traced split sends '\w+' from stage 0 to stage 2: torch's "
+                                             "pipelines pass tensors only to the next stage"):
+            ns["build_pipeline"](_SkipModel.build(), torch.randn(2, 4), torch.device("cpu"), None)
+        # the first boundary alone: block 0's output goes to the next stage only (it holds blocks 1 and 2)
+        ns2: dict = {}
+        exec(compile(export_plan(make_plan([str(i) for i in range(3)], [0, 1], paths=[f"h.{i}" for i in range(3)],
+                                           schedule="gpipe", micro_batches=2), "torch-pipelining"), "p.py", "exec"),
+             ns2)
+        split = {"h.1": ns2["SplitPoint"].BEGINNING}
+        pipe = ns2["pipeline"](_SkipModel.build(), mb_args=(torch.randn(2, 4),), split_spec=split)
+        ns2["adjacent_only"](pipe)
+    finally:
+        dist.destroy_process_group()
