@@ -312,3 +312,20 @@ def lines_match(expected: list[str], got: list[str], same=lambda want, line: wan
     if expected[0] == "...":
         return any(lines_match(expected[1:], got[i:], same) for i in range(len(got) + 1))
     return bool(got) and same(expected[0], got[0]) and lines_match(expected[1:], got[1:], same)
+
+
+def run_cli(capsys, *argv) -> tuple[int, str, str]:
+    """The CLI in process on ``argv`` (any values, made strings): exit code, stdout, stderr."""
+    from stagesplit.cli import main
+    code = main([str(a) for a in argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def refused_line(capsys, *argv) -> str:
+    """The one error line of a refused command (exit 2, nothing on stdout), without its prefix."""
+    code, out, err = run_cli(capsys, *argv)
+    lines = err.strip().splitlines()
+    assert (code, out) == (2, ""), err
+    assert len(lines) == 1 and lines[0].startswith("stagesplit: error: ") and "Traceback" not in err, err
+    return lines[0].removeprefix("stagesplit: error: ")

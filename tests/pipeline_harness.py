@@ -233,6 +233,18 @@ def _peak_tracker():
     return PeakTracker()
 
 
+def _tracked(stages, held: list) -> tuple[list[str], list[list[int]], object]:
+    """A peak tracker over the stages' actions (each logged and measured by ``_record``), counting
+    ``held`` (the modules and optimizer of this rank) and the stages' receive buffers as live."""
+    log: list[str] = []
+    trace: list[list[int]] = []
+    tracker = _peak_tracker()
+    for stage in stages:
+        _record(stage, log, trace, tracker)
+    tracker.track_external(*held, *_receive_buffers(stages))
+    return log, trace, tracker
+
+
 def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -278,13 +290,7 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     for c in mine:
         chunks[c].zero_grad(set_to_none=case.grads_set_to_none)
     dist.barrier()
-    log: list[str] = []
-    trace: list[list[int]] = []
-    tracker = _peak_tracker()
-    for stage in stages:
-        _record(stage, log, trace, tracker)
-    external = [chunks[c] for c in mine] + ([optimizer] if optimizer else []) + _receive_buffers(stages)
-    tracker.track_external(*external)
+    log, trace, tracker = _tracked(stages, [chunks[c] for c in mine] + ([optimizer] if optimizer else []))
     with tracker:
         # two tracked steps, the second one reported: what the first leaves behind for the next
         # one (the runtime keeps some tensors until the next step replaces them) is counted
@@ -429,12 +435,7 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
     optimizer.step()
     optimizer.zero_grad(set_to_none=set_to_none)
     dist.barrier()
-    log: list[str] = []
-    trace: list[list[int]] = []
-    tracker = _peak_tracker()
-    for stage in stages:
-        _record(stage, log, trace, tracker)
-    tracker.track_external(*[s.submod for s in stages], optimizer, *_receive_buffers(stages))
+    log, trace, tracker = _tracked(stages, [s.submod for s in stages] + [optimizer])
     with tracker:
         for measured_step in (False, True):
             if measured_step:

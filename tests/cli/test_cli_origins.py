@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers import PROFILES, ROOT
+from helpers import PROFILES, ROOT, refused_line, run_cli
 from stagesplit.cli import main
 from stagesplit.errors import FileOptionError, OptionError, ProfileError
 from stagesplit.solver.request import Schedule, SolveRequest
@@ -35,19 +35,7 @@ RECOMPUTE = ("full needs a profile of one device that records each operation's p
              "compiled at several memory proportions")
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *argv) -> str:
-    """The one error line of a refused command (exit 2, nothing on stdout), without its prefix."""
-    code, out, err = run(capsys, *argv)
-    lines = err.strip().splitlines()
-    assert (code, out) == (2, ""), err
-    assert len(lines) == 1 and lines[0].startswith("stagesplit: error: ") and "Traceback" not in err, err
-    return lines[0].removeprefix("stagesplit: error: ")
+run, refused = run_cli, refused_line
 
 
 def settings(tmp_path: Path, text: str) -> Path:

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from stagesplit.cli import main
+from helpers import refused_line, run_cli
 from stagesplit.common import safeinput
 from stagesplit.common.safeinput import confined_path
 from stagesplit.common.text import short_repr
@@ -35,18 +35,7 @@ def profile_doc(scale: float = 1.0) -> dict:
                             "compute": scale * 10.0 * (i + 1)} for i in range(4)]}
 
 
-def run(capsys, *argv):
-    code = main([str(a) for a in argv])
-    out, err = capsys.readouterr()
-    return code, out, err
-
-
-def refused(capsys, *argv) -> str:
-    code, out, err = run(capsys, *argv)
-    lines = err.strip().splitlines()
-    assert (code, out) == (2, ""), err
-    assert len(lines) == 1 and lines[0].startswith("stagesplit: error: ") and "Traceback" not in err, err
-    return lines[0].removeprefix("stagesplit: error: ")
+run, refused = run_cli, refused_line
 
 
 @pytest.fixture
