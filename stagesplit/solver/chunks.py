@@ -87,9 +87,10 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
     * where the backward is split (zero-bubble), B keeps the whole stash and the output
       gradients W reads (``weight_stash``) and holds them through B and W; the first chunk's
       B does nothing (the model's input needs no gradient) and its W runs the whole backward;
-    * runtimes that wait on sends only at the step's end keep each sent output and input
-      gradient (``retained``); Schedule1F1B keeps one of the last chunk's outputs and its input
-      gradient between micro-batches, and every other chunk's last sent output;
+    * runtimes that wait on sends only at the step's end keep each output and input gradient sent
+      to another rank (``retained``; a V's turn hands them to the chunk on the same rank without a
+      send); Schedule1F1B keeps one of the last chunk's outputs and its input gradient between
+      micro-batches, and every other chunk's last sent output;
     * where the backward is not split: a chunk's transient figures (taken from the whole
       model) count its input, which is the receive buffer already resident, so it is taken off
       them; the last of several chunks holds its output (the loss's input, which a whole-model
@@ -133,9 +134,25 @@ def chunk_memory(table: PhaseTable, bounds, schedule: Schedule, choice: np.ndarr
         backward[0] = stash[0]
         weight_stash[0] = stash[0]
         weight[0] = full[0]
+    # what the runtime keeps until the step ends is what it sent to another rank: a V's turn hands the
+    # output (and its gradient back) to the chunk on the same rank without a send
+    sends_on, sends_back = remote_links(schedule, C)
+    retained = np.where(sends_on, cc.sent_forward, 0) + np.where(sends_back, cc.sent_backward, 0)
     return ChunkMemory(resident=resident, stash=stash, weight_stash=weight_stash, forward_peak=forward,
                        backward_peak=backward, weight_peak=weight, full_backward_peak=full,
-                       optimizer_peak=cc.optimizer_peak, retained=cc.sent_forward + cc.sent_backward)
+                       optimizer_peak=cc.optimizer_peak, retained=retained.astype(np.int64))
+
+
+def remote_links(schedule, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per chunk: whether it sends its output on to another rank, and its input gradient back to
+    another rank (a V's turn keeps both on one rank; a stand-in schedule without a placement: every
+    link is remote)."""
+    placement = getattr(schedule, "chunk_rank", None)
+    if placement is None:
+        return np.arange(chunks) < chunks - 1, np.arange(chunks) > 0
+    ranks = np.asarray(placement, np.int64)
+    remote = ranks[1:] != ranks[:-1]
+    return np.append(remote, False), np.insert(remote, 0, False)
 
 
 @dataclass(frozen=True)
@@ -539,6 +556,9 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
                 return v
 
             q = {name: [lookup(name, arr, c) for c in range(C)] for name, arr in mem.items()}
+            on, back = remote_links(problem.schedule, C)
+            q["retained"] = [int(on[c]) * q["retained_on"][c] + int(back[c]) * q["retained_back"][c]
+                             for c in range(C)]
             added = [0] * C
             y: dict = {}
             if auto:
@@ -721,6 +741,8 @@ def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.nd
     auto = problem.fixed_choice() is None and problem.table.recompute is not None
     out = np.zeros((C, L, L), bool)
     upper = np.triu(np.ones((L, L), bool))
+    on, back = remote_links(problem.schedule, C)
+    retained = [int(on[c]) * mem["retained_on"] + int(back[c]) * mem["retained_back"] for c in range(C)]
     for rs in sig:
         cap = int(problem.capacities[rs.rank])
         for c in rs.chunks:
@@ -730,7 +752,7 @@ def _fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.nd
                 for k, signature in enumerate(rs.signatures):
                     check_deadline(_BUILDING)
                     term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
-                            * mem["weight_stash"] + int(rs.retained_counts[k, c]) * mem["retained"])
+                            * mem["weight_stash"] + int(rs.retained_counts[k, c]) * retained[c])
                     if signature.op is None:
                         term = term + mem["optimizer"]
                     elif signature.chunk == c:
@@ -942,8 +964,9 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     L = table.num_layers
     sched = problem.schedule
     fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
-    names = ("resident", "stash", "weight_stash", "retained", "forward", "backward", "weight", "full_backward",
-             "optimizer")
+    # what a backward leaves until the step's end, by link: the real placement says which are remote
+    names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
+             "full_backward", "optimizer")
     out = {n: np.zeros((L, L), np.int64) for n in names}
     # chunk position matters only through "first" (a == 0) and "last" (b == L - 1); a range's
     # figures as the only chunk of a one-chunk split would mix both, so build each from a split
@@ -956,9 +979,11 @@ def _memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
             if b + 1 < L:
                 bounds.append(L)
             cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1), fixed)
+            cc = table.chunks(bounds)
             i = 1 if a > 0 else 0
             for n, arr in (("resident", cm.resident), ("stash", cm.stash), ("weight_stash", cm.weight_stash),
-                           ("retained", cm.retained), ("forward", cm.forward_peak), ("backward", cm.backward_peak),
+                           ("retained_on", cc.sent_forward), ("retained_back", cc.sent_backward),
+                           ("forward", cm.forward_peak), ("backward", cm.backward_peak),
                            ("weight", cm.weight_peak), ("full_backward", cm.full_backward_peak),
                            ("optimizer", cm.optimizer_peak)):
                 out[n][a, b] = arr[i]
