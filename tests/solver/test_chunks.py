@@ -402,3 +402,42 @@ def test_cp_sat_recompute_and_split_is_as_good_as_every_split_and_recompute_pref
         assert share(got) <= share(best) + 1e-6
     else:
         assert got.step_time <= best.step_time * (1 + 1e-6) + 1e-9
+
+
+def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
+    """ZBV, P = 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2 (the V's turn). Four layers,
+    one per chunk, forward cuts 30 / 40 / 50, backward cuts 5 / 6 / 7. torch's multi-stage runtime
+    keeps each send until the step ends, but hands chunk 1's output to chunk 2 (and chunk 2's
+    input gradient back to chunk 1) on the same rank without a send (measured on the exported
+    pipelines, tests/exporters/test_export_hf_pipelines.py). So, per backward:
+    * chunk 0 sends its output on to rank 1: 30; nothing back (the first chunk);
+    * chunk 1 sends its input gradient back to rank 0: 5; its output stays on rank 1;
+    * chunk 2 sends its output on to rank 0: 50; its input gradient stays on rank 1;
+    * chunk 3 sends its input gradient back to rank 1: 7; nothing on (the last chunk).
+    Under GPipe's loop placement (0, 1, 0, 1) every link crosses ranks: 30, 40 + 5, 50 + 6, 7."""
+    t = make_table(resident=[10, 12, 8, 9], stash=[3, 4, 5, 6], weight_extra=[1, 1, 1, 1], peak=[3, 3, 3, 3],
+                   cut=[30, 40, 50], back_cut=[5, 6, 7], times=np.ones((4, 4)))
+    bounds = (0, 1, 2, 3, 4)
+    zbv = build_schedule("zbv", 2, 4, 2)
+    assert zbv.chunk_rank == (0, 1, 1, 0)
+    assert chunk_memory(t, bounds, zbv).retained.tolist() == [30, 5, 50, 7]
+    looped = build_schedule("interleaved-1f1b", 2, 4, 2)
+    assert looped.chunk_rank == (0, 1, 0, 1)
+    assert chunk_memory(t, bounds, looped).retained.tolist() == [30, 40 + 5, 50 + 6, 7]
+    # CP-SAT's tables price the split as chunk_memory does: it fits at exactly its per-rank peaks (which
+    # the every-link-kept rule exceeds on rank 1, whose links to each other stay on the rank; rank 0's
+    # links all cross) and not one byte below either
+    from stagesplit.solver.schedule import rank_memory
+    peaks = np.array([r.peak for r in rank_memory(zbv, chunk_memory(t, bounds, zbv))], np.int64)
+    kept_all = replace(chunk_memory(t, bounds, zbv), retained=np.array([30, 45, 56, 7], np.int64))
+    assert peaks.tolist() == [399, 582]
+    # rank 1's peak is its last W, after all four micro-batches' backwards: keeping every link adds
+    # 4 x ((45 - 5) + (56 - 50)) bytes there
+    assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 582 + 4 * ((45 - 5) + (56 - 50))]
+    solved = solve_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
+    assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == bounds
+    for rank in range(2):
+        tight = peaks.copy()
+        tight[rank] -= 1
+        solved = solve_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
+        assert solved.result is None or not solved.result.feasible
