@@ -17,6 +17,7 @@ from ..common.text import show
 from ..errors import ExportError, OptionError, StagesplitError
 from ..layers import LayerOptions
 from ..model.recompute import Recompute
+from ..model.traffic import WideTensor
 from ..plan.records import Plan, PlanInputs, PlanProfile, StagePlan
 
 __all__ = ["RECOMPUTE_OPTIONS", "StageView", "PlanView", "view_of"]
@@ -68,6 +69,18 @@ class PlanView:
     head: bool
     #: each plan layer's activation recompute as the plan chose it: "none", "selective", "full"
     recompute: tuple[str, ...] = ()
+    #: tensors layers more than one apart use (model/traffic.py's ``WideTensor``)
+    wide_tensors: tuple[WideTensor, ...] = ()
+
+    def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
+        """The first wide tensor a traced pipeline of this split would send past a stage, with the
+        stages it goes from and to; None where every tensor goes to the next stage at most."""
+        stage_of = {layer: s.index for s in self.stages for layer in s.layers}
+        for w in self.wide_tensors:
+            a, b = stage_of.get(w.first), stage_of.get(w.last)
+            if a is not None and b is not None and b - a >= 2:
+                return w, a, b
+        return None
 
     @property
     def recomputes(self) -> bool:
@@ -216,7 +229,7 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         micro_batches=schedule.micro_batches if schedule is not None else inputs.micro_batches,
         chunks_per_rank=schedule.chunks_per_rank if schedule is not None else 1,
         headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
-        head=head, recompute=tuple(recompute))
+        head=head, recompute=tuple(recompute), wide_tensors=tuple(getattr(plan, "wide_tensors", ())))
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

@@ -29,6 +29,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
+from ..common.text import show
 from ..model.recompute import EXPENSIVE_OPERATIONS
 from ..solver.schedule import traits
 from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns, module_fqn
@@ -163,6 +164,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     # training a model whose layers are the blocks of one stack: stages built from its modules where it is a
     # Hugging Face causal language model (templates/stage_modules.py says why), else traced
     stack = block_stack(view) if options.training else None
+    skip = view.skipped_stages() if options.training and stack is None else None
+    if skip is not None:
+        tensor, a, b = skip
+        raise view.error(f"{NAME}: the split sends tensor '{show(tensor.name)}' (layers {tensor.first} to "
+                         f"{tensor.last}) from stage {a} past stage {a + 1} to stage {b}: a traced pipeline cannot "
+                         "run the backward of a skip connection (torch: \"Backward of skip connections not supported "
+                         f"yet\"); give layers {tensor.first} to {tensor.last} at most two neighbouring stages "
+                         "(fewer devices, or those layers kept together)")
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
              "import torch.distributed as dist",

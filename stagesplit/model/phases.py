@@ -233,16 +233,32 @@ def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -
     return np.triu(out)
 
 
+def one_stack(paths) -> bool:
+    """Whether the layers are the blocks of one stack, in order (``model.layers.0`` ...
+    ``model.layers.{L-1}``; slashed name scopes read as dots)."""
+    if not paths or any(not isinstance(p, str) for p in paths):
+        return False
+    dotted = [p.replace("/", ".") for p in paths]
+    stack = dotted[0].rpartition(".")[0]
+    return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
+
+
 def _cut_directions(model: StageCostModel) -> tuple[np.ndarray, np.ndarray]:
     """Bytes crossing each cut forward (made before it: activations) and backward (made after it:
-    gradients), from the traffic model's variables."""
+    gradients), from the traffic model's variables. Where the layers are one stack's blocks, the
+    stages are built from the model's modules (exporters/templates/stage_modules.py): each stage
+    computes again what the model computes once for all its blocks (the rotary tables, the mask,
+    the labels it is given), so only a tensor no more than two neighbouring layers use (the
+    hidden state) crosses a cut; the others stay in each chunk's own stash."""
     from .traffic import layer_traffic
     tr = layer_traffic(model)
     L = model.num_layers
     fwd = np.zeros(L + 1, np.int64)
     bwd = np.zeros(L + 1, np.int64)
+    neighbours = (tr.var_max_layer - tr.var_min_layer <= 1) if one_stack(model.layers.module_paths) \
+        else np.ones(len(tr.var_bytes), bool)
     for j in range(1, L):
-        crosses = (tr.var_min_layer < j) & (j <= tr.var_max_layer)
+        crosses = (tr.var_min_layer < j) & (j <= tr.var_max_layer) & neighbours
         forward = crosses & (tr.var_producer < j)
         fwd[j] = int(tr.var_bytes[forward].sum())
         bwd[j] = int(tr.var_bytes[crosses & ~forward].sum())

@@ -16,7 +16,7 @@ import numpy as np
 
 from .costmodel import StageCostModel
 
-__all__ = ["Traffic", "layer_traffic"]
+__all__ = ["Traffic", "WideTensor", "layer_traffic", "wide_tensors"]
 
 
 @dataclass
@@ -44,6 +44,40 @@ class Traffic:
         received = self.var_bytes[left & (prod < first)].sum() + self.var_bytes[right & (prod > last)].sum()
         sent = self.var_bytes[left & (prod >= first)].sum() + self.var_bytes[right & (prod <= last)].sum()
         return int(received), int(sent)
+
+
+@dataclass(frozen=True)
+class WideTensor:
+    """A tensor (not a parameter, not a model input) that layers more than one apart use, from
+    ``first`` to ``last``: a traced pipeline sends it from the stage of ``first`` straight to the stage
+    of ``last``, past every stage between (a skip connection, which torch's pipelining cannot run
+    backward through); stages built from a stack's modules compute it again instead."""
+
+    name: str
+    first: int
+    last: int
+
+
+#: at most this many wide tensors are recorded, the largest first (a U-Net has a few; a
+#: transformer's root-made tables and masks are a few per model)
+MAX_WIDE_TENSORS = 64
+
+
+def wide_tensors(model: StageCostModel, traffic: Traffic) -> tuple[WideTensor, ...]:
+    """The model's wide tensors (``WideTensor``), in layer order; model inputs (the labels a last
+    layer reads) are left out: a pipeline hands them to the stage that reads them."""
+    p = model.profile
+    wide = np.flatnonzero(traffic.var_max_layer - traffic.var_min_layer >= 2)
+    wide = wide[np.argsort(-traffic.var_bytes[wide], kind="stable")]
+    out = []
+    for i in wide:
+        name = p.names[int(p.variables.name[traffic.var_index[i]])]
+        if name.startswith("input["):
+            continue
+        out.append(WideTensor(name, int(traffic.var_min_layer[i]), int(traffic.var_max_layer[i])))
+        if len(out) == MAX_WIDE_TENSORS:
+            break
+    return tuple(sorted(out, key=lambda w: (w.first, w.last, w.name)))
 
 
 def layer_traffic(model: StageCostModel) -> Traffic:

@@ -13,7 +13,7 @@ from ..common.fileio import file_sha256
 from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
 from ..model.stagememory import MemoryBreakdown
-from ..model.traffic import Traffic
+from ..model.traffic import Traffic, wide_tensors
 from ..solver.chunks import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate, schedule_note, stage_in_flight
@@ -108,7 +108,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 devices=o.devices, method=method, status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
-                run=run, tied=model.tied)
+                run=run, tied=model.tied, wide_tensors=wide_tensors(model, traffic))
 
 
 def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
@@ -187,7 +187,8 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
     return Plan(profile=profile or plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=o.devices, method="cp-sat", status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
-                notes=notes, run=run, tied=model.tied, schedule=record)
+                notes=notes, run=run, tied=model.tied, schedule=record,
+                wide_tensors=wide_tensors(model, traffic))
 
 
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:

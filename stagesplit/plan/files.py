@@ -33,6 +33,7 @@ from ..io.profile import Target
 from ..io.targets import known_targets, target_from_mapping, target_record
 from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
+from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule import ScheduleKind
@@ -86,6 +87,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "feasible": plan.feasible, "message": plan.message, "split": plan.split_text,
            "compute_unit": plan.compute_unit, "module_paths": plan.module_paths, "notes": plan.notes,
            "tied_parameters": [{"name": t.name, "layers": list(t.layers)} for t in plan.tied],
+           "wide_tensors": [{"name": w.name, "first_layer": w.first, "last_layer": w.last} for w in plan.wide_tensors],
            "schedule": None if plan.schedule is None else _schedule_document(plan.schedule),
            "schedule_candidates": [asdict(c) for c in plan.candidates],
            "variants": [asdict(v) for v in plan.variants],
@@ -206,6 +208,7 @@ def read_plan(path: str | Path) -> Plan:
                 message=r.string(doc.get("message", ""), "message"), stages=stages, phases=phases,
                 compute_unit=r.string(doc.get("compute_unit", "cycles"), "compute_unit"), run=run,
                 module_paths=paths, tied=_tied(r, doc.get("tied_parameters", []), len(names)),
+                wide_tensors=_wide(r, doc.get("wide_tensors") or [], len(names)),
                 schedule=_schedule(r, doc.get("schedule"), len(stages), devices), variants=variants,
                 candidates=_candidates(r, doc.get("schedule_candidates") or []),
                 notes=[r.string(x, f"notes[{i}]") for i, x in enumerate(r.list(doc.get("notes") or [], "notes"))])
@@ -310,6 +313,19 @@ def _tied(r: FieldReader, value: Any, num_layers: int) -> tuple[TiedParameter, .
         if bad:
             r.fail(f"{where}.layers", f"layer indices in 0..{num_layers - 1}", bad[0])
         out.append(TiedParameter(r.string(r.get(item, "name", where), f"{where}.name"), layers))
+    return tuple(out)
+
+
+def _wide(r: FieldReader, value: Any, num_layers: int) -> tuple[WideTensor, ...]:
+    out = []
+    for i, item in enumerate(r.list(value, "wide_tensors")):
+        where = f"wide_tensors[{i}]"
+        r.mapping(item, where)
+        r.known_keys(item, where, {"name", "first_layer", "last_layer"})
+        first, last = (r.integer(r.get(item, key, where), f"{where}.{key}") for key in ("first_layer", "last_layer"))
+        if not 0 <= first < last < num_layers:
+            r.fail(f"{where}.last_layer", f"layer indices first_layer < last_layer in 0..{num_layers - 1}", last)
+        out.append(WideTensor(r.string(r.get(item, "name", where), f"{where}.name"), first, last))
     return tuple(out)
 
 

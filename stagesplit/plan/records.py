@@ -11,6 +11,7 @@ from typing import Any, Mapping
 from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
+from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
 from ..common import hooks
@@ -291,6 +292,8 @@ class Plan:
     analysis: Any = field(default=None, repr=False, compare=False)
     #: parameters several layers use (tied embeddings), by layer index
     tied: tuple[TiedParameter, ...] = ()
+    #: tensors layers more than one apart use (model/traffic.py): what a traced split sends past a stage
+    wide_tensors: tuple[WideTensor, ...] = ()
     #: how the plan runs under a pipeline schedule's own actions (None: a stage-level plan, one
     #: stage per device with its in-flight micro-batches)
     schedule: ScheduleRecord | None = None

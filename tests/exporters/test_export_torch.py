@@ -251,3 +251,54 @@ def test_a_traced_split_with_a_skip_connection_is_refused_naming_the_tensor(tmp_
         ns2["adjacent_only"](pipe)
     finally:
         dist.destroy_process_group()
+
+
+_SKIP_MODEL = '''
+import torch
+
+
+class Skip(torch.nn.Module):
+    """Four blocks as separate attributes (no stack of them: a traced export); block 0's output also
+    feeds block 2 (a skip connection over block 1)."""
+
+    def __init__(self):
+        super().__init__()
+        self.block0, self.block1, self.block2, self.block3 = (torch.nn.Linear(8, 8) for _ in range(4))
+
+    def forward(self, x):
+        a = torch.relu(self.block0(x))
+        return self.block3(self.block2(torch.relu(self.block1(a))) + a).sum()
+
+
+def build():
+    return Skip(), (torch.randn(4, 8),)
+'''
+
+
+def test_a_traced_split_with_a_skip_connection_is_refused_at_export_naming_the_tensor(tmp_path, capsys):
+    """Captured, solved on 4 devices (one layer per stage): block 0's output is read by block 2, so the
+    traced pipeline would send it from stage 0 past stage 1; the plan records that tensor (layers 0 to 2)
+    and the export refuses the split in one line naming it and the stages, writing nothing. On 2 devices
+    (one boundary inside the span) the same model exports."""
+    pytest.importorskip("torch")
+    from helpers import refused_line, run_cli
+    (tmp_path / "skipmodel.py").write_text(_SKIP_MODEL)
+    profile = tmp_path / "skip.stagesplit"
+    assert run_cli(capsys, "capture", f"{tmp_path / 'skipmodel.py'}:build", "-o", profile)[0] == 0
+    for devices in (4, 2):
+        assert run_cli(capsys, "solve", profile, "--devices", devices, "--schedule", "gpipe", "--micro-batches", 4,
+                       "--out", tmp_path / f"plan{devices}.json")[0] == 0
+    doc = json.loads((tmp_path / "plan4.json").read_text())
+    assert doc["split"] == "[ 0 | 1 | 2 | 3 ]"
+    wide = [w for w in doc["wide_tensors"] if (w["first_layer"], w["last_layer"]) == (0, 2)]
+    assert len(wide) == 1 and "relu" in wide[0]["name"]
+    assert read_plan(tmp_path / "plan4.json").wide_tensors[0].name == doc["wide_tensors"][0]["name"]
+    line = refused_line(capsys, "export", tmp_path / "plan4.json", "--to", "torch-pipelining", "-o",
+                        tmp_path / "pipe4.py")
+    assert f"'{wide[0]['name']}' (layers 0 to 2) from stage 0 past stage 1 to stage 2" in line
+    assert str(tmp_path / "plan4.json") in line and "skip connection" in line
+    assert not (tmp_path / "pipe4.py").exists()
+    assert json.loads((tmp_path / "plan2.json").read_text())["split"] in ("[ 0 1 | 2 3 ]", "[ 0 | 1 2 3 ]",
+                                                                          "[ 0 1 2 | 3 ]")
+    assert run_cli(capsys, "export", tmp_path / "plan2.json", "--to", "torch-pipelining", "-o",
+                   tmp_path / "pipe2.py")[0] == 0

@@ -91,3 +91,23 @@ def test_bad_plan_files(tmp_path):
 
 def test_split_text():
     assert split_text(["a", "b", "c"], [(0, 1), (2, 2)]) == "[ a b | c ]"
+
+
+def test_wide_tensors_round_trip_and_bad_ones_are_refused_naming_the_field(tmp_path):
+    """The plan's wide tensors (what a traced split would send past a stage) survive a file; a record
+    whose layers are out of order or out of range, or with an unknown key, is refused naming its field."""
+    from dataclasses import replace
+    from stagesplit.model.traffic import WideTensor
+    plan = replace(small_plan().plan, wide_tensors=(WideTensor("mask", 0, 2), WideTensor("rotary <cos>", 1, 5)))
+    path = tmp_path / "p.json"
+    write_plan(plan, path)
+    assert read_plan(path).wide_tensors == plan.wide_tensors
+    for bad, field in (({"name": "x", "first_layer": 3, "last_layer": 3}, r"wide_tensors\[0\]\.last_layer"),
+                       ({"name": "x", "first_layer": 0, "last_layer": 6}, r"wide_tensors\[0\]\.last_layer"),
+                       ({"name": "x", "first_layer": -1, "last_layer": 2}, r"wide_tensors\[0\]\.first_layer"),
+                       ({"name": "x", "first_layer": 0, "last_layer": 2, "code": 1}, r"wide_tensors\[0\]")):
+        doc = plan_document(plan)
+        doc["wide_tensors"] = [bad]
+        path.write_text(json.dumps(doc))
+        with pytest.raises(ProfileError, match=field):
+            read_plan(path)
