@@ -37,8 +37,9 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1
 
 
 def _cached_capture(name: str, build) -> Path:
-    import stagesplit.capturing.pytorch as capture_module
-    digest = hashlib.sha256(Path(capture_module.__file__).read_bytes()).hexdigest()[:12]
+    import stagesplit.capturing as capturing           # the cache is stale when any part of the capture changes
+    sources = sorted(Path(capturing.__file__).parent.glob("*.py"))
+    digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"stagesplit-bench-{name}-{digest}.stagesplit"
     if not path.exists():
         from stagesplit.io import save_profile

@@ -161,7 +161,7 @@ def phase_table(model: StageCostModel) -> PhaseTable:
                       backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute)
 
 
-#: how a capture names the loss's operations (``capturing/pytorch.py``: "loss/aten.sum")
+#: how a capture names the loss's operations (``capturing/profilebuild.py``: "loss/aten.sum")
 LOSS_PREFIX = "loss/"
 
 

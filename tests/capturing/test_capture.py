@@ -18,7 +18,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from stagesplit.model.analysis import Analysis  # noqa: E402
-from stagesplit.capturing.pytorch import capture, capture_model, peak_bytes  # noqa: E402
+from stagesplit.capturing.pytorch import capture, capture_model  # noqa: E402
+from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.layers import Rule  # noqa: E402
@@ -723,7 +724,7 @@ def _torch_flops(fn) -> int:
 
 def test_flop_formulas_cover_kernels_torch_does_not():
     from torch.utils.flop_counter import flop_registry
-    from stagesplit.capturing.pytorch import FLOP_FORMULAS
+    from stagesplit.capturing.flops import FLOP_FORMULAS
     aten = torch.ops.aten
     for name in FLOP_FORMULAS:
         packet = getattr(aten, name)                     # every kernel exists in this torch
@@ -738,7 +739,7 @@ def test_cpu_attention_flops_equal_torchs_formulas_and_the_math_backend(kv_heads
     the math backend's autograd keeps them: four)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import flop_registry
-    from stagesplit.capturing.pytorch import flop_counter
+    from stagesplit.capturing.flops import flop_counter
     aten = torch.ops.aten
     count = flop_counter(torch)
     torch.manual_seed(0)
@@ -769,7 +770,7 @@ def test_cpu_attention_flops_equal_torchs_formulas_and_the_math_backend(kv_heads
 def test_grouped_mm_flops_equal_a_loop_of_mm_in_every_layout():
     """torch._grouped_mm's four layouts on real bfloat16 tensors whose offsets cover every
     row, against the same products done one group at a time with torch.mm, counted by torch."""
-    from stagesplit.capturing.pytorch import flop_counter
+    from stagesplit.capturing.flops import flop_counter
     count = flop_counter(torch)
     gmm = torch.ops.aten._grouped_mm.default
     bf = torch.bfloat16
@@ -790,7 +791,7 @@ def test_grouped_mm_flops_equal_a_loop_of_mm_in_every_layout():
 
 
 def test_vector_and_batched_product_flops_equal_their_matrix_equivalents():
-    from stagesplit.capturing.pytorch import flop_counter
+    from stagesplit.capturing.flops import flop_counter
     count = flop_counter(torch)
     aten = torch.ops.aten
     torch.manual_seed(0)
@@ -815,7 +816,7 @@ def test_vector_and_batched_product_flops_equal_their_matrix_equivalents():
 def test_native_multi_head_attention_flops_equal_the_modules_own_path():
     """nn.MultiheadAttention's fused inference kernel against the module's ordinary training
     path (projections, and attention on the math backend: matrix products torch counts)."""
-    from stagesplit.capturing.pytorch import flop_counter
+    from stagesplit.capturing.flops import flop_counter
     count = flop_counter(torch)
     torch.manual_seed(0)
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -40,7 +40,8 @@ from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.io.profile import Phase  # noqa: E402
-from stagesplit.capturing.pytorch import capture_model, peak_bytes  # noqa: E402
+from stagesplit.capturing.pytorch import capture_model  # noqa: E402
+from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -321,7 +321,7 @@ def test_import_from_a_fifo_nobody_writes_is_refused(capsys, tmp_path, monkeypat
 
 @pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs on this system")
 def test_import_from_an_endless_pipe_stops_at_the_cap(tmp_path, monkeypatch):
-    monkeypatch.setattr("stagesplit.io.onnximport.MAX_STREAM_BYTES", 1 << 20)
+    monkeypatch.setattr("stagesplit.io.onnxread.MAX_STREAM_BYTES", 1 << 20)
     fifo = tmp_path / "endless.onnx"
     os.mkfifo(fifo)
     writer = _fifo_writer(fifo, b"\x08" + bytes(3 << 20))
@@ -449,7 +449,7 @@ def test_every_element_type_onnx_writes_passes_the_data_check(tmp_path):
     """The oracle is onnx's own writer: a tensor of each element type, raw or in typed fields,
     of odd and empty-dims shapes, holds exactly the data the check expects; one element fewer
     is refused."""
-    from stagesplit.io.onnximport import _check_initializer
+    from stagesplit.io.onnxcheck import check_initializer
     checked = 0
     for name, data_type in TensorProto.DataType.items():
         if data_type == TensorProto.UNDEFINED:
@@ -464,12 +464,12 @@ def test_every_element_type_onnx_writes_passes_the_data_check(tmp_path):
                 else:
                     flat = [b"a"] * values.size if data_type == TensorProto.STRING else values.reshape(-1).tolist()
                     t = helper.make_tensor("t", data_type, list(shape), flat, raw=False)
-                assert _check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx") == []
+                assert check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx") == []
                 checked += 1
                 if raw and t.HasField("raw_data") and data_type in (TensorProto.FLOAT, TensorProto.INT8):
                     t.raw_data = t.raw_data[:-1]
                     with pytest.raises(ProfileError, match=r"expected data for its dims"):
-                        _check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx")
+                        check_initializer(onnx, t, "graph.initializer[t]", tmp_path / "m.onnx")
     assert checked >= 150
 
 
