@@ -150,7 +150,7 @@ def phase_table(model: StageCostModel) -> PhaseTable:
         table = price_all_ranges(_masked(model, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain)
     forward_cut, backward_cut = _cut_directions(model)
-    weight_extra = _weight_gradients(model, columns)
+    weight_extra = _weight_gradients(model, columns) - _freed_at_input_backward(model)[None, :]
     per_op, unit = _op_times(model)
     times = _layer_phase_times(model, per_op)
     diagonal = np.arange(L)
@@ -231,6 +231,47 @@ def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -
         # counts for ranges holding both its maker and its readers
         out[:lo + 1, hi:] += int(p.variables.bytes[v])
     return np.triu(out)
+
+
+def _freed_at_input_backward(model: StageCostModel) -> np.ndarray:
+    """Per layer ``b``, the stash bytes a split backward's B frees when ``b`` is its chunk's last layer.
+    torch's ``stage_backward_input`` keeps the autograd graph from the first node that uses a weight
+    on (toward the inputs) for W, and lets go of the part between it and the chunk's output or loss
+    (it detaches them): what only the backward before the layer's first weight-reading B operation reads
+    (the loss's saved log-softmax on the last chunk) is freed at B."""
+    L = model.num_layers
+    p = model.profile
+    ops, v = p.operations, p.variables
+    out = np.zeros(L, np.int64)
+    if not len(ops):
+        return out
+    producer = _producers(model)
+    op_layer = model.layers.op_layer
+    steps = ops.first_step
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_var = ops.vars.values
+    backward = (ops.phase[entry_op] == Phase.BACKWARD_INPUT)
+    # the first B operation of each layer that reads a weight (an always-live variable it did not make)
+    reads_weight = backward & ~model.var_nal[entry_var] & (op_layer[entry_op] >= 0)
+    first = np.full(L, np.iinfo(np.int64).max, np.int64)
+    np.minimum.at(first, op_layer[entry_op[reads_weight]], steps[entry_op[reads_weight]])
+    made_forward = np.zeros(len(v.bytes), bool)
+    known = producer >= 0
+    made_forward[known] = ops.phase[producer[known]] == Phase.FORWARD
+    # per variable: the last step any operation reads it, and the layers its backward readers are in
+    last_read = np.full(len(v.bytes), -1, np.int64)
+    np.maximum.at(last_read, entry_var, steps[entry_op])
+    read_back = np.zeros(len(v.bytes), bool)
+    read_back[entry_var[backward]] = True
+    low = np.full(len(v.bytes), L, np.int64)
+    high = np.full(len(v.bytes), -1, np.int64)
+    np.minimum.at(low, entry_var[backward], op_layer[entry_op[backward]])
+    np.maximum.at(high, entry_var[backward], op_layer[entry_op[backward]])
+    freed = model.var_nal & made_forward & read_back & (low == high) & (low >= 0)
+    layer = np.where(freed, low, 0)
+    freed &= last_read < first[layer]
+    np.add.at(out, layer[freed], v.bytes[freed].astype(np.int64))
+    return out
 
 
 def one_stack(paths) -> bool:
