@@ -41,6 +41,13 @@ def _configs():
         "qwen3": (tf.Qwen3ForCausalLM, tf.Qwen3Config(num_key_value_heads=2, head_dim=16, tie_word_embeddings=False,
                                                      **_SMALL, **_COMMON)),
         "gemma": (tf.GemmaForCausalLM, tf.GemmaConfig(num_key_value_heads=2, head_dim=16, **_SMALL, **_COMMON)),
+        "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4,
+                                                            num_experts_per_tok=2, tie_word_embeddings=False,
+                                                            **_SMALL, **_COMMON)),
+        "qwen2_moe": (tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4,
+                                                               num_experts_per_tok=2, moe_intermediate_size=64,
+                                                               shared_expert_intermediate_size=64,
+                                                               tie_word_embeddings=False, **_SMALL, **_COMMON)),
     }
 
 
@@ -53,10 +60,13 @@ def model(name: str, device: str | None = None):
     import torch
     cls, config = _configs()[name]
     config._attn_implementation = "sdpa"
+    # mixture of experts: torch's grouped matrix product (whose shapes do not depend on the routing, as a
+    # capture under fake tensors needs) takes bfloat16 only
+    dtype = torch.bfloat16 if name in MOE_FAMILIES else torch.float32
     if device == "meta":
         with torch.device("meta"):
-            return cls(config)
-    return cls(config).train()
+            return cls(config).to(dtype)
+    return cls(config).to(dtype).train()
 
 
 def batch(name: str, micro_batches: int, seed: int = 7) -> tuple:
@@ -74,7 +84,11 @@ def factory(name: str):
     return model(name, "meta"), {"input_ids": ids, "labels": ids}
 
 
-for _name in FAMILIES:
+#: mixture-of-experts families: which expert each token goes to depends on the weights, so a capture
+#: (fake tensors) and a run route tokens differently
+MOE_FAMILIES = ("mixtral", "qwen2_moe")
+
+for _name in FAMILIES + MOE_FAMILIES:
     globals()[_name] = functools.partial(factory, _name)
 
 

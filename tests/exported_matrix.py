@@ -75,21 +75,25 @@ def _reference(family: str, micro_batches: int) -> tuple[float, dict[str, np.nda
     losses = [model(input_ids=i, labels=t).loss for i, t in zip(ids.chunk(micro_batches), labels.chunk(micro_batches))]
     total = sum(losses) / micro_batches
     total.backward()
-    return float(total.detach()), {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()
+    return float(total.detach()), {n: p.grad.detach().float().numpy().copy() for n, p in model.named_parameters()
                                   if p.grad is not None}
 
 
-def run_matrix(cases: Sequence[tuple[str, str, int]], folder: Path) -> list[Row]:
-    """Each (family, schedule, P): solve, export, run the export's program; rows in the same order."""
+def run_matrix(cases: Sequence[tuple], folder: Path) -> list[Row]:
+    """Each (family, schedule, P) or (family, schedule, P, chunks per rank; default: SCHEDULES'): solve,
+    export, run the export's program; rows in the same order."""
     plans: dict[tuple, dict] = {}
     exported: dict[int, list[tuple[int, harness.ExportedCase]]] = {}
-    for index, (family, schedule, devices) in enumerate(cases):
+    for index, (family, schedule, devices, *given) in enumerate(cases):
         profile = folder / f"{family}.stagesplit"
         if not profile.exists():
-            _cli("capture", families.capture_spec(family), "-o", profile)
+            dtype = ["--dtype", "bfloat16"] if family in families.MOE_FAMILIES else []
+            _cli("capture", families.capture_spec(family), *dtype, "-o", profile)
         m = _micro_batches(schedule, devices)
-        plan, code = folder / f"{family}-{schedule}-{devices}.json", folder / f"{family}-{schedule}-{devices}.py"
-        chunks = ["--chunks-per-rank", SCHEDULES[schedule]] if schedule in CHUNKED else []
+        v = given[0] if given else SCHEDULES[schedule]
+        name = f"{family}-{schedule}-{devices}-{v}"
+        plan, code = folder / f"{name}.json", folder / f"{name}.py"
+        chunks = ["--chunks-per-rank", v] if schedule in CHUNKED else []
         _cli("solve", profile, "--devices", devices, "--schedule", schedule, "--micro-batches", m, *chunks,
              "--out", plan)
         _cli("export", plan, "--to", "torch-pipelining", "-o", code)
@@ -101,7 +105,7 @@ def run_matrix(cases: Sequence[tuple[str, str, int]], folder: Path) -> list[Row]
         for (index, _), ranks in zip(group, harness.run_exported([case for _, case in group], devices)):
             results[index] = ranks
     rows = []
-    for index, (family, schedule, devices) in enumerate(cases):
+    for index, (family, schedule, devices, *_) in enumerate(cases):
         plan, ranks = plans[index], results[index]
         m = plan["schedule"]["micro_batches"]
         reference_loss, reference_grads = _reference(family, m)

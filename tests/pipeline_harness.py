@@ -445,7 +445,7 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
                 tracker.overall = 0
             start = time.perf_counter()
             losses = [float(v.detach()) for v in step()]
-            grads = {names[id(p)]: p.grad.detach().numpy().copy() for p in params if p.grad is not None}
+            grads = {names[id(p)]: p.grad.detach().float().numpy().copy() for p in params if p.grad is not None}
             before = tracker.restart_peak()
             optimizer.step()
             optimizer_trace = (before, tracker.peak_since_restart(), tracker.live_bytes())
