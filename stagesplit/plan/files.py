@@ -35,7 +35,7 @@ from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
-from ..solver.schedule import ScheduleKind
+from ..solver.schedule_kinds import ScheduleKind
 from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
                       ScheduleCandidate,
                       ScheduleRecord, StagePlan)
