@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import OptionError
 
 __all__ = ["Placement", "ScheduleKind", "ScheduleTraits", "check_chunks_per_rank", "check_schedule", "chunk_ranks",
-           "is_valid", "schedule_kind", "traits"]
+           "is_valid", "traits"]
 
 
 class ScheduleKind(str, Enum):
@@ -77,7 +77,7 @@ _TRAITS = {
 _KIND_NAMES = ", ".join(k.value for k in ScheduleKind)
 
 
-def schedule_kind(kind: ScheduleKind | str) -> ScheduleKind:
+def _kind(kind: ScheduleKind | str) -> ScheduleKind:
     """``kind`` as a ``ScheduleKind``; a one-line OptionError naming the choices if it is none."""
     try:
         return ScheduleKind(kind)
@@ -87,7 +87,7 @@ def schedule_kind(kind: ScheduleKind | str) -> ScheduleKind:
 
 def traits(kind: ScheduleKind | str) -> ScheduleTraits:
     """The fixed properties of ``kind``."""
-    return _TRAITS[schedule_kind(kind)]
+    return _TRAITS[_kind(kind)]
 
 
 def _positive(parameter: str, value: int) -> None:
@@ -108,7 +108,7 @@ def check_chunks_per_rank(kind: ScheduleKind | str, chunks_per_rank: int) -> Non
 def check_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int, chunks_per_rank: int) -> None:
     """Raise a one-line OptionError unless torch's schedule class accepts ``devices`` ranks,
     ``micro_batches`` and ``chunks_per_rank`` (these are the checks its constructors make)."""
-    kind = schedule_kind(kind)
+    kind = _kind(kind)
     for parameter, value in (("devices", devices), ("micro_batches", micro_batches),
                              ("chunks_per_rank", chunks_per_rank)):
         _positive(parameter, value)
@@ -140,7 +140,7 @@ def is_valid(kind: ScheduleKind | str, devices: int, micro_batches: int, chunks_
 
 def chunk_ranks(kind: ScheduleKind | str, devices: int, chunks_per_rank: int) -> np.ndarray:
     """The rank of each of the ``chunks_per_rank * devices`` chunks, in model order."""
-    kind = schedule_kind(kind)
+    kind = _kind(kind)
     P, v = int(devices), int(chunks_per_rank)
     chunks = np.arange(P * v)
     if _TRAITS[kind].placement is Placement.LOOP:

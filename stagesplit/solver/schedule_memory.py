@@ -265,8 +265,6 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
     return tuple(out)
 
 
-
-
 def chunks_in_flight(schedule: ScheduleInstance) -> np.ndarray:
     """Per chunk, the most micro-batches between their forward and their backward at once on
     its rank (at least 1)."""

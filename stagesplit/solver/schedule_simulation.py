@@ -166,7 +166,6 @@ def simulate(schedule: ScheduleInstance, forward: Sequence[float] | np.ndarray,
     return Simulation(starts, ends, step, busy, bubble)
 
 
-
 @dataclass(frozen=True)
 class CriticalPath:
     """The longest chain of one step (one rank's optimizer step at its end): how many forwards,
