@@ -68,7 +68,7 @@ def all_options(objective: str, time_limit: float = 60):
 def measure_all_options(objective: str) -> None:
     from stagesplit.plan.advise import advise, price
     from stagesplit.solver.problem import build_problem
-    from stagesplit.solver.cpsat import solve_cpsat
+    from stagesplit.solver.cpsat import solve_split_cpsat
     t0 = time.perf_counter()
     model = additive_model()
     options = all_options(objective)
@@ -76,7 +76,7 @@ def measure_all_options(objective: str) -> None:
     t1 = time.perf_counter()
     advice = advise(model, options, table=table)
     t2 = time.perf_counter()
-    alone = solve_cpsat(build_problem(model, all_options(objective, 30.0), table=table))
+    alone = solve_split_cpsat(build_problem(model, all_options(objective, 30.0), table=table))
     t3 = time.perf_counter()
     plan = advice.plan
     print(json.dumps({"price": t1 - t0, "advise": t2 - t1, "status": plan.status,
@@ -130,7 +130,7 @@ def measure(case: str, path: str) -> None:
     from stagesplit.model.analysis import Analysis
     from stagesplit.solver.dp import greedy, uniform
     from stagesplit.solver.problem import SolveOptions, build_problem
-    from stagesplit.solver.cpsat import solve_cpsat
+    from stagesplit.solver.cpsat import solve_split_cpsat
     t0 = time.perf_counter()
     if case.startswith("bert-large"):
         model = Analysis.load(path).model
@@ -144,10 +144,10 @@ def measure(case: str, path: str) -> None:
     problem = build_problem(model, options, table=table)
     t2 = time.perf_counter()
     base = greedy(problem)
-    result = solve_cpsat(problem, hint=base.split)
+    result = solve_split_cpsat(problem, hint=base.split)
     t3 = time.perf_counter()
     flat = uniform(problem)
-    cold = solve_cpsat(problem)              # no hint: what CP-SAT needs on its own
+    cold = solve_split_cpsat(problem)              # no hint: what CP-SAT needs on its own
     t4 = time.perf_counter()
 
     def bottleneck(solution):

@@ -234,7 +234,7 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     options = SolveOptions(
         devices=request.devices, objective=request.objective, exact=request.exact,
         schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
-        chunks_per_device=_chunks_per_rank(request),
+        chunks_per_rank=_chunks_per_rank(request),
         headroom=request.headroom, capacities=capacities, reserve=request.reserve, min_layers=request.min_layers,
         max_layers=request.max_layers, pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
         pinned_layers=tuple((layer(n, "pin_layers"), p) for n, p in request.pin_layers),
@@ -395,7 +395,7 @@ def _solve_variants(sources, req: SolveRequest, events: Events, debug):
 
 def _chunks_per_rank(request: SolveRequest) -> int:
     """The chunks per device a request's schedule runs with."""
-    from .solver.schedule import ScheduleKind, traits
+    from .solver.schedule_kinds import ScheduleKind, traits
     if request.chunks_per_rank is not None:
         return request.chunks_per_rank
     if request.schedule.one_stage_per_device or request.schedule is Schedule.AUTO:
@@ -404,7 +404,7 @@ def _chunks_per_rank(request: SolveRequest) -> int:
 
 
 def _scheduled(request: SolveRequest, model) -> bool:
-    """Whether the request is solved with a schedule's own actions (solver/chunks.py): any
+    """Whether the request is solved with a schedule's own actions (solver/chunk_cpsat.py): any
     schedule but none, on a one-device profile that records each operation's phase; the looped
     and V-shaped schedules need such a profile, GPipe and 1F1B fall back to the stage model."""
     recompute = request.recompute not in (None, RecomputeMode.NONE)
@@ -443,7 +443,7 @@ def _auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
     """Every (schedule, chunks per device, micro-batches) ``--schedule auto`` tries: each schedule
     torch ships with each chunks-per-device count it takes, up to AUTO_MAX_CHUNKS_PER_RANK (or the
     one asked for), where torch's class accepts the device and micro-batch counts."""
-    from .solver.schedule import ScheduleKind, is_valid, traits
+    from .solver.schedule_kinds import ScheduleKind, is_valid, traits
     out = []
     for kind in ScheduleKind:
         fixed = traits(kind).fixed_chunks_per_rank
@@ -478,7 +478,7 @@ def _solve_auto(req: SolveRequest, analysis, events: Events):
 def _solve_auto_within(req: SolveRequest, analysis, events: Events, started: float):
     from .plan.advise import advise_schedule, schedule_problem
     from .plan.records import ScheduleCandidate
-    from .solver.chunks import local_search
+    from .solver.chunk_search import local_search
     candidates = _auto_candidates(req)
     if not candidates:
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "

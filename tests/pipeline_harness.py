@@ -250,7 +250,7 @@ def _run_case(rank: int, devices: int, case: PipelineCase, index: int, workdir: 
     import torch.distributed as dist
     from torch.distributed.pipelining import PipelineStage, schedules
 
-    from stagesplit.solver.schedule import traits
+    from stagesplit.solver.schedule_kinds import traits
 
     torch.manual_seed(case.seed)
     if case.stages_from is not None:

@@ -31,7 +31,7 @@ from pathlib import Path
 
 from ..common.text import show
 from ..model.recompute import EXPENSIVE_OPERATIONS
-from ..solver.schedule import traits
+from ..solver.schedule_kinds import traits
 from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns, module_fqn
 from ._plan_view import PlanView
 from .render import RenderCheckError, literal_assignments, py_literal

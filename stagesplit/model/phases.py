@@ -1,5 +1,5 @@
 """What a pipeline chunk needs in each phase of a training step, for the schedules' per-rank
-memory and step time (solver/schedule.py).
+memory and step time (solver/schedule_memory.py, solver/schedule_simulation.py).
 
 A profile whose operations carry phases (a capture records forward, backward for inputs (B),
 backward for weights (W), optimizer, recompute) is one micro-batch's whole step on one device.

@@ -36,7 +36,7 @@ still hold under their options:
 Recomputing a chunk's *first* layers therefore costs least: their rerun comes when little else
 is held (measured: 20% of a rank's peak between a chunk recomputing its first and its second
 layer, tests/exporters/test_export_recompute_torch.py). Where a schedule splits the backward,
-what B re-materialises stays for W: the weight stash is not reduced (solver/chunks.py).
+what B re-materialises stays for W: the weight stash is not reduced (solver/chunk_problem.py).
 """
 
 from __future__ import annotations

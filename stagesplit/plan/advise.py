@@ -16,11 +16,11 @@ from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
-from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_cpsat
+from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_split_cpsat
 from ..solver.dp import (Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy,
                          uniform)
-from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate, in_flight, in_flight_values,
-                              stage_capacities, with_devices)
+from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate_split, in_flight,
+                              in_flight_values, stage_capacities, with_devices)
 from .baselines import framework_baselines, layer_roles
 from ..solver.request import SolveRequest
 from .build import make_plan, make_schedule_plan, refused_plan
@@ -28,8 +28,9 @@ from .records import Plan, PlanInputs
 from .text import step_text
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
-           "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible", "fewest_devices",
-           "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price", "result_message",
+           "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible",
+           "fewest_stages_that_fit", "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price",
+           "result_message",
            "schedule_problem", "search", "sweep"]
 
 
@@ -105,7 +106,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
         result = _unproven_result(problem, hint, oracle)
     else:
         notes.append("CP-SAT searched with the time left")
-        result = solve_cpsat(problem, hint=hint, log=log, oracle=oracle, time_limit=remaining)
+        result = solve_split_cpsat(problem, hint=hint, log=log, oracle=oracle, time_limit=remaining)
     result.dp_seconds = dp_seconds
     result.notes[:0] = notes
     return result
@@ -114,14 +115,14 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
 def _better(problem: SplitProblem, split: Split, other: Split) -> bool:
     """Whether ``split`` is lexicographically better than ``other`` (which may not fit)."""
     objective = problem.options.objective
-    mine, theirs = evaluate(problem, split), evaluate(problem, other)
+    mine, theirs = evaluate_split(problem, split), evaluate_split(problem, other)
     return not theirs.feasible or mine.key(objective) < theirs.key(objective)
 
 
 def _unproven_result(problem: SplitProblem, split: Split | None, oracle: Solution | None) -> SolverResult:
     """The best split known, no solver having proved it: the DP's proven phases are OPTIMAL (proof
     "dp"), the others FEASIBLE with no bound (status "feasible"; "unknown" without a split)."""
-    evaluation = evaluate(problem, split) if split is not None else None
+    evaluation = evaluate_split(problem, split) if split is not None else None
     if evaluation is None or not evaluation.feasible:
         return SolverResult(None, None, [PhaseResult(ORDER[problem.options.objective][0], "UNKNOWN", None, None, 0.0)],
                             cpsat_seconds=None)
@@ -160,7 +161,8 @@ def price(model: StageCostModel, options: SolveOptions, max_devices: int | None 
     return model.price_ranges(tuple(sorted(ks)), progress=progress, capacity=int(capacity.max()))
 
 
-def fewest_devices(table: RangeTable, capacity: np.ndarray, options: SolveOptions, limit: int | None = None) -> int | None:
+def fewest_stages_that_fit(table: RangeTable, capacity: np.ndarray, options: SolveOptions,
+                           limit: int | None = None) -> int | None:
     """The fewest stages, stage s on a device like ``capacity[s % len(capacity)]``, that hold
     the model; pins and layer-count limits are ignored. None if no number of stages fits.
 
@@ -219,10 +221,10 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
     L = len(names)
     if o.exact and n > L:
         works = _fewest_with_own_micro_batches(model, o) if o.micro_batches_auto else \
-            fewest_devices(table, problem.capacity, o)
+            fewest_stages_that_fit(table, problem.capacity, o)
         return (f"{L} layers cannot fill exactly {n:,} devices: --exact puts at least one layer on each; use --devices "
                 f"{L} or fewer, or drop --exact" + _holds_text(o, works))
-    enough = fewest_devices(table, problem.capacity, o)
+    enough = fewest_stages_that_fit(table, problem.capacity, o)
     rules = _given_rules(o)
     if enough is None and o.micro_batches_auto and o.schedule.value in ("gpipe", "1f1b"):
         # the micro-batches follow --devices: fewer devices would have fewer in flight
@@ -272,7 +274,7 @@ def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tu
             return None
         trial = with_devices(replace(o, exact=False), m)
         capacity, _ = stage_capacities(model.profile.target, trial)
-        stages = fewest_devices(price(model, trial, max_devices=m), capacity, trial, limit=m)
+        stages = fewest_stages_that_fit(price(model, trial, max_devices=m), capacity, trial, limit=m)
         if stages is not None:
             return m, stages
     return None
@@ -286,7 +288,7 @@ def _holds_text(o: SolveOptions, works) -> str:
     caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > o.exact else ""
     if isinstance(works, tuple):
         m, stages = works
-        return (f"; the fewest --devices that hold the model is {m} (so {m * o.chunks_per_device} micro-batches), "
+        return (f"; the fewest --devices that hold the model is {m} (so {m * o.chunks_per_rank} micro-batches), "
                 f"on {stages} device{'s' if stages != 1 else ''}{caveat}")
     micro = f" with {o.micro_batches:,} micro-batches" if o.schedule.value != "none" else ""
     return f"; {works} device{'s are' if works != 1 else ' is'} the fewest that hold the model{micro}{caveat}"
@@ -370,7 +372,7 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message)
     if options.objective == "devices" and options.exact and plan.feasible:
-        plan.notes.append(_exact_devices_note(options, fewest_devices(table, problem.capacity, options,
+        plan.notes.append(_exact_devices_note(options, fewest_stages_that_fit(table, problem.capacity, options,
                                                                       limit=options.devices)))
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
@@ -387,7 +389,7 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
 
 def _exact_devices_note(o: SolveOptions, fewest: int | None) -> str:
     """``--objective devices --exact``: the count is given, not searched; how many devices the
-    fewest that hold the model are (``fewest_devices``, proven by its prefix search)."""
+    fewest that hold the model are (``fewest_stages_that_fit``, proven by its prefix search)."""
     if fewest is None or fewest >= o.devices:
         return f"no fewer than the {o.devices} devices --exact uses hold the model"
     caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > 1 else ""
@@ -430,7 +432,7 @@ def framework_plans(model: StageCostModel, problem: SplitProblem, traffic: Traff
             out.append(make_plan(model, problem, None, inputs, method=b.key, traffic=traffic, message=b.reason))
             continue
         split = Split(b.bounds)
-        ev = evaluate(problem, split)
+        ev = evaluate_split(problem, split)
         out.append(make_plan(model, problem, split, inputs, method=b.key, traffic=traffic,
                              message="" if ev.feasible else ev.reason))
     return out
@@ -592,7 +594,7 @@ def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
                    targets=targets)
 
 
-# -- pipeline schedules with chunks (solver/chunks.py) ----------------------------------------------
+# -- pipeline schedules with chunks (solver/chunk_cpsat.py) -----------------------------------------
 
 def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarray:
     """Bytes each device may use: its target's memory less the headroom and the reserve."""
@@ -610,8 +612,9 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     """The chunk-split problem of ``inputs``' schedule on ``model`` (a profile with phases)."""
     from ..errors import StagesplitError
     from ..model.phases import phase_table
-    from ..solver.chunks import ChunkProblem
-    from ..solver.schedule import ScheduleKind, build_schedule, traits
+    from ..solver.chunk_problem import ChunkProblem
+    from ..solver.schedule_generation import build_schedule
+    from ..solver.schedule_kinds import ScheduleKind, traits
     o = inputs.options
     kind = ScheduleKind(o.schedule.value)
     v = chunks_per_rank_of(inputs)
@@ -643,10 +646,10 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
     """CP-SAT on ``problem``; where recompute was left to stagesplit and nothing fits without it,
     again with recompute chosen per layer (and a note that says so)."""
     import time
-    from ..solver.chunks import solve_cpsat
+    from ..solver.chunk_cpsat import solve_chunks_cpsat
     from ..solver.request import RecomputeMode
     started = time.monotonic()
-    solved = solve_cpsat(problem)
+    solved = solve_chunks_cpsat(problem)
     fits = solved.result is not None and solved.result.feasible
     if fits or not default_recompute or problem.table.recompute is None:
         return problem, solved
@@ -655,7 +658,7 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
         # split beats it without either, none does with recompute (a much smaller model to prove)
         relaxed = replace(problem, capacities=np.full_like(problem.capacities, _NO_LIMIT),
                           time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
-        bound = solve_cpsat(relaxed)
+        bound = solve_chunks_cpsat(relaxed)
         if bound.status == "slower":
             return problem, replace(bound, result=solved.result, seconds=time.monotonic() - started)
     if log:
@@ -663,7 +666,7 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
     # the time limit is the whole solve's: the second search gets what the first left
     auto = replace(problem, recompute=RecomputeMode.AUTO,
                    time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
-    again = solve_cpsat(auto)
+    again = solve_chunks_cpsat(auto)
     if again.result is not None and again.result.feasible:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
                            "column are recomputed (--recompute none to refuse, auto to let it choose always)")
@@ -691,7 +694,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
     # time limit (common/deadline.py); the plan is built after it, from what the search found
     with deadline_at(_time.monotonic() + o.time_limit, o.time_limit):
         if o.objective is Objective.DEVICES and not o.exact:
-            problem, solved, n, shown = _fewest_devices(model, inputs, table, log)
+            problem, solved, n, shown = _fewest_devices_under_schedule(model, inputs, table, log)
         else:
             problem = schedule_problem(model, inputs, table)
             if cutoff is not None and o.objective is Objective.COMPUTE:
@@ -718,7 +721,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
 
 def chunks_per_rank_of(inputs: PlanInputs) -> int:
     """The chunks each device runs under ``inputs``' schedule (``schedule_problem``'s choice)."""
-    from ..solver.schedule import ScheduleKind, traits
+    from ..solver.schedule_kinds import ScheduleKind, traits
     kind = ScheduleKind(inputs.options.schedule.value)
     return inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
         (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
@@ -729,14 +732,14 @@ def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
     class accepts the count with the micro-batches it then has (a defaulted count follows the
     devices), and every chunk gets a layer. Not monotone: 1F1B needs micro-batches >= devices,
     interleaved 1F1B micro-batches that are a multiple of max(1, M // devices)."""
-    from ..solver.schedule import ScheduleKind, is_valid
+    from ..solver.schedule_kinds import ScheduleKind, is_valid
     kind = ScheduleKind(inputs.options.schedule.value)
     v = chunks_per_rank_of(inputs)
     return [n for n in range(1, inputs.options.devices + 1)
             if n * v <= num_layers and is_valid(kind, n, with_devices(inputs.options, n).micro_batches, v)]
 
 
-def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
+def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, table, log):
     """The fewest devices (up to the request's) on which the schedule fits, among the counts it
     can run with (``runnable_device_counts``) that the resident bytes alone do not rule out: a
     bisection (the quick search first, CP-SAT where that finds no fit) finds a count that fits,
@@ -749,7 +752,8 @@ def _fewest_devices(model: StageCostModel, inputs: PlanInputs, table, log):
     import time
     from ..errors import StagesplitError
     from ..model.phases import phase_table
-    from ..solver.chunks import ChunkSolve, local_search
+    from ..solver.chunk_cpsat import ChunkSolve
+    from ..solver.chunk_search import local_search
     from ..solver.request import Objective
     started = time.monotonic()
     table = table if table is not None else phase_table(model)

@@ -14,10 +14,10 @@ from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
 from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic, wide_tensors
-from ..solver.chunks import step_durations
+from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
-from ..solver.problem import Split, SplitProblem, evaluate, schedule_note, stage_in_flight
-from ..solver.schedule import chunks_in_flight
+from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
+from ..solver.schedule_memory import chunks_in_flight
 from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
                       StagePlan)
 
@@ -47,7 +47,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     in the order of ``problem.variants``; ``model`` is the first's)."""
     p = model.profile
     o = problem.options
-    evaluation = evaluate(problem, split) if split is not None else None
+    evaluation = evaluate_split(problem, split) if split is not None else None
     chosen = evaluation.variants if evaluation is not None and problem.variants else ()
     stages: list[StagePlan] = []
     if split is not None:
@@ -113,7 +113,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
 
 def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
-    """A plan for a chunk split under a pipeline schedule (``solver/chunks.py``): one stage per
+    """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
     schedule = problem.schedule
     result = solve.result

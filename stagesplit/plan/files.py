@@ -36,7 +36,7 @@ from ..model.tied import TiedParameter
 from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
-from ..solver.schedule import ScheduleKind
+from ..solver.schedule_kinds import ScheduleKind
 from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
                       ScheduleCandidate,
                       ScheduleRecord, StagePlan)

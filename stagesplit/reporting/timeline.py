@@ -1,6 +1,6 @@
 """The plan's pipeline schedule, drawn: each rank's actions over one step (a Gantt chart:
 forwards, backwards, the optimizer step, idle time) and each rank's memory over the schedule's
-steps, from ``stagesplit.solver.schedule`` (``build_schedule``, ``simulate``, ``rank_memory``).
+steps, from the solver's schedules (``build_schedule``, ``simulate``, ``rank_memory``).
 
 A plan solved under a schedule (``plan.schedule``) records every duration its step time was
 simulated from: per chunk the forward, input-gradient and weight-gradient times, per boundary
@@ -30,8 +30,10 @@ from ..common.text import escape_surrogates
 from ..errors import StagesplitError
 from ..plan.records import Plan
 from ..solver.problem import bubble_fraction
-from ..solver.schedule import (ChunkMemory, Op, RankMemory, Schedule, ScheduleKind, Simulation, build_schedule,
-                               rank_memory, simulate, traits)
+from ..solver.schedule_generation import Op, ScheduleInstance, build_schedule
+from ..solver.schedule_kinds import ScheduleKind, traits
+from ..solver.schedule_memory import ChunkMemory, RankMemory, rank_memory
+from ..solver.schedule_simulation import Simulation, simulate
 from .plot import byte_scale
 from .why import stage_times
 
@@ -151,7 +153,7 @@ class ScheduleView:
     step after its last action, the step time (the last rank to finish) and its bubble, each
     rank's memory and capacity."""
 
-    schedule: Schedule
+    schedule: ScheduleInstance
     simulation: Simulation
     memory: tuple[RankMemory, ...]
     capacity: np.ndarray

@@ -311,7 +311,8 @@ def step_path(plan: Plan, model=None) -> StepPath | None:
     and weight-gradient times, each device's optimizer time (its busy time less its actions),
     and, with communication, each boundary's transfer from ``model``'s phase table. None where
     the chain does not add up to the recorded step time (the figures were not all recorded)."""
-    from ..solver.schedule import build_schedule, critical_path
+    from ..solver.schedule_generation import build_schedule
+    from ..solver.schedule_simulation import critical_path
     s = plan.schedule
     if s is None or not s.ranks or len(s.chunk_times) != len(plan.stages):
         return None
@@ -341,7 +342,7 @@ def step_path(plan: Plan, model=None) -> StepPath | None:
 
 
 def _transfers(plan: Plan, model) -> np.ndarray | None:
-    """Each chunk boundary's transfer time as the solver priced it (solver/chunks.py): none
+    """Each chunk boundary's transfer time as the solver priced it (solver/chunk_problem.py): none
     without communication; else from ``model``'s phase table (None without one)."""
     C = len(plan.stages)
     o = plan.inputs.options
@@ -422,7 +423,7 @@ def _schedule_balance(plan: Plan, problem, have: float, text) -> list[str]:
     """The slowest stage against the least slowest stage any split into as many chunks allows
     (each chunk's forward, backward and weight-gradient time, recompute aside), memory ignored;
     where that split is not the plan's, what it would give."""
-    from ..solver.chunks import evaluate
+    from ..solver.chunk_evaluation import evaluate_chunk_split
     C = problem.chunks
     layers = problem.table.layer_times[:, :3].sum(axis=1)
     values, splits = least_slowest(layers, C, min_layers=problem.min_layers, max_layers=problem.max_layers,
@@ -436,7 +437,7 @@ def _schedule_balance(plan: Plan, problem, have: float, text) -> list[str]:
     clause = f"the layers allow a slowest stage of {text(least)} ({split_text(plan.layer_names, ranges)}), but "
     if not _recomputes(plan) and problem.fixed_choice() is not None:
         bounds = (0, *[a for a, _ in ranges[1:]], len(plan.layer_names))
-        other = evaluate(problem, bounds)
+        other = evaluate_chunk_split(problem, bounds)
         if other.feasible:
             return [clause + f"that split's step takes {text(other.step_time)}"]
         if "needs" in other.reason:                   # a rank over its capacity (the rules are kept)
@@ -453,7 +454,7 @@ def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> 
     recompute) is faster than the plan: the plan being the fastest that fits, that split does
     not. That search runs only where memory may bind: a device within ``FULL_MARGIN`` of its
     capacity, recompute needed, or the split of the least slowest stage not fitting."""
-    from ..solver.chunks import solve_cpsat
+    from ..solver.chunk_cpsat import solve_chunks_cpsat
     from ..solver.request import RecomputeMode
     s = plan.schedule
     full = any(r.peak_bytes >= (1 - FULL_MARGIN) * r.capacity_bytes for r in s.ranks)
@@ -463,7 +464,7 @@ def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> 
     relaxed = replace(problem, capacities=np.full_like(problem.capacities, NO_LIMIT), cutoff=None,
                       recompute=fixed if fixed in (RecomputeMode.FULL, RecomputeMode.SELECTIVE) else RecomputeMode.NONE,
                       time_limit=min(problem.time_limit, RELAXED_SECONDS))
-    result = solve_cpsat(relaxed).result
+    result = solve_chunks_cpsat(relaxed).result
     if result is None or not result.feasible or not _worse(s.step_time, result.step_time):
         return []
     ranges = [(a, b - 1) for a, b in zip(result.bounds, result.bounds[1:])]

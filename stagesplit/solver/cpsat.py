@@ -35,10 +35,10 @@ import numpy as np
 from ..common.interrupt import solve_interruptibly
 from ..model.rangetable import OVER
 from .dp import ORDER
-from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate
+from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate_split
 
 __all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "MODEL_SIZE_PER_SECOND", "ORDER", "PHASE_NAMES", "PhaseResult",
-           "SolverResult", "model_seconds_estimate", "solve_cpsat"]
+           "SolverResult", "model_seconds_estimate", "solve_split_cpsat"]
 
 PHASE_NAMES = {"time": "bottleneck stage time", "memory": "worst stage memory", "devices": "devices used"}
 BIG = OVER
@@ -354,8 +354,9 @@ def _quantity(evaluation: Evaluation, quantity: str) -> int:
     return {"time": evaluation.time, "memory": evaluation.memory, "devices": evaluation.devices}[quantity]
 
 
-def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
-                log: Callable[[str], None] | None = None, oracle=None, time_limit: float | None = None) -> SolverResult:
+def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
+                      log: Callable[[str], None] | None = None, oracle=None,
+                      time_limit: float | None = None) -> SolverResult:
     """Solve ``problem`` lexicographically (see the module docstring) within ``time_limit``
     seconds for all phases together (default: the options' ``time_limit``). ``hint``: a known
     feasible split, used as the starting upper bound. ``oracle``: the exact DP's answer
@@ -369,7 +370,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
     tables = _Tables(problem)
     bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
     result = SolverResult(None, None)
-    best = hint if hint is not None and evaluate(problem, hint).feasible else None
+    best = hint if hint is not None and evaluate_split(problem, hint).feasible else None
     known: dict[str, int] = {}
     # what the oracle claims: the phases it proved, or, an answer that says nothing of it, all
     claimed = () if oracle is None else \
@@ -396,7 +397,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             return model.solve(remaining, o.workers, deterministic=budget)
 
         if quantity in known:
-            # The DP's split reaches its optimum (``evaluate`` checked it). CP-SAT is asked only
+            # The DP's split reaches its optimum (``evaluate_split`` checked it). CP-SAT is asked only
             # whether the next smaller value is possible; if it cannot say so within a short
             # budget, the DP's optimum is the bound (proof "dp").
             value = known[quantity]
@@ -406,7 +407,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             contradiction = None
             if below is not None:
                 status, found, _ = check(below, budget=DP_CONFIRM_S)
-                found_eval = evaluate(problem, found) if found is not None else None
+                found_eval = evaluate_split(problem, found) if found is not None else None
                 if found_eval is not None and found_eval.feasible and _quantity(found_eval, quantity) < value:
                     contradiction = (found, _quantity(found_eval, quantity))
                 elif status != "INFEASIBLE":
@@ -430,7 +431,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
                 result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
                                                  None, None, _time.monotonic() - start, checks))
                 break
-            value = evaluate(problem, split).devices
+            value = evaluate_split(problem, split).devices
             phase_status = status
             bound = value if status == "OPTIMAL" else 1
         else:
@@ -439,7 +440,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
             split = None
             hi = None
             if best is not None:
-                current = _quantity(evaluate(problem, best), quantity)
+                current = _quantity(evaluate_split(problem, best), quantity)
                 hi = int(np.searchsorted(candidates, current))
                 split = best
             if hi is None or hi >= len(candidates):
@@ -453,7 +454,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
                     result.phases.append(PhaseResult(quantity, "INFEASIBLE" if status == "INFEASIBLE" else "UNKNOWN",
                                                      None, None, _time.monotonic() - start, checks))
                     break
-                hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, split), quantity)))
+                hi = int(np.searchsorted(candidates, _quantity(evaluate_split(problem, split), quantity)))
             lo = -1                      # candidates[lo] proven infeasible (none yet)
             unknown = False
             while hi - lo > 1:
@@ -465,7 +466,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
                 checks += 1
                 if found is not None:
                     split = found
-                    hi = int(np.searchsorted(candidates, _quantity(evaluate(problem, found), quantity)))
+                    hi = int(np.searchsorted(candidates, _quantity(evaluate_split(problem, found), quantity)))
                 elif status == "INFEASIBLE":
                     lo = mid
                 else:
@@ -479,7 +480,7 @@ def solve_cpsat(problem: SplitProblem, hint: Split | None = None,
         result.phases.append(PhaseResult(quantity, phase_status, value, bound, _time.monotonic() - start, checks))
     if best is not None and result.phases and result.phases[0].value is not None:
         result.split = _canonical(problem, best)
-        result.evaluation = evaluate(problem, result.split)
+        result.evaluation = evaluate_split(problem, result.split)
     result.cpsat_seconds = _time.monotonic() - started
     return result
 
@@ -522,4 +523,4 @@ def _canonical(problem: SplitProblem, split: Split) -> Split:
     stages = split.stages
     bounds = [a for _, a, _ in stages] + [problem.num_layers] * (problem.devices - len(stages) + 1)
     moved = Split(tuple(bounds))
-    return moved if evaluate(problem, moved).feasible else split
+    return moved if evaluate_split(problem, moved).feasible else split

@@ -25,7 +25,7 @@ from the first layer, the shortest first stage (and an empty position before a s
 
 With profile variants (``SplitProblem.variants``) a stage's value in a pass is the best over the
 variants that fit it and keep the earlier passes' bounds (each bound holds per stage, since
-every objective is a maximum over stages), so the passes stay exact; ``evaluate`` then gives the
+every objective is a maximum over stages), so the passes stay exact; ``evaluate_split`` then gives the
 split's variants. tests/solver/test_variants.py checks it against every split and every
 choice of variants.
 
@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ..model.rangetable import OVER, RangeTable
-from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate, in_flight
+from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate_split, in_flight
 
 __all__ = ["INF", "MIN_LAYERS_ORDER", "ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
            "dp_mode", "exact_optimum", "greedy", "uniform"]
@@ -362,7 +362,7 @@ def conservative_split(problem: SplitProblem, deadline: float | None = None,
         split = found
     if split is None:
         return Solution(None, None, "dp with the most micro-batches in flight")
-    return Solution(split, evaluate(problem, split), "dp with the most micro-batches in flight")
+    return Solution(split, evaluate_split(problem, split), "dp with the most micro-batches in flight")
 
 
 def exact_optimum(problem: SplitProblem, deadline: float | None = None,
@@ -390,7 +390,7 @@ def exact_optimum(problem: SplitProblem, deadline: float | None = None,
                 value, found = step.by_position_and_count(count)
         except _OutOfTime:
             seconds.append(clock() - started)
-            return Solution(split, evaluate(problem, split) if split is not None else None, "exact",
+            return Solution(split, evaluate_split(problem, split) if split is not None else None, "exact",
                             tuple(proven), tuple(seconds), "time")
         seconds.append(clock() - started)
         proven.append(quantity)
@@ -398,7 +398,7 @@ def exact_optimum(problem: SplitProblem, deadline: float | None = None,
             return Solution(None, None, "exact", tuple(proven), tuple(seconds))
         bounds[quantity] = found.devices_used if quantity == "devices" else value
         split = found
-    return Solution(split, evaluate(problem, split), "exact", tuple(proven), tuple(seconds))
+    return Solution(split, evaluate_split(problem, split), "exact", tuple(proven), tuple(seconds))
 
 
 @dataclass(frozen=True)
@@ -435,7 +435,7 @@ def greedy(problem: SplitProblem, proportions=PROPORTIONS, min_layers_order=MIN_
             split = _greedy_fill(problem, share, min_layers, unlayered_first)
             if split is None:
                 continue
-            ev = evaluate(problem, split)
+            ev = evaluate_split(problem, split)
             if ev.feasible or unlayered_first is not None:
                 placement = ", unlayered code on stage 0" if unlayered_first is not None else ""
                 return Solution(split, ev, f"greedy ({min_layers}+ layers, {share:.0%} of memory{placement})")
@@ -491,4 +491,4 @@ def uniform(problem: SplitProblem) -> Solution:
     used = min(N, L)
     bounds = [round(s * L / used) for s in range(used + 1)] + [L] * (N - used)
     split = Split(tuple(bounds))
-    return Solution(split, evaluate(problem, split), "uniform")
+    return Solution(split, evaluate_split(problem, split), "uniform")

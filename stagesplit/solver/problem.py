@@ -39,8 +39,8 @@ from .request import Objective, Schedule
 
 __all__ = ["BandBytes", "Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "StageVariant",
            "TIME_SCALE_LIMIT", "VARIANT_ORDER", "bubble_fraction", "build_problem", "build_variant_problem", "choose_variants",
-           "evaluate", "in_flight", "in_flight_values", "resolve_micro_batches", "schedule_note", "stage_capacities",
-           "stage_in_flight", "with_devices"]
+           "evaluate_split", "in_flight", "in_flight_values", "resolve_micro_batches", "schedule_note",
+           "stage_capacities", "stage_in_flight", "with_devices"]
 
 OBJECTIVES = tuple(o.value for o in Objective)
 SCHEDULES = tuple(s.value for s in Schedule)
@@ -59,8 +59,8 @@ class SolveOptions:
     exact: bool = False
     schedule: Schedule = Schedule.NONE
     micro_batches: int = 1
-    micro_batches_auto: bool = False                 # M not given: M = devices x chunks per device (kept so)
-    chunks_per_device: int = 1                       # what a defaulted M multiplies the device count by
+    micro_batches_auto: bool = False                 # M not given: M = devices x chunks per rank (kept so)
+    chunks_per_rank: int = 1                         # what a defaulted M multiplies the device count by
     headroom: float = 0.0
     capacities: tuple[int, ...] | None = None       # bytes per tile per device position
     reserve: int = 0                                 # bytes per device kept back (CUDA context, workspaces)
@@ -440,7 +440,7 @@ def choose_variants(objective: str, options: list[list[tuple[int, int, int]]]) -
             for opts in options]
 
 
-def evaluate(problem: SplitProblem, split: Split) -> Evaluation:
+def evaluate_split(problem: SplitProblem, split: Split) -> Evaluation:
     """Check a split against every rule and compute its objective values (with profile
     variants, those of the variants ``choose_variants`` gives its stages)."""
     b = split.bounds
@@ -475,7 +475,7 @@ def with_devices(options: SolveOptions, devices: int) -> SolveOptions:
     caps = options.capacities
     if caps is not None and len(caps) != devices:
         caps = tuple(caps[i % len(caps)] for i in range(devices))
-    micro = devices * options.chunks_per_device if options.micro_batches_auto else options.micro_batches
+    micro = devices * options.chunks_per_rank if options.micro_batches_auto else options.micro_batches
     return replace(options, devices=devices, capacities=caps, micro_batches=micro,
                    pinned_layers=tuple(p for p in options.pinned_layers if p[1] < devices))
 

@@ -20,7 +20,7 @@ from ..errors import FileOptionError, OptionError, ProfileError
 from ..io.profile import Target
 from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
 from ..layers import LayerOptions
-from .schedule import check_chunks_per_rank
+from .schedule_kinds import check_chunks_per_rank
 
 __all__ = ["Objective", "RecomputeMode", "Schedule", "SharedPolicy", "SolveRequest"]
 
@@ -35,7 +35,7 @@ class Objective(str, Enum):
 
 class Schedule(str, Enum):
     """The pipeline schedule: none, one of torch.distributed.pipelining's schedules (see
-    solver/schedule.py), or ``auto`` (each schedule, and 1 to 4 chunks per rank, is tried and the
+    solver/schedule_kinds.py), or ``auto`` (each schedule, and 1 to 4 chunks per rank, is tried and the
     fastest that fits is kept)."""
 
     NONE = "none"

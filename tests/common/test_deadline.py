@@ -13,8 +13,13 @@ from stagesplit.common.deadline import (TimeLimitReached, check_deadline, deadli
                                         without_deadline)
 from stagesplit.errors import StagesplitError
 from stagesplit.model.phases import PhaseTable
-from stagesplit.solver.chunks import ChunkProblem, evaluate, local_search, solve_cpsat
-from stagesplit.solver.schedule import build_schedule, critical_path, memory_signatures, rank_memory, simulate
+from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat
+from stagesplit.solver.chunk_evaluation import evaluate_chunk_split
+from stagesplit.solver.chunk_problem import ChunkProblem
+from stagesplit.solver.chunk_search import local_search
+from stagesplit.solver.schedule_generation import build_schedule
+from stagesplit.solver.schedule_memory import memory_signatures, rank_memory
+from stagesplit.solver.schedule_simulation import critical_path, simulate
 
 PAST = 0.0           # a deadline on time.monotonic() that has passed
 
@@ -75,7 +80,7 @@ def test_every_long_loop_of_the_schedule_stops_at_the_deadline():
         with pytest.raises(TimeLimitReached, match="memory signatures"):
             memory_signatures(s)
     problem = ChunkProblem(table=_table(8), schedule=s, capacities=np.full(2, 10**9, np.int64))
-    result = evaluate(problem, (0, 2, 4, 6, 8))
+    result = evaluate_chunk_split(problem, (0, 2, 4, 6, 8))
     with deadline_at(PAST, 1.0):
         with pytest.raises(TimeLimitReached, match="each device's memory"):
             rank_memory(s, result.memory)
@@ -87,15 +92,15 @@ def test_the_searches_return_what_they_had_at_the_deadline():
     returns it unproven ("time limit"), and with nothing found it returns no split."""
     s = build_schedule("1f1b", 4, 8)
     problem = ChunkProblem(table=_table(12), schedule=s, capacities=np.full(4, 10**9, np.int64), time_limit=60.0)
-    balanced = evaluate(problem, (0, 3, 6, 9, 12))
+    balanced = evaluate_chunk_split(problem, (0, 3, 6, 9, 12))
     with deadline_at(time.monotonic() + 0.2, 0.2):
         time.sleep(0.25)
         with pytest.raises(TimeLimitReached):           # nothing evaluated yet: nothing to return
             local_search(problem)
-        stopped = solve_cpsat(problem, hint=balanced)
+        stopped = solve_chunks_cpsat(problem, hint=balanced)
         assert stopped.status == "time limit" and not stopped.optimal
         assert stopped.result is balanced
-        nothing = solve_cpsat(problem)
+        nothing = solve_chunks_cpsat(problem)
         assert nothing.status == "time limit" and nothing.result is None and not nothing.optimal
-    proven = solve_cpsat(problem)
+    proven = solve_chunks_cpsat(problem)
     assert proven.optimal and proven.result.step_time <= balanced.step_time

@@ -43,8 +43,9 @@ def _table(name: str):
 
 
 def _predicted(table, bounds, kind: str, P: int, M: int, mode: str):
-    from stagesplit.solver.chunks import chunk_memory
-    from stagesplit.solver.schedule import build_schedule, rank_memory
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    from stagesplit.solver.schedule_memory import rank_memory
     schedule = build_schedule(kind, P, M)
     return rank_memory(schedule, chunk_memory(table, bounds, schedule, np.full(table.num_layers, OPTION[mode])))
 
@@ -103,8 +104,9 @@ def test_where_in_a_stage_the_recomputed_layers_are_is_priced_as_torch_runs_it(n
     L = table.num_layers
     bounds = (0, L // 2, L)
     assert L // 2 == 2, "the mixes below are of a two-layer stage"
-    from stagesplit.solver.chunks import chunk_memory
-    from stagesplit.solver.schedule import build_schedule, rank_memory
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    from stagesplit.solver.schedule_memory import rank_memory
     mixes = [("full", "none"), ("none", "full"), ("full", "selective"), ("selective", "full"), ("selective", "none"),
              ("none", "selective")]
     cases = [h.PipelineCase("1f1b", 4, 1, make_batch=functools.partial(rm.batch, name, 4), loss=rm.sum_loss,

@@ -1,7 +1,7 @@
-"""The pure helpers of stagesplit/advise.py on tiny hand-made range tables: ``fewest_devices``
-(against hand-worked first-fit runs and a brute force over every split) and ``explain_infeasible``
-(each of its messages; the rule that binds, on priced models). The DP's time budget is tested in
-test_search.py."""
+"""The pure helpers of stagesplit/advise.py on tiny hand-made range tables:
+``fewest_stages_that_fit`` (against hand-worked first-fit runs and a brute force over every split)
+and ``explain_infeasible`` (each of its messages; the rule that binds, on priced models). The DP's
+time budget is tested in test_search.py."""
 
 import itertools
 from types import SimpleNamespace
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from stagesplit.plan.advise import explain_infeasible, fewest_devices
+from stagesplit.plan.advise import explain_infeasible, fewest_stages_that_fit
 from stagesplit.model.costmodel import RangeTable
 from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 
@@ -54,14 +54,14 @@ WEIGHTS = [4, 3, 5, 2]
     ([3, 100], None),   # layer 0 must go on the first device (positions in order), which cannot hold it
 ])
 def test_fewest_devices_first_fit(capacity, expected):
-    assert fewest_devices(range_table(WEIGHTS), np.array(capacity), opts()) == expected
+    assert fewest_stages_that_fit(range_table(WEIGHTS), np.array(capacity), opts()) == expected
 
 
 def test_fewest_devices_limit():
     table = range_table(WEIGHTS)
-    assert fewest_devices(table, np.array([6]), opts(), limit=4) == 4
-    assert fewest_devices(table, np.array([6]), opts(), limit=3) is None
-    assert fewest_devices(table, np.array([7]), opts(), limit=1) is None
+    assert fewest_stages_that_fit(table, np.array([6]), opts(), limit=4) == 4
+    assert fewest_stages_that_fit(table, np.array([6]), opts(), limit=3) is None
+    assert fewest_stages_that_fit(table, np.array([7]), opts(), limit=1) is None
 
 
 def test_fewest_devices_1f1b_holds_more_on_the_first_stages():
@@ -71,20 +71,20 @@ def test_fewest_devices_1f1b_holds_more_on_the_first_stages():
     #   P=2: k=2, 1        5, 7+2 > 8 | 3, 8, 10 > 8   stops at layer 3
     #   P=3: k=2, 2, 1     5 | 4, 8+2 > 8 | 5, 7       fits
     table = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(1, 2))
-    assert fewest_devices(table, np.array([8]), opts("1f1b", 2)) == 3
+    assert fewest_stages_that_fit(table, np.array([8]), opts("1f1b", 2)) == 3
     # with no schedule one micro-batch is in flight everywhere: [4 3 | 5 2]
-    assert fewest_devices(table, np.array([8]), opts()) == 2
+    assert fewest_stages_that_fit(table, np.array([8]), opts()) == 2
     # GPipe holds both micro-batches on every stage: 5 | 4 | 6 | 3
     gpipe = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(2,))
-    assert fewest_devices(gpipe, np.array([8]), opts("gpipe", 2)) == 4
-    assert fewest_devices(gpipe, np.array([5]), opts("gpipe", 2)) is None
+    assert fewest_stages_that_fit(gpipe, np.array([8]), opts("gpipe", 2)) == 4
+    assert fewest_stages_that_fit(gpipe, np.array([5]), opts("gpipe", 2)) is None
 
 
 def test_fewest_devices_stops_where_the_table_lacks_an_in_flight_count():
     # only k=1 priced: one stage works, any 1F1B pipeline of 2+ stages cannot be judged
     table = range_table(WEIGHTS, stash=[1, 1, 1, 1], in_flights=(1,))
-    assert fewest_devices(table, np.array([100]), opts("1f1b", 2)) == 1
-    assert fewest_devices(table, np.array([8]), opts("1f1b", 2)) is None
+    assert fewest_stages_that_fit(table, np.array([100]), opts("1f1b", 2)) == 1
+    assert fewest_stages_that_fit(table, np.array([8]), opts("1f1b", 2)) is None
 
 
 def brute_force_fewest(table, capacity, schedule, micro_batches):
@@ -109,18 +109,18 @@ def test_fewest_devices_matches_brute_force(weights, data):
     ks = sorted({1, *range(1, micro + 1)}) if schedule == "1f1b" else sorted({1, micro})
     capacity = data.draw(st.lists(st.integers(1, 30), min_size=1, max_size=3))   # a repeating pattern of devices
     table = range_table(weights, stash, tuple(ks))
-    assert fewest_devices(table, np.array(capacity), opts(schedule, micro)) == \
+    assert fewest_stages_that_fit(table, np.array(capacity), opts(schedule, micro)) == \
         brute_force_fewest(table, capacity, schedule, micro)
 
 
 def test_fewest_devices_on_mixed_devices():
     """First fit is not optimal on mixed devices: taking all it can on a large device can leave
-    a layer in front of a small one that cannot hold it (fewest_devices tracks every prefix)."""
+    a layer in front of a small one that cannot hold it (fewest_stages_that_fit tracks every prefix)."""
     # capacities 2, 1, 2, 1, ...: [1 | 1 | 1 | 1 | 2] fits on 5; first fit takes [1 1 | 1 | 1] and then
     # finds the last layer (2) in front of a device of 1, for any number of devices
     table = range_table([1, 1, 1, 1, 2])
     assert brute_force_fewest(table, [2, 1], "none", 1) == 5
-    assert fewest_devices(table, np.array([2, 1]), opts()) == 5
+    assert fewest_stages_that_fit(table, np.array([2, 1]), opts()) == 5
 
 
 # -- explain_infeasible ------------------------------------------------------------------------------

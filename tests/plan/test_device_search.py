@@ -1,7 +1,8 @@
-"""``--objective devices`` under a pipeline schedule (plan/advise.py ``_fewest_devices``): the
-search tries the device counts the schedule can run with the given micro-batches (not only the
-request's count, which 1F1B cannot run with fewer micro-batches than devices), finds the fewest
-that fit, and says what it proved about fewer; each claim is checked by a solve at that count."""
+"""``--objective devices`` under a pipeline schedule (plan/advise.py
+``_fewest_devices_under_schedule``): the search tries the device counts the schedule can run with
+the given micro-batches (not only the request's count, which 1F1B cannot run with fewer
+micro-batches than devices), finds the fewest that fit, and says what it proved about fewer; each
+claim is checked by a solve at that count."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ from helpers import plan_inputs
 from stagesplit import api
 from stagesplit.errors import OptionError
 from stagesplit.plan.advise import runnable_device_counts
-from stagesplit.solver.schedule import check_schedule
+from stagesplit.solver.schedule_kinds import check_schedule
 
 CAPTURED = Path(__file__).resolve().parents[2] / "profiles" / "gpt-captured.stagesplit"
 DEVICE_BYTES = 80 * 2**30          # a100-80gb, the capture's target

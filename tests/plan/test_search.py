@@ -101,7 +101,7 @@ def test_cp_sat_proves_the_phases_the_dp_did_not():
     problem = build_problem(model, options(4, 100))
     part = exact_optimum(problem, deadline=7.5, clock=TickClock())
     assert part.proven == ("time",)
-    result = cpsat.solve_cpsat(problem, oracle=part, time_limit=20)
+    result = cpsat.solve_split_cpsat(problem, oracle=part, time_limit=20)
     assert result.status == "optimal" and [p.quantity for p in result.phases] == ["time", "memory"]
     assert result.phases[1].proof == "cp-sat" and result.phases[1].checks >= 1
     assert result.evaluation.key("compute") == exact_optimum(problem).evaluation.key("compute")

@@ -1,5 +1,5 @@
 """The schedule drawings' figures: from the plan's stages (time split 1:2, memory by category)
-through solver/schedule.py's simulator and per-rank memory, checked against what the cost model
+through the solver's schedule simulator and per-rank memory, checked against what the cost model
 and the pipeline formula say independently."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import pytest
 import stagesplit
 from stagesplit.reporting.timeline import (ChunkFigures, gantt_figure, plan_chunk_figures, rank_memory_figure,
                                            schedule_view)
-from stagesplit.solver.schedule import ScheduleKind
+from stagesplit.solver.schedule_kinds import ScheduleKind
 
 from helpers import PROFILES
 

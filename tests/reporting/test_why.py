@@ -148,7 +148,8 @@ import re                                                              # noqa: E
 import numpy as np                                                     # noqa: E402
 
 from stagesplit.plan.records import RankRecord, ScheduleRecord         # noqa: E402
-from stagesplit.solver.schedule import build_schedule, critical_path   # noqa: E402
+from stagesplit.solver.schedule_generation import build_schedule   # noqa: E402
+from stagesplit.solver.schedule_simulation import critical_path   # noqa: E402
 
 from helpers import PROFILES, random_problems                          # noqa: E402
 
@@ -327,7 +328,7 @@ def check_schedule(plan, model, line: str) -> None:
     recomputed from the record's own times, every split of the layers into its chunks, and the
     splits the line names evaluated."""
     from stagesplit.plan.advise import schedule_problem
-    from stagesplit.solver.chunks import evaluate
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_split
     s = plan.schedule
     unit = "" if s.time_unit == "seconds" else s.time_unit
     clauses = line.split("; ")
@@ -396,7 +397,7 @@ def check_schedule(plan, model, line: str) -> None:
         assert m and near(m.group(1), least, unit) and chunk.max() > least
         ranges = parse_split(plan, m.group(2))
         assert len(ranges) == C and math.isclose(max(layers[a:b + 1].sum() for a, b in ranges), least, rel_tol=1e-9)
-        other = evaluate(problem, (0, *[b + 1 for _, b in ranges]))
+        other = evaluate_chunk_split(problem, (0, *[b + 1 for _, b in ranges]))
         tail = m.group(3)
         if tail.startswith("that split's step takes "):
             assert other.feasible and near(tail[len("that split's step takes "):], other.step_time, unit)
@@ -411,7 +412,7 @@ def check_schedule(plan, model, line: str) -> None:
                          rf"({FIGURE}) \((\d+\.\d\d)x\), but it does not fit", rest[0])
         assert m and len(rest) == 1, rest
         ranges = parse_split(plan, m.group(1))
-        other = evaluate(problem, (0, *[b + 1 for _, b in ranges]), np.zeros(len(layers), np.int64))
+        other = evaluate_chunk_split(problem, (0, *[b + 1 for _, b in ranges]), np.zeros(len(layers), np.int64))
         assert not other.feasible and "needs" in other.reason and other.step_time < s.step_time
         assert near(m.group(2), other.step_time, unit) and near(m.group(3), s.step_time, unit)
 
@@ -513,7 +514,7 @@ def _inputs(request):
 
 @st.composite
 def scheduled(draw):
-    from stagesplit.solver.schedule import ScheduleKind, is_valid, traits
+    from stagesplit.solver.schedule_kinds import ScheduleKind, is_valid, traits
     kind = draw(st.sampled_from([k.value for k in ScheduleKind]))
     v = traits(kind).fixed_chunks_per_rank or draw(st.integers(1, 2))
     devices = draw(st.integers(1, 4))

@@ -1,4 +1,4 @@
-"""Chunk splits for pipeline schedules (solver/chunks.py): the runtime's memory rules by hand,
+"""Chunk splits for pipeline schedules (solver/chunk_*.py): the runtime's memory rules by hand,
 the step time against the schedule simulator and textbook formulas, and CP-SAT's proven split
 against every split tried (the exhaustive oracle) on random layer tables."""
 
@@ -14,10 +14,14 @@ from hypothesis import strategies as st
 
 from stagesplit.model.phases import PhaseTable
 from stagesplit.model.recompute import RecomputeTable
-from stagesplit.solver.chunks import (ChunkProblem, chunk_memory, evaluate, exhaustive, fitting_choice, local_search,
-                                     solve_cpsat)
+from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat
+from stagesplit.solver.chunk_evaluation import evaluate_chunk_split, fitting_choice
+from stagesplit.solver.chunk_problem import ChunkProblem, chunk_memory
+from stagesplit.solver.chunk_search import exhaustive, local_search
 from stagesplit.solver.request import Objective, RecomputeMode
-from stagesplit.solver.schedule import build_schedule, critical_path, is_valid, simulate
+from stagesplit.solver.schedule_generation import build_schedule
+from stagesplit.solver.schedule_kinds import is_valid
+from stagesplit.solver.schedule_simulation import critical_path, simulate
 
 KINDS = ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev")
 
@@ -114,7 +118,7 @@ def test_equal_chunks_take_m_plus_p_minus_1_slots_and_the_optimizer_follows(kind
     times = np.tile([1.0, 2.0, 0.0, 0.5], (L, 1))
     t = make_table([1] * L, [1] * L, [0] * L, [1] * L, [0] * (L - 1), times)
     prob = ChunkProblem(t, build_schedule(kind, P, M), np.full(P, 10**9))
-    r = evaluate(prob, tuple(range(L + 1)))
+    r = evaluate_chunk_split(prob, tuple(range(L + 1)))
     # the last rank ends last in GPipe; in 1F1B the first; both after (M + P - 1) x 3, then 0.5
     assert r.step_time == pytest.approx((M + P - 1) * 3 + 0.5)
     assert r.bubble == pytest.approx(1 - (P * (M * 3 + 0.5)) / (P * r.step_time))
@@ -163,7 +167,7 @@ def problems(draw):
     schedule = build_schedule(kind, P, M, v)
     objective = draw(st.sampled_from([Objective.COMPUTE, Objective.MEMORY]))
     loose = ChunkProblem(t, schedule, np.full(P, 10**12))
-    peaks = sorted(float(evaluate(loose, b).peaks.max()) for b in _some_splits(L, C))
+    peaks = sorted(float(evaluate_chunk_split(loose, b).peaks.max()) for b in _some_splits(L, C))
     cap = int(peaks[draw(st.integers(0, len(peaks) - 1))] * draw(st.sampled_from([0.9, 1.0, 1.1, 1.3, 2.0])))
     return ChunkProblem(t, schedule, np.full(P, max(cap, 1)), seconds_per_byte=draw(st.sampled_from([0.0, 0.05])),
                         objective=objective, time_limit=30.0)
@@ -178,13 +182,13 @@ def _some_splits(L, C):
 @given(problems())
 def test_cp_sat_split_is_as_good_as_every_split(problem):
     best = exhaustive(problem)
-    solved = solve_cpsat(problem)
+    solved = solve_chunks_cpsat(problem)
     event(f"{problem.schedule.kind.value}: {'fits' if best is not None else 'no split fits'}")
     if best is None:
         assert solved.result is None or not solved.result.feasible
         return
     assert solved.result is not None and solved.result.feasible and solved.optimal
-    got = evaluate(problem, solved.result.bounds)
+    got = evaluate_chunk_split(problem, solved.result.bounds)
     assert got.feasible
     if problem.objective is Objective.MEMORY:
         share = lambda r: float(np.max(r.peaks / problem.capacities))  # noqa: E731
@@ -204,11 +208,11 @@ def test_a_step_to_beat_is_refuted_exactly_where_no_split_beats_it(problem, fact
     problem = replace(problem, objective=Objective.COMPUTE)
     best = exhaustive(problem)
     if best is None:
-        solved = solve_cpsat(replace(problem, cutoff=1.0))
+        solved = solve_chunks_cpsat(replace(problem, cutoff=1.0))
         assert solved.status == "slower" and (solved.result is None or not solved.result.feasible)
         return
     cutoff = best.step_time * factor
-    solved = solve_cpsat(replace(problem, cutoff=cutoff))
+    solved = solve_chunks_cpsat(replace(problem, cutoff=cutoff))
     event(f"cutoff x {factor}")
     if factor < 1:
         assert solved.status == "slower" and not solved.optimal
@@ -224,12 +228,12 @@ def test_a_step_to_beat_is_refuted_exactly_where_no_split_beats_it(problem, fact
 def test_every_chunk_of_every_split_that_fits_is_in_its_possible_ranges(problem):
     """The ranges CP-SAT may give a chunk (those that fit its device alone) hold every chunk of
     every split that fits."""
-    from stagesplit.solver.chunks import _fits_alone, _memory_tables
-    from stagesplit.solver.schedule import memory_signatures
-    allowed = _fits_alone(problem, _memory_tables(problem), memory_signatures(problem.schedule))
+    from stagesplit.solver.chunk_cpsat_tables import fits_alone, memory_tables
+    from stagesplit.solver.schedule_memory import memory_signatures
+    allowed = fits_alone(problem, memory_tables(problem), memory_signatures(problem.schedule))
     fitting = 0
     for bounds in _some_splits(problem.num_layers, problem.chunks):
-        if evaluate(problem, bounds).feasible:
+        if evaluate_chunk_split(problem, bounds).feasible:
             fitting += 1
             assert all(allowed[c, bounds[c], bounds[c + 1] - 1] for c in range(problem.chunks)), bounds
     event(f"{'some' if fitting else 'no'} split fits")
@@ -243,7 +247,7 @@ def test_local_search_fits_where_a_split_fits_and_cp_sat_never_loses_to_it():
                        rng.integers(0, 20, L - 1), rng.integers(1, 10, (L, 4)).astype(float), model_output=5)
         prob = ChunkProblem(t, build_schedule("interleaved-1f1b", 2, 4, 2), np.full(2, 10**9))
         quick = local_search(prob)
-        proven = solve_cpsat(prob)
+        proven = solve_chunks_cpsat(prob)
         assert quick.feasible and proven.optimal
         assert proven.result.step_time <= quick.step_time + 1e-9
         assert proven.result.step_time == pytest.approx(exhaustive(prob).step_time, rel=1e-6)
@@ -253,15 +257,15 @@ def test_no_split_fits_gives_none_and_the_reason_names_the_rank():
     t = make_table([100, 100, 100], [10, 10, 10], [0, 0, 0], [5, 5, 5], [1, 1], np.ones((3, 4)))
     prob = ChunkProblem(t, build_schedule("1f1b", 2, 2), np.full(2, 150))
     assert exhaustive(prob) is None
-    assert solve_cpsat(prob).result is None
-    r = evaluate(prob, (0, 1, 3))
+    assert solve_chunks_cpsat(prob).result is None
+    r = evaluate_chunk_split(prob, (0, 1, 3))
     assert not r.feasible and r.reason.startswith("rank 1 needs ") and "more than its 150" in r.reason
 
 
 def test_pins_and_layer_limits_are_kept():
     t = make_table([1] * 6, [1] * 6, [0] * 6, [1] * 6, [0] * 5, np.ones((6, 4)))
     prob = ChunkProblem(t, build_schedule("gpipe", 3, 3), np.full(3, 10**9), pinned_splits=(1,), max_layers=3)
-    solved = solve_cpsat(prob)
+    solved = solve_chunks_cpsat(prob)
     assert 1 in solved.result.bounds and max(np.diff(solved.result.bounds)) <= 3
     assert solved.result.bounds == exhaustive(prob).bounds or \
         math.isclose(solved.result.step_time, exhaustive(prob).step_time)
@@ -311,7 +315,7 @@ def test_one_layer_must_be_recomputed_and_the_arithmetic_says_which():
     best = exhaustive(problem)
     assert best.bounds == (0, 2, 3) and best.choice == (2, 0, 0) and best.step_time == pytest.approx(23)
     assert best.peaks.tolist() == [28, 32]
-    proven = solve_cpsat(problem)
+    proven = solve_chunks_cpsat(problem)
     assert proven.optimal and proven.result.bounds == (0, 2, 3) and proven.result.choice == (2, 0, 0)
     assert proven.result.step_time == pytest.approx(23)
     # the other split needs the first layer of its second chunk
@@ -376,7 +380,7 @@ def recompute_problems(draw):
                    model_output=draw(st.integers(0, 20)), recompute=rc)
     schedule = build_schedule(kind, P, M, v)
     # a capacity between what the best split needs with every layer fully recomputed and without
-    lowest, highest = (min(float(evaluate(ChunkProblem(t, schedule, np.full(P, 10**12), recompute=mode), b)
+    lowest, highest = (min(float(evaluate_chunk_split(ChunkProblem(t, schedule, np.full(P, 10**12), recompute=mode), b)
                                  .peaks.max()) for b in _some_splits(L, C))
                        for mode in (RecomputeMode.FULL, RecomputeMode.NONE))
     cap = int(lowest + draw(st.sampled_from([-0.1, 0.0, 0.1, 0.3, 0.6])) * (highest - lowest))
@@ -388,14 +392,14 @@ def recompute_problems(draw):
 @given(recompute_problems())
 def test_cp_sat_recompute_and_split_is_as_good_as_every_split_and_recompute_prefix(problem):
     best = exhaustive(problem)
-    solved = solve_cpsat(problem)
+    solved = solve_chunks_cpsat(problem)
     event(f"{'fits' if best is not None else 'nothing fits'}"
           + (f", {sum(1 for c in best.choice if c)} layers recomputed" if best is not None else ""))
     if best is None:
         assert solved.result is None or not solved.result.feasible
         return
     assert solved.result is not None and solved.result.feasible and solved.optimal
-    got = evaluate(problem, solved.result.bounds, solved.result.choice)
+    got = evaluate_chunk_split(problem, solved.result.bounds, solved.result.choice)
     assert got.feasible
     if problem.objective is Objective.MEMORY:
         share = lambda r: float(np.max(r.peaks / problem.capacities))  # noqa: E731
@@ -427,17 +431,17 @@ def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
     # CP-SAT's tables price the split as chunk_memory does: it fits at exactly its per-rank peaks (which
     # the every-link-kept rule exceeds on rank 1, whose links to each other stay on the rank; rank 0's
     # links all cross) and not one byte below either
-    from stagesplit.solver.schedule import rank_memory
+    from stagesplit.solver.schedule_memory import rank_memory
     peaks = np.array([r.peak for r in rank_memory(zbv, chunk_memory(t, bounds, zbv))], np.int64)
     kept_all = replace(chunk_memory(t, bounds, zbv), retained=np.array([30, 45, 56, 7], np.int64))
     assert peaks.tolist() == [399, 582]
     # rank 1's peak is its last W, after all four micro-batches' backwards: keeping every link adds
     # 4 x ((45 - 5) + (56 - 50)) bytes there
     assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 582 + 4 * ((45 - 5) + (56 - 50))]
-    solved = solve_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
+    solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
     assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == bounds
     for rank in range(2):
         tight = peaks.copy()
         tight[rank] -= 1
-        solved = solve_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
+        solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
         assert solved.result is None or not solved.result.feasible

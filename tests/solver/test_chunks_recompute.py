@@ -13,9 +13,12 @@ import dataclasses
 import numpy as np
 import pytest
 
-from stagesplit.solver.chunks import ChunkProblem, exhaustive, fitting_choice, solve_cpsat
+from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat
+from stagesplit.solver.chunk_evaluation import fitting_choice
+from stagesplit.solver.chunk_problem import ChunkProblem
+from stagesplit.solver.chunk_search import exhaustive
 from stagesplit.solver.request import RecomputeMode
-from stagesplit.solver.schedule import build_schedule
+from stagesplit.solver.schedule_generation import build_schedule
 from test_chunks import make_table, recompute_of
 
 
@@ -33,7 +36,7 @@ def test_auto_recomputes_nothing_under_a_split_backward(kind, v):
     assert exhaustive(tight) is None                     # recompute would fit it; none is allowed
     assert not fitting_choice(tight, exhaustive(roomy).bounds).feasible
     assert fitting_choice(tight, exhaustive(roomy).bounds).choice == (0, 0, 0, 0)
-    solved = solve_cpsat(tight)
+    solved = solve_chunks_cpsat(tight)
     assert solved.result is None or not solved.result.feasible
     # the same cap under 1F1B, whose backward is not split: recompute makes it fit
     assert exhaustive(_problem("1f1b", int(exhaustive(roomy).peaks.max()) - 1)) is not None
@@ -93,8 +96,8 @@ def test_torch_under_a_split_backward_re_runs_far_above_one_re_materialisation()
     import recompute_models as rm
     from stagesplit.model.analysis import Analysis
     from stagesplit.model.phases import phase_table
-    from stagesplit.solver.chunks import chunk_memory
-    from stagesplit.solver.schedule import rank_memory
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_memory import rank_memory
     table = phase_table(Analysis.of(rm.capture("gpt")).model)
     bounds = (0, 1, 2, 3, 4)
     schedule = build_schedule("zbv", 2, 4, 2)

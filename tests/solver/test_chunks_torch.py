@@ -101,8 +101,9 @@ MODELS = {"gpt": (_gpt_capture, _gpt_build, _gpt_batch), "llama": (_llama_captur
 
 
 def _predicted(table, bounds, kind, P, M, v):
-    from stagesplit.solver.chunks import chunk_memory
-    from stagesplit.solver.schedule import build_schedule, rank_memory
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    from stagesplit.solver.schedule_memory import rank_memory
     schedule = build_schedule(kind, P, M, v)
     return rank_memory(schedule, chunk_memory(table, bounds, schedule))
 

@@ -7,7 +7,7 @@ from dataclasses import replace
 from hypothesis import HealthCheck, event, given, settings
 
 from stagesplit.solver.dp import exact_optimum
-from stagesplit.solver.problem import build_problem, evaluate
+from stagesplit.solver.problem import build_problem, evaluate_split
 
 from bruteforce import brute_evaluate, brute_force, brute_key
 from helpers import UNIT, layer_model, options, random_problems, stage_ranges
@@ -24,10 +24,10 @@ def check_dp_against_brute_force(model, opts):
     ev = dp.evaluation
     assert dp.split.bounds in optimal             # the DP's split is one of the optima (ties allowed)
     assert ev.key(opts.objective) == best
-    # problem.evaluate agrees with the brute force's own rules on the optimal splits
+    # problem.evaluate_split agrees with the brute force's own rules on the optimal splits
     for bounds in optimal[:3]:
         value = brute_evaluate(problem, bounds)
-        e = evaluate(problem, type(dp.split)(bounds))
+        e = evaluate_split(problem, type(dp.split)(bounds))
         assert e.feasible and (e.time, e.memory, e.devices) == value
     return "feasible"
 

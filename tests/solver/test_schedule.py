@@ -1,4 +1,5 @@
-"""stagesplit.solver.schedule: validity rules, action lists, the step-time simulator and per-rank memory.
+"""stagesplit.solver's schedule modules: validity rules, action lists, the step-time simulator and per-rank
+memory.
 
 The action lists are checked against torch itself in tests/test_schedule_torch.py; here they are
 checked for their invariants, and the simulator and the memory rule against timelines and
@@ -11,10 +12,11 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from stagesplit.errors import OptionError, StagesplitError
-from stagesplit.solver.schedule import (
-    Action, ChunkMemory, Op, ScheduleKind, actions, build_schedule, check_schedule, chunk_ranks,
-    is_valid, memory_signatures, rank_memory, simulate, timeline_text, traits,
-)
+from stagesplit.reporting.schedule_text import timeline_text
+from stagesplit.solver.schedule_generation import Action, Op, actions, build_schedule
+from stagesplit.solver.schedule_kinds import ScheduleKind, check_schedule, chunk_ranks, is_valid, traits
+from stagesplit.solver.schedule_memory import ChunkMemory, memory_signatures, rank_memory
+from stagesplit.solver.schedule_simulation import simulate
 
 KINDS = [k.value for k in ScheduleKind]
 

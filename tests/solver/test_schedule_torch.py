@@ -1,4 +1,5 @@
-"""stagesplit.solver.schedule against torch.distributed.pipelining itself (torch 2.13).
+"""stagesplit.solver's schedules (schedule_generation, schedule_memory) against torch.distributed.pipelining
+itself (torch 2.13).
 
 Three levels:
 * torch's schedule classes are built for every P <= 8, M <= 32, v <= 4: they accept exactly the
@@ -18,7 +19,9 @@ import logging
 import numpy as np
 import pytest
 
-from stagesplit.solver.schedule import ChunkMemory, Op, ScheduleKind, build_schedule, is_valid, rank_memory, traits
+from stagesplit.solver.schedule_generation import Op, build_schedule
+from stagesplit.solver.schedule_kinds import ScheduleKind, is_valid, traits
+from stagesplit.solver.schedule_memory import ChunkMemory, rank_memory
 
 torch = pytest.importorskip("torch")
 schedules = pytest.importorskip("torch.distributed.pipelining.schedules")

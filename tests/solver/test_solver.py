@@ -7,16 +7,16 @@ import pytest
 from stagesplit.plan.files import plan_document
 from hypothesis import HealthCheck, event, given, settings
 
-from stagesplit.plan.advise import advise, fewest_devices, price
+from stagesplit.plan.advise import advise, fewest_stages_that_fit, price
 from stagesplit.solver.dp import exact_optimum, greedy, uniform
-from stagesplit.solver.problem import SolveOptions, Split, build_problem, evaluate, in_flight
-from stagesplit.solver.cpsat import solve_cpsat
+from stagesplit.solver.problem import SolveOptions, Split, build_problem, evaluate_split, in_flight
+from stagesplit.solver.cpsat import solve_split_cpsat
 
 from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 
 def solve(model, opts):
     problem = build_problem(model, opts)
-    return problem, solve_cpsat(problem)
+    return problem, solve_split_cpsat(problem)
 
 
 # Six layers of equal weight (4) on devices of capacity 12: at most three layers per stage.
@@ -158,9 +158,9 @@ class TestProblem:
 
     def test_evaluate_rejects_bad_splits(self):
         problem = build_problem(layer_model(WEIGHTS, COMPUTE), options(3, 12))
-        assert not evaluate(problem, Split((0, 4, 6, 6))).feasible          # 4 layers = 16 > 12
-        assert not evaluate(problem, Split((0, 3, 2, 6))).feasible          # not monotone
-        assert evaluate(problem, Split((0, 3, 5, 6))).feasible
+        assert not evaluate_split(problem, Split((0, 4, 6, 6))).feasible          # 4 layers = 16 > 12
+        assert not evaluate_split(problem, Split((0, 3, 2, 6))).feasible          # not monotone
+        assert evaluate_split(problem, Split((0, 3, 5, 6))).feasible
 
     def test_option_checks(self):
         model = layer_model(WEIGHTS, COMPUTE)
@@ -178,7 +178,7 @@ class TestProblem:
         model = layer_model(WEIGHTS, COMPUTE)
         opts = options(1, 8)
         problem = build_problem(model, opts)
-        assert fewest_devices(price(model, opts), problem.capacity, opts) == 3
+        assert fewest_stages_that_fit(price(model, opts), problem.capacity, opts) == 3
 
 
 def test_same_inputs_give_the_same_plan(sample_analysis):
@@ -212,13 +212,13 @@ def test_same_command_writes_the_same_plan_but_for_run(tmp_path):
 def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
     model = sample_analysis.model
     opts = SolveOptions(devices=1, time_limit=30)
-    fewest = fewest_devices(price(model, opts), build_problem(model, opts).capacity, opts)
+    fewest = fewest_stages_that_fit(price(model, opts), build_problem(model, opts).capacity, opts)
     assert fewest is not None and fewest > 1                 # the samples do not fit on one IPU
-    infeasible = solve_cpsat(build_problem(model, replace(opts, devices=fewest - 1)))
+    infeasible = solve_split_cpsat(build_problem(model, replace(opts, devices=fewest - 1)))
     assert infeasible.status == "infeasible" and not exact_optimum(build_problem(model, replace(opts, devices=fewest - 1))).feasible
     for n in (fewest, fewest + 3):
         problem = build_problem(model, SolveOptions(devices=n, time_limit=30))
-        result = solve_cpsat(problem)
+        result = solve_split_cpsat(problem)
         oracle = exact_optimum(problem)
         assert result.status == "optimal"
         assert result.evaluation.key("compute") == oracle.evaluation.key("compute")
@@ -230,7 +230,7 @@ def test_samples_cp_sat_matches_oracle_and_beats_greedy(sample_analysis):
 def check_cp_sat_against_oracle(case):
     model, opts = case
     problem = build_problem(model, opts)
-    result = solve_cpsat(problem)
+    result = solve_split_cpsat(problem)
     oracle = exact_optimum(problem)
     event(f"{result.status}, {opts.objective}, {opts.schedule}, {'exact' if opts.exact else 'at most'}"
           f"{', communication' if opts.communication else ''}")
@@ -245,7 +245,7 @@ def check_cp_sat_against_oracle(case):
     if g.feasible:
         assert result.evaluation.key(opts.objective) <= g.evaluation.key(opts.objective)
     # with the DP's answer as hint and bound (what advise() does), the same optimum, proven
-    informed = solve_cpsat(problem, oracle=oracle)
+    informed = solve_split_cpsat(problem, oracle=oracle)
     assert informed.status == "optimal"
     assert informed.evaluation.key(opts.objective) == oracle.evaluation.key(opts.objective)
     assert all(p.value == p.bound for p in informed.phases)
@@ -273,7 +273,7 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     model = layer_model(WEIGHTS, COMPUTE)
     problem = build_problem(model, options(3, 12))
     start = greedy(problem)                               # [0 1 2 | 3 4 5]: bottleneck 11; the optimum is 6
-    stopped = solve_cpsat(build_problem(model, replace(options(3, 12), time_limit=0.0)), hint=start.split)
+    stopped = solve_split_cpsat(build_problem(model, replace(options(3, 12), time_limit=0.0)), hint=start.split)
     assert stopped.status == "feasible" and not stopped.proven_optimal
     first = stopped.phases[0]
     assert first.status == "FEASIBLE" and first.value == 11

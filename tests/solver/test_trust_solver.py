@@ -184,8 +184,8 @@ def test_a_wrong_dp_optimum_is_caught_not_proven():
     answer as proven optimal."""
     from stagesplit.plan.advise import build_problem
     from stagesplit.solver.dp import Solution, exact_optimum, uniform
-    from stagesplit.solver.problem import evaluate
-    from stagesplit.solver.cpsat import solve_cpsat
+    from stagesplit.solver.problem import evaluate_split
+    from stagesplit.solver.cpsat import solve_split_cpsat
     from helpers import layer_model, options
     # six layers, compute 1 2 3 4 5 6 on 3 roomy devices: the optimum bottleneck is 9 (1+2+3+4 | 5 | 6
     # would be 10; 1 2 3 | 4 5 | 6 gives 6, 9, 6), the uniform split 1 2 | 3 4 | 5 6 gives 11
@@ -193,11 +193,11 @@ def test_a_wrong_dp_optimum_is_caught_not_proven():
     problem = build_problem(model, options(3, 100))
     truth = exact_optimum(problem)
     wrong = uniform(problem)
-    assert wrong.feasible and evaluate(problem, wrong.split).time > truth.evaluation.time
-    lying_oracle = Solution(wrong.split, evaluate(problem, wrong.split), "dp")
-    result = solve_cpsat(problem, oracle=lying_oracle)
+    assert wrong.feasible and evaluate_split(problem, wrong.split).time > truth.evaluation.time
+    lying_oracle = Solution(wrong.split, evaluate_split(problem, wrong.split), "dp")
+    result = solve_split_cpsat(problem, oracle=lying_oracle)
     assert result.evaluation.key("compute") == truth.evaluation.key("compute")
     assert result.status == "optimal" and all(p.proof == "cp-sat" for p in result.phases)
     assert len(result.notes) == 1 and "below the exact DP's optimum" in result.notes[0]
-    honest = solve_cpsat(problem, oracle=truth)
+    honest = solve_split_cpsat(problem, oracle=truth)
     assert honest.notes == [] and honest.evaluation.key("compute") == truth.evaluation.key("compute")

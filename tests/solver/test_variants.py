@@ -1,6 +1,6 @@
 """Profile variants in the solver (solver/problem.py ``build_variant_problem``): the exact DP
 against a brute force over every split and every choice of a variant per stage
-(tests/bruteforce.py), CP-SAT against the DP, ``evaluate``'s choice of variants against every
+(tests/bruteforce.py), CP-SAT against the DP, ``evaluate_split``'s choice of variants against every
 choice for a split, and a hand-checked case."""
 
 from __future__ import annotations
@@ -16,10 +16,10 @@ from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
 from stagesplit.model.rangetable import OVER
-from stagesplit.solver.cpsat import solve_cpsat
+from stagesplit.solver.cpsat import solve_split_cpsat
 from stagesplit.solver.dp import exact_optimum
 from stagesplit.solver.problem import (SolveOptions, Split, build_problem, build_variant_problem, choose_variants,
-                                       evaluate)
+                                       evaluate_split)
 from stagesplit.errors import StagesplitError
 
 from bruteforce import brute_force, brute_variant_keys
@@ -92,7 +92,7 @@ def check_dp(problem):
         return "infeasible"
     assert dp.feasible and dp.split.bounds in optimal
     assert dp.evaluation.key(objective) == best
-    # the variants evaluate gives the DP's split reach the optimum; each stage takes the fastest
+    # the variants evaluate_split gives the DP's split reach the optimum; each stage takes the fastest
     # variant that keeps both optimal values
     keys = brute_variant_keys(problem, dp.split.bounds)
     assert keys[dp.evaluation.variants] == best
@@ -109,13 +109,13 @@ def test_property_dp_equals_brute_force_over_splits_and_variants(problem):
 @settings(max_examples=150, **_PROPERTY)
 @given(variant_problems(), st.data())
 def test_property_evaluate_takes_the_best_variants_of_any_split(problem, data):
-    """For any split (not only optimal ones), the variants ``evaluate`` chooses give the best
+    """For any split (not only optimal ones), the variants ``evaluate_split`` chooses give the best
     objective key of every choice of variants, and no stage could take a faster variant that
     keeps both of the split's values."""
     L, N = problem.num_layers, problem.devices
     inner = sorted(data.draw(st.lists(st.integers(0, L), min_size=N - 1, max_size=N - 1)))
     bounds = (0, *inner, L)
-    ev = evaluate(problem, Split(bounds))
+    ev = evaluate_split(problem, Split(bounds))
     keys = brute_variant_keys(problem, bounds)
     if not ev.feasible:
         assert not keys, ev.reason
@@ -138,7 +138,7 @@ def test_property_evaluate_takes_the_best_variants_of_any_split(problem, data):
 @given(variant_problems(max_layers=12, max_devices=4))
 def test_property_cp_sat_equals_dp_with_variants(problem):
     oracle = exact_optimum(problem)
-    result = solve_cpsat(problem)
+    result = solve_split_cpsat(problem)
     objective = problem.options.objective
     event(f"{result.status}, {len(problem.variants)} variants, {objective.value}"
           f"{', communication' if problem.options.communication else ''}")
@@ -147,7 +147,7 @@ def test_property_cp_sat_equals_dp_with_variants(problem):
         return
     assert result.status == "optimal"
     assert result.evaluation.key(objective) == oracle.evaluation.key(objective)
-    informed = solve_cpsat(problem, oracle=oracle)
+    informed = solve_split_cpsat(problem, oracle=oracle)
     assert informed.status == "optimal" and informed.evaluation.key(objective) == oracle.evaluation.key(objective)
 
 
@@ -206,8 +206,8 @@ class TestHandChecked:
         ev = dp.evaluation
         assert ev.variants == (1, 0)                          # stage 0 slow, stage 1 fast
         assert (ev.time, ev.memory) == (300, 90 * UNIT)
-        assert evaluate(problem, Split((0, 1, 3))).time == 470
-        cp = solve_cpsat(problem)
+        assert evaluate_split(problem, Split((0, 1, 3))).time == 470
+        cp = solve_split_cpsat(problem)
         assert cp.status == "optimal" and cp.split.bounds == (0, 2, 3) and cp.evaluation.variants == (1, 0)
 
     def test_each_variant_alone(self):
@@ -261,7 +261,7 @@ def test_property_dp_equals_brute_force_over_splits_and_variants_many(problem):
 @given(variant_problems(max_layers=20, max_devices=6, max_variants=4))
 def test_property_cp_sat_equals_dp_with_variants_many(problem):
     oracle = exact_optimum(problem)
-    result = solve_cpsat(problem)
+    result = solve_split_cpsat(problem)
     if not oracle.feasible:
         assert result.status == "infeasible"
         return

@@ -1,0 +1,115 @@
+"""The tables a chunk split's CP-SAT model is built from, computed once per search with numpy:
+every range of layers' chunk figures under the runtime's rules for each chunk position
+(``memory_tables``), which ranges fit a chunk's device on their own (``fits_alone``: no other can be
+in a split that fits, which makes the model much smaller), and the busy time a range alone gives
+its device (``range_busy``, a lower bound on the step).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..common.deadline import check_deadline
+from .chunk_problem import ChunkProblem, chunk_memory, remote_links
+from .schedule_generation import Op, ScheduleInstance
+from .schedule_kinds import ScheduleKind
+
+__all__ = ["TRANSIENT_FIGURE", "fits_alone", "memory_tables", "range_busy"]
+
+#: what the search was doing where the time limit stops it (common/deadline.py)
+_BUILDING = "building CP-SAT's model"
+
+#: the chunk figure (a key of ``memory_tables``) that is each op's transient
+TRANSIENT_FIGURE = {Op.FORWARD: "forward", Op.BACKWARD_INPUT: "backward", Op.BACKWARD_WEIGHT: "weight",
+                    Op.FULL_BACKWARD: "full_backward"}
+
+
+def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.ndarray:
+    """(C, L, L) booleans: whether chunk ``c`` may hold layers ``a..b``, by the bytes that range
+    alone puts on its device (the other chunks' terms are never negative): its resident bytes and,
+    at each of the device's memory signatures, its own stashes and transient. With AUTO recompute
+    the stashes and transients may shrink, so only the resident bytes count."""
+    C = problem.chunks
+    L = problem.num_layers
+    auto = problem.fixed_choice() is None and problem.table.recompute is not None
+    out = np.zeros((C, L, L), bool)
+    upper = np.triu(np.ones((L, L), bool))
+    on, back = remote_links(problem.schedule, C)
+    retained = [int(on[c]) * mem["retained_on"] + int(back[c]) * mem["retained_back"] for c in range(C)]
+    for rs in sig:
+        cap = int(problem.capacities[rs.rank])
+        for c in rs.chunks:
+            need = mem["resident"].copy()
+            if not auto:
+                worst = np.zeros((L, L), np.int64)
+                for k, signature in enumerate(rs.signatures):
+                    check_deadline(_BUILDING)
+                    term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
+                            * mem["weight_stash"] + int(rs.retained_counts[k, c]) * retained[c])
+                    if signature.op is None:
+                        term = term + mem["optimizer"]
+                    elif signature.chunk == c:
+                        term = term + mem[TRANSIENT_FIGURE[signature.op]]
+                    np.maximum(worst, term, out=worst)
+                need = need + worst
+            out[c] = upper & (need <= cap)
+    return out
+
+
+def range_busy(problem: ChunkProblem) -> np.ndarray:
+    """(L, L) seconds: what a chunk holding layers ``a..b`` keeps its device busy for (every
+    micro-batch's F, B and W and its optimizer step; no recompute; infinite below the diagonal):
+    a lower bound on the step of any split with that chunk."""
+    prefix = np.concatenate([np.zeros((1, 4)), np.cumsum(problem.table.layer_times[:, :4], axis=0)])
+    span = prefix[1:][None, :, :] - prefix[:-1][:, None, :]          # [a, b]: layers a..b
+    busy = problem.schedule.micro_batches * span[:, :, :3].sum(axis=2) + span[:, :, 3]
+    return np.where(np.triu(np.ones(busy.shape, bool)), busy, np.inf)
+
+
+def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
+    """Every range's chunk figures under the runtime's rules, for each chunk position's kind
+    (first, middle, last: the receive buffers and kept outputs differ), as (L, L) arrays. The
+    figure a chunk gets is the one for its position: ``chunk_memory`` on that range alone."""
+    table = problem.table
+    L = table.num_layers
+    sched = problem.schedule
+    fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
+    # what a backward leaves until the step's end, by link: the real placement says which are remote
+    names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
+             "full_backward", "optimizer")
+    out = {n: np.zeros((L, L), np.int64) for n in names}
+    # chunk position matters only through "first" (a == 0) and "last" (b == L - 1); a range's
+    # figures as the only chunk of a one-chunk split would mix both, so build each from a split
+    # of the right shape: the range, with the rest of the layers around it as other chunks
+    for a in range(L):
+        check_deadline(_BUILDING)
+        for b in range(a, L):
+            bounds = [0] if a > 0 else []
+            bounds += [a, b + 1]
+            if b + 1 < L:
+                bounds.append(L)
+            cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1), fixed)
+            cc = table.chunks(bounds)
+            i = 1 if a > 0 else 0
+            for n, arr in (("resident", cm.resident), ("stash", cm.stash), ("weight_stash", cm.weight_stash),
+                           ("retained_on", cc.sent_forward), ("retained_back", cc.sent_backward),
+                           ("forward", cm.forward_peak), ("backward", cm.backward_peak),
+                           ("weight", cm.weight_peak), ("full_backward", cm.full_backward_peak),
+                           ("optimizer", cm.optimizer_peak)):
+                out[n][a, b] = arr[i]
+    return out
+
+
+@dataclass(frozen=True)
+class _StandIn:
+    """Just what ``chunk_memory`` reads of a schedule."""
+
+    micro_batches: int
+    traits: object
+    kind: ScheduleKind
+
+
+def _stand_in(schedule: ScheduleInstance, chunks: int, first: bool, last: bool) -> _StandIn:
+    return _StandIn(schedule.micro_batches, schedule.traits, schedule.kind if (chunks > 1) else ScheduleKind.GPIPE)
