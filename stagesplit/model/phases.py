@@ -71,6 +71,9 @@ class ChunkCosts:
     #: what a micro-batch's forward leaves for the runtime to hold until its backward beyond the
     #: stash: the chunk's output (the last chunk's: the model's output, the loss's input)
     output: np.ndarray
+    #: what a split backward's B frees when it ends (already taken off ``weight_stash``; still held
+    #: at B's peak)
+    input_backward_frees: np.ndarray
     forward_time: np.ndarray
     backward_input_time: np.ndarray
     backward_weight_time: np.ndarray
@@ -94,6 +97,13 @@ class PhaseTable:
     time_unit: str
     #: what recomputing each layer saves and costs (None: the profile cannot say)
     recompute: RecomputeTable | None = None
+    #: (L,) per chunk's last layer, the stash bytes a split backward's B frees as it ends
+    input_backward_frees: np.ndarray | None = None
+    #: (L,) per first layer ``a`` of the last chunk: the bytes held all step (a tied embedding and its
+    #: gradient and optimizer state) that layer 0 and only layers from ``a`` on use, where stages are
+    #: built from one stack's modules and so share one tensor between the first and last chunk of a
+    #: rank (None: no such sharing)
+    tied_with_first: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -119,6 +129,8 @@ class PhaseTable:
             sent_backward=np.where(first_chunk, 0, self.backward_cut[b[:-1]]).astype(np.int64),
             output=np.where(last_chunk, self.model_output, self.forward_cut[np.minimum(b[1:], self.num_layers)])
             .astype(np.int64),
+            input_backward_frees=(np.zeros(len(a), np.int64) if self.input_backward_frees is None
+                                  else self.input_backward_frees[last]),
             forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
             optimizer_time=times[:, 3], time_unit=self.time_unit)
 
@@ -150,7 +162,8 @@ def phase_table(model: StageCostModel) -> PhaseTable:
         table = price_all_ranges(_masked(model, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain)
     forward_cut, backward_cut = _cut_directions(model)
-    weight_extra = _weight_gradients(model, columns) - _freed_at_input_backward(model)[None, :]
+    frees = _freed_at_input_backward(model)
+    weight_extra = _weight_gradients(model, columns) - frees[None, :]
     per_op, unit = _op_times(model)
     times = _layer_phase_times(model, per_op)
     diagonal = np.arange(L)
@@ -158,7 +171,8 @@ def phase_table(model: StageCostModel) -> PhaseTable:
                                 peaks["full_backward"][diagonal, diagonal], per_op, unit)
     return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
-                      backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute)
+                      backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute,
+                      input_backward_frees=frees, tied_with_first=_tied_with_first(model))
 
 
 #: how a capture names the loss's operations (``capturing/profilebuild.py``: "loss/aten.sum")
@@ -205,9 +219,11 @@ def _producers(model: StageCostModel) -> np.ndarray:
 
 
 def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -> np.ndarray:
-    """Per range, the bytes of output gradients a split backward's B makes and its W reads:
-    not-always-live variables allocated by a B operation of the range and used by a W
-    operation of the range (torch's split backward keeps them from B to W)."""
+    """Per range, the bytes of output gradients a split backward's B makes and keeps for W: torch's
+    ``stage_backward_input`` keeps the gradient flowing into every autograd node that uses a weight
+    (its "intermediates") until W. In a capture: not-always-live variables allocated by a B operation
+    of the range and read by a backward operation of the range that uses a weight (reads a parameter
+    or its gradient: a linear's input-gradient product, a norm's backward)."""
     L = model.num_layers
     p = model.profile
     ops = p.operations
@@ -215,15 +231,18 @@ def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -
     op_layer = model.layers.op_layer
     entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
     entry_var = ops.vars.values
-    w_entry = ops.phase[entry_op] == Phase.BACKWARD_WEIGHT
     nal = model.var_nal
+    backward = (ops.phase == Phase.BACKWARD_INPUT) | (ops.phase == Phase.BACKWARD_WEIGHT)
+    uses_weight = np.zeros(len(ops), bool)
+    uses_weight[entry_op[~nal[entry_var]]] = True
+    reads = backward[entry_op] & uses_weight[entry_op] & (producer[entry_var] != entry_op)
     out = np.zeros((L, L), np.int64)
-    cand = np.unique(entry_var[w_entry])
+    cand = np.unique(entry_var[reads])
     cand = cand[nal[cand] & (producer[cand] >= 0)]
     cand = cand[ops.phase[producer[cand]] == Phase.BACKWARD_INPUT]
     for v in cand:
         made = op_layer[producer[v]]
-        readers = op_layer[entry_op[w_entry & (entry_var == v)]]
+        readers = op_layer[entry_op[reads & (entry_var == v)]]
         readers = readers[readers >= 0]
         if made < 0 or not len(readers):
             continue
@@ -231,6 +250,25 @@ def _weight_gradients(model: StageCostModel, columns: dict[Phase, np.ndarray]) -
         # counts for ranges holding both its maker and its readers
         out[:lo + 1, hi:] += int(p.variables.bytes[v])
     return np.triu(out)
+
+
+def _tied_with_first(model: StageCostModel) -> np.ndarray | None:
+    """``PhaseTable.tied_with_first``: for each ``a`` >= 1, the always-live bytes of variables layer 0
+    uses with layers ``a`` or later only (None unless the layers are one stack's blocks: a traced
+    pipeline holds a copy per stage)."""
+    L = model.num_layers
+    if L < 2 or not one_stack(model.layers.module_paths):
+        return None
+    items = model.var_items
+    held = ~model.var_nal & (items.group >= 0)
+    nbytes = np.bincount(items.group[held], weights=model.profile.variables.bytes[held],
+                         minlength=len(items.group_layers))
+    out = np.zeros(L, np.int64)
+    for layers, total in zip(items.group_layers, nbytes):
+        layers = np.asarray(layers)
+        if total and len(layers) > 1 and layers.min() == 0:
+            out[1:int(np.sort(layers)[1]) + 1] += int(total)
+    return out if out.any() else None
 
 
 def _freed_at_input_backward(model: StageCostModel) -> np.ndarray:

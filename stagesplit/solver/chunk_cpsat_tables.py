@@ -109,7 +109,11 @@ class _StandIn:
     micro_batches: int
     traits: object
     kind: ScheduleKind
+    ends_share_rank: bool
 
 
 def _stand_in(schedule: ScheduleInstance, chunks: int, first: bool, last: bool) -> _StandIn:
-    return _StandIn(schedule.micro_batches, schedule.traits, schedule.kind if (chunks > 1) else ScheduleKind.GPIPE)
+    placement = getattr(schedule, "chunk_rank", ())
+    ends = chunks > 1 and len(placement) > 1 and placement[0] == placement[-1]
+    return _StandIn(schedule.micro_batches, schedule.traits, schedule.kind if (chunks > 1) else ScheduleKind.GPIPE,
+                    ends)

@@ -100,6 +100,8 @@ def chunk_memory(table: PhaseTable, bounds, schedule: ScheduleInstance,
     weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
     split = schedule.traits.splits_backward
     extra = cc.weight_stash - cc.stash if split else 0
+    # B frees the loss side of its graph only as it ends: held at its peak, gone before W
+    freed = cc.input_backward_frees if split else 0
     hold = np.zeros(C, np.int64)
     one_f_one_b = schedule.kind is ScheduleKind.ONE_F_ONE_B and C > 1
     if one_f_one_b:
@@ -113,7 +115,7 @@ def chunk_memory(table: PhaseTable, bounds, schedule: ScheduleInstance,
     # (chunk_cpsat_model._recompute_variables)
     forward = np.maximum(np.maximum(cc.forward_peak - input_again + hold, 0) + forward_change, 0)
     full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held, 0) + change, 0)
-    backward = np.maximum(cc.backward_input_peak + extra + change, 0)
+    backward = np.maximum(cc.backward_input_peak + extra + freed + change, 0)
     weight = cc.backward_weight_peak + extra
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W
@@ -125,9 +127,22 @@ def chunk_memory(table: PhaseTable, bounds, schedule: ScheduleInstance,
     # output (and its gradient back) to the chunk on the same rank without a send
     sends_on, sends_back = remote_links(schedule, C)
     retained = np.where(sends_on, cc.sent_forward, 0) + np.where(sends_back, cc.sent_backward, 0)
+    if C > 1 and _ends_share_rank(schedule) and table.tied_with_first is not None:
+        # one rank holds the first and the last chunk (a V): a tied embedding is one tensor there
+        resident[-1] -= table.tied_with_first[b[-2]]
     return ChunkMemory(resident=resident, stash=stash, weight_stash=weight_stash, forward_peak=forward,
                        backward_peak=backward, weight_peak=weight, full_backward_peak=full,
                        optimizer_peak=cc.optimizer_peak, retained=retained.astype(np.int64))
+
+
+def _ends_share_rank(schedule) -> bool:
+    """Whether the first and the last chunk are on one rank (a V placement); a stand-in schedule
+    (CP-SAT's per-range tables) says so itself."""
+    given = getattr(schedule, "ends_share_rank", None)
+    if given is not None:
+        return bool(given)
+    placement = getattr(schedule, "chunk_rank", None)
+    return placement is not None and len(placement) > 1 and placement[0] == placement[-1]
 
 
 def remote_links(schedule, chunks: int) -> tuple[np.ndarray, np.ndarray]:
