@@ -445,3 +445,33 @@ def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
         tight[rank] -= 1
         solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
         assert solved.result is None or not solved.result.feasible
+
+
+def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_embedding_once():
+    """Four layers, one per chunk, ZBV on P = 2 (rank 0: chunks 0 and 3; rank 1: chunks 1 and 2).
+    * The last layer's B frees 2 bytes of its stash as it ends (the loss's saved log-softmax):
+      its weight stash is the table's (stash 6 + W's gradients 1 - 2 = 5, what the table already
+      holds), and its B peak is its own (2 x 3) + what B keeps for W (5 - 6 = -1) + the 2 still held
+      until B ends: 7; its W peak adds the -1 only: 3 x 3 - 1 = 8.
+    * Layer 0 and layer 3 use one tied embedding of 4 bytes (with its gradient and state): the V
+      puts chunks 0 and 3 on rank 0, where the stages built from one stack share the tensor, so
+      the last chunk's resident is 9 + 4 x 5 received (M = 4, cut 5) - 4 = 25; GPipe's loop
+      placement keeps both copies (one per rank) and a table without the sharing keeps it twice too."""
+    t = make_table(resident=[10, 12, 8, 9], stash=[3, 4, 5, 6], weight_extra=[1, 1, 1, -1], peak=[3, 3, 3, 3],
+                   cut=[5, 5, 5], back_cut=[5, 5, 5], times=np.ones((4, 4)))
+    t = replace(t, input_backward_frees=np.array([0, 0, 0, 2], np.int64),
+                tied_with_first=np.array([0, 4, 4, 4], np.int64))
+    bounds = (0, 1, 2, 3, 4)
+    zbv = build_schedule("zbv", 2, 4, 2)
+    cm = chunk_memory(t, bounds, zbv)
+    assert cm.weight_stash[3] - cm.stash[3] == -1
+    assert cm.backward_peak[3] == 2 * 3 - 1 + 2 and cm.weight_peak[3] == 3 * 3 - 1
+    assert cm.resident.tolist() == [10 + 4 * 5, 12 + 4 * (5 + 5), 8 + 4 * (5 + 5), 9 + 4 * 5 - 4]
+    looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
+    assert looped.resident[3] == 9 + 4 * 5 and looped.backward_peak[3] == 2 * 3   # not split: B's own peak
+    assert chunk_memory(replace(t, tied_with_first=None), bounds, zbv).resident[3] == 9 + 4 * 5
+    # CP-SAT's per-range tables price the V's shared embedding as chunk_memory does
+    from stagesplit.solver.chunk_cpsat_tables import memory_tables
+    tables = memory_tables(ChunkProblem(table=t, schedule=zbv, capacities=np.full(2, 10 ** 9)))
+    assert tables["resident"][3, 3] == 9 + 4 * 5 - 4 and tables["resident"][1, 1] == 12 + 4 * (5 + 5)
+    assert tables["backward"][3, 3] == cm.backward_peak[3]

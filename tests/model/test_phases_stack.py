@@ -1,0 +1,48 @@
+"""What the phase table reads off a capture of a Hugging Face decoder whose layers are one stack's
+blocks (model/phases.py), checked against the model's configuration (tests/decoder_families.py:
+2 sequences x 32 tokens per micro-batch, hidden 64, vocabulary 256, float32, Adam):
+
+* only the hidden state crosses a cut (2 x 32 x 64 x 4 bytes): the stages built from the stack's
+  modules compute the rotary tables, the mask and the labels themselves;
+* a split backward's B frees, as it ends, the loss's saved log-softmax on the last layer
+  (2 x 32 x 256 x 4 bytes, and the loss's three small tensors of 512 bytes each as captured);
+* Gemma ties its embedding to its head: the bytes layer 0 shares with the last layer are the
+  embedding, its gradient and Adam's two moments (4 x 256 x 64 x 4) and Adam's step count (one
+  512-byte block as captured); Llama ties nothing."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+HIDDEN_STATE = 2 * 32 * 64 * 4
+LOG_SOFTMAX = 2 * 32 * 256 * 4
+EMBEDDING_HELD = 4 * 256 * 64 * 4
+
+
+@pytest.fixture(scope="module")
+def tables():
+    pytest.importorskip("transformers")
+    import decoder_families as families
+    from stagesplit import api
+    from stagesplit.model.phases import phase_table
+    return {name: phase_table(api.analyze(api.capture(families.capture_spec(name))).model)
+            for name in ("llama", "gemma")}
+
+
+def test_only_the_hidden_state_crosses_a_cut_of_one_stack(tables):
+    for table in tables.values():
+        assert table.forward_cut[1:-1].tolist() == [HIDDEN_STATE] * 7
+        assert table.backward_cut[1:-1].tolist() == [HIDDEN_STATE] * 7
+
+
+def test_b_frees_the_loss_s_log_softmax_on_the_last_layer(tables):
+    frees = tables["llama"].input_backward_frees
+    assert frees[-1] == LOG_SOFTMAX + 3 * 512
+    assert frees[:-1].tolist() == [0] * 7
+
+
+def test_a_tied_embedding_is_what_layer_0_shares_with_the_last_layer(tables):
+    assert tables["llama"].tied_with_first is None
+    tied = tables["gemma"].tied_with_first
+    assert tied[1:].tolist() == [EMBEDDING_HELD + 512] * 7 and tied[0] == 0
