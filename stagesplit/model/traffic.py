@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .costmodel import StageCostModel
+# the cost model keeps its phase table, whose making reads this module: the model's type is named
+# here in annotations only, which are never evaluated (no import circle)
 
 __all__ = ["Traffic", "layer_traffic"]
 
@@ -46,7 +47,7 @@ class Traffic:
         return int(received), int(sent)
 
 
-def layer_traffic(model: StageCostModel) -> Traffic:
+def layer_traffic(model: "StageCostModel") -> Traffic:
     """Affinity, communication and cut bytes for the model's layers."""
     L = model.num_layers
     v = model.profile.variables

@@ -355,15 +355,11 @@ def _transfers(plan: Plan, model) -> np.ndarray | None:
 
 
 def _table(model):
-    """``model``'s phase table (model/phases.py), kept on it as the API keeps it; None without phases."""
-    from ..model.phases import has_phases, phase_table
+    """``model``'s phase table (model/phases.py), made once per model; None without phases."""
+    from ..model.phases import has_phases
     if model is None or not has_phases(model):
         return None
-    table = getattr(model, "_phase_table", None)
-    if table is None:
-        table = phase_table(model)
-        model._phase_table = table
-    return table
+    return model.phase_table
 
 
 def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:

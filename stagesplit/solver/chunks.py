@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..common.deadline import TimeLimitReached, check_deadline, seconds_left
+from ..common.deadline import Deadline, TimeLimitReached, check_deadline, seconds_left
 from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
 from .schedule import (ChunkMemory, CriticalPath, Op, RankMemory, Schedule, ScheduleKind, chunks_in_flight,
@@ -428,15 +428,17 @@ def _scale(problem: ChunkProblem) -> float:
     return 1e9 / total
 
 
-def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50) -> ChunkSolve:
-    """The optimal split (see the module docstring), or the best found within the time limit
-    with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
+def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50,
+                deadline: Deadline | None = None) -> ChunkSolve:
+    """The optimal split (see the module docstring), or the best found by ``deadline`` (default:
+    the problem's time limit from now) with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
     "slower" (bound at the cutoff) where none fits, otherwise as without it. Where the search's
     time limit (common/deadline.py) is reached inside a long computation, the best split so far
     (None if none) with status "time limit"."""
     from ortools.sat.python import cp_model
 
     started = _time.monotonic()
+    deadline = deadline if deadline is not None else Deadline.after(problem.time_limit)
     L, C = problem.num_layers, problem.chunks
     P = problem.schedule.devices
     table = problem.table
@@ -450,7 +452,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
     try:
         seen: list = []
         if hint is None or not hint.feasible:
-            hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4), seen=seen)
+            hint = local_search(problem, budget_s=min(2.0, deadline.left() / 4), seen=seen)
         seen.append(hint)
         best = hint if hint.feasible else None
         sig = memory_signatures(problem.schedule)    # after the hint: a split to return if time runs out
@@ -496,7 +498,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
         rounds = 0
         while rounds < max_rounds:
             rounds += 1
-            remaining = min(problem.time_limit - (_time.monotonic() - started), seconds_left())
+            remaining = deadline.left()
             if remaining <= 0.05:
                 status = "time limit"
                 break
@@ -624,7 +626,7 @@ def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_roun
             if invalid:
                 raise RuntimeError(f"internal error: CP-SAT model invalid: {invalid}")
             # building the model took time too: the search gets what is left of the limit
-            remaining = min(problem.time_limit - (_time.monotonic() - started), seconds_left())
+            remaining = deadline.left()
             if remaining <= 0.05:
                 status = "time limit"
                 break

@@ -224,6 +224,18 @@ class SolveRequest:
                 loaded[t] = load_target(t)
         return tuple(loaded[t] if isinstance(t, str) else t for t in self.targets)
 
+    def resolved_chunks(self) -> int:
+        """The chunks (virtual stages) each device runs: the count asked for, else the schedule's
+        own: one for none, GPipe and 1F1B (and ``auto``, which tries each count itself), the fixed
+        count of a V-shaped schedule, two for the looped ones. The one place this default is
+        decided: the solve, the plan's record and the micro-batch default all read it here."""
+        if self.chunks_per_rank is not None:
+            return self.chunks_per_rank
+        if self.schedule.one_stage_per_device or self.schedule is Schedule.AUTO:
+            return 1
+        from .schedule import ScheduleKind, traits
+        return traits(ScheduleKind(self.schedule.value)).fixed_chunks_per_rank or 2
+
     # -- settings files and the plan's record ---------------------------------------------------
     @classmethod
     def from_settings(cls, path: str | Path | None = None, devices: int = 1, **overrides: Any) -> "SolveRequest":
