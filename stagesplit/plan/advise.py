@@ -371,11 +371,13 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
     base = greedy(problem)
     result = search(problem, hint=base.split, log=log, deadline=deadline)
     message = result_message(model, problem, table, result)
+    notes = []
+    if options.objective == "devices" and options.exact and result.split is not None \
+            and evaluate(problem, result.split).feasible:
+        notes.append(_exact_devices_note(options, fewest_devices(table, problem.capacity, options,
+                                                                 limit=options.devices)))
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
-                     message=message)
-    if options.objective == "devices" and options.exact and plan.feasible:
-        plan.notes.append(_exact_devices_note(options, fewest_devices(table, problem.capacity, options,
-                                                                      limit=options.devices)))
+                     message=message, notes=notes)
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults

@@ -398,7 +398,5 @@ def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: 
 
     result = sweep_counts(resolved.model, resolved.inputs, counts, table=table, on_row=row_done, phases=phases)
     events.done()
-    for row in result:
-        row.plan.analysis = resolved.model
     result.warnings = list(events.warnings)
     return result

@@ -74,21 +74,19 @@ def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], prop
             f" (with the stages in any of the {len(models)} profile variants)"
     else:
         message = result_message(model, problem, tables[0], result)
-    plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
-                     message=message, variant_models=models)
     records = []
     for name, proportion, m in zip(names, proportions, models):
         recorded = plan_profile(m)
         records.append(PlanVariant(name=str(name), proportion=proportion, path=recorded.path,
                                    sha256=recorded.sha256))
-    plan.variants = tuple(records)
+    plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
+                     message=message, variant_models=models, variants=tuple(records))
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if inputs.request.compare:
         alone = replace(inputs, request=replace(inputs.request, compare=False))
         for name, proportion, m, table in zip(names, proportions, models, tables):
             baseline = advise(m, alone, traffic=traffic, table=table).plan
-            baseline.method = f"{name} alone" + (f" (proportion {proportion:g} on every IPU)"
-                                                  if proportion is not None else "")
-            advice.baselines.append(baseline)
+            advice.baselines.append(replace(baseline, method=f"{name} alone" + (
+                f" (proportion {proportion:g} on every IPU)" if proportion is not None else "")))
     return advice
