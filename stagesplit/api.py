@@ -17,24 +17,37 @@ from contextlib import contextmanager
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
 from .common.deadline import Deadline
 from .common.events import Events
+from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
+                              DEFAULT_LAYER_REGEX)
+from .common.versions import VERSION
 from .common.guards import check_outputs as _check_paths, device_counts
 from .common.limits import MAX_DEVICES
 from .common.text import show, short_repr
 from .common.validate import choice, integer, number
 from .errors import OptionError, StagesplitError
-from .io.profile import Profile, Target
-from .layers import LayerOptions
-from .model.analysis import Analysis
-from .solver.request import SharedPolicy, SolveRequest
+from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve_option
 
-__all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
-           "import_onnx", "plot", "report", "reproduce", "solve", "sweep", "synthesize", "targets"]
+if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
+    from .io.profile import Profile, Target
+    from .layers import LayerOptions
+    from .model.analysis import Analysis
+    from .solver.request import SharedPolicy, SolveRequest
 
-ProfileLike = str | Path | Profile | Analysis
+    ProfileLike = str | Path | Profile | Analysis
+
+
+#: the layer grouping's default patterns (``LayerOptions``'s fields), for the command line's help
+LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAULT_FIRST_LAYER_REGEX,
+                  "last_layer_regex": DEFAULT_LAST_LAYER_REGEX, "call_regex": DEFAULT_CALL_REGEX}
+
+__all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
+           "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
+           "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "synthesize", "targets"]
 
 
 def _check_outputs(outputs, inputs) -> None:
@@ -82,12 +95,14 @@ def _path(parameter: str, value: Any, *, optional: bool = False) -> str | None:
 
 
 def _layering(value: Any) -> LayerOptions | None:
+    from .layers import LayerOptions
     if value is not None and not isinstance(value, LayerOptions):
         raise OptionError("layering", f"expected a LayerOptions, got {type(value).__name__}")
     return value
 
 
 def _target(parameter: str, value: Any) -> Target | None:
+    from .io.profile import Target
     from .io.targets import load_target
     if value is None or isinstance(value, Target):
         return value
@@ -112,6 +127,9 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     """The profile (read from a path if given one), its layers and its cost model. Warnings of
     the profile and of the grouping go to ``events``."""
     from .io import load_profile
+    from .io.profile import Profile
+    from .model.analysis import Analysis
+    from .solver.request import SharedPolicy
     events = _events(events)
     layering = _layering(layering)
     shared = choice(SharedPolicy, "shared", shared)
@@ -140,6 +158,7 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
 
 def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]) -> SolveRequest:
     """A ``SolveRequest`` from keyword options (``target=`` is accepted for one target)."""
+    from .solver.request import SolveRequest
     if request is not None and not isinstance(request, SolveRequest):
         raise OptionError("request", f"expected a SolveRequest, got {type(request).__name__}")
     if "target" in options:
@@ -158,6 +177,26 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
     if devices is None:
         raise OptionError("devices", "expected the number of devices")
     return SolveRequest(devices=devices, **options)
+
+
+def solve_request(settings: str | Path | None, devices: int, **options: Any) -> SolveRequest:
+    """The request a solve command makes: the values of a solver settings file (configs/solver.yaml
+    where ``settings`` is None), ``options`` that are not None winning; a bad value is named by
+    the file and field that gave it, else by its parameter."""
+    from .solver.request import SolveRequest
+    return SolveRequest.from_settings(settings, devices, **options)
+
+
+def layer_options(**fields: Any) -> LayerOptions:
+    """``LayerOptions`` (how operations are grouped into layers) from its fields, checked."""
+    from .layers import LayerOptions
+    return LayerOptions(**fields)
+
+
+def load_layer_compute(path: str | Path) -> dict[str, float]:
+    """A YAML/JSON file's mapping of layer names to compute (``solve``'s ``layer_compute``)."""
+    from .io.targets import load_layer_compute as load
+    return load(_path("layer_compute", path))
 
 
 def resolve(request: SolveRequest, analysis: Analysis):
@@ -217,6 +256,7 @@ def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str |
 def _variant_sources(profile: Any):
     """The profile variants ``profile`` names (a variants file, or a list of them), or None for
     one profile."""
+    from .io.profile import Profile
     from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
         variants_from_arguments
     if isinstance(profile, (str, Path)):
@@ -512,7 +552,7 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     events.start(f"grouping {len(result.profile.operations):,} operations into layers")
     layers = group_layers(result.profile, layering)
     events.done()
-    if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
+    if layering is not None and layering != type(layering)():     # explicit grouping: stored with the operations
         result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]
     result.layers = list(layers.names)
     for message in result.warnings:
@@ -698,6 +738,12 @@ def plot(plan: Any, profile: ProfileLike | None = None):
     if plan.analysis is not None and not plan.profile.one_tile:
         tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
     return plan_figure(plan, tiles)
+
+
+def export_formats() -> dict[str, str]:
+    """The export formats (``export``'s ``fmt``) by name, with what each writes."""
+    from .exporters import FORMATS
+    return {name: f.description for name, f in FORMATS.items()}
 
 
 def targets() -> dict[str, Target]:

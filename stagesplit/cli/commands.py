@@ -91,21 +91,29 @@ def _targets(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _layering(args: argparse.Namespace):
-    from ..layers import LayerOptions
-    return LayerOptions(layer_regex=args.layer_regex, first_layer_regex=args.first_layer_regex,
-                        last_layer_regex=args.last_layer_regex, call_regex=args.call_regex, order=args.layer_order)
+    return api.layer_options(layer_regex=args.layer_regex, first_layer_regex=args.first_layer_regex,
+                             last_layer_regex=args.last_layer_regex, call_regex=args.call_regex,
+                             order=args.layer_order)
 
 
 def _layer_compute(args: argparse.Namespace) -> dict[str, float] | None:
     if not getattr(args, "layer_compute", None):
         return None
-    from ..io.targets import load_layer_compute
-    return load_layer_compute(args.layer_compute)
+    return api.load_layer_compute(args.layer_compute)
 
 
 def _request(args: argparse.Namespace, devices: int):
-    """The solve request: the settings file (--config, else the shipped one), flags winning."""
-    from ..solver.request import SolveRequest
+    """The solve request: the settings file (--config, else the shipped one), flags winning. Each
+    declared solve option (solver/options.py) is read from its flag; a switch not given leaves the
+    file's value (None), and the few whose words need reading (targets, pins, the compute file)
+    are read here."""
+    values = {}
+    for o in api.SOLVE_OPTIONS:
+        dest = o.flag.replace("-", "_") if o.flag else None
+        if dest is None or o.name == "devices" or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        values[o.name] = (True if value else None) if o.parse == "switch" else value
     pins = []
     for item in args.pin_layer:
         name, sep, stage = item.rpartition("=")
@@ -113,16 +121,9 @@ def _request(args: argparse.Namespace, devices: int):
             raise StagesplitError(f"--pin-layer: expected LAYER=STAGE, got '{one_line(item)}'")
         pins.append((name, int(stage)))
     compute = _layer_compute(args) or {}
-    return SolveRequest.from_settings(
-        args.config, devices, objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches,
-        chunks_per_rank=getattr(args, "chunks_per_rank", None), recompute=getattr(args, "recompute", None),
-        headroom=args.headroom, time_limit=args.time_limit, workers=args.workers, communication=args.communication,
-        exact=True if args.exact else None, shared=args.shared, targets=_targets(args),
-        reserve=getattr(args, "reserve", 0) or 0, min_layers=args.min_layers, max_layers=args.max_layers,
-        pin_splits=tuple(args.pin_split), pin_layers=tuple(pins), link_bandwidth=args.link_bandwidth,
-        efficiency=getattr(args, "efficiency", None), layer_compute=tuple(compute.items()),
-        layer_compute_source=getattr(args, "layer_compute", None), layering=_layering(args),
-        compare=getattr(args, "compare", None) or None, unlayered_first=getattr(args, "unlayered_first", None) or None)
+    values.update(targets=_targets(args), pin_splits=tuple(args.pin_split), pin_layers=tuple(pins),
+                  layer_compute=tuple(compute.items()), layer_compute_source=getattr(args, "layer_compute", None))
+    return api.solve_request(args.config, devices, layering=_layering(args), **values)
 
 
 def _gpu_view(args: argparse.Namespace, target_kind: str, tiles: int) -> bool:
