@@ -24,7 +24,7 @@ from .common.events import Events
 from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
                               DEFAULT_LAYER_REGEX)
 from .common.versions import VERSION
-from .common.guards import check_outputs as _check_paths, device_counts
+from .common.guards import check_outputs as _check_paths, device_counts as _device_counts
 from .common.limits import MAX_DEVICES
 from .common.text import show, short_repr
 from .common.validate import choice, integer, number
@@ -47,7 +47,8 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
            "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
-           "synthesize", "targets"]
+           "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "is_variant_word",
+           "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
 
 def _check_outputs(outputs, inputs) -> None:
@@ -58,6 +59,21 @@ def _check_outputs(outputs, inputs) -> None:
     if not any(path for _, path, _ in outputs):        # nothing to write: no variants file read for it
         return
     _check_paths(outputs, input_files(inputs))
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | None, tuple[str, ...] | None]],
+                  inputs: Iterable[str | Path | None]) -> None:
+    """Refuse, before anything is read or written, an output (name, path, allowed suffixes or
+    None) that cannot be written or is also one of ``inputs`` (common/guards.py); a variants
+    file among the inputs adds the files it lists."""
+    _check_outputs(list(outputs), list(inputs))
+
+
+def capture_inputs(model: str | None) -> list[str]:
+    """The source files a ``capture`` model (``file.py:function`` or ``package.module:function``)
+    names, found without running anything."""
+    from .common.guards import capture_inputs as find
+    return find(model)
 
 
 def _profile_files(profile: Any) -> list[str]:
@@ -307,7 +323,7 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
     events = _events(events)
     if isinstance(devices, str):
-        counts = device_counts(devices, MAX_DEVICES)
+        counts = _device_counts(devices, MAX_DEVICES)
     elif isinstance(devices, Iterable) and not isinstance(devices, (bytes, Mapping)):
         counts = [integer("devices", n, 1, MAX_DEVICES) for n in devices]
     else:
@@ -738,6 +754,56 @@ def plot(plan: Any, profile: ProfileLike | None = None):
     if plan.analysis is not None and not plan.profile.one_tile:
         tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
     return plan_figure(plan, tiles)
+
+
+# -- what the command line needs besides the commands (it imports nothing else of the package) ------
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half of it)."""
+    from .common.fileio import atomic_write_text
+    atomic_write_text(_path("output", path), text)
+
+
+def write_plan(plan: Any, path: str | Path) -> None:
+    """Write ``plan`` as a plan file (.json, or .yaml/.yml), atomically."""
+    from .plan.files import write_plan as write
+    write(plan, _path("out", path))
+
+
+def plan_document(plan: Any) -> dict[str, Any]:
+    """``plan`` as the plain JSON document a plan file holds."""
+    from .plan.files import plan_document as document
+    return document(plan)
+
+
+def target(name: str | Target) -> Target:
+    """The device target ``name`` names (a shipped one, or a YAML file)."""
+    return _target("target", name)
+
+
+def device_counts(text: str) -> list[int]:
+    """``1..16`` or ``2,4,8``: device counts in 1..MAX_DEVICES, checked before any list is built."""
+    return _device_counts(text, MAX_DEVICES)
+
+
+def is_variant_word(word: str) -> bool:
+    """Whether ``word`` names a profile variant (``PROFILE=PROPORTION``)."""
+    from .io.variants import variant_argument
+    return variant_argument(word) is not None
+
+
+def is_variants_file(path: str | Path) -> bool:
+    """Whether ``path`` is a variants file (a YAML list of profile variants)."""
+    from .io.variants import is_variants_file as is_file
+    return is_file(path)
+
+
+def profile_variants(source: str | Path | list[str]) -> list[Any]:
+    """The profile variants a variants file, or a list of ``PROFILE=PROPORTION`` words, names."""
+    from .io.variants import read_variants_file, variants_from_arguments
+    if isinstance(source, (str, Path)):
+        return list(read_variants_file(source))
+    return list(variants_from_arguments(source))
 
 
 def export_formats() -> dict[str, str]:
