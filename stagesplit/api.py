@@ -580,10 +580,18 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     return result
 
 
-def capture(model: str, output: str | Path | None = None, *, events: Events | None = None, **options: Any) -> Profile:
+def capture(model: str, output: str | Path | None = None, *, optimizer: str = "adam", dtype: str = "float32",
+            amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
+            name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
+            events: Events | None = None) -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
-    (see ``stagesplit.capturing.pytorch``), written to ``output`` when given."""
+    (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
+    adam, adamw, sgd or none; ``dtype``: the parameters' and activations' dtype, with ``amp``
+    the forward under autocast; ``target``: the device (default a100-80gb); ``allocator_round``:
+    storages rounded up to this many bytes; ``name``: the profile's (default: the factory's);
+    ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
+    torch's logging through."""
     from .io import save_profile
     from .capturing.pytorch import capture as capture_step
     events = _events(events)
@@ -600,7 +608,8 @@ def capture(model: str, output: str | Path | None = None, *, events: Events | No
     except ImportError:
         pass                                  # capture_step says how to install it
     events.start(f"capturing one training step of {show(model)}")
-    profile = capture_step(model, **options)
+    profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
+                           allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)
