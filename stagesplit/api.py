@@ -757,12 +757,8 @@ def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *,
 def plot(plan: Any, profile: ProfileLike | None = None):
     """The plan as a matplotlib Figure (``Plan.plot()``): memory by stage and category against
     capacity, on an IPU the stages' tiles, and each stage's time."""
-    from .reporting.plot import plan_figure
-    plan = _plan_with_model(plan, profile, Events())
-    tiles = None
-    if plan.analysis is not None and not plan.profile.one_tile:
-        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
-    return plan_figure(plan, tiles)
+    from .reporting.plot import figure_of
+    return figure_of(_plan_with_model(plan, profile, Events()))
 
 
 # -- what the command line needs besides the commands (it imports nothing else of the package) ------

@@ -646,9 +646,10 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
 
 def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool,
                   deadline: Deadline | None = None):
-    """CP-SAT on ``problem`` by ``deadline`` (default: the problem's time limit from now); where recompute was left to stagesplit and nothing
-    fits without it, again with recompute chosen per layer (and a note that says so), with the
-    time the first search left (at least a second: CP-SAT says little in less)."""
+    """CP-SAT on ``problem`` by ``deadline`` (default: the problem's time limit from now); where
+    recompute was left to stagesplit and nothing fits without it, again with recompute chosen per
+    layer (and a note that says so), with the time the first search left (at least a second:
+    CP-SAT says little in less)."""
     from ..solver.chunks import solve_cpsat
     from ..solver.request import RecomputeMode
     deadline = deadline if deadline is not None else Deadline.after(problem.time_limit)

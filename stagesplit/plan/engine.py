@@ -76,7 +76,8 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
         schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
         chunks_per_device=chunks,
         headroom=request.headroom, capacities=capacities, reserve=request.reserve, min_layers=request.min_layers,
-        max_layers=request.max_layers, pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
+        max_layers=request.max_layers,
+        pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
         pinned_layers=tuple((layer(n, "pin_layers"), p) for n, p in request.pin_layers),
         communication=request.communication, link_bytes_per_s=link, time_limit=request.time_limit,
         workers=request.workers)
@@ -116,10 +117,11 @@ def scheduled(request: SolveRequest, model) -> bool:
         return False
     ok = model.phase_cols is not None and model.profile.target.tiles == 1
     if not ok and not request.schedule.one_stage_per_device:
+        why = "has per-tile memory (an IPU's): use gpipe or 1f1b" if model.profile.target.tiles > 1 else \
+            "does not say: capture the model, or use gpipe or 1f1b"
         raise OptionError("schedule", f"{request.schedule.value} needs a profile of one device that records each "
                           "operation's phase (forward, backward, optimizer), as stagesplit capture writes; this "
-                          "profile " + ("has per-tile memory (an IPU's): use gpipe or 1f1b" if model.profile.target.tiles
-                                        > 1 else "does not say: capture the model, or use gpipe or 1f1b"))
+                          "profile " + why)
     return ok
 
 

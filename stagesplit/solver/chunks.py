@@ -431,8 +431,9 @@ def _scale(problem: ChunkProblem) -> float:
 def solve_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50,
                 deadline: Deadline | None = None) -> ChunkSolve:
     """The optimal split (see the module docstring), or the best found by ``deadline`` (default:
-    the problem's time limit from now) with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
-    "slower" (bound at the cutoff) where none fits, otherwise as without it. Where the search's
+    the problem's time limit from now) with a proven bound. With ``problem.cutoff``, only splits
+    faster than it are sought: status "slower" (bound at the cutoff) where none fits, otherwise as
+    without it. Where the search's
     time limit (common/deadline.py) is reached inside a long computation, the best split so far
     (None if none) with status "time limit"."""
     from ortools.sat.python import cp_model

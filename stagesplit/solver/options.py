@@ -78,8 +78,9 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
            "selective or full on every layer (default: none where the plan fits without, else auto); needs a "
            "captured profile and a schedule", flag="recompute", settings="recompute", parse="choice",
            choices=("auto", "none", "selective", "full"), metavar="MODE"),
-    Option("micro_batches", None, "micro-batches per step (default: the number of devices with {flag:schedule}, else 1)",
-           flag="micro-batches", settings="micro_batches", parse="int", metavar="M", low=1, high=MAX_MICRO_BATCHES),
+    Option("micro_batches", None, "micro-batches per step (default: the number of devices with {flag:schedule}, "
+           "else 1)", flag="micro-batches", settings="micro_batches", parse="int", metavar="M", low=1,
+           high=MAX_MICRO_BATCHES),
     Option("headroom", 0.0, "fraction of every device kept free, e.g. 0.1", flag="headroom", settings="headroom",
            parse="float", metavar="F", low=0, high=1, high_open=True),
     Option("reserve", 0, "memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "
