@@ -189,7 +189,7 @@ FLAG_TEXT_LEFT = {
     "stagesplit.exporters.torch_pipelining": 2, "stagesplit.exporters.torchtitan": 5, "stagesplit.io.onnximport": 9,
     "stagesplit.io.pva_export": 1, "stagesplit.io.synth": 5, "stagesplit.layers": 3, "stagesplit.model.phases": 1,
     "stagesplit.model.roofline": 2, "stagesplit.plan.advise": 21, "stagesplit.plan.baselines": 1,
-    "stagesplit.plan.engine": 10, "stagesplit.plan.files": 4, "stagesplit.plan.records": 1,
+    "stagesplit.plan.engine": 5, "stagesplit.plan.files": 4, "stagesplit.plan.records": 1,
     "stagesplit.reporting.breakdown": 4, "stagesplit.reporting.diagnosis": 1, "stagesplit.reporting.html": 1,
     "stagesplit.reporting.progress": 1, "stagesplit.reporting.summary": 4, "stagesplit.reporting.table": 1,
     "stagesplit.reporting.why": 3, "stagesplit.solver.problem": 4,

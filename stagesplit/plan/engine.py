@@ -1,6 +1,6 @@
 """The solving strategy behind the front door: from an analysed profile and a ``SolveRequest`` to
 a ``Plan``. Which path a request takes (the stage-level model, a schedule's own actions, profile
-variants), ``--schedule auto``'s search over schedules, the sweep over device counts and the
+variants), the ``auto`` schedule's search over schedules, the sweep over device counts and the
 fallbacks between them live here, so that ``stagesplit.api`` keeps only argument checking, file
 I/O and events, and a new kind of search has one place to go.
 
@@ -139,7 +139,7 @@ def _completed(advice, model, events: Events, **more: Any) -> Plan:
 def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events: Events) -> Plan:
     """The plan of ``request`` on ``analysis``, searched until ``deadline``: under the schedule's
     own actions where the profile records phases (``scheduled``), each schedule in turn for
-    ``--schedule auto``, else on the stage-level model."""
+    the ``auto`` schedule, else on the stage-level model."""
     from .advise import advise, advise_schedule
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
@@ -194,7 +194,7 @@ AUTO_MAX_CHUNKS_PER_RANK = 4
 
 
 def auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
-    """Every (schedule, chunks per device, micro-batches) ``--schedule auto`` tries: each schedule
+    """Every (schedule, chunks per device, micro-batches) the ``auto`` schedule tries: each schedule
     torch ships with each chunks-per-device count it takes, up to AUTO_MAX_CHUNKS_PER_RANK (or the
     one asked for), where torch's class accepts the device and micro-batch counts."""
     from ..solver.schedule import ScheduleKind, is_valid, traits
@@ -220,7 +220,7 @@ _NOT_SEARCHED = "the time limit was reached before a split of this schedule was 
 
 
 def _solve_auto(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events) -> Plan:
-    """``--schedule auto``: every schedule (and chunks per device) valid for the device and
+    """The ``auto`` schedule: every schedule (and chunks per device) valid for the device and
     micro-batch counts, the most promising first (by a quick search of each). The first is solved
     to its proven optimum; every other is asked only for a split faster than the fastest plan so
     far, which is quick to refute where there is none (and where there is, that schedule's plan
@@ -339,7 +339,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
 
 def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table, ranked: list, plans: list, deadline: Deadline,
                         events: Events) -> None:
-    """``--schedule auto``'s second pass: while time is left, a schedule whose search the time
+    """The ``auto`` schedule's second pass: while time is left, a schedule whose search the time
     limit stopped with a lower bound below the fastest plan found (it might still beat it) is
     searched again, with all of that time and the fastest plan's step to beat, the one with the
     lowest bound first; its plan is replaced where the new one is faster."""
