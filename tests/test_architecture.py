@@ -263,3 +263,16 @@ def test_the_default_chunks_per_device_is_decided_once():
     deciding = [name for name, path in _modules().items() if "fixed_chunks_per_rank or" in path.read_text()
                 and name not in ("stagesplit.solver.request", "stagesplit.solver.schedule")]
     assert deciding == []
+
+
+def test_building_the_parser_loads_nothing_heavy():
+    """``stagesplit --help`` (and every command's start) builds the parser: it must not load numpy
+    (through the layer options or the exporters) nor read the installed packages' metadata."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys; from stagesplit.cli.parser import build_parser; build_parser(); "
+            "print(sorted(m for m in ('numpy', 'importlib.metadata', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.strip() == "[]"
