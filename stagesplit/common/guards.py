@@ -18,8 +18,8 @@ __all__ = ["device_counts", "same_file", "capture_inputs", "check_outputs"]
 
 def device_counts(text: str, limit: int) -> list[int]:
     """``1..16`` or ``2,4,8``: device counts in 1..limit, checked before any list is built."""
-    bad = StagesplitError(f"--devices: expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
-                          f"got {show(text)[:40]!r}")
+    bad = OptionError("devices", f"expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
+                      f"got {show(text)[:40]!r}")
     if len(text) > 10_000:
         raise bad
     try:

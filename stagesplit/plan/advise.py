@@ -607,8 +607,8 @@ def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarra
     raw = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw * (1.0 - options.headroom)).astype(np.int64) - int(options.reserve)
     if (capacity <= 0).any():
-        from ..errors import StagesplitError
-        raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device ({int(raw.min()):,} bytes)")
+        raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
+                          f"({int(raw.min()):,} bytes)")
     return capacity
 
 
