@@ -43,8 +43,9 @@ _EXPORTS: dict[str, str] = {
 __all__ = sorted(_EXPORTS) + ["__version__"]
 
 
-def _plan_plot(plan: Any, *args: Any, **kwargs: Any) -> Any:
-    return importlib.import_module(".api", __name__).plot(plan, *args, **kwargs)
+def _plan_plot(plan: Any) -> Any:
+    # a function of the plan alone (reporting/plot.py): nothing read or solved again
+    return importlib.import_module(".reporting.plot", __name__).figure_of(plan)
 
 
 def _plan_report(plan: Any, *args: Any, **kwargs: Any) -> Any:

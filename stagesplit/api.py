@@ -13,54 +13,42 @@ files take the output paths and refuse one that is also an input.
 
 from __future__ import annotations
 
-import copy
-import math
-import time
 from contextlib import contextmanager
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from .common.deadline import TimeLimitReached, deadline_at
-from .common.guards import check_outputs as _check_paths, device_counts
+from .common.deadline import Deadline
+from .common.events import Events
+from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
+                              DEFAULT_LAYER_REGEX)
+from .common.versions import VERSION
+from .common.guards import check_outputs as _check_paths, device_counts as _device_counts
 from .common.limits import MAX_DEVICES
 from .common.text import show, short_repr
 from .common.validate import choice, integer, number
 from .errors import OptionError, StagesplitError
-from .io.profile import Profile, Target
-from .layers import LayerOptions
-from .model.analysis import Analysis
-from .solver.request import RecomputeMode, Schedule, SharedPolicy, SolveRequest
+from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve_option
 
-__all__ = ["Events", "Reproduction", "analyze", "breakdown", "capture", "convert", "diagnose", "export",
-           "import_onnx", "plot", "report", "reproduce", "solve", "sweep", "synthesize", "targets"]
+if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
+    from .io.profile import Profile, Target
+    from .layers import LayerOptions
+    from .model.analysis import Analysis
+    from .solver.request import SharedPolicy, SolveRequest
 
-ProfileLike = str | Path | Profile | Analysis
+    ProfileLike = str | Path | Profile | Analysis
 
 
-class Events:
-    """The one channel for progress and warnings. ``start``/``update``/``done`` frame a long
-    phase (loading, pricing, solving); ``warn`` reports something the user should know. This
-    base class keeps the warnings (``warnings``) and shows nothing; the command line subclasses
-    it to print them."""
+#: the layer grouping's default patterns (``LayerOptions``'s fields), for the command line's help
+LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAULT_FIRST_LAYER_REGEX,
+                  "last_layer_regex": DEFAULT_LAST_LAYER_REGEX, "call_regex": DEFAULT_CALL_REGEX}
 
-    def __init__(self) -> None:
-        self.warnings: list[str] = []
-
-    def warn(self, message: str) -> None:
-        """Something the user should know (kept in ``warnings``)."""
-        self.warnings.append(message)
-
-    def start(self, label: str, unit: str = "") -> None:
-        """A phase begins (it ends at ``done`` or when the next one starts); ``unit`` names
-        what its ``update`` counts (e.g. "device counts"), empty when only the share matters."""
-
-    def update(self, done: int, total: int) -> None:
-        """``done`` of ``total`` units of the current phase."""
-
-    def done(self, detail: str = "") -> None:
-        """The current phase ended."""
+__all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
+           "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
+           "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "is_variant_word",
+           "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
 
 def _check_outputs(outputs, inputs) -> None:
@@ -71,6 +59,21 @@ def _check_outputs(outputs, inputs) -> None:
     if not any(path for _, path, _ in outputs):        # nothing to write: no variants file read for it
         return
     _check_paths(outputs, input_files(inputs))
+
+
+def check_outputs(outputs: Iterable[tuple[str, str | None, tuple[str, ...] | None]],
+                  inputs: Iterable[str | Path | None]) -> None:
+    """Refuse, before anything is read or written, an output (name, path, allowed suffixes or
+    None) that cannot be written or is also one of ``inputs`` (common/guards.py); a variants
+    file among the inputs adds the files it lists."""
+    _check_outputs(list(outputs), list(inputs))
+
+
+def capture_inputs(model: str | None) -> list[str]:
+    """The source files a ``capture`` model (``file.py:function`` or ``package.module:function``)
+    names, found without running anything."""
+    from .common.guards import capture_inputs as find
+    return find(model)
 
 
 def _profile_files(profile: Any) -> list[str]:
@@ -108,12 +111,14 @@ def _path(parameter: str, value: Any, *, optional: bool = False) -> str | None:
 
 
 def _layering(value: Any) -> LayerOptions | None:
+    from .layers import LayerOptions
     if value is not None and not isinstance(value, LayerOptions):
         raise OptionError("layering", f"expected a LayerOptions, got {type(value).__name__}")
     return value
 
 
 def _target(parameter: str, value: Any) -> Target | None:
+    from .io.profile import Target
     from .io.targets import load_target
     if value is None or isinstance(value, Target):
         return value
@@ -138,6 +143,9 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     """The profile (read from a path if given one), its layers and its cost model. Warnings of
     the profile and of the grouping go to ``events``."""
     from .io import load_profile
+    from .io.profile import Profile
+    from .model.analysis import Analysis
+    from .solver.request import SharedPolicy
     events = _events(events)
     layering = _layering(layering)
     shared = choice(SharedPolicy, "shared", shared)
@@ -166,6 +174,7 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
 
 def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]) -> SolveRequest:
     """A ``SolveRequest`` from keyword options (``target=`` is accepted for one target)."""
+    from .solver.request import SolveRequest
     if request is not None and not isinstance(request, SolveRequest):
         raise OptionError("request", f"expected a SolveRequest, got {type(request).__name__}")
     if "target" in options:
@@ -186,82 +195,31 @@ def _request(devices: Any, request: SolveRequest | None, options: dict[str, Any]
     return SolveRequest(devices=devices, **options)
 
 
-@dataclass
-class Resolved:
-    """A request resolved against an analysis: the cost model with compute on the first target,
-    the solver's options (names as indices), and the plan's record of the inputs."""
-
-    analysis: Analysis
-    model: Any
-    inputs: Any                       # plan.records.PlanInputs
+def solve_request(settings: str | Path | None, devices: int, **options: Any) -> SolveRequest:
+    """The request a solve command makes: the values of a solver settings file (configs/solver.yaml
+    where ``settings`` is None), ``options`` that are not None winning; a bad value is named by
+    the file and field that gave it, else by its parameter."""
+    from .solver.request import SolveRequest
+    return SolveRequest.from_settings(settings, devices, **options)
 
 
-def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
-    """Check ``request`` against the profile's layers and targets: names become indices,
-    targets capacities; the micro-batch count is chosen when the request gives none."""
-    from .common.fileio import file_sha256
-    from .model.roofline import apply_roofline
-    from .plan.records import PlanInputs
-    from .solver.problem import SolveOptions, resolve_micro_batches
-    profile = analysis.profile
-    names = analysis.layers.names
-    index = {name: i for i, name in enumerate(names)}
-
-    def layer(name: str, parameter: str) -> int:
-        if name not in index:
-            raise OptionError(parameter, f"no layer named '{show(name)}' (layers: {', '.join(names)})")
-        return index[name]
-
-    targets = list(request.resolved_targets())
-    if len(targets) == 1:
-        targets = targets * request.devices
-    capacities = None
-    if targets:
-        capacities = []
-        for t in targets:
-            if profile.target.tiles == 1:
-                capacities.append(t.device_bytes)          # a one-tile profile: the device is one pool
-            elif t.tiles == profile.target.tiles:
-                capacities.append(t.bytes_per_tile)
-            else:
-                raise OptionError("targets", f"{t.name} has {t.tiles} tiles per device, but the profile was captured "
-                                  f"on {profile.target.tiles} tiles; choose a target with the same tile count")
-        capacities = tuple(capacities)
-    link = request.link_bandwidth or (targets[0].link_bytes_per_s if targets else None) or \
-        profile.target.link_bytes_per_s
-    micro_batches, micro_auto = resolve_micro_batches(request.schedule.value, request.micro_batches,
-                                                      request.devices * _chunks_per_rank(request))
-    options = SolveOptions(
-        devices=request.devices, objective=request.objective, exact=request.exact,
-        schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
-        chunks_per_rank=_chunks_per_rank(request),
-        headroom=request.headroom, capacities=capacities, reserve=request.reserve, min_layers=request.min_layers,
-        max_layers=request.max_layers, pinned_splits=tuple(sorted({layer(x, "pin_splits") for x in request.pin_splits})),
-        pinned_layers=tuple((layer(n, "pin_layers"), p) for n, p in request.pin_layers),
-        communication=request.communication, link_bytes_per_s=link, time_limit=request.time_limit,
-        workers=request.workers)
-    model = analysis.model
-    if request.layer_compute:
-        model = model.with_compute(dict(request.layer_compute), request.layer_compute_source or "layer_compute")
-    else:
-        model = copy.copy(model)                      # the roofline below is attached to this copy only
-    apply_roofline(model, targets[0] if targets else None, request.efficiency)
-    sha = None
-    if request.layer_compute_source and Path(request.layer_compute_source).is_file():
-        sha = file_sha256(request.layer_compute_source)
-    inputs = PlanInputs(request=request, options=options,
-                        targets=tuple(targets) or (profile.target,) * request.devices, layer_compute_sha256=sha)
-    return Resolved(analysis, model, inputs)
+def layer_options(**fields: Any) -> LayerOptions:
+    """``LayerOptions`` (how operations are grouped into layers) from its fields, checked."""
+    from .layers import LayerOptions
+    return LayerOptions(**fields)
 
 
-def _price(resolved: Resolved, events: Events, max_devices: int | None = None):
-    """Every layer range priced once, for every in-flight count the request can need."""
-    from .plan.advise import price
-    L = resolved.model.num_layers
-    events.start(f"pricing the ranges of {L:,} layers that can fit a device")
-    table = price(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
-    events.done()
-    return table
+def load_layer_compute(path: str | Path) -> dict[str, float]:
+    """A YAML/JSON file's mapping of layer names to compute (``solve``'s ``layer_compute``)."""
+    from .io.targets import load_layer_compute as load
+    return load(_path("layer_compute", path))
+
+
+def resolve(request: SolveRequest, analysis: Analysis):
+    """``request`` resolved against ``analysis`` (``plan.engine.resolve``): the cost model timed on
+    the first target, the solver's options and the plan's record of the inputs."""
+    from .plan.engine import resolve as resolve_request
+    return resolve_request(request, analysis)
 
 
 # -- solving ------------------------------------------------------------------------------------
@@ -301,38 +259,20 @@ def _named_by(request: SolveRequest):
 
 
 def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str | Path | None):
-    """``solve`` once its request is made."""
-    from .plan.advise import advise, advise_schedule
+    """``solve`` once its request is made: the profile (or its variants) read and analysed here,
+    the search (plan/engine.py) bounded by one deadline from the time limit."""
+    from .plan import engine
     variants = _variant_sources(profile)
     if variants is not None:
         return _solve_variants(variants, req, events, debug)
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
-    resolved = resolve(req, analysis)
-    if req.schedule is Schedule.AUTO:
-        return _solve_auto(req, analysis, events)
-    if _scheduled(req, resolved.model):
-        events.start("pricing every layer range in each phase of the step")
-        table = _phase_table(resolved.model)
-        events.done()
-        events.start("solving")
-        advice = advise_schedule(resolved.model, resolved.inputs, table=table, log=events.start)
-    else:
-        table = _price(resolved, events, max_devices=req.devices)
-        events.start("solving")
-        advice = advise(resolved.model, resolved.inputs, table=table, log=events.start)
-    events.done()
-    for message in advice.warnings:
-        events.warn(message)
-    plan = advice.plan
-    plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved.model
-    for baseline in plan.baselines:
-        baseline.analysis = resolved.model
-    return plan
+    return engine.solve(analysis, req, Deadline.after(req.time_limit), events)
 
 
 def _variant_sources(profile: Any):
     """The profile variants ``profile`` names (a variants file, or a list of them), or None for
     one profile."""
+    from .io.profile import Profile
     from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
         variants_from_arguments
     if isinstance(profile, (str, Path)):
@@ -363,261 +303,17 @@ def _solve_variants(sources, req: SolveRequest, events: Events, debug):
     """``solve`` on profile variants (plan/variants.py): each profile read and grouped as one
     profile would be, their layers checked to be the same, every range priced in each."""
     from .io.variants import check_same_layers
-    from .plan.variants import advise_variants
+    from .plan import engine
     if debug is not None:
         raise OptionError("debug", "with profile variants, give each profile.pop's debug.cbor in a variants file "
                           "(its debug field)")
-    if not req.schedule.one_stage_per_device:
-        raise OptionError("schedule", f"profile variants are solved with the stage-level model: --schedule none, "
-                          f"gpipe or 1f1b, not {req.schedule.value}")
-    if req.recompute not in (None, RecomputeMode.NONE):
-        raise OptionError("recompute", "profile variants already trade memory for time per stage (the memory "
-                          "proportion); recompute is chosen on captured GPU profiles only")
+    engine.check_variants_request(req)            # before any profile is read
     analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events)
                 for s in sources]
     names = [s.name for s in sources]
     check_same_layers(names, [a.layers.names for a in analyses])
-    resolved = [resolve(req, a) for a in analyses]
-    tables = [_price(r, events, max_devices=req.devices) for r in resolved]
-    events.start("solving")
-    advice = advise_variants([r.model for r in resolved], names, [s.proportion for s in sources], resolved[0].inputs,
-                             tables=tables, log=events.start)
-    events.done()
-    for message in advice.warnings:
-        events.warn(message)
-    plan = advice.plan
-    plan.baselines, plan.warnings, plan.analysis = advice.baselines, list(events.warnings), resolved[0].model
-    plan.variant_models = {name: r.model for name, r in zip(names, resolved)}
-    for baseline, r in zip(plan.baselines, resolved):
-        baseline.analysis = r.model
-    return plan
-
-
-def _chunks_per_rank(request: SolveRequest) -> int:
-    """The chunks per device a request's schedule runs with."""
-    from .solver.schedule_kinds import ScheduleKind, traits
-    if request.chunks_per_rank is not None:
-        return request.chunks_per_rank
-    if request.schedule.one_stage_per_device or request.schedule is Schedule.AUTO:
-        return 1
-    return traits(ScheduleKind(request.schedule.value)).fixed_chunks_per_rank or 2
-
-
-def _scheduled(request: SolveRequest, model) -> bool:
-    """Whether the request is solved with a schedule's own actions (solver/chunk_cpsat.py): any
-    schedule but none, on a one-device profile that records each operation's phase; the looped
-    and V-shaped schedules need such a profile, GPipe and 1F1B fall back to the stage model."""
-    recompute = request.recompute not in (None, RecomputeMode.NONE)
-    if recompute and (request.schedule is Schedule.NONE or model.phase_cols is None
-                      or model.profile.target.tiles != 1):
-        raise OptionError("recompute", f"{request.recompute.value} needs a profile of one device that records each "
-                          "operation's phase (as stagesplit capture writes) and a pipeline schedule (--schedule 1f1b, "
-                          "zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
-    if request.schedule is Schedule.NONE:
-        return False
-    ok = model.phase_cols is not None and model.profile.target.tiles == 1
-    if not ok and not request.schedule.one_stage_per_device:
-        raise OptionError("schedule", f"{request.schedule.value} needs a profile of one device that records each "
-                          "operation's phase (forward, backward, optimizer), as stagesplit capture writes; this "
-                          "profile " + ("has per-tile memory (an IPU's): use gpipe or 1f1b" if model.profile.target.tiles
-                                        > 1 else "does not say: capture the model, or use gpipe or 1f1b"))
-    return ok
-
-
-def _phase_table(model):
-    """The model's phase table (model/phases.py), made once per model (its times follow the
-    target the model's roofline was computed on)."""
-    from .model.phases import phase_table
-    cached = getattr(model, "_phase_table", None)
-    if cached is None:
-        cached = phase_table(model)
-        model._phase_table = cached
-    return cached
-
-
-#: the most chunks per device ``--schedule auto`` tries (each schedule that takes several: 1 to this)
-AUTO_MAX_CHUNKS_PER_RANK = 4
-
-
-def _auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
-    """Every (schedule, chunks per device, micro-batches) ``--schedule auto`` tries: each schedule
-    torch ships with each chunks-per-device count it takes, up to AUTO_MAX_CHUNKS_PER_RANK (or the
-    one asked for), where torch's class accepts the device and micro-batch counts."""
-    from .solver.schedule_kinds import ScheduleKind, is_valid, traits
-    out = []
-    for kind in ScheduleKind:
-        fixed = traits(kind).fixed_chunks_per_rank
-        for v in ([fixed] if fixed else range(1, AUTO_MAX_CHUNKS_PER_RANK + 1)):
-            if req.chunks_per_rank is not None and v != req.chunks_per_rank:
-                continue
-            M = req.micro_batches or req.devices * v
-            if is_valid(kind, req.devices, M, v):
-                out.append((kind.value, v, M))
-    return out
-
-
-def _step(advice) -> float:
-    """A schedule solve's step time (infinite where nothing fits or it was refused)."""
-    return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
-
-
-def _solve_auto(req: SolveRequest, analysis, events: Events):
-    """``--schedule auto``: every schedule (and chunks per device) valid for the device and
-    micro-batch counts, the most promising first (by a quick search of each). The first is solved
-    to its proven optimum; every other is asked only for a split faster than the fastest plan so
-    far, which is quick to refute where there is none (and where there is, that schedule's plan
-    becomes the fastest, proven in turn). Time left at the end goes to the searches the time limit
-    stopped. The plan is the fastest that fits (the emptiest, with the memory objective);
-    ``plan.candidates`` lists them all. The time limit bounds all of it (common/deadline.py): a
-    schedule it stops before any split is found is listed as not known (status "unknown")."""
-    started = time.monotonic()
-    with deadline_at(started + req.time_limit, req.time_limit):
-        return _solve_auto_within(req, analysis, events, started)
-
-
-def _solve_auto_within(req: SolveRequest, analysis, events: Events, started: float):
-    from .plan.advise import advise_schedule, schedule_problem
-    from .plan.records import ScheduleCandidate
-    from .solver.chunk_search import local_search
-    candidates = _auto_candidates(req)
-    if not candidates:
-        raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
-                          "micro-batches")
-    memory = req.objective.value == "memory"
-    table = None
-    ranked = []
-    events.start("ranking the schedules by a quick search")
-    budget = min(0.25, req.time_limit / (10 * len(candidates)))
-    for kind, v, M in candidates:
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M)
-        resolved = resolve(trial, analysis)
-        if not _scheduled(trial, resolved.model):
-            raise OptionError("schedule", "auto needs a profile of one device that records each operation's phase "
-                              "(forward, backward, optimizer), as stagesplit capture writes")
-        if table is None:
-            table, solved_on = _phase_table(resolved.model), resolved.model
-        try:
-            # the ranking takes at most half of the time: on long schedules (thousands of micro-batches,
-            # many chunks) making one schedule's actions takes seconds, and the solves need the rest
-            with deadline_at(started + req.time_limit / 2):
-                problem = schedule_problem(resolved.model, resolved.inputs, table)
-                quick = local_search(problem, budget_s=budget)
-            share = float((quick.peaks / problem.capacities).max())
-            rank = (0 if quick.feasible else 1, share if memory else quick.step_time)
-        except TimeLimitReached:         # not ranked: after the others
-            rank = (3, 0.0)
-        except StagesplitError:
-            rank = (2, 0.0)
-        ranked.append((rank, kind, v, M))
-    events.done()
-    ranked.sort(key=lambda item: item[0])
-
-    plans: list = [None] * len(ranked)
-    for i, (_, kind, v, M) in enumerate(ranked):
-        left = req.time_limit - (time.monotonic() - started)
-        # the first (the likeliest fastest) may take half of the time, each other its part of what
-        # is left or (a schedule that beats the fastest so far proves its own optimum) up to 10 s;
-        # refuting a split faster than the fastest so far takes a second or two where there is none
-        share = max(left / 2 if i == 0 else max(left / (len(ranked) - i), min(left / 2, 10.0)), 1.0)
-        best = min((_step(p[2]) for p in plans[:i]), default=math.inf)
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
-        resolved = resolve(trial, analysis)
-        events.start(f"solving {kind}, {v} chunk(s) per device")
-        try:
-            advice = advise_schedule(resolved.model, resolved.inputs, table=table,
-                                     cutoff=None if memory or not math.isfinite(best) else best)
-            plans[i] = (kind, v, advice, "")
-        except TimeLimitReached:
-            plans[i] = (kind, v, None, _NOT_SEARCHED)
-        except StagesplitError as exc:
-            plans[i] = (kind, v, None, str(exc))
-        finally:
-            events.done()
-    if not memory:
-        _spend_what_is_left(req, analysis, table, ranked, plans, started, events)
-    feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
-
-    def score(item):
-        s = item[2].plan.schedule
-        worst = max(r.peak_bytes / r.capacity_bytes for r in s.ranks)
-        unproven = item[2].plan.status != "optimal"      # on a tie, the proven plan
-        return (worst, unproven, s.step_time) if memory else (s.step_time, unproven, worst)
-    rows = []
-    for kind, v, advice, error in plans:
-        plan = advice.plan if advice is not None else None
-        s = plan.schedule if plan is not None else None
-        status = ("unknown" if error == _NOT_SEARCHED else "refused") if plan is None else \
-            "slower" if advice.slower else plan.status
-        rows.append(ScheduleCandidate(
-            schedule=kind, chunks_per_rank=v, status=status,
-            step_time=s.step_time if s else None, bubble=s.bubble if s else None,
-            worst_memory=max(r.peak_bytes / r.capacity_bytes for r in s.ranks) if s else None,
-            seconds=(plan.run.solver_seconds or 0.0) if plan is not None else 0.0,
-            note=error or (plan.message if plan else "")))
-    if feasible:
-        best = min(feasible, key=score)[2]
-    else:
-        best = next((a for _, _, a, _ in plans if a is not None), None)
-        if best is None and all(e == _NOT_SEARCHED for _, _, _, e in plans):
-            raise TimeLimitReached(f"no split was found within the time limit ({req.time_limit:g} s); allow more "
-                                   "with --time-limit")
-        if best is None:
-            raise StagesplitError("no schedule could be solved: " + "; ".join(f"{k} (v={v}): {e}"
-                                                                               for k, v, _, e in plans))
-    plan = best.plan
-    plan.candidates = tuple(rows)
-    proven = plan.status == "optimal" and all(r.status in ("optimal", "slower", "infeasible", "refused") for r in rows)
-    plan.notes.append(f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
-                      f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
-                      + (" (proven: no other schedule is faster)" if proven and not memory else "")
-                      if plan.feasible else f"--schedule auto: none of the {len(rows)} schedules tried fits")
-    for message in best.warnings:
-        events.warn(message)
-    # the model the plans were solved on (the target's roofline applied, the phase table kept)
-    plan.warnings, plan.analysis = list(events.warnings), solved_on
-    return plan
-
-
-#: a schedule ``--schedule auto``'s time limit stopped before any split of it was found
-_NOT_SEARCHED = "the time limit was reached before a split of this schedule was found"
-
-
-def _spend_what_is_left(req: SolveRequest, analysis, table, ranked: list, plans: list, started: float,
-                        events: Events) -> None:
-    """``--schedule auto``'s second pass: while time is left, a schedule whose search the time
-    limit stopped with a lower bound below the fastest plan found (it might still beat it) is
-    searched again, with all of that time and the fastest plan's step to beat, the one with the
-    lowest bound first; its plan is replaced where the new one is faster."""
-    from .plan.advise import advise_schedule
-
-    retried: set[int] = set()
-    while True:
-        left = req.time_limit - (time.monotonic() - started)
-        best = min((_step(a) for _, _, a, _ in plans), default=math.inf)
-        open_ = [(a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
-                 if i not in retried and a is not None and not a.slower and a.plan.status != "optimal"
-                 and a.plan.phases and a.plan.phases[0].bound is not None
-                 and a.plan.phases[0].bound < best * (1 - 1e-9)]
-        if left < 2.0 or not open_:
-            return
-        _, i = min(open_)
-        retried.add(i)
-        kind, v, advice, _ = plans[i]
-        M = ranked[i][3]
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=left)
-        resolved = resolve(trial, analysis)
-        events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
-        try:
-            again = advise_schedule(resolved.model, resolved.inputs, table=table,
-                                    cutoff=best if _step(advice) > best and math.isfinite(best) else None)
-        except StagesplitError:
-            continue
-        finally:
-            events.done()
-        if again.slower and _step(again) >= _step(advice):
-            advice.slower, advice.plan.message = True, again.plan.message
-        elif _step(again) < _step(advice) or (_step(again) == _step(advice) and again.plan.status == "optimal"):
-            plans[i] = (kind, v, again, "")
+    return engine.solve_variants(analyses, names, [s.proportion for s in sources], req,
+                                 Deadline.after(req.time_limit), events)
 
 
 def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveRequest | None = None,
@@ -627,7 +323,7 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
     the command line's "1..16" / "2,4,8"), pricing every layer range once."""
     events = _events(events)
     if isinstance(devices, str):
-        counts = device_counts(devices, MAX_DEVICES)
+        counts = _device_counts(devices, MAX_DEVICES)
     elif isinstance(devices, Iterable) and not isinstance(devices, (bytes, Mapping)):
         counts = [integer("devices", n, 1, MAX_DEVICES) for n in devices]
     else:
@@ -644,31 +340,12 @@ def sweep(profile: ProfileLike, devices: Iterable[int] | str, *, request: SolveR
 def _sweep(profile: ProfileLike, req: SolveRequest, counts: list[int], events: Events, on_row: Callable | None,
            debug: str | Path | None):
     """``sweep`` once its request is made."""
-    from .plan.advise import sweep as sweep_counts
+    from .plan import engine
     if _variant_sources(profile) is not None:
         raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
                           "sweep one variant, or solve the variants for each count")
     analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
-    resolved = resolve(req, analysis)
-    scheduled = _scheduled(req, resolved.model)
-    table = None if scheduled else _price(resolved, events, max_devices=max(counts))
-    phases = _phase_table(resolved.model) if scheduled else None
-    done: list = []
-
-    events.start("solving", "device counts")
-
-    def row_done(row) -> None:
-        done.append(row)
-        events.update(len(done), len(counts))
-        if on_row is not None:
-            on_row(row)
-
-    result = sweep_counts(resolved.model, resolved.inputs, counts, table=table, on_row=row_done, phases=phases)
-    events.done()
-    for row in result:
-        row.plan.analysis = resolved.model
-    result.warnings = list(events.warnings)
-    return result
+    return engine.sweep(analysis, req, counts, events, on_row)
 
 
 @dataclass
@@ -772,7 +449,7 @@ def _recorded_path(plan_path: str, location: str, field_: str) -> str:
 def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events):
     model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events).model
     compute = _layer_compute(layer_compute)
-    return model.with_compute(compute, "layer_compute") if compute else copy.copy(model)
+    return model.with_compute(compute, "layer_compute") if compute else model
 
 
 def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
@@ -780,13 +457,11 @@ def breakdown(profile: ProfileLike, *, target: str | Target | None = None, effic
               layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
               events: Events | None = None):
     """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
-    from .model.roofline import apply_roofline
     from .reporting.breakdown import Breakdown
     events = _events(events)
     efficiency = number("efficiency", efficiency, 0, 1, low_open=True)
     target = _target("target", target)
-    model = _model(profile, layering, shared, layer_compute, debug, events)
-    apply_roofline(model, target, efficiency)
+    model = _model(profile, layering, shared, layer_compute, debug, events).on(target, efficiency)
     return Breakdown.of(model)
 
 
@@ -893,7 +568,7 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     events.start(f"grouping {len(result.profile.operations):,} operations into layers")
     layers = group_layers(result.profile, layering)
     events.done()
-    if layering is not None and layering != LayerOptions():     # explicit grouping: stored with the operations
+    if layering is not None and layering != type(layering)():     # explicit grouping: stored with the operations
         result.profile.operations.layer = [layers.names[lay] if lay >= 0 else None for lay in layers.op_layer]
     result.layers = list(layers.names)
     for message in result.warnings:
@@ -905,10 +580,18 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
     return result
 
 
-def capture(model: str, output: str | Path | None = None, *, events: Events | None = None, **options: Any) -> Profile:
+def capture(model: str, output: str | Path | None = None, *, optimizer: str = "adam", dtype: str = "float32",
+            amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
+            name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
+            events: Events | None = None) -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
-    (see ``stagesplit.capturing.pytorch``), written to ``output`` when given."""
+    (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
+    adam, adamw, sgd or none; ``dtype``: the parameters' and activations' dtype, with ``amp``
+    the forward under autocast; ``target``: the device (default a100-80gb); ``allocator_round``:
+    storages rounded up to this many bytes; ``name``: the profile's (default: the factory's);
+    ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
+    torch's logging through."""
     from .io import save_profile
     from .capturing.pytorch import capture as capture_step
     events = _events(events)
@@ -925,7 +608,8 @@ def capture(model: str, output: str | Path | None = None, *, events: Events | No
     except ImportError:
         pass                                  # capture_step says how to install it
     events.start(f"capturing one training step of {show(model)}")
-    profile = capture_step(model, **options)
+    profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
+                           allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)
@@ -1023,9 +707,8 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
         request = plan.inputs.request
         analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events)
         model = resolve(request, analysis).model
-        fresh = copy.copy(plan)
-        fresh.layer_names, fresh.profile = list(analysis.layers.names), plan_profile(model)
-        fresh.analysis, fresh.baselines, fresh.variant_models = model, [], {}
+        fresh = replace(plan, layer_names=list(analysis.layers.names), profile=plan_profile(model), analysis=model,
+                        baselines=[], variant_models={})
         events.warn(f"{show(where or 'plan')}: devices: {plan.devices:,} devices, more than the "
                     f"{REPORT_RESOLVE_DEVICES} a report solves the request again for: the page compares the plan "
                     "with no other split")
@@ -1037,9 +720,7 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                               f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
     _warn_other_bytes(where, plan, fresh, profile, events)
-    plan = copy.copy(plan)
-    plan.analysis, plan.baselines, plan.variant_models = fresh.analysis, fresh.baselines, fresh.variant_models
-    return plan
+    return replace(plan, analysis=fresh.analysis, baselines=fresh.baselines, variant_models=fresh.variant_models)
 
 
 def _warn_other_bytes(where: str | None, plan, fresh, profile: ProfileLike, events: Events) -> None:
@@ -1076,12 +757,64 @@ def report(plan: Any, output: str | Path, profile: ProfileLike | None = None, *,
 def plot(plan: Any, profile: ProfileLike | None = None):
     """The plan as a matplotlib Figure (``Plan.plot()``): memory by stage and category against
     capacity, on an IPU the stages' tiles, and each stage's time."""
-    from .reporting.plot import plan_figure
-    plan = _plan_with_model(plan, profile, Events())
-    tiles = None
-    if plan.analysis is not None and not plan.profile.one_tile:
-        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
-    return plan_figure(plan, tiles)
+    from .reporting.plot import figure_of
+    return figure_of(_plan_with_model(plan, profile, Events()))
+
+
+# -- what the command line needs besides the commands (it imports nothing else of the package) ------
+
+def write_text(path: str | Path, text: str) -> None:
+    """Write ``text`` to ``path`` atomically (a reader never sees half of it)."""
+    from .common.fileio import atomic_write_text
+    atomic_write_text(_path("output", path), text)
+
+
+def write_plan(plan: Any, path: str | Path) -> None:
+    """Write ``plan`` as a plan file (.json, or .yaml/.yml), atomically."""
+    from .plan.files import write_plan as write
+    write(plan, _path("out", path))
+
+
+def plan_document(plan: Any) -> dict[str, Any]:
+    """``plan`` as the plain JSON document a plan file holds."""
+    from .plan.files import plan_document as document
+    return document(plan)
+
+
+def target(name: str | Target) -> Target:
+    """The device target ``name`` names (a shipped one, or a YAML file)."""
+    return _target("target", name)
+
+
+def device_counts(text: str) -> list[int]:
+    """``1..16`` or ``2,4,8``: device counts in 1..MAX_DEVICES, checked before any list is built."""
+    return _device_counts(text, MAX_DEVICES)
+
+
+def is_variant_word(word: str) -> bool:
+    """Whether ``word`` names a profile variant (``PROFILE=PROPORTION``)."""
+    from .io.variants import variant_argument
+    return variant_argument(word) is not None
+
+
+def is_variants_file(path: str | Path) -> bool:
+    """Whether ``path`` is a variants file (a YAML list of profile variants)."""
+    from .io.variants import is_variants_file as is_file
+    return is_file(path)
+
+
+def profile_variants(source: str | Path | list[str]) -> list[Any]:
+    """The profile variants a variants file, or a list of ``PROFILE=PROPORTION`` words, names."""
+    from .io.variants import read_variants_file, variants_from_arguments
+    if isinstance(source, (str, Path)):
+        return list(read_variants_file(source))
+    return list(variants_from_arguments(source))
+
+
+def export_formats() -> dict[str, str]:
+    """The export formats (``export``'s ``fmt``) by name, with what each writes."""
+    from .exporters import FORMATS
+    return {name: f.description for name, f in FORMATS.items()}
 
 
 def targets() -> dict[str, Target]:

@@ -4,10 +4,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common.text import one_line, short_repr
+from .common.text import one_line, short_repr     # one_line: also how the command line prints a message
 
 __all__ = ["ExportError", "FileOptionError", "LayerRangeError", "OptionError", "PatternError", "ProfileError",
-           "StagesplitError"]
+           "StagesplitError", "one_line"]
 
 
 class StagesplitError(Exception):

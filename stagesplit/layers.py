@@ -30,6 +30,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
+                              DEFAULT_LAYER_REGEX)
 from .common.regex import Pattern, compile_regex
 from .common.text import short_repr
 from .common.validate import choice
@@ -40,10 +42,6 @@ __all__ = ["DEFAULT_CALL_REGEX", "DEFAULT_FIRST_LAYER_REGEX", "DEFAULT_LAST_LAYE
            "LOW_SHARE", "LayerAssignment", "LayerOptions", "LayerOrder", "Rule", "group_layers", "layer_keys",
            "module_path", "recorded_options"]
 
-DEFAULT_LAYER_REGEX = r"(?i)(?:^|[/._:\-\s])(?:layers?|blocks?|encoder|decoder|h)[/._:\-]?(\d+)"
-DEFAULT_FIRST_LAYER_REGEX = r"(?i)(embed|\bwte\b|\bwpe\b|\bstem\b)"
-DEFAULT_LAST_LAYER_REGEX = r"(?i)(\bhead\b|lm_head|classifier|pooler|\bloss\b|\blogits\b|\bcls\b)"
-DEFAULT_CALL_REGEX = r"(?i)^(?:call|function|$)"
 LOW_SHARE = 0.5
 
 

@@ -134,3 +134,147 @@ def test_every_public_module_declares_all():
                    for node in tree.body):
             missing.append(name)
     assert sorted(missing) == []
+
+
+# -- the front door (issue #31) -------------------------------------------------------------------------
+
+def test_the_command_line_imports_only_the_api_errors_reporting_and_itself(graph):
+    """The CLI parses, calls the API and hands what comes back to reporting/: it reaches nothing
+    else of the package (what it needs is behind the API)."""
+    allowed = ("stagesplit.api", "stagesplit.errors")
+    reaching = [f"{module} -> {other}" for module, imported in graph.items() if module.startswith("stagesplit.cli")
+                for other in imported
+                if other not in allowed and not other.startswith(("stagesplit.reporting", "stagesplit.cli"))]
+    assert sorted(reaching) == []
+
+
+def _command_line_flags() -> set[str]:
+    """Every flag of stagesplit's command line, from the parser itself."""
+    from stagesplit.cli.parser import build_parser
+    flags: set[str] = set()
+    parsers = [build_parser()]
+    while parsers:
+        parser = parsers.pop()
+        for action in parser._actions:
+            flags.update(o for o in action.option_strings if o.startswith("--"))
+            if isinstance(action.choices, dict):                 # the subcommands
+                parsers += [p for p in action.choices.values() if hasattr(p, "_actions")]
+    return flags - {"--help", "--version", "--debug"}
+
+
+def _flag_texts() -> dict[str, int]:
+    """Per module outside cli/, how many string literals name one of stagesplit's own flags (other
+    programs' flags, e.g. Megatron's in the exporters, are not counted)."""
+    import re
+    flags = sorted(_command_line_flags(), key=len, reverse=True)
+    pattern = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(f) for f in flags) + r")(?![\w-])")
+    counts = {}
+    for name, path in _modules().items():
+        if name.startswith("stagesplit.cli"):
+            continue
+        n = sum(1 for node in ast.walk(ast.parse(path.read_text()))
+                if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value))
+        if n:
+            counts[name] = n
+    return counts
+
+
+#: string literals naming the command line's flags outside cli/ when the front door was cut
+#: (issue #31): the library should raise ``OptionError(parameter)`` and let the CLI name the flag.
+#: These may only go down; a module not listed may have none.
+FLAG_TEXT_LEFT = {
+    "stagesplit.api": 1, "stagesplit.capturing.layering": 3,
+    "stagesplit.capturing.modulestacks": 3, "stagesplit.capturing.pytorch": 5, "stagesplit.common.deadline": 2,
+    "stagesplit.common.guards": 1, "stagesplit.common.regex": 1, "stagesplit.errors": 3,
+    "stagesplit.exporters._plan_view": 1, "stagesplit.exporters.header": 1, "stagesplit.exporters.megatron": 2,
+    "stagesplit.exporters.torch_pipelining": 2, "stagesplit.exporters.torchtitan": 5, "stagesplit.io.onnximport": 3,
+    "stagesplit.io.onnxprofile": 1, "stagesplit.io.onnxshapes": 6,
+    "stagesplit.io.pva_export": 1, "stagesplit.io.synth": 5, "stagesplit.layers": 3, "stagesplit.model.phases": 1,
+    "stagesplit.model.roofline": 2, "stagesplit.plan.advise": 20, "stagesplit.plan.baselines": 1,
+    "stagesplit.plan.engine": 5, "stagesplit.plan.files": 4, "stagesplit.plan.records": 1,
+    "stagesplit.reporting.breakdown": 4, "stagesplit.reporting.diagnosis": 1, "stagesplit.reporting.html": 1,
+    "stagesplit.reporting.progress": 1, "stagesplit.reporting.summary": 4, "stagesplit.reporting.table": 1,
+    "stagesplit.reporting.why": 3, "stagesplit.solver.problem": 3,
+}
+
+
+def test_flag_text_outside_the_command_line_only_goes_down():
+    counts = _flag_texts()
+    grown = {m: (n, FLAG_TEXT_LEFT.get(m, 0)) for m, n in counts.items() if n > FLAG_TEXT_LEFT.get(m, 0)}
+    assert grown == {}, "modules outside cli/ that name more command-line flags than before (now, allowed)"
+
+
+def test_the_option_declarations_name_no_flag():
+    """solver/options.py writes a flag as {flag:NAME}; the command line turns it into --NAME."""
+    assert "stagesplit.solver.options" not in _flag_texts()
+
+
+def test_each_solve_option_is_declared_once():
+    """Each solve option's default, help and names are declared in solver/options.py only: the
+    request's fields, the parser's solver options, the settings-file keys and the shipped
+    configs/solver.yaml all follow the declarations."""
+    import dataclasses
+    from enum import Enum
+
+    import yaml
+
+    from stagesplit.cli.parser import FLAGS, build_parser, flag_text
+    from stagesplit.solver.options import SCHEDULE_NAMES, SETTINGS_KEYS, SOLVE_OPTIONS, option_named
+    from stagesplit.solver.request import SETTINGS_FIELDS, Schedule, SolveRequest
+
+    declared = {o.name for o in SOLVE_OPTIONS}
+    assert len(declared) == len(SOLVE_OPTIONS)
+    fields = {f.name: f for f in dataclasses.fields(SolveRequest)}
+    assert set(fields) - {"origins", "layering"} == declared
+    for name, f in fields.items():
+        if name in declared:
+            o = option_named(name)
+            assert f.metadata["option"] is o
+            default = f.default.value if isinstance(f.default, Enum) else f.default
+            assert name == "devices" or default == o.default, name
+    assert sorted(s.value for s in Schedule) == sorted(SCHEDULE_NAMES)
+    # the parser: every declared flag, with its declared help; none written by hand in parser.py
+    solve = next(a for a in build_parser()._actions if isinstance(a.choices, dict)).choices["solve"]
+    helps = {s: a.help for a in solve._actions for s in a.option_strings}
+    for o in SOLVE_OPTIONS:
+        if o.flag:
+            assert helps["--" + o.flag] == flag_text(o.help_text), o.name
+            assert FLAGS[o.name] == "--" + o.flag
+    source = ast.parse((PACKAGE / "cli" / "parser.py").read_text())
+    by_hand = [node.args[0].value for node in ast.walk(source)
+               if isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument" and node.args
+               and isinstance(node.args[0], ast.Constant)
+               and node.args[0].value in {"--" + o.flag for o in SOLVE_OPTIONS if o.flag}]
+    # sweep's --devices takes a range of counts; breakdown, synth, import and capture have a --target
+    # of their own (one target, their own default and help)
+    assert sorted(set(by_hand)) == ["--devices", "--target"]
+    assert by_hand.count("--devices") == 1
+    # the settings file: its keys are the declared ones, and the shipped file's values the defaults
+    assert set(SETTINGS_FIELDS) == set(SETTINGS_KEYS) | {"exact"}
+    shipped = yaml.safe_load((PACKAGE.parent / "configs" / "solver.yaml").read_text())
+    settings = {o.settings: o for o in SOLVE_OPTIONS if o.settings}
+    for key, value in shipped.items():
+        o = settings[key]
+        assert (value == "exact") == o.default if key == "stages" else value == o.default, key
+
+
+def test_the_default_chunks_per_device_is_decided_once():
+    """Only ``SolveRequest.resolved_chunks`` turns a request's schedule into its default chunks per
+    device (solver/schedule_generation.py's ``build_schedule`` keeps its own default for callers that give no
+    request: it is being split by other work, and every solve passes the resolved count)."""
+    deciding = [name for name, path in _modules().items() if "fixed_chunks_per_rank or" in path.read_text()
+                and name not in ("stagesplit.solver.request", "stagesplit.solver.schedule_generation")]
+    assert deciding == []
+
+
+def test_building_the_parser_loads_nothing_heavy():
+    """``stagesplit --help`` (and every command's start) builds the parser: it must not load numpy
+    (through the layer options or the exporters) nor read the installed packages' metadata."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys; from stagesplit.cli.parser import build_parser; build_parser(); "
+            "print(sorted(m for m in ('numpy', 'importlib.metadata', 'yaml') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.strip() == "[]"

@@ -9,8 +9,7 @@ import sys
 import traceback
 from typing import Sequence
 
-from ..common.text import one_line
-from ..errors import OptionError, StagesplitError
+from ..errors import OptionError, StagesplitError, one_line
 
 __all__ = ["main"]
 
@@ -19,17 +18,12 @@ EXIT_INTERNAL = 1
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
-    """Every output path checked before any input is read or any file written (see guards),
-    against every input, the profiles a variants file lists included (``input_files``)."""
-    from ..common.guards import check_outputs, command_inputs, command_outputs
-    from ..io.variants import input_files
+    """Every output path checked before any input is read or any file written (cli/files.py)."""
+    from .files import check_command_files
     plot_formats: tuple[str, ...] = ()
     if getattr(args, "plot", None):
         from ..reporting.plot import FORMATS as plot_formats
-    outputs = command_outputs(args, plot_formats)
-    if not any(path for _, path, _ in outputs):      # nothing to write: no input to read for it (a variants file)
-        return
-    check_outputs(outputs, input_files(command_inputs(args)))
+    check_command_files(args, plot_formats)
 
 
 def _safe_stdout() -> None:

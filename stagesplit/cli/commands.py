@@ -9,8 +9,7 @@ import json
 import sys
 
 from .. import api
-from ..common.text import one_line
-from ..errors import StagesplitError
+from ..errors import StagesplitError, one_line
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -21,10 +20,10 @@ _ACTIVE: list["TerminalEvents"] = []
 
 class TerminalEvents(api.Events):
     """Warnings printed to stderr at once; progress as one live line per phase on stderr when
-    it is a terminal (plain lines with ``--progress`` when it is not): common/progress.py."""
+    it is a terminal (plain lines with ``--progress`` when it is not): reporting/progress.py."""
 
     def __init__(self, progress: bool = False) -> None:
-        from ..common.progress import Progress
+        from ..reporting.progress import Progress
         super().__init__()
         self.progress = Progress(enabled=True if progress else None)
         _ACTIVE.append(self)
@@ -62,25 +61,13 @@ def _width(args: argparse.Namespace, to_file: bool | None = None) -> int | None:
     return None
 
 
-def _summary_with_why(plan, gpu: bool) -> str:
-    """The plan's summary with the one-line "why" under the split."""
-    from ..reporting.units import device_words
-    from ..reporting.why import why_line
-    lines = plan.summary(plan.inputs.micro_batches, gpu=gpu).split("\n")
-    why = why_line(plan, plan.analysis, device_words(plan.profile.tiles))
-    if why:
-        lines.insert(1, one_line(why))
-    return "\n".join(lines)
-
-
 def _events(args: argparse.Namespace) -> TerminalEvents:
     return TerminalEvents(getattr(args, "progress", False))
 
 
 def _emit(text: str, out: str | None) -> None:
     if out:
-        from ..common.fileio import atomic_write_text
-        atomic_write_text(out, text)
+        api.write_text(out, text)
         print(f"wrote {out}", file=sys.stderr)
     else:
         sys.stdout.write(text)
@@ -91,21 +78,29 @@ def _targets(args: argparse.Namespace) -> tuple[str, ...]:
 
 
 def _layering(args: argparse.Namespace):
-    from ..layers import LayerOptions
-    return LayerOptions(layer_regex=args.layer_regex, first_layer_regex=args.first_layer_regex,
-                        last_layer_regex=args.last_layer_regex, call_regex=args.call_regex, order=args.layer_order)
+    return api.layer_options(layer_regex=args.layer_regex, first_layer_regex=args.first_layer_regex,
+                             last_layer_regex=args.last_layer_regex, call_regex=args.call_regex,
+                             order=args.layer_order)
 
 
 def _layer_compute(args: argparse.Namespace) -> dict[str, float] | None:
     if not getattr(args, "layer_compute", None):
         return None
-    from ..io.targets import load_layer_compute
-    return load_layer_compute(args.layer_compute)
+    return api.load_layer_compute(args.layer_compute)
 
 
 def _request(args: argparse.Namespace, devices: int):
-    """The solve request: the settings file (--config, else the shipped one), flags winning."""
-    from ..solver.request import SolveRequest
+    """The solve request: the settings file (--config, else the shipped one), flags winning. Each
+    declared solve option (solver/options.py) is read from its flag; a switch not given leaves the
+    file's value (None), and the few whose words need reading (targets, pins, the compute file)
+    are read here."""
+    values = {}
+    for o in api.SOLVE_OPTIONS:
+        dest = o.flag.replace("-", "_") if o.flag else None
+        if dest is None or o.name == "devices" or not hasattr(args, dest):
+            continue
+        value = getattr(args, dest)
+        values[o.name] = (True if value else None) if o.parse == "switch" else value
     pins = []
     for item in args.pin_layer:
         name, sep, stage = item.rpartition("=")
@@ -113,16 +108,9 @@ def _request(args: argparse.Namespace, devices: int):
             raise StagesplitError(f"--pin-layer: expected LAYER=STAGE, got '{one_line(item)}'")
         pins.append((name, int(stage)))
     compute = _layer_compute(args) or {}
-    return SolveRequest.from_settings(
-        args.config, devices, objective=args.objective, schedule=args.schedule, micro_batches=args.micro_batches,
-        chunks_per_rank=getattr(args, "chunks_per_rank", None), recompute=getattr(args, "recompute", None),
-        headroom=args.headroom, time_limit=args.time_limit, workers=args.workers, communication=args.communication,
-        exact=True if args.exact else None, shared=args.shared, targets=_targets(args),
-        reserve=getattr(args, "reserve", 0) or 0, min_layers=args.min_layers, max_layers=args.max_layers,
-        pin_splits=tuple(args.pin_split), pin_layers=tuple(pins), link_bandwidth=args.link_bandwidth,
-        efficiency=getattr(args, "efficiency", None), layer_compute=tuple(compute.items()),
-        layer_compute_source=getattr(args, "layer_compute", None), layering=_layering(args),
-        compare=getattr(args, "compare", None) or None, unlayered_first=getattr(args, "unlayered_first", None) or None)
+    values.update(targets=_targets(args), pin_splits=tuple(args.pin_split), pin_layers=tuple(pins),
+                  layer_compute=tuple(compute.items()), layer_compute_source=getattr(args, "layer_compute", None))
+    return api.solve_request(args.config, devices, layering=_layering(args), **values)
 
 
 def _gpu_view(args: argparse.Namespace, target_kind: str, tiles: int) -> bool:
@@ -132,8 +120,7 @@ def _gpu_view(args: argparse.Namespace, target_kind: str, tiles: int) -> bool:
         return False
     names = _targets(args)
     if names:
-        from ..io.targets import load_target
-        return load_target(names[0]).kind == "gpu"
+        return api.target(names[0]).kind == "gpu"
     return target_kind == "gpu" and tiles == 1
 
 
@@ -164,9 +151,7 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
 
 
 def cmd_solve(args: argparse.Namespace) -> int:
-    from ..plan.files import plan_document, write_plan
-    from ..reporting.summary import candidates_table, comparison_table, stages_table
-    from ..reporting.table import gpu_view, render
+    from ..reporting.summary import solve_text
     events = _events(args)
     reproduction = None
     profile, debug = _solve_profile(args)
@@ -182,7 +167,7 @@ def cmd_solve(args: argparse.Namespace) -> int:
     else:
         plan = api.solve(profile, request=_request(args, args.devices), debug=debug, events=events)
     if args.out and plan.stages:
-        write_plan(plan, args.out)
+        api.write_plan(plan, args.out)
         print(f"wrote {args.out}", file=sys.stderr)
     elif args.out:                                    # no plan: an existing file is left as it was
         events.warn(f"no plan written to {args.out}: no split fits")
@@ -196,42 +181,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
         else:
             events.warn(f"no plot written to {args.plot}: no split fits")
     if args.format == "json":
-        doc = plan_document(plan)
+        doc = api.plan_document(plan)
         if plan.baselines:
-            doc["compare"] = [plan_document(b) for b in plan.baselines]
+            doc["compare"] = [api.plan_document(b) for b in plan.baselines]
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        inputs, o, p = plan.inputs, plan.inputs.options, plan.profile
-        cap = o.capacities[0] if o.capacities else p.bytes_per_tile
-        gpu = _gpu_view(args, inputs.targets[0].kind if inputs.targets else "ipu", p.tiles)
-        size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.tiles:,} tiles x {cap:,} bytes"
-        reserve = f", {o.reserve / 2**30:,.2f} GiB reserved" if gpu else f", {o.reserve:,} bytes reserved"
-        header = (f"{one_line(p.name or (profile if isinstance(profile, str) else p.path) or '')}{' (synthetic)' if p.synthetic else ''}: "
-                  f"{len(plan.layer_names)} layers on {'exactly' if o.exact else 'at most'} {o.devices} x "
-                  f"{', '.join(sorted(set(inputs.target_names)))} ({size}"
-                  f"{f', {o.headroom:.{0 if round(o.headroom, 2) == o.headroom else 1}%} kept free' if o.headroom else ''}"
-                  f"{reserve if o.reserve else ''})\n"
-                  f"objective: {o.objective.value}; schedule: {o.schedule.value}"
-                  f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
-        if plan.variants:
-            header += ("\nprofile variants (memory proportion): "
-                       + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None
-                                   else one_line(v.name) for v in plan.variants))
-        text = header + "\n" + _summary_with_why(plan, gpu) + "\n"
-        width = _width(args, to_file=False)                     # --out is the plan file, not this text
-        if plan.baselines and plan.stages:
-            from ..reporting.units import device_words
-            from ..reporting.why import compare_line, comparisons
-            words = device_words(p.tiles)
-            text += "compared with what you would do otherwise, under the same cost model:\n"
-            text += "".join(f"  {one_line(compare_line(c))}\n" for c in comparisons(plan, plan.baselines, words))
-        if plan.stages:
-            table = stages_table(plan)
-            text += "\n" + render([gpu_view(table) if gpu else table], width=width)
-        if plan.baselines:
-            text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
-        if plan.candidates:
-            text += "\n" + render([candidates_table(plan)], width=width)
+        p = plan.profile
+        gpu = _gpu_view(args, plan.inputs.targets[0].kind if plan.inputs.targets else "ipu", p.tiles)
+        text = solve_text(plan, profile if isinstance(profile, str) else None, gpu,
+                          width=_width(args, to_file=False))           # --out is the plan file, not this text
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
         sys.stdout.write(text)
@@ -243,9 +201,8 @@ def cmd_solve(args: argparse.Namespace) -> int:
 def _solve_profile(args: argparse.Namespace):
     """solve's profile words: (one profile, its debug.cbor or None), (PROFILE=PROPORTION words,
     None) or (a variants file, None)."""
-    from ..io.variants import is_variants_file, read_variants_file, variant_argument, variants_from_arguments
     words = list(args.profile or [])
-    pairs = [variant_argument(w) is not None for w in words]
+    pairs = [api.is_variant_word(w) for w in words]
     if not words:
         return None, None
     if any(pairs):
@@ -253,24 +210,21 @@ def _solve_profile(args: argparse.Namespace):
             plain = words[pairs.index(False)]
             raise StagesplitError(f"'{one_line(plain)}': expected PROFILE=PROPORTION like the other profile words "
                                   "(profile variants each name their memory proportion)")
-        return list(variants_from_arguments(words)), None
+        return api.profile_variants(words), None
     if len(words) > 2:
         raise StagesplitError(f"expected one profile (and, for a profile.pop, its debug.cbor), or PROFILE=PROPORTION "
                               f"words for profile variants; got {len(words)} profile words")
-    if is_variants_file(words[0]):
+    if api.is_variants_file(words[0]):
         if len(words) == 2:
             raise StagesplitError(f"{one_line(words[1])}: a variants file names each variant's debug.cbor itself")
-        return list(read_variants_file(words[0])), None      # its profiles were checked against --out in main
+        return api.profile_variants(words[0]), None      # its profiles were checked against --out in main
     return words[0], (words[1] if len(words) == 2 else None)
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from ..common.guards import device_counts
-    from ..plan.files import plan_document
-    from ..common.limits import MAX_DEVICES
     from ..reporting.summary import sweep_table
     from ..reporting.table import render
-    counts = device_counts(args.devices, MAX_DEVICES)          # bounded before any list is built
+    counts = api.device_counts(args.devices)          # bounded before any list is built
     rows = api.sweep(args.profile, counts, request=_request(args, max(counts)), debug=args.debug_cbor,
                      events=_events(args))
     if args.plot:
@@ -279,7 +233,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plot_sweep(rows, args.plot, title=f"{name}: devices sweep")
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.format == "json":
-        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": plan_document(r.plan)} for r in rows],
+        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": api.plan_document(r.plan)} for r in rows],
                           indent=1) + "\n"
     else:
         p = rows[0].plan.profile if len(rows) else None

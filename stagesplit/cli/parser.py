@@ -1,27 +1,125 @@
 """The command line's grammar: every command, its arguments and their syntax (numbers in
 range, byte counts with units). Values are checked by the options record and the API; this
-module only parses."""
+module only parses. The solver's options are made from their declarations (``api.SOLVE_OPTIONS``,
+solver/options.py); building the parser loads nothing heavy (no numpy): ``--help`` is quick."""
 
 from __future__ import annotations
 
 import argparse
+import math
 import re
+from typing import Any, Callable
 
-from ..common.guards import float_in, int_in
-from ..common.limits import MAX_CHUNKS_PER_RANK, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
-from ..common.versions import VERSION
-from ..errors import StagesplitError
+from .. import api
+from ..errors import StagesplitError, one_line
 
-__all__ = ["FLAGS", "SCHEDULES", "build_parser"]
+__all__ = ["FLAGS", "SCHEDULES", "build_parser", "flag_text"]
 
 #: the --schedule choices (solver/request.py's Schedule values; tests check they agree)
-SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev", "auto")
+SCHEDULES = api.SCHEDULE_NAMES
 
 
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> None:  # one line, like every other error
         command = self.prog.removeprefix("stagesplit").strip()
         raise StagesplitError(f"{command}: {message}" if command else message)
+
+    def format_help(self) -> str:
+        # an epilog given as a function (the export formats) is made only when the help is shown
+        if callable(self.epilog):
+            self.epilog = self.epilog()
+        return super().format_help()
+
+
+class _Later:
+    """Choices made only when first read (the export formats: loading the exporters is what the
+    rest of the command line does not pay for)."""
+
+    def __init__(self, make: Callable[[], tuple[str, ...]]) -> None:
+        self._make, self._items = make, None
+
+    def _all(self) -> tuple[str, ...]:
+        if self._items is None:
+            self._items = self._make()
+        return self._items
+
+    def __contains__(self, item: object) -> bool:
+        return item in self._all()
+
+    def __iter__(self):
+        return iter(self._all())
+
+    def __len__(self) -> int:
+        return len(self._all())
+
+
+def int_in(lo: int, hi: int) -> Callable[[str], int]:
+    """An argparse type: a whole number in lo..hi."""
+    def parse(text: str) -> int:
+        try:
+            value = int(text.strip()) if len(text) <= 30 else None
+        except ValueError:
+            value = None
+        if value is None or not lo <= value <= hi:
+            bounds = f"<= {hi:,}" if lo <= -2**63 else f"in {lo}..{hi:,}"
+            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, got {one_line(text)[:40]!r}")
+        return value
+    parse.__name__ = "integer"
+    return parse
+
+
+def float_in(lo: float, hi: float, *, low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
+    """An argparse type: a finite number in the interval (brackets as given)."""
+    left, right = "(" if low_open else "[", ")" if high_open else "]"
+
+    def parse(text: str) -> float:
+        try:
+            value = float(text) if len(text) <= 40 else math.nan
+        except ValueError:
+            value = math.nan
+        ok = math.isfinite(value) and (value > lo if low_open else value >= lo) and \
+            (value < hi if high_open else value <= hi)
+        if not ok:
+            raise argparse.ArgumentTypeError(f"expected a finite number in {left}{lo:g}, {hi:g}{right}, "
+                                             f"got {one_line(text)[:40]!r}")
+        return value
+    parse.__name__ = "number"
+    return parse
+
+
+def flag_text(text: str) -> str:
+    """A declaration's text with each ``{flag:NAME}`` written as the flag ``--NAME``."""
+    return re.sub(r"\{flag:([a-z-]+)\}", lambda m: "--" + m.group(1), text)
+
+
+def _solve_option(g: Any, name: str) -> None:
+    """The command-line argument of the solve option ``name``, as declared (solver/options.py)."""
+    o = api.solve_option(name)
+    kw: dict[str, Any] = {"help": flag_text(o.help_text)}
+    if o.metavar:
+        kw["metavar"] = o.metavar
+    if o.parse == "int":
+        kw["type"] = int_in(int(o.low), int(o.high))
+    elif o.parse == "float":
+        kw["type"] = float_in(o.low, o.high, low_open=o.low_open, high_open=o.high_open)
+    elif o.parse == "bytes":
+        kw["type"] = _byte_count
+    elif o.parse == "choice":
+        kw["choices"] = o.choices
+    elif o.parse == "switch":
+        kw.update(action="store_true", default=None)
+    elif o.parse == "append":
+        kw.update(action="append", default=[])
+    if o.cli_default is not None:
+        kw["default"] = o.cli_default
+    g.add_argument("--" + o.flag, **kw)
+
+
+def _solve_options(g: Any, group: str, skip: tuple[str, ...] = ()) -> None:
+    """Every declared solve option of ``group`` that has a flag, in the order declared."""
+    for o in api.SOLVE_OPTIONS:
+        if o.group == group and o.flag and o.name not in skip:
+            _solve_option(g, o.name)
 
 
 def _count(text: str) -> int:
@@ -61,23 +159,19 @@ def _add_profile(p: argparse.ArgumentParser, optional: bool = False) -> None:
 
 
 def _add_layer_options(p: argparse.ArgumentParser) -> None:
-    from ..layers import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
-                         DEFAULT_LAYER_REGEX)
+    defaults = api.LAYER_DEFAULTS
     g = p.add_argument_group("layer grouping")
-    g.add_argument("--layer-regex", default=DEFAULT_LAYER_REGEX, metavar="RE",
+    g.add_argument("--layer-regex", default=defaults["layer_regex"], metavar="RE",
                    help="regex whose capture group names an operation's layer (default: %(default)s)")
-    g.add_argument("--first-layer-regex", default=DEFAULT_FIRST_LAYER_REGEX, metavar="RE",
+    g.add_argument("--first-layer-regex", default=defaults["first_layer_regex"], metavar="RE",
                    help="operations whose name or inputs match join the first layer (default: %(default)s)")
-    g.add_argument("--last-layer-regex", default=DEFAULT_LAST_LAYER_REGEX, metavar="RE",
+    g.add_argument("--last-layer-regex", default=defaults["last_layer_regex"], metavar="RE",
                    help="operations whose name or inputs match join the last layer (default: %(default)s)")
-    g.add_argument("--call-regex", default=DEFAULT_CALL_REGEX, metavar="RE",
+    g.add_argument("--call-regex", default=defaults["call_regex"], metavar="RE",
                    help="unlayered operations named like this join the following layer (default: %(default)s)")
     g.add_argument("--layer-order", choices=("steps", "natural"), default="steps",
                    help="order layers by program steps or by natural sort of their names")
-    g.add_argument("--shared", choices=("every", "none"), default=None,
-                   help="count memory of items with no layer on every stage (default) or on none")
-    g.add_argument("--layer-compute", metavar="FILE",
-                   help="YAML/JSON mapping of layer name to compute, replacing the profile's figures for those layers")
+    _solve_options(g, "layer grouping")
 
 
 def _add_output(p: argparse.ArgumentParser) -> None:
@@ -97,60 +191,14 @@ def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None
     if sweep:
         g.add_argument("--devices", required=True, metavar="RANGE",
                        help="device counts: a range like 1..16 or a list like 2,4,8")
-    else:
-        g.add_argument("--devices", type=int_in(-2**63, MAX_DEVICES), metavar="N",
-                       help="number of devices (pipeline stages); required unless --from-plan")
-    g.add_argument("--target", metavar="T[,T...]",
-                   help="device target name or YAML file (default: the profile's device); a comma-separated list "
-                        "of N targets gives each device its own capacity")
-    _add_efficiency(g)
-    g.add_argument("--objective", choices=("compute", "memory", "devices"),
-                   help="compute: fastest slowest stage, then least memory (default); memory: least worst-stage "
-                        "memory, then compute; devices: fewest devices that fit, then compute")
-    g.add_argument("--exact", action="store_true", default=None, help="use exactly N devices (default: at most N)")
-    g.add_argument("--schedule", choices=SCHEDULES, metavar="SCHEDULE",
-                   help="pipeline schedule: " + ", ".join(SCHEDULES) + "; auto tries each (and 1..4 chunks per "
-                        "device) and keeps the fastest that fits (default: none)")
-    g.add_argument("--chunks-per-rank", type=int_in(1, MAX_CHUNKS_PER_RANK), metavar="V",
-                   help="chunks (virtual stages) per device for the looped and V-shaped schedules (default: the "
-                        "schedule's: 1 for gpipe and 1f1b, 2 for the others)")
-    g.add_argument("--recompute", choices=("auto", "none", "selective", "full"), metavar="MODE",
-                   help="activation recompute per layer: auto (chosen with the split where it pays), none, "
-                        "selective or full on every layer (default: none where the plan fits without, else auto); "
-                        "needs a captured profile and a schedule")
-    g.add_argument("--micro-batches", type=int_in(1, MAX_MICRO_BATCHES), metavar="M",
-                   help="micro-batches per step (default: the number of devices with --schedule, else 1)")
-    g.add_argument("--headroom", type=float_in(0, 1, high_open=True), metavar="F",
-                   help="fraction of every device kept free, e.g. 0.1")
-    g.add_argument("--reserve", type=_byte_count, default=0, metavar="BYTES",
-                   help="memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "
-                        "workspaces, fragmentation): bytes, or with a unit, e.g. 2GiB or 1.5GB (default: 0)")
-    g.add_argument("--min-layers", type=int_in(1, 10**9), default=1, metavar="K", help="at least K layers per stage")
-    g.add_argument("--max-layers", type=int_in(1, 10**9), metavar="K", help="at most K layers per stage")
-    g.add_argument("--pin-split", action="append", default=[], metavar="LAYER",
-                   help="a stage must start at this layer (name as shown by breakdown); repeatable")
-    g.add_argument("--pin-layer", action="append", default=[], metavar="LAYER=STAGE",
-                   help="this layer must be on this device position (0-based); repeatable")
-    g.add_argument("--communication", action="store_true", default=None,
-                   help="add the transfer time of bytes crossing each cut (over the link bandwidth) to stage time")
-    g.add_argument("--link-bandwidth", type=float_in(1, 1e300), metavar="BYTES_PER_S",
-                   help="device-to-device bandwidth")
-    g.add_argument("--time-limit", type=float_in(0, MAX_TIME_LIMIT, low_open=True), metavar="S",
-                   help="seconds for the whole search, the exact DP and CP-SAT together (default: 60)")
-    g.add_argument("--workers", type=int_in(1, MAX_WORKERS), metavar="W",
-                   help="CP-SAT workers (default 1: deterministic)")
+    _solve_options(g, "solver", skip=("devices",) if sweep else ())
     g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")
-
-
-def _add_efficiency(g) -> None:
-    g.add_argument("--efficiency", type=float_in(0, 1, low_open=True), metavar="F",
-                   help="achieved over peak FLOP/s on the target (0 < F <= 1, default 1): FLOP time is divided by F")
 
 
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="stagesplit", description="Pipeline-stage partition advisor: where to split a model "
                      "that does not fit on one accelerator.")
-    parser.add_argument("--version", action="version", version=f"stagesplit {VERSION}")
+    parser.add_argument("--version", action="version", version=f"stagesplit {api.VERSION}")
     parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--debug", action="store_true", help="show tracebacks on errors")
@@ -173,7 +221,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="on a GPU target, still show bytes, the tiles section and the code columns")
     p.add_argument("--target", metavar="T", help="device target name or YAML file whose rates give the time columns "
                    "(default: the profile's device)")
-    _add_efficiency(p)
+    _solve_option(p, "efficiency")
 
     p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
     p.add_argument("profile", nargs="*", metavar="PROFILE",
@@ -186,14 +234,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="run the request recorded in PLAN again (on its recorded profile unless one is given) and "
                         "report whether the split is identical (exit 1 if not)")
     _add_layer_options(p)
-    p.add_argument("--compare", action="store_true",
-                   help="compare with what you would do otherwise, each split priced by the same cost model: on a "
-                        "GPU, Megatron's even layout, DeepSpeed's \"parameters\" and \"uniform\" partitions, "
-                        "torchtitan's default split and torch pipelining's equal split; on an IPU, PopLiner's greedy "
-                        "and an even split")
-    p.add_argument("--unlayered-first", action="store_true",
-                   help="with --compare, the greedy puts operations with no layer on the first stage only, "
-                        "as PopLiner does (default: they count as --shared says, like every other method)")
+    _solve_options(p, "solve")
     p.add_argument("--ipu-columns", action="store_true",
                    help="on a GPU target, still show bytes and the per-tile and code columns")
     p.add_argument("--format", choices=("text", "json"), default="text", help="summary format on stdout")
@@ -249,13 +290,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--piece-bytes", type=int, help="split tensors into lowered variables of about this size")
     p.add_argument("--programs-per-op", type=int, help="forward programs (liveness steps) per operation")
 
-    from ..exporters import FORMATS
+    formats = _Later(lambda: tuple(api.export_formats()))
     p = command("export", help="write a plan's split in a training framework's own form (snippet or config)",
                 formatter_class=argparse.RawDescriptionHelpFormatter,
-                epilog="formats:\n" + "\n".join(f"  {f.name:<17} {f.description}" for f in FORMATS.values()))
+                epilog=lambda: "formats:\n" + "\n".join(f"  {name:<17} {description}"
+                                                         for name, description in api.export_formats().items()))
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
-    p.add_argument("--to", required=True, choices=tuple(FORMATS), metavar="FORMAT",
-                   help="one of: " + ", ".join(FORMATS))
+    p.add_argument("--to", required=True, choices=formats, metavar="FORMAT",
+                   help="one of: %(choices)s")
     p.add_argument("-o", "--output", metavar="FILE", help="write to FILE (atomically) instead of stdout")
     p.add_argument("--inference", action="store_true", help="inference options: no gradient accumulation; the device "
                    "iterations or batches per step that pipelined inference needs")
@@ -308,20 +350,13 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-#: the Python API's parameter names (errors.OptionError.parameter) as command-line flags
-FLAGS = {"devices": "--devices", "targets": "--target", "target": "--target", "objective": "--objective",
-         "schedule": "--schedule", "micro_batches": "--micro-batches", "chunks_per_rank": "--chunks-per-rank", "recompute": "--recompute", "headroom": "--headroom",
-         "reserve": "--reserve", "min_layers": "--min-layers", "max_layers": "--max-layers",
-         "pin_splits": "--pin-split", "pin_layers": "--pin-layer", "communication": "--communication",
-         "link_bandwidth": "--link-bandwidth", "efficiency": "--efficiency", "shared": "--shared",
-         "layer_compute": "--layer-compute", "time_limit": "--time-limit", "workers": "--workers",
+#: the Python API's parameter names (errors.OptionError.parameter) as command-line flags: the solve
+#: options' from their declarations, the other commands' parameters here
+FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target": "--target",
          "plan": "--plan", "layers": "--layers", "top": "--top", "window": "--window",
          "layer_regex": "--layer-regex", "first_layer_regex": "--first-layer-regex",
          "last_layer_regex": "--last-layer-regex", "call_regex": "--call-regex", "layer_order": "--layer-order",
-         "exact": "--exact", "compare": "--compare", "unlayered_first": "--unlayered-first",
          "batch": "--batch", "dims": "--dim", "training": "--training", "dtype": "--dtype", "name": "--name",
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events"}
-
-

@@ -11,6 +11,11 @@ thousand steps: outside any block it costs one context-variable read. A block in
 keeps the earlier deadline, so a part of the search given a share of the time never outlives the
 whole. What reaches the deadline raises ``TimeLimitReached``; each search catches it where it has
 a best-so-far to return (marked not proven), and where nothing was found it is the one-line error.
+
+The searches themselves (the exact DP, CP-SAT, the schedules' chunk search, ``--schedule auto``)
+take a ``Deadline``: made once from the time limit where the solve starts (the API) and passed
+down, each phase asking it what is left instead of re-splitting seconds by hand, and a phase
+given a share of the time gets a ``part`` of it that never outlives the whole.
 """
 
 from __future__ import annotations
@@ -22,7 +27,7 @@ from typing import Iterator
 
 from ..errors import StagesplitError
 
-__all__ = ["TimeLimitReached", "check_deadline", "deadline_at", "seconds_left", "without_deadline"]
+__all__ = ["Deadline", "TimeLimitReached", "check_deadline", "deadline_at", "seconds_left", "without_deadline"]
 
 #: (the deadline on time.monotonic(), the time limit the user gave in seconds, for the message)
 _DEADLINE: ContextVar[tuple[float, float | None] | None] = ContextVar("stagesplit_deadline", default=None)
@@ -31,6 +36,52 @@ _DEADLINE: ContextVar[tuple[float, float | None] | None] = ContextVar("stagespli
 class TimeLimitReached(StagesplitError):
     """The search's time limit passed inside a long computation (its message is the one line
     the user sees where nothing was found before it)."""
+
+
+class Deadline:
+    """When the search must end (a point on ``time.monotonic()``'s clock) and the time limit the
+    user gave (seconds, for the messages that name it). Immutable: a phase given a share of the
+    time gets a new one (``part``), ending no later than this one."""
+
+    __slots__ = ("at", "limit")
+
+    def __init__(self, at: float, limit: float | None = None) -> None:
+        object.__setattr__(self, "at", float(at))
+        object.__setattr__(self, "limit", None if limit is None else float(limit))
+
+    def __setattr__(self, name: str, value: object) -> None:
+        raise AttributeError("a Deadline is immutable: make a part of it instead")
+
+    def __repr__(self) -> str:
+        return f"Deadline(left={self.left():.3f} s, limit={self.limit})"
+
+    @classmethod
+    def after(cls, seconds: float, limit: float | None = None) -> "Deadline":
+        """The deadline ``seconds`` from now (``limit``, for messages: ``seconds`` unless given)."""
+        return cls(time.monotonic() + float(seconds), float(seconds) if limit is None else limit)
+
+    def left(self) -> float:
+        """Seconds until the deadline, 0 once past it (an outer ``deadline_at`` block included)."""
+        return min(max(self.at - time.monotonic(), 0.0), seconds_left())
+
+    def reached(self) -> bool:
+        return self.left() <= 0.0
+
+    def part(self, seconds: float) -> "Deadline":
+        """A phase's share: ``seconds`` from now, or this deadline where it is sooner; its
+        messages still name the whole time limit."""
+        return Deadline(min(self.at, time.monotonic() + max(float(seconds), 0.0)), self.limit)
+
+    def at_least(self, seconds: float) -> "Deadline":
+        """At least ``seconds`` from now even past this deadline: a search that must run a little
+        to say anything (CP-SAT's one-second floor) gets that little."""
+        return Deadline(max(self.at, time.monotonic() + float(seconds)), self.limit)
+
+    @contextmanager
+    def watched(self) -> Iterator[None]:
+        """Within the block, the long loops below (``check_deadline``) stop at this deadline."""
+        with deadline_at(self.at, self.limit):
+            yield
 
 
 @contextmanager

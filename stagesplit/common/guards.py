@@ -1,61 +1,25 @@
-"""Command-line guards: bounded numeric option types, and checks of every output path before
-any work is done or any file is written (so a bad ``--plot`` cannot be found only after
-``--out`` was replaced, and no output can overwrite an input)."""
+"""Guards: device counts in range, and checks of every output path before any work is done or
+any file is written (so a bad plot path cannot be found only after the plan file was replaced,
+and no output can overwrite an input). The command line's own (which of its arguments name
+files) are in cli/files.py."""
 
 from __future__ import annotations
 
-import argparse
-import math
 import os
 import stat
 from pathlib import Path
-from typing import Callable, Iterable
+from typing import Iterable
 
 from ..errors import OptionError, StagesplitError
 from .text import show
 
-__all__ = ["int_in", "float_in", "device_counts", "same_file", "capture_inputs", "command_inputs",
-           "command_outputs", "check_outputs"]
-
-
-def int_in(lo: int, hi: int) -> Callable[[str], int]:
-    """An argparse type: a whole number in lo..hi."""
-    def parse(text: str) -> int:
-        try:
-            value = int(text.strip()) if len(text) <= 30 else None
-        except ValueError:
-            value = None
-        if value is None or not lo <= value <= hi:
-            bounds = f"<= {hi:,}" if lo <= -2**63 else f"in {lo}..{hi:,}"
-            raise argparse.ArgumentTypeError(f"expected a whole number {bounds}, got {show(text)[:40]!r}")
-        return value
-    parse.__name__ = "integer"
-    return parse
-
-
-def float_in(lo: float, hi: float, *, low_open: bool = False, high_open: bool = False) -> Callable[[str], float]:
-    """An argparse type: a finite number in the interval (brackets as given)."""
-    left, right = "(" if low_open else "[", ")" if high_open else "]"
-
-    def parse(text: str) -> float:
-        try:
-            value = float(text) if len(text) <= 40 else math.nan
-        except ValueError:
-            value = math.nan
-        ok = math.isfinite(value) and (value > lo if low_open else value >= lo) and \
-            (value < hi if high_open else value <= hi)
-        if not ok:
-            raise argparse.ArgumentTypeError(f"expected a finite number in {left}{lo:g}, {hi:g}{right}, "
-                                             f"got {show(text)[:40]!r}")
-        return value
-    parse.__name__ = "number"
-    return parse
+__all__ = ["device_counts", "same_file", "capture_inputs", "check_outputs"]
 
 
 def device_counts(text: str, limit: int) -> list[int]:
     """``1..16`` or ``2,4,8``: device counts in 1..limit, checked before any list is built."""
-    bad = StagesplitError(f"--devices: expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
-                          f"got {show(text)[:40]!r}")
+    bad = OptionError("devices", f"expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
+                      f"got {show(text)[:40]!r}")
     if len(text) > 10_000:
         raise bad
     try:
@@ -132,47 +96,6 @@ def capture_inputs(spec: str | None) -> list[str]:
         if not search and depth < len(parts):
             break
     return files
-
-
-#: per command, the options (argparse destinations) that name input files
-_FILE_INPUTS = {
-    "breakdown": ("profile", "debug_cbor", "layer_compute"),
-    "solve": ("profile", "debug_cbor", "config", "layer_compute", "from_plan"),
-    "sweep": ("profile", "debug_cbor", "config", "layer_compute"),
-    "diagnose": ("profile", "debug_cbor", "layer_compute", "plan"),
-    "convert": ("profile", "debug_cbor"),
-    "import": ("model", "layer_compute"),
-    "export": ("plan",),
-    "report": ("plan", "profile"),
-}
-
-
-def command_inputs(args: argparse.Namespace) -> list[str]:
-    """Every input file a parsed command line names: profiles, plans, settings, layer-compute
-    files, YAML targets, the ONNX model, and the source file of a ``capture`` factory."""
-    command = getattr(args, "command", None)
-    names = _FILE_INPUTS.get(command, ())
-    inputs = []
-    for name in names:
-        value = getattr(args, name, None)
-        for item in (value if isinstance(value, list) else [value] if value else []):
-            inputs.append(str(item))
-            if isinstance(value, list) and "=" in str(item):      # solve's PROFILE=PROPORTION words
-                inputs.append(str(item).rpartition("=")[0])
-    if command == "capture":
-        inputs += capture_inputs(getattr(args, "model", None))
-    target = getattr(args, "target", None)
-    if isinstance(target, str):
-        inputs += [t.strip() for t in target.split(",") if t.strip().lower().endswith((".yaml", ".yml"))]
-    return inputs
-
-
-def command_outputs(args: argparse.Namespace, plot_suffixes: tuple[str, ...]) -> list[tuple[str, str | None,
-                                                                                          tuple[str, ...] | None]]:
-    """(flag, path, allowed suffixes or None) of every output a parsed command line names."""
-    plot = getattr(args, "plot", None)
-    return [("--out", getattr(args, "out", None), None), ("--plot", plot, plot_suffixes),
-            ("--output", getattr(args, "output", None), None)]
 
 
 def check_outputs(outputs: Iterable[tuple[str, str | None, tuple[str, ...] | None]],

@@ -22,24 +22,29 @@ docs/profile-format.md, "How a stage is priced from the full form").
 from __future__ import annotations
 
 import copy
-from typing import Callable, Mapping, Sequence
+from functools import cached_property
+from typing import TYPE_CHECKING, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..common.chunks import CHUNK
 from ..errors import LayerRangeError, OptionError, StagesplitError
 from ..io.layerform import layer_form
-from ..io.profile import Phase, Profile
+from ..io.profile import Phase, Profile, Target
 from ..layers import LayerAssignment
 from .itemgroups import ItemGroups, sorted_unique
 from .layercosts import LayerCosts, price_layer_ranges
 from .onetile import price_one_tile_ranges
 from .pricing import price_all_ranges
 from .rangetable import RangeTable
+from .roofline import Roofline, apply_roofline
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
 from .stash import stashed_variables
 from .tied import tied_parameters
 from .timeline import Timeline, phase_columns
+
+if TYPE_CHECKING:
+    from .phases import PhaseTable
 
 SHARED_POLICIES = ("every", "none")
 
@@ -94,8 +99,10 @@ class StageCostModel:
         if compute:
             self._set_compute(compute, compute_source)
         self.compute_prefix = np.concatenate([[0.0], np.cumsum(self.layer_compute)])
-        #: seconds per layer on a chosen target (``roofline.apply_roofline``); None: from compute
+        #: seconds per layer on a chosen target (``on``); None: from compute
         self.layer_time_s: np.ndarray | None = None
+        #: roofline times on the target of ``on`` (None: not timed on a target)
+        self.roofline: Roofline | None = None
         #: parameters several layers use (tied embeddings), with those layers
         self.tied = tied_parameters(profile, layers.op_layer)
 
@@ -116,11 +123,34 @@ class StageCostModel:
     def with_compute(self, per_layer: Mapping[str, float], source: str = "compute") -> "StageCostModel":
         """A model whose named layers have the given compute (the rest keep theirs); memory
         pricing is shared with this model, which is left unchanged."""
-        other = copy.copy(self)
+        other = self._copy()
         other.layer_compute = self.layer_compute.copy()
         other._set_compute(per_layer, source)
         other.compute_prefix = np.concatenate([[0.0], np.cumsum(other.layer_compute)])
         return other
+
+    def on(self, target: Target | None = None, efficiency: float = 1.0) -> "StageCostModel":
+        """This model with its compute timed on ``target`` (default: the profile's device) at
+        ``efficiency`` of its peak FLOP/s (model/roofline.py): a new model, this one unchanged;
+        memory pricing is shared with it (it does not depend on the target)."""
+        other = self._copy()
+        apply_roofline(other, target, efficiency)
+        return other
+
+    def _copy(self) -> "StageCostModel":
+        """A shallow copy without what follows compute (the phase table's times): the new model
+        makes its own when asked."""
+        other = copy.copy(self)
+        other.__dict__.pop("phase_table", None)
+        return other
+
+    @cached_property
+    def phase_table(self) -> "PhaseTable":
+        """Every range's figures in each phase of the step (model/phases.py), made on first use
+        and kept: its times follow the target the model is timed on (``on``), so a model timed on
+        another target is another model with its own table."""
+        from .phases import phase_table
+        return phase_table(self)
 
     def range_compute(self, first: int, last: int) -> float:
         """Compute of the stage holding layers first..last."""

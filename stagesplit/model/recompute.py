@@ -48,7 +48,9 @@ from enum import Enum
 import numpy as np
 
 from ..io.profile import Phase
-from .costmodel import StageCostModel
+
+# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model's
+# type is named here in annotations only, which are never evaluated (no import circle)
 
 __all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table"]
 
@@ -130,7 +132,7 @@ class RecomputeTable:
         return total_saved, forward - whole, backward - whole, added
 
 
-def recompute_table(model: StageCostModel, producer: np.ndarray, forward_peak: np.ndarray,
+def recompute_table(model: "StageCostModel", producer: np.ndarray, forward_peak: np.ndarray,
                     backward_peak: np.ndarray, op_times: np.ndarray, time_unit: str) -> RecomputeTable:
     """The options' figures for every layer of a profile with phases. ``producer``: the
     operation that made each variable (-1: none); ``forward_peak`` and ``backward_peak``: each

@@ -11,7 +11,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..common.deadline import TimeLimitReached, check_deadline, deadline_at, without_deadline
+from ..common.deadline import Deadline, TimeLimitReached, check_deadline, without_deadline
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
@@ -61,23 +61,26 @@ def dp_seconds_estimate(problem: SplitProblem) -> float:
 
 
 def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str], None] | None = None,
-           clock: Callable[[], float] = _time.monotonic) -> SolverResult:
-    """The optimal split within the options' time limit, for every phase together: the exact DP
+           clock: Callable[[], float] = _time.monotonic, deadline: Deadline | None = None) -> SolverResult:
+    """The optimal split by ``deadline`` (default: the options' time limit from now; ``clock``
+    lets a test run the DP on its own clock), for every phase together: the exact DP
     first when its estimated time fits in the limit (it also stops at the limit); CP-SAT, with
     the time left, only for the phases the DP did not prove, given the DP's optimum as hint and
     bound (else ``hint``, e.g. the greedy split), and only when its model can be built in the time
     left. The result says which solver proved each phase and how long each took."""
-    limit = float(problem.options.time_limit)
+    limit = float(problem.options.time_limit)          # the user's, named in the notes
+    deadline = deadline if deadline is not None else Deadline.after(limit)
     start = clock()
+    end = start + deadline.left()
     estimate = dp_seconds_estimate(problem)
     notes = []
     oracle = None
     dp_seconds = None
     found_by = "the greedy first-fit" if hint is not None else ""
-    if estimate <= limit:
+    if estimate <= end - start:
         if log:
             log("exact DP")
-        oracle = exact_optimum(problem, deadline=start + limit, clock=clock)
+        oracle = exact_optimum(problem, deadline=end, clock=clock)
         dp_seconds = clock() - start
         if oracle.complete:
             return _dp_result(problem, oracle, dp_seconds)
@@ -89,7 +92,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
                      f"({limit:g} s)")
         if dp_mode(problem) == "position-count":
             # the stage count in the DP's state is what costs: without it, a split that fits, fast
-            quick = conservative_split(problem, deadline=start + limit, clock=clock)
+            quick = conservative_split(problem, deadline=end, clock=clock)
             dp_seconds = clock() - start
             if quick.feasible and (hint is None or _better(problem, quick.split, hint)):
                 hint, found_by = quick.split, "the DP with the most micro-batches in flight"
@@ -97,7 +100,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
                              "its position can have")
     if oracle is not None and oracle.feasible:
         hint, found_by = oracle.split, "the exact DP"
-    remaining = max(limit - (clock() - start), 0.0)
+    remaining = max(end - clock(), 0.0)
     build = model_seconds_estimate(problem)
     if build > remaining:
         notes.append(f"CP-SAT was not run: its model would take about {build:.3g} s to build, more than the time left "
@@ -106,7 +109,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
         result = _unproven_result(problem, hint, oracle)
     else:
         notes.append("CP-SAT searched with the time left")
-        result = solve_split_cpsat(problem, hint=hint, log=log, oracle=oracle, time_limit=remaining)
+        result = solve_split_cpsat(problem, hint=hint, log=log, oracle=oracle, deadline=deadline.part(remaining))
     result.dp_seconds = dp_seconds
     result.notes[:0] = notes
     return result
@@ -351,8 +354,9 @@ def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **reque
 
 def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic: Traffic | None = None,
            table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
-           log: Callable[[str], None] | None = None) -> Advice:
-    """Solve for ``options.devices`` devices and describe the result as a Plan. With
+           log: Callable[[str], None] | None = None, deadline: Deadline | None = None) -> Advice:
+    """Solve for ``options.devices`` devices by ``deadline`` (default: the time limit from the
+    search's start) and describe the result as a Plan. With
     the request's ``compare``, add PopLiner's greedy and a uniform split; its ``unlayered_first``
     makes the greedy put the unlayered operations on the first stage, as PopLiner does (see
     ``popliner_tables``)."""
@@ -367,13 +371,15 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
         warnings.append("the profile has no compute estimates, so compute cannot be balanced: the split "
                         "minimises the worst stage's memory instead")
     base = greedy(problem)
-    result = search(problem, hint=base.split, log=log)
+    result = search(problem, hint=base.split, log=log, deadline=deadline)
     message = result_message(model, problem, table, result)
+    notes = []
+    if options.objective == "devices" and options.exact and result.split is not None \
+            and evaluate_split(problem, result.split).feasible:
+        notes.append(_exact_devices_note(options, fewest_stages_that_fit(table, problem.capacity, options,
+                                                                 limit=options.devices)))
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
-                     message=message)
-    if options.objective == "devices" and options.exact and plan.feasible:
-        plan.notes.append(_exact_devices_note(options, fewest_stages_that_fit(table, problem.capacity, options,
-                                                                      limit=options.devices)))
+                     message=message, notes=notes)
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if compare and model.profile.target.kind == "gpu":      # a GPU: the frameworks' defaults
@@ -603,15 +609,14 @@ def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarra
     raw = np.array(options.capacities if options.capacities else [target.bytes_per_tile] * n, np.int64)
     capacity = np.floor(raw * (1.0 - options.headroom)).astype(np.int64) - int(options.reserve)
     if (capacity <= 0).any():
-        from ..errors import StagesplitError
-        raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device ({int(raw.min()):,} bytes)")
+        raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
+                          f"({int(raw.min()):,} bytes)")
     return capacity
 
 
 def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     """The chunk-split problem of ``inputs``' schedule on ``model`` (a profile with phases)."""
     from ..errors import StagesplitError
-    from ..model.phases import phase_table
     from ..solver.chunk_problem import ChunkProblem
     from ..solver.schedule_generation import build_schedule
     from ..solver.schedule_kinds import ScheduleKind, traits
@@ -629,7 +634,7 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
     if schedule.chunks > model.num_layers:
         raise StagesplitError(f"{kind.value} with {v} chunks on each of {o.devices} devices needs {schedule.chunks} "
                               f"chunks, but the model has {model.num_layers} layers: use fewer devices or chunks")
-    table = table if table is not None else phase_table(model)
+    table = table if table is not None else model.phase_table
     seconds_per_byte = 0.0
     if o.communication:
         if table.time_unit != "seconds":
@@ -642,31 +647,31 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
                         workers=o.workers, recompute=inputs.request.recompute or RecomputeMode.NONE)
 
 
-def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool):
-    """CP-SAT on ``problem``; where recompute was left to stagesplit and nothing fits without it,
-    again with recompute chosen per layer (and a note that says so)."""
-    import time
+def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool,
+                  deadline: Deadline | None = None):
+    """CP-SAT on ``problem`` by ``deadline`` (default: the problem's time limit from now); where
+    recompute was left to stagesplit and nothing fits without it, again with recompute chosen per
+    layer (and a note that says so), with the time the first search left (at least a second:
+    CP-SAT says little in less)."""
     from ..solver.chunk_cpsat import solve_chunks_cpsat
     from ..solver.request import RecomputeMode
-    started = time.monotonic()
-    solved = solve_chunks_cpsat(problem)
+    deadline = deadline if deadline is not None else Deadline.after(problem.time_limit)
+    solved = solve_chunks_cpsat(problem, deadline=deadline)
     fits = solved.result is not None and solved.result.feasible
     if fits or not default_recompute or problem.table.recompute is None:
         return problem, solved
     if problem.cutoff is not None:
         # a step to beat: recompute only adds time and memory only rules splits out, so where no
         # split beats it without either, none does with recompute (a much smaller model to prove)
-        relaxed = replace(problem, capacities=np.full_like(problem.capacities, _NO_LIMIT),
-                          time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
-        bound = solve_chunks_cpsat(relaxed)
+        relaxed = replace(problem, capacities=np.full_like(problem.capacities, _NO_LIMIT))
+        bound = solve_chunks_cpsat(relaxed, deadline=deadline.at_least(1.0))
         if bound.status == "slower":
-            return problem, replace(bound, result=solved.result, seconds=time.monotonic() - started)
+            return problem, replace(bound, result=solved.result, seconds=solved.seconds + bound.seconds)
     if log:
         log("CP-SAT: nothing fits without recompute; choosing recompute per layer")
-    # the time limit is the whole solve's: the second search gets what the first left
-    auto = replace(problem, recompute=RecomputeMode.AUTO,
-                   time_limit=max(problem.time_limit - (time.monotonic() - started), 1.0))
-    again = solve_chunks_cpsat(auto)
+    # the deadline is the whole solve's: the second search gets what the first left
+    auto = replace(problem, recompute=RecomputeMode.AUTO)
+    again = solve_chunks_cpsat(auto, deadline=deadline.at_least(1.0))
     if again.result is not None and again.result.feasible:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
                            "column are recomputed (--recompute none to refuse, auto to let it choose always)")
@@ -681,27 +686,30 @@ _NO_LIMIT = 2**60
 
 
 def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, traffic: Traffic | None = None,
-                    log: Callable[[str], None] | None = None, cutoff: float | None = None) -> Advice:
+                    log: Callable[[str], None] | None = None, cutoff: float | None = None,
+                    deadline: Deadline | None = None) -> Advice:
     """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
     schedule's own actions and the simulated step is fastest (or the fullest device emptiest,
     with ``objective="memory"``); the devices objective tries 1, 2, ... devices. ``cutoff``: a
     step time to beat (``--schedule auto``: another schedule's); where no split beats it, the
-    search stops there (``Advice.slower``) instead of proving this schedule's own optimum."""
+    search stops there (``Advice.slower``) instead of proving this schedule's own optimum. The
+    search ends by ``deadline`` (default: the time limit from now)."""
     from ..solver.request import Objective
     traffic = traffic or layer_traffic(model)
     o = inputs.options
+    deadline = deadline if deadline is not None else Deadline.after(o.time_limit)
     # every part of the search (the schedule's actions, its simulation, CP-SAT's models) stops at the
-    # time limit (common/deadline.py); the plan is built after it, from what the search found
-    with deadline_at(_time.monotonic() + o.time_limit, o.time_limit):
+    # deadline (common/deadline.py); the plan is built after it, from what the search found
+    with deadline.watched():
         if o.objective is Objective.DEVICES and not o.exact:
-            problem, solved, n, shown = _fewest_devices_under_schedule(model, inputs, table, log)
+            problem, solved, n, shown = _fewest_devices_under_schedule(model, inputs, table, log, deadline)
         else:
             problem = schedule_problem(model, inputs, table)
             if cutoff is not None and o.objective is Objective.COMPUTE:
                 problem = replace(problem, cutoff=float(cutoff))
             if log:
                 log(f"CP-SAT: {problem.schedule.kind.value}, {problem.schedule.chunks} chunks on {o.devices} devices")
-            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None, deadline)
     if o.objective is Objective.DEVICES and not o.exact:
         fits = solved.result is not None and solved.result.feasible
         if fits:
@@ -720,11 +728,8 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, tr
 
 
 def chunks_per_rank_of(inputs: PlanInputs) -> int:
-    """The chunks each device runs under ``inputs``' schedule (``schedule_problem``'s choice)."""
-    from ..solver.schedule_kinds import ScheduleKind, traits
-    kind = ScheduleKind(inputs.options.schedule.value)
-    return inputs.request.chunks_per_rank or traits(kind).fixed_chunks_per_rank or \
-        (1 if kind in (ScheduleKind.GPIPE, ScheduleKind.ONE_F_ONE_B) else 2)
+    """The chunks each device runs under ``inputs``' schedule (``SolveRequest.resolved_chunks``)."""
+    return inputs.request.resolved_chunks()
 
 
 def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
@@ -739,7 +744,7 @@ def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
             if n * v <= num_layers and is_valid(kind, n, with_devices(inputs.options, n).micro_batches, v)]
 
 
-def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, table, log):
+def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, table, log, deadline: Deadline):
     """The fewest devices (up to the request's) on which the schedule fits, among the counts it
     can run with (``runnable_device_counts``) that the resident bytes alone do not rule out: a
     bisection (the quick search first, CP-SAT where that finds no fit) finds a count that fits,
@@ -751,18 +756,15 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
     import math
     import time
     from ..errors import StagesplitError
-    from ..model.phases import phase_table
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_search import local_search
     from ..solver.request import Objective
-    started = time.monotonic()
-    table = table if table is not None else phase_table(model)
+    table = table if table is not None else model.phase_table
     o = inputs.options
     tried: dict[int, tuple] = {}
     quick_fits: dict[int, tuple] = {}       # counts the quick search found a fit on: (problem, split, seconds)
 
-    def left() -> float:
-        return o.time_limit - (time.monotonic() - started)
+    left = deadline.left
 
     def attempt(n: int, prove: bool, share: float = 1 / 3):
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
@@ -774,7 +776,7 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
                         request=replace(trial.request, objective=Objective.COMPUTE))
         try:
             problem = schedule_problem(model, trial, table)
-            problem = replace(problem, time_limit=max(left() * share, 1.0))
+            part = deadline.part(left() * share).at_least(1.0)
             if not prove and n not in tried:
                 quick = local_search(problem, budget_s=max(min(2.0, left() / 12), 0.2))
                 if quick.feasible:
@@ -782,7 +784,7 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
                     return True
             if log:
                 log(f"CP-SAT: {problem.schedule.kind.value} on {n} device(s)")
-            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None)
+            problem, solved = _solve_chunks(problem, log, inputs.request.recompute is None, part)
         except TimeLimitReached:
             return False
         if n in tried and fits(n) and not (solved.result is not None and solved.result.feasible):

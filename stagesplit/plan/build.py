@@ -18,7 +18,7 @@ from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
 from ..solver.schedule_memory import chunks_in_flight
-from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, RankRecord, ScheduleRecord,
+from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord, ScheduleRecord,
                       StagePlan)
 
 __all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
@@ -41,10 +41,12 @@ def _rounded(seconds: float | None) -> float | None:
 
 def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None, inputs: PlanInputs, *,
               method: str, traffic: Traffic, result: SolverResult | None = None, message: str = "",
-              profile: PlanProfile | None = None, variant_models: Sequence[StageCostModel] = ()) -> Plan:
+              profile: PlanProfile | None = None, variant_models: Sequence[StageCostModel] = (),
+              variants: tuple[PlanVariant, ...] = (), notes: Sequence[str] = ()) -> Plan:
     """Describe ``split`` stage by stage (per-tile detail recomputed from the cost model; with
     profile variants, from the cost model of the variant each stage takes, ``variant_models``
-    in the order of ``problem.variants``; ``model`` is the first's)."""
+    in the order of ``problem.variants``, recorded as ``variants``; ``model`` is the first's).
+    The plan is made complete: ``notes`` are added after the solver's, and it keeps ``model``."""
     p = model.profile
     o = problem.options
     evaluation = evaluate_split(problem, split) if split is not None else None
@@ -107,8 +109,9 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
     return Plan(profile=profile or plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=o.devices, method=method, status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=p.compute_unit, module_paths=list(model.layers.module_paths),
-                notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else []),
-                run=run, tied=model.tied, wide_tensors=wide_tensors(model, traffic))
+                notes=[n for n in (schedule_note(o),) if n] + (list(result.notes) if result is not None else [])
+                + list(notes), run=run, tied=model.tied, variants=tuple(variants), analysis=model,
+                wide_tensors=wide_tensors(model, traffic))
 
 
 def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
@@ -187,7 +190,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
     return Plan(profile=profile or plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=o.devices, method="cp-sat", status=status, feasible=feasible, message=message, stages=stages,
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
-                notes=notes, run=run, tied=model.tied, schedule=record,
+                notes=notes, run=run, tied=model.tied, schedule=record, analysis=model,
                 wide_tensors=wide_tensors(model, traffic))
 
 
@@ -199,7 +202,7 @@ def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status
     return Plan(profile=plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=inputs.options.devices, method="cp-sat", status=status, feasible=False,
                 message=message, stages=[], phases=[], compute_unit=model.profile.compute_unit,
-                module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied)
+                module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied, analysis=model)
 
 
 def _action_text(action) -> str:

@@ -6,7 +6,7 @@ answer was obtained. ``plan/files.py`` writes and reads it as versioned JSON or 
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Any, Mapping
+from typing import TYPE_CHECKING, Any, Mapping
 
 from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
@@ -17,6 +17,9 @@ from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
 from ..common import hooks
 from ..common.text import one_line
 from .text import seconds_text, split_text
+
+if TYPE_CHECKING:
+    from ..model.costmodel import StageCostModel
 
 __all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "PlanVariant", "RankRecord",
            "ScheduleCandidate", "ScheduleRecord", "StagePlan"]
@@ -289,7 +292,7 @@ class Plan:
     baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
     #: the cost model the plan was solved on (for plots and reports); None for a plan read from a file
-    analysis: Any = field(default=None, repr=False, compare=False)
+    analysis: StageCostModel | None = field(default=None, repr=False, compare=False)
     #: parameters several layers use (tied embeddings), by layer index
     tied: tuple[TiedParameter, ...] = ()
     #: tensors layers more than one apart use (model/traffic.py): what a traced split sends past a stage

@@ -23,6 +23,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..common.deadline import Deadline
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.rangetable import OVER
 from ..model.traffic import layer_traffic
@@ -50,8 +51,9 @@ def fit_table(problem: SplitProblem) -> RangeTable:
 
 def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], proportions: Sequence[float | None],
                     inputs: PlanInputs | SolveOptions, *, tables: Sequence[RangeTable] | None = None,
-                    log: Callable[[str], None] | None = None) -> Advice:
-    """Solve the request of ``inputs`` on the profile variants ``models`` (one model's layers;
+                    log: Callable[[str], None] | None = None, deadline: Deadline | None = None) -> Advice:
+    """Solve the request of ``inputs`` (by ``deadline``: default, its time limit from the
+    search's start) on the profile variants ``models`` (one model's layers;
     ``names`` and ``proportions`` in the same order) and describe the result as a Plan whose
     stages record their variant (see the module docstring). With the request's ``compare``,
     ``baselines`` holds each variant solved alone."""
@@ -65,28 +67,26 @@ def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], prop
     if all(m.layer_compute.sum() == 0 for m in models) and options.objective == "compute":
         warnings.append("the profiles have no compute estimates, so compute cannot be balanced: the split "
                         "minimises the worst stage's memory instead")
-    result = search(problem, hint=greedy(problem).split, log=log)
+    result = search(problem, hint=greedy(problem).split, log=log, deadline=deadline)
     if result.split is None and result.status == "infeasible":
         fit = fit_table(problem)
         message = explain_infeasible(model, replace(problem, table=fit, variants=()), fit) + \
             f" (with the stages in any of the {len(models)} profile variants)"
     else:
         message = result_message(model, problem, tables[0], result)
-    plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
-                     message=message, variant_models=models)
     records = []
     for name, proportion, m in zip(names, proportions, models):
         recorded = plan_profile(m)
         records.append(PlanVariant(name=str(name), proportion=proportion, path=recorded.path,
                                    sha256=recorded.sha256))
-    plan.variants = tuple(records)
+    plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
+                     message=message, variant_models=models, variants=tuple(records))
     warnings += _tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if inputs.request.compare:
         alone = replace(inputs, request=replace(inputs.request, compare=False))
         for name, proportion, m, table in zip(names, proportions, models, tables):
             baseline = advise(m, alone, traffic=traffic, table=table).plan
-            baseline.method = f"{name} alone" + (f" (proportion {proportion:g} on every IPU)"
-                                                  if proportion is not None else "")
-            advice.baselines.append(baseline)
+            advice.baselines.append(replace(baseline, method=f"{name} alone" + (
+                f" (proportion {proportion:g} on every IPU)" if proportion is not None else "")))
     return advice

@@ -23,7 +23,7 @@ from ..common.text import escape_surrogates
 from ..plan.records import Plan
 from .why import stage_times
 
-__all__ = ["CATEGORY_COLORS", "CATEGORY_LABELS", "FORMATS", "byte_scale", "liveness_figure", "plan_figure",
+__all__ = ["CATEGORY_COLORS", "CATEGORY_LABELS", "FORMATS", "byte_scale", "figure_of", "liveness_figure", "plan_figure",
            "plot_liveness", "plot_plan", "plot_sweep", "save_figure", "sweep_figure"]
 
 CATEGORY_LABELS = {"always_live": "always-live variables", "not_always_live": "not-always-live variables (peak)",
@@ -113,6 +113,16 @@ def _set_stage_ticks(ax, x: np.ndarray, labels: list[str], width_inches: float, 
     else:
         ax.set_xticks(x, labels, fontsize=fontsize, rotation=35, ha="right", rotation_mode="anchor")
     ax.set_xlabel("stage: layers")
+
+
+def figure_of(plan: Plan):
+    """``plan_figure`` drawn from the plan alone: on an IPU the tiles' bytes come from the cost
+    model the plan keeps (none for a plan read from a file); nothing is solved again."""
+    tiles = None
+    if plan.analysis is not None and not plan.profile.one_tile:
+        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight)
+                 for s in plan.stages]
+    return plan_figure(plan, tiles)
 
 
 def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, title: str | None = None):

@@ -1,15 +1,19 @@
-"""Tables of plans, comparisons and sweeps (a plan's own text summary is ``Plan.summary``)."""
+"""Tables of plans, comparisons and sweeps, and ``solve``'s text (a plan's own text summary is
+``Plan.summary``)."""
 
 from __future__ import annotations
 
 from typing import Sequence
 
+from ..common.text import one_line
 from ..plan.records import Plan
 from ..solver.problem import bubble_fraction
-from .table import Column, Table
-from .why import step_ratio
+from .table import Column, Table, gpu_view, render
+from .units import device_words
+from .why import compare_line, comparisons, step_ratio, why_line
 
-__all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "stages_table", "sweep_table"]
+__all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "solve_text", "stages_table",
+           "summary_with_why", "sweep_table"]
 
 
 def stages_table(plan: Plan) -> Table:
@@ -151,3 +155,47 @@ def candidates_table(plan: Plan) -> Table:
         t.add(c.schedule + mark, c.chunks_per_rank, c.status, None if c.step_time is None else c.step_time * scale,
               c.bubble, c.worst_memory, c.seconds, c.note)
     return t
+
+
+def summary_with_why(plan: Plan, gpu: bool) -> str:
+    """The plan's summary with the one-line "why" under the split."""
+    lines = plan.summary(plan.inputs.micro_batches, gpu=gpu).split("\n")
+    why = why_line(plan, plan.analysis, device_words(plan.profile.tiles))
+    if why:
+        lines.insert(1, one_line(why))
+    return "\n".join(lines)
+
+
+def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None) -> str:
+    """What ``solve`` prints: what was asked (the profile, named by ``profile`` where it has no
+    name of its own, the devices and their memory, the objective and schedule), the summary and
+    why, the comparison with what the user would do otherwise, and the tables, fitted to
+    ``width`` columns (None: no limit); on a GPU (``gpu``) in GiB without the IPU-only columns."""
+    inputs, o, p = plan.inputs, plan.inputs.options, plan.profile
+    cap = o.capacities[0] if o.capacities else p.bytes_per_tile
+    size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.tiles:,} tiles x {cap:,} bytes"
+    reserve = f", {o.reserve / 2**30:,.2f} GiB reserved" if gpu else f", {o.reserve:,} bytes reserved"
+    header = (f"{one_line(p.name or (profile or p.path) or '')}{' (synthetic)' if p.synthetic else ''}: "
+              f"{len(plan.layer_names)} layers on {'exactly' if o.exact else 'at most'} {o.devices} x "
+              f"{', '.join(sorted(set(inputs.target_names)))} ({size}"
+              f"{f', {o.headroom:.{0 if round(o.headroom, 2) == o.headroom else 1}%} kept free' if o.headroom else ''}"
+              f"{reserve if o.reserve else ''})\n"
+              f"objective: {o.objective.value}; schedule: {o.schedule.value}"
+              f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
+    if plan.variants:
+        header += ("\nprofile variants (memory proportion): "
+                   + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None
+                               else one_line(v.name) for v in plan.variants))
+    text = header + "\n" + summary_with_why(plan, gpu) + "\n"
+    if plan.baselines and plan.stages:
+        words = device_words(p.tiles)
+        text += "compared with what you would do otherwise, under the same cost model:\n"
+        text += "".join(f"  {one_line(compare_line(c))}\n" for c in comparisons(plan, plan.baselines, words))
+    if plan.stages:
+        table = stages_table(plan)
+        text += "\n" + render([gpu_view(table) if gpu else table], width=width)
+    if plan.baselines:
+        text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
+    if plan.candidates:
+        text += "\n" + render([candidates_table(plan)], width=width)
+    return text

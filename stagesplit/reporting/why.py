@@ -168,15 +168,21 @@ def least_slowest(layer_times: Sequence[float], positions: int, *, cuts: Sequenc
     best[0] = 0.0
     parents: list[np.ndarray] = []
     values: list[float] = []
-    splits: list[list[tuple[int, int]]] = []
     pinned_positions = {pos for _, pos in pinned_layers}
+    # without pinned layers every position keeps the same rules: the spans they allow, once
+    # (stored end by start, so that the minimum over the starts runs along memory)
+    ruled = None if pinned_layers else np.ascontiguousarray(np.where(rule, span, np.inf).T)
+    columns = np.arange(L + 1)
     for p in range(positions):
-        allowed = rule.copy()
-        for layer, pos in pinned_layers:
-            allowed &= ((a <= layer) & (layer < e)) == (pos == p)
-        candidates = np.where(allowed, np.maximum(best[:, None], span), np.inf)
-        start = candidates.argmin(axis=0)
-        new = candidates[start, np.arange(L + 1)]
+        if ruled is None:
+            allowed = rule.copy()
+            for layer, pos in pinned_layers:
+                allowed &= ((a <= layer) & (layer < e)) == (pos == p)
+            candidates = np.where(allowed, np.maximum(best[:, None], span), np.inf).T
+        else:
+            candidates = np.maximum(best[None, :], ruled)
+        start = candidates.argmin(axis=1)
+        new = candidates[columns, start]
         parent = np.where(np.isfinite(new), start, -2)
         if empty_allowed and p not in pinned_positions:
             keep = best <= new
@@ -185,8 +191,24 @@ def least_slowest(layer_times: Sequence[float], positions: int, *, cuts: Sequenc
         best = new
         parents.append(parent)
         values.append(float(best[L]))
-        splits.append(_ranges(parents, L) if np.isfinite(best[L]) else [])
-    return values, splits
+    return values, _Splits(parents, values, L)
+
+
+class _Splits(Sequence):
+    """``least_slowest``'s best split for each position count, traced back when asked (the
+    callers read one or two of them; tracing every one costs a why line tenths of a second)."""
+
+    def __init__(self, parents: list[np.ndarray], values: list[float], L: int) -> None:
+        self._parents, self._values, self._L = parents, values, L
+
+    def __len__(self) -> int:
+        return len(self._parents)
+
+    def __getitem__(self, p):
+        if isinstance(p, slice):
+            return [self[i] for i in range(*p.indices(len(self)))]
+        p = range(len(self))[p]
+        return _ranges(self._parents[:p + 1], self._L) if np.isfinite(self._values[p]) else []
 
 
 def _ranges(parents: list[np.ndarray], L: int) -> list[tuple[int, int]]:
@@ -356,15 +378,11 @@ def _transfers(plan: Plan, model) -> np.ndarray | None:
 
 
 def _table(model):
-    """``model``'s phase table (model/phases.py), kept on it as the API keeps it; None without phases."""
-    from ..model.phases import has_phases, phase_table
+    """``model``'s phase table (model/phases.py), made once per model; None without phases."""
+    from ..model.phases import has_phases
     if model is None or not has_phases(model):
         return None
-    table = getattr(model, "_phase_table", None)
-    if table is None:
-        table = phase_table(model)
-        model._phase_table = table
-    return table
+    return model.phase_table
 
 
 def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:

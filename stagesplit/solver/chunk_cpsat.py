@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..common.deadline import TimeLimitReached, seconds_left
+from ..common.deadline import Deadline, TimeLimitReached
 from .chunk_cpsat_model import ChunkModel, ModelTables, build_chunk_model, model_tables, solution_log, time_slack_units
 from .chunk_evaluation import evaluate_chunk_choice
 from .chunk_problem import ChunkProblem, ChunkResult, step_durations
@@ -109,20 +109,20 @@ class _Search:
                    problem.cutoff if problem.cutoff is not None else math.inf)
 
 
-def solve_chunks_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50) -> ChunkSolve:
-    """The optimal split (see the module docstring), or the best found within the time limit
-    with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
+def solve_chunks_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, max_rounds: int = 50,
+                       deadline: Deadline | None = None) -> ChunkSolve:
+    """The optimal split (see the module docstring), or the best found by ``deadline`` (default: the
+    problem's time limit from now) with a proven bound. With ``problem.cutoff``, only splits faster than it are sought: status
     "slower" (bound at the cutoff) where none fits, otherwise as without it. Where the search's
     time limit (common/deadline.py) is reached inside a long computation, the best split so far
     (None if none) with status "time limit"."""
     started = _time.monotonic()
+    deadline = deadline if deadline is not None else Deadline.after(problem.time_limit)
     search = _Search(problem, _scale(problem))
-
-    def time_left() -> float:
-        return min(problem.time_limit - (_time.monotonic() - started), seconds_left())
+    time_left = deadline.left
 
     try:
-        tables = _start(search, hint)
+        tables = _start(search, hint, deadline)
         rounds = 0
         while rounds < max_rounds:
             rounds += 1
@@ -150,13 +150,13 @@ def solve_chunks_cpsat(problem: ChunkProblem, hint: ChunkResult | None = None, m
     return ChunkSolve(best, optimal, bound, len(search.paths), seconds, search.status)
 
 
-def _start(search: _Search, hint: ChunkResult | None) -> ModelTables:
+def _start(search: _Search, hint: ChunkResult | None, deadline: Deadline) -> ModelTables:
     """The first split (``hint``, or the quick search's), the chains of every split the quick
     search tried (a tight start for the step's bound), and the tables every round's model reads."""
     problem = search.problem
     seen: list = []
     if hint is None or not hint.feasible:
-        hint = local_search(problem, budget_s=min(2.0, problem.time_limit / 4), seen=seen)
+        hint = local_search(problem, budget_s=min(2.0, deadline.left() / 4), seen=seen)
     seen.append(hint)
     search.best = hint if hint.feasible else None
     signatures = memory_signatures(problem.schedule)    # after the hint: a split to return if time runs out

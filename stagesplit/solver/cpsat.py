@@ -32,6 +32,7 @@ from typing import Callable
 
 import numpy as np
 
+from ..common.deadline import Deadline
 from ..common.interrupt import solve_interruptibly
 from ..model.rangetable import OVER
 from .dp import ORDER
@@ -355,10 +356,10 @@ def _quantity(evaluation: Evaluation, quantity: str) -> int:
 
 
 def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
-                      log: Callable[[str], None] | None = None, oracle=None,
-                      time_limit: float | None = None) -> SolverResult:
-    """Solve ``problem`` lexicographically (see the module docstring) within ``time_limit``
-    seconds for all phases together (default: the options' ``time_limit``). ``hint``: a known
+                      log: Callable[[str], None] | None = None, oracle=None, time_limit: float | None = None,
+                      deadline: Deadline | None = None) -> SolverResult:
+    """Solve ``problem`` lexicographically (see the module docstring) by ``deadline``, or within
+    ``time_limit`` seconds for all phases together (default: the options' ``time_limit``). ``hint``: a known
     feasible split, used as the starting upper bound. ``oracle``: the exact DP's answer
     (``dp.exact_optimum``); its split is the starting point and, for each phase it proved
     (``oracle.proven``), its optimum is the phase's value. CP-SAT is asked only to prove the next
@@ -366,7 +367,7 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
     ``DP_CONFIRM_SIZE`` fit constraints); where it does not, the phase's ``proof`` is "dp"."""
     o = problem.options
     started = _time.monotonic()
-    deadline = started + float(o.time_limit if time_limit is None else time_limit)
+    end = deadline.at if deadline is not None else started + float(o.time_limit if time_limit is None else time_limit)
     tables = _Tables(problem)
     bounds = {"time": BIG, "memory": BIG, "devices": problem.devices}
     result = SolverResult(None, None)
@@ -393,7 +394,7 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
             limits = dict(bounds)
             limits[quantity] = value
             model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
-            remaining = deadline - _time.monotonic()
+            remaining = end - _time.monotonic()
             return model.solve(remaining, o.workers, deterministic=budget)
 
         if quantity in known:
@@ -458,7 +459,7 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
             lo = -1                      # candidates[lo] proven infeasible (none yet)
             unknown = False
             while hi - lo > 1:
-                if _time.monotonic() >= deadline:
+                if _time.monotonic() >= end:
                     unknown = True
                     break
                 mid = (lo + hi) // 2

@@ -269,8 +269,8 @@ def stage_capacities(target: Target, options: SolveOptions) -> tuple[np.ndarray,
     if options.reserve:             # per device; spread over its tiles (a GPU is one tile)
         capacity = capacity - -(-int(options.reserve) // target.tiles)
         if (capacity <= 0).any():
-            raise StagesplitError(f"--reserve {options.reserve:,} bytes leaves no memory on a device "
-                                  f"({int(raw_caps.min()) * target.tiles:,} bytes)")
+            raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
+                              f"({int(raw_caps.min()) * target.tiles:,} bytes)")
     return capacity, bool(np.all(raw_caps == raw_caps[0]))
 
 

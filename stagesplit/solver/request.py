@@ -20,6 +20,7 @@ from ..errors import FileOptionError, OptionError, ProfileError
 from ..io.profile import Target
 from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
 from ..layers import LayerOptions
+from .options import SETTINGS_KEYS, declared, option_named
 from .schedule_kinds import check_chunks_per_rank
 
 __all__ = ["Objective", "RecomputeMode", "Schedule", "SharedPolicy", "SolveRequest"]
@@ -78,50 +79,44 @@ class SolveRequest:
     """Everything a solve depends on besides the profile, validated when it is made (and again
     by ``dataclasses.replace``): a bad value raises ``OptionError`` naming the field."""
 
-    devices: int
+    # every option's default, help and names are declared once in solver/options.py (``declared``)
+    devices: int = field(metadata={"option": option_named("devices")})
     #: one target for every device, or one per device; empty: the profile's own device
-    targets: tuple[str | Target, ...] = ()
-    objective: Objective = Objective.COMPUTE
+    targets: tuple[str | Target, ...] = declared("targets")
+    objective: Objective = declared("objective", Objective)
     #: use exactly ``devices`` devices (default: at most)
-    exact: bool = False
-    schedule: Schedule = Schedule.NONE
+    exact: bool = declared("exact")
+    schedule: Schedule = declared("schedule", Schedule)
     #: micro-batches per step; None: the number of devices with a schedule, else 1
-    micro_batches: int | None = None
-    #: chunks (virtual stages) per device for the looped and V-shaped schedules; None: the
-    #: schedule's own (1 for GPipe and 1F1B, 2 otherwise)
-    chunks_per_rank: int | None = None
+    micro_batches: int | None = declared("micro_batches")
+    #: chunks (virtual stages) per device; None: the schedule's own (``resolved_chunks``)
+    chunks_per_rank: int | None = declared("chunks_per_rank")
     #: activation recompute per layer; None: none where the plan fits without, else auto
-    recompute: RecomputeMode | None = None
-    #: fraction of every device kept free
-    headroom: float = 0.0
+    recompute: RecomputeMode | None = declared("recompute", RecomputeMode)
+    headroom: float = declared("headroom")
     #: bytes kept back on every device (CUDA context, workspaces)
-    reserve: int = 0
-    min_layers: int = 1
-    max_layers: int | None = None
+    reserve: int = declared("reserve")
+    min_layers: int = declared("min_layers")
+    max_layers: int | None = declared("max_layers")
     #: a stage starts at each of these layers
-    pin_splits: tuple[str, ...] = ()
+    pin_splits: tuple[str, ...] = declared("pin_splits")
     #: (layer, device position) pairs
-    pin_layers: tuple[tuple[str, int], ...] = ()
-    #: add the transfer time of the bytes crossing each cut to stage time
-    communication: bool = False
+    pin_layers: tuple[tuple[str, int], ...] = declared("pin_layers")
+    communication: bool = declared("communication")
     #: device-to-device bytes per second (default: the target's, else the profile's)
-    link_bandwidth: float | None = None
-    #: achieved over peak FLOP/s on the target
-    efficiency: float = 1.0
-    shared: SharedPolicy = SharedPolicy.EVERY
+    link_bandwidth: float | None = declared("link_bandwidth")
+    efficiency: float = declared("efficiency")
+    shared: SharedPolicy = declared("shared", SharedPolicy)
     #: per-layer compute replacing the profile's (in its compute unit)
-    layer_compute: tuple[tuple[str, float], ...] = ()
-    #: where ``layer_compute`` came from (a file path), for the plan's record
-    layer_compute_source: str | None = None
+    layer_compute: tuple[tuple[str, float], ...] = declared("layer_compute")
+    layer_compute_source: str | None = declared("layer_compute_source")
     layering: LayerOptions = field(default_factory=LayerOptions)
-    #: seconds for the whole search (the exact DP and CP-SAT together), and CP-SAT's workers (1 is deterministic)
-    time_limit: float = 60.0
-    workers: int = 1
+    time_limit: float = declared("time_limit")
+    workers: int = declared("workers")
     #: also price what the user would do otherwise: on a GPU the frameworks' default splits, on
     #: an IPU PopLiner's greedy split and an even one
-    compare: bool = False
-    #: the greedy baseline puts the unlayered operations on the first stage, as PopLiner does
-    unlayered_first: bool = False
+    compare: bool = declared("compare")
+    unlayered_first: bool = declared("unlayered_first")
     #: where values came from that a file gave: (parameter, file, field) for each, e.g.
     #: ("schedule", "solver.yaml", "schedule") or ("layer_regex", "plan.json", "request.layering.layer_regex");
     #: an error about such a value names the file and field (``named``), any other the parameter
@@ -224,6 +219,18 @@ class SolveRequest:
                 loaded[t] = load_target(t)
         return tuple(loaded[t] if isinstance(t, str) else t for t in self.targets)
 
+    def resolved_chunks(self) -> int:
+        """The chunks (virtual stages) each device runs: the count asked for, else the schedule's
+        own: one for none, GPipe and 1F1B (and ``auto``, which tries each count itself), the fixed
+        count of a V-shaped schedule, two for the looped ones. The one place this default is
+        decided: the solve, the plan's record and the micro-batch default all read it here."""
+        if self.chunks_per_rank is not None:
+            return self.chunks_per_rank
+        if self.schedule.one_stage_per_device or self.schedule is Schedule.AUTO:
+            return 1
+        from .schedule_kinds import ScheduleKind, traits
+        return traits(ScheduleKind(self.schedule.value)).fixed_chunks_per_rank or 2
+
     # -- settings files and the plan's record ---------------------------------------------------
     @classmethod
     def from_settings(cls, path: str | Path | None = None, devices: int = 1, **overrides: Any) -> "SolveRequest":
@@ -311,10 +318,9 @@ class SolveRequest:
             raise ProfileError(source, f"{prefix}.{exc.parameter}", exc.detail.removeprefix("expected ")) from None
 
 
-#: the fields a solver settings file may set (``stages`` is the file's name for ``exact``)
-SETTINGS_FIELDS = ("objective", "stages", "exact", "schedule", "micro_batches", "chunks_per_rank", "recompute",
-                   "headroom",
-                   "shared", "time_limit", "workers", "communication")
+#: the fields a solver settings file may set (solver/options.py; ``stages`` is the file's name for
+#: ``exact``, which the file may also set by its own name)
+SETTINGS_FIELDS = tuple(k for key in SETTINGS_KEYS for k in ((key, "exact") if key == "stages" else (key,)))
 
 
 def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:

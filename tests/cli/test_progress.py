@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from stagesplit.common.progress import Progress
+from stagesplit.reporting.progress import Progress
 from terminal import normalise, run_in_terminal, screen
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -123,5 +123,5 @@ def test_where_recompute_was_chosen_the_message_says_so():
                           recompute="auto")
         assert exact.status == "infeasible"
     # the bytes resident all step (the whole model's) need more than one device of 70 MiB, not more than two
-    resident = int(api._phase_table(api.analyze(str(CAPTURED)).model).resident[0, -1])
+    resident = int(api.analyze(str(CAPTURED)).model.phase_table.resident[0, -1])
     assert 70 * MIB < resident <= 2 * 70 * MIB
