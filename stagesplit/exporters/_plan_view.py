@@ -71,6 +71,9 @@ class PlanView:
     recompute: tuple[str, ...] = ()
     #: tensors layers more than one apart use (model/traffic.py's ``WideTensor``)
     wide_tensors: tuple[WideTensor, ...] = ()
+    #: the runtime the plan's memory was priced under (plan/records.py's ``RuntimeConditions``)
+    return_outputs: bool = False
+    gradients_set_to_none: bool = False
 
     def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
         """The first wide tensor a traced pipeline of this split would send past a stage, with the
@@ -229,7 +232,9 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         micro_batches=schedule.micro_batches if schedule is not None else inputs.micro_batches,
         chunks_per_rank=schedule.chunks_per_rank if schedule is not None else 1,
         headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
-        head=head, recompute=tuple(recompute), wide_tensors=tuple(getattr(plan, "wide_tensors", ())))
+        head=head, recompute=tuple(recompute), wide_tensors=tuple(getattr(plan, "wide_tensors", ())),
+        return_outputs=schedule.runtime.return_outputs if schedule is not None else False,
+        gradients_set_to_none=schedule.runtime.gradients_set_to_none if schedule is not None else False)
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

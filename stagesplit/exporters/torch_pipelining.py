@@ -192,10 +192,15 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               + ", ".join(f"{k}->{d}" for k, d in enumerate(view.devices)) + ")"),
              f"STAGES_OF_RANK = {py_literal(stages_of_rank)}   # one process per device: rank r builds these stages",
              f"N_MICROBATCHES = {m}   # micro-batches per step: {why}",
-             *(["# the runtime the plan was priced under, which train_step sets: the last stage does not keep the",
-                "# micro-batches' outputs (schedule.step(return_outputs=False)), and the gradients stay allocated",
-                "# between steps (zero the gradients with zero_grad(set_to_none=False))",
-                "RETURN_OUTPUTS = False", "GRADIENTS_SET_TO_NONE = False"] if options.training else []), "", "",
+             *([("# the runtime the plan was priced under, which train_step sets: the last stage does not keep the"
+                 if not view.return_outputs else
+                 "# the runtime the plan was priced under, which train_step sets: the last stage keeps the"),
+                f"# micro-batches' outputs (schedule.step(return_outputs={view.return_outputs}))"
+                + (", and the gradients stay allocated" if not view.gradients_set_to_none else
+                   ", and the gradients are freed"),
+                f"# between steps (zero the gradients with zero_grad(set_to_none={view.gradients_set_to_none}))",
+                f"RETURN_OUTPUTS = {view.return_outputs}", f"GRADIENTS_SET_TO_NONE = {view.gradients_set_to_none}"]
+               if options.training else []), "", "",
              *(_recompute_lines(recompute, stack is not None) if recompute else []),
              *([
                  "def _no_links_to_self(stage):",

@@ -38,8 +38,7 @@ from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule_kinds import ScheduleKind
 from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
-                      ScheduleCandidate,
-                      ScheduleRecord, StagePlan)
+                      RuntimeConditions, ScheduleCandidate, ScheduleRecord, StagePlan)
 
 __all__ = ["FORMAT", "GPU_MEMORY_WORDS", "VERSION", "plan_document", "read_plan", "write_plan"]
 
@@ -238,6 +237,7 @@ def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
     doc = asdict(s)
     doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
+    doc["runtime"] = asdict(s.runtime)
     for key, values in (("transfer_times", s.transfer_times), ("optimizer_times", s.optimizer_times)):
         if values:
             doc[key] = list(values)
@@ -284,7 +284,13 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
         if len(item) != 3:
             r.fail(f"schedule.chunk_times[{i}]", "[forward, backward, weight] times", item)
         times.append(tuple(_figure(r, x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
-    optional = {}
+    optional: dict[str, Any] = {}
+    if s.get("runtime") is not None:                 # older plans: the one runtime priced then
+        runtime = r.mapping(s["runtime"], "schedule.runtime")
+        r.known_keys(runtime, "schedule.runtime", {f.name for f in fields(RuntimeConditions)})
+        optional["runtime"] = RuntimeConditions(**{f.name: r.boolean(runtime.get(f.name, f.default),
+                                                                     f"schedule.runtime.{f.name}")
+                                                   for f in fields(RuntimeConditions)})
     for key, size, what in (("transfer_times", max(num_stages - 1, 0), "one transfer time per boundary"),
                             ("optimizer_times", devices, "one optimizer time per device")):
         if s.get(key) is None:

@@ -208,6 +208,21 @@ class RankRecord:
 
 
 @dataclass(frozen=True)
+class RuntimeConditions:
+    """What torch.distributed.pipelining's runtime does that the per-rank memory depends on, as a plan
+    priced it: whether ``schedule.step`` keeps every micro-batch's output (``return_outputs``), and
+    whether the gradients are freed between steps (``zero_grad(set_to_none=...)``: the plan counts
+    them allocated all step when not)."""
+
+    return_outputs: bool = False
+    gradients_set_to_none: bool = False
+
+
+#: the runtime every schedule plan is priced under (solver/chunk_problem.py's rules)
+RUNTIME_PRICED = RuntimeConditions()
+
+
+@dataclass(frozen=True)
 class ScheduleRecord:
     """How a plan runs as torch.distributed.pipelining runs its schedule: ``kind`` with
     ``chunks_per_rank`` chunks (virtual stages) per device, the step time and its bubble from
@@ -227,6 +242,8 @@ class ScheduleRecord:
     #: step time was simulated from, so the report draws the solved timeline (empty: not recorded)
     transfer_times: tuple[float, ...] = ()
     optimizer_times: tuple[float, ...] = ()
+    #: the runtime the memory was priced under (``RUNTIME_PRICED``), which the torch-pipelining export sets
+    runtime: RuntimeConditions = field(default_factory=lambda: RUNTIME_PRICED)
 
     @property
     def chunk_ranks(self) -> tuple[int, ...]:

@@ -111,3 +111,38 @@ def test_wide_tensors_round_trip_and_bad_ones_are_refused_naming_the_field(tmp_p
         path.write_text(json.dumps(doc))
         with pytest.raises(ProfileError, match=field):
             read_plan(path)
+
+
+def test_a_schedule_plan_states_the_runtime_it_was_priced_under_and_the_export_sets_it(tmp_path):
+    """A plan solved under a schedule records the runtime its per-rank memory assumed (the last stage
+    keeps no outputs, the gradients stay allocated between steps); the file keeps it, a hand-made
+    file saying otherwise is read as it says, and the torch-pipelining export sets exactly what the
+    plan records (an unknown key is refused naming the field)."""
+    from dataclasses import replace
+    from stagesplit.exporters import export_plan
+    from stagesplit.exporters.render import literal_assignments
+    from stagesplit.plan.records import RuntimeConditions
+    from stagesplit.api import solve
+    plan = solve(PROFILES / "gpt-captured.stagesplit", 2, schedule="1f1b", micro_batches=4)
+    assert plan.schedule.runtime == RuntimeConditions(return_outputs=False, gradients_set_to_none=False)
+    path = tmp_path / "p.json"
+    write_plan(plan, path)
+    doc = json.loads(path.read_text())
+    assert doc["schedule"]["runtime"] == {"return_outputs": False, "gradients_set_to_none": False}
+    import ast
+    code = export_plan(read_plan(path), "torch-pipelining")
+    values = literal_assignments(ast.parse(code))
+    assert (values["RETURN_OUTPUTS"], values["GRADIENTS_SET_TO_NONE"]) == (False, False)
+    doc["schedule"]["runtime"] = {"return_outputs": True, "gradients_set_to_none": True}
+    path.write_text(json.dumps(doc))
+    code = export_plan(read_plan(path), "torch-pipelining")
+    values = literal_assignments(ast.parse(code))
+    assert (values["RETURN_OUTPUTS"], values["GRADIENTS_SET_TO_NONE"]) == (True, True)
+    assert "return_outputs=True" in code and "set_to_none=True" in code
+    del doc["schedule"]["runtime"]                    # a plan written before: the runtime priced then
+    path.write_text(json.dumps(doc))
+    assert read_plan(path).schedule.runtime == RuntimeConditions()
+    doc["schedule"]["runtime"] = {"return_outputs": False, "keep_buffers": 1}
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"schedule\.runtime"):
+        read_plan(path)
