@@ -13,21 +13,25 @@ files take the output paths and refuse one that is also an input.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import contextmanager
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .common.deadline import Deadline
 from .common.events import Events
-from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
-                              DEFAULT_LAYER_REGEX)
-from .common.versions import VERSION
 from .common.guards import check_outputs as _check_paths, device_counts as _device_counts
+from .common.layering import (
+    DEFAULT_CALL_REGEX,
+    DEFAULT_FIRST_LAYER_REGEX,
+    DEFAULT_LAST_LAYER_REGEX,
+    DEFAULT_LAYER_REGEX,
+)
 from .common.limits import MAX_DEVICES
-from .common.text import show, short_repr
+from .common.text import short_repr, show
 from .common.validate import choice, integer, number
+from .common.versions import VERSION
 from .errors import OptionError, StagesplitError
 from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve_option
 
@@ -273,8 +277,13 @@ def _variant_sources(profile: Any):
     """The profile variants ``profile`` names (a variants file, or a list of them), or None for
     one profile."""
     from .io.profile import Profile
-    from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
-        variants_from_arguments
+    from .io.variants import (
+        VariantSource,
+        check_variants,
+        is_variants_file,
+        read_variants_file,
+        variants_from_arguments,
+    )
     if isinstance(profile, (str, Path)):
         return read_variants_file(profile) if is_variants_file(profile) else None
     if not isinstance(profile, (list, tuple)):
@@ -592,8 +601,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     storages rounded up to this many bytes; ``name``: the profile's (default: the factory's);
     ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
     torch's logging through."""
-    from .io import save_profile
     from .capturing.pytorch import capture as capture_step
+    from .io import save_profile
     events = _events(events)
     if not isinstance(model, str):
         raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "
@@ -657,9 +666,9 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     """The plan's split in a training framework's own form (``stagesplit.exporters.FORMATS``);
     ``plan`` is a ``Plan`` or a plan file. Written to ``output`` (atomically) when given."""
     from .common.fileio import atomic_write_text
+    from .exporters import export_plan
     from .plan.files import read_plan
     from .plan.records import Plan
-    from .exporters import export_plan
     source = None
     if isinstance(plan, (str, Path)):
         source = str(plan)

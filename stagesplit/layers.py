@@ -30,8 +30,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
-                              DEFAULT_LAYER_REGEX)
+from .common.layering import (
+    DEFAULT_CALL_REGEX,
+    DEFAULT_FIRST_LAYER_REGEX,
+    DEFAULT_LAST_LAYER_REGEX,
+    DEFAULT_LAYER_REGEX,
+)
 from .common.regex import Pattern, compile_regex
 from .common.text import short_repr
 from .common.validate import choice
@@ -94,7 +98,7 @@ class LayerOptions:
                 "last_layer_regex": self.last_layer_regex, "call_regex": self.call_regex, "order": self.order.value}
 
     @classmethod
-    def from_record(cls, record: Any, source: str, prefix: str) -> "LayerOptions":
+    def from_record(cls, record: Any, source: str, prefix: str) -> LayerOptions:
         """Options a plan recorded, each field checked (``ProfileError`` naming ``source`` and the field)."""
         if not isinstance(record, Mapping):
             raise ProfileError(source, prefix, "a mapping of layer-grouping options", type(record).__name__)

@@ -18,7 +18,7 @@ import shutil
 import sys
 import tempfile
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import StagesplitError
 

@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from .. import api
 from ..errors import StagesplitError, one_line

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = ["deferred_signals", "solve_interruptibly"]
 

@@ -14,7 +14,7 @@ surrogates (possible from JSON escapes) are matched as if each were U+FFFD, keep
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import PatternError
 from .text import one_line, short_repr

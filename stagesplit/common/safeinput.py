@@ -74,7 +74,7 @@ class InputFile:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "InputFile":
+    def __enter__(self) -> InputFile:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import ast
 
-from ._common import POPLIBS_MEMORY_PROPORTION, Decoded, ExportOptions, fqn_index, from_starts, \
-    layer_expressions, pipelined_accumulation
+from ._common import (
+    POPLIBS_MEMORY_PROPORTION,
+    Decoded,
+    ExportOptions,
+    fqn_index,
+    from_starts,
+    layer_expressions,
+    pipelined_accumulation,
+)
 from ._plan_view import PlanView
 from .render import RenderCheckError, expression_path, py_literal, py_str
 

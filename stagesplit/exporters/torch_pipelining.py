@@ -222,7 +222,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              *(["    The blocks of RECOMPUTE are checkpointed as the plan chose (apply_recompute), once the tied groups",
                 '    are read."""'] if recompute else []),
              "    rank = dist.get_rank(group)",
-             f"    mine = STAGES_OF_RANK[rank]"]
+             "    mine = STAGES_OF_RANK[rank]"]
     if stack:
         wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
         lines += ["    if builds_from_modules(model):",

@@ -3,12 +3,23 @@ of synthetic profiles and the tests. Bulk methods take numpy arrays for large pr
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
-                      TileCosts, Variables, VertexCode)
+from .profile import (
+    GroundTruth,
+    Liveness,
+    Operations,
+    Profile,
+    ProfileInfo,
+    Programs,
+    Ragged,
+    Target,
+    TileCosts,
+    Variables,
+    VertexCode,
+)
 
 __all__ = ["ALWAYS", "ProfileBuilder"]
 

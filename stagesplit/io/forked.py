@@ -18,7 +18,8 @@ import struct
 import sys
 import threading
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -125,7 +126,7 @@ class Forked:
         if not self.pipe.closed:
             self.pipe.close()
 
-    def __enter__(self) -> "Forked":
+    def __enter__(self) -> Forked:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 

@@ -27,14 +27,14 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .builder import ProfileBuilder
-from ..errors import ProfileError
-from .profile import Profile, ProfileInfo, Target
 from ..common.limits import MAX_COMPUTE
+from ..errors import ProfileError
+from .builder import ProfileBuilder
 from .layerform import one_tile
 from .onnxcheck import tensor_bytes
 from .onnxflops import node_flops
 from .onnxshapes import numel, shape_table
+from .profile import Profile, ProfileInfo, Target
 
 __all__ = ["DTYPES", "NodeCost", "OnnxImport", "build_profile"]
 

@@ -15,8 +15,8 @@ import re
 
 import numpy as np
 
-from ..errors import OptionError, ProfileError, StagesplitError
 from ..common.text import one_line, short_repr
+from ..errors import OptionError, ProfileError, StagesplitError
 from .onnxread import PARSE_BYTES_PER_BYTE, PARSE_MEMORY_BASE, address_space_limit
 
 __all__ = ["MAX_DIM", "parse_dims", "checked_dims", "bind_dims", "infer_shapes", "fold_shape_computations",
@@ -105,6 +105,7 @@ def fold_shape_computations(onnx, model) -> bool:
     nodes into Constants holding their values, so inference sees the shapes. Returns whether any
     node changed. Nodes keep their names; only data-movement and tiny arithmetic nodes change."""
     import warnings
+
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
     g = model.graph

@@ -70,19 +70,32 @@ from __future__ import annotations
 import math
 import os
 import shlex
+from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import ProfileError, StagesplitError
-from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
-                       Variables, VertexCode, narrowest_int)
+from . import pva_export as rules
 from .debugcbor import DebugInfo, read_debug_cbor
 from .forked import ChildFailed, Forked, can_fork
-from . import pva_export as rules
+from .profile import (
+    GroundTruth,
+    Liveness,
+    Operations,
+    Profile,
+    ProfileInfo,
+    Programs,
+    Ragged,
+    Target,
+    TileCosts,
+    Variables,
+    VertexCode,
+    narrowest_int,
+)
 from .pva_export import operation_name
 
 __all__ = ["CATEGORIES", "CYCLES_PER_VERTEX", "LIBPVA_HELP", "PARALLEL_FROM", "PROGRAM_WEIGHT", "TRACE_TILES",
@@ -650,7 +663,7 @@ class _SparseRows:
         self.keys = []
 
     @classmethod
-    def finished(cls, tiles: int, keys: list[np.ndarray], tile: np.ndarray, values: np.ndarray) -> "_SparseRows":
+    def finished(cls, tiles: int, keys: list[np.ndarray], tile: np.ndarray, values: np.ndarray) -> _SparseRows:
         """Rows that hold what ``finish`` returned (more can be added)."""
         rows = cls(tiles, len(keys))
         rows.parts = [(list(keys), tile, values)]

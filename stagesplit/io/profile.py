@@ -13,9 +13,9 @@ Step intervals are half-open ``[start, end)``; operation step ranges are inclusi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Sequence
 
 import numpy as np
 
@@ -50,7 +50,7 @@ class Phase(IntEnum):
         return self.name.lower()
 
     @classmethod
-    def from_label(cls, label: str) -> "Phase":
+    def from_label(cls, label: str) -> Phase:
         return cls[label.upper()]
 
 
@@ -97,7 +97,7 @@ class Ragged:
     values: np.ndarray
 
     @classmethod
-    def from_lists(cls, rows: Sequence[Sequence], dtype=np.int64, width: int | None = None) -> "Ragged":
+    def from_lists(cls, rows: Sequence[Sequence], dtype=np.int64, width: int | None = None) -> Ragged:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -107,7 +107,7 @@ class Ragged:
         return cls(offsets, values)
 
     @classmethod
-    def empty(cls, rows: int, dtype=np.int64, width: int | None = None) -> "Ragged":
+    def empty(cls, rows: int, dtype=np.int64, width: int | None = None) -> Ragged:
         shape = (0,) if width is None else (0, width)
         return cls(np.zeros(rows + 1, dtype=np.int64), np.zeros(shape, dtype=dtype))
 
@@ -169,7 +169,7 @@ class TileCosts:
     bytes: np.ndarray
 
     @classmethod
-    def empty(cls) -> "TileCosts":
+    def empty(cls) -> TileCosts:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def __len__(self) -> int:
@@ -187,7 +187,7 @@ class VertexCode:
     bytes: np.ndarray
 
     @classmethod
-    def empty(cls) -> "VertexCode":
+    def empty(cls) -> VertexCode:
         z = np.zeros(0, np.int64)
         return cls(z, z.copy(), z.copy(), z.copy())
 
@@ -217,7 +217,7 @@ class Programs:
         return len(self.name)
 
     @classmethod
-    def empty(cls) -> "Programs":
+    def empty(cls) -> Programs:
         return cls([], [], np.zeros(0), np.zeros(0, np.int64), [], VertexCode.empty(),
                    TileCosts.empty(), TileCosts.empty(), TileCosts.empty())
 
@@ -351,7 +351,7 @@ class Profile:
         idx = int(self.variables.name[v])
         return self.names[idx] if idx >= 0 else f"var#{v}"
 
-    def validate(self, source: str | None = None) -> "Profile":
+    def validate(self, source: str | None = None) -> Profile:
         """Check every cross-reference and range; raise ProfileError naming the first bad field."""
         _validate(self, source)
         return self

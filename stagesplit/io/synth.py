@@ -26,9 +26,9 @@ from pathlib import Path
 
 import numpy as np
 
-from .builder import ProfileBuilder
 from ..common.fileio import atomic_output
 from ..errors import StagesplitError
+from .builder import ProfileBuilder
 from .compact import profile_columns, write_columns
 from .compactformat import INT, CompactWriter, Spill
 from .profile import GroundTruth, Profile, ProfileInfo, Target
@@ -286,7 +286,7 @@ class _Generator:
     large profile: tens of millions of rows) go to ``costs``: the profile builder by default,
     or temporary files (``_SpilledCosts``) when the profile is streamed to disk."""
 
-    def __init__(self, model: SynthModel, target: Target, costs: "_SpilledCosts | None" = None):
+    def __init__(self, model: SynthModel, target: Target, costs: _SpilledCosts | None = None):
         self.model = model
         self.opt = model.options
         self.target = target

@@ -43,7 +43,7 @@ class LayerCosts:
     shared: int                  # bytes every stage holds (the shared weights and other, or 0)
 
     @classmethod
-    def of(cls, form: LayerForm, shared_on_every_stage: bool) -> "LayerCosts":
+    def of(cls, form: LayerForm, shared_on_every_stage: bool) -> LayerCosts:
         def column(*names: str) -> np.ndarray:
             return np.array([sum(getattr(layer, n) for n in names) for layer in form.layers], np.int64)
         shared = form.shared_weights + form.shared_other if shared_on_every_stage else 0

@@ -57,7 +57,7 @@ class RangeTable:
     # -- construction ---------------------------------------------------------------------------
     @classmethod
     def dense(cls, in_flight, worst_bytes: np.ndarray, worst_tile: np.ndarray | None = None,
-              capacity: int | None = None, compute_prefix: np.ndarray | None = None) -> "RangeTable":
+              capacity: int | None = None, compute_prefix: np.ndarray | None = None) -> RangeTable:
         """From full (K, L, L) arrays (entry [k, a, b] the range a..b; b < a unused), cut to the band
         of ``capacity``."""
         ks = tuple(int(k) for k in in_flight)
@@ -77,7 +77,7 @@ class RangeTable:
 
     @classmethod
     def linear(cls, in_flight, once: np.ndarray, stash: np.ndarray, capacity: int | None,
-               compute_prefix: np.ndarray | None = None) -> "RangeTable":
+               compute_prefix: np.ndarray | None = None) -> RangeTable:
         """One tile: (L, W) bands of the bytes held once and the bytes stashed per extra
         micro-batch in flight (OVER past the last layer)."""
         return cls(tuple(int(k) for k in in_flight), capacity, once[None], stash, None, compute_prefix)

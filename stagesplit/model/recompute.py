@@ -48,9 +48,10 @@ from enum import Enum
 import numpy as np
 
 from ..io.profile import Phase
+from .view import ModelView
 
-# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model's
-# type is named here in annotations only, which are never evaluated (no import circle)
+# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model is
+# read here through its structural view (model/view.py), not its class (no import circle)
 
 __all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table"]
 
@@ -132,7 +133,7 @@ class RecomputeTable:
         return total_saved, forward - whole, backward - whole, added
 
 
-def recompute_table(model: "StageCostModel", producer: np.ndarray, forward_peak: np.ndarray,
+def recompute_table(model: ModelView, producer: np.ndarray, forward_peak: np.ndarray,
                     backward_peak: np.ndarray, op_times: np.ndarray, time_unit: str) -> RecomputeTable:
     """The options' figures for every layer of a profile with phases. ``producer``: the
     operation that made each variable (-1: none); ``forward_peak`` and ``backward_peak``: each

@@ -66,11 +66,11 @@ class StageMemory:
         """The fullest tile's bytes with ``in_flight`` micro-batches in flight."""
         return int(self.total(in_flight).max())
 
-    def at_tile(self, tile: int, in_flight: int = 1) -> "MemoryBreakdown":
+    def at_tile(self, tile: int, in_flight: int = 1) -> MemoryBreakdown:
         """The breakdown of one tile's bytes."""
         return MemoryBreakdown(*(int(a[tile]) for a in self._arrays(in_flight)))
 
-    def summed(self, in_flight: int = 1) -> "MemoryBreakdown":
+    def summed(self, in_flight: int = 1) -> MemoryBreakdown:
         """The breakdown summed over tiles."""
         return MemoryBreakdown(*(int(a.sum()) for a in self._arrays(in_flight)))
 
@@ -105,7 +105,7 @@ class MemoryBreakdown:
         return tuple(f.name for f in fields(cls))
 
     @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> "MemoryBreakdown":
+    def from_dict(cls, values: dict[str, Any]) -> MemoryBreakdown:
         return cls(**{k: int(values.get(k, 0)) for k in cls.keys()})
 
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers import LayerAssignment
 from ..io.profile import Phase, Profile
+from ..layers import LayerAssignment
 
 __all__ = ["Timeline", "phase_columns", "ramp"]
 

@@ -6,8 +6,9 @@ devices, and solve the chunks of pipeline schedules."""
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -17,12 +18,20 @@ from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_split_cpsat
-from ..solver.dp import (Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy,
-                         uniform)
-from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate_split, in_flight,
-                              in_flight_values, stage_capacities, with_devices)
-from .baselines import framework_baselines, layer_roles
+from ..solver.dp import Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy, uniform
+from ..solver.problem import (
+    SolveOptions,
+    Split,
+    SplitProblem,
+    build_problem,
+    evaluate_split,
+    in_flight,
+    in_flight_values,
+    stage_capacities,
+    with_devices,
+)
 from ..solver.request import SolveRequest
+from .baselines import framework_baselines, layer_roles
 from .build import make_plan, make_schedule_plan, refused_plan
 from .records import Plan, PlanInputs
 from .text import step_text
@@ -755,6 +764,7 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
     import dataclasses
     import math
     import time
+
     from ..errors import StagesplitError
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_search import local_search

@@ -30,8 +30,8 @@ embedding and head are folded into its first and last blocks).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 

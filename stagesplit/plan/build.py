@@ -5,7 +5,7 @@ what the plan was solved from."""
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Sequence
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -18,8 +18,17 @@ from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
 from ..solver.schedule_memory import chunks_in_flight
-from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord, ScheduleRecord,
-                      StagePlan)
+from .records import (
+    PhaseRecord,
+    Plan,
+    PlanInputs,
+    PlanProfile,
+    PlanRun,
+    PlanVariant,
+    RankRecord,
+    ScheduleRecord,
+    StagePlan,
+)
 
 __all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
 
@@ -101,7 +110,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                                   unit=units[ph.quantity], scale=problem.objective_scale(ph.quantity),
                                   solver_value=ph.value, solver_bound=ph.bound, proof=ph.proof))
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   solver_seconds=round(result.seconds, 3) if result else 0.0,
                   phase_seconds=tuple(ph.seconds for ph in phases), versions=versions(),
                   dp_seconds=_rounded(result.dp_seconds if result else None),
@@ -183,7 +192,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                                                                       "FEASIBLE" if feasible else "UNKNOWN"),
                           value, value if solve.optimal else bound, gap, round(solve.seconds, 3), unit=unit,
                           proof="cp-sat")]
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   solver_seconds=round(solve.seconds, 3), phase_seconds=(round(solve.seconds, 3),),
                   versions=versions())
     notes = list(solve.notes)
@@ -197,7 +206,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:
     """A plan with no split: the request cannot be solved as asked (``message`` says why), or
     (``status="unknown"``) the time limit came before any split was found."""
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   versions=versions())
     return Plan(profile=plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=inputs.options.devices, method="cp-sat", status=status, feasible=False,

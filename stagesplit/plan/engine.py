@@ -11,9 +11,10 @@ the solve starts and passed down; a phase given a share of the time asks it what
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events

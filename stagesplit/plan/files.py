@@ -37,9 +37,19 @@ from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule_kinds import ScheduleKind
-from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
-                      ScheduleCandidate,
-                      ScheduleRecord, StagePlan)
+from .records import (
+    MEMORY_KEYS,
+    PhaseRecord,
+    Plan,
+    PlanInputs,
+    PlanProfile,
+    PlanRun,
+    PlanVariant,
+    RankRecord,
+    ScheduleCandidate,
+    ScheduleRecord,
+    StagePlan,
+)
 
 __all__ = ["FORMAT", "GPU_MEMORY_WORDS", "VERSION", "plan_document", "read_plan", "write_plan"]
 
@@ -223,8 +233,9 @@ def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
         r.known_keys(item, p, {f.name for f in fields(ScheduleCandidate)})
 
         def optional_number(key: str):
-            x = item.get(key)
-            return None if x is None else _figure(r, x, f"{p}.{key}")
+            # called only within this iteration, so the loop's current item and p are the ones meant
+            x = item.get(key)  # noqa: B023
+            return None if x is None else _figure(r, x, f"{p}.{key}")  # noqa: B023
         out.append(ScheduleCandidate(
             schedule=r.choice(r.get(item, "schedule", p), f"{p}.schedule", tuple(k.value for k in ScheduleKind)),
             chunks_per_rank=r.integer(r.get(item, "chunks_per_rank", p), f"{p}.chunks_per_rank", minimum=1),

@@ -5,17 +5,18 @@ answer was obtained. ``plan/files.py`` writes and reads it as versioned JSON or 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from ..common import hooks
+from ..common.text import one_line
 from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
 from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
-from ..common import hooks
-from ..common.text import one_line
 from .text import seconds_text, split_text
 
 if TYPE_CHECKING:
@@ -289,7 +290,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: not written to the plan file: what the user would do otherwise, priced alongside (``compare``),
     #: and what the command line prints as warnings
-    baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
+    baselines: list[Plan] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
     #: the cost model the plan was solved on (for plots and reports); None for a plan read from a file
     analysis: StageCostModel | None = field(default=None, repr=False, compare=False)

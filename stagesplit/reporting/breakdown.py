@@ -7,12 +7,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..common.text import one_line, show
+from ..layers import Rule
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.stagememory import program_code
-from ..layers import Rule
-from .table import Column, Table
 from ..model.traffic import Traffic, layer_traffic
-from ..common.text import one_line, show
+from .table import Column, Table
 from .units import GIB, device_words
 
 __all__ = ["Breakdown", "CODE", "DEFAULT_SECTIONS", "OperationCosts", "SECTIONS", "operation_costs"]
@@ -35,7 +35,7 @@ class Breakdown:
     shared: StageMemory
 
     @classmethod
-    def of(cls, model: StageCostModel) -> "Breakdown":
+    def of(cls, model: StageCostModel) -> Breakdown:
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
 
     def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:

@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+
 from ..common.fileio import atomic_write_text
 from ..common.text import escape_surrogates
 from ..common.versions import VERSION
@@ -21,8 +22,16 @@ from ..plan.records import Plan
 from .plot import MANY_STAGES, plan_figure
 from .summary import comparison_table, stages_table
 from .table import Table, formatted, gpu_view
-from .timeline import (ChunkFigures, gantt_figure, rank_memory_figure, schedule_view, step_summary, step_text,
-                       summary_figure, too_large_to_draw)
+from .timeline import (
+    ChunkFigures,
+    gantt_figure,
+    rank_memory_figure,
+    schedule_view,
+    step_summary,
+    step_text,
+    summary_figure,
+    too_large_to_draw,
+)
 from .units import device_words
 from .why import compare_line, comparisons, why_line
 

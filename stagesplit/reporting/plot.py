@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from ..errors import StagesplitError
 from ..common.fileio import atomic_write_bytes
 from ..common.text import escape_surrogates
+from ..errors import StagesplitError
 from ..plan.records import Plan
 from .why import stage_times
 

@@ -8,8 +8,9 @@ import json
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..common.text import one_line
 

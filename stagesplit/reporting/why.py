@@ -17,14 +17,14 @@ step of ``P`` stages and ``M`` micro-batches takes ``(M + P - 1)`` times the slo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
 
 import numpy as np
 
+from ..errors import StagesplitError
 from ..plan.baselines import LABELS
 from ..plan.records import Plan
-from ..errors import StagesplitError
 from ..plan.text import split_text
 from .units import DeviceWords
 

@@ -27,8 +27,8 @@ OR-Tools is imported when a model is first built.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import numpy as np
 
@@ -390,10 +390,11 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
             log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
         start = _time.monotonic()
 
+        # called only within this phase's iteration: its quantity, and best as it stands at the call
         def check(value: int, minimise: bool = False, budget: float | None = None):
             limits = dict(bounds)
-            limits[quantity] = value
-            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
+            limits[quantity] = value  # noqa: B023
+            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)  # noqa: B023
             remaining = end - _time.monotonic()
             return model.solve(remaining, o.workers, deterministic=budget)
 

@@ -23,8 +23,8 @@ variants that fit it and keep the earlier bounds (``choose_variants`` says which
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import numpy as np
 

@@ -64,10 +64,10 @@ class Action:
     op: Op
     chunk: int = -1
     micro_batch: int = -1
-    parts: tuple["Action", ...] = ()
+    parts: tuple[Action, ...] = ()
 
     @property
-    def leaves(self) -> tuple["Action", ...]:
+    def leaves(self) -> tuple[Action, ...]:
         """The actions that run: the parts of an F+BW, else the action itself."""
         return self.parts or (self,)
 

@@ -161,7 +161,7 @@ class MemorySignature:
     weight_stashes: tuple[int, ...]  #: other micro-batches' W-pending stashes, per chunk
     retained: tuple[int, ...]        #: backwards done in this step whose sends are kept, per chunk
 
-    def dominates(self, other: "MemorySignature") -> bool:
+    def dominates(self, other: MemorySignature) -> bool:
         """Whether this one is >= ``other`` for every choice of non-negative quantities."""
         return (self.op is other.op and self.chunk == other.chunk
                 and all(a >= b for a, b in zip(self.stashes, other.stashes))

@@ -10,8 +10,8 @@ B(m,c+1) + transfer; W(m,c) after B(m,c). Every rank starts at time 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
 
@@ -68,7 +68,7 @@ def _build_graph(schedule: ScheduleInstance) -> _Graph:
             previous.append(lid - 1 if i else -1)
     last = schedule.chunks - 1
     deps: list[tuple[tuple[int, int], ...]] = []
-    for r, rank_leaves in enumerate(leaves):
+    for rank_leaves in leaves:
         check_deadline(_SIMULATING)
         for a in rank_leaves:
             c, m = a.chunk, a.micro_batch
