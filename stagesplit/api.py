@@ -13,11 +13,11 @@ files take the output paths and refuse one that is also an input.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from .common.deadline import Deadline
 from .common.events import Events
@@ -37,11 +37,13 @@ from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve
 
 if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
     from .io.profile import Profile, Target
+    from .io.variants import VariantSource
     from .layers import LayerOptions
     from .model.analysis import Analysis
     from .solver.request import SharedPolicy, SolveRequest
 
-    ProfileLike = str | Path | Profile | Analysis
+    # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources)
+    ProfileLike = str | Path | Profile | Analysis | Sequence[VariantSource]
 
 
 #: the layer grouping's default patterns (``LayerOptions``'s fields), for the command line's help
@@ -106,6 +108,10 @@ def _events(events: Events | None) -> Events:
     return events if events is not None else Events()
 
 
+@overload
+def _path(parameter: str, value: Any, *, optional: Literal[False] = False) -> str: ...
+@overload
+def _path(parameter: str, value: Any, *, optional: bool) -> str | None: ...
 def _path(parameter: str, value: Any, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
@@ -121,6 +127,12 @@ def _layering(value: Any) -> LayerOptions | None:
     return value
 
 
+@overload
+def _target(parameter: str, value: None) -> None: ...
+@overload
+def _target(parameter: str, value: str | Target) -> Target: ...
+@overload
+def _target(parameter: str, value: Any) -> Target | None: ...
 def _target(parameter: str, value: Any) -> Target | None:
     from .io.profile import Target
     from .io.targets import load_target
@@ -399,7 +411,9 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         if missing:
             raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
                                   f"{show(missing[0])}; give the profiles")
-        profile = [VariantSource(_recorded_path(plan_path, v.path, f"variants[{i}].path"), v.proportion, v.name)
+        # every variant has a path (checked above); solve checks the proportions (check_variants)
+        profile = [VariantSource(_recorded_path(plan_path, cast(str, v.path), f"variants[{i}].path"),
+                                 v.proportion, v.name)  # type: ignore[arg-type]
                    for i, v in enumerate(recorded.variants)]
         if out is not None:
             _check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
@@ -424,6 +438,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
     matches = None if not want or not got else want == got
     differences = []
     if matches is False:
+        assert want is not None and got is not None     # both recorded (matches says so)
         differences.append(f"profile SHA-256 {got[:12]}... differs from the recorded {want[:12]}...")
     old = [(s.first_layer, s.last_layer, s.device) for s in recorded.stages]
     new = [(s.first_layer, s.last_layer, s.device) for s in plan.stages]
@@ -648,7 +663,7 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
         params["layers"] = integer("layers", layers, 1, 10_000)
     piece_bytes = integer("piece_bytes", piece_bytes, 1, 2**40, optional=True)
     programs_per_op = integer("programs_per_op", programs_per_op, 1, 1000, optional=True)
-    options = dict(seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
+    options: dict[str, Any] = dict(seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
     events.start(f"synthesizing {family}")
     if output is not None and Path(output).suffix in COMPACT_SUFFIXES:    # streamed: bounded memory at any size
         profile = write_synthetic(output, family, target, **options)

@@ -44,6 +44,8 @@ class Deadline:
     time gets a new one (``part``), ending no later than this one."""
 
     __slots__ = ("at", "limit")
+    at: float
+    limit: float | None
 
     def __init__(self, at: float, limit: float | None = None) -> None:
         object.__setattr__(self, "at", float(at))

@@ -85,7 +85,7 @@ class Pattern:
 
     def findall(self, text: str) -> list:
         """Like ``re.findall``: whole matches, the one group, or tuples of groups."""
-        out = []
+        out: list[str | tuple[str, ...] | None] = []
         for m in self.finditer(text):
             if self.groups == 0:
                 out.append(m.group(0))

@@ -112,9 +112,9 @@ def _compare(view: PlanView, fmt: str, decoded: Decoded) -> None:
     if decoded.recompute is not None and decoded.recompute != view.recompute:
         differ = next(i for i, (a, b) in enumerate(zip(decoded.recompute + ("?",) * len(view.recompute),
                                                            view.recompute)) if a != b)
-        got = decoded.recompute[differ] if differ < len(decoded.recompute) else "nothing"
+        written = decoded.recompute[differ] if differ < len(decoded.recompute) else "nothing"
         raise view.error(f"{fmt}: internal check failed: layer '{view.layer(differ)}' would be recomputed "
-                         f"'{got}', the plan says '{view.recompute[differ]}'; nothing written")
+                         f"'{written}', the plan says '{view.recompute[differ]}'; nothing written")
     if decoded.devices is not None and decoded.devices != view.devices:
         raise view.error(f"{fmt}: internal check failed: the stages would run on devices {list(decoded.devices)}, "
                          f"the plan says {list(view.devices)}; nothing written")

@@ -126,7 +126,7 @@ def block_stack(view: PlanView) -> str | None:
     if not paths or any(p is None for p in paths):
         return None
     try:
-        fqns = [module_fqn(p) for p in paths]
+        fqns = [module_fqn(p) for p in paths if p is not None]      # every one (checked above)
     except ValueError:
         return None
     stack = fqns[0].rpartition(".")[0]

@@ -43,6 +43,7 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     # FIFO or process substitution cannot be reopened), and a pipe or device is read with a cap
     with InputFile(path, "profile") as f:
         head = f.head(64)
+        reader: Callable[[Path, bytes], Profile]
         if head.startswith(b"PK"):
             reader = read_compact
         elif head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):   # a UTF-8 byte order mark may lead

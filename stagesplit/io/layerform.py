@@ -212,8 +212,9 @@ def layer_form(profile: Profile) -> LayerForm | None:
         names = ops.layer[:n]
         if any(not isinstance(x, str) for x in names) or len(set(names)) != n:
             continue
+        layer_names = [x for x in names if isinstance(x, str)]         # every one (checked above)
         specs = tuple(LayerSpec(name, **{f: size(f"{name}/{f}") for f in _BYTE_FIELDS},
-                                compute=float(ops.compute[i])) for i, name in enumerate(names))
+                                compute=float(ops.compute[i])) for i, name in enumerate(layer_names))
         shared = (size("shared/weights"), size("shared/other"))
         if min([*shared, *(getattr(l, f) for l in specs for f in _BYTE_FIELDS)]) < 0:
             return None

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
+from typing import Any
 
 import numpy as np
 
@@ -114,7 +115,7 @@ class Ragged:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int | np.integer[Any]) -> np.ndarray:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
     def lengths(self) -> np.ndarray:
@@ -246,9 +247,10 @@ class Operations:
     programs: Ragged
     compute: np.ndarray
     layer: list[str | None]
-    bytes_accessed: np.ndarray | None = None   # bytes read + written per operation; NaN where unknown
+    # None given: __post_init__ fills both in (always arrays after construction)
+    bytes_accessed: np.ndarray = None  # type: ignore[assignment]  # bytes read + written per operation; NaN where unknown
     #: the ``Phase`` of every operation (int8; ``Phase.UNKNOWN`` where the source does not say)
-    phase: np.ndarray | None = None
+    phase: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.bytes_accessed is None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,5 +27,5 @@ class Analysis:
 
     @classmethod
     def load(cls, path: str | Path, debug: str | Path | None = None, layer_options: LayerOptions | None = None,
-             shared: str = "every", progress=None) -> Analysis:
+             shared: str = "every", progress: Callable[[int, int], None] | None = None) -> Analysis:
         return cls.of(load_profile(path, debug, progress), layer_options, shared)

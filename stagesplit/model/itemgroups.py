@@ -19,7 +19,8 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     values = np.sort(values)
     if len(values) == 0:
         return values
-    return values[np.concatenate([[True], values[1:] != values[:-1]])]
+    result: np.ndarray = values[np.concatenate([[True], values[1:] != values[:-1]])]
+    return result
 
 
 @dataclass
@@ -44,7 +45,7 @@ class ItemGroups:
         keep = layer >= 0
         # (item, layer) keys; 32-bit where they fit, which numpy sorts several times faster
         dtype = np.int32 if max(num_items, 1) * max(num_layers, 1) < 2**31 else np.int64
-        key = ragged_values[keep].astype(dtype)
+        key: np.ndarray = ragged_values[keep].astype(dtype)
         key *= num_layers
         key += layer[keep].astype(dtype)
         key = sorted_unique(key)

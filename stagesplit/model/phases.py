@@ -28,6 +28,7 @@ whose columns are masked), for every range at once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TypeVar
 
@@ -115,7 +116,7 @@ class PhaseTable:
     def num_layers(self) -> int:
         return len(self.resident)
 
-    def chunks(self, bounds) -> ChunkCosts:
+    def chunks(self, bounds: Sequence[int] | np.ndarray) -> ChunkCosts:
         """The figures of the chunks ``bounds[i]..bounds[i+1]-1`` (a split's boundaries)."""
         b = np.asarray(bounds, np.int64)
         a, last = b[:-1], b[1:] - 1
@@ -316,12 +317,12 @@ def _freed_at_input_backward(model: ModelView) -> np.ndarray:
     return out
 
 
-def one_stack(paths) -> bool:
+def one_stack(paths: Sequence[str | None]) -> bool:
     """Whether the layers are the blocks of one stack, in order (``model.layers.0`` ...
     ``model.layers.{L-1}``; slashed name scopes read as dots)."""
     if not paths or any(not isinstance(p, str) for p in paths):
         return False
-    dotted = [p.replace("/", ".") for p in paths]
+    dotted = [p.replace("/", ".") for p in paths if isinstance(p, str)]     # every one is (above)
     stack = dotted[0].rpartition(".")[0]
     return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
 
@@ -387,4 +388,5 @@ def _layer_phase_times(model: ModelView, per_op: np.ndarray) -> np.ndarray:
     inside = lay >= 0
     total = np.bincount(lay[inside], weights=per_op[inside], minlength=L)[:L]
     summed = times.sum(axis=1)
-    return times * np.divide(total, summed, out=np.ones(L), where=summed > 0)[:, None]
+    result: np.ndarray = times * np.divide(total, summed, out=np.ones(L), where=summed > 0)[:, None]
+    return result

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,6 +18,7 @@ from ..model.traffic import Traffic, wide_tensors
 from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
+from ..solver.schedule_generation import Action
 from ..solver.schedule_memory import chunks_in_flight
 from .records import (
     PhaseRecord,
@@ -29,6 +31,10 @@ from .records import (
     ScheduleRecord,
     StagePlan,
 )
+
+if TYPE_CHECKING:
+    from ..solver.chunk_cpsat import ChunkSolve
+    from ..solver.chunk_problem import ChunkProblem
 
 __all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
 
@@ -123,7 +129,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 wide_tensors=wide_tensors(model, traffic))
 
 
-def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
+def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: ChunkSolve, inputs: PlanInputs, *, traffic: Traffic,
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
     """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
@@ -214,7 +220,7 @@ def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status
                 module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied, analysis=model)
 
 
-def _action_text(action) -> str:
+def _action_text(action: Action) -> str:
     """``F3 of chunk 5``: an action as the plan tells it."""
     names = {"F": "forward", "B": "backward (input gradients)", "W": "backward (weight gradients)",
              "BW": "backward"}

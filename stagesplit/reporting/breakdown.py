@@ -4,6 +4,7 @@ category and by tile, and what layers share and send each other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -321,7 +322,7 @@ class Breakdown:
         if top is not None:
             order = order[:max(top, 0)]
         steps = whole.peak_step[order]
-        cols = {"total_bytes": (total[order], "int64"), "always_live_bytes": (whole.always_live[order], "int64"),
+        cols: dict[str, tuple[Any, Any]] = {"total_bytes": (total[order], "int64"), "always_live_bytes": (whole.always_live[order], "int64"),
                 "not_always_live_bytes": (whole.not_always_live[order], "int64"),
                 "peak_step": ([int(s) if s >= 0 else None for s in steps], "Int64")}
         for k in CODE:

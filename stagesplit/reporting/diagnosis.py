@@ -219,6 +219,7 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
 def _ground_truth_check(model: StageCostModel, sm: StageMemory, tile: int, step: int, lookup: _Lookup,
                         top: int) -> GroundTruthCheck:
     gt = model.profile.ground_truth
+    assert gt is not None                     # the caller checked
     rows = [("always-live variables", int(sm.always_live[tile]), int(gt.always_live[tile])),
             ("not-always-live variables (peak)", int(sm.not_always_live[tile]), int(gt.not_always_live[tile]))]
     for name, values in gt.categories.items():

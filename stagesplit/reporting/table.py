@@ -45,7 +45,7 @@ class Table:
 
 
 def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
-    biggest = max((abs(v) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0)
+    biggest = max((abs(float(v)) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0.0)
     if biggest >= 10 * 2**30:           # GiB only from 10 GiB, so MiB-sized rows keep their digits
         return "GiB", 2.0**30
     if biggest >= 2**20:

@@ -128,7 +128,7 @@ def option_named(name: str) -> Option:
     return _BY_NAME[name]
 
 
-def declared(name: str, convert: Callable[[Any], Any] | None = None):
+def declared(name: str, convert: Callable[[Any], Any] | None = None) -> Any:
     """The ``SolveRequest`` field of option ``name``: its declared default (through ``convert``,
     e.g. an enum, where given) and the declaration as the field's metadata (``"option"``)."""
     o = _BY_NAME[name]

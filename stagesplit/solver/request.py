@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any
+from typing import Any, NoReturn
 
 from ..common.limits import (
     MAX_BYTES,
@@ -346,5 +346,5 @@ def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:
     return items
 
 
-def _bad(source: str, path: str, expected: str, got: Any):
+def _bad(source: str, path: str, expected: str, got: Any) -> NoReturn:
     raise ProfileError(source, path, expected, got)

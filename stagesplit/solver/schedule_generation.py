@@ -132,8 +132,7 @@ def build_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int,
     for r in range(P):
         check_deadline(_GENERATING)
         per_rank.append(tuple(generate(P, M, v, r, local[r])))
-    per_rank = tuple(per_rank)
-    return ScheduleInstance(kind, P, M, v, tuple(int(r) for r in ranks), per_rank)
+    return ScheduleInstance(kind, P, M, v, tuple(int(r) for r in ranks), tuple(per_rank))
 
 
 def actions(kind: ScheduleKind | str, devices: int, micro_batches: int,
