@@ -32,6 +32,7 @@ def bert_large_profile_path(tiny: bool = False) -> Path:
     ``tiny``: the same generator's BERT with 4 encoder layers (the embeddings and the head group
     with the first and the last: 4 layers), ~170 K variables, made in a second or two."""
     import hashlib
+
     import stagesplit.io.builder
     import stagesplit.io.synth
     source = "".join(Path(m.__file__).read_text() for m in (stagesplit.io.synth, stagesplit.io.builder))

@@ -123,6 +123,7 @@ def measure(shape: str) -> None:
     import resource
     t0 = time.perf_counter()
     import torch  # noqa: F401  (the import is part of what a user waits for)
+
     from stagesplit.capturing.pytorch import capture_model
     t1 = time.perf_counter()
     import_rss = peak_rss_mb()
@@ -137,8 +138,8 @@ def measure(shape: str) -> None:
     cpu1 = resource.getrusage(resource.RUSAGE_SELF)
     t2 = time.perf_counter()
     capture_rss = peak_rss_mb()
-    from stagesplit.model.analysis import Analysis
     from stagesplit.api import solve
+    from stagesplit.model.analysis import Analysis
     analysis = Analysis.of(profile)
     if shape == "7b":
         plan = solve(analysis, 8, schedule="1f1b", micro_batches=16)

@@ -15,9 +15,9 @@ from _common import bert_large_profile_path, peak_rss_mb, print_table, run_measu
 
 
 def measure(path: str) -> None:
-    from stagesplit.model.costmodel import StageCostModel
     from stagesplit.io import load_profile
     from stagesplit.layers import group_layers
+    from stagesplit.model.costmodel import StageCostModel
     t0 = time.perf_counter()
     profile = load_profile(path)
     t1 = time.perf_counter()

@@ -56,9 +56,9 @@ def generate(path: Path) -> int:
 
 
 def measure(path: str) -> None:
-    from stagesplit.io.targets import load_target
     from stagesplit.io import save_profile
     from stagesplit.io.onnximport import import_onnx
+    from stagesplit.io.targets import load_target
     t0 = time.perf_counter()
     result = import_onnx(path, load_target("a100-80gb"), batch=4, training="adam")
     t1 = time.perf_counter()
@@ -72,6 +72,7 @@ def measure(path: str) -> None:
 def run_generation(path: Path) -> int:
     import os
     import subprocess
+
     from _common import ROOT
     proc = subprocess.run([sys.executable, __file__, "--generate", str(path), *([TINY_FLAG] if TINY else [])],
                           capture_output=True, text=True,

@@ -70,6 +70,7 @@ def popvision_profile(tiny: bool = False) -> tuple[Path, Path]:
 
 def generate(compact: str, folder: str) -> dict:
     import pva
+
     from stagesplit.io import load_profile
     profile = load_profile(compact)
     ops = profile.operations
@@ -119,6 +120,7 @@ def read_alone(pop: str, debug: str) -> dict:
     id, bytes, tile and class (and each class's steps once), each program's per-tile code and
     vertex counts, each tile's memory and vertices, each operation's programs and variables."""
     from operator import attrgetter
+
     import numpy as np
     import pva
     start = time.perf_counter()
@@ -184,8 +186,8 @@ def run_popliner(pop: str, debug: str, ipus: str, popliner_dir: str) -> dict:
     sys.path.insert(0, popliner_dir)
     import logging
     logging.getLogger("root").setLevel(logging.WARNING)      # its command line logs at INFO
-    import pva
     import popliner.parse_args
+    import pva
     from popliner.greedy_solver import GreedySolver
     from popliner.operation_list import OperationList
     args = popliner.parse_args.default_args()                 # its defaults: regex, layer order, memory per tile

@@ -32,13 +32,13 @@ sys.path.insert(0, str(ROOT / "tests" / "fake_pva"))
 
 import pva  # noqa: E402  (the fake libpva)
 
-from stagesplit.model.analysis import Analysis  # noqa: E402
-from stagesplit.io.targets import load_target  # noqa: E402
-from stagesplit.reporting.diagnosis import diagnose  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.compact import write_compact  # noqa: E402
 from stagesplit.io.popvision import read_popvision  # noqa: E402
 from stagesplit.io.synth import synthesize  # noqa: E402
+from stagesplit.io.targets import load_target  # noqa: E402
+from stagesplit.model.analysis import Analysis  # noqa: E402
+from stagesplit.reporting.diagnosis import diagnose  # noqa: E402
 
 
 def _peak_mb() -> float:

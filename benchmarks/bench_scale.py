@@ -48,8 +48,8 @@ def generate(layers: str, piece_bytes: str, path: str) -> None:
     from dataclasses import replace
 
     import stagesplit.io.synth as synth
-    from stagesplit.io.targets import load_target
     from stagesplit.io import save_profile
+    from stagesplit.io.targets import load_target
     model = synth.bert(layers=int(layers) - 2, hidden=1024, heads=16, numbered_embeddings=True, tiles=1472)
     model.options = replace(model.options, piece_bytes=int(piece_bytes), programs_per_op=6)
     save_profile(synth._Generator(model, load_target("ipu-mk2")).run(), path)
@@ -68,9 +68,9 @@ def measure_solve(path: str, devices: str) -> None:
             with z.open(name) as f:
                 total_bytes += np.lib.format.read_array(f, allow_pickle=False).nbytes
     floor = time.perf_counter() - t0
-    from stagesplit.plan.advise import advise, price
     from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
+    from stagesplit.plan.advise import advise, price
     from stagesplit.solver.request import SolveRequest
     t1 = time.perf_counter()
     profile = load_profile(path)

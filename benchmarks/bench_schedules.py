@@ -37,7 +37,7 @@ SCHEDULES = [("gpipe", 1), ("1f1b", 1), ("interleaved-1f1b", 2), ("interleaved-1
 
 
 def _cached_capture(name: str, build) -> Path:
-    import stagesplit.capturing as capturing           # the cache is stale when any part of the capture changes
+    import stagesplit.capturing as capturing  # the cache is stale when any part of the capture changes
     sources = sorted(Path(capturing.__file__).parent.glob("*.py"))
     digest = hashlib.sha256(b"".join(p.read_bytes() for p in sources)).hexdigest()[:12]
     path = Path(tempfile.gettempdir()) / f"stagesplit-bench-{name}-{digest}.stagesplit"
@@ -65,6 +65,7 @@ def _tiny_llama(blocks: int, kv_heads: int, name: str):
     """``--tiny``: a Llama ``blocks`` deep, 64 wide, sequence 32, captured as the full ones are."""
     import torch
     import transformers as tf
+
     from stagesplit.capturing.pytorch import capture_model
     cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=blocks,
                          num_attention_heads=4, num_key_value_heads=kv_heads, max_position_embeddings=64)
@@ -79,6 +80,7 @@ def llama_70b(tiny: bool = False) -> Path:
     def build():
         import torch
         import transformers as tf
+
         from stagesplit.capturing.pytorch import capture_model
         cfg = tf.LlamaConfig(vocab_size=32000, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
                              num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=4096)

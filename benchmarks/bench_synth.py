@@ -23,9 +23,9 @@ from _common import ROOT, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 
 def measure(mode: str, layers: str, path: str) -> None:
-    from stagesplit.io.targets import load_target
     from stagesplit.io.compact import write_compact
     from stagesplit.io.synth import synthesize, write_synthetic
+    from stagesplit.io.targets import load_target
     target = load_target("ipu-mk2")
     wall, cpu = time.perf_counter(), time.process_time()
     if mode == "streamed":

@@ -28,6 +28,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 def variant_models(proportions):
     from make_variants import variant
+
     from stagesplit import api
     from stagesplit.io import load_profile
     models = []
@@ -62,6 +63,7 @@ def versus(objective: str, plan, singles) -> str:
 def scaled_models(layers: int, proportions, seed: int = 7):
     """Per-layer training variants of one random model on an 80 GB GPU."""
     import numpy as np
+
     from stagesplit.io.layerform import LayerSpec, build_layer_profile
     from stagesplit.io.targets import load_target
     from stagesplit.model.analysis import Analysis

@@ -29,9 +29,9 @@ sys.path.insert(0, str(ROOT))
 def predict() -> list[dict]:
     """The planned stages of examples/gpt.py for 4 devices (no schedule, and 1F1B with 8
     micro-batches) and each one's predicted peak, from a capture on the CPU."""
-    from stagesplit.plan.advise import advise
-    from stagesplit.model.analysis import Analysis
     from stagesplit.capturing.pytorch import capture
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.plan.advise import advise
     from stagesplit.solver.problem import SolveOptions
     profile = capture(str(ROOT / "examples" / "gpt.py") + ":build")          # 512-byte rounding, as CUDA
     analysis = Analysis.of(profile)

@@ -21,7 +21,8 @@ from __future__ import annotations
 import importlib.util
 import sys
 import types
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import torch
 

@@ -13,31 +13,37 @@ files take the output paths and refuse one that is also an input.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
-from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from .common.deadline import Deadline
 from .common.events import Events
-from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
-                              DEFAULT_LAYER_REGEX)
-from .common.versions import VERSION
 from .common.guards import check_outputs as _check_paths, device_counts as _device_counts
+from .common.layering import (
+    DEFAULT_CALL_REGEX,
+    DEFAULT_FIRST_LAYER_REGEX,
+    DEFAULT_LAST_LAYER_REGEX,
+    DEFAULT_LAYER_REGEX,
+)
 from .common.limits import MAX_DEVICES
-from .common.text import show, short_repr
+from .common.text import short_repr, show
 from .common.validate import choice, integer, number
+from .common.versions import VERSION
 from .errors import OptionError, StagesplitError
 from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve_option
 
 if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
     from .io.profile import Profile, Target
+    from .io.variants import VariantSource
     from .layers import LayerOptions
     from .model.analysis import Analysis
     from .solver.request import SharedPolicy, SolveRequest
 
-    ProfileLike = str | Path | Profile | Analysis
+    # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources)
+    ProfileLike = str | Path | Profile | Analysis | Sequence[VariantSource]
 
 
 #: the layer grouping's default patterns (``LayerOptions``'s fields), for the command line's help
@@ -102,6 +108,10 @@ def _events(events: Events | None) -> Events:
     return events if events is not None else Events()
 
 
+@overload
+def _path(parameter: str, value: Any, *, optional: Literal[False] = False) -> str: ...
+@overload
+def _path(parameter: str, value: Any, *, optional: bool) -> str | None: ...
 def _path(parameter: str, value: Any, *, optional: bool = False) -> str | None:
     if value is None and optional:
         return None
@@ -117,6 +127,12 @@ def _layering(value: Any) -> LayerOptions | None:
     return value
 
 
+@overload
+def _target(parameter: str, value: None) -> None: ...
+@overload
+def _target(parameter: str, value: str | Target) -> Target: ...
+@overload
+def _target(parameter: str, value: Any) -> Target | None: ...
 def _target(parameter: str, value: Any) -> Target | None:
     from .io.profile import Target
     from .io.targets import load_target
@@ -273,8 +289,13 @@ def _variant_sources(profile: Any):
     """The profile variants ``profile`` names (a variants file, or a list of them), or None for
     one profile."""
     from .io.profile import Profile
-    from .io.variants import VariantSource, check_variants, is_variants_file, read_variants_file, \
-        variants_from_arguments
+    from .io.variants import (
+        VariantSource,
+        check_variants,
+        is_variants_file,
+        read_variants_file,
+        variants_from_arguments,
+    )
     if isinstance(profile, (str, Path)):
         return read_variants_file(profile) if is_variants_file(profile) else None
     if not isinstance(profile, (list, tuple)):
@@ -390,7 +411,9 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
         if missing:
             raise StagesplitError(f"{show(plan_path)}: variants: the plan records no path for variant "
                                   f"{show(missing[0])}; give the profiles")
-        profile = [VariantSource(_recorded_path(plan_path, v.path, f"variants[{i}].path"), v.proportion, v.name)
+        # every variant has a path (checked above); solve checks the proportions (check_variants)
+        profile = [VariantSource(_recorded_path(plan_path, cast(str, v.path), f"variants[{i}].path"),
+                                 v.proportion, v.name)  # type: ignore[arg-type]
                    for i, v in enumerate(recorded.variants)]
         if out is not None:
             _check_outputs([("out", str(out), None)], [v.path for v in recorded.variants])
@@ -415,6 +438,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
     matches = None if not want or not got else want == got
     differences = []
     if matches is False:
+        assert want is not None and got is not None     # both recorded (matches says so)
         differences.append(f"profile SHA-256 {got[:12]}... differs from the recorded {want[:12]}...")
     old = [(s.first_layer, s.last_layer, s.device) for s in recorded.stages]
     new = [(s.first_layer, s.last_layer, s.device) for s in plan.stages]
@@ -592,8 +616,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     storages rounded up to this many bytes; ``name``: the profile's (default: the factory's);
     ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
     torch's logging through."""
-    from .io import save_profile
     from .capturing.pytorch import capture as capture_step
+    from .io import save_profile
     events = _events(events)
     if not isinstance(model, str):
         raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "
@@ -639,7 +663,7 @@ def synthesize(family: str, output: str | Path | None = None, *, target: str | T
         params["layers"] = integer("layers", layers, 1, 10_000)
     piece_bytes = integer("piece_bytes", piece_bytes, 1, 2**40, optional=True)
     programs_per_op = integer("programs_per_op", programs_per_op, 1, 1000, optional=True)
-    options = dict(seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
+    options: dict[str, Any] = dict(seed=seed, piece_bytes=piece_bytes, programs_per_op=programs_per_op, **params)
     events.start(f"synthesizing {family}")
     if output is not None and Path(output).suffix in COMPACT_SUFFIXES:    # streamed: bounded memory at any size
         profile = write_synthetic(output, family, target, **options)
@@ -657,9 +681,9 @@ def export(plan: Any, fmt: str, output: str | Path | None = None, *, training: b
     """The plan's split in a training framework's own form (``stagesplit.exporters.FORMATS``);
     ``plan`` is a ``Plan`` or a plan file. Written to ``output`` (atomically) when given."""
     from .common.fileio import atomic_write_text
+    from .exporters import export_plan
     from .plan.files import read_plan
     from .plan.records import Plan
-    from .exporters import export_plan
     source = None
     if isinstance(plan, (str, Path)):
         source = str(plan)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from .common.text import one_line, short_repr     # one_line: also how the command line prints a message
+from .common.text import one_line, short_repr  # one_line: also how the command line prints a message
 
 __all__ = ["ExportError", "FileOptionError", "LayerRangeError", "OptionError", "PatternError", "ProfileError",
            "StagesplitError", "one_line"]
@@ -59,7 +59,7 @@ class OptionError(StagesplitError, ValueError):
         name = self.origin or name
         return f"{name} {self.subject}: {self.detail}" if self.subject is not None else f"{name}: {self.detail}"
 
-    def from_file(self, file: str | Path, field: str) -> "FileOptionError":
+    def from_file(self, file: str | Path, field: str) -> FileOptionError:
         """This error about a value that ``file`` gave in ``field`` (a settings file's key, a plan
         file's ``request.chunks_per_rank``): the user fixes the file, not a flag."""
         return FileOptionError(self, file, field)
@@ -82,7 +82,7 @@ class FileOptionError(OptionError, ProfileError):
         self.origin = f"{one_line(self.file)}: {one_line(field)}"
         self.args = (self.render(error.parameter),)
 
-    def from_file(self, file: str | Path, field: str) -> "FileOptionError":
+    def from_file(self, file: str | Path, field: str) -> FileOptionError:
         """Itself: it is already named by the file that gave the value."""
         return self
 

@@ -30,8 +30,12 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from .common.layering import (DEFAULT_CALL_REGEX, DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX,
-                              DEFAULT_LAYER_REGEX)
+from .common.layering import (
+    DEFAULT_CALL_REGEX,
+    DEFAULT_FIRST_LAYER_REGEX,
+    DEFAULT_LAST_LAYER_REGEX,
+    DEFAULT_LAYER_REGEX,
+)
 from .common.regex import Pattern, compile_regex
 from .common.text import short_repr
 from .common.validate import choice
@@ -94,7 +98,7 @@ class LayerOptions:
                 "last_layer_regex": self.last_layer_regex, "call_regex": self.call_regex, "order": self.order.value}
 
     @classmethod
-    def from_record(cls, record: Any, source: str, prefix: str) -> "LayerOptions":
+    def from_record(cls, record: Any, source: str, prefix: str) -> LayerOptions:
         """Options a plan recorded, each field checked (``ProfileError`` naming ``source`` and the field)."""
         if not isinstance(record, Mapping):
             raise ProfileError(source, prefix, "a mapping of layer-grouping options", type(record).__name__)
@@ -141,7 +145,7 @@ class LayerAssignment:
         """Indices of the operations assigned to ``layer``."""
         return np.flatnonzero(self.op_layer == layer)
 
-    def calls_with_multiple_input_layers(self, profile: Profile) -> list[int]:
+    def calls_with_multiple_input_layers(self, profile: Profile) -> list[np.intp]:
         """Call operations whose inputs come from more than one layer (grouping warnings)."""
         call = self.options.compiled()[3]
         return [i for i in np.flatnonzero(self.op_rule == Rule.MULTIPLE_INPUT_LAYERS)
@@ -206,7 +210,7 @@ def recorded_options(grouping: LayerGrouping) -> LayerOptions:
     """The grouping options a recorded grouping stands for."""
     return LayerOptions(layer_regex=grouping.layer_regex, first_layer_regex=grouping.first_layer_regex,
                         last_layer_regex=grouping.last_layer_regex, call_regex=grouping.call_regex,
-                        order=grouping.order)
+                        order=grouping.order)  # type: ignore[arg-type]  # a name: __post_init__ checks it
 
 
 def group_layers(profile: Profile, options: LayerOptions | None = None) -> LayerAssignment:
@@ -289,11 +293,12 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
     # module paths come from the operations the layer regex places by name, and from explicitly
     # layered ones (captures) whose names the regex reads as the same layer
     own = rules == Rule.NAME
-    for i in np.flatnonzero(rules == Rule.EXPLICIT):
-        own[i] = layer_keys(layer_re, ops.name[i]) == {keys[i]}
+    for e in np.flatnonzero(rules == Rule.EXPLICIT):
+        own[e] = layer_keys(layer_re, ops.name[e]) == {keys[e]}
     paths = [module_path([ops.name[i] for i in np.flatnonzero(own & (op_layer == j))], key, layer_re)
              for j, key in enumerate(names)]
     if recorded is not None:                     # the source knew the paths: they are not re-derived
+        assert grouping is not None              # recorded options come from the profile's grouping
         paths = [grouping.module_path_of(key) if key in grouping.layers else path for key, path in zip(names, paths)]
     assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options, module_paths=paths)
     share = assignment.share_assigned

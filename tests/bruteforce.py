@@ -31,7 +31,7 @@ def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...], choice: tuple
     the variants ``choice`` (one per stage; None: the problem's own tables), or None when a rule
     fails."""
     o = problem.options
-    L, N = problem.num_layers, o.devices
+    N = o.devices
     stages = [(i, a, e) for i, (a, e) in enumerate(zip(bounds[:-1], bounds[1:])) if e > a]
     if o.exact and len(stages) != N:
         return None
@@ -57,7 +57,7 @@ def brute_evaluate(problem: SplitProblem, bounds: tuple[int, ...], choice: tuple
             return None
         times.append(int(up[e]) - int(down[a]))
         mems.append(nbytes if problem.homogeneous else math.ceil(nbytes * 1_000_000 / cap))
-    for layer, pos in o.pinned_layers:          # a layer pinned to a position left empty
+    for _layer, pos in o.pinned_layers:          # a layer pinned to a position left empty
         if not any(p == pos for p, _, _ in stages):
             return None
     return max(times), max(mems), len(stages)

@@ -9,8 +9,6 @@ from vision import torchvision_model_code  # noqa: E402
 
 torchvision_model_code()          # before anything imports transformers or timm
 
-from helpers import PROFILES, load_sample, sample_json_text  # noqa: E402
-
 # Hypothesis profiles. "ci" (the default, what the README's test command and CI run): the same
 # examples every run (derandomized), so a red build is reproducible; no per-example deadline on
 # a shared 2-core machine. "dev": five times the examples, random, to hunt for new failures:
@@ -19,6 +17,8 @@ from helpers import PROFILES, load_sample, sample_json_text  # noqa: E402
 import os  # noqa: E402
 
 from hypothesis import HealthCheck, settings  # noqa: E402
+
+from helpers import PROFILES, load_sample, sample_json_text  # noqa: E402
 
 settings.register_profile("ci", derandomize=True, deadline=None, print_blob=True,
                           suppress_health_check=[HealthCheck.too_slow])

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 from hypothesis import strategies as st
 
-from stagesplit.model.analysis import Analysis
 from stagesplit.io.builder import ProfileBuilder
-from stagesplit.io.targets import load_target
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
-from stagesplit.solver.problem import SolveOptions
 from stagesplit.io.profile import GroundTruth, Profile, Target
+from stagesplit.io.targets import load_target
+from stagesplit.model.analysis import Analysis
+from stagesplit.solver.problem import SolveOptions
 
 ROOT = Path(__file__).resolve().parent.parent
 PROFILES = ROOT / "profiles"
@@ -167,7 +167,7 @@ def sample_path(name: str) -> Path:
     return PROFILES / f"{name}.stagesplit"
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def load_sample(name: str) -> Profile:
     """A shipped sample profile, read once per test module (conftest forgets it after each; treat it
     as read-only)."""
@@ -175,7 +175,7 @@ def load_sample(name: str) -> Profile:
     return load_profile(sample_path(name))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def sample_json_text(name: str) -> str:
     """The full-form JSON text of a shipped sample (slow to make: cached for the module)."""
     from stagesplit.io.jsonprofile import dumps_profile

@@ -37,10 +37,10 @@ from __future__ import annotations
 import json
 import tempfile
 import time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -9,15 +9,14 @@ from pathlib import Path
 import pytest
 
 import stagesplit
-from stagesplit.model.costmodel import StageCostModel
-from stagesplit.plan.advise import advise
+from helpers import PROFILES
 from stagesplit.cli import main
 from stagesplit.errors import LayerRangeError, OptionError, StagesplitError
-from stagesplit.solver.request import Objective, Schedule, SharedPolicy, SolveRequest
+from stagesplit.model.costmodel import StageCostModel
 from stagesplit.plan import read_plan
+from stagesplit.plan.advise import advise
 from stagesplit.solver.problem import SolveOptions
-
-from helpers import PROFILES
+from stagesplit.solver.request import Objective, Schedule, SharedPolicy, SolveRequest
 
 BERT = str(PROFILES / "bert-base.stagesplit")
 
@@ -226,6 +225,7 @@ def test_from_plan_without_a_recorded_request_says_so(tmp_path, capsys):
 
 def test_profile_hash_is_taken_from_the_bytes_read(tmp_path):
     import hashlib
+
     from stagesplit.io import load_profile
     profile = load_profile(BERT)
     assert profile.info.sha256 == hashlib.sha256(Path(BERT).read_bytes()).hexdigest()

@@ -22,18 +22,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from helpers import ROOT, hard_cp_model, tiny_profile
 from stagesplit.cli import main
-from stagesplit.errors import ProfileError
+from stagesplit.common import limits
 from stagesplit.common.fileio import atomic_write_bytes
 from stagesplit.common.interrupt import deferred_signals, solve_interruptibly
-from stagesplit.io import load_profile, save_profile
-from stagesplit.io.compact import profile_to_arrays
 from stagesplit.common.regex import compile_regex
-from stagesplit.common import limits, safeinput
 from stagesplit.common.safeinput import load_json, load_yaml
 from stagesplit.common.text import one_line, short_repr
-
-from helpers import ROOT, tiny_profile, hard_cp_model
+from stagesplit.errors import ProfileError
+from stagesplit.io import load_profile, save_profile
+from stagesplit.io.compact import profile_to_arrays
 
 PYTHON = sys.executable
 
@@ -510,6 +509,7 @@ def test_unsupported_or_bad_regex_is_one_line(capsys, profile, pattern, fragment
 def test_default_patterns_keep_python_semantics():
     """(?i), \\b, groups and character classes behave as under Python's re."""
     import re
+
     from stagesplit import layers
     names = ["bert/Encoder/Layer3/attn", "transformer.h.11.mlp", "model.wte.weight", "lm_head/matmul",
              "Loss/softmax", "swte_x", "call_7", "", "BLOCK_2-conv", "cls", "decoder:4", "layer٣"]
@@ -1262,8 +1262,7 @@ def test_any_mutation_of_a_json_profile_is_accepted_or_one_clean_line(tmp_path):
     """Hypothesis: values anywhere in a valid full or per-layer document replaced by hostile ones
     (wrong types, huge and non-finite numbers, deep or empty containers, lone surrogates), keys
     added or deleted: the reader accepts, or raises one ProfileError line naming the file."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st_
+    from hypothesis import HealthCheck, given, settings, strategies as st_
     documents = [_full_document(), _layer_document()]
     hostile = st_.sampled_from(['"x"', "null", "[]", "{}", "true", "-1", "0", "1.5", "NaN", "-Infinity", "1e999",
                                 "4611686018427387904", "9" * 45, '"\\ud800\\n"', "[[[[[]]]]]", '{"a": NaN}',

@@ -5,13 +5,18 @@ import re
 
 import pytest
 
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.errors import StagesplitError
-from stagesplit.layers import (DEFAULT_FIRST_LAYER_REGEX, DEFAULT_LAST_LAYER_REGEX, DEFAULT_LAYER_REGEX, LayerOptions,
-                               Rule, group_layers)
-from stagesplit.io.profile import Target
-
 from helpers import load_sample
+from stagesplit.errors import StagesplitError
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.io.profile import Target
+from stagesplit.layers import (
+    DEFAULT_FIRST_LAYER_REGEX,
+    DEFAULT_LAST_LAYER_REGEX,
+    DEFAULT_LAYER_REGEX,
+    LayerOptions,
+    Rule,
+    group_layers,
+)
 
 
 def profile(*ops, steps=None):

@@ -11,8 +11,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 from ..errors import StagesplitError
 from .runtime import first_line, load_torch
@@ -33,9 +34,10 @@ def load_factory(spec: str) -> Callable[[], Any]:
         sys.path.insert(0, str(path.resolve().parent))    # so the file can import its neighbours
         try:
             module_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(module_spec)
+            # a spec of None (a file Python cannot load) fails in here, reported as the file's failure
+            module = importlib.util.module_from_spec(module_spec)  # type: ignore[arg-type]
             sys.modules[name] = module                      # dataclasses need their module registered
-            module_spec.loader.exec_module(module)
+            module_spec.loader.exec_module(module)  # type: ignore[union-attr]
         except (Exception, SystemExit) as exc:           # sys.exit() in the file is its failure, not ours
             sys.modules.pop(name, None)
             raise StagesplitError(f"{spec}: cannot import {where}: {first_line(exc)}") from None

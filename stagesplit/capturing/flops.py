@@ -8,7 +8,7 @@ operation counts 0. torch is passed in, never imported here (it is an optional e
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 __all__ = ["FLOP_FORMULAS", "flop_counter"]
 

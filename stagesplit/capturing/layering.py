@@ -45,15 +45,16 @@ def _positional(ops, own_key: list[str | None], anchors: list[int | None]) -> tu
     for i, k in enumerate(own_key):
         if k is not None:
             first_seen.setdefault(k, i)
-    forward_keys = [own_key[i] for i in range(S) if ops[i].phase == "forward" and own_key[i] is not None]
+    forward_keys = [k for i in range(S) if ops[i].phase == "forward" and (k := own_key[i]) is not None]
     first_key = forward_keys[0]
-    last_key = max(first_seen, key=first_seen.get)
+    last_key = max(first_seen, key=first_seen.__getitem__)
     positional: list[str] = [first_key] * S
     current = first_key
     for i in range(S):
         if ops[i].phase in ("forward", "loss"):
-            if own_key[i] is not None:
-                current = own_key[i]
+            k = own_key[i]
+            if k is not None:
+                current = k
             positional[i] = current
     target: list[str | None] = []
     for i in range(S):
@@ -80,10 +81,10 @@ def _tree_layering(ops, labels: list[str], names: list[str], anchors, stacks: li
         return cache[label]
 
     blocks = [block_of(label) for label in labels]
-    ran = {blocks[i] for i in range(len(ops)) if ops[i].phase == "forward" and blocks[i] is not None}
+    ran = {b for i in range(len(ops)) if ops[i].phase == "forward" and (b := blocks[i]) is not None}
     if not ran:
         return None
-    own_key = [block_name[b] if b in ran else None for b in blocks]
+    own_key = [block_name[b] if b is not None and b in ran else None for b in blocks]
     target, _, _ = _positional(ops, own_key, anchors)
     options = LayerOptions(layer_regex=tree_regex(stacks))
     explicit = _unplaced(names, target, options)
@@ -98,7 +99,7 @@ def _unplaced(names: list[str], target: list[str | None], options: LayerOptions)
     for i, k in enumerate(target):
         if k is not None:
             first_seen.setdefault(k, i)
-    order = sorted(first_seen, key=first_seen.get)
+    order = sorted(first_seen, key=first_seen.__getitem__)
     explicit: list[str | None] = []
     for name, want in zip(names, target):
         keys = layer_keys(layer_re, name)

@@ -17,6 +17,7 @@ holding one of those operations counts them, once, as the full form's rules say.
 from __future__ import annotations
 
 import inspect
+from collections.abc import Sequence
 
 from ..io.profile import Phase, ProfileInfo
 from ..layers import LayerOptions
@@ -35,7 +36,7 @@ def _round(nbytes: int, unit: int) -> int:
 
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
                   dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
-                  stacks: list[ModuleStack] = (), hint: str = ""):
+                  stacks: Sequence[ModuleStack] = (), hint: str = ""):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
     named and placed in layers (by ``layer_options``, else the module tree's ``stacks``; ``hint``
     ends the warning when neither finds a block), the storages as variables; the rest describes

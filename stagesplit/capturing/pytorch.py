@@ -34,8 +34,16 @@ from ..layers import LayerOptions
 from .factory import call_factory, check_model, load_factory
 from .modulestacks import module_stacks, sequential_hint
 from .profilebuild import build_profile
-from .recorder import (LOSS, ROOT, FakeOpError, hook_gradients, make_recorder, module_hooks, register_model,
-                       register_optimizer_state)
+from .recorder import (
+    LOSS,
+    ROOT,
+    FakeOpError,
+    hook_gradients,
+    make_recorder,
+    module_hooks,
+    register_model,
+    register_optimizer_state,
+)
 from .runtime import as_a_real_run, first_line, load_torch, quiet
 
 __all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
@@ -45,7 +53,7 @@ DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_TARGET = "a100-80gb"
 
 
-def capture(spec: str, **options) -> "Profile":
+def capture(spec: str, **options) -> Profile:
     """Capture the training step of the model the factory ``spec`` names (see ``capture_model``)."""
     load_torch()
     factory = load_factory(spec)
@@ -60,7 +68,7 @@ def capture(spec: str, **options) -> "Profile":
 
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
-                  layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False) -> "Profile":
+                  layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -82,7 +90,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
-             name: str | None, layer_regex: str | None, source: str | None) -> "Profile":
+             name: str | None, layer_regex: str | None, source: str | None) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:

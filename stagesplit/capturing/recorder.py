@@ -204,10 +204,10 @@ def make_recorder(torch, allocator_round: int):
                     if idx is not None:
                         return phase, self.param_module.get(id(var), ROOT), self.param_first_use.get(idx)
                     return (phase, *self.last_backward)
-                found = self.seq_label.get(node._sequence_nr())
-                if found is not None:
-                    self.last_backward = found
-                    return (phase, *found)
+                labelled = self.seq_label.get(node._sequence_nr())
+                if labelled is not None:
+                    self.last_backward = labelled
+                    return (phase, *labelled)
                 return (phase, *self.last_backward)
             return phase, None, None
 

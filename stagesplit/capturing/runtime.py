@@ -18,7 +18,8 @@ import shutil
 import sys
 import tempfile
 import warnings
-from typing import Iterator
+from collections.abc import Iterator
+from typing import Any
 
 from ..errors import StagesplitError
 
@@ -82,7 +83,7 @@ def as_a_real_run() -> Iterator[None]:
     mask, which makes grouped-query attention repeat the keys and values - tensors a real step
     never holds (a Llama block held 8% more for backward). A capture is of one sequence per batch
     row, as the position ids transformers makes itself say."""
-    masking = sys.modules.get("transformers.masking_utils")
+    masking: Any = sys.modules.get("transformers.masking_utils")
     original = getattr(masking, "find_packed_sequence_indices", None)
     if original is None:
         yield

@@ -7,7 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import traceback
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..errors import OptionError, StagesplitError, one_line
 
@@ -31,7 +31,7 @@ def _safe_stdout() -> None:
     instead of crashing the table printer."""
     for stream in (sys.stdout, sys.stderr):
         try:
-            stream.reconfigure(errors="backslashreplace")
+            stream.reconfigure(errors="backslashreplace")  # type: ignore[union-attr]  # not on every stream: caught
         except (AttributeError, ValueError, OSError):
             pass
 

@@ -15,7 +15,7 @@ __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
 
 #: the command's events, so that ``end_progress`` can clear a live line when a command fails
-_ACTIVE: list["TerminalEvents"] = []
+_ACTIVE: list[TerminalEvents] = []
 
 
 class TerminalEvents(api.Events):

@@ -27,7 +27,7 @@ def command_inputs(args: argparse.Namespace) -> list[str]:
     """Every input file a parsed command line names: profiles, plans, settings, layer-compute
     files, YAML targets, the ONNX model, and the source file of a ``capture`` factory."""
     command = getattr(args, "command", None)
-    names = _FILE_INPUTS.get(command, ())
+    names = _FILE_INPUTS.get(command, ()) if command is not None else ()
     inputs = []
     for name in names:
         value = getattr(args, name, None)

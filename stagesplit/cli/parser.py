@@ -8,7 +8,8 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any, NoReturn
 
 from .. import api
 from ..errors import StagesplitError, one_line
@@ -20,7 +21,7 @@ SCHEDULES = api.SCHEDULE_NAMES
 
 
 class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> None:  # one line, like every other error
+    def error(self, message: str) -> NoReturn:  # one line, like every other error
         command = self.prog.removeprefix("stagesplit").strip()
         raise StagesplitError(f"{command}: {message}" if command else message)
 
@@ -36,7 +37,8 @@ class _Later:
     rest of the command line does not pay for)."""
 
     def __init__(self, make: Callable[[], tuple[str, ...]]) -> None:
-        self._make, self._items = make, None
+        self._make = make
+        self._items: tuple[str, ...] | None = None
 
     def _all(self) -> tuple[str, ...]:
         if self._items is None:
@@ -99,8 +101,10 @@ def _solve_option(g: Any, name: str) -> None:
     if o.metavar:
         kw["metavar"] = o.metavar
     if o.parse == "int":
+        assert o.low is not None and o.high is not None        # a number option declares its range
         kw["type"] = int_in(int(o.low), int(o.high))
     elif o.parse == "float":
+        assert o.low is not None and o.high is not None
         kw["type"] = float_in(o.low, o.high, low_open=o.low_open, high_open=o.high_open)
     elif o.parse == "bytes":
         kw["type"] = _byte_count
@@ -112,6 +116,7 @@ def _solve_option(g: Any, name: str) -> None:
         kw.update(action="append", default=[])
     if o.cli_default is not None:
         kw["default"] = o.cli_default
+    assert o.flag is not None                                  # an option on the command line has its flag
     g.add_argument("--" + o.flag, **kw)
 
 
@@ -207,7 +212,8 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
     def command(name: str, **kw) -> argparse.ArgumentParser:
-        return sub.add_parser(name, parents=[common], **kw)
+        # any parser can be a parent; argparse's stubs want the subparsers' own class
+        return sub.add_parser(name, parents=[common], **kw)  # type: ignore[list-item]
 
     p = command("breakdown", help="memory and compute by layer (and on request by operation, category and tile)")
     _add_profile(p)

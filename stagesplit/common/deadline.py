@@ -21,9 +21,9 @@ given a share of the time gets a ``part`` of it that never outlives the whole.
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
 from contextlib import contextmanager
 from contextvars import ContextVar
-from typing import Iterator
 
 from ..errors import StagesplitError
 
@@ -44,6 +44,8 @@ class Deadline:
     time gets a new one (``part``), ending no later than this one."""
 
     __slots__ = ("at", "limit")
+    at: float
+    limit: float | None
 
     def __init__(self, at: float, limit: float | None = None) -> None:
         object.__setattr__(self, "at", float(at))
@@ -56,7 +58,7 @@ class Deadline:
         return f"Deadline(left={self.left():.3f} s, limit={self.limit})"
 
     @classmethod
-    def after(cls, seconds: float, limit: float | None = None) -> "Deadline":
+    def after(cls, seconds: float, limit: float | None = None) -> Deadline:
         """The deadline ``seconds`` from now (``limit``, for messages: ``seconds`` unless given)."""
         return cls(time.monotonic() + float(seconds), float(seconds) if limit is None else limit)
 
@@ -67,12 +69,12 @@ class Deadline:
     def reached(self) -> bool:
         return self.left() <= 0.0
 
-    def part(self, seconds: float) -> "Deadline":
+    def part(self, seconds: float) -> Deadline:
         """A phase's share: ``seconds`` from now, or this deadline where it is sooner; its
         messages still name the whole time limit."""
         return Deadline(min(self.at, time.monotonic() + max(float(seconds), 0.0)), self.limit)
 
-    def at_least(self, seconds: float) -> "Deadline":
+    def at_least(self, seconds: float) -> Deadline:
         """At least ``seconds`` from now even past this deadline: a search that must run a little
         to say anything (CP-SAT's one-second floor) gets that little."""
         return Deadline(max(self.at, time.monotonic() + float(seconds)), self.limit)

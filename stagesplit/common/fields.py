@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, NoReturn
 
 from ..errors import ProfileError
 
@@ -19,7 +19,7 @@ class FieldReader:
     def __init__(self, source: str | None):
         self.source = source
 
-    def fail(self, path: str, expected: str, got: Any = None) -> None:
+    def fail(self, path: str, expected: str, got: Any = None) -> NoReturn:
         raise ProfileError(self.source, path, expected, got)
 
     def mapping(self, value: Any, path: str) -> dict:

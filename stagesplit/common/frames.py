@@ -5,7 +5,8 @@ commands never load it."""
 from __future__ import annotations
 
 import html
-from typing import Any, Iterable, Mapping
+from collections.abc import Iterable, Mapping
+from typing import Any
 
 import numpy as np
 

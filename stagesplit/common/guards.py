@@ -7,10 +7,10 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
-from ..errors import OptionError, StagesplitError
+from ..errors import OptionError
 from .text import show
 
 __all__ = ["device_counts", "same_file", "capture_inputs", "check_outputs"]

@@ -9,7 +9,8 @@ when first called.
 
 from __future__ import annotations
 
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 from ..errors import StagesplitError
 

@@ -12,8 +12,9 @@ from __future__ import annotations
 
 import signal
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any
 
 __all__ = ["deferred_signals", "solve_interruptibly"]
 
@@ -82,5 +83,5 @@ def deferred_signals() -> Iterator[Callable[[], bool]]:
             if handler is None:             # installed from C: restore a sane default
                 handler = signal.default_int_handler if sig == signal.SIGINT else signal.SIG_DFL
             signal.signal(sig, handler)
-        for sig in dict.fromkeys(arrived):
-            signal.raise_signal(sig)
+        for pending in dict.fromkeys(arrived):
+            signal.raise_signal(pending)

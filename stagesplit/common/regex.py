@@ -14,7 +14,7 @@ surrogates (possible from JSON escapes) are matched as if each were U+FFFD, keep
 from __future__ import annotations
 
 import re
-from typing import Iterator
+from collections.abc import Iterator
 
 from ..errors import PatternError
 from .text import one_line, short_repr
@@ -85,7 +85,7 @@ class Pattern:
 
     def findall(self, text: str) -> list:
         """Like ``re.findall``: whole matches, the one group, or tuples of groups."""
-        out = []
+        out: list[str | tuple[str, ...] | None] = []
         for m in self.finditer(text):
             if self.groups == 0:
                 out.append(m.group(0))

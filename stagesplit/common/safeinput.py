@@ -14,6 +14,7 @@ import os
 import select
 import stat
 import time
+from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
@@ -74,7 +75,7 @@ class InputFile:
             os.close(self.fd)
             self.fd = -1
 
-    def __enter__(self) -> "InputFile":
+    def __enter__(self) -> InputFile:
         return self
 
     def __exit__(self, *exc) -> None:
@@ -105,6 +106,7 @@ class InputFile:
             if self._started:
                 return b""                  # the writer closed: end of data
             # no writer has opened the FIFO yet: select reports it readable at EOF, so wait a bit
+            assert deadline is not None             # not started on entry (a started read returned above)
             if time.monotonic() >= deadline:
                 raise StagesplitError(f"{show(self.path)}: is a FIFO and nothing was written to it within "
                                       f"{FIFO_WAIT_S:g} s")
@@ -241,6 +243,7 @@ def check_depth(doc: Any, source: str | Path | None, limit: int = MAX_DEPTH) -> 
     seen: set[int] = set()
     while stack:
         value, depth = stack.pop()
+        children: Iterable[Any]
         if isinstance(value, dict):
             children = value.values()
         elif isinstance(value, list):

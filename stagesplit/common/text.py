@@ -43,7 +43,7 @@ def one_line(text: str) -> str:
     return "".join(out)
 
 
-def show(name: str) -> str:
+def show(name: object) -> str:
     """A name from the input, escaped for a message or a table cell."""
     return one_line(str(name))
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from enum import Enum
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, overload
 
 from ..errors import OptionError
 from .text import short_repr
@@ -20,6 +20,12 @@ __all__ = ["boolean", "choice", "integer", "mapping_items", "number", "pairs", "
 E = TypeVar("E", bound=Enum)
 
 
+@overload
+def integer(parameter: str, value: Any, minimum: int, maximum: int | None = None, *,
+            optional: Literal[False] = False) -> int: ...
+@overload
+def integer(parameter: str, value: Any, minimum: int, maximum: int | None = None, *,
+            optional: bool) -> int | None: ...
 def integer(parameter: str, value: Any, minimum: int, maximum: int | None = None, *,
             optional: bool = False) -> int | None:
     """A whole number (not a bool) in ``minimum..maximum``; None passes with ``optional``."""
@@ -32,6 +38,12 @@ def integer(parameter: str, value: Any, minimum: int, maximum: int | None = None
     return int(value)
 
 
+@overload
+def number(parameter: str, value: Any, low: float, high: float, *, low_open: bool = False,
+           high_open: bool = False, optional: Literal[False] = False) -> float: ...
+@overload
+def number(parameter: str, value: Any, low: float, high: float, *, low_open: bool = False,
+           high_open: bool = False, optional: bool) -> float | None: ...
 def number(parameter: str, value: Any, low: float, high: float, *, low_open: bool = False,
            high_open: bool = False, optional: bool = False) -> float | None:
     """A finite number (not a bool) in the interval, brackets as given."""

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import platform
 import sys
-from functools import lru_cache
+from functools import cache
 
 __all__ = ["VERSION", "versions"]
 
@@ -23,7 +23,7 @@ def versions() -> dict[str, str]:
     return out
 
 
-@lru_cache(maxsize=None)
+@cache
 def _installed(package: str) -> str:
     """The installed version of ``package`` by its metadata (read once per process)."""
     from importlib import metadata

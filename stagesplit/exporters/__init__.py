@@ -18,21 +18,30 @@ validated dotted module paths), so no name can become code.
 from __future__ import annotations
 
 import json as _json
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from ..common.text import show
 from ..errors import ExportError, OptionError
 from ..plan.records import Plan
-from . import deepspeed, megatron, optimum_ipu, popart, poptorch, tf_ipu, torch_pipelining, torchtitan
-from . import json as json_format
+from . import (
+    deepspeed,
+    json as json_format,
+    megatron,
+    optimum_ipu,
+    popart,
+    poptorch,
+    tf_ipu,
+    torch_pipelining,
+    torchtitan,
+)
 from ._common import Decoded, ExportOptions
 from ._plan_view import PlanView, view_of
 from .header import header_lines
 from .render import RenderCheckError, check_python, check_shell, dotted_name, join_lines
 from .tied import TiedSplit, tied_users_across_stages
-
 
 __all__ = ["export_plan", "FORMATS", "ExportFormat", "TiedSplit", "tied_users_across_stages", "plan_tied_splits"]
 
@@ -103,9 +112,9 @@ def _compare(view: PlanView, fmt: str, decoded: Decoded) -> None:
     if decoded.recompute is not None and decoded.recompute != view.recompute:
         differ = next(i for i, (a, b) in enumerate(zip(decoded.recompute + ("?",) * len(view.recompute),
                                                            view.recompute)) if a != b)
-        got = decoded.recompute[differ] if differ < len(decoded.recompute) else "nothing"
+        written = decoded.recompute[differ] if differ < len(decoded.recompute) else "nothing"
         raise view.error(f"{fmt}: internal check failed: layer '{view.layer(differ)}' would be recomputed "
-                         f"'{got}', the plan says '{view.recompute[differ]}'; nothing written")
+                         f"'{written}', the plan says '{view.recompute[differ]}'; nothing written")
     if decoded.devices is not None and decoded.devices != view.devices:
         raise view.error(f"{fmt}: internal check failed: the stages would run on devices {list(decoded.devices)}, "
                          f"the plan says {list(view.devices)}; nothing written")

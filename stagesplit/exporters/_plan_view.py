@@ -110,7 +110,7 @@ class PlanView:
         checks that every stage has one or none has), else None."""
         if self.stages[0].memory_proportion is None:
             return None
-        return tuple(float(s.memory_proportion) for s in self.stages)
+        return tuple(float(s.memory_proportion) for s in self.stages if s.memory_proportion is not None)  # all (checked)
 
     def one_stage_per_device(self, fmt: str) -> None:
         """Refuse (one line) a plan whose devices hold several chunks: ``fmt`` cannot say so."""
@@ -163,7 +163,12 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         raise fail("module_paths: expected strings or null")
     if len(set(names)) != len(names):
         seen: set[str] = set()
-        dup = next(n for n in names if n in seen or seen.add(n))
+        dup = None
+        for n in names:                             # the first name met a second time
+            if n in seen:
+                dup = n
+                break
+            seen.add(n)
         raise fail(f"the plan's layer list names layer '{show(dup)}' twice")
     index = {n: i for i, n in enumerate(names)}
     where: dict[str, list[int]] = {}

@@ -18,8 +18,15 @@ from __future__ import annotations
 
 import ast
 
-from ._common import POPLIBS_MEMORY_PROPORTION, Decoded, ExportOptions, fqn_index, from_starts, \
-    layer_expressions, pipelined_accumulation
+from ._common import (
+    POPLIBS_MEMORY_PROPORTION,
+    Decoded,
+    ExportOptions,
+    fqn_index,
+    from_starts,
+    layer_expressions,
+    pipelined_accumulation,
+)
 from ._plan_view import PlanView
 from .render import RenderCheckError, expression_path, py_literal, py_str
 
@@ -110,11 +117,13 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
     """The BeginBlock assignments as written: their modules (mapped to plan layers by module
     path), user ids (``stageK`` in order) and IPUs."""
     by_path = {f"{options.model}.{fqn}": i for fqn, i in fqn_index(view).items()}
-    starts, devices = [], []
+    starts: list[int] = []
+    devices: list[int] = []
     for node in tree.body:
         if not (isinstance(node, ast.Assign) and _is_begin_block(node.value)):
             continue
         call = node.value
+        assert isinstance(call, ast.Call)              # _is_begin_block checked
         target = expression_path(node.targets[0])
         if len(node.targets) != 1 or len(call.args) != 2 or expression_path(call.args[0]) != target:
             raise RenderCheckError(f"BeginBlock for {target} does not wrap the module it replaces")
@@ -140,7 +149,7 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         written = [ast.literal_eval(n.value.args[0]) for n in tree.body if isinstance(n, ast.Expr)
                    and isinstance(n.value, ast.Call) and isinstance(n.value.func, ast.Attribute)
                    and n.value.func.attr == "setAvailableMemoryProportion"]
-        want = {f"IPU{d}": p for d, p in zip(view.devices, view.memory_proportions)}
-        if written != [want]:
-            raise RenderCheckError(f"setAvailableMemoryProportion writes {written}, the plan's stages say {want}")
+        proportions = {f"IPU{d}": p for d, p in zip(view.devices, view.memory_proportions)}
+        if written != [proportions]:
+            raise RenderCheckError(f"setAvailableMemoryProportion writes {written}, the plan's stages say {proportions}")
     return Decoded(from_starts(starts, len(view.layer_names)), tuple(devices))

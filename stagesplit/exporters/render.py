@@ -172,7 +172,8 @@ def check_python(text: str) -> ast.Module:
         raise RenderCheckError(f"it does not parse: {exc.msg} (line {exc.lineno})") from None
     lines = text.split("\n")
     hash_lines = {i + 1 for i, line in enumerate(lines) if line.lstrip().startswith("#")}
-    comment_lines, code_lines = set(), set()
+    comment_lines: set[int] = set()
+    code_lines: set[int] = set()
     try:
         for tok in tokenize.generate_tokens(io.StringIO(text).readline):
             if tok.type == tokenize.COMMENT:

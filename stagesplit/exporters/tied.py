@@ -14,8 +14,8 @@ stages; ``TiedSplit.message`` is the warning text.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
 
 import numpy as np
 

@@ -126,7 +126,7 @@ def block_stack(view: PlanView) -> str | None:
     if not paths or any(p is None for p in paths):
         return None
     try:
-        fqns = [module_fqn(p) for p in paths]
+        fqns = [module_fqn(p) for p in paths if p is not None]      # every one (checked above)
     except ValueError:
         return None
     stack = fqns[0].rpartition(".")[0]
@@ -227,7 +227,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              *(["    The blocks of RECOMPUTE are checkpointed as the plan chose (apply_recompute), once the tied groups",
                 '    are read."""'] if recompute else []),
              "    rank = dist.get_rank(group)",
-             f"    mine = STAGES_OF_RANK[rank]"]
+             "    mine = STAGES_OF_RANK[rank]"]
     if stack:
         wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
         lines += ["    if builds_from_modules(model):",

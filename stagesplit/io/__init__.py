@@ -4,17 +4,17 @@ nothing downstream needs to know which reader made a Profile."""
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
-from ..errors import ProfileError, StagesplitError
 from ..common.fileio import atomic_write_text
-from .profile import Profile
 from ..common.safeinput import InputFile
 from ..common.text import show
-from .limits import check_profile_limits
+from ..errors import ProfileError, StagesplitError
 from .compact import read_compact, with_compact_field, write_compact
 from .jsonprofile import dumps_profile, read_json_profile
+from .limits import check_profile_limits
+from .profile import Profile
 
 __all__ = ["COMPACT_SUFFIXES", "load_profile", "save_profile"]
 
@@ -43,6 +43,7 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     # FIFO or process substitution cannot be reopened), and a pipe or device is read with a cap
     with InputFile(path, "profile") as f:
         head = f.head(64)
+        reader: Callable[[Path, bytes], Profile]
         if head.startswith(b"PK"):
             reader = read_compact
         elif head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):   # a UTF-8 byte order mark may lead

@@ -3,12 +3,23 @@ of synthetic profiles and the tests. Bulk methods take numpy arrays for large pr
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
-from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target,
-                      TileCosts, Variables, VertexCode)
+from .profile import (
+    GroundTruth,
+    Liveness,
+    Operations,
+    Profile,
+    ProfileInfo,
+    Programs,
+    Ragged,
+    Target,
+    TileCosts,
+    Variables,
+    VertexCode,
+)
 
 __all__ = ["ALWAYS", "ProfileBuilder"]
 
@@ -130,17 +141,18 @@ class ProfileBuilder:
             self._costs["vertex_code"].append(_held(np.array(rows, np.int64)))
         for cat, pairs in (("vertex_state", vertex_state), ("exchange_code", exchange_code),
                            ("control_code", control_code)):
-            rows = [(p, int(tile), int(nbytes)) for tile, nbytes in pairs]
-            if rows:
-                self._costs[cat].append(_held(np.array(rows, np.int64)))
+            pair_rows = [(p, int(tile), int(nbytes)) for tile, nbytes in pairs]
+            if pair_rows:
+                self._costs[cat].append(_held(np.array(pair_rows, np.int64)))
         return p
 
-    def program_costs(self, category: str, program: int, tiles: np.ndarray, nbytes: np.ndarray,
+    def program_costs(self, category: str, program: int, tiles: np.ndarray, nbytes: np.ndarray | int,
                       vertex_type: str | None = None) -> None:
         """Add one program's costs on many tiles at once (vertex code also names the vertex type)."""
         tiles = np.asarray(tiles, np.int64)
         cols = [np.full(len(tiles), program, np.int64), tiles]
         if category == "vertex_code":
+            assert vertex_type is not None                  # vertex code names its vertex type
             cols.append(np.full(len(tiles), self.vertex_type(vertex_type), np.int64))
         cols.append(np.broadcast_to(np.asarray(nbytes, np.int64), tiles.shape))
         self._costs[category].append(_held(np.stack(cols, axis=1)))

@@ -10,22 +10,48 @@ from __future__ import annotations
 import io
 import zipfile
 import zlib
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any
 
 import numpy as np
 
-from ..errors import ProfileError
-from ..common.fileio import atomic_output
-from ..common.safeinput import InputFile, load_json
-from ..common.limits import EXPANSION_RATIO, MIN_EXPANDED_BYTES
-from .compactformat import (BOOL, DESCR, FLOAT64, FORMAT, INFO_KEYS, INFO_OPTIONAL_KEYS, INT, INT64, KIND_LETTER,
-                            VERSION,
-                            CompactWriter, column_for, header_bytes)
 from ..common.fields import FieldReader
-from .profile import (GroundTruth, Liveness, Operations, Phase, Profile, ProfileInfo, Programs, Ragged, Target,
-                       TileCosts, Variables, VertexCode, narrowest_int)
+from ..common.fileio import atomic_output
+from ..common.limits import EXPANSION_RATIO, MIN_EXPANDED_BYTES
+from ..common.safeinput import InputFile, load_json
+from ..errors import ProfileError
+from .compactformat import (
+    BOOL,
+    DESCR,
+    FLOAT64,
+    FORMAT,
+    INFO_KEYS,
+    INFO_OPTIONAL_KEYS,
+    INT,
+    INT64,
+    KIND_LETTER,
+    VERSION,
+    CompactWriter,
+    column_for,
+    header_bytes,
+)
 from .documents import grouping_from_record, grouping_record
+from .profile import (
+    GroundTruth,
+    Liveness,
+    Operations,
+    Phase,
+    Profile,
+    ProfileInfo,
+    Programs,
+    Ragged,
+    Target,
+    TileCosts,
+    Variables,
+    VertexCode,
+    narrowest_int,
+)
 
 __all__ = ["profile_columns", "profile_header", "profile_to_arrays", "read_compact", "with_compact_field",
            "write_columns", "write_compact"]
@@ -278,7 +304,7 @@ def read_compact(path: str | Path, raw: bytes | None = None) -> Profile:
             raise with_compact_field(exc, arrays) from None
 
 
-def with_compact_field(exc: ProfileError, arrays: "_Arrays | None" = None,
+def with_compact_field(exc: ProfileError, arrays: _Arrays | None = None,
                        categories: list[str] | None = None) -> ProfileError:
     """``exc`` (naming a field as the JSON form does, ``variables[3].bytes``) with the compact
     array and index that hold that field added: ``... (stored in var_bytes[3])``. ``categories``:
@@ -398,7 +424,7 @@ _ARRAY_OF = {"variables": {"bytes": "var_bytes", "tile": "var_tile", "live": "va
                             "bytes_accessed": "op_bytes_accessed", "debug_id": "op_debug_id"}}
 
 
-def _compact_field(field: str, a: "_Arrays | None") -> str | None:
+def _compact_field(field: str, a: _Arrays | None) -> str | None:
     """Where the field ``variables[3].bytes`` (as Profile.validate and the limits name it) is
     stored in a compact file: ``var_bytes[3]``; None for a field named as stored already."""
     import re

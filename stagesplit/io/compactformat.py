@@ -7,10 +7,32 @@ drift. This module gives them their own name inside the package; ``compact.py`` 
 and writer) and ``synth.py`` (which streams large profiles to disk) use them from here.
 """
 
-from .pva_export import (BOOL, BYTES, COLUMNS, DESCR, FLOAT64, FORMAT, GROUND_TRUTH, HEADER_KEYS, INFO_KEYS,
-                         INFO_OPTIONAL_KEYS, INT,
-                         INT64, KIND_LETTER, OPTIONAL, REQUIRED, TARGET_KEYS, VERSION, Column, CompactWriter, Spill,
-                         column_for, header_bytes, int_descr, npy_header)
+from .pva_export import (
+                         BOOL,
+                         BYTES,
+                         COLUMNS,
+                         DESCR,
+                         FLOAT64,
+                         FORMAT,
+                         GROUND_TRUTH,
+                         HEADER_KEYS,
+                         INFO_KEYS,
+                         INFO_OPTIONAL_KEYS,
+                         INT,
+                         INT64,
+                         KIND_LETTER,
+                         OPTIONAL,
+                         REQUIRED,
+                         TARGET_KEYS,
+                         VERSION,
+                         Column,
+                         CompactWriter,
+                         Spill,
+                         column_for,
+                         header_bytes,
+                         int_descr,
+                         npy_header,
+)
 
 __all__ = ["BOOL", "BYTES", "COLUMNS", "DESCR", "FLOAT64", "FORMAT", "GROUND_TRUTH", "HEADER_KEYS", "INFO_KEYS",
            "INFO_OPTIONAL_KEYS",

@@ -24,13 +24,22 @@ A file that is not CBOR, is truncated, or does not have this shape raises a one-
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from ..errors import ProfileError, StagesplitError
-from .pva_export import (DEBUG_SHAPE, TENSOR_FIELDS, USER_OP_FIELDS, DebugShapeError, debug_records, lineage,
-                         nearest_inputs, user_op_name)
+from .pva_export import (
+    DEBUG_SHAPE,
+    TENSOR_FIELDS,
+    USER_OP_FIELDS,
+    DebugShapeError,
+    debug_records,
+    lineage,
+    nearest_inputs,
+    user_op_name,
+)
 
 __all__ = ["DebugContextRecord", "DebugInfo", "read_debug_cbor", "USER_OP_FIELDS", "TENSOR_FIELDS"]
 

@@ -18,7 +18,8 @@ import struct
 import sys
 import threading
 import warnings
-from typing import Any, Callable
+from collections.abc import Callable
+from typing import Any
 
 import numpy as np
 
@@ -82,7 +83,7 @@ class Forked:
                     out.write(_LENGTH.pack(len(data)))
                     out.write(data)
                     for array in buffers:
-                        out.write(memoryview(array).cast("B"))
+                        out.write(array.data.cast("B"))
                 status = 0
             finally:
                 os._exit(status)
@@ -100,7 +101,7 @@ class Forked:
             arrays = []
             for dtype, shape in header["buffers"]:
                 array = np.empty(tuple(shape), np.dtype(dtype))
-                self._read_into(memoryview(array).cast("B") if array.size else memoryview(b""))
+                self._read_into(array.data.cast("B") if array.size else memoryview(b""))
                 arrays.append(array)
             value = _decode(header["value"], arrays)
         except (OSError, ValueError, KeyError, TypeError) as exc:
@@ -125,7 +126,7 @@ class Forked:
         if not self.pipe.closed:
             self.pipe.close()
 
-    def __enter__(self) -> "Forked":
+    def __enter__(self) -> Forked:
         return self
 
     def __exit__(self, *exc: Any) -> None:

@@ -11,8 +11,9 @@ from __future__ import annotations
 import io
 import json
 import math
+from collections.abc import Iterator
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 import numpy as np
 
@@ -79,6 +80,7 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
     r.known_keys(doc, "", _TOP_FULL)
     target = read_target(r.get(doc, "target", ""), r)
     steps_value = r.get(doc, "steps", "")
+    steps: list[str] | int
     if isinstance(steps_value, list):
         steps = [r.string(s, f"steps[{i}]") for i, s in enumerate(steps_value)]
     else:
@@ -334,6 +336,7 @@ def dumps_profile(profile: Profile) -> str:
         if first is None:
             out.write(f"  {json.dumps(key)}: {json.dumps([] if records is not None else value)}{comma}\n")
             continue
+        assert records is not None          # a first record came from them
         out.write(f'  "{key}": [\n    {json.dumps(first, separators=(", ", ": "))}')
         for record in records:
             out.write(",\n    " + json.dumps(record, separators=(", ", ": ")))

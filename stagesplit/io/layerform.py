@@ -19,16 +19,17 @@ workspace and boundary tensors, and a cut between layers moves ``output`` bytes.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
-from .builder import ProfileBuilder
-from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
-from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 from ..common.fields import FieldReader
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
+from .builder import ProfileBuilder
 from .documents import byte_count, compute_figure, read_info, read_target
+from .profile import COMPUTE_UNITS, Profile, ProfileInfo, Target
 
 __all__ = ["LayerForm", "LayerSpec", "build_layer_profile", "layer_document", "layer_form", "one_tile",
            "profile_from_layer_document"]
@@ -211,8 +212,9 @@ def layer_form(profile: Profile) -> LayerForm | None:
         names = ops.layer[:n]
         if any(not isinstance(x, str) for x in names) or len(set(names)) != n:
             continue
+        layer_names = [x for x in names if isinstance(x, str)]         # every one (checked above)
         specs = tuple(LayerSpec(name, **{f: size(f"{name}/{f}") for f in _BYTE_FIELDS},
-                                compute=float(ops.compute[i])) for i, name in enumerate(names))
+                                compute=float(ops.compute[i])) for i, name in enumerate(layer_names))
         shared = (size("shared/weights"), size("shared/other"))
         if min([*shared, *(getattr(l, f) for l in specs for f in _BYTE_FIELDS)]) < 0:
             return None

@@ -4,13 +4,13 @@ sums stay finite, and a bounded step count. Checked once in ``load_profile``."""
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 import numpy as np
 
+from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 from ..errors import ProfileError
 from .profile import Profile
-from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_STEPS
 
 __all__ = ["check_profile_limits"]
 

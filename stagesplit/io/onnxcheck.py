@@ -12,10 +12,10 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-from ..errors import ProfileError
-from ..common.safeinput import confined_path
 from ..common.limits import MAX_BYTES, MAX_STEPS
+from ..common.safeinput import confined_path
 from ..common.text import one_line, short_repr
+from ..errors import ProfileError
 
 __all__ = ["MAX_NODES", "check_graph", "check_initializer", "tensor_bytes"]
 

@@ -11,8 +11,8 @@ from __future__ import annotations
 
 import math
 
-from ..errors import ProfileError
 from ..common.text import short_repr
+from ..errors import ProfileError
 from .onnxshapes import numel
 
 __all__ = ["node_flops"]

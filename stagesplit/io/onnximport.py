@@ -13,13 +13,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..errors import StagesplitError
-from .profile import Target
 from ..common.text import one_line
+from ..errors import StagesplitError
 from .onnxcheck import check_graph
 from .onnxprofile import DTYPES, OnnxImport, build_profile
 from .onnxread import load_model
 from .onnxshapes import bind_dims, checked_dims, fold_shape_computations, infer_shapes
+from .profile import Target
 
 __all__ = ["import_onnx", "TRAINING"]
 

@@ -24,17 +24,18 @@ Operators whose FLOPs are not modelled count 0 FLOPs; they are listed in one war
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Set as AbstractSet
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .builder import ProfileBuilder
-from ..errors import ProfileError
-from .profile import Profile, ProfileInfo, Target
 from ..common.limits import MAX_COMPUTE
+from ..errors import ProfileError
+from .builder import ProfileBuilder
 from .layerform import one_tile
 from .onnxcheck import tensor_bytes
 from .onnxflops import node_flops
 from .onnxshapes import numel, shape_table
+from .profile import Profile, ProfileInfo, Target
 
 __all__ = ["DTYPES", "NodeCost", "OnnxImport", "build_profile"]
 
@@ -84,7 +85,7 @@ _SAVES_INPUTS = {"MatMul", "Gemm", "Conv", "ConvTranspose", "Einsum", "Mul", "Di
                  "SimplifiedLayerNormalization", "RMSNormalization"}
 
 
-def _saved_inputs(node, constants: set[str] = frozenset()) -> range | tuple[int, ...]:
+def _saved_inputs(node, constants: AbstractSet[str] = frozenset()) -> range | tuple[int, ...]:
     """Indices of the inputs a node's backward reads (so they stay live until it runs). A product
     or quotient with a constant needs only the constant, so the activation is not kept for it."""
     if node.op_type in ("Mul", "Div") and len(node.input) == 2:
@@ -105,7 +106,7 @@ def _topological(nodes, src: str) -> list[int]:
         for o in n.output:
             if o:
                 producer[o] = i
-    deps = [set() for _ in nodes]
+    deps: list[set[int]] = [set() for _ in nodes]
     users: list[list[int]] = [[] for _ in nodes]
     for i, n in enumerate(nodes):
         for x in n.input:

@@ -12,9 +12,9 @@ from __future__ import annotations
 import sys
 from pathlib import Path
 
-from ..errors import ProfileError
-from ..common.safeinput import InputFile
 from ..common.limits import MAX_STREAM_BYTES
+from ..common.safeinput import InputFile
+from ..errors import ProfileError
 
 __all__ = ["MAX_ONNX_BYTES", "PARSE_MEMORY_BASE", "PARSE_BYTES_PER_BYTE", "load_model", "address_space_limit"]
 

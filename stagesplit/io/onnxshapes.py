@@ -12,11 +12,12 @@ from __future__ import annotations
 
 import math
 import re
+from typing import Any
 
 import numpy as np
 
-from ..errors import OptionError, ProfileError, StagesplitError
 from ..common.text import one_line, short_repr
+from ..errors import OptionError, ProfileError, StagesplitError
 from .onnxread import PARSE_BYTES_PER_BYTE, PARSE_MEMORY_BASE, address_space_limit
 
 __all__ = ["MAX_DIM", "parse_dims", "checked_dims", "bind_dims", "infer_shapes", "fold_shape_computations",
@@ -42,7 +43,7 @@ def parse_dims(items: list[str]) -> dict[str, int]:
 def checked_dims(dims: dict[str, int] | None, batch: int | None) -> dict[str, int]:
     """``dims`` and ``batch`` as whole numbers in 1..MAX_DIM (a protobuf dimension is an int64)."""
     def ok(value) -> bool:
-        return isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= MAX_DIM
+        return bool(isinstance(value, (int, np.integer)) and not isinstance(value, bool) and 1 <= value <= MAX_DIM)
     if batch is not None and not ok(batch):
         raise OptionError("batch", f"expected a whole number in 1..{MAX_DIM:,}, got {short_repr(batch)}")
     if dims is None:
@@ -105,6 +106,7 @@ def fold_shape_computations(onnx, model) -> bool:
     nodes into Constants holding their values, so inference sees the shapes. Returns whether any
     node changed. Nodes keep their names; only data-movement and tiny arithmetic nodes change."""
     import warnings
+
     from onnx import numpy_helper
     from onnx.reference import ReferenceEvaluator
     g = model.graph
@@ -122,6 +124,7 @@ def fold_shape_computations(onnx, model) -> bool:
         outs = [o for o in node.output if o]
         if node.domain not in ("", "ai.onnx"):
             continue
+        value: Any                              # the node's outputs (ReferenceEvaluator.run's list)
         try:
             with warnings.catch_warnings(), np.errstate(all="ignore"):
                 warnings.simplefilter("ignore")             # overflow in hostile shape arithmetic

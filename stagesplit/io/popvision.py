@@ -70,19 +70,32 @@ from __future__ import annotations
 import math
 import os
 import shlex
+from collections.abc import Callable
 from itertools import islice
 from operator import attrgetter
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
 from ..errors import ProfileError, StagesplitError
-from .profile import (GroundTruth, Liveness, Operations, Profile, ProfileInfo, Programs, Ragged, Target, TileCosts,
-                       Variables, VertexCode, narrowest_int)
+from . import pva_export as rules
 from .debugcbor import DebugInfo, read_debug_cbor
 from .forked import ChildFailed, Forked, can_fork
-from . import pva_export as rules
+from .profile import (
+    GroundTruth,
+    Liveness,
+    Operations,
+    Profile,
+    ProfileInfo,
+    Programs,
+    Ragged,
+    Target,
+    TileCosts,
+    Variables,
+    VertexCode,
+    narrowest_int,
+)
 from .pva_export import operation_name
 
 __all__ = ["CATEGORIES", "CYCLES_PER_VERTEX", "LIBPVA_HELP", "PARALLEL_FROM", "PROGRAM_WEIGHT", "TRACE_TILES",
@@ -315,6 +328,16 @@ class _Reader:
             self._program_side(comp, programs, steps_raw)
             return None
 
+    # what _read_programs (or, its side read in a forked child, _apply_program_side) fills in
+    code_by_type: dict[str, np.ndarray]
+    p_name: list[str]
+    p_kind: list[str]
+    p_estimate: list[float]
+    p_fallback: list[float]
+    p_vertices: list[int]
+    vertex_types: list[str]
+    vertex_type_index: dict[str, int]
+
     def _apply_program_side(self, side: dict | None) -> None:
         if side is None:                                # already read in this process
             return
@@ -344,7 +367,7 @@ class _Reader:
     # -- tiles: vertex code sizes and ground truth ------------------------------------------------
     def _read_tiles(self, tile_objs) -> None:
         T = self.tiles
-        self.code_by_type: dict[str, np.ndarray] = {}
+        self.code_by_type = {}
         self.gt_arrays: dict[str, np.ndarray] | None = None
         if len(tile_objs) < T:
             if len(tile_objs):
@@ -446,13 +469,13 @@ class _Reader:
 
     # -- programs ----------------------------------------------------------------------------------
     def _read_programs(self, programs) -> None:
-        self.p_name: list[str] = []
-        self.p_kind: list[str] = []
-        self.p_estimate: list[float] = []
-        self.p_fallback: list[float] = []
-        self.p_vertices: list[int] = []
-        self.vertex_types: list[str] = []
-        self.vertex_type_index: dict[str, int] = {}
+        self.p_name = []
+        self.p_kind = []
+        self.p_estimate = []
+        self.p_fallback = []
+        self.p_vertices = []
+        self.vertex_types = []
+        self.vertex_type_index = {}
         self.rows = {cat: _SparseRows(self.tiles, 1) for cat in ("vertex_state", "exchange_code", "control_code")}
         self.rows["vertex_code"] = _SparseRows(self.tiles, 2)          # keys: program, vertex type
         for i, prog in enumerate(programs):
@@ -650,7 +673,7 @@ class _SparseRows:
         self.keys = []
 
     @classmethod
-    def finished(cls, tiles: int, keys: list[np.ndarray], tile: np.ndarray, values: np.ndarray) -> "_SparseRows":
+    def finished(cls, tiles: int, keys: list[np.ndarray], tile: np.ndarray, values: np.ndarray) -> _SparseRows:
         """Rows that hold what ``finish`` returned (more can be added)."""
         rows = cls(tiles, len(keys))
         rows.parts = [(list(keys), tile, values)]

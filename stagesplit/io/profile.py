@@ -13,9 +13,10 @@ Step intervals are half-open ``[start, end)``; operation step ranges are inclusi
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
@@ -50,7 +51,7 @@ class Phase(IntEnum):
         return self.name.lower()
 
     @classmethod
-    def from_label(cls, label: str) -> "Phase":
+    def from_label(cls, label: str) -> Phase:
         return cls[label.upper()]
 
 
@@ -97,7 +98,7 @@ class Ragged:
     values: np.ndarray
 
     @classmethod
-    def from_lists(cls, rows: Sequence[Sequence], dtype=np.int64, width: int | None = None) -> "Ragged":
+    def from_lists(cls, rows: Sequence[Sequence], dtype=np.int64, width: int | None = None) -> Ragged:
         lengths = np.fromiter((len(r) for r in rows), dtype=np.int64, count=len(rows))
         offsets = np.zeros(len(rows) + 1, dtype=np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -107,14 +108,14 @@ class Ragged:
         return cls(offsets, values)
 
     @classmethod
-    def empty(cls, rows: int, dtype=np.int64, width: int | None = None) -> "Ragged":
+    def empty(cls, rows: int, dtype=np.int64, width: int | None = None) -> Ragged:
         shape = (0,) if width is None else (0, width)
         return cls(np.zeros(rows + 1, dtype=np.int64), np.zeros(shape, dtype=dtype))
 
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
-    def __getitem__(self, i: int) -> np.ndarray:
+    def __getitem__(self, i: int | np.integer[Any]) -> np.ndarray:
         return self.values[self.offsets[i] : self.offsets[i + 1]]
 
     def lengths(self) -> np.ndarray:
@@ -169,7 +170,7 @@ class TileCosts:
     bytes: np.ndarray
 
     @classmethod
-    def empty(cls) -> "TileCosts":
+    def empty(cls) -> TileCosts:
         return cls(np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, np.int64))
 
     def __len__(self) -> int:
@@ -187,7 +188,7 @@ class VertexCode:
     bytes: np.ndarray
 
     @classmethod
-    def empty(cls) -> "VertexCode":
+    def empty(cls) -> VertexCode:
         z = np.zeros(0, np.int64)
         return cls(z, z.copy(), z.copy(), z.copy())
 
@@ -217,7 +218,7 @@ class Programs:
         return len(self.name)
 
     @classmethod
-    def empty(cls) -> "Programs":
+    def empty(cls) -> Programs:
         return cls([], [], np.zeros(0), np.zeros(0, np.int64), [], VertexCode.empty(),
                    TileCosts.empty(), TileCosts.empty(), TileCosts.empty())
 
@@ -246,9 +247,10 @@ class Operations:
     programs: Ragged
     compute: np.ndarray
     layer: list[str | None]
-    bytes_accessed: np.ndarray | None = None   # bytes read + written per operation; NaN where unknown
+    # None given: __post_init__ fills both in (always arrays after construction)
+    bytes_accessed: np.ndarray = None  # type: ignore[assignment]  # bytes read + written per operation; NaN where unknown
     #: the ``Phase`` of every operation (int8; ``Phase.UNKNOWN`` where the source does not say)
-    phase: np.ndarray | None = None
+    phase: np.ndarray = None  # type: ignore[assignment]
 
     def __post_init__(self) -> None:
         if self.bytes_accessed is None:
@@ -351,7 +353,7 @@ class Profile:
         idx = int(self.variables.name[v])
         return self.names[idx] if idx >= 0 else f"var#{v}"
 
-    def validate(self, source: str | None = None) -> "Profile":
+    def validate(self, source: str | None = None) -> Profile:
         """Check every cross-reference and range; raise ProfileError naming the first bad field."""
         _validate(self, source)
         return self

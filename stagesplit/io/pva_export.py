@@ -43,7 +43,7 @@ import zipfile
 try:                                   # optional: faster per-tile work where the SDK has it
     import numpy
 except ImportError:                    # pragma: no cover - exercised by forcing NUMPY = None
-    numpy = None
+    numpy = None                       # type: ignore[assignment]  # the standard-library path
 
 NUMPY = numpy                          # tests set this to None to run the standard-library path
 

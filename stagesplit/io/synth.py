@@ -23,12 +23,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
-from .builder import ProfileBuilder
 from ..common.fileio import atomic_output
 from ..errors import StagesplitError
+from .builder import ProfileBuilder
 from .compact import profile_columns, write_columns
 from .compactformat import INT, CompactWriter, Spill
 from .profile import GroundTruth, Profile, ProfileInfo, Target
@@ -286,7 +287,7 @@ class _Generator:
     large profile: tens of millions of rows) go to ``costs``: the profile builder by default,
     or temporary files (``_SpilledCosts``) when the profile is streamed to disk."""
 
-    def __init__(self, model: SynthModel, target: Target, costs: "_SpilledCosts | None" = None):
+    def __init__(self, model: SynthModel, target: Target, costs: _SpilledCosts | None = None):
         self.model = model
         self.opt = model.options
         self.target = target
@@ -335,7 +336,7 @@ class _Generator:
         info = ProfileInfo(name=m.name, source="synthetic", description=m.description, synthetic=True,
                            compute_source="compile-time cycle estimates (synthetic)")
         b = ProfileBuilder(self.target, nsteps, "cycles", info)
-        self.b = b
+        self.b: ProfileBuilder | None = b
         add_costs = b.program_costs if self.spilled is None else self.spilled.sink(b)
         step_names = ["host/StreamCopyBegin"] + names
         for bo in reversed(chain):
@@ -371,7 +372,13 @@ class _Generator:
         def inside(first, last, span):
             return int(first + self.rng.integers(0, max(1, last - first - span + 2)))
 
-        weights, outputs, temps, grads, wgrads, gtemps = {}, {}, {}, {}, {}, {}
+        # keyed by (block, op); .get(None) (no previous op, no tied weight) gives None
+        weights: dict[Any, Any] = {}
+        outputs: dict[Any, Any] = {}
+        temps: dict[Any, Any] = {}
+        grads: dict[Any, Any] = {}
+        wgrads: dict[Any, Any] = {}
+        gtemps: dict[Any, Any] = {}
         for n, bo in enumerate(chain):
             blk, op = m.blocks[bo[0]], m.blocks[bo[0]].ops[bo[1]]
             f0, f1 = fwd_steps[bo]
@@ -479,7 +486,8 @@ class _Generator:
         add_costs("control_code", p, np.arange(self.T), 32)
         b.operation("optimizer/StepCounter", epilogue[0], epilogue[1], vars=counter, programs=[p], debug_id=debug)
         profile = b.build()
-        self.b = b = None                   # the builder's copies of the cost rows are not needed any more
+        # the builder's copies of the cost rows are not needed any more: both references dropped
+        self.b = b = None  # type: ignore[assignment]  # (b is not used after this)
         if self.spilled is not None:
             self.spilled.check(profile)
         code = None if self.spilled is None else self.spilled.code_per_tile(len(profile.programs.vertex_types))
@@ -582,6 +590,7 @@ class _SpilledCosts:
             self.columns[f"{category}_program"].extend(np.full(len(tiles), program, np.int64))
             self.columns[f"{category}_tile"].extend(tiles)
             if category == "vertex_code":
+                assert vertex_type is not None              # vertex code names its vertex type
                 t = builder.vertex_type(vertex_type)
                 self.columns["vertex_code_type"].extend(np.full(len(tiles), t, np.int64))
                 sizes = self.type_code.get(t)

@@ -23,9 +23,10 @@ grouped into layers (``check_same_layers``).
 from __future__ import annotations
 
 import math
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any
 
 from ..common.fields import FieldReader
 from ..common.safeinput import confined_path, read_yaml_file

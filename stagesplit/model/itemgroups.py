@@ -19,7 +19,8 @@ def sorted_unique(values: np.ndarray) -> np.ndarray:
     values = np.sort(values)
     if len(values) == 0:
         return values
-    return values[np.concatenate([[True], values[1:] != values[:-1]])]
+    result: np.ndarray = values[np.concatenate([[True], values[1:] != values[:-1]])]
+    return result
 
 
 @dataclass
@@ -38,13 +39,13 @@ class ItemGroups:
 
     @classmethod
     def of(cls, ragged_offsets: np.ndarray, ragged_values: np.ndarray, op_layer: np.ndarray, num_items: int,
-           num_layers: int) -> "ItemGroups":
+           num_layers: int) -> ItemGroups:
         """From the operations' item lists (CSR) and each operation's layer (-1: none)."""
         layer = np.repeat(op_layer, np.diff(ragged_offsets))
         keep = layer >= 0
         # (item, layer) keys; 32-bit where they fit, which numpy sorts several times faster
         dtype = np.int32 if max(num_items, 1) * max(num_layers, 1) < 2**31 else np.int64
-        key = ragged_values[keep].astype(dtype)
+        key: np.ndarray = ragged_values[keep].astype(dtype)
         key *= num_layers
         key += layer[keep].astype(dtype)
         key = sorted_unique(key)
@@ -53,7 +54,7 @@ class ItemGroups:
         group, group_layers = _layer_set_groups(pair_item, pair_layer, num_items, num_layers, shared)
         return cls(pair_item, pair_layer, shared, group, group_layers)
 
-    def layer_items(self, num_layers: int) -> "LayerItems":
+    def layer_items(self, num_layers: int) -> LayerItems:
         order = np.lexsort((self.pair_item, self.pair_layer))
         offsets = np.zeros(num_layers + 1, np.int64)
         np.cumsum(np.bincount(self.pair_layer, minlength=num_layers), out=offsets[1:])

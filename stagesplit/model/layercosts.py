@@ -21,6 +21,7 @@ random per-layer profiles.
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -43,7 +44,7 @@ class LayerCosts:
     shared: int                  # bytes every stage holds (the shared weights and other, or 0)
 
     @classmethod
-    def of(cls, form: LayerForm, shared_on_every_stage: bool) -> "LayerCosts":
+    def of(cls, form: LayerForm, shared_on_every_stage: bool) -> LayerCosts:
         def column(*names: str) -> np.ndarray:
             return np.array([sum(getattr(layer, n) for n in names) for layer in form.layers], np.int64)
         shared = form.shared_weights + form.shared_other if shared_on_every_stage else 0
@@ -55,7 +56,7 @@ class LayerCosts:
         return len(self.fixed)
 
 
-def price_layer_ranges(costs: LayerCosts, in_flight, capacity: int | None,
+def price_layer_ranges(costs: LayerCosts, in_flight: Iterable[int], capacity: int | None,
                        compute_prefix: np.ndarray | None = None) -> RangeTable:
     """The linear range table of the ranges up to the longest that fits ``capacity`` bytes (every
     range for None): one column of the band at a time, each a few vector operations on L."""

@@ -20,11 +20,13 @@ common; tests/model/test_onetile.py checks one against the other and against the
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 import numpy as np
 
 from .itemgroups import sorted_unique
 from .rangetable import OVER, RangeTable
-from .timeline import ramp
+from .timeline import Timeline, ramp
 from .view import PricingView
 
 __all__ = ["MEMORY_BUDGET", "price_one_tile_ranges"]
@@ -76,7 +78,7 @@ def _item_sets(model: PricingView) -> tuple[list[np.ndarray], dict[str, np.ndarr
     weights: dict[str, list[np.ndarray]] = {"once": [], "stash": []}
     base = {"once": 0, "stash": 0}
 
-    def add(group_layers, group: np.ndarray, once: np.ndarray, stash: np.ndarray | None) -> None:
+    def add(group_layers: list[np.ndarray], group: np.ndarray, once: np.ndarray, stash: np.ndarray | None) -> None:
         n = len(group_layers)
         inside = group >= 0
         for kind, w in (("once", once), ("stash", stash)):
@@ -124,7 +126,7 @@ def _item_sets(model: PricingView) -> tuple[list[np.ndarray], dict[str, np.ndarr
     return sets, {k: np.concatenate(w) if w else np.zeros(0, np.int64) for k, w in weights.items()}, base
 
 
-def price_one_tile_ranges(model: PricingView, in_flight, capacity: int | None,
+def price_one_tile_ranges(model: PricingView, in_flight: Iterable[int], capacity: int | None,
                           memory_budget: int = MEMORY_BUDGET) -> RangeTable:
     """The linear range table of a one-tile model (see the module docstring)."""
     L, G = model.num_layers, model.num_columns
@@ -164,7 +166,9 @@ def price_one_tile_ranges(model: PricingView, in_flight, capacity: int | None,
     return RangeTable.linear(ks, once, stash, capacity, model.compute_prefix)
 
 
-def _block(a0, a1, L, G, capacity, additive, weights, base, rows, tl, base_live, base_cols, cover):
+def _block(a0: int, a1: int, L: int, G: int, capacity: int | None, additive: _Joins, weights: dict[str, np.ndarray],
+           base: dict[str, int], rows: _Joins, tl: Timeline, base_live: np.ndarray, base_cols: np.ndarray,
+           cover: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Columns j = 0.. of the band for first layers a0..a1-1, until none fits ``capacity``."""
     n = a1 - a0
     first = np.arange(a0, a1)

@@ -28,16 +28,21 @@ whose columns are masked), for every range at once.
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import TypeVar
 
 import numpy as np
 
 from ..io.profile import Phase
 from .pricing import price_all_ranges
 from .recompute import RecomputeTable, recompute_table
+from .view import ModelView
 
-# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model's
-# type is named here in annotations only, which are never evaluated (no import circle)
+# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model is
+# read here through its structural view (model/view.py), not its class (no import circle)
+
+_Model = TypeVar("_Model", bound=ModelView)
 
 __all__ = ["ChunkCosts", "PHASE_KINDS", "PhaseTable", "has_phases", "phase_table"]
 
@@ -50,7 +55,7 @@ _PHASES_OF = {"forward": (Phase.FORWARD,), "backward_input": (Phase.BACKWARD_INP
               "optimizer": (Phase.OPTIMIZER,)}
 
 
-def has_phases(model: "StageCostModel") -> bool:
+def has_phases(model: ModelView) -> bool:
     """Whether the profile says which phase each operation belongs to (a capture does)."""
     return model.phase_cols is not None
 
@@ -111,7 +116,7 @@ class PhaseTable:
     def num_layers(self) -> int:
         return len(self.resident)
 
-    def chunks(self, bounds) -> ChunkCosts:
+    def chunks(self, bounds: Sequence[int] | np.ndarray) -> ChunkCosts:
         """The figures of the chunks ``bounds[i]..bounds[i+1]-1`` (a split's boundaries)."""
         b = np.asarray(bounds, np.int64)
         a, last = b[:-1], b[1:] - 1
@@ -137,7 +142,7 @@ class PhaseTable:
             optimizer_time=times[:, 3], time_unit=self.time_unit)
 
 
-def _masked(model: "StageCostModel", columns: np.ndarray) -> "StageCostModel":
+def _masked(model: _Model, columns: np.ndarray) -> _Model:
     """A shallow view of ``model`` whose stages hold only ``columns`` of the timeline: pricing
     it gives each range's liveness peak over those columns (the additive parts are unchanged)."""
     view = copy.copy(model)
@@ -148,7 +153,7 @@ def _masked(model: "StageCostModel", columns: np.ndarray) -> "StageCostModel":
     return view
 
 
-def phase_table(model: "StageCostModel") -> PhaseTable:
+def phase_table(model: ModelView) -> PhaseTable:
     """Every range's figures (see the module docstring). One pricing sweep per phase kind."""
     L = model.num_layers
     columns = model.phase_cols
@@ -181,7 +186,7 @@ def phase_table(model: "StageCostModel") -> PhaseTable:
 LOSS_PREFIX = "loss/"
 
 
-def _model_output(model: "StageCostModel") -> int:
+def _model_output(model: ModelView) -> int:
     """Bytes of the model's output: the not-always-live variables the loss's forward reads that
     an operation before the loss made (0 where the profile names no loss)."""
     p = model.profile
@@ -197,7 +202,7 @@ def _model_output(model: "StageCostModel") -> int:
     return int(p.variables.bytes[read].sum())
 
 
-def _producers(model: "StageCostModel") -> np.ndarray:
+def _producers(model: ModelView) -> np.ndarray:
     """The operation that allocated each variable (whose first step is the variable's first
     live step), -1 where none or unknown."""
     p = model.profile
@@ -220,7 +225,7 @@ def _producers(model: "StageCostModel") -> np.ndarray:
     return producer
 
 
-def _weight_gradients(model: "StageCostModel", columns: dict[Phase, np.ndarray]) -> np.ndarray:
+def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.ndarray:
     """Per range, the bytes of output gradients a split backward's B makes and its W reads:
     not-always-live variables allocated by a B operation of the range and used by a W
     operation of the range (torch's split backward keeps them from B to W). (Counting the gradient
@@ -252,7 +257,7 @@ def _weight_gradients(model: "StageCostModel", columns: dict[Phase, np.ndarray])
     return np.triu(out)
 
 
-def _tied_with_first(model: "StageCostModel") -> np.ndarray | None:
+def _tied_with_first(model: ModelView) -> np.ndarray | None:
     """``PhaseTable.tied_with_first``: for each ``a`` >= 1, the always-live bytes of variables layer 0
     uses with layers ``a`` or later only (None unless the layers are one stack's blocks: a traced
     pipeline holds a copy per stage)."""
@@ -271,7 +276,7 @@ def _tied_with_first(model: "StageCostModel") -> np.ndarray | None:
     return out if out.any() else None
 
 
-def _freed_at_input_backward(model: "StageCostModel") -> np.ndarray:
+def _freed_at_input_backward(model: ModelView) -> np.ndarray:
     """Per layer ``b``, the stash bytes a split backward's B frees when ``b`` is its chunk's last layer.
     torch's ``stage_backward_input`` keeps the autograd graph from the first node that uses a weight
     on (toward the inputs) for W, and lets go of the part between it and the chunk's output or loss
@@ -312,17 +317,17 @@ def _freed_at_input_backward(model: "StageCostModel") -> np.ndarray:
     return out
 
 
-def one_stack(paths) -> bool:
+def one_stack(paths: Sequence[str | None]) -> bool:
     """Whether the layers are the blocks of one stack, in order (``model.layers.0`` ...
     ``model.layers.{L-1}``; slashed name scopes read as dots)."""
     if not paths or any(not isinstance(p, str) for p in paths):
         return False
-    dotted = [p.replace("/", ".") for p in paths]
+    dotted = [p.replace("/", ".") for p in paths if isinstance(p, str)]     # every one is (above)
     stack = dotted[0].rpartition(".")[0]
     return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
 
 
-def _cut_directions(model: "StageCostModel") -> tuple[np.ndarray, np.ndarray]:
+def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
     """Bytes crossing each cut forward (made before it: activations) and backward (made after it:
     gradients), from the traffic model's variables. Where the layers are one stack's blocks, the
     stages are built from the model's modules (exporters/templates/stage_modules.py): each stage
@@ -344,7 +349,7 @@ def _cut_directions(model: "StageCostModel") -> tuple[np.ndarray, np.ndarray]:
     return fwd, bwd
 
 
-def _op_times(model: "StageCostModel") -> tuple[np.ndarray, str]:
+def _op_times(model: ModelView) -> tuple[np.ndarray, str]:
     """Every operation's time: seconds on the chosen target where the roofline gives them, else
     the profile's compute unit; each layer's operations scaled to the layer's total (a layer
     whose compute was given by hand, ``--layer-compute``, keeps its operations' shares)."""
@@ -365,7 +370,7 @@ def _op_times(model: "StageCostModel") -> tuple[np.ndarray, str]:
     return out, unit
 
 
-def _layer_phase_times(model: "StageCostModel", per_op: np.ndarray) -> np.ndarray:
+def _layer_phase_times(model: ModelView, per_op: np.ndarray) -> np.ndarray:
     """(L, 4) forward, B, W and optimizer time of each layer. Recompute counts as B's (it runs
     inside the backward)."""
     L = model.num_layers
@@ -383,4 +388,5 @@ def _layer_phase_times(model: "StageCostModel", per_op: np.ndarray) -> np.ndarra
     inside = lay >= 0
     total = np.bincount(lay[inside], weights=per_op[inside], minlength=L)[:L]
     summed = times.sum(axis=1)
-    return times * np.divide(total, summed, out=np.ones(L), where=summed > 0)[:, None]
+    result: np.ndarray = times * np.divide(total, summed, out=np.ones(L), where=summed > 0)[:, None]
+    return result

@@ -18,6 +18,7 @@ flight):
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 
 import numpy as np
@@ -32,7 +33,7 @@ def band_width(once: np.ndarray, capacity: int | None) -> int:
     """The band width that keeps every range of a (L, W) band of bytes that fits ``capacity``
     (at least 1; all of it for None)."""
     if capacity is None or once.shape[1] == 0:
-        return max(once.shape[1], 1)
+        return int(max(once.shape[1], 1))
     fits = (once <= capacity).any(axis=0)
     return int(np.flatnonzero(fits)[-1]) + 1 if fits.any() else 1
 
@@ -56,8 +57,8 @@ class RangeTable:
 
     # -- construction ---------------------------------------------------------------------------
     @classmethod
-    def dense(cls, in_flight, worst_bytes: np.ndarray, worst_tile: np.ndarray | None = None,
-              capacity: int | None = None, compute_prefix: np.ndarray | None = None) -> "RangeTable":
+    def dense(cls, in_flight: Iterable[int], worst_bytes: np.ndarray, worst_tile: np.ndarray | None = None,
+              capacity: int | None = None, compute_prefix: np.ndarray | None = None) -> RangeTable:
         """From full (K, L, L) arrays (entry [k, a, b] the range a..b; b < a unused), cut to the band
         of ``capacity``."""
         ks = tuple(int(k) for k in in_flight)
@@ -76,8 +77,8 @@ class RangeTable:
         return cls(ks, capacity, bands, None, tiles, compute_prefix)
 
     @classmethod
-    def linear(cls, in_flight, once: np.ndarray, stash: np.ndarray, capacity: int | None,
-               compute_prefix: np.ndarray | None = None) -> "RangeTable":
+    def linear(cls, in_flight: Iterable[int], once: np.ndarray, stash: np.ndarray, capacity: int | None,
+               compute_prefix: np.ndarray | None = None) -> RangeTable:
         """One tile: (L, W) bands of the bytes held once and the bytes stashed per extra
         micro-batch in flight (OVER past the last layer)."""
         return cls(tuple(int(k) for k in in_flight), capacity, once[None], stash, None, compute_prefix)
@@ -85,18 +86,18 @@ class RangeTable:
     # -- shape ----------------------------------------------------------------------------------
     @property
     def num_layers(self) -> int:
-        return self.bands.shape[1]
+        return int(self.bands.shape[1])
 
     @property
     def width(self) -> int:
         """The longest range stored (layers)."""
-        return self.bands.shape[2]
+        return int(self.bands.shape[2])
 
     @property
     def one_tile(self) -> bool:
         return self.tiles is None
 
-    def supports(self, in_flight) -> bool:
+    def supports(self, in_flight: Iterable[int]) -> bool:
         """Whether the table prices every one of these in-flight counts."""
         ks = {int(k) for k in in_flight}
         return all(k >= 1 for k in ks) if self.stash is not None else ks <= set(self.in_flight)
@@ -114,17 +115,20 @@ class RangeTable:
         """(L, W): bytes of range a..a+j with ``in_flight`` micro-batches in flight (OVER past
         the last layer)."""
         if self.stash is None:
-            return self.bands[self.k_index(in_flight)]
+            result: np.ndarray = self.bands[self.k_index(in_flight)]
+            return result
         once = self.bands[0]
         if in_flight == 1:
-            return once
+            result = once
+            return result
         return np.where(once < OVER, once + (int(in_flight) - 1) * self.stash, OVER)
 
     def tile_band(self, in_flight: int) -> np.ndarray:
         """(L, W): the worst tile of each range of the band."""
         if self.tiles is None:
             return np.zeros(self.bands.shape[1:], np.int64)
-        return self.tiles[self.k_index(in_flight)]
+        result: np.ndarray = self.tiles[self.k_index(in_flight)]
+        return result
 
     def bytes_of(self, in_flight: int, first: int, last: int) -> int:
         """Worst-tile bytes of layers first..last (OVER outside the band)."""

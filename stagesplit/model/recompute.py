@@ -42,15 +42,17 @@ what B re-materialises stays for W: the weight stash is not reduced (solver/chun
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import Enum
 
 import numpy as np
 
 from ..io.profile import Phase
+from .view import ModelView
 
-# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model's
-# type is named here in annotations only, which are never evaluated (no import circle)
+# the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model is
+# read here through its structural view (model/view.py), not its class (no import circle)
 
 __all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table"]
 
@@ -63,7 +65,7 @@ class Recompute(str, Enum):
     FULL = "full"
 
     @property
-    def index(self) -> int:
+    def index(self) -> int:  # type: ignore[override]  # the option's row: shadows str.index, a public name
         return _INDEX[self]
 
 
@@ -89,9 +91,9 @@ class RecomputeTable:
 
     @property
     def num_layers(self) -> int:
-        return self.saved.shape[1]
+        return int(self.saved.shape[1])
 
-    def chunk_effect(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def chunk_effect(self, bounds: Sequence[int] | np.ndarray, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved, largest
         rerun (held again in the backward), time added."""
         b = np.asarray(bounds, np.int64)
@@ -104,7 +106,7 @@ class RecomputeTable:
         np.maximum.at(x, chunk, self.rerun[choice, cols])
         return s, x, t
 
-    def chunk_changes(self, bounds, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    def chunk_changes(self, bounds: Sequence[int] | np.ndarray, choice: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """Per chunk of ``bounds`` with per-layer options ``choice`` (L,): bytes saved from the
         stash, the change of the forward transient, the change of the backward transient (see the
         module docstring: both depend on where the recomputed layers are), and time added."""
@@ -132,7 +134,7 @@ class RecomputeTable:
         return total_saved, forward - whole, backward - whole, added
 
 
-def recompute_table(model: "StageCostModel", producer: np.ndarray, forward_peak: np.ndarray,
+def recompute_table(model: ModelView, producer: np.ndarray, forward_peak: np.ndarray,
                     backward_peak: np.ndarray, op_times: np.ndarray, time_unit: str) -> RecomputeTable:
     """The options' figures for every layer of a profile with phases. ``producer``: the
     operation that made each variable (-1: none); ``forward_peak`` and ``backward_peak``: each
@@ -202,7 +204,7 @@ def recompute_table(model: "StageCostModel", producer: np.ndarray, forward_peak:
                           added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
 
 
-def _in_block(names, op_layer: np.ndarray, module_paths) -> np.ndarray:
+def _in_block(names: Sequence[str], op_layer: np.ndarray, module_paths: Sequence[str | None]) -> np.ndarray:
     """Whether each operation runs inside its layer's module (its name starts with the layer's
     module path and a separator: ``transformer.h.3.mlp/aten.mm``, ``transformer.h.3/aten.add``);
     every operation of a layer without a module path counts as inside."""
@@ -213,6 +215,6 @@ def _in_block(names, op_layer: np.ndarray, module_paths) -> np.ndarray:
         path = paths[layer] if layer < len(paths) else None
         if path is None:
             continue
-        name = names[i]
+        name = names[int(i)]
         out[i] = name.startswith(path) and len(name) > len(path) and name[len(path)] in "./"
     return out

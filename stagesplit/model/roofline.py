@@ -12,11 +12,13 @@ with ``--target``; the profile's own device is only the default.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Protocol
 
 import numpy as np
 
 from ..errors import StagesplitError
 from ..io.profile import Profile, Target
+from .view import ModelView
 
 __all__ = ["Roofline", "apply_roofline", "compute_seconds_per_unit", "operation_times", "roofline"]
 
@@ -73,7 +75,7 @@ def operation_times(profile: Profile, op_compute: np.ndarray, target: Target,
     return compute_s, memory_s
 
 
-def roofline(model, target: Target | None = None, efficiency: float = 1.0) -> Roofline | None:
+def roofline(model: ModelView, target: Target | None = None, efficiency: float = 1.0) -> Roofline | None:
     """Roofline times of a StageCostModel's operations and layers on ``target`` (default: the
     profile's device). None when the target cannot convert the profile's compute."""
     p = model.profile
@@ -102,7 +104,13 @@ def roofline(model, target: Target | None = None, efficiency: float = 1.0) -> Ro
                     layer_memory_bound_s=mem_part, unlayered_seconds=float(seconds[~inside].sum()))
 
 
-def apply_roofline(model, target: Target | None = None, efficiency: float = 1.0) -> Roofline | None:
+class _Timed(ModelView, Protocol):
+    """A cost model that keeps its roofline times."""
+
+    roofline: Roofline | None
+
+
+def apply_roofline(model: _Timed, target: Target | None = None, efficiency: float = 1.0) -> Roofline | None:
     """Attach roofline times to ``model`` (``model.roofline``), and, where they differ from the
     profile's compute at its own device's rate, the per-layer times the solver and plan use
     (``model.layer_time_s``, seconds). Profiles whose times do not change keep the plain path."""

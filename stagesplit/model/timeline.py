@@ -12,8 +12,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..layers import LayerAssignment
 from ..io.profile import Phase, Profile
+from ..layers import LayerAssignment
 
 __all__ = ["Timeline", "phase_columns", "ramp"]
 
@@ -24,7 +24,8 @@ def ramp(counts: np.ndarray) -> np.ndarray:
     if total == 0:
         return np.zeros(0, np.int64)
     starts = np.concatenate([[0], np.cumsum(counts)[:-1]])
-    return np.arange(total) - np.repeat(starts, counts)
+    result: np.ndarray = np.arange(total) - np.repeat(starts, counts)
+    return result
 
 
 class Timeline:
@@ -67,14 +68,15 @@ class Timeline:
             self.breaks = np.array([0, max(S, 0)], np.int64) if S > 0 else np.array([0], np.int64)
         self.num_columns = len(self.breaks) - 1
 
-    def column_of(self, step: np.ndarray) -> np.ndarray:
+    def column_of(self, step: np.ndarray | int) -> np.ndarray:
         """Column holding ``step``; for a boundary step (an exclusive end) the column it starts."""
         return np.searchsorted(self.breaks, np.asarray(step), side="right") - 1
 
     def rows_of(self, variables: np.ndarray) -> np.ndarray:
         """The interval rows of the given variables."""
         counts = self.var_row_offsets[variables + 1] - self.var_row_offsets[variables]
-        return np.repeat(self.var_row_offsets[variables], counts) + ramp(counts)
+        result: np.ndarray = np.repeat(self.var_row_offsets[variables], counts) + ramp(counts)
+        return result
 
     def _build_op_columns(self, layers: LayerAssignment, var_nal: np.ndarray) -> None:
         """Each operation's column hull (``op_col_start``/``op_col_end``), the interval rows

@@ -14,8 +14,10 @@ from dataclasses import dataclass
 
 import numpy as np
 
-# the cost model keeps its phase table, whose making reads this module: the model's type is named
-# here in annotations only, which are never evaluated (no import circle)
+from .view import ModelView
+
+# the cost model keeps its phase table, whose making reads this module: the model is read here
+# through its structural view (model/view.py), not its class (no import circle)
 
 __all__ = ["Traffic", "WideTensor", "layer_traffic", "wide_tensors"]
 
@@ -64,7 +66,7 @@ class WideTensor:
 MAX_WIDE_TENSORS = 64
 
 
-def wide_tensors(model: "StageCostModel", traffic: Traffic) -> tuple[WideTensor, ...]:
+def wide_tensors(model: ModelView, traffic: Traffic) -> tuple[WideTensor, ...]:
     """The model's wide tensors (``WideTensor``), in layer order; model inputs (the labels a last
     layer reads) are left out: a pipeline hands them to the stage that reads them."""
     p = model.profile
@@ -81,7 +83,7 @@ def wide_tensors(model: "StageCostModel", traffic: Traffic) -> tuple[WideTensor,
     return tuple(sorted(out, key=lambda w: (w.first, w.last, w.name)))
 
 
-def layer_traffic(model: "StageCostModel") -> Traffic:
+def layer_traffic(model: ModelView) -> Traffic:
     """Affinity, communication and cut bytes for the model's layers."""
     L = model.num_layers
     v = model.profile.variables

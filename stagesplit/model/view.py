@@ -1,6 +1,7 @@
 """What pricing reads of a cost model: a narrow, structural view (``PricingView``), so the
 pricing modules (``stagememory``, ``pricing``) depend on this description, not on the model
-class that composes them."""
+class that composes them; ``ModelView`` adds what the phase table, recompute and traffic read
+(``phases``, ``recompute``, ``traffic``: the model imports them, so they cannot import it)."""
 
 from __future__ import annotations
 
@@ -8,11 +9,12 @@ from typing import Protocol
 
 import numpy as np
 
-from ..io.profile import Profile
+from ..io.profile import Phase, Profile
+from ..layers import LayerAssignment
 from .itemgroups import ItemGroups
 from .timeline import Timeline
 
-__all__ = ["PricingView"]
+__all__ = ["ModelView", "PricingView"]
 
 
 class PricingView(Protocol):
@@ -34,3 +36,14 @@ class PricingView(Protocol):
     def num_columns(self) -> int: ...
 
     def base_items(self) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+class ModelView(PricingView, Protocol):
+    """The parts of a ``StageCostModel`` its phase table, recompute table and traffic are made from."""
+
+    layers: LayerAssignment
+    var_nal: np.ndarray               # variables not always live that have a live class
+    phase_cols: dict[Phase, np.ndarray] | None   # each phase's columns (None: no phases)
+    op_compute: np.ndarray            # each operation's compute
+    layer_compute: np.ndarray         # each layer's compute
+    layer_time_s: np.ndarray | None   # each layer's roofline seconds (None: not timed on a target)

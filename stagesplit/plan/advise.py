@@ -6,8 +6,9 @@ devices, and solve the chunks of pipeline schedules."""
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field, replace
-from typing import Any, Callable, Iterator
+from typing import TYPE_CHECKING, Any, overload
 
 import numpy as np
 
@@ -17,15 +18,30 @@ from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import ORDER, PHASE_NAMES, PhaseResult, SolverResult, model_seconds_estimate, solve_split_cpsat
-from ..solver.dp import (Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy,
-                         uniform)
-from ..solver.problem import (SolveOptions, Split, SplitProblem, build_problem, evaluate_split, in_flight,
-                              in_flight_values, stage_capacities, with_devices)
+from ..solver.dp import Solution, UnlayeredFirst, conservative_split, dp_cells, dp_mode, exact_optimum, greedy, uniform
+from ..solver.problem import (
+    SolveOptions,
+    Split,
+    SplitProblem,
+    build_problem,
+    evaluate_split,
+    in_flight,
+    in_flight_values,
+    stage_capacities,
+    with_devices,
+)
+from ..solver.request import Objective, SharedPolicy, SolveRequest
 from .baselines import framework_baselines, layer_roles
-from ..solver.request import SolveRequest
 from .build import make_plan, make_schedule_plan, refused_plan
 from .records import Plan, PlanInputs
 from .text import step_text
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from ..model.phases import PhaseTable
+    from ..solver.chunk_cpsat import ChunkSolve
+    from ..solver.chunk_problem import ChunkProblem, ChunkResult
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible",
@@ -38,7 +54,7 @@ __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "Sw
 class Advice:
     plan: Plan
     result: SolverResult | None
-    problem: SplitProblem
+    problem: SplitProblem | None           #: None: a schedule search, or a count refused
     baselines: list[Plan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
     #: a schedule search given a step to beat (``--schedule auto``) proved that no split beats it
@@ -94,7 +110,7 @@ def search(problem: SplitProblem, hint: Split | None = None, log: Callable[[str]
             # the stage count in the DP's state is what costs: without it, a split that fits, fast
             quick = conservative_split(problem, deadline=end, clock=clock)
             dp_seconds = clock() - start
-            if quick.feasible and (hint is None or _better(problem, quick.split, hint)):
+            if quick.feasible and quick.split is not None and (hint is None or _better(problem, quick.split, hint)):
                 hint, found_by = quick.split, "the DP with the most micro-batches in flight"
                 notes.append("a split that fits was found by the DP with every stage holding the most micro-batches "
                              "its position can have")
@@ -283,7 +299,7 @@ def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tu
     return None
 
 
-def _holds_text(o: SolveOptions, works) -> str:
+def _holds_text(o: SolveOptions, works: int | tuple[int, int] | None) -> str:
     """What would hold the model: ``works`` is the fewest stages (micro-batches as given), or
     (--devices m, stages) where the micro-batches follow the devices; "" where nothing is known."""
     if works is None:
@@ -323,7 +339,7 @@ def _given_rules(o: SolveOptions) -> list[tuple[str, str, str, dict[str, Any]]]:
 def _fits_without(model: StageCostModel, problem: SplitProblem, table: RangeTable, relax: dict[str, Any]) -> bool:
     """Whether some split fits once the rule ``relax`` drops is dropped (False when the DP
     cannot say within ``EXPLAIN_SECONDS``)."""
-    relaxed = replace(problem.options, objective="devices", communication=False, **relax)
+    relaxed = replace(problem.options, objective=Objective.DEVICES, communication=False, **relax)
     answer = exact_optimum(build_problem(model, relaxed, table=table), deadline=_time.monotonic() + EXPLAIN_SECONDS)
     return answer.complete and answer.feasible
 
@@ -340,7 +356,7 @@ def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **reque
         return replace(options, request=replace(options.request, **request)) if request else options
     names = model.layers.names
     target = model.profile.target
-    request = SolveRequest(
+    req = SolveRequest(
         devices=options.devices, objective=options.objective, exact=options.exact, schedule=options.schedule,
         micro_batches=None if options.micro_batches_auto else options.micro_batches, headroom=options.headroom,
         reserve=options.reserve, min_layers=options.min_layers, max_layers=options.max_layers,
@@ -348,8 +364,8 @@ def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **reque
         pin_layers=tuple((names[layer], position) for layer, position in options.pinned_layers),
         communication=options.communication, link_bandwidth=options.link_bytes_per_s,
         time_limit=max(options.time_limit, 1e-6),      # the request wants > 0; options may say 0 (DP only)
-        workers=options.workers, shared=model.shared, layering=model.layers.options, **request)
-    return PlanInputs(request=request, options=options, targets=(target,) * options.devices)
+        workers=options.workers, shared=SharedPolicy(model.shared), layering=model.layers.options, **request)
+    return PlanInputs(request=req, options=options, targets=(target,) * options.devices)
 
 
 def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic: Traffic | None = None,
@@ -414,7 +430,8 @@ def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTab
                 "allow more time with --time-limit")
     if result.status == "feasible":
         gaps = [p.gap for p in result.phases if p.status != "OPTIMAL"]
-        gap = "gap unknown" if None in gaps else f"gap {100 * max(gaps, default=0):.1f}%"
+        known = [g for g in gaps if g is not None]
+        gap = "gap unknown" if len(known) < len(gaps) else f"gap {100 * max(known, default=0):.1f}%"
         return f"stopped by the time limit ({options.time_limit:g} s): best split found, not proven optimal ({gap})"
     return ""
 
@@ -444,7 +461,7 @@ def framework_plans(model: StageCostModel, problem: SplitProblem, traffic: Traff
     return out
 
 
-def popliner_tables(model: StageCostModel, in_flight_counts, capacity: int | None = None) -> UnlayeredFirst:
+def popliner_tables(model: StageCostModel, in_flight_counts: Iterable[int], capacity: int | None = None) -> UnlayeredFirst:
     """Stage memory as PopLiner counts it: the operations with no layer (and the items only
     they use) on the first stage, nowhere else. The first stage is priced with
     ``shared="every"``, the others with ``shared="none"`` (the ranges that can fit ``capacity``
@@ -493,7 +510,11 @@ class SweepResult:
     def __len__(self) -> int:
         return len(self.rows)
 
-    def __getitem__(self, index):
+    @overload
+    def __getitem__(self, index: int) -> SweepRow: ...
+    @overload
+    def __getitem__(self, index: slice) -> SweepResult: ...
+    def __getitem__(self, index: int | slice) -> SweepRow | SweepResult:
         """A row by position; a slice gives a ``SweepResult`` of those rows."""
         if isinstance(index, slice):
             return SweepResult(self.rows[index])
@@ -509,7 +530,7 @@ class SweepResult:
         """The fewest device counts of the sweep whose plan fits (None if none does)."""
         return min((r.devices for r in self.rows if r.fits), default=None)
 
-    def frame(self):
+    def frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per device count (index ``devices``): ``fits``,
         ``stages`` (devices used), ``micro_batches``, ``status``, ``bottleneck_stage``,
         ``bottleneck_compute`` (in ``attrs["compute_unit"]``), ``bottleneck_time`` (compute
@@ -521,10 +542,11 @@ class SweepResult:
         from ..solver.problem import bubble_fraction
         rows = self.rows
 
-        def each(f):                                   # f(row, bottleneck stage, fullest stage); None: no split
+        # f(row, bottleneck stage, fullest stage), both there where the row has a split; None: no split
+        def each(f: Callable[[SweepRow, Any, Any], Any]) -> list[Any]:
             return [f(r, r.plan.bottleneck, r.plan.worst_memory) if r.plan.stages else None for r in rows]
 
-        cols = {
+        cols: dict[str, tuple[Iterable[Any], Any]] = {
             "fits": ([r.fits for r in rows], "bool"),
             "stages": ([len(r.plan.stages) for r in rows], "int64"),
             "micro_batches": ([r.micro_batches for r in rows], "int64"),
@@ -560,7 +582,7 @@ class SweepResult:
 
 def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_counts: list[int], *,
           table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
-          on_row: Callable[[SweepRow], None] | None = None, phases=None) -> SweepResult:
+          on_row: Callable[[SweepRow], None] | None = None, phases: PhaseTable | None = None) -> SweepResult:
     """Solve for each device count (pricing every range once, unless ``table`` is given); the
     rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows). With
     ``phases`` (a ``PhaseTable``) each count is solved under the schedule's own actions
@@ -611,10 +633,11 @@ def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarra
     if (capacity <= 0).any():
         raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
                           f"({int(raw.min()):,} bytes)")
-    return capacity
+    result: np.ndarray = capacity
+    return result
 
 
-def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
+def schedule_problem(model: StageCostModel, inputs: PlanInputs, table: PhaseTable | None = None) -> ChunkProblem:
     """The chunk-split problem of ``inputs``' schedule on ``model`` (a profile with phases)."""
     from ..errors import StagesplitError
     from ..solver.chunk_problem import ChunkProblem
@@ -640,6 +663,7 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
         if table.time_unit != "seconds":
             raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
                                   f"{table.time_unit} and the target cannot convert it")
+        assert o.link_bytes_per_s is not None       # SolveOptions checks: communication needs it
         seconds_per_byte = 1.0 / float(o.link_bytes_per_s)
     return ChunkProblem(table=table, schedule=schedule, capacities=device_capacities(model, o),
                         seconds_per_byte=seconds_per_byte, objective=o.objective, min_layers=o.min_layers,
@@ -647,8 +671,8 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table=None):
                         workers=o.workers, recompute=inputs.request.recompute or RecomputeMode.NONE)
 
 
-def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute: bool,
-                  deadline: Deadline | None = None):
+def _solve_chunks(problem: ChunkProblem, log: Callable[[str], None] | None, default_recompute: bool,
+                  deadline: Deadline | None = None) -> tuple[ChunkProblem, ChunkSolve]:
     """CP-SAT on ``problem`` by ``deadline`` (default: the problem's time limit from now); where
     recompute was left to stagesplit and nothing fits without it, again with recompute chosen per
     layer (and a note that says so), with the time the first search left (at least a second:
@@ -685,7 +709,7 @@ def _solve_chunks(problem, log: Callable[[str], None] | None, default_recompute:
 _NO_LIMIT = 2**60
 
 
-def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table=None, traffic: Traffic | None = None,
+def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table: PhaseTable | None = None, traffic: Traffic | None = None,
                     log: Callable[[str], None] | None = None, cutoff: float | None = None,
                     deadline: Deadline | None = None) -> Advice:
     """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
@@ -744,7 +768,9 @@ def runnable_device_counts(inputs: PlanInputs, num_layers: int) -> list[int]:
             if n * v <= num_layers and is_valid(kind, n, with_devices(inputs.options, n).micro_batches, v)]
 
 
-def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, table, log, deadline: Deadline):
+def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, table: PhaseTable | None,
+                                   log: Callable[[str], None] | None, deadline: Deadline
+                                   ) -> tuple[ChunkProblem, ChunkSolve, int, str]:
     """The fewest devices (up to the request's) on which the schedule fits, among the counts it
     can run with (``runnable_device_counts``) that the resident bytes alone do not rule out: a
     bisection (the quick search first, CP-SAT where that finds no fit) finds a count that fits,
@@ -755,18 +781,19 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
     import dataclasses
     import math
     import time
+
     from ..errors import StagesplitError
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_search import local_search
     from ..solver.request import Objective
     table = table if table is not None else model.phase_table
     o = inputs.options
-    tried: dict[int, tuple] = {}
-    quick_fits: dict[int, tuple] = {}       # counts the quick search found a fit on: (problem, split, seconds)
+    tried: dict[int, tuple[ChunkProblem, ChunkSolve]] = {}
+    quick_fits: dict[int, tuple[ChunkProblem, ChunkResult, float]] = {}       # counts the quick search found a fit on: (problem, split, seconds)
 
     left = deadline.left
 
-    def attempt(n: int, prove: bool, share: float = 1 / 3):
+    def attempt(n: int, prove: bool, share: float = 1 / 3) -> bool:
         """Whether ``n`` devices fit: the quick search, then (``prove``, or where it finds no fit)
         CP-SAT with ``share`` of the time the whole solve has left. False where the time limit
         stops it before either finds a fit (the count is then not known)."""
@@ -863,11 +890,11 @@ def _counts_text(counts: list[int]) -> str:
     return _join(parts, "and")
 
 
-def _proven_out(tried: dict, n: int) -> bool:
+def _proven_out(tried: dict[int, tuple[ChunkProblem, ChunkSolve]], n: int) -> bool:
     return n in tried and tried[n][1].status == "infeasible"
 
 
-def _fewer_note(runnable: list[int], n: int, need: int, tried: dict) -> str:
+def _fewer_note(runnable: list[int], n: int, need: int, tried: dict[int, tuple[ChunkProblem, ChunkSolve]]) -> str:
     """What the device search showed about fewer than ``n`` devices: every count the schedule
     runs with below ``n`` is below what the resident bytes need, proven not to fit by CP-SAT, or
     not known (the time limit stopped the search first)."""
@@ -892,7 +919,8 @@ def _fewer_note(runnable: list[int], n: int, need: int, tried: dict) -> str:
     return head + "; " + "; ".join(parts)
 
 
-def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need: int, tried: dict) -> str:
+def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need: int,
+               tried: dict[int, tuple[ChunkProblem, ChunkSolve]]) -> str:
     """The message of a devices search where no count fits: which counts were ruled out, how,
     and what would allow more devices."""
     o = inputs.options
@@ -927,12 +955,13 @@ def _do(counts: list[int]) -> str:
     return "does" if counts == [1] else "do"
 
 
-def _schedule_message(problem, solved, limit: float | None = None) -> str:
+def _schedule_message(problem: ChunkProblem, solved: ChunkSolve, limit: float | None = None) -> str:
     """The plan's message on how the search ended ("" where proven); ``limit``: the time limit
     to name (default the problem's own)."""
     r = solved.result
     limit = problem.time_limit if limit is None else limit
     if solved.status == "slower":
+        assert problem.cutoff is not None            # only a search given a step to beat is slower
         return (f"no split is faster than {step_text(problem.cutoff, problem.table.time_unit)} (proven)"
                 + ("" if r is not None and r.feasible else "; none that fits was found"))
     if r is None or not r.feasible:

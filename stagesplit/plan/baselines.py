@@ -30,8 +30,9 @@ embedding and head are folded into its first and last blocks).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Protocol
 
 import numpy as np
 
@@ -84,7 +85,7 @@ def deepspeed_uniform(num_items: int, num_parts: int) -> list[int]:
     return [p * size + min(p, extra) for p in range(num_parts + 1)]
 
 
-def deepspeed_parameters(weights: Sequence[float], num_parts: int) -> list[int]:
+def deepspeed_parameters(weights: Sequence[float] | np.ndarray, num_parts: int) -> list[int]:
     """Stage boundaries as ``partition_balanced`` returns them: the contiguous split into
     ``num_parts`` non-empty parts whose largest minus smallest part sum is least (among equals,
     each boundary as late as possible, as DeepSpeed's ``>=`` keeps the last candidate); with no
@@ -149,7 +150,13 @@ def torch_pipelining_equal(decoder_layers: int, stages: int) -> list[int] | str:
 
 # -- on a profile ---------------------------------------------------------------------------------
 
-def layer_roles(names: Sequence[str], first_regex, last_regex) -> tuple[bool, bool]:
+class _Pattern(Protocol):
+    """A compiled regex (re's or RE2's)."""
+
+    def search(self, text: str) -> object: ...
+
+
+def layer_roles(names: Sequence[str], first_regex: _Pattern, last_regex: _Pattern) -> tuple[bool, bool]:
     """Whether the first layer is the embedding and the last the head (compiled regexes with
     ``search``), as the exporters decide it."""
     if len(names) < 2:
@@ -168,7 +175,7 @@ def _from_counts(key: str, counts: list[int] | str, embedding: bool, head: bool,
     return Baseline(key, bounds)
 
 
-def framework_baselines(num_layers: int, devices: int, parameter_bytes: Sequence[float], embedding: bool,
+def framework_baselines(num_layers: int, devices: int, parameter_bytes: Sequence[float] | np.ndarray, embedding: bool,
                         head: bool) -> list[Baseline]:
     """The GPU frameworks' default splits of ``num_layers`` layers over ``devices`` stages.
     ``parameter_bytes``: each layer's own parameter memory (DeepSpeed balances parameter counts;

@@ -5,7 +5,8 @@ what the plan was solved from."""
 from __future__ import annotations
 
 import datetime as _dt
-from typing import Sequence
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -17,9 +18,23 @@ from ..model.traffic import Traffic, wide_tensors
 from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
+from ..solver.schedule_generation import Action
 from ..solver.schedule_memory import chunks_in_flight
-from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord, ScheduleRecord,
-                      StagePlan)
+from .records import (
+    PhaseRecord,
+    Plan,
+    PlanInputs,
+    PlanProfile,
+    PlanRun,
+    PlanVariant,
+    RankRecord,
+    ScheduleRecord,
+    StagePlan,
+)
+
+if TYPE_CHECKING:
+    from ..solver.chunk_cpsat import ChunkSolve
+    from ..solver.chunk_problem import ChunkProblem
 
 __all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
 
@@ -101,7 +116,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                                   unit=units[ph.quantity], scale=problem.objective_scale(ph.quantity),
                                   solver_value=ph.value, solver_bound=ph.bound, proof=ph.proof))
     status = result.status if result is not None else ("feasible" if feasible else "infeasible")
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   solver_seconds=round(result.seconds, 3) if result else 0.0,
                   phase_seconds=tuple(ph.seconds for ph in phases), versions=versions(),
                   dp_seconds=_rounded(result.dp_seconds if result else None),
@@ -114,7 +129,7 @@ def make_plan(model: StageCostModel, problem: SplitProblem, split: Split | None,
                 wide_tensors=wide_tensors(model, traffic))
 
 
-def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs, *, traffic: Traffic,
+def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: ChunkSolve, inputs: PlanInputs, *, traffic: Traffic,
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
     """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
@@ -183,7 +198,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                                                                       "FEASIBLE" if feasible else "UNKNOWN"),
                           value, value if solve.optimal else bound, gap, round(solve.seconds, 3), unit=unit,
                           proof="cp-sat")]
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   solver_seconds=round(solve.seconds, 3), phase_seconds=(round(solve.seconds, 3),),
                   versions=versions())
     notes = list(solve.notes)
@@ -197,7 +212,7 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:
     """A plan with no split: the request cannot be solved as asked (``message`` says why), or
     (``status="unknown"``) the time limit came before any split was found."""
-    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds"),
+    run = PlanRun(stagesplit=VERSION, created=_dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
                   versions=versions())
     return Plan(profile=plan_profile(model), inputs=inputs, layer_names=list(model.layers.names),
                 devices=inputs.options.devices, method="cp-sat", status=status, feasible=False,
@@ -205,7 +220,7 @@ def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status
                 module_paths=list(model.layers.module_paths), notes=[], run=run, tied=model.tied, analysis=model)
 
 
-def _action_text(action) -> str:
+def _action_text(action: Action) -> str:
     """``F3 of chunk 5``: an action as the plan tells it."""
     names = {"F": "forward", "B": "backward (input gradients)", "W": "backward (weight gradients)",
              "BW": "backward"}

@@ -11,9 +11,10 @@ the solve starts and passed down; a phase given a share of the time asks it what
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
@@ -22,6 +23,17 @@ from ..errors import OptionError, StagesplitError
 from ..model.analysis import Analysis
 from ..solver.request import RecomputeMode, Schedule, SolveRequest
 from .records import Plan, PlanInputs
+
+if TYPE_CHECKING:
+    from ..model.costmodel import RangeTable, StageCostModel
+    from ..model.phases import PhaseTable
+    from .advise import Advice, SweepResult, SweepRow
+    from .records import ScheduleCandidate
+
+#: a schedule ``--schedule auto`` solved: (schedule, chunks per device, its advice or None, why none)
+_Solved = tuple[str, int, "Advice | None", str]
+#: a schedule ranked by the quick search: ((rank, share or step), schedule, chunks per device, micro-batches)
+_Ranked = tuple[tuple[int, float], str, int, int]
 
 __all__ = ["AUTO_MAX_CHUNKS_PER_RANK", "Resolved", "auto_candidates", "check_variants_request", "price", "resolve",
            "scheduled", "solve", "solve_variants", "sweep"]
@@ -54,18 +66,18 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     targets = list(request.resolved_targets())
     if len(targets) == 1:
         targets = targets * request.devices
-    capacities = None
+    capacities: tuple[int, ...] | None = None
     if targets:
-        capacities = []
+        per_device: list[int] = []
         for t in targets:
             if profile.target.tiles == 1:
-                capacities.append(t.device_bytes)          # a one-tile profile: the device is one pool
+                per_device.append(t.device_bytes)          # a one-tile profile: the device is one pool
             elif t.tiles == profile.target.tiles:
-                capacities.append(t.bytes_per_tile)
+                per_device.append(t.bytes_per_tile)
             else:
                 raise OptionError("targets", f"{t.name} has {t.tiles} tiles per device, but the profile was captured "
                                   f"on {profile.target.tiles} tiles; choose a target with the same tile count")
-        capacities = tuple(capacities)
+        capacities = tuple(per_device)
     link = request.link_bandwidth or (targets[0].link_bytes_per_s if targets else None) or \
         profile.target.link_bytes_per_s
     chunks = request.resolved_chunks()
@@ -93,7 +105,7 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     return Resolved(analysis, model, inputs)
 
 
-def price(resolved: Resolved, events: Events, max_devices: int | None = None):
+def price(resolved: Resolved, events: Events, max_devices: int | None = None) -> RangeTable:
     """Every layer range priced once, for every in-flight count the request can need."""
     from .advise import price as price_ranges
     L = resolved.model.num_layers
@@ -103,13 +115,14 @@ def price(resolved: Resolved, events: Events, max_devices: int | None = None):
     return table
 
 
-def scheduled(request: SolveRequest, model) -> bool:
+def scheduled(request: SolveRequest, model: StageCostModel) -> bool:
     """Whether the request is solved with a schedule's own actions (solver/chunk_cpsat.py): any
     schedule but none, on a one-device profile that records each operation's phase; the looped
     and V-shaped schedules need such a profile, GPipe and 1F1B fall back to the stage model."""
     recompute = request.recompute not in (None, RecomputeMode.NONE)
     if recompute and (request.schedule is Schedule.NONE or model.phase_cols is None
                       or model.profile.target.tiles != 1):
+        assert request.recompute is not None
         raise OptionError("recompute", f"{request.recompute.value} needs a profile of one device that records each "
                           "operation's phase (as stagesplit capture writes) and a pipeline schedule (--schedule 1f1b, "
                           "zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
@@ -125,7 +138,7 @@ def scheduled(request: SolveRequest, model) -> bool:
     return ok
 
 
-def _completed(advice, model, events: Events, **more: Any) -> Plan:
+def _completed(advice: Advice, model: StageCostModel, events: Events, **more: Any) -> Plan:
     """The advice's plan with what the solve adds: its warnings reported, the baselines, the
     cost model it was solved on (for plots and reports) and every warning of the solve."""
     for message in advice.warnings:
@@ -210,9 +223,13 @@ def auto_candidates(req: SolveRequest) -> list[tuple[str, int, int]]:
     return out
 
 
-def _step(advice) -> float:
+def _step(advice: Advice | None) -> float:
     """A schedule solve's step time (infinite where nothing fits or it was refused)."""
-    return advice.plan.schedule.step_time if advice is not None and advice.plan.feasible else math.inf
+    if advice is None or not advice.plan.feasible:
+        return math.inf
+    schedule = advice.plan.schedule
+    assert schedule is not None               # a schedule solve's plan records its schedule
+    return schedule.step_time
 
 
 #: a schedule ``--schedule auto``'s time limit stopped before any split of it was found
@@ -241,15 +258,15 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
                           "micro-batches")
     memory = req.objective.value == "memory"
-    table = None
-    ranked = []
+    table: PhaseTable | None = None
+    ranked: list[_Ranked] = []
     events.start("ranking the schedules by a quick search")
     budget = min(0.25, req.time_limit / (10 * len(candidates)))
     # the ranking takes at most half of the time: on long schedules (thousands of micro-batches,
     # many chunks) making one schedule's actions takes seconds, and the solves need the rest
     ranking = deadline.part(deadline.left() - req.time_limit / 2)
     for kind, v, M in candidates:
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M)
+        trial = replace(req, schedule=Schedule(kind), chunks_per_rank=v, micro_batches=M)
         resolved = resolve(trial, analysis)
         if not scheduled(trial, resolved.model):
             raise OptionError("schedule", "auto needs a profile of one device that records each operation's phase "
@@ -261,7 +278,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
                 problem = schedule_problem(resolved.model, resolved.inputs, table)
                 quick = local_search(problem, budget_s=budget)
             share = float((quick.peaks / problem.capacities).max())
-            rank = (0 if quick.feasible else 1, share if memory else quick.step_time)
+            rank: tuple[int, float] = (0 if quick.feasible else 1, share if memory else quick.step_time)
         except TimeLimitReached:         # not ranked: after the others
             rank = (3, 0.0)
         except StagesplitError:
@@ -270,50 +287,52 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
     events.done()
     ranked.sort(key=lambda item: item[0])
 
-    plans: list = [None] * len(ranked)
+    plans: list[_Solved] = []
     for i, (_, kind, v, M) in enumerate(ranked):
         left = deadline.left()
         # the first (the likeliest fastest) may take half of the time, each other its part of what
         # is left or (a schedule that beats the fastest so far proves its own optimum) up to 10 s;
         # refuting a split faster than the fastest so far takes a second or two where there is none
         share = max(left / 2 if i == 0 else max(left / (len(ranked) - i), min(left / 2, 10.0)), 1.0)
-        best = min((_step(p[2]) for p in plans[:i]), default=math.inf)
+        fastest = min((_step(p[2]) for p in plans[:i]), default=math.inf)
         # the plan records the share it was searched with as its time limit (as such plans always have)
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=share)
+        trial = replace(req, schedule=Schedule(kind), chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device")
         try:
             advice = advise_schedule(resolved.model, resolved.inputs, table=table,
-                                     cutoff=None if memory or not math.isfinite(best) else best,
+                                     cutoff=None if memory or not math.isfinite(fastest) else fastest,
                                      deadline=deadline.part(share))
-            plans[i] = (kind, v, advice, "")
+            plans.append((kind, v, advice, ""))
         except TimeLimitReached:
-            plans[i] = (kind, v, None, _NOT_SEARCHED)
+            plans.append((kind, v, None, _NOT_SEARCHED))
         except StagesplitError as exc:
-            plans[i] = (kind, v, None, str(exc))
+            plans.append((kind, v, None, str(exc)))
         finally:
             events.done()
     if not memory:
         _spend_what_is_left(req, analysis, table, ranked, plans, deadline, events)
-    feasible = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
+    feasible: list[tuple[str, int, Advice]] = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
 
-    def score(item):
+    def score(item: tuple[str, int, Advice]) -> tuple[float, bool, float]:
         s = item[2].plan.schedule
+        assert s is not None                    # a schedule solve's plan records its schedule
         worst = max(r.peak_bytes / r.capacity_bytes for r in s.ranks)
         unproven = item[2].plan.status != "optimal"      # on a tie, the proven plan
         return (worst, unproven, s.step_time) if memory else (s.step_time, unproven, worst)
-    rows = []
-    for kind, v, advice, error in plans:
-        plan = advice.plan if advice is not None else None
+    rows: list[ScheduleCandidate] = []
+    for kind, v, solved, error in plans:
+        plan = solved.plan if solved is not None else None
         s = plan.schedule if plan is not None else None
         status = ("unknown" if error == _NOT_SEARCHED else "refused") if plan is None else \
-            "slower" if advice.slower else plan.status
+            "slower" if solved is not None and solved.slower else plan.status
         rows.append(ScheduleCandidate(
             schedule=kind, chunks_per_rank=v, status=status,
             step_time=s.step_time if s else None, bubble=s.bubble if s else None,
             worst_memory=max(r.peak_bytes / r.capacity_bytes for r in s.ranks) if s else None,
             seconds=(plan.run.solver_seconds or 0.0) if plan is not None else 0.0,
             note=error or (plan.message if plan else "")))
+    best: Advice | None
     if feasible:
         best = min(feasible, key=score)[2]
     else:
@@ -326,10 +345,13 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
                                                                                for k, v, _, e in plans))
     plan = best.plan
     proven = plan.status == "optimal" and all(r.status in ("optimal", "slower", "infeasible", "refused") for r in rows)
-    note = (f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
-            f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
-            + (" (proven: no other schedule has a faster split)" if proven and not memory else "")
-            if plan.feasible else f"--schedule auto: none of the {len(rows)} schedules tried fits")
+    if plan.feasible:
+        assert plan.schedule is not None          # a schedule solve's plan records its schedule
+        note = (f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
+                f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
+                + (" (proven: no other schedule has a faster split)" if proven and not memory else ""))
+    else:
+        note = f"--schedule auto: none of the {len(rows)} schedules tried fits"
     for message in best.warnings:
         events.warn(message)
     # the model the plans were solved on (the target's roofline applied, the phase table kept)
@@ -337,7 +359,8 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
                    analysis=solved_on)
 
 
-def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table, ranked: list, plans: list, deadline: Deadline,
+def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table: PhaseTable | None, ranked: list[_Ranked],
+                        plans: list[_Solved], deadline: Deadline,
                         events: Events) -> None:
     """The ``auto`` schedule's second pass: while time is left, a schedule whose search the time
     limit stopped with a lower bound below the fastest plan found (it might still beat it) is
@@ -358,8 +381,9 @@ def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table, ranked: li
         _, i = min(open_)
         retried.add(i)
         kind, v, advice, _ = plans[i]
+        assert advice is not None                # only a solved schedule is open
         M = ranked[i][3]
-        trial = replace(req, schedule=kind, chunks_per_rank=v, micro_batches=M, time_limit=left)
+        trial = replace(req, schedule=Schedule(kind), chunks_per_rank=v, micro_batches=M, time_limit=left)
         resolved = resolve(trial, analysis)
         events.start(f"solving {kind}, {v} chunk(s) per device, again with the time left")
         try:
@@ -380,7 +404,7 @@ def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table, ranked: li
 # -- device counts ---------------------------------------------------------------------------------
 
 def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: Events,
-          on_row: Callable | None = None):
+          on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
     """Solve ``request`` for each device count in ``counts`` (each within the request's time
     limit), pricing every layer range once; a ``SweepResult``."""
     from .advise import sweep as sweep_counts
@@ -388,11 +412,11 @@ def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: 
     is_scheduled = scheduled(request, resolved.model)
     table = None if is_scheduled else price(resolved, events, max_devices=max(counts))
     phases = resolved.model.phase_table if is_scheduled else None
-    done: list = []
+    done: list[SweepRow] = []
 
     events.start("solving", "device counts")
 
-    def row_done(row) -> None:
+    def row_done(row: SweepRow) -> None:
         done.append(row)
         events.update(len(done), len(counts))
         if on_row is not None:

@@ -37,8 +37,20 @@ from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
 from ..solver.schedule_kinds import ScheduleKind
-from .records import (MEMORY_KEYS, PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord,
-                      RuntimeConditions, ScheduleCandidate, ScheduleRecord, StagePlan)
+from .records import (
+    MEMORY_KEYS,
+    PhaseRecord,
+    Plan,
+    PlanInputs,
+    PlanProfile,
+    PlanRun,
+    PlanVariant,
+    RankRecord,
+    RuntimeConditions,
+    ScheduleCandidate,
+    ScheduleRecord,
+    StagePlan,
+)
 
 __all__ = ["FORMAT", "GPU_MEMORY_WORDS", "VERSION", "plan_document", "read_plan", "write_plan"]
 
@@ -74,7 +86,7 @@ def _figure(r: FieldReader, value: Any, path: str) -> float:
 def plan_document(plan: Plan) -> dict[str, Any]:
     """The plan as the JSON/YAML document ``write_plan`` writes."""
     o = plan.inputs.options
-    doc = {"format": FORMAT, "version": VERSION, "profile": _profile_document(plan.profile),
+    doc: dict[str, Any] = {"format": FORMAT, "version": VERSION, "profile": _profile_document(plan.profile),
            "request": plan.inputs.request.to_record(),
            "resolved": {"micro_batches": o.micro_batches, "micro_batches_auto": o.micro_batches_auto,
                         "capacities": list(o.capacities) if o.capacities else None,
@@ -221,9 +233,10 @@ def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
         r.mapping(item, p)
         r.known_keys(item, p, {f.name for f in fields(ScheduleCandidate)})
 
-        def optional_number(key: str):
-            x = item.get(key)
-            return None if x is None else _figure(r, x, f"{p}.{key}")
+        def optional_number(key: str) -> float | None:
+            # called only within this iteration, so the loop's current item and p are the ones meant
+            x = item.get(key)  # noqa: B023
+            return None if x is None else _figure(r, x, f"{p}.{key}")  # noqa: B023
         out.append(ScheduleCandidate(
             schedule=r.choice(r.get(item, "schedule", p), f"{p}.schedule", tuple(k.value for k in ScheduleKind)),
             chunks_per_rank=r.integer(r.get(item, "chunks_per_rank", p), f"{p}.chunks_per_rank", minimum=1),
@@ -278,12 +291,13 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
     if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
             num_stages != v * devices:
         r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))
-    times = []
+    times: list[tuple[float, float, float]] = []
     for i, item in enumerate(r.list(s.get("chunk_times", []), "schedule.chunk_times")):
         item = r.list(item, f"schedule.chunk_times[{i}]")
         if len(item) != 3:
             r.fail(f"schedule.chunk_times[{i}]", "[forward, backward, weight] times", item)
-        times.append(tuple(_figure(r, x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item)))
+        forward, backward, weight = (_figure(r, x, f"schedule.chunk_times[{i}][{j}]") for j, x in enumerate(item))
+        times.append((forward, backward, weight))
     optional: dict[str, Any] = {}
     if s.get("runtime") is not None:                 # older plans: the one runtime priced then
         runtime = r.mapping(s["runtime"], "schedule.runtime")
@@ -370,12 +384,18 @@ def _sha256(r: FieldReader, value: Any, path: str) -> str | None:
     return text
 
 
-def _targets(r: FieldReader, value: Any, path: str) -> tuple:
+def _source(r: FieldReader) -> str:
+    """The plan file's name (``read_plan`` reads a plan from a path)."""
+    assert r.source is not None
+    return r.source
+
+
+def _targets(r: FieldReader, value: Any, path: str) -> tuple[Target, ...]:
     return tuple(target_from_mapping(t.get("name", "target") if isinstance(t, dict) else "target", t, r.source,
                                      f"{path}[{i}]") for i, t in enumerate(r.list(value, path)))
 
 
-def _options(r: FieldReader, request: SolveRequest, resolved: dict, names: list[str], prefix: str) -> SolveOptions:
+def _options(r: FieldReader, request: SolveRequest, resolved: dict[str, Any], names: list[str], prefix: str) -> SolveOptions:
     """The resolved options: the request's values, with what ``resolve`` chose, each checked."""
     L = len(names)
     micro = r.integer(r.get(resolved, "micro_batches", prefix), f"{prefix}.micro_batches", minimum=1)
@@ -413,8 +433,8 @@ def _options(r: FieldReader, request: SolveRequest, resolved: dict, names: list[
                         time_limit=request.time_limit, workers=request.workers)
 
 
-def _inputs_v2(r: FieldReader, doc: dict, names: list[str]) -> PlanInputs:
-    request = SolveRequest.from_record(r.get(doc, "request", ""), r.source, "request")
+def _inputs_v2(r: FieldReader, doc: dict[str, Any], names: list[str]) -> PlanInputs:
+    request = SolveRequest.from_record(r.get(doc, "request", ""), _source(r), "request")
     resolved = r.mapping(r.get(doc, "resolved", ""), "resolved")
     r.known_keys(resolved, "resolved", {"micro_batches", "micro_batches_auto", "capacities", "pinned_splits",
                                         "pinned_layers", "link_bytes_per_s", "targets", "layer_compute_sha256"})
@@ -435,7 +455,7 @@ def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profi
     if record is not None:
         record = dict(r.mapping(record, "inputs.request"))
         extra = {k: record.pop(k) for k in ("resolved_targets", "layer_compute_sha256") if k in record}
-        request = SolveRequest.from_record(record, r.source, "inputs.request")
+        request = SolveRequest.from_record(record, _source(r), "inputs.request")
         targets = _targets(r, extra.get("resolved_targets", []), "inputs.request.resolved_targets")
         sha = _sha256(r, extra.get("layer_compute_sha256"), "inputs.request.layer_compute_sha256")
     else:                          # the earliest plans: rebuild the request from the resolved options
@@ -453,7 +473,7 @@ def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profi
                                              f"inputs.pinned_layers[{i}][0]"), p[1]) for i, p in enumerate(pins)]
         if inputs.get("layer_grouping") is not None:
             values["layering"] = inputs["layer_grouping"]
-        request = SolveRequest.from_record(values, r.source, "inputs")
+        request = SolveRequest.from_record(values, _source(r), "inputs")
         targets, sha = (), None
     resolved = {"micro_batches": inputs.get("micro_batches", request.micro_batches or 1),
                 "micro_batches_auto": inputs.get("micro_batches_auto", False),
@@ -480,10 +500,10 @@ def _layer_name(r: FieldReader, names: list[str], index: Any, path: str) -> str:
     index = r.integer(index, path)
     if index >= len(names):
         r.fail(path, f"a layer index in 0..{len(names) - 1}", index)
-    return names[index]
+    return str(names[index])
 
 
-def _stages(r: FieldReader, doc: dict, names: list[str], devices: int, gpu_words: bool) -> list[StagePlan]:
+def _stages(r: FieldReader, doc: dict[str, Any], names: list[str], devices: int, gpu_words: bool) -> list[StagePlan]:
     """The stages; with ``gpu_words`` (a version-3 GPU plan) each names its memory ``peak_bytes``
     and ``memory``, and a tile's field there is refused (a hand edit that mixes the two)."""
     stages = []
@@ -557,9 +577,10 @@ def _variants(r: FieldReader, value: Any, stages: list[StagePlan]) -> tuple[Plan
     for s in stages:
         if out and s.variant not in by_name:
             r.fail(f"stages[{s.stage}].variant", "one of the plan's variants (" + ", ".join(by_name) + ")", s.variant)
-        if out and s.memory_proportion != by_name[s.variant].proportion:
+        variant = by_name[s.variant] if out and s.variant is not None else None   # (r.fail raised on others)
+        if out and variant is not None and s.memory_proportion != variant.proportion:
             r.fail(f"stages[{s.stage}].memory_proportion", f"variant {s.variant}'s proportion "
-                   f"({by_name[s.variant].proportion})", s.memory_proportion)
+                   f"({variant.proportion})", s.memory_proportion)
         if not out and s.variant is not None:
             r.fail(f"stages[{s.stage}].variant", "null (the plan lists no profile variants)", s.variant)
     return tuple(out)
@@ -576,7 +597,7 @@ def _recompute_of(r: FieldReader, value: Any, path: str, layers: int) -> tuple[s
     return tuple(r.choice(x, f"{path}[{i}]", RECOMPUTE_OPTIONS) for i, x in enumerate(items))
 
 
-def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -> list[str]:
+def _stage_layers(r: FieldReader, stage: dict[str, Any], where: str, default: list[str]) -> list[str]:
     """A stage's layer names as the document lists them (kept as written, so that ``export``
     can reject a hand edit that drops or repeats a layer), else those of its index range."""
     if "layers" not in stage:
@@ -584,7 +605,7 @@ def _stage_layers(r: FieldReader, stage: dict, where: str, default: list[str]) -
     return [r.string(x, f"{where}.layers[{i}]") for i, x in enumerate(r.list(stage["layers"], f"{where}.layers"))]
 
 
-def _gpu_memory(r: FieldReader, stage: dict, where: str) -> tuple[int, int, MemoryBreakdown, MemoryBreakdown]:
+def _gpu_memory(r: FieldReader, stage: dict[str, Any], where: str) -> tuple[int, int, MemoryBreakdown, MemoryBreakdown]:
     """A version-3 GPU stage's memory as the records hold it: the device is its one tile
     (``worst_tile`` 0, ``peak_bytes`` its bytes, the same breakdown at the tile and in total)."""
     for key in IPU_STAGE_FIELDS:

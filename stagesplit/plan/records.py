@@ -5,20 +5,26 @@ answer was obtained. ``plan/files.py`` writes and reads it as versioned JSON or 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any
 
+from ..common import hooks
+from ..common.text import one_line
 from ..io.profile import Target
 from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
 from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
-from ..common import hooks
-from ..common.text import one_line
 from .text import seconds_text, split_text
 
 if TYPE_CHECKING:
+    from pathlib import Path
+
+    import pandas as pd
+    from matplotlib.figure import Figure
+
     from ..model.costmodel import StageCostModel
 
 __all__ = ["MEMORY_KEYS", "PhaseRecord", "Plan", "PlanInputs", "PlanProfile", "PlanRun", "PlanVariant", "RankRecord",
@@ -306,7 +312,7 @@ class Plan:
     notes: list[str] = field(default_factory=list)
     #: not written to the plan file: what the user would do otherwise, priced alongside (``compare``),
     #: and what the command line prints as warnings
-    baselines: list["Plan"] = field(default_factory=list, repr=False, compare=False)
+    baselines: list[Plan] = field(default_factory=list, repr=False, compare=False)
     warnings: list[str] = field(default_factory=list, repr=False, compare=False)
     #: the cost model the plan was solved on (for plots and reports); None for a plan read from a file
     analysis: StageCostModel | None = field(default=None, repr=False, compare=False)
@@ -324,9 +330,9 @@ class Plan:
     variants: tuple[PlanVariant, ...] = ()
     #: not written to the plan file: with profile variants, each variant's cost model by name (for
     #: plots and reports; ``analysis`` is the first's); empty for a plan read from a file
-    variant_models: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
+    variant_models: dict[str, StageCostModel] = field(default_factory=dict, repr=False, compare=False)
 
-    def stage_model(self, stage: StagePlan):
+    def stage_model(self, stage: StagePlan) -> StageCostModel | None:
         """The cost model ``stage`` was priced with: its profile variant's, else ``analysis``
         (None for a plan read from a file)."""
         if stage.variant is not None and stage.variant in self.variant_models:
@@ -417,6 +423,7 @@ class Plan:
         elif self.stages:
             b = self.bottleneck
             w = self.worst_memory
+            assert b is not None and w is not None          # a plan with stages has both
             lines.append(f"bottleneck: stage {b.stage} (layers {b.layers[0]}..{b.layers[-1]}): "
                          f"{self.time_text(b.stage_time, b.time_s)}"
                          + (" with transfers" if self.inputs.communication else ""))
@@ -439,6 +446,7 @@ class Plan:
 
     def _schedule_lines(self, gpu: bool) -> list[str]:
         s = self.schedule
+        assert s is not None                                # only a plan under a schedule has these lines
         unit = s.time_unit
         step = seconds_text(s.step_time) if unit == "seconds" else f"{s.step_time:.4g} {unit}"
         lines = [f"step: {step} for {s.micro_batches} micro-batches with {s.kind}"
@@ -462,12 +470,13 @@ class Plan:
         return f"{compute:.4g} {self.compute_unit}"
 
     # -- pictures (drawn by stagesplit.reporting, bound through common/hooks.py) ---------------
-    def plot(self):
+    def plot(self) -> Figure:
         """The plan as a matplotlib Figure: each stage's memory by category against its
         capacity (and, on an IPU, its tiles), and each stage's time (``stagesplit.plot``)."""
-        return hooks.call("plan.plot", self)
+        figure: Figure = hooks.call("plan.plot", self)
+        return figure
 
-    def report(self, path, profile=None) -> None:
+    def report(self, path: str | Path, profile: Any = None) -> None:
         """Write the plan as one self-contained HTML page to ``path`` (``stagesplit.report``)."""
         hooks.call("plan.report", self, path, profile)
 
@@ -480,7 +489,7 @@ class Plan:
             return targets[stage.device].name
         return self.profile.target
 
-    def stages_frame(self):
+    def stages_frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per stage, indexed by stage number.
 
         Columns: ``device`` (position), ``target``, ``first_layer``/``last_layer`` (layer
@@ -526,7 +535,7 @@ class Plan:
         return frame(cols, index=("stage", [s.stage for s in st], "int64"),
                      attrs={"compute_unit": self.compute_unit, "method": self.method, "status": self.status})
 
-    def layers_frame(self):
+    def layers_frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per layer (indexed by layer number): ``name``,
         ``module_path`` (None where not derivable), and the ``stage`` and ``device`` holding it
         (nullable Int64: <NA> everywhere when the plan has no split)."""

@@ -18,8 +18,8 @@ proportion on every IPU, as a plan without variants must be compiled.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import replace
-from typing import Callable, Sequence
 
 import numpy as np
 

@@ -4,15 +4,16 @@ category and by tile, and what layers share and send each other."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
+from ..common.text import one_line, show
+from ..layers import Rule
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.stagememory import program_code
-from ..layers import Rule
-from .table import Column, Table
 from ..model.traffic import Traffic, layer_traffic
-from ..common.text import one_line, show
+from .table import Column, Table
 from .units import GIB, device_words
 
 __all__ = ["Breakdown", "CODE", "DEFAULT_SECTIONS", "OperationCosts", "SECTIONS", "operation_costs"]
@@ -35,7 +36,7 @@ class Breakdown:
     shared: StageMemory
 
     @classmethod
-    def of(cls, model: StageCostModel) -> "Breakdown":
+    def of(cls, model: StageCostModel) -> Breakdown:
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
 
     def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:
@@ -321,7 +322,7 @@ class Breakdown:
         if top is not None:
             order = order[:max(top, 0)]
         steps = whole.peak_step[order]
-        cols = {"total_bytes": (total[order], "int64"), "always_live_bytes": (whole.always_live[order], "int64"),
+        cols: dict[str, tuple[Any, Any]] = {"total_bytes": (total[order], "int64"), "always_live_bytes": (whole.always_live[order], "int64"),
                 "not_always_live_bytes": (whole.not_always_live[order], "int64"),
                 "peak_step": ([int(s) if s >= 0 else None for s in steps], "Int64")}
         for k in CODE:

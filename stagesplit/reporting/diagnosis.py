@@ -14,11 +14,11 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..common.text import one_line, show
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.stagememory import MemoryBreakdown
 from .table import Column, Table
-from .units import GIB, device_words
-from ..common.text import one_line, show
+from .units import GIB
 
 __all__ = ["Diagnosis", "GROUND_TRUTH_CATEGORIES", "GroundTruthCheck", "GroupingHealth", "LiveVariable",
            "StageDiagnosis", "diagnose", "diagnose_stage", "diagnosis_tables", "grouping_health",
@@ -219,6 +219,7 @@ def diagnose_stage(model: StageCostModel, first: int, last: int, in_flight: int 
 def _ground_truth_check(model: StageCostModel, sm: StageMemory, tile: int, step: int, lookup: _Lookup,
                         top: int) -> GroundTruthCheck:
     gt = model.profile.ground_truth
+    assert gt is not None                     # the caller checked
     rows = [("always-live variables", int(sm.always_live[tile]), int(gt.always_live[tile])),
             ("not-always-live variables (peak)", int(sm.not_always_live[tile]), int(gt.not_always_live[tile]))]
     for name, values in gt.categories.items():
@@ -269,7 +270,6 @@ def diagnosis_tables(d: Diagnosis, gpu: bool | None = None) -> list[Table]:
     memory in GiB, the aten operation and module at the peak, no code categories or tiles."""
     if gpu is None:
         gpu = d.model is not None and d.model.profile.target.tiles == 1
-    words = device_words(1 if gpu else 2)
     tables = []
     for n, s in enumerate(d.stages):
         head = f"Stage {n} (layers {_span(s.layers)})" if len(d.stages) > 1 else f"Layers {_span(s.layers)}"

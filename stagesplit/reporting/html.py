@@ -13,6 +13,7 @@ from __future__ import annotations
 import base64
 import html
 import io
+
 from ..common.fileio import atomic_write_text
 from ..common.text import escape_surrogates
 from ..common.versions import VERSION
@@ -21,8 +22,16 @@ from ..plan.records import Plan
 from .plot import MANY_STAGES, plan_figure
 from .summary import comparison_table, stages_table
 from .table import Table, formatted, gpu_view
-from .timeline import (ChunkFigures, gantt_figure, rank_memory_figure, schedule_view, step_summary, step_text,
-                       summary_figure, too_large_to_draw)
+from .timeline import (
+    ChunkFigures,
+    gantt_figure,
+    rank_memory_figure,
+    schedule_view,
+    step_summary,
+    step_text,
+    summary_figure,
+    too_large_to_draw,
+)
 from .units import device_words
 from .why import compare_line, comparisons, why_line
 
@@ -92,8 +101,9 @@ def _layers_table(plan: Plan, model) -> str:
     rows = ['<div class="wide"><table><tr>' + "".join(f'<th class="{"text" if h in ("layer", "module") else "num"}">{_e(h)}</th>'
                                     for h in heads) + "</tr>"]
     for i, name in enumerate(plan.layer_names):
-        s = stage_of.get(i)
-        cells = [str(i), name, paths[i] or "-", "-" if s is None else str(s.stage), "-" if s is None else str(s.device)]
+        held = stage_of.get(i)
+        cells = [str(i), name, paths[i] or "-", "-" if held is None else str(held.stage),
+                 "-" if held is None else str(held.device)]
         if model is not None:
             alone = model.stage_memory(i, i).worst_bytes()
             cells += [f"{alone / 2**30:,.3f}" if gpu else f"{alone:,}", f"{model.layer_compute[i]:.4g}"]
@@ -202,8 +212,11 @@ def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> 
         parts.append("<h2>Memory of each stage</h2>")
         tiles = None
         if model is not None and not gpu and len(plan.stages) <= MANY_STAGES:     # beyond: not drawn per tile
-            tiles = [(plan.stage_model(s) if plan.variant_models else model).stage_memory(
-                s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
+            tiles = []
+            for s in plan.stages:
+                stage_model = plan.stage_model(s) if plan.variant_models else model
+                assert stage_model is not None          # a variant's plan keeps each variant's model
+                tiles.append(stage_model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight))
         parts.append(_img(plan_figure(plan, tiles), "memory of each stage by category, and each stage's time"))
         parts.append("<h2>The schedule</h2>")
         parts.append(schedule_section(plan, figures))

@@ -12,14 +12,14 @@ from __future__ import annotations
 
 import io
 import textwrap
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Sequence
 
 import numpy as np
 
-from ..errors import StagesplitError
 from ..common.fileio import atomic_write_bytes
 from ..common.text import escape_surrogates
+from ..errors import StagesplitError
 from ..plan.records import Plan
 from .why import stage_times
 
@@ -120,8 +120,11 @@ def figure_of(plan: Plan):
     model the plan keeps (none for a plan read from a file); nothing is solved again."""
     tiles = None
     if plan.analysis is not None and not plan.profile.one_tile:
-        tiles = [plan.stage_model(s).stage_memory(s.first_layer, s.last_layer).total(s.in_flight)
-                 for s in plan.stages]
+        tiles = []
+        for s in plan.stages:
+            stage_model = plan.stage_model(s)
+            assert stage_model is not None              # the plan keeps its cost model (checked above)
+            tiles.append(stage_model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight))
     return plan_figure(plan, tiles)
 
 
@@ -184,6 +187,7 @@ def plan_figure(plan: Plan, tile_totals: Sequence[np.ndarray] | None = None, tit
         cmap = colormaps["tab10" if n <= 10 else "tab20" if n <= 20 else "viridis"]
         if n > 20:
             cmap = cmap.resampled(n)
+        assert tile_totals is not None                  # tiles are drawn only from them
         for i, totals in enumerate(tile_totals):
             ordered = np.sort(np.asarray(totals, float))[::-1] / scale
             ax_tiles.plot(np.arange(len(ordered)), ordered, color=cmap(i), linewidth=1.2, label=f"stage {i}")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
-from typing import TextIO
+from typing import Any, TextIO
 
 __all__ = ["Progress"]
 
@@ -38,8 +38,8 @@ class Progress:
         self._started = 0.0
         self._done = 0
         self._total: int | None = None
-        self._bar = None
-        self._task = None
+        self._bar: Any = None                # a rich Progress while a bar is shown
+        self._task: Any = None               # its task id
 
     @property
     def active(self) -> bool:

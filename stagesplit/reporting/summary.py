@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from typing import Sequence
+from collections.abc import Sequence
 
 from ..common.text import one_line
 from ..plan.records import Plan
@@ -77,6 +77,7 @@ def comparison_table(plans: Sequence[Plan], gpu: bool = False) -> Table:
             t.add(method_label(p.method), "no", 0, "-", None, None, None, None)
             continue
         worst = max(s.worst_tile_bytes for s in p.stages)
+        assert p.bottleneck is not None               # a plan with stages has one
         ratio_c = step_ratio(p, best) if best else None
         ratio_m = worst / max(s.worst_tile_bytes for s in best.stages) if best else None
         t.add(method_label(p.method), "yes" if p.feasible else "NO", len(p.stages), p.short_split_text(), p.bottleneck.compute,

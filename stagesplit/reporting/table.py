@@ -8,8 +8,9 @@ import json
 import math
 import numbers
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from ..common.text import one_line
 
@@ -44,7 +45,7 @@ class Table:
 
 
 def _bytes_unit(values: Sequence[Any]) -> tuple[str, float]:
-    biggest = max((abs(v) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0)
+    biggest = max((abs(float(v)) for v in values if isinstance(v, numbers.Real) and not _missing(v)), default=0.0)
     if biggest >= 10 * 2**30:           # GiB only from 10 GiB, so MiB-sized rows keep their digits
         return "GiB", 2.0**30
     if biggest >= 2**20:

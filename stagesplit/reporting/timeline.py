@@ -110,6 +110,7 @@ def plan_chunk_figures(plan: Plan) -> ChunkFigures:
     memory = _stage_memory(plan)
     if _recorded_times(plan):
         s = plan.schedule
+        assert s is not None                  # recorded times are the schedule's
         times = np.asarray(s.chunk_times, np.float64).reshape(len(plan.stages), 3)
         M = s.micro_batches
         if s.optimizer_times:
@@ -121,8 +122,8 @@ def plan_chunk_figures(plan: Plan) -> ChunkFigures:
         return ChunkFigures(forward=times[:, 0], backward=times[:, 1], backward_weight=times[:, 2], memory=memory,
                             unit="s" if s.time_unit == "seconds" else s.time_unit, transfer=transfer,
                             optimizer=optimizer, solved=True)
-    times, seconds = stage_times(plan)
-    t = np.asarray(times, np.float64)
+    stage_figures, seconds = stage_times(plan)
+    t = np.asarray(stage_figures, np.float64)
     return ChunkFigures(forward=t / 3, backward=2 * t / 3, memory=memory, unit="s" if seconds else plan.compute_unit)
 
 
@@ -350,9 +351,9 @@ def rank_memory_figure(view: ScheduleView, title: str = ""):
             if i + 1 < len(starts) and starts[i + 1] > ends[i]:
                 xs += [ends[i], starts[i + 1]]
                 ys += [m.after[i], m.after[i]]
-        xs, ys = np.array(xs), np.array(ys, np.float64) / scale_b
+        x, y = np.array(xs), np.array(ys, np.float64) / scale_b
         named = P <= LEGEND_RANKS                      # beyond, a legend of every rank would not fit the figure
-        ax.plot(xs, ys, color=cmap(r % 10), linewidth=1.2,
+        ax.plot(x, y, color=cmap(r % 10), linewidth=1.2,
                 label=f"rank {r} (peak {m.peak / scale_b:,.3g} {unit_b})" if named else None)
     caps = sorted(set(int(c) for c in view.capacity if c))
     for c in caps:

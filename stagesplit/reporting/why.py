@@ -17,14 +17,15 @@ step of ``P`` stages and ``M`` micro-batches takes ``(M + P - 1)`` times the slo
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, replace
-from typing import Sequence
+from typing import Any
 
 import numpy as np
 
+from ..errors import StagesplitError
 from ..plan.baselines import LABELS
 from ..plan.records import Plan
-from ..errors import StagesplitError
 from ..plan.text import split_text
 from .units import DeviceWords
 
@@ -74,7 +75,7 @@ def stage_times(plan: Plan, seconds: bool | None = None) -> tuple[list[float], b
     """Each stage's time as the solver saw it, and whether it is in seconds (``seconds``: force
     the choice; seconds are used only where every stage has them)."""
     if (_timed(plan) if seconds is None else seconds and _timed(plan)):
-        return [float(s.time_s) for s in plan.stages], True
+        return [float(s.time_s) for s in plan.stages if s.time_s is not None], True    # all have one
     return [s.stage_time for s in plan.stages], False
 
 
@@ -124,6 +125,7 @@ def headroom_text(plan: Plan, words: DeviceWords) -> str:
         who, used, capacity, tile = f"device {r.rank}", r.peak_bytes, r.capacity_bytes, ""
     else:
         w = plan.worst_memory
+        assert w is not None                  # a plan with stages has one
         who, used, capacity = f"stage {w.stage}", w.worst_tile_bytes, w.capacity_bytes
         tile = "" if words.one_tile else f" on tile {w.worst_tile}"
     share = f" ({used / capacity:.1%})" if capacity > 0 else ""
@@ -141,10 +143,10 @@ def _stage_text(plan: Plan, stage: int) -> str:
 
 # -- the least slowest stage the layer boundaries allow (memory ignored) -----------------------------
 
-def least_slowest(layer_times: Sequence[float], positions: int, *, cuts: Sequence[float] | None = None,
+def least_slowest(layer_times: Sequence[float] | np.ndarray, positions: int, *, cuts: Sequence[float] | None = None,
                   min_layers: int = 1, max_layers: int | None = None, pinned_splits: Sequence[int] = (),
                   pinned_layers: Sequence[tuple[int, int]] = (), empty_allowed: bool = True
-                  ) -> tuple[list[float], list[list[tuple[int, int]]]]:
+                  ) -> tuple[list[float], _Splits]:
     """The least slowest stage of the layers split into contiguous stages on ``positions`` device
     positions in order, memory ignored, for 1, 2, ..., ``positions`` positions, with each best
     split as (first, last) layer ranges. A stage of layers a..e-1 takes the sum of their
@@ -274,11 +276,11 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     if not len(figures.layers) or figures.layers.max() <= 0:
         return f"why: no compute estimates, so memory decides; {headroom}"
     o = plan.inputs.options
-    times = [s.time_s if figures.seconds else s.stage_time for s in plan.stages]
-    b = int(np.argmax(times))
-    have = float(times[b])
+    figures_of: list[Any] = [s.time_s if figures.seconds else s.stage_time for s in plan.stages]   # seconds: all have one
+    b = int(np.argmax(figures_of))
+    have = float(figures_of[b])
     stage = plan.stages[b]
-    rules = dict(cuts=figures.cuts, min_layers=o.min_layers, max_layers=o.max_layers, pinned_splits=o.pinned_splits,
+    rules: dict[str, Any] = dict(cuts=figures.cuts, min_layers=o.min_layers, max_layers=o.max_layers, pinned_splits=o.pinned_splits,
                  pinned_layers=o.pinned_layers, empty_allowed=not o.exact)
     L = len(plan.layer_names)
     # every device count that can matter (a stage holds a layer at least), where that is cheap
@@ -390,6 +392,7 @@ def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
     the slowest stage against the least the layer boundaries allow, whether memory rules out a
     faster split, and the headroom."""
     s = plan.schedule
+    assert s is not None                      # a scheduled plan
 
     def text(value: float) -> str:
         return words.seconds(value) if s.time_unit == "seconds" else f"{value:.4g} {s.time_unit}"
@@ -428,6 +431,7 @@ def _schedule_problem(plan: Plan, model):
         problem = schedule_problem(model, plan.inputs, table)
     except StagesplitError:          # the plan's options no longer fit this model
         return None
+    assert plan.schedule is not None          # a scheduled plan
     if problem.schedule.chunks != len(plan.stages) or problem.schedule.kind.value != plan.schedule.kind:
         return None
     return problem
@@ -475,6 +479,7 @@ def _schedule_memory(plan: Plan, problem, text, balanced_does_not_fit: bool) -> 
     from ..solver.chunk_cpsat import solve_chunks_cpsat
     from ..solver.request import RecomputeMode
     s = plan.schedule
+    assert s is not None                      # a scheduled plan
     full = any(r.peak_bytes >= (1 - FULL_MARGIN) * r.capacity_bytes for r in s.ranks)
     if not (full or _recomputes(plan) or balanced_does_not_fit):
         return []

@@ -14,6 +14,7 @@ from __future__ import annotations
 import math
 import time as _time
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 
@@ -56,7 +57,7 @@ def _scale(problem: ChunkProblem) -> float:
     return 1e9 / total
 
 
-def _path_key(path) -> tuple:
+def _path_key(path: CriticalPath) -> tuple[int, bytes, bytes, bytes, bytes]:
     return (path.optimizer_rank, path.forward.tobytes(), path.backward_input.tobytes(),
             path.backward_weight.tobytes(), path.transfers.tobytes())
 
@@ -72,7 +73,7 @@ class _Search:
     bound: float = 0.0
     status: str = "unknown"
     paths: list[CriticalPath] = field(default_factory=list)
-    keys: set = field(default_factory=set)
+    keys: set[tuple[int, bytes, bytes, bytes, bytes]] = field(default_factory=set)
 
     @property
     def slack(self) -> float:
@@ -154,7 +155,7 @@ def _start(search: _Search, hint: ChunkResult | None, deadline: Deadline) -> Mod
     """The first split (``hint``, or the quick search's), the chains of every split the quick
     search tried (a tight start for the step's bound), and the tables every round's model reads."""
     problem = search.problem
-    seen: list = []
+    seen: list[ChunkResult] = []
     if hint is None or not hint.feasible:
         hint = local_search(problem, budget_s=min(2.0, deadline.left() / 4), seen=seen)
     seen.append(hint)
@@ -165,7 +166,7 @@ def _start(search: _Search, hint: ChunkResult | None, deadline: Deadline) -> Mod
     return model_tables(problem, signatures, search.scale)
 
 
-def _solver(problem: ChunkProblem, remaining: float, recompute: bool):
+def _solver(problem: ChunkProblem, remaining: float, recompute: bool) -> Any:   # a cp_model.CpSolver
     from ortools.sat.python import cp_model
 
     solver = cp_model.CpSolver()
@@ -235,6 +236,7 @@ def _nothing_better(search: _Search) -> None:
         (best is None or best.step_time >= problem.cutoff)
     if slower:                        # nothing beats the cutoff: not this schedule's own proof
         search.status = "slower"
+        assert problem.cutoff is not None
         search.bound = max(search.bound, problem.cutoff - 2 * search.slack)
     elif best is not None and problem.objective is not Objective.MEMORY:
         search.status = "optimal"            # nothing beats the best known
@@ -242,15 +244,20 @@ def _nothing_better(search: _Search) -> None:
         search.status = "infeasible"
 
 
-def _add_nearby_chains(search: _Search, bounds: tuple[int, ...], choice: np.ndarray, found: list,
+def _add_nearby_chains(search: _Search, bounds: tuple[int, ...], choice: np.ndarray,
+                       found: list[tuple[tuple[int, ...], tuple[list[int], list[int]] | None]],
                        recompute: bool) -> None:
     """The chains of the other splits the round's search went through on its way, and of the
     proposed split's neighbours (each boundary moved by one layer); any better split is kept."""
     problem = search.problem
     for other, counts in found[:-1]:
         if other != bounds:
-            r = evaluate_chunk_choice(problem, other, choice if not recompute else
-                                      prefix_choice(problem, other, *counts))
+            if recompute:
+                assert counts is not None         # a recompute round's solutions carry their prefix counts
+                other_choice = prefix_choice(problem, other, *counts)
+            else:
+                other_choice = choice
+            r = evaluate_chunk_choice(problem, other, other_choice)
             search.add_path(search.path_of(r))
             search.offer(r)
     for c in range(1, problem.chunks):

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -26,11 +27,22 @@ from .chunk_problem import ChunkProblem, ChunkResult, remote_links
 from .chunk_recompute import prefix_counts, recompute_option_figures, recompute_options
 from .request import Objective
 from .schedule_memory import RankSignatures
+from .schedule_simulation import CriticalPath
 
 __all__ = ["ChunkModel", "ModelTables", "build_chunk_model", "model_tables", "solution_log", "time_slack_units"]
 
 #: what the search was doing where the time limit stops it (common/deadline.py)
 _BUILDING = "building CP-SAT's model"
+
+# A CP-SAT model, and its variables and linear expressions: ortools makes the pre-PEP 8 method names
+# this module calls (NewIntVar, Add, AddElement, Value, ...) at run time, and its stubs declare only
+# the new ones, so these are Any to mypy
+_Model = Any
+_Expr = Any
+#: the chunk figures' lookups: {figure name: one expression per chunk}
+_Figures = dict[str, list[_Expr]]
+#: the recompute prefix lengths: {(chunk, "full" or "selective"): variable}
+_Prefixes = dict[tuple[int, str], _Expr]
 
 
 def time_slack_units(chunks: int) -> int:
@@ -78,12 +90,12 @@ def model_tables(problem: ChunkProblem, signatures: tuple[RankSignatures, ...], 
 class ChunkModel:
     """One round's model and the variables the search reads back from a solution."""
 
-    model: object          #: the ``cp_model.CpModel``
-    boundaries: list       #: C + 1 boundaries: chunk c holds layers boundaries[c] .. boundaries[c + 1] - 1
-    recompute: dict        #: {(c, "full"), (c, "selective")}: the recompute prefix lengths (AUTO only)
+    model: _Model          #: the ``cp_model.CpModel``
+    boundaries: list[_Expr]  #: C + 1 boundaries: chunk c holds layers boundaries[c] .. boundaries[c + 1] - 1
+    recompute: _Prefixes   #: {(c, "full"), (c, "selective")}: the recompute prefix lengths (AUTO only)
 
 
-def build_chunk_model(problem: ChunkProblem, tables: ModelTables, paths: list, limit: float,
+def build_chunk_model(problem: ChunkProblem, tables: ModelTables, paths: list[CriticalPath], limit: float,
                       best: ChunkResult | None) -> ChunkModel:
     """The model of one round: splits that keep the rules and fit every rank, with the step at
     least every known chain in ``paths``; the step minimised (and, where ``limit`` is finite,
@@ -92,15 +104,15 @@ def build_chunk_model(problem: ChunkProblem, tables: ModelTables, paths: list, l
     from ortools.sat.python import cp_model
 
     C = problem.chunks
-    m = cp_model.CpModel()
+    m: _Model = cp_model.CpModel()
     s = _boundaries(m, problem)
     _pin_boundaries(m, problem, s)
     at = _prefix_times(m, tables.prefix, s)
     cut = _transfer_times(m, tables.cut_units, s)
     pair = _chunk_ranges(m, problem, tables, s, limit)
     q = _chunk_figures(m, problem, tables.memory, pair)
-    added: list = [0] * C
-    y: dict = {}
+    added: list[_Expr] = [0] * C
+    y: _Prefixes = {}
     if tables.auto:
         largest = {k: int(v.max()) for k, v in tables.memory.items()}
         q, added, y = _recompute_variables(m, problem, s, q, tables.scale, largest)
@@ -119,7 +131,7 @@ def build_chunk_model(problem: ChunkProblem, tables: ModelTables, paths: list, l
 
 # --- the steps, in the order the model is built -----------------------------------------------------
 
-def _boundaries(m, problem: ChunkProblem) -> list:
+def _boundaries(m: _Model, problem: ChunkProblem) -> list[_Expr]:
     """The boundary variables (0 and L fixed at the ends), each chunk between the layer-count limits."""
     L, C = problem.num_layers, problem.chunks
     lo = max(problem.min_layers, 1)
@@ -132,7 +144,7 @@ def _boundaries(m, problem: ChunkProblem) -> list:
     return s
 
 
-def _pin_boundaries(m, problem: ChunkProblem, s: list) -> None:
+def _pin_boundaries(m: _Model, problem: ChunkProblem, s: list[_Expr]) -> None:
     """A chunk starts at each pinned layer."""
     C = problem.chunks
     for j in problem.pinned_splits:
@@ -144,9 +156,9 @@ def _pin_boundaries(m, problem: ChunkProblem, s: list) -> None:
         m.AddBoolOr(hits)
 
 
-def _prefix_times(m, prefix: dict[str, np.ndarray], s: list) -> dict[str, list]:
+def _prefix_times(m: _Model, prefix: dict[str, np.ndarray], s: list[_Expr]) -> _Figures:
     """Each kind's prefix time at each boundary: a chunk's time is the difference at its ends."""
-    at = {}
+    at: _Figures = {}
     for k, arr in prefix.items():
         at[k] = []
         for c in range(len(s)):
@@ -156,7 +168,7 @@ def _prefix_times(m, prefix: dict[str, np.ndarray], s: list) -> dict[str, list]:
     return at
 
 
-def _transfer_times(m, cut_units: np.ndarray, s: list) -> list:
+def _transfer_times(m: _Model, cut_units: np.ndarray, s: list[_Expr]) -> list[_Expr]:
     """Each inner boundary's transfer time (one crossing), looked up at the layer it falls on."""
     cut = []
     for c in range(1, len(s) - 1):
@@ -166,7 +178,7 @@ def _transfer_times(m, cut_units: np.ndarray, s: list) -> list:
     return cut
 
 
-def _chunk_ranges(m, problem: ChunkProblem, tables: ModelTables, s: list, limit: float) -> list:
+def _chunk_ranges(m: _Model, problem: ChunkProblem, tables: ModelTables, s: list[_Expr], limit: float) -> list[_Expr]:
     """Each chunk's range as one index ``a * (L + 1) + e`` of the (L+1) x (L+1) tables, over the
     ranges it may hold: those that fit its device on their own and keep it busy for less than the
     step to beat (``limit``)."""
@@ -188,12 +200,12 @@ def _chunk_ranges(m, problem: ChunkProblem, tables: ModelTables, s: list, limit:
     return pair
 
 
-def _chunk_figures(m, problem: ChunkProblem, memory: dict[str, np.ndarray], pair: list) -> dict[str, list]:
+def _chunk_figures(m: _Model, problem: ChunkProblem, memory: dict[str, np.ndarray], pair: list[_Expr]) -> _Figures:
     """Every chunk's memory figures, looked up by its range; ``retained`` as what each chunk's
     links to other ranks keep."""
     L, C = problem.num_layers, problem.chunks
 
-    def lookup(name: str, values: np.ndarray, c: int):
+    def lookup(name: str, values: np.ndarray, c: int) -> _Expr:
         check_deadline(_BUILDING)
         flat = np.zeros((L + 1, L + 1), np.int64)
         flat[:L, 1:] = values
@@ -208,14 +220,14 @@ def _chunk_figures(m, problem: ChunkProblem, memory: dict[str, np.ndarray], pair
     return q
 
 
-def _memory_limits(m, problem: ChunkProblem, signatures: tuple[RankSignatures, ...], rank_forms: list) -> None:
+def _memory_limits(m: _Model, problem: ChunkProblem, signatures: tuple[RankSignatures, ...], rank_forms: list[list[_Expr]]) -> None:
     """Every rank fits: each of its memory signatures within its capacity."""
     for rs, forms in zip(signatures, rank_forms):
         for form in forms:
             m.Add(form <= int(problem.capacities[rs.rank]))
 
 
-def _step_variable(m, problem: ChunkProblem, tables: ModelTables):
+def _step_variable(m: _Model, problem: ChunkProblem, tables: ModelTables) -> _Expr:
     """The step time, in units, up to a horizon no split reaches."""
     M = problem.schedule.micro_batches
     prefix = tables.prefix
@@ -224,7 +236,8 @@ def _step_variable(m, problem: ChunkProblem, tables: ModelTables):
     return m.NewIntVar(0, horizon, "step")
 
 
-def _schedule_bounds(m, problem: ChunkProblem, at: dict, cut: list, added: list, step, auto: bool) -> None:
+def _schedule_bounds(m: _Model, problem: ChunkProblem, at: _Figures, cut: list[_Expr], added: list[_Expr], step: _Expr,
+                     auto: bool) -> None:
     """Bounds every schedule obeys: a rank is busy for all its actions and its optimizer step, and
     one micro-batch goes forward through every chunk and back (then the first chunk's W)."""
     C, P = problem.chunks, problem.schedule.devices
@@ -242,7 +255,8 @@ def _schedule_bounds(m, problem: ChunkProblem, at: dict, cut: list, added: list,
     m.Add(step >= sum(chain))
 
 
-def _chain_bounds(m, problem: ChunkProblem, at: dict, cut: list, added: list, paths: list, step,
+def _chain_bounds(m: _Model, problem: ChunkProblem, at: _Figures, cut: list[_Expr], added: list[_Expr],
+                  paths: list[CriticalPath], step: _Expr,
                   auto: bool) -> None:
     """The step is at least every known chain's length (each chain exists in every split)."""
     C = problem.chunks
@@ -264,7 +278,8 @@ def _chain_bounds(m, problem: ChunkProblem, at: dict, cut: list, added: list, pa
         m.Add(step >= sum(terms))
 
 
-def _objective(m, problem: ChunkProblem, tables: ModelTables, rank_forms: list, step, limit: float) -> None:
+def _objective(m: _Model, problem: ChunkProblem, tables: ModelTables, rank_forms: list[list[_Expr]], step: _Expr,
+               limit: float) -> None:
     """The fullest rank's share of its capacity (in parts per million) with the memory objective;
     else the step, below the step to beat where there is one."""
     if problem.objective is Objective.MEMORY:
@@ -281,7 +296,7 @@ def _objective(m, problem: ChunkProblem, tables: ModelTables, rank_forms: list, 
         m.Add(step <= int(math.floor(limit * tables.scale)) - time_slack_units(problem.chunks))
 
 
-def _hints(m, problem: ChunkProblem, best: ChunkResult | None, s: list, y: dict) -> None:
+def _hints(m: _Model, problem: ChunkProblem, best: ChunkResult | None, s: list[_Expr], y: _Prefixes) -> None:
     """The best split known (and its recompute prefixes) as CP-SAT's starting point."""
     if best is None:
         return
@@ -306,7 +321,8 @@ def _range_max(values: np.ndarray, offset: np.ndarray | None = None) -> np.ndarr
     return out
 
 
-def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: float, largest: dict[str, int]):
+def _recompute_variables(m: _Model, problem: ChunkProblem, s: list[_Expr], q: _Figures, scale: float,
+                         largest: dict[str, int]) -> tuple[_Figures, list[_Expr], _Prefixes]:
     """AUTO recompute in the CP-SAT model as recompute prefixes: in chunk c, the first ``f_c``
     layers take full and the next ``g_c`` selective (Megatron's block method, with selective
     after it): recomputing a chunk's first layers costs least, since their rerun comes when the
@@ -323,9 +339,9 @@ def _recompute_variables(m, problem: ChunkProblem, s: list, q: dict, scale: floa
     if all(len(o) == 1 for o in recompute_options(problem)):
         return q, [0] * C, {}
     t = _recompute_tables(problem, scale)
-    x: dict = {}
+    x: _Prefixes = {}
     out = {name: list(values) for name, values in q.items()}
-    added = []
+    added: list[_Expr] = []
     for c in range(C):
         x[c, "full"], x[c, "selective"], time_added, terms = _chunk_prefixes(m, problem, t, s, c)
         added.append(time_added)
@@ -349,11 +365,12 @@ class _RecomputeTables:
 
 def _recompute_tables(problem: ChunkProblem, scale: float) -> _RecomputeTables:
     saved, rerun, added_t = recompute_option_figures(problem)
+    assert problem.table.recompute is not None        # AUTO recompute: the table has its options
     own = problem.table.recompute.saved[2].astype(np.int64)
     kept_full = own - saved[2]                      # a layer of the full prefix that full is not open to
     kept_selective = own - saved[1]                 # what a selective layer still holds of its own bytes
 
-    def cum(v) -> np.ndarray:
+    def cum(v: np.ndarray) -> np.ndarray:
         return np.concatenate([[0], np.cumsum(v)])
 
     O, S2, S1, K2, D = (cum(v).astype(np.int64) for v in (own, saved[2], saved[1], kept_full, kept_selective))
@@ -365,14 +382,15 @@ def _recompute_tables(problem: ChunkProblem, scale: float) -> _RecomputeTables:
         big=int(own.sum() + rerun.max(initial=0)) + 1)
 
 
-def _element(m, name: str, index, values: np.ndarray):
+def _element(m: _Model, name: str, index: _Expr, values: np.ndarray) -> _Expr:
     """A variable that is ``values[index]`` (``values`` flattened)."""
     v = m.NewIntVar(int(min(values.min(initial=0), 0)), int(max(values.max(initial=0), 0)), name)
     m.AddElement(index, [int(z) for z in values.ravel()], v)
     return v
 
 
-def _chunk_prefixes(m, problem: ChunkProblem, t: _RecomputeTables, s: list, c: int):
+def _chunk_prefixes(m: _Model, problem: ChunkProblem, t: _RecomputeTables, s: list[_Expr], c: int
+                    ) -> tuple[_Expr, _Expr, _Expr, tuple[_Expr, _Expr, _Expr, _Expr]]:
     """Chunk c's prefix lengths (full, selective), the time they add, and what they change:
     ``(saving, whole, forward term, backward term)`` (see ``_recompute_variables``)."""
     L = problem.num_layers
@@ -407,13 +425,14 @@ def _chunk_prefixes(m, problem: ChunkProblem, t: _RecomputeTables, s: list, c: i
     return f, g, time_added, (saving, whole, forward_term, backward_term)
 
 
-def _recomputed_figures(m, problem: ChunkProblem, q: dict, out: dict, c: int, terms: tuple, big: int,
+def _recomputed_figures(m: _Model, problem: ChunkProblem, q: _Figures, out: _Figures, c: int,
+                        terms: tuple[_Expr, _Expr, _Expr, _Expr], big: int,
                         largest: dict[str, int]) -> None:
     """Chunk c's figures with its prefixes recomputed, into ``out``; under a split backward the
     first chunk's B is its stash and its W the whole backward (``chunk_memory``)."""
     saving, whole, forward_term, backward_term = terms
 
-    def clipped(name: str, expression):
+    def clipped(name: str, expression: _Expr) -> _Expr:
         v = m.NewIntVar(0, 2 * big + max(largest[name], 0), f"{name}_r{c}")
         m.AddMaxEquality(v, [0, expression])
         return v
@@ -428,13 +447,13 @@ def _recomputed_figures(m, problem: ChunkProblem, q: dict, out: dict, c: int, te
         out["backward"][c] = clipped("backward", q["backward"][c] - whole + backward_term)
 
 
-def _rank_forms(sig, q: dict, C: int) -> list[list]:
+def _rank_forms(sig: tuple[RankSignatures, ...], q: _Figures, C: int) -> list[list[_Expr]]:
     """Each rank's memory signatures as linear expressions of the chunk lookups ``q`` (built from
     term lists: adding in place to a CP-SAT expression would change the shared part)."""
-    out = []
+    out: list[list[_Expr]] = []
     for rs in sig:
         chunks = list(rs.chunks)
-        forms = []
+        forms: list[_Expr] = []
         for k, signature in enumerate(rs.signatures):
             check_deadline(_BUILDING)
             terms = [q["resident"][c] for c in chunks]
@@ -452,18 +471,18 @@ def _rank_forms(sig, q: dict, C: int) -> list[list]:
     return out
 
 
-def solution_log(s: list, y: dict, C: int):
+def solution_log(s: list[_Expr], y: _Prefixes, C: int) -> Any:
     """A CP-SAT callback that keeps every solution found during a round (boundaries, and the
     recompute prefix counts) in ``.found``: the splits the search passes through on its way are as
     good a source of chains as the one it ends on."""
     from ortools.sat.python import cp_model
 
     class SolutionLog(cp_model.CpSolverSolutionCallback):
-        def __init__(self):
+        def __init__(self) -> None:
             super().__init__()
-            self.found: list = []
+            self.found: list[tuple[tuple[int, ...], tuple[list[int], list[int]] | None]] = []
 
-        def on_solution_callback(self):
+        def on_solution_callback(self) -> None:
             bounds = tuple(int(self.Value(x)) for x in s)
             counts = ([int(self.Value(y[c, "full"])) for c in range(C)],
                       [int(self.Value(y[c, "selective"])) for c in range(C)]) if y else None

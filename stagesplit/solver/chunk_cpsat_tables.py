@@ -14,7 +14,8 @@ import numpy as np
 from ..common.deadline import check_deadline
 from .chunk_problem import ChunkProblem, chunk_memory, remote_links
 from .schedule_generation import Op, ScheduleInstance
-from .schedule_kinds import ScheduleKind
+from .schedule_kinds import ScheduleKind, ScheduleTraits
+from .schedule_memory import RankSignatures
 
 __all__ = ["TRANSIENT_FIGURE", "fits_alone", "memory_tables", "range_busy"]
 
@@ -26,7 +27,7 @@ TRANSIENT_FIGURE = {Op.FORWARD: "forward", Op.BACKWARD_INPUT: "backward", Op.BAC
                     Op.FULL_BACKWARD: "full_backward"}
 
 
-def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig) -> np.ndarray:
+def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[RankSignatures, ...]) -> np.ndarray:
     """(C, L, L) booleans: whether chunk ``c`` may hold layers ``a..b``, by the bytes that range
     alone puts on its device (the other chunks' terms are never negative): its resident bytes and,
     at each of the device's memory signatures, its own stashes and transient. With AUTO recompute
@@ -107,13 +108,13 @@ class _StandIn:
     """Just what ``chunk_memory`` reads of a schedule."""
 
     micro_batches: int
-    traits: object
+    traits: ScheduleTraits
     kind: ScheduleKind
     ends_share_rank: bool
 
 
 def _stand_in(schedule: ScheduleInstance, chunks: int, first: bool, last: bool) -> _StandIn:
-    placement = getattr(schedule, "chunk_rank", ())
+    placement: tuple[int, ...] = getattr(schedule, "chunk_rank", ())
     ends = chunks > 1 and len(placement) > 1 and placement[0] == placement[-1]
     return _StandIn(schedule.micro_batches, schedule.traits, schedule.kind if (chunks > 1) else ScheduleKind.GPIPE,
                     ends)

@@ -9,8 +9,9 @@ Every search (``chunk_search``, ``chunk_cpsat``) judges its splits with these.
 from __future__ import annotations
 
 import numpy as np
+from numpy.typing import ArrayLike
 
-from .chunk_problem import ChunkProblem, ChunkResult, chunk_memory, step_durations
+from .chunk_problem import Bounds, ChunkProblem, ChunkResult, chunk_memory, step_durations
 from .chunk_recompute import prefix_choice, recompute_option_figures, recompute_options
 from .schedule_memory import chunks_in_flight, rank_memory
 from .schedule_simulation import critical_path
@@ -18,7 +19,7 @@ from .schedule_simulation import critical_path
 __all__ = ["chunk_rule_violation", "evaluate_chunk_choice", "evaluate_chunk_split", "fitting_choice"]
 
 
-def chunk_rule_violation(problem: ChunkProblem, bounds) -> str:
+def chunk_rule_violation(problem: ChunkProblem, bounds: Bounds) -> str:
     """Which layer-count or pin rule the split ``bounds`` breaks, in words (empty where it keeps them all)."""
     b = np.asarray(bounds)
     sizes = np.diff(b)
@@ -32,7 +33,7 @@ def chunk_rule_violation(problem: ChunkProblem, bounds) -> str:
     return ""
 
 
-def evaluate_chunk_split(problem: ChunkProblem, bounds, choice=None) -> ChunkResult:
+def evaluate_chunk_split(problem: ChunkProblem, bounds: Bounds, choice: ArrayLike | None = None) -> ChunkResult:
     """The split ``bounds`` (C + 1 boundaries from 0 to L) evaluated exactly, with each layer's
     recompute option ``choice`` (default: the problem's fixed one; with AUTO, the least
     recompute that makes every rank fit, ``fitting_choice``)."""
@@ -62,7 +63,7 @@ def evaluate_chunk_choice(problem: ChunkProblem, bounds: tuple[int, ...], choice
     return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory, tuple(int(x) for x in choice), path)
 
 
-def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
+def fitting_choice(problem: ChunkProblem, bounds: Bounds) -> ChunkResult:
     """A split with the recompute its ranks need to fit (AUTO), as recompute prefixes (each
     chunk's first layers full, the next selective: ``prefix_choice``): from none, on each rank
     that does not fit, the prefix extensions that save the most bytes per unit of time added, as
@@ -80,7 +81,7 @@ def fitting_choice(problem: ChunkProblem, bounds) -> ChunkResult:
     rank_of = np.asarray(problem.schedule.chunk_rank)
     full, selective = [0] * C, [0] * C
 
-    def moves(c: int):
+    def moves(c: int) -> list[tuple[int, float, int, int]]:
         """(bytes saved per micro-batch, time added, new full, new selective) of chunk c's
         extensions: the full prefix by one layer (over a selective one, it shrinks that), or the
         selective part by one."""

@@ -10,14 +10,17 @@ every split for small problems) and ``chunk_cpsat`` (proven optimal).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
 from .schedule_generation import ScheduleInstance
-from .schedule_kinds import ScheduleKind
+from .schedule_kinds import ScheduleKind, ScheduleTraits
 from .schedule_memory import ChunkMemory, RankMemory
 from .schedule_simulation import CriticalPath
 
@@ -61,7 +64,23 @@ class ChunkProblem:
         return self.table.num_layers
 
 
-def chunk_memory(table: PhaseTable, bounds, schedule: ScheduleInstance,
+#: a split's C + 1 chunk boundaries, from 0 to L
+Bounds = Sequence[int] | np.ndarray
+
+
+class ScheduleView(Protocol):
+    """What ``chunk_memory`` reads of a schedule: a ``ScheduleInstance``, or the stand-in of one
+    range that ``chunk_cpsat_tables`` prices."""
+
+    @property
+    def micro_batches(self) -> int: ...
+    @property
+    def traits(self) -> ScheduleTraits: ...
+    @property
+    def kind(self) -> ScheduleKind: ...
+
+
+def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
                  choice: np.ndarray | None = None) -> ChunkMemory:
     """The chunks' figures as torch.distributed.pipelining's runtime holds them (each rule
     measured on real pipelines, tests/solver/test_chunks_torch.py):
@@ -135,7 +154,7 @@ def chunk_memory(table: PhaseTable, bounds, schedule: ScheduleInstance,
                        optimizer_peak=cc.optimizer_peak, retained=retained.astype(np.int64))
 
 
-def _ends_share_rank(schedule) -> bool:
+def _ends_share_rank(schedule: object) -> bool:
     """Whether the first and the last chunk are on one rank (a V placement); a stand-in schedule
     (CP-SAT's per-range tables) says so itself."""
     given = getattr(schedule, "ends_share_rank", None)
@@ -145,7 +164,7 @@ def _ends_share_rank(schedule) -> bool:
     return placement is not None and len(placement) > 1 and placement[0] == placement[-1]
 
 
-def remote_links(schedule, chunks: int) -> tuple[np.ndarray, np.ndarray]:
+def remote_links(schedule: object, chunks: int) -> tuple[np.ndarray, np.ndarray]:
     """Per chunk: whether it sends its output on to another rank, and its input gradient back to
     another rank (a V's turn keeps both on one rank; a stand-in schedule without a placement: every
     link is remote)."""
@@ -178,7 +197,7 @@ class ChunkResult:
     def peaks(self) -> np.ndarray:
         return np.array([r.peak for r in self.ranks], np.int64)
 
-    def key(self, problem: ChunkProblem) -> tuple:
+    def key(self, problem: ChunkProblem) -> tuple[float, ...]:
         """What the objective orders splits by: feasible ones first; among splits that do not
         fit, the one closest to fitting (the fullest rank's share of its capacity)."""
         shares = self.peaks / problem.capacities
@@ -190,7 +209,8 @@ class ChunkResult:
         return (0, self.step_time, fraction)
 
 
-def _times(problem: ChunkProblem, bounds, choice: np.ndarray | None = None) -> tuple:
+def _times(problem: ChunkProblem, bounds: Bounds, choice: np.ndarray | None = None
+           ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
     cc = problem.table.chunks(bounds)
     b = np.asarray(bounds, np.int64)
     backward_input = cc.backward_input_time
@@ -203,7 +223,7 @@ def _times(problem: ChunkProblem, bounds, choice: np.ndarray | None = None) -> t
     return cc.forward_time, backward_input, cc.backward_weight_time, transfer, optimizer
 
 
-def step_durations(problem: ChunkProblem, bounds, choice=None) -> tuple[np.ndarray, ...]:
+def step_durations(problem: ChunkProblem, bounds: Bounds, choice: ArrayLike | None = None) -> tuple[np.ndarray, ...]:
     """What the step time of the split ``bounds`` is simulated from (``evaluate_chunk_split``): per chunk the
     forward, input-gradient (recompute included) and weight-gradient times, per boundary the
     transfer time, per rank the optimizer step. A plan records them so that its schedule can be

@@ -8,9 +8,11 @@ CP-SAT model's recompute variables (proven, ``chunk_cpsat_model``).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 
-from .chunk_problem import ChunkProblem
+from .chunk_problem import Bounds, ChunkProblem
 
 __all__ = ["prefix_choice", "prefix_counts", "recompute_option_figures", "recompute_options"]
 
@@ -35,11 +37,12 @@ def recompute_option_figures(problem: ChunkProblem) -> tuple[np.ndarray, np.ndar
     saved, rerun, added = (np.zeros((3, L), np.int64), np.zeros((3, L), np.int64), np.zeros((3, L)))
     for i, opts in enumerate(recompute_options(problem)):
         for o in opts[1:]:
+            assert table is not None     # an option beyond none is open only where there is a table
             saved[o, i], rerun[o, i], added[o, i] = table.saved[o, i], table.rerun[o, i], table.added[o, i]
     return saved, rerun, added
 
 
-def prefix_choice(problem: ChunkProblem, bounds, full, selective) -> np.ndarray:
+def prefix_choice(problem: ChunkProblem, bounds: Bounds, full: Sequence[int], selective: Sequence[int]) -> np.ndarray:
     """Per-layer options of the recompute prefixes: in chunk ``c``, its first ``full[c]`` layers
     take full, the next ``selective[c]`` selective, the rest none (a layer an option is not open
     to keeps none)."""
@@ -54,7 +57,7 @@ def prefix_choice(problem: ChunkProblem, bounds, full, selective) -> np.ndarray:
     return choice
 
 
-def prefix_counts(bounds, choice) -> tuple[list[int], list[int]] | None:
+def prefix_counts(bounds: Bounds, choice: Sequence[int] | np.ndarray) -> tuple[list[int], list[int]] | None:
     """``(full, selective)`` per chunk where ``choice`` is recompute prefixes (full layers, then
     selective, then none, in each chunk), else None."""
     full, selective = [], []

@@ -9,18 +9,19 @@ from __future__ import annotations
 import itertools
 import math
 import time as _time
+from collections.abc import Iterator
 
 import numpy as np
 
 from ..common.deadline import TimeLimitReached, seconds_left
 from .chunk_evaluation import evaluate_chunk_choice, evaluate_chunk_split
-from .chunk_problem import ChunkProblem, ChunkResult
+from .chunk_problem import Bounds, ChunkProblem, ChunkResult
 from .chunk_recompute import prefix_choice
 
 __all__ = ["exhaustive", "local_search"]
 
 
-def _all_splits(L: int, C: int):
+def _all_splits(L: int, C: int) -> Iterator[tuple[int, ...]]:
     for cuts in itertools.combinations(range(1, L), C - 1):
         yield (0, *cuts, L)
 
@@ -38,7 +39,7 @@ def exhaustive(problem: ChunkProblem) -> ChunkResult | None:
     return best if best is not None and best.feasible else None
 
 
-def _prefix_choices(problem: ChunkProblem, bounds) -> list[np.ndarray]:
+def _prefix_choices(problem: ChunkProblem, bounds: Bounds) -> list[np.ndarray]:
     """Every distinct per-layer choice of recompute prefixes on ``bounds``."""
     sizes = np.diff(bounds)
     per_chunk = [[(f, g) for f in range(n + 1) for g in range(n + 1 - f)] for n in sizes]
@@ -77,7 +78,7 @@ def _balanced(problem: ChunkProblem) -> tuple[int, ...]:
 
 
 def local_search(problem: ChunkProblem, start: tuple[int, ...] | None = None, budget_s: float = 5.0,
-                 seen: list | None = None) -> ChunkResult:
+                 seen: list[ChunkResult] | None = None) -> ChunkResult:
     """A good split fast: the balanced split, then single boundary moves (by up to 3 layers)
     while one improves the objective (feasibility first: the summed excess over capacity).
     ``seen`` collects every split evaluated (their critical paths seed CP-SAT). The search's

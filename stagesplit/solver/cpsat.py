@@ -27,15 +27,16 @@ OR-Tools is imported when a model is first built.
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Any
 
 import numpy as np
 
 from ..common.deadline import Deadline
 from ..common.interrupt import solve_interruptibly
 from ..model.rangetable import OVER
-from .dp import ORDER
+from .dp import ORDER, Solution
 from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate_split
 
 __all__ = ["BIG", "DP_CONFIRM_S", "DP_CONFIRM_SIZE", "MODEL_SIZE_PER_SECOND", "ORDER", "PHASE_NAMES", "PhaseResult",
@@ -101,8 +102,10 @@ class SolverResult:
         return (self.dp_seconds or 0.0) + (self.cpsat_seconds or 0.0)
 
 
-def _cp_model():
-    """OR-Tools' CP-SAT module, imported when first needed (it takes half a second and 100 MB)."""
+def _cp_model() -> Any:
+    """OR-Tools' CP-SAT module, imported when first needed (it takes half a second and 100 MB).
+    Any to mypy: this module calls its models' pre-PEP 8 method names (NewIntVar, Add, ...), which
+    ortools makes at run time and its stubs do not declare."""
     from ortools.sat.python import cp_model
     return cp_model
 
@@ -149,20 +152,22 @@ class _Tables:
         """Stages that fit a device of ``capacity`` with ``k`` in flight within the bounds, in
         some variant (ignoring communication, which is not monotone and is checked separately,
         unless ``with_transfers``)."""
-        out = None
+        out: np.ndarray | None = None
         for v in range(self.variants):
             fits = self.nbytes(k, v) <= capacity
             ok = self.length_ok & fits & ((self.times if with_transfers else self.computes)[v] <= time_bound)
             if memory_bound < BIG:
                 ok &= self.memcost(capacity, k, v) <= memory_bound
             out = ok if out is None else out | ok
+        assert out is not None                # a problem has at least one variant
         return out
 
     def over(self, capacity: int, k: int, time_bound: int, memory_bound: int) -> np.ndarray:
         """With variants and communication: the stages that some variant allows on compute
         alone but none with its transfers (forbidden apart from ``reach``)."""
-        return self.ok(capacity, k, time_bound, memory_bound) & \
+        out: np.ndarray = self.ok(capacity, k, time_bound, memory_bound) & \
             ~self.ok(capacity, k, time_bound, memory_bound, with_transfers=True)
+        return out
 
     def reach(self, ok: np.ndarray) -> np.ndarray:
         """reach[a] = the first layer that cannot share a stage with layer a (L when every later
@@ -216,7 +221,7 @@ class _Feasibility:
         m.Add(stages <= devices_bound)
         # in-flight count of the stage holding layer a: min(M, 1 + stages starting after a)
         ks = p.in_flight_values
-        k_var: list = []
+        k_var: list[Any] = []
         if o.schedule == "1f1b" and len(ks) > 1:
             for a in range(L):
                 after = m.NewIntVar(0, L - 1 - a, f"after{a}")
@@ -227,12 +232,12 @@ class _Feasibility:
                 m.AddMinEquality(k, [one_more, m.NewConstant(o.micro_batches)])
                 k_var.append(k)
         # every stage fits: x[reach[a]] >= x[a] + 1 (conditional when the limit depends on where)
-        positions = [None] if p.homogeneous else list(range(N))
+        positions: list[int | None] = [None] if p.homogeneous else list(range(N))
         at = {}
         if not p.homogeneous:
             for a in range(L):
-                for position in positions:
-                    at[a, position] = self._equals(x[a], position)
+                for pos in range(N):                     # the positions, as integers
+                    at[a, pos] = self._equals(x[a], pos)
         is_k = {}
         if k_var:
             for a in range(L):
@@ -292,13 +297,13 @@ class _Feasibility:
             for var, value in zip(x, layer_position):
                 m.AddHint(var, int(value))
 
-    def _equals(self, var, value: int):
+    def _equals(self, var: Any, value: int) -> Any:
         lit = self.m.NewBoolVar("")
         self.m.Add(var == value).OnlyEnforceIf(lit)
         self.m.Add(var != value).OnlyEnforceIf(lit.Not())
         return lit
 
-    def _forbid(self, a: int, e: int, conditions: list) -> None:
+    def _forbid(self, a: int, e: int, conditions: list[Any]) -> None:
         """No stage is exactly layers a..e-1 (under ``conditions``): given a stage starting at
         ``a`` and at ``e`` (or e == L), layer e-1 sits on a later position than layer a."""
         m, x, s = self.m, self.x, self.s
@@ -308,7 +313,7 @@ class _Feasibility:
         else:
             m.Add(x[e - 1] >= x[a] + 1).OnlyEnforceIf(starts)
 
-    def _limit(self, a: int, reach: int, conditions: list) -> None:
+    def _limit(self, a: int, reach: int, conditions: list[Any]) -> None:
         """Layer ``reach`` cannot share a stage with layer ``a`` (under ``conditions``); when
         ``reach == a``, layer ``a`` cannot be placed under them at all."""
         m, x = self.m, self.x
@@ -356,7 +361,8 @@ def _quantity(evaluation: Evaluation, quantity: str) -> int:
 
 
 def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
-                      log: Callable[[str], None] | None = None, oracle=None, time_limit: float | None = None,
+                      log: Callable[[str], None] | None = None, oracle: Solution | None = None,
+                      time_limit: float | None = None,
                       deadline: Deadline | None = None) -> SolverResult:
     """Solve ``problem`` lexicographically (see the module docstring) by ``deadline``, or within
     ``time_limit`` seconds for all phases together (default: the options' ``time_limit``). ``hint``: a known
@@ -377,12 +383,15 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
     claimed = () if oracle is None else \
         oracle.proven if (oracle.proven or oracle.stopped) else ORDER[o.objective]
     if claimed:
+        assert oracle is not None                # only an oracle claims
         if not oracle.feasible:              # the DP enumerates every split implicitly: none fits
             result.phases.append(PhaseResult(ORDER[o.objective][0], "INFEASIBLE", None, None, 0.0, 0, "dp"))
             result.cpsat_seconds = _time.monotonic() - started
             return result
         best = oracle.split
-        known = {q: _quantity(oracle.evaluation, q) for q in claimed}
+        evaluation = oracle.evaluation
+        assert evaluation is not None            # a feasible answer comes with its evaluation
+        known = {q: _quantity(evaluation, q) for q in claimed}
     elif oracle is not None and oracle.feasible:
         best = oracle.split
     for phase, quantity in enumerate(ORDER[o.objective]):
@@ -390,10 +399,11 @@ def solve_split_cpsat(problem: SplitProblem, hint: Split | None = None,
             log(f"CP-SAT phase {phase + 1}/2: minimising {PHASE_NAMES[quantity]}")
         start = _time.monotonic()
 
-        def check(value: int, minimise: bool = False, budget: float | None = None):
+        # called only within this phase's iteration: its quantity, and best as it stands at the call
+        def check(value: int, minimise: bool = False, budget: float | None = None) -> tuple[str, Split | None, float]:
             limits = dict(bounds)
-            limits[quantity] = value
-            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)
+            limits[quantity] = value  # noqa: B023
+            model = _Feasibility(tables, limits["time"], limits["memory"], limits["devices"], minimise, best)  # noqa: B023
             remaining = end - _time.monotonic()
             return model.solve(remaining, o.workers, deterministic=budget)
 

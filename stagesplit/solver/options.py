@@ -10,8 +10,9 @@ reaches all of them. This module imports nothing heavy: the command line reads i
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 from ..common.limits import MAX_CHUNKS_PER_RANK, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
 
@@ -127,7 +128,7 @@ def option_named(name: str) -> Option:
     return _BY_NAME[name]
 
 
-def declared(name: str, convert: Callable[[Any], Any] | None = None):
+def declared(name: str, convert: Callable[[Any], Any] | None = None) -> Any:
     """The ``SolveRequest`` field of option ``name``: its declared default (through ``convert``,
     e.g. an enum, where given) and the declaration as the field's metadata (``"option"``)."""
     o = _BY_NAME[name]

@@ -23,8 +23,8 @@ variants that fit it and keep the earlier bounds (``choose_variants`` says which
 from __future__ import annotations
 
 import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Sequence
 
 import numpy as np
 
@@ -274,8 +274,12 @@ def stage_capacities(target: Target, options: SolveOptions) -> tuple[np.ndarray,
     return capacity, bool(np.all(raw_caps == raw_caps[0]))
 
 
+#: progress of the pricing: (ranges done, ranges in all)
+_Progress = Callable[[int, int], None]
+
+
 def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic | None = None,
-                  table: RangeTable | None = None, progress=None) -> SplitProblem:
+                  table: RangeTable | None = None, progress: _Progress | None = None) -> SplitProblem:
     """Price the ranges that can fit (unless ``table`` is given and covers them) and build the
     integer tables."""
     return _build([model], options, traffic, [table], progress)[0]
@@ -284,7 +288,7 @@ def build_problem(model: StageCostModel, options: SolveOptions, traffic: Traffic
 def build_variant_problem(models: Sequence[StageCostModel], names: Sequence[str],
                           proportions: Sequence[float | None], options: SolveOptions,
                           traffic: Traffic | None = None, tables: Sequence[RangeTable | None] | None = None,
-                          progress=None) -> SplitProblem:
+                          progress: _Progress | None = None) -> SplitProblem:
     """The split problem of several profile variants of one model (see the module docstring):
     the same layers and device, each variant's ranges priced (unless its entry of ``tables``
     covers them) and its stage times on one common integer scale. The bytes crossing a cut are
@@ -324,6 +328,7 @@ def _raw_times(model: StageCostModel, options: SolveOptions,
     cut_units_raw = np.zeros(L + 1)
     if options.communication:
         traffic = traffic or _traffic(model)
+        assert options.link_bytes_per_s is not None       # SolveOptions checks: communication needs it
         cut_seconds = traffic.cut_bytes / float(options.link_bytes_per_s)
         if seconds is None:
             raise StagesplitError(f"communication cost needs compute in time units: the profile's compute is in "
@@ -333,7 +338,8 @@ def _raw_times(model: StageCostModel, options: SolveOptions,
 
 
 def _build(models: list[StageCostModel], options: SolveOptions, traffic: Traffic | None,
-           tables: list[RangeTable | None], progress) -> tuple[SplitProblem, list, list, list]:
+           tables: list[RangeTable | None], progress: _Progress | None
+           ) -> tuple[SplitProblem, list[RangeTable], list[np.ndarray], list[np.ndarray]]:
     """The problem of ``models`` (one, or the variants of one model), stage times on one scale,
     with each model's priced ranges, ``time_up`` and ``time_down``."""
     model = models[0]
@@ -343,7 +349,7 @@ def _build(models: list[StageCostModel], options: SolveOptions, traffic: Traffic
     n = options.devices
     capacity, homogeneous = stage_capacities(target, options)
     ks = in_flight_values(options.schedule, options.micro_batches, n)
-    priced = []
+    priced: list[RangeTable] = []
     for m, table in zip(models, tables):
         if table is None or not table.supports(ks) or not table.covers(int(capacity.max())):
             table = m.price_ranges(ks, progress=progress, capacity=int(capacity.max()))

@@ -6,13 +6,21 @@ targets``), YAML path, or ``Target``; ``resolve`` (solver/problem.py) turns name
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, NoReturn
 
-from ..common.limits import (MAX_BYTES, MAX_CHUNKS_PER_RANK, MAX_COMPUTE, MAX_DEVICES, MAX_MICRO_BATCHES,
-                             MAX_TIME_LIMIT, MAX_WORKERS)
+from ..common.limits import (
+    MAX_BYTES,
+    MAX_CHUNKS_PER_RANK,
+    MAX_COMPUTE,
+    MAX_DEVICES,
+    MAX_MICRO_BATCHES,
+    MAX_TIME_LIMIT,
+    MAX_WORKERS,
+)
 from ..common.safeinput import read_yaml_file
 from ..common.text import short_repr
 from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
@@ -197,7 +205,7 @@ class SolveRequest:
         if not isinstance(self.layering, LayerOptions):
             raise OptionError("layering", f"expected a LayerOptions, got {type(self.layering).__name__}")
 
-    def with_devices(self, devices: int) -> "SolveRequest":
+    def with_devices(self, devices: int) -> SolveRequest:
         """The same request for another device count (one target, or the list repeated)."""
         targets = self.targets
         if len(targets) > 1:
@@ -206,7 +214,7 @@ class SolveRequest:
                        pin_layers=tuple(p for p in self.pin_layers if p[1] < devices),
                        origins=tuple(o for o in self.origins if o[0] != "devices"))
 
-    def overridden(self, **changes: Any) -> "SolveRequest":
+    def overridden(self, **changes: Any) -> SolveRequest:
         """The request with ``changes`` (arguments: no file gave them, so none names them)."""
         return replace(self, **changes, origins=tuple(o for o in self.origins if o[0] not in changes))
 
@@ -233,7 +241,7 @@ class SolveRequest:
 
     # -- settings files and the plan's record ---------------------------------------------------
     @classmethod
-    def from_settings(cls, path: str | Path | None = None, devices: int = 1, **overrides: Any) -> "SolveRequest":
+    def from_settings(cls, path: str | Path | None = None, devices: int = 1, **overrides: Any) -> SolveRequest:
         """A request whose defaults come from a solver settings file (``configs/solver.yaml``
         when ``path`` is None), ``overrides`` that are not None winning. The file's fields are
         this record's (``stages: exact`` is ``exact: true``); a bad one is named in the file."""
@@ -285,7 +293,7 @@ class SolveRequest:
         return out
 
     @classmethod
-    def from_record(cls, record: Any, source: str, prefix: str = "request") -> "SolveRequest":
+    def from_record(cls, record: Any, source: str, prefix: str = "request") -> SolveRequest:
         """The request a plan recorded (``to_record``), every field checked: a bad one raises
         ``ProfileError`` naming ``source`` (the plan file) and the field (``request.devices``)."""
         if not isinstance(record, Mapping):
@@ -338,5 +346,5 @@ def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:
     return items
 
 
-def _bad(source: str, path: str, expected: str, got: Any):
+def _bad(source: str, path: str, expected: str, got: Any) -> NoReturn:
     raise ProfileError(source, path, expected, got)

@@ -64,10 +64,10 @@ class Action:
     op: Op
     chunk: int = -1
     micro_batch: int = -1
-    parts: tuple["Action", ...] = ()
+    parts: tuple[Action, ...] = ()
 
     @property
-    def leaves(self) -> tuple["Action", ...]:
+    def leaves(self) -> tuple[Action, ...]:
         """The actions that run: the parts of an F+BW, else the action itself."""
         return self.parts or (self,)
 
@@ -132,8 +132,7 @@ def build_schedule(kind: ScheduleKind | str, devices: int, micro_batches: int,
     for r in range(P):
         check_deadline(_GENERATING)
         per_rank.append(tuple(generate(P, M, v, r, local[r])))
-    per_rank = tuple(per_rank)
-    return ScheduleInstance(kind, P, M, v, tuple(int(r) for r in ranks), per_rank)
+    return ScheduleInstance(kind, P, M, v, tuple(int(r) for r in ranks), tuple(per_rank))
 
 
 def actions(kind: ScheduleKind | str, devices: int, micro_batches: int,

@@ -55,8 +55,9 @@ class ChunkMemory:
     backward_peak: np.ndarray
     weight_peak: np.ndarray
     optimizer_peak: np.ndarray
-    full_backward_peak: np.ndarray = field(default=None)  # type: ignore[assignment]
-    retained: np.ndarray = field(default=None)  # type: ignore[assignment]
+    # None given: __post_init__ fills them in (always arrays after construction)
+    full_backward_peak: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    retained: np.ndarray = field(default=None)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         names = ("resident", "stash", "weight_stash", "forward_peak", "backward_peak", "weight_peak",
@@ -161,7 +162,7 @@ class MemorySignature:
     weight_stashes: tuple[int, ...]  #: other micro-batches' W-pending stashes, per chunk
     retained: tuple[int, ...]        #: backwards done in this step whose sends are kept, per chunk
 
-    def dominates(self, other: "MemorySignature") -> bool:
+    def dominates(self, other: MemorySignature) -> bool:
         """Whether this one is >= ``other`` for every choice of non-negative quantities."""
         return (self.op is other.op and self.chunk == other.chunk
                 and all(a >= b for a, b in zip(self.stashes, other.stashes))
@@ -198,8 +199,9 @@ class RankSignatures:
         resident = int(memory.resident[list(self.chunks)].sum())
         transient = np.array([int(memory.optimizer_peak[list(self.chunks)].sum()) if s.op is None
                               else int(memory.transient(s.op)[s.chunk]) for s in self.signatures], np.int64)
-        return (resident + self.stash_counts @ memory.stash + self.weight_stash_counts @ memory.weight_stash
-                + self.retained_counts @ memory.retained + transient)
+        out: np.ndarray = (resident + self.stash_counts @ memory.stash + self.weight_stash_counts @ memory.weight_stash
+                           + self.retained_counts @ memory.retained + transient)
+        return out
 
     def peak(self, memory: ChunkMemory) -> int:
         """The rank's peak: the largest signature."""
@@ -210,7 +212,7 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
     """Per rank, the distinct memory signatures of its actions and its optimizer step, with
     dominated ones removed: ``rank_memory(...)[r].peak == memory_signatures(...)[r].peak(memory)``
     for every ``ChunkMemory``. Kept on the schedule (each search of it reads them)."""
-    cached = schedule.__dict__.get("_signatures_cache")
+    cached: tuple[RankSignatures, ...] | None = schedule.__dict__.get("_signatures_cache")
     if cached is not None:
         return cached
     C = schedule.chunks
@@ -249,7 +251,7 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
             if keeps and a.op in BACKWARD_OPS:
                 kept[c] += 1
         # one signature dominates another only at the same action (op and chunk): compare within those
-        same_action: dict[tuple, list[MemorySignature]] = defaultdict(list)
+        same_action: dict[tuple[Op | None, int], list[MemorySignature]] = defaultdict(list)
         for sig in seen:
             same_action[sig.op, sig.chunk].append(sig)
         best = []
@@ -268,7 +270,7 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
 def chunks_in_flight(schedule: ScheduleInstance) -> np.ndarray:
     """Per chunk, the most micro-batches between their forward and their backward at once on
     its rank (at least 1)."""
-    cached = schedule.__dict__.get("_in_flight_cache")
+    cached: np.ndarray | None = schedule.__dict__.get("_in_flight_cache")
     if cached is not None:
         return cached
     out = np.ones(schedule.chunks, np.int64)

@@ -10,10 +10,11 @@ B(m,c+1) + transfer; W(m,c) after B(m,c). Every rank starts at time 0.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Sequence
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 from ..common.deadline import check_deadline
 from ..errors import OptionError
@@ -68,12 +69,12 @@ def _build_graph(schedule: ScheduleInstance) -> _Graph:
             previous.append(lid - 1 if i else -1)
     last = schedule.chunks - 1
     deps: list[tuple[tuple[int, int], ...]] = []
-    for r, rank_leaves in enumerate(leaves):
+    for rank_leaves in leaves:
         check_deadline(_SIMULATING)
         for a in rank_leaves:
             c, m = a.chunk, a.micro_batch
             if a.op is Op.FORWARD:
-                d = ((where["F", c - 1, m], c - 1),) if c > 0 else ()
+                d: tuple[tuple[int, int], ...] = ((where["F", c - 1, m], c - 1),) if c > 0 else ()
             elif a.op in BACKWARD_OPS:
                 d = ((where["F", c, m], -1),)
                 if c < last:
@@ -115,7 +116,11 @@ class Simulation:
     bubble_fraction: float     #: idle share of all ranks over the step: 1 - sum(busy) / (P x step)
 
 
-def _per_chunk(name: str, values: Sequence[float] | np.ndarray, size: int) -> np.ndarray:
+#: per-chunk (or per-boundary) durations
+_Durations = Sequence[float] | np.ndarray
+
+
+def _per_chunk(name: str, values: _Durations, size: int) -> np.ndarray:
     a = np.asarray(values, dtype=np.float64)
     if a.shape != (size,):
         raise OptionError(name, f"expected {size} values (one per chunk or boundary), got shape {a.shape}")
@@ -181,8 +186,9 @@ class CriticalPath:
     optimizer_rank: int        # the rank whose optimizer step ends it
 
 
-def critical_path(schedule: ScheduleInstance, forward, backward_input, backward_weight=None, transfer=None,
-                  optimizer=None) -> CriticalPath:
+def critical_path(schedule: ScheduleInstance, forward: _Durations, backward_input: _Durations,
+                  backward_weight: _Durations | None = None, transfer: _Durations | None = None,
+                  optimizer: ArrayLike | None = None) -> CriticalPath:
     """The step time of ``schedule`` with each rank's optimizer step (``optimizer``: seconds per
     rank, default 0) after its last action, and the chain of actions that makes it (see
     ``simulate`` for the rules)."""

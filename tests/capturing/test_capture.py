@@ -17,12 +17,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from stagesplit.model.analysis import Analysis  # noqa: E402
-from stagesplit.capturing.pytorch import capture, capture_model  # noqa: E402
 from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
+from stagesplit.capturing.pytorch import capture, capture_model  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.layers import Rule  # noqa: E402
+from stagesplit.model.analysis import Analysis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 GPT_FILE = ROOT / "examples" / "gpt.py"
@@ -724,6 +724,7 @@ def _torch_flops(fn) -> int:
 
 def test_flop_formulas_cover_kernels_torch_does_not():
     from torch.utils.flop_counter import flop_registry
+
     from stagesplit.capturing.flops import FLOP_FORMULAS
     aten = torch.ops.aten
     for name in FLOP_FORMULAS:
@@ -739,6 +740,7 @@ def test_cpu_attention_flops_equal_torchs_formulas_and_the_math_backend(kv_heads
     the math backend's autograd keeps them: four)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
     from torch.utils.flop_counter import flop_registry
+
     from stagesplit.capturing.flops import flop_counter
     aten = torch.ops.aten
     count = flop_counter(torch)

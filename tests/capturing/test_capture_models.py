@@ -36,12 +36,12 @@ pytest.importorskip("transformers")
 HAVE_TORCHVISION = "torchvision" in sys.modules or importlib.util.find_spec("torchvision") is not None   # conftest
 HAVE_TIMM = importlib.util.find_spec("timm") is not None and HAVE_TORCHVISION
 
-from stagesplit.model.analysis import Analysis  # noqa: E402
+from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
+from stagesplit.capturing.pytorch import capture_model  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.io.profile import Phase  # noqa: E402
-from stagesplit.capturing.pytorch import capture_model  # noqa: E402
-from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
+from stagesplit.model.analysis import Analysis  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -12,15 +12,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagesplit.model.analysis import Analysis
-from stagesplit.reporting.breakdown import Breakdown
+from helpers import ROOT, assert_profiles_equal, load_sample, sample_path, tiny_profile
 from stagesplit.cli import main
-from stagesplit.io.targets import known_targets
 from stagesplit.io import load_profile, save_profile
 from stagesplit.io.synth import synthesize
+from stagesplit.io.targets import known_targets
+from stagesplit.model.analysis import Analysis
+from stagesplit.reporting.breakdown import Breakdown
 from stagesplit.reporting.table import render
-
-from helpers import ROOT, assert_profiles_equal, load_sample, sample_path, tiny_profile
 
 BERT = str(sample_path("bert-base"))
 

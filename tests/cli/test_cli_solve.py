@@ -4,10 +4,9 @@ import json
 import subprocess
 import sys
 
+from helpers import PROFILES, ROOT
 from stagesplit.cli import main
 from stagesplit.plan import read_plan
-
-from helpers import PROFILES, ROOT
 
 BERT = str(PROFILES / "bert-base.stagesplit")
 CNN = str(PROFILES / "cnn.stagesplit")

@@ -206,6 +206,7 @@ def test_popvision_variants_through_the_pva_double(tmp_path, monkeypatch, capsys
     synthetic model at two proportions (examples/make_variants.py), and the same from a variants
     file whose ``debug`` field gives each report's debug.cbor."""
     import sys as _sys
+
     from fake_pva.support import load_fake_pva
     from helpers import ROOT
     from stagesplit.io.profile import Target

@@ -10,9 +10,8 @@ import re
 
 import pytest
 
-from stagesplit.cli import main
-
 from helpers import PROFILES
+from stagesplit.cli import main
 
 LLAMA = PROFILES / "llama-7b-layers.json"
 BERT = PROFILES / "bert-base.stagesplit"

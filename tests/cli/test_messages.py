@@ -8,9 +8,8 @@ import sys
 
 import pytest
 
-from stagesplit.cli import main
-
 from helpers import PROFILES
+from stagesplit.cli import main
 
 BERT = str(PROFILES / "bert-base.stagesplit")
 LLAMA = str(PROFILES / "llama-7b-layers.json")

@@ -9,8 +9,7 @@ import time
 import numpy as np
 import pytest
 
-from stagesplit.common.deadline import (TimeLimitReached, check_deadline, deadline_at, seconds_left,
-                                        without_deadline)
+from stagesplit.common.deadline import TimeLimitReached, check_deadline, deadline_at, seconds_left, without_deadline
 from stagesplit.errors import StagesplitError
 from stagesplit.model.phases import PhaseTable
 from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat

@@ -9,8 +9,8 @@ import stat
 import pytest
 
 from stagesplit.common import fileio as fileio
-from stagesplit.errors import StagesplitError
 from stagesplit.common.fileio import atomic_write_bytes, atomic_write_text, file_sha256
+from stagesplit.errors import StagesplitError
 
 
 def test_writes_exact_bytes_to_a_new_file(tmp_path):

@@ -10,18 +10,17 @@ import pandas as pd
 import pytest
 
 import stagesplit
-from stagesplit.plan.advise import SweepResult, SweepRow, sweep
-from stagesplit.model.analysis import Analysis
-from stagesplit.reporting.breakdown import Breakdown
-from stagesplit.io.targets import load_target
-from stagesplit.io.layerform import LayerSpec, build_layer_profile
-from stagesplit.plan.records import MEMORY_KEYS
-from stagesplit.plan import read_plan, write_plan
-from stagesplit.solver.problem import SolveOptions
-from stagesplit.io.profile import ProfileInfo
-from stagesplit.reporting.summary import stages_table
-
 from helpers import PROFILES, ROOT, tiny_profile
+from stagesplit.io.layerform import LayerSpec, build_layer_profile
+from stagesplit.io.profile import ProfileInfo
+from stagesplit.io.targets import load_target
+from stagesplit.model.analysis import Analysis
+from stagesplit.plan import read_plan, write_plan
+from stagesplit.plan.advise import SweepResult, SweepRow, sweep
+from stagesplit.plan.records import MEMORY_KEYS
+from stagesplit.reporting.breakdown import Breakdown
+from stagesplit.reporting.summary import stages_table
+from stagesplit.solver.problem import SolveOptions
 
 TINY = str(PROFILES / "tiny.json")
 BERT = str(PROFILES / "bert-base.stagesplit")

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 import pytest
-
 from exporthelpers import GPT_FACTORY
+
 from stagesplit.cli import main
 
 

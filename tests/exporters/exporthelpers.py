@@ -12,11 +12,10 @@ from pathlib import Path
 
 from hypothesis import strategies as st
 
-from stagesplit.cli import main
-from stagesplit.plan import Plan, PlanProfile, StagePlan
-
 from helpers import plan_inputs
+from stagesplit.cli import main
 from stagesplit.model.stagememory import MemoryBreakdown
+from stagesplit.plan import Plan, PlanProfile, StagePlan
 
 ROOT = Path(__file__).resolve().parents[2]
 #: a small examples/gpt.py: 6 blocks, one micro-batch of 2 (the captured batch)

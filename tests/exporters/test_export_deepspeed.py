@@ -9,9 +9,9 @@ import ast
 import os
 
 import pytest
+from exporthelpers import GPT_CONFIG, make_plan, plan_from, run, run_ranks, splits, stages_of
 from hypothesis import given, settings
 
-from exporthelpers import GPT_CONFIG, make_plan, plan_from, run, run_ranks, splits, stages_of
 from stagesplit.exporters import export_plan
 from stagesplit.plan import read_plan
 
@@ -81,8 +81,8 @@ def test_a_wrong_first_block_is_caught_at_construction():
     """#21: with the embedding as its own entry, the default FIRST_BLOCK = 0 shifted every stage
     by one without an error. The layer entries standing for the plan's blocks must be one class."""
     deepspeed = _deepspeed()
-    from torch import nn
     from deepspeed.pipe import LayerSpec
+    from torch import nn
     plan = make_plan([str(i) for i in range(6)], [0, 3])
     text = export_plan(plan, "deepspeed")
     ns: dict = {}
@@ -148,6 +148,7 @@ def _train_batch_rank(rank, world, text, micro_batches, stage_layers, out_dir):
     import deepspeed.ops
     import torch
     from torch.nn import functional as F
+
     from examples.gpt import GPTConfig, build_real
     deepspeed.ops.__compatible_ops__["deepspeed_shm_comm"] = False    # no C++ build: gloo collectives suffice
     deepspeed.init_distributed(dist_backend="gloo")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import shlex
 
 from exporthelpers import ROOT
+
 from helpers import console_examples, lines_match
 from stagesplit.cli import main
 

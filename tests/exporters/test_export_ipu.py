@@ -5,16 +5,22 @@ enforces the framework's documented rules (standins.py), for training and infere
 from __future__ import annotations
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from exporthelpers import ModuleRef, make_plan, plan_from, run, splits, stages_of
+from hypothesis import given, settings, strategies as st
+from standins import (
+    FakeBuilder,
+    PopTorchRecord,
+    RuleError,
+    installed,
+    optimum_modules,
+    popart_module,
+    poptorch_module,
+    tensorflow_modules,
+)
+
 from helpers import PROFILES
-from standins import FakeBuilder, PopTorchRecord, RuleError, installed, optimum_modules, popart_module, \
-    poptorch_module, tensorflow_modules
 from stagesplit.exporters import export_plan
 from stagesplit.plan import read_plan, write_plan
-
 
 # -- PopTorch -------------------------------------------------------------------------------------
 

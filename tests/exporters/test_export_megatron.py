@@ -9,9 +9,9 @@ import re
 import shlex
 
 import pytest
+from exporthelpers import make_plan, plan_from, run, run_ranks, splits, stages_of
 from hypothesis import given, settings
 
-from exporthelpers import make_plan, plan_from, run, run_ranks, splits, stages_of
 from helpers import PROFILES
 from stagesplit.errors import StagesplitError
 from stagesplit.exporters import export_plan
@@ -147,8 +147,8 @@ def test_an_embedding_only_first_stage_is_refused_by_the_uneven_form(capsys, tmp
     _megatron()
     config = transformer_config(out)                                # megatron-core accepts the layout form
     assert [len(ids) for ids in decoder_layers_per_rank(config)] == [0] + [4] * 8
-    from megatron.core.transformer.transformer_config import TransformerConfig
     import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
     with pytest.raises(ValueError, match="num_layers_in_first_pipeline_stage must be larger than 0"):
         TransformerConfig(num_layers=32, hidden_size=16, num_attention_heads=2, pipeline_dtype=torch.float32,
                           pipeline_model_parallel_size=9, num_layers_in_first_pipeline_stage=0)   # what it said
@@ -204,8 +204,8 @@ def _gpt_model_rank(rank, world, text, out_dir):
     import warnings
     warnings.simplefilter("ignore")
     from megatron.core import parallel_state
-    from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
     parallel_state.initialize_model_parallel(pipeline_model_parallel_size=world)
     config = transformer_config(text)
     model = GPTModel(config=config, transformer_layer_spec=get_gpt_layer_local_spec(), vocab_size=64,
@@ -236,6 +236,7 @@ def test_an_interleaved_plan_gives_megatron_its_virtual_stages(capsys, captured_
     stage v, exactly the plan's layers, and the plan's device of chunk k is r."""
     _megatron()
     from megatron.core.transformer.pipeline_parallel_layer_layout import PipelineParallelLayerLayout
+
     from stagesplit.plan import read_plan
     code, _, err = run(capsys, "solve", captured_gpt, "--devices", 2, "--schedule", "interleaved-1f1b",
                        "--chunks-per-rank", 2, "--micro-batches", 4, "--out", tmp_path / "p.json")

@@ -14,9 +14,9 @@ import json
 import re
 
 import pytest
+from exporthelpers import PYTHON_FORMATS, make_plan, plan_from, run, splits, stages_of
 from hypothesis import given, settings
 
-from exporthelpers import PYTHON_FORMATS, make_plan, plan_from, run, splits, stages_of
 from helpers import PROFILES
 from stagesplit.cli import main
 from stagesplit.errors import ExportError, OptionError, StagesplitError
@@ -25,7 +25,6 @@ from stagesplit.exporters._plan_view import view_of
 from stagesplit.exporters.header import SAFETY_LINE, header_lines
 from stagesplit.layers import LayerOptions, group_layers, module_path
 from stagesplit.plan import read_plan, write_plan
-
 
 # -- module paths ---------------------------------------------------------------------------------
 

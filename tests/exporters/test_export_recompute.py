@@ -14,9 +14,9 @@ import dataclasses
 import shlex
 
 import pytest
-
 from exporthelpers import ModuleRef, make_plan, run
 from standins import PopTorchRecord, installed, poptorch_module
+
 from stagesplit.errors import ExportError
 from stagesplit.exporters import export_plan
 from stagesplit.exporters.render import literal_assignments
@@ -246,9 +246,9 @@ def test_deepspeed_s_own_pipeline_module_checkpoints_the_blocks_only():
     os.environ.setdefault("DS_ACCELERATOR", "cpu")
     pytest.importorskip("deepspeed")
     import torch
-    from torch import nn
     from deepspeed.runtime import activation_checkpointing
     from deepspeed.runtime.pipe.topology import PipeDataParallelTopology
+    from torch import nn
     text = export_plan(_plan(("full",) * 6), "deepspeed").replace("FIRST_BLOCK = 0", "FIRST_BLOCK = 1")
     namespace: dict = {}
     exec(compile(text, "deepspeed-snippet", "exec"), namespace)

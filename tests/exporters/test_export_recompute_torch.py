@@ -21,9 +21,9 @@ import functools
 
 import numpy as np
 import pytest
+from exporthelpers import run
 
 import recompute_models as rm
-from exporthelpers import run
 from stagesplit.exporters.render import literal_assignments
 from stagesplit.plan import read_plan
 

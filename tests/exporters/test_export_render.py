@@ -8,13 +8,11 @@ import shlex
 import subprocess
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from exporthelpers import make_plan, plan_from
+from hypothesis import given, settings, strategies as st
+
 from stagesplit.errors import ExportError
-from stagesplit.exporters import FORMATS, export_plan
-from stagesplit.exporters import render as R
+from stagesplit.exporters import FORMATS, export_plan, render as R
 
 HOSTILE = ["a\nb", "a\rb", "x\u2028y", "x\u2029y", "x\x85y", "nul\0", "q\"uote", "q'uote", "b\\ack", "\udc80",
            "\ud800x", "tab\tt", "\x1b[31m", "\u202eevil", "zero\u200bwidth", "é ü 中文", "#", "'''", '"""']

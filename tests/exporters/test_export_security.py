@@ -21,11 +21,10 @@ import tokenize
 from pathlib import Path
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
-
 from exporthelpers import PYTHON_FORMATS, ModuleRef, make_plan, run
+from hypothesis import HealthCheck, given, settings, strategies as st
 from standins import all_modules, installed
+
 from stagesplit.errors import StagesplitError
 from stagesplit.exporters import FORMATS, export_plan
 from stagesplit.plan import read_plan, write_plan

@@ -4,8 +4,8 @@ warning solve prints and for the exports that must refuse or sum them."""
 from __future__ import annotations
 
 import pytest
-
 from exporthelpers import make_plan, run
+
 from stagesplit.exporters import plan_tied_splits
 from stagesplit.exporters.tied import TiedSplit, shared_parameter_users, tied_users_across_stages
 from stagesplit.plan import read_plan

@@ -10,8 +10,8 @@ import ast
 import json
 
 import pytest
-
 from exporthelpers import GPT_CONFIG, make_plan, run, run_ranks
+
 from stagesplit.exporters import export_plan
 from stagesplit.exporters.render import literal_assignments
 from stagesplit.plan import read_plan, write_plan
@@ -174,6 +174,7 @@ def _expected_by_path(model, starts: list[int], layers: int):
 def test_pipelined_runs_match_the_unpipelined_model(capsys, captured_gpt, tmp_path, world, pins):
     pytest.importorskip("transformers")
     import transformers  # noqa: F401 - imported once here, before the ranks fork
+
     from stagesplit.io import load_profile
     profile = load_profile(captured_gpt)
     runs = {}

@@ -11,11 +11,11 @@ import ast
 import json
 
 import pytest
-
 from exporthelpers import run, run_ranks
+from test_export_torch import MICRO_BATCH, _cross_entropy, _example_gpt, _expected_from_capture
+
 from stagesplit.exporters.render import literal_assignments
 from stagesplit.plan import read_plan
-from test_export_torch import MICRO_BATCH, _cross_entropy, _example_gpt, _expected_from_capture
 
 MICRO_BATCHES = 4
 SCHEDULES = {"interleaved-1f1b": "ScheduleInterleaved1F1B", "looped-bfs": "ScheduleLoopedBFS",
@@ -52,7 +52,7 @@ def test_a_chunked_plan_exports_its_rank_placement(capsys, captured_gpt, tmp_pat
 def _chunked_rank(rank, world, runs, out_dir):
     import torch
     results = {}
-    for key, (text, expected) in runs.items():
+    for key, (text, _expected) in runs.items():
         model = _example_gpt()
         vocab, context = 64, 8
         g = torch.Generator().manual_seed(11)

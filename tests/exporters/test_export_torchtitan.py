@@ -9,8 +9,8 @@ import sys
 import types
 
 import pytest
-
 from exporthelpers import make_plan, run
+
 from helpers import PROFILES
 from stagesplit.exporters import export_plan, plan_tied_splits
 from stagesplit.plan import read_plan, write_plan
@@ -142,6 +142,7 @@ def test_a_chunked_plan_gives_torchtitan_its_stages_on_the_plan_s_ranks(monkeypa
     pytest.importorskip("tyro")
     _without_triton_kernels(monkeypatch)
     import dataclasses
+
     from torchtitan.config.manager import ConfigManager
     from torchtitan.distributed.pipeline_parallel import _get_pp_rank_to_stage_indices_mapping
     code, _, err = run(capsys, "solve", captured_gpt, "--devices", 2, "--schedule", schedule, "--chunks-per-rank", 2,

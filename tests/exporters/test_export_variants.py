@@ -7,12 +7,21 @@ from __future__ import annotations
 import dataclasses
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
-
 from exporthelpers import ModuleRef, plan_from, splits
-from standins import (FakeBuilder, IPUConfig, PipelineStageOptions, PopTorchRecord, RuleError, installed,
-                      optimum_modules, popart_module, poptorch_module, tensorflow_modules)
+from hypothesis import given, settings, strategies as st
+from standins import (
+    FakeBuilder,
+    IPUConfig,
+    PipelineStageOptions,
+    PopTorchRecord,
+    RuleError,
+    installed,
+    optimum_modules,
+    popart_module,
+    poptorch_module,
+    tensorflow_modules,
+)
+
 from stagesplit.errors import ExportError
 from stagesplit.exporters import export_plan
 

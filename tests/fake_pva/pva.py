@@ -32,8 +32,9 @@ import enum
 import json
 import math
 import os
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
-from typing import Any, Callable, Iterable, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -100,7 +101,7 @@ class Program:
 
     __slots__ = ("_id", "name", "type", "children", "_vars", "_control", "_code", "_detail")
 
-    def __init__(self, _id: Any, name: str, type: "Program.Type", children: Sequence["Program"] = (),
+    def __init__(self, _id: Any, name: str, type: Program.Type, children: Sequence[Program] = (),
                  controlCodeByTile: Any = None, codeBytesByTile: Any = None, vars: Any = ()):
         self._id = _id
         self.name = name
@@ -135,10 +136,10 @@ class Program:
         return _dense(self._code)
 
     @property
-    def vars(self) -> list["Variable"]:
+    def vars(self) -> list[Variable]:
         return _variables(self._vars)
 
-    def accept(self, visitor: "ProgramVisitor") -> None:
+    def accept(self, visitor: ProgramVisitor) -> None:
         getattr(visitor, "visit" + self.type.name)(self)
 
     def __repr__(self) -> str:
@@ -165,7 +166,7 @@ class DoExchangeProgram(Program):
 class OnTileExecuteProgram(Program):
     __slots__ = ("_computeset",)
 
-    def __init__(self, *args, computeset: "ComputeSet | None" = None, **kwargs):
+    def __init__(self, *args, computeset: ComputeSet | None = None, **kwargs):
         super().__init__(*args, **kwargs)
         self._computeset = computeset if computeset is not None else ComputeSet(self.name, [])
 
@@ -174,14 +175,14 @@ class OnTileExecuteProgram(Program):
         self._computeset = computeset if computeset is not None else ComputeSet(self.name, [])
 
     @property
-    def computeset(self) -> "ComputeSet":
+    def computeset(self) -> ComputeSet:
         if self._detail is not None:
             self._fill()
         return self._computeset
 
 
-def make_program(_id: Any, name: str, type: "Program.Type | str", *, estimatedCyclesByTile: Any = None,
-                 computeset: "ComputeSet | None" = None, **kwargs) -> Program:
+def make_program(_id: Any, name: str, type: Program.Type | str, *, estimatedCyclesByTile: Any = None,
+                 computeset: ComputeSet | None = None, **kwargs) -> Program:
     """A program of the right subclass for ``type``."""
     type = Program.Type[type] if isinstance(type, str) else type
     if type is Program.Type.DoExchange:
@@ -293,7 +294,7 @@ class LoweredVariables:
 
     __slots__ = ("_brief",)
 
-    def __init__(self, allBriefVars: "Sequence[BriefVar] | Callable[[], Sequence[BriefVar]]"):
+    def __init__(self, allBriefVars: Sequence[BriefVar] | Callable[[], Sequence[BriefVar]]):
         self._brief = allBriefVars
 
     @property
@@ -421,7 +422,7 @@ class TileMemory:
     __slots__ = ("alwaysLiveBytes", "notAlwaysLiveBytes", "total", "vertices", "category")
 
     def __init__(self, alwaysLiveBytes: int = 0, notAlwaysLiveBytes: int = 0, vertices: Sequence[TileVertex] = (),
-                 category: Categories | None = None, total: "MemoryTotal | None | bool" = None,
+                 category: Categories | None = None, total: MemoryTotal | None | bool = None,
                  code_in_always_live: bool = False):
         self.alwaysLiveBytes = alwaysLiveBytes
         self.notAlwaysLiveBytes = notAlwaysLiveBytes
@@ -479,7 +480,7 @@ class Location:
 class DebugContext:
     __slots__ = ("id", "json", "parents", "location")
 
-    def __init__(self, id: int, json: str = "{}", parents: Sequence["DebugContext"] = (),
+    def __init__(self, id: int, json: str = "{}", parents: Sequence[DebugContext] = (),
                  location: Location | None = None):
         self.id = id
         self.json = json
@@ -669,6 +670,7 @@ def write_report_file(path: str | os.PathLike, profile: Any, **options: Any) -> 
         body = Path(profile).read_bytes()
     else:
         import tempfile
+
         from stagesplit.io.compact import write_compact
         with tempfile.TemporaryDirectory() as tmp:
             compact = Path(tmp) / "profile.stagesplit"
@@ -687,7 +689,7 @@ def write_report_file(path: str | os.PathLike, profile: Any, **options: Any) -> 
     return path
 
 
-def _read_report_file(profile_path: str) -> "Report | None":
+def _read_report_file(profile_path: str) -> Report | None:
     """The report in a file written by ``write_report_file``; None for any other file."""
     with open(profile_path, "rb") as handle:
         if handle.read(len(FILE_MAGIC)) != FILE_MAGIC:

@@ -10,14 +10,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.io.builder import ProfileBuilder
+from helpers import (
+    assert_profiles_equal,
+    error_line,
+    load_sample,
+    random_block_profile,
+    random_profile,
+    sample_json_text,
+    sample_path,
+    tiny_profile,
+)
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io import load_profile, save_profile
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.compact import profile_to_arrays, read_compact, write_compact
 from stagesplit.io.profile import GroundTruth, ProfileInfo, Target
-
-from helpers import (assert_profiles_equal, error_line, load_sample, random_block_profile, random_profile,
-                     sample_json_text, sample_path, tiny_profile)
 
 
 def round_trip(profile, tmp_path, name="p.stagesplit"):

@@ -68,8 +68,10 @@ def test_confined_path_accepts_what_stays_inside(tmp_path):
     (folder / "data").mkdir(parents=True)
     (folder / "data" / "w.bin").write_bytes(b"x")
     (folder / "alias.bin").symlink_to(folder / "data" / "w.bin")         # a link that stays inside
-    check = lambda location, **kw: confined_path(location, folder, "m.onnx", "f", "a file", within="its folder",
-                                                  **kw)
+
+    def check(location, **kw):
+        return confined_path(location, folder, "m.onnx", "f", "a file", within="its folder", **kw)
+
     assert check("data/w.bin") == str(folder / "data" / "w.bin")
     assert check("./data/w.bin") == str(folder / "data" / "w.bin")
     assert check("alias.bin") == str(folder / "alias.bin")                # as written: the link kept

@@ -6,10 +6,9 @@ import cbor2
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
+from fake_pva.support import load_fake_pva
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io.debugcbor import DebugContextRecord, read_debug_cbor
-
-from fake_pva.support import load_fake_pva
 
 
 @pytest.fixture

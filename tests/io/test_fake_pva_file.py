@@ -13,13 +13,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from fake_pva.support import FAKE_DIR, load_fake_pva
+from helpers import assert_profiles_equal
 from stagesplit.io.compact import write_compact
 from stagesplit.io.popvision import read_popvision
 from stagesplit.io.profile import Target
 from stagesplit.io.synth import synthesize
-
-from fake_pva.support import FAKE_DIR, load_fake_pva
-from helpers import assert_profiles_equal
 
 SMALL = Target("small", tiles=16, bytes_per_tile=638976, clock_hz=1.33e9)
 ROOT = Path(__file__).resolve().parents[2]

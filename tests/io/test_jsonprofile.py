@@ -9,15 +9,21 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.io.targets import load_target
+from helpers import (
+    assert_profiles_equal,
+    error_line,
+    load_sample,
+    random_block_profile,
+    random_profile,
+    sample_json_text,
+    tiny_profile,
+)
 from stagesplit.errors import ProfileError
 from stagesplit.io import load_profile, save_profile
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.jsonprofile import dumps_profile, profile_from_document, profile_to_document, read_json_profile
 from stagesplit.io.profile import GroundTruth, ProfileInfo, Target
-
-from helpers import (assert_profiles_equal, error_line, load_sample, random_block_profile, random_profile,
-                     sample_json_text, tiny_profile)
+from stagesplit.io.targets import load_target
 
 SRC = "bad.json"
 
@@ -223,8 +229,8 @@ def test_overlapping_intervals_are_merged():
     p = profile_from_document(doc, "overlap.json")
     assert p.liveness.intervals[p.variables.live_class[2]].tolist() == [[0, 3]]
     assert_profiles_equal(tiny_profile(), p)
-    from stagesplit.model.costmodel import StageCostModel
     from stagesplit.layers import group_layers
+    from stagesplit.model.costmodel import StageCostModel
     sm = StageCostModel(p, group_layers(p)).stage_memory(0, 0)
     assert sm.not_always_live.tolist() == [70, 5]             # as in test_costmodel: a and b once each
 

@@ -4,16 +4,15 @@ and bad fields."""
 
 import pytest
 
-from stagesplit.reporting.diagnosis import live_bytes_by_step
-from stagesplit.io.targets import load_target
-from stagesplit.model.costmodel import StageCostModel
+from helpers import assert_profiles_equal, error_line
 from stagesplit.errors import ProfileError
 from stagesplit.io.jsonprofile import profile_from_document
 from stagesplit.io.layerform import LayerSpec, build_layer_profile, layer_document, one_tile
-from stagesplit.layers import group_layers
 from stagesplit.io.profile import Target
-
-from helpers import assert_profiles_equal, error_line
+from stagesplit.io.targets import load_target
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.reporting.diagnosis import live_bytes_by_step
 
 SRC = "layers.json"
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import subprocess
 import sys
 import threading
 from pathlib import Path
@@ -17,13 +16,13 @@ import pytest
 onnx = pytest.importorskip("onnx")
 from onnx import TensorProto, helper, numpy_helper  # noqa: E402
 
-from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
-from stagesplit.io.targets import load_target  # noqa: E402
-from stagesplit.common import limits, safeinput  # noqa: E402
+from stagesplit.common import safeinput  # noqa: E402
 from stagesplit.errors import ProfileError, StagesplitError  # noqa: E402
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.onnximport import import_onnx  # noqa: E402
+from stagesplit.io.targets import load_target  # noqa: E402
+from stagesplit.model.analysis import Analysis  # noqa: E402
 
 A100 = load_target("a100-80gb")
 ROOT = Path(__file__).resolve().parents[2]
@@ -451,7 +450,7 @@ def test_every_element_type_onnx_writes_passes_the_data_check(tmp_path):
     is refused."""
     from stagesplit.io.onnxcheck import check_initializer
     checked = 0
-    for name, data_type in TensorProto.DataType.items():
+    for _name, data_type in TensorProto.DataType.items():
         if data_type == TensorProto.UNDEFINED:
             continue
         for raw in (False, True):
@@ -805,8 +804,7 @@ def _apply(model, mutation) -> None:
 
 
 def test_any_mutation_of_a_valid_model_is_accepted_or_one_clean_line(tmp_path):
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st_
+    from hypothesis import HealthCheck, given, settings, strategies as st_
 
     @settings(max_examples=60, deadline=None, database=None,
               suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
@@ -828,8 +826,7 @@ def test_any_mutation_of_a_valid_model_is_accepted_or_one_clean_line(tmp_path):
 
 def test_any_corruption_of_the_bytes_is_accepted_or_one_clean_line(tmp_path):
     """Truncations, bit flips and spliced bytes of a valid file (the parser's side of the class)."""
-    from hypothesis import HealthCheck, given, settings
-    from hypothesis import strategies as st_
+    from hypothesis import HealthCheck, given, settings, strategies as st_
     good = tiny_model(symbolic="batch").SerializeToString()
 
     @settings(max_examples=80, deadline=None, database=None,

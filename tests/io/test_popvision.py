@@ -13,21 +13,18 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, example, given, settings, strategies as st
 
-from stagesplit.reporting.breakdown import operation_costs
-from stagesplit.reporting.breakdown import Breakdown
-from stagesplit.cli import main
-from stagesplit.model.costmodel import StageCostModel
-from stagesplit.errors import ProfileError, StagesplitError
-from stagesplit.io import load_profile
-from stagesplit.io.jsonprofile import dumps_profile, profile_from_document
-from stagesplit.io import forked, popvision
-from stagesplit.io.popvision import CYCLES_PER_VERTEX, read_popvision
-from stagesplit.layers import group_layers
-from stagesplit.io.profile import Target
-from stagesplit.io.synth import synthesize
-
 from fake_pva.support import load_fake_pva
 from helpers import assert_profiles_equal
+from stagesplit.cli import main
+from stagesplit.errors import ProfileError, StagesplitError
+from stagesplit.io import forked, load_profile, popvision
+from stagesplit.io.jsonprofile import dumps_profile, profile_from_document
+from stagesplit.io.popvision import CYCLES_PER_VERTEX, read_popvision
+from stagesplit.io.profile import Target
+from stagesplit.io.synth import synthesize
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.reporting.breakdown import Breakdown, operation_costs
 
 SMALL = Target("small", tiles=16, bytes_per_tile=638976, clock_hz=1.33e9)
 

@@ -12,13 +12,12 @@ import zipfile
 import numpy as np
 import pytest
 
-from stagesplit.io.builder import ProfileBuilder
+from helpers import ROOT
 from stagesplit.errors import ProfileError
 from stagesplit.io import load_profile, save_profile
-from stagesplit.layers import LayerOptions
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.profile import PHASE_LABELS, LayerGrouping, Phase, Target
-
-from helpers import ROOT
+from stagesplit.layers import LayerOptions
 
 
 def test_phase_values_and_labels():

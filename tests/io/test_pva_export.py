@@ -18,16 +18,15 @@ from pathlib import Path
 import cbor2
 import pytest
 from hypothesis import given, settings, strategies as st
+from test_popvision import hand_report, two_ipu_report
 
+from fake_pva.support import FAKE_DIR, load_fake_pva
+from helpers import assert_profiles_equal
 from stagesplit.cli import main
 from stagesplit.io import load_profile, pva_export
 from stagesplit.io.debugcbor import read_debug_cbor
 from stagesplit.io.profile import Target
 from stagesplit.io.synth import synthesize
-
-from fake_pva.support import FAKE_DIR, load_fake_pva
-from helpers import assert_profiles_equal
-from test_popvision import hand_report, two_ipu_report
 
 ROOT = Path(__file__).resolve().parents[2]
 EXPORTER = ROOT / "stagesplit" / "io" / "pva_export.py"

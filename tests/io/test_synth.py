@@ -7,19 +7,17 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from stagesplit.io import synth
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.cli import main
-from stagesplit.io.targets import load_target
-from stagesplit.model.costmodel import StageCostModel
-from stagesplit.errors import StagesplitError
-from stagesplit.layers import group_layers
-from stagesplit.io.profile import Target
-from stagesplit.io import load_profile
-from stagesplit.io.compact import read_compact, write_compact
-from stagesplit.io.synth import FAMILIES, ground_truth, synthesize, write_synthetic
-
 from helpers import SAMPLE_NAMES, assert_profiles_equal, load_sample, sample_path
+from stagesplit.cli import main
+from stagesplit.errors import StagesplitError
+from stagesplit.io import load_profile, synth
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.io.compact import read_compact, write_compact
+from stagesplit.io.profile import Target
+from stagesplit.io.synth import FAMILIES, ground_truth, synthesize, write_synthetic
+from stagesplit.io.targets import load_target
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
 
 SMALL = Target("small", tiles=16, bytes_per_tile=10**7, clock_hz=1e9)
 

@@ -3,13 +3,11 @@ and one-line errors for bad files."""
 
 import pytest
 
-from stagesplit.io.targets import config_dir, known_targets, load_target, read_yaml
-from stagesplit.solver.request import SolveRequest
+from helpers import ROOT, error_line
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.io.profile import Target
-
-from helpers import ROOT, error_line
-
+from stagesplit.io.targets import config_dir, known_targets, load_target, read_yaml
+from stagesplit.solver.request import SolveRequest
 
 # --------------------------------------------------------------------------------------------------
 # Shipped targets (values from the vendors' reference figures)

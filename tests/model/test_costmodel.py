@@ -5,16 +5,15 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.reporting.diagnosis import live_bytes_by_step
-from stagesplit.reporting.breakdown import operation_costs
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.io.targets import load_target
-from stagesplit.model.costmodel import StageCostModel
-from stagesplit.io.layerform import LayerSpec, build_layer_profile
-from stagesplit.layers import group_layers
-from stagesplit.io.profile import Target
-
 from helpers import random_block_profile, random_profile, tiny_profile
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.io.layerform import LayerSpec, build_layer_profile
+from stagesplit.io.profile import Target
+from stagesplit.io.targets import load_target
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.reporting.breakdown import operation_costs
+from stagesplit.reporting.diagnosis import live_bytes_by_step
 
 
 def model(profile, shared="every"):
@@ -254,9 +253,9 @@ def test_sweep_pricing_on_a_compact_sample_with_narrow_arrays():
     """The compact reader keeps per-program code arrays as stored (int8/int16 here), so every
     index computation on them must widen first: an int8 vertex type times the number of
     program groups once wrapped around. Every third range of the bert-base sample, both ways."""
+    from helpers import sample_path
     from stagesplit.io import load_profile
     from stagesplit.model.pricing import price_all_ranges
-    from helpers import sample_path
     profile = load_profile(sample_path("bert-base"))
     assert profile.programs.vertex_code.vertex_type.dtype.itemsize == 1       # the case that wrapped
     m = model(profile)
@@ -275,8 +274,8 @@ def test_property_sweep_pricing_with_layers_running_together(seed, layers, tiles
     """Operations of several layers (and of none) running in the same steps, so that columns
     belong to several layers at once and runs of one layer's columns interleave with others':
     the sweep's per-layer runs and its shift-only updates against the from-scratch price."""
-    from stagesplit.model.pricing import price_all_ranges
     from helpers import _random_vars_and_programs
+    from stagesplit.model.pricing import price_all_ranges
     rng = np.random.default_rng(seed)
     steps = int(rng.integers(3, 12))
     ops = []
@@ -299,8 +298,8 @@ def test_property_sweep_pricing_with_layers_running_together(seed, layers, tiles
        st.integers(1, 7))
 @settings(max_examples=60, deadline=None)
 def test_vertex_code_sizes_are_the_largest_reported(entries, chunk):
-    from stagesplit.model.costmodel import _vertex_code_sizes
     from stagesplit.io.profile import VertexCode
+    from stagesplit.model.costmodel import _vertex_code_sizes
     tile, vtype, size = (np.array([e[i] for e in entries], np.int64) for i in range(3))
     vc = VertexCode(np.zeros(len(entries), np.int64), tile.astype(np.int16), vtype.astype(np.int8), size)
     expected = np.zeros((4, 3), np.int64)

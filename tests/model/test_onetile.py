@@ -7,13 +7,12 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
+from helpers import random_block_profile, random_profile
 from stagesplit.io.profile import Target
 from stagesplit.model.analysis import Analysis
 from stagesplit.model.onetile import price_one_tile_ranges
 from stagesplit.model.pricing import price_all_ranges
 from stagesplit.model.rangetable import OVER
-
-from helpers import random_block_profile, random_profile
 
 
 def one_tile(profile):

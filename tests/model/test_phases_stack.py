@@ -12,7 +12,6 @@ blocks (model/phases.py), checked against the model's configuration (tests/decod
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 HIDDEN_STATE = 2 * 32 * 64 * 4

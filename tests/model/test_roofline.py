@@ -8,13 +8,13 @@ import json
 import numpy as np
 import pytest
 
-from stagesplit.model.analysis import Analysis
-from stagesplit.io.builder import ProfileBuilder
 from stagesplit.cli import main
-from stagesplit.io.targets import load_target
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.compact import read_compact, write_compact
 from stagesplit.io.jsonprofile import profile_from_document, profile_to_document
 from stagesplit.io.profile import Target
+from stagesplit.io.targets import load_target
+from stagesplit.model.analysis import Analysis
 from stagesplit.model.roofline import apply_roofline, roofline
 
 GPU = Target("gpu", tiles=1, bytes_per_tile=10**9, kind="gpu", flops_per_s=1e12, memory_bytes_per_s=1e11)

@@ -15,14 +15,14 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.reporting.diagnosis import live_bytes_by_step
-from stagesplit.reporting.breakdown import operation_costs
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.model.costmodel import StageCostModel
 from stagesplit.io import load_profile
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.jsonprofile import read_json_profile
-from stagesplit.layers import group_layers
 from stagesplit.io.profile import Target
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.reporting.breakdown import operation_costs
+from stagesplit.reporting.diagnosis import live_bytes_by_step
 
 REPRODUCERS = Path(__file__).resolve().parents[1] / "data" / "reproducers"
 

@@ -4,13 +4,12 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from stagesplit.io.builder import ProfileBuilder
-from stagesplit.model.costmodel import StageCostModel
-from stagesplit.layers import group_layers
-from stagesplit.io.profile import Target
-from stagesplit.model.traffic import layer_traffic
-
 from helpers import load_sample, random_block_profile, tiny_profile
+from stagesplit.io.builder import ProfileBuilder
+from stagesplit.io.profile import Target
+from stagesplit.layers import group_layers
+from stagesplit.model.costmodel import StageCostModel
+from stagesplit.model.traffic import layer_traffic
 
 
 def traffic(profile, shared="every"):
@@ -106,6 +105,7 @@ class TestThreeLayers:
     def test_relayed_bytes_match_the_time_charged(self):
         """Split [0 | 1 | 2] with the middle stage relaying x: its time counts both of its cuts."""
         import dataclasses
+
         from stagesplit.solver.problem import SolveOptions, build_problem
         profile = three_layers()
         m, t = traffic(dataclasses.replace(profile, target=dataclasses.replace(profile.target, clock_hz=1e9)))

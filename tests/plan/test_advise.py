@@ -10,11 +10,10 @@ import numpy as np
 import pytest
 from hypothesis import given, strategies as st
 
-from stagesplit.plan.advise import explain_infeasible, fewest_stages_that_fit
-from stagesplit.model.costmodel import RangeTable
-from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
-
 from helpers import UNIT, layer_model, options
+from stagesplit.model.costmodel import RangeTable
+from stagesplit.plan.advise import explain_infeasible, fewest_stages_that_fit
+from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 
 
 def range_table(weights, stash=None, in_flights=(1,), tiles=None) -> RangeTable:
@@ -188,8 +187,8 @@ def test_explain_names_the_rule_that_binds():
 def test_explain_the_reproducer_without_pins(tmp_path):
     """issue 18: --devices 4 --exact --schedule 1f1b --micro-batches 8 gave no pins and no limits; the
     exact device count binds (the first of 4 stages holds 4 micro-batches), 3 devices would do."""
-    from stagesplit import api
     from helpers import ROOT
+    from stagesplit import api
     plan = api.solve(ROOT / "tests/data/reproducers/infeasible-no-pins.json", 4, exact=True, schedule="1f1b",
                      micro_batches=8)
     assert plan.status == "infeasible"

@@ -9,12 +9,16 @@ import os
 
 import numpy as np
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
-from stagesplit.plan.baselines import (deepspeed_parameters, deepspeed_uniform, framework_baselines, megatron_even,
-                                       torch_pipelining_equal, torchtitan_default)
-
+from stagesplit.plan.baselines import (
+    deepspeed_parameters,
+    deepspeed_uniform,
+    framework_baselines,
+    megatron_even,
+    torch_pipelining_equal,
+    torchtitan_default,
+)
 
 # -- the rules by hand ------------------------------------------------------------------------------
 
@@ -153,9 +157,9 @@ def test_compare_on_a_gpu_profile_prices_every_framework(tmp_path):
     """llama-7b-layers.json on 4 A100s with 1F1B: the frameworks' splits become plans priced by
     the same cost model; the plan's step is never slower than a feasible alternative's."""
     import stagesplit
+    from helpers import PROFILES
     from stagesplit.reporting.units import device_words
     from stagesplit.reporting.why import compare_line, comparisons, step_time
-    from helpers import PROFILES
     plan = stagesplit.solve(PROFILES / "llama-7b-layers.json", 4, schedule="1f1b", compare=True)
     methods = [b.method for b in plan.baselines]
     assert methods == ["megatron-even", "deepspeed-parameters", "deepspeed-uniform", "torchtitan-default",
@@ -178,9 +182,9 @@ def test_a_framework_split_that_does_not_fit_says_which_stage(tmp_path):
     """Mixed capacities: a 40 GB first device cannot hold the even split's stage 0 (the
     embedding, 8 blocks and 4 micro-batches of stashed activations: 43.4 GiB)."""
     import stagesplit
+    from helpers import PROFILES
     from stagesplit.reporting.units import device_words
     from stagesplit.reporting.why import comparisons
-    from helpers import PROFILES
     plan = stagesplit.solve(PROFILES / "llama-7b-layers.json", 4, schedule="1f1b", compare=True,
                             min_layers=1, reserve=0, headroom=0.0,
                             targets=("a100-40gb", "a100-80gb", "a100-80gb", "a100-80gb"))
@@ -202,9 +206,9 @@ def test_an_ipu_profile_still_compares_with_popliners_greedy():
 
 
 def test_parameter_weights_are_the_layers_own_always_live_bytes():
+    from helpers import PROFILES
     from stagesplit.model.analysis import Analysis
     from stagesplit.plan.advise import layer_parameter_bytes
-    from helpers import PROFILES
     model = Analysis.load(PROFILES / "llama-7b-layers.json").model
     weights = layer_parameter_bytes(model)
     assert len(weights) == 34

@@ -4,16 +4,13 @@ import json
 
 import pytest
 
-from stagesplit.plan.files import plan_document
-
-from stagesplit.plan.advise import advise, inputs_of
+from helpers import PROFILES, UNIT, layer_model, options
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.plan import read_plan, write_plan
+from stagesplit.plan.advise import advise, inputs_of
+from stagesplit.plan.files import plan_document
 from stagesplit.plan.text import split_text
 from stagesplit.solver.problem import SolveOptions
-
-from helpers import PROFILES
-from helpers import UNIT, layer_model, options
 
 
 def small_plan(tmp_path=None):
@@ -63,8 +60,8 @@ def test_round_trip(tmp_path, suffix):
 
 
 def test_plan_records_profile_hash(tmp_path):
-    from stagesplit.model.analysis import Analysis
     from stagesplit.common.fileio import file_sha256
+    from stagesplit.model.analysis import Analysis
     path = PROFILES / "bert-base.stagesplit"
     plan = advise(Analysis.load(path).model, SolveOptions(devices=4)).plan
     assert plan.profile.sha256 == file_sha256(path) and len(plan.profile.sha256) == 64
@@ -97,6 +94,7 @@ def test_wide_tensors_round_trip_and_bad_ones_are_refused_naming_the_field(tmp_p
     """The plan's wide tensors (what a traced split would send past a stage) survive a file; a record
     whose layers are out of order or out of range, or with an unknown key, is refused naming its field."""
     from dataclasses import replace
+
     from stagesplit.model.traffic import WideTensor
     plan = replace(small_plan().plan, wide_tensors=(WideTensor("mask", 0, 2), WideTensor("rotary <cos>", 1, 5)))
     path = tmp_path / "p.json"

@@ -12,13 +12,12 @@ import shutil
 
 import pytest
 
+from helpers import ROOT
 from stagesplit import api
 from stagesplit.cli import main
 from stagesplit.errors import ProfileError
 from stagesplit.plan import read_plan, write_plan
 from stagesplit.plan.files import GPU_MEMORY_WORDS, VERSION, plan_document
-
-from helpers import ROOT
 
 OLD_PLANS = ROOT / "tests" / "data" / "plans"
 #: what only an IPU has, as words in a key of a plan file

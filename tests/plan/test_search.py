@@ -10,17 +10,21 @@ from dataclasses import replace
 import numpy as np
 import pytest
 
+from helpers import layer_model, options
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
 from stagesplit.plan import advise as advise_module
-from stagesplit.plan.advise import (DP_CELLS_PER_SECOND, DP_CELLS_PER_SECOND_ONE_COUNT, advise, dp_seconds_estimate,
-                                    search)
+from stagesplit.plan.advise import (
+    DP_CELLS_PER_SECOND,
+    DP_CELLS_PER_SECOND_ONE_COUNT,
+    advise,
+    dp_seconds_estimate,
+    search,
+)
 from stagesplit.solver import cpsat
 from stagesplit.solver.dp import dp_cells, dp_mode, exact_optimum
 from stagesplit.solver.problem import SolveOptions, build_problem
-
-from helpers import layer_model, options
 
 
 class TickClock:

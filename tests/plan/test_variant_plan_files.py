@@ -9,13 +9,11 @@ import json
 
 import pytest
 
-from stagesplit.errors import StagesplitError
-from stagesplit.plan import read_plan, write_plan
-from stagesplit.plan.records import PlanVariant
-
 from helpers import error_line, plan_inputs
+from stagesplit.errors import StagesplitError
 from stagesplit.model.stagememory import MemoryBreakdown
-from stagesplit.plan import Plan, PlanProfile, StagePlan
+from stagesplit.plan import Plan, PlanProfile, StagePlan, read_plan, write_plan
+from stagesplit.plan.records import PlanVariant
 
 
 def variant_plan() -> Plan:

@@ -4,12 +4,11 @@ totals agree with the profile's own ground truth in every category the model cov
 import numpy as np
 import pytest
 
+from helpers import SAMPLE_NAMES, load_sample, tiny_profile
+from stagesplit.layers import LayerOptions
 from stagesplit.model.analysis import Analysis
 from stagesplit.reporting.breakdown import SECTIONS, Breakdown
-from stagesplit.layers import LayerOptions
 from stagesplit.reporting.table import render
-
-from helpers import SAMPLE_NAMES, load_sample, tiny_profile
 
 
 def breakdown(profile=None, shared="every", **options):

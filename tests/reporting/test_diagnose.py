@@ -2,12 +2,12 @@
 
 import numpy as np
 
-from stagesplit.model.analysis import Analysis
-from stagesplit.io.builder import ProfileBuilder
 from stagesplit.cli import main
-from stagesplit.reporting.diagnosis import diagnose, diagnosis_tables
 from stagesplit.io import save_profile
+from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.profile import GroundTruth, Target
+from stagesplit.model.analysis import Analysis
+from stagesplit.reporting.diagnosis import diagnose, diagnosis_tables
 from stagesplit.reporting.table import render
 
 
@@ -120,8 +120,8 @@ def test_cli_diagnose_bad_input(tmp_path, capsys):
 import pytest  # noqa: E402
 
 from fake_pva.support import load_fake_pva  # noqa: E402
-from stagesplit.reporting.breakdown import Breakdown  # noqa: E402
 from stagesplit.io.popvision import read_popvision  # noqa: E402
+from stagesplit.reporting.breakdown import Breakdown  # noqa: E402
 
 
 def planted_fully_modelled():

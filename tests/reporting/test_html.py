@@ -15,10 +15,9 @@ import numpy as np
 import pytest
 
 import stagesplit
+from helpers import PROFILES
 from stagesplit.cli import main
 from stagesplit.reporting.html import report_html
-
-from helpers import PROFILES
 
 HOSTILE = "<script>alert(1)</script>"
 

@@ -3,12 +3,11 @@
 import numpy as np
 import pytest
 
-from stagesplit.plan.advise import advise, sweep
+from helpers import layer_model
 from stagesplit.errors import StagesplitError
+from stagesplit.plan.advise import advise, sweep
 from stagesplit.reporting.plot import plan_figure, plot_liveness, plot_plan, plot_sweep
 from stagesplit.solver.problem import SolveOptions
-
-from helpers import layer_model
 
 
 def twenty_stage_plan():

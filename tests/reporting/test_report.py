@@ -3,15 +3,13 @@ out by hand from the plan's figures (no solver runs)."""
 
 import pytest
 
+from helpers import plan_inputs
+from stagesplit.model.stagememory import MemoryBreakdown
 from stagesplit.plan.advise import SweepRow
-from stagesplit.plan.records import PhaseRecord, Plan, StagePlan
-from stagesplit.plan.records import PlanProfile, PlanRun
+from stagesplit.plan.records import PhaseRecord, Plan, PlanProfile, PlanRun, StagePlan
 from stagesplit.plan.text import seconds_text
 from stagesplit.reporting.summary import comparison_table, stages_table, sweep_table
-from stagesplit.model.stagememory import MemoryBreakdown
 from stagesplit.reporting.table import render
-
-from helpers import plan_inputs
 
 NAMES = ["emb", "l1", "l2", "head"]
 

@@ -15,15 +15,13 @@ import numpy as np
 import pytest
 
 import stagesplit
+from helpers import PROFILES, plan_inputs
 from stagesplit.cli import main
 from stagesplit.model.stagememory import MemoryBreakdown
 from stagesplit.plan.files import read_plan, write_plan
 from stagesplit.plan.records import Plan, PlanProfile, RankRecord, ScheduleRecord, StagePlan
 from stagesplit.reporting.html import schedule_section, schedule_text
-from stagesplit.reporting.timeline import (gantt_figure, schedule_view, step_summary, summary_figure,
-                                           too_large_to_draw)
-
-from helpers import PROFILES, plan_inputs
+from stagesplit.reporting.timeline import gantt_figure, schedule_view, step_summary, summary_figure, too_large_to_draw
 
 MS = 1e-3
 

@@ -8,11 +8,15 @@ import numpy as np
 import pytest
 
 import stagesplit
-from stagesplit.reporting.timeline import (ChunkFigures, gantt_figure, plan_chunk_figures, rank_memory_figure,
-                                           schedule_view)
-from stagesplit.solver.schedule_kinds import ScheduleKind
-
 from helpers import PROFILES
+from stagesplit.reporting.timeline import (
+    ChunkFigures,
+    gantt_figure,
+    plan_chunk_figures,
+    rank_memory_figure,
+    schedule_view,
+)
+from stagesplit.solver.schedule_kinds import ScheduleKind
 
 
 @pytest.fixture(scope="module")

@@ -8,16 +8,13 @@ import itertools
 import math
 
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
-
-from stagesplit.plan.advise import advise, inputs_of
-from stagesplit.reporting.units import device_words
-from stagesplit.reporting.why import Comparison, balanced_bottleneck, compare_line, step_time, why_line
-
-from stagesplit.plan.text import seconds_text
+from hypothesis import event, given, settings, strategies as st
 
 from helpers import layer_model, options
+from stagesplit.plan.advise import advise, inputs_of
+from stagesplit.plan.text import seconds_text
+from stagesplit.reporting.units import device_words
+from stagesplit.reporting.why import Comparison, balanced_bottleneck, compare_line, step_time, why_line
 
 GPU = device_words(1)
 #: the A100 profile's compute is in FLOPs: 312 TFLOP/s turns it into seconds
@@ -141,17 +138,16 @@ def test_compare_lines(comparison, line):
 
 # -- every claim of the line against the plan's own numbers ----------------------------------------------------------
 
-import dataclasses                                                     # noqa: E402
-import functools                                                       # noqa: E402
-import re                                                              # noqa: E402
+import dataclasses  # noqa: E402
+import functools  # noqa: E402
+import re  # noqa: E402
 
-import numpy as np                                                     # noqa: E402
+import numpy as np  # noqa: E402
 
-from stagesplit.plan.records import RankRecord, ScheduleRecord         # noqa: E402
-from stagesplit.solver.schedule_generation import build_schedule   # noqa: E402
-from stagesplit.solver.schedule_simulation import critical_path   # noqa: E402
-
-from helpers import PROFILES, random_problems                          # noqa: E402
+from helpers import PROFILES, random_problems  # noqa: E402
+from stagesplit.plan.records import RankRecord, ScheduleRecord  # noqa: E402
+from stagesplit.solver.schedule_generation import build_schedule  # noqa: E402
+from stagesplit.solver.schedule_simulation import critical_path  # noqa: E402
 
 #: a figure as the line prints it: seconds (3 significant figures) or a count in the profile's unit
 FIGURE = r"(?:[0-9.e+-]+ (?:ms|us|ns)|[0-9.e+-]+ [a-z]+)"
@@ -286,7 +282,7 @@ def check_stage_model(plan, model, problem, line: str) -> None:
         ranges = parse_split(plan, m.group(5))
         assert math.isclose(max(sum(compute[a:b + 1]) + cuts[a] + cuts[b + 1] for a, b in ranges), free, rel_tol=1e-9)
         bounds = [0] * (plan.devices + 1)           # the faster split, stage s on position s, does not fit
-        for s, (a, b) in enumerate(ranges):
+        for s, (_a, b) in enumerate(ranges):
             bounds[s + 1] = b + 1
         for p in range(len(ranges) + 1, plan.devices + 1):
             bounds[p] = L

@@ -9,8 +9,7 @@ from dataclasses import replace
 
 import numpy as np
 import pytest
-from hypothesis import event, given, settings
-from hypothesis import strategies as st
+from hypothesis import event, given, settings, strategies as st
 
 from stagesplit.model.phases import PhaseTable
 from stagesplit.model.recompute import RecomputeTable
@@ -241,7 +240,7 @@ def test_every_chunk_of_every_split_that_fits_is_in_its_possible_ranges(problem)
 
 def test_local_search_fits_where_a_split_fits_and_cp_sat_never_loses_to_it():
     rng = np.random.default_rng(0)
-    for trial in range(10):
+    for _trial in range(10):
         L = 8
         t = make_table(rng.integers(0, 50, L), rng.integers(0, 50, L), rng.integers(0, 10, L), rng.integers(0, 20, L),
                        rng.integers(0, 20, L - 1), rng.integers(1, 10, (L, 4)).astype(float), model_output=5)

@@ -12,6 +12,7 @@ import dataclasses
 
 import numpy as np
 import pytest
+from test_chunks import make_table, recompute_of
 
 from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat
 from stagesplit.solver.chunk_evaluation import fitting_choice
@@ -19,7 +20,6 @@ from stagesplit.solver.chunk_problem import ChunkProblem
 from stagesplit.solver.chunk_search import exhaustive
 from stagesplit.solver.request import RecomputeMode
 from stagesplit.solver.schedule_generation import build_schedule
-from test_chunks import make_table, recompute_of
 
 
 def _problem(kind: str, capacity: int, v: int = 1) -> ChunkProblem:

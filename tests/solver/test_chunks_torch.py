@@ -39,6 +39,7 @@ def _gpt_config():
 def _gpt_build(bounds):
     """The example GPT cut into the chunks ``bounds`` (the embedding with the first, the head with the last)."""
     import torch
+
     from examples.gpt import GPT
     torch.manual_seed(0)
     return rm.cut(GPT(_gpt_config()), "gpt", bounds)
@@ -46,6 +47,7 @@ def _gpt_build(bounds):
 
 def _gpt_capture():
     import torch
+
     from examples.gpt import GPT
     from stagesplit.capturing.pytorch import capture_model
     config = _gpt_config()
@@ -83,6 +85,7 @@ def _llama_build(bounds):
 
 def _llama_capture():
     import torch
+
     from stagesplit.capturing.pytorch import capture_model
     with torch.device("meta"):
         model = _llama()

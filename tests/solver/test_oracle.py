@@ -6,11 +6,10 @@ from dataclasses import replace
 
 from hypothesis import HealthCheck, event, given, settings
 
+from bruteforce import brute_evaluate, brute_force
+from helpers import layer_model, options, random_problems, stage_ranges
 from stagesplit.solver.dp import exact_optimum
 from stagesplit.solver.problem import build_problem, evaluate_split
-
-from bruteforce import brute_evaluate, brute_force, brute_key
-from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 
 
 def check_dp_against_brute_force(model, opts):
@@ -109,12 +108,13 @@ def popliner_reference(every, none, capacity: int, devices: int):
 
 def test_property_greedy_with_unlayered_first_matches_popliner():
     import numpy as np
-    from stagesplit.plan.advise import popliner_tables
+
+    from helpers import random_block_profile
     from stagesplit.model.analysis import Analysis
     from stagesplit.model.costmodel import StageCostModel
+    from stagesplit.plan.advise import popliner_tables
     from stagesplit.solver.dp import greedy
     from stagesplit.solver.problem import SolveOptions
-    from helpers import random_block_profile
     checked = 0
     for seed in range(100):
         rng = np.random.default_rng(seed)

@@ -236,7 +236,7 @@ def test_simulated_timeline_obeys_every_rule(data, config):
     sim = simulate(s, f, b, w, t)
     end: dict[tuple[str, int, int], float] = {}
     for r, leaves in enumerate(s.leaves):
-        for a, st_, en in zip(leaves, sim.start[r], sim.end[r]):
+        for a, _st, en in zip(leaves, sim.start[r], sim.end[r]):
             end["B" if a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD) else a.op.value, a.chunk, a.micro_batch] = en
     cross = [0.0 if s.chunk_rank[c] == s.chunk_rank[c + 1] else t[c] for c in range(C - 1)]
     dur = {Op.FORWARD: f, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.FULL_BACKWARD: b + w}

@@ -3,16 +3,15 @@
 from dataclasses import replace
 
 import pytest
-
-from stagesplit.plan.files import plan_document
 from hypothesis import HealthCheck, event, given, settings
 
+from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 from stagesplit.plan.advise import advise, fewest_stages_that_fit, price
+from stagesplit.plan.files import plan_document
+from stagesplit.solver.cpsat import solve_split_cpsat
 from stagesplit.solver.dp import exact_optimum, greedy, uniform
 from stagesplit.solver.problem import SolveOptions, Split, build_problem, evaluate_split, in_flight
-from stagesplit.solver.cpsat import solve_split_cpsat
 
-from helpers import UNIT, layer_model, options, random_problems, stage_ranges
 
 def solve(model, opts):
     problem = build_problem(model, opts)
@@ -196,8 +195,9 @@ def test_same_inputs_give_the_same_plan(sample_analysis):
 def test_same_command_writes_the_same_plan_but_for_run(tmp_path):
     """Two CLI solves of one profile write plan files that differ only in ``run``."""
     import json
-    from stagesplit.cli import main
+
     from helpers import PROFILES
+    from stagesplit.cli import main
     docs = []
     for name in ("a.json", "b.json"):
         out = tmp_path / name

@@ -6,9 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from stagesplit.plan.advise import inputs_of
-
 from stagesplit.cli import main
+from stagesplit.plan.advise import inputs_of
 
 REPRO = Path(__file__).resolve().parents[1] / "data" / "reproducers"
 
@@ -82,8 +81,8 @@ def test_objective_values_in_profile_units(capsys):
 
 def test_objective_values_with_mixed_capacities():
     """On mixed devices memory is ranked as a fraction of each device's capacity."""
+    from helpers import layer_model, options
     from stagesplit.plan.advise import advise
-    from helpers import UNIT, layer_model, options
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
     plan = advise(model, options(3, [8, 16, 10], objective="memory")).plan
     memory = plan.phases[0]
@@ -121,8 +120,8 @@ class TestMicroBatches:
         assert doc["resolved"]["micro_batches"] == 16 and doc["notes"] == []
 
     def test_sweep_rows_follow_the_device_count(self):
-        from stagesplit.plan.advise import sweep
         from stagesplit.model.analysis import Analysis
+        from stagesplit.plan.advise import sweep
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
         opts = SolveOptions(devices=9, schedule="gpipe", micro_batches=9, micro_batches_auto=True, time_limit=30)
@@ -156,8 +155,8 @@ class TestGreedyIsPopLiners:
     def test_layer_count_loop_on_bert(self, capsys):
         # six devices: at 3+ layers per stage PopLiner's loop stops at 90% with four devices
         # (the one-layer-at-a-time first-fit alone used all six at 60%)
-        from stagesplit.plan.advise import advise
         from stagesplit.model.analysis import Analysis
+        from stagesplit.plan.advise import advise
         from stagesplit.solver.dp import greedy
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
@@ -182,11 +181,11 @@ def test_a_wrong_dp_optimum_is_caught_not_proven():
     """If the exact DP ever claimed a worse split optimal, CP-SAT's confirmation finds a better
     one: the solver must take that split, say so, and search on; never report the DP's worse
     answer as proven optimal."""
+    from helpers import layer_model, options
     from stagesplit.plan.advise import build_problem
+    from stagesplit.solver.cpsat import solve_split_cpsat
     from stagesplit.solver.dp import Solution, exact_optimum, uniform
     from stagesplit.solver.problem import evaluate_split
-    from stagesplit.solver.cpsat import solve_split_cpsat
-    from helpers import layer_model, options
     # six layers, compute 1 2 3 4 5 6 on 3 roomy devices: the optimum bottleneck is 9 (1+2+3+4 | 5 | 6
     # would be 10; 1 2 3 | 4 5 | 6 gives 6, 9, 6), the uniform split 1 2 | 3 4 | 5 6 gives 11
     model = layer_model([1] * 6, [1, 2, 3, 4, 5, 6])

@@ -9,21 +9,25 @@ import dataclasses
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, event, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from bruteforce import brute_force, brute_variant_keys
+from helpers import UNIT
+from stagesplit.errors import StagesplitError
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
 from stagesplit.model.rangetable import OVER
 from stagesplit.solver.cpsat import solve_split_cpsat
 from stagesplit.solver.dp import exact_optimum
-from stagesplit.solver.problem import (SolveOptions, Split, build_problem, build_variant_problem, choose_variants,
-                                       evaluate_split)
-from stagesplit.errors import StagesplitError
-
-from bruteforce import brute_force, brute_variant_keys
-from helpers import UNIT
+from stagesplit.solver.problem import (
+    SolveOptions,
+    Split,
+    build_problem,
+    build_variant_problem,
+    choose_variants,
+    evaluate_split,
+)
 
 _PROPERTY = dict(deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.data_too_large])
 
@@ -129,7 +133,7 @@ def test_property_evaluate_takes_the_best_variants_of_any_split(problem, data):
     for s, (position, k) in enumerate(zip(position_of, ks)):
         a, e = bounds[position], bounds[position + 1]
         mine = [o for o in problem.stage_options(position, k, a, e) if o[0] == ev.variants[s]][0]
-        for v, time, memory in problem.stage_options(position, k, a, e):
+        for _v, time, memory in problem.stage_options(position, k, a, e):
             if time <= ev.time and memory <= ev.memory:
                 assert (mine[1], mine[2]) <= (time, memory)
 
