@@ -116,11 +116,10 @@ def test_a_schedule_plan_states_the_runtime_it_was_priced_under_and_the_export_s
     keeps no outputs, the gradients stay allocated between steps); the file keeps it, a hand-made
     file saying otherwise is read as it says, and the torch-pipelining export sets exactly what the
     plan records (an unknown key is refused naming the field)."""
-    from dataclasses import replace
+    from stagesplit.api import solve
     from stagesplit.exporters import export_plan
     from stagesplit.exporters.render import literal_assignments
     from stagesplit.plan.records import RuntimeConditions
-    from stagesplit.api import solve
     plan = solve(PROFILES / "gpt-captured.stagesplit", 2, schedule="1f1b", micro_batches=4)
     assert plan.schedule.runtime == RuntimeConditions(return_outputs=False, gradients_set_to_none=False)
     path = tmp_path / "p.json"
