@@ -14,10 +14,8 @@ from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
 from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic, wide_tensors
-from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
-from ..solver.schedule_memory import chunks_in_flight
 from .records import (PhaseRecord, Plan, PlanInputs, PlanProfile, PlanRun, PlanVariant, RankRecord, ScheduleRecord,
                       StagePlan)
 
@@ -118,6 +116,8 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
     """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
+    from ..solver.chunk_problem import step_durations           # the schedule's modules: not a per-layer solve's
+    from ..solver.schedule_memory import chunks_in_flight
     schedule = problem.schedule
     result = solve.result
     o = inputs.options
