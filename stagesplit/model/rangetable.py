@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from functools import cached_property
-from typing import Iterable
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -121,7 +121,8 @@ class RangeTable:
         if in_flight == 1:
             return self.bands[0, :, :w]
         once, stash = self._linear_parts
-        return once[:, :w] + (int(in_flight) - 1) * stash[:, :w]
+        band: np.ndarray = once[:, :w] + (int(in_flight) - 1) * stash[:, :w]
+        return band
 
     @cached_property
     def _linear_parts(self) -> tuple[np.ndarray, np.ndarray]:
@@ -157,7 +158,8 @@ class RangeTable:
             return None
         if self.width == 0:
             return np.zeros(0, np.int64)
-        return np.maximum.accumulate(most.max(axis=0)[::-1])[::-1]
+        counts: np.ndarray = np.maximum.accumulate(most.max(axis=0)[::-1])[::-1]
+        return counts
 
     def widths_for(self, in_flight: Iterable[int], capacity: int) -> np.ndarray:
         """``width_for`` of each in-flight count, at once."""
@@ -165,7 +167,8 @@ class RangeTable:
         counts = self.fit_counts(capacity) if self.stash is not None and len(ks) > 1 else None
         if counts is None:
             return np.array([self.width_for(int(k), capacity) for k in ks], np.int64)
-        return (counts[None, :] >= ks[:, None]).sum(axis=1).astype(np.int64)
+        widths: np.ndarray = (counts[None, :] >= ks[:, None]).sum(axis=1).astype(np.int64)
+        return widths
 
     def tile_band(self, in_flight: int) -> np.ndarray:
         """(L, W): the worst tile of each range of the band."""

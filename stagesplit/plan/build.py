@@ -116,7 +116,8 @@ def make_schedule_plan(model: StageCostModel, problem, solve, inputs: PlanInputs
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
     """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
-    from ..solver.chunk_problem import step_durations           # the schedule's modules: not a per-layer solve's
+    # the schedule's modules, here: a per-layer solve does not need them
+    from ..solver.chunk_problem import step_durations
     from ..solver.schedule_memory import chunks_in_flight
     schedule = problem.schedule
     result = solve.result
