@@ -25,9 +25,39 @@ def versions() -> dict[str, str]:
 
 @cache
 def _installed(package: str) -> str:
-    """The installed version of ``package`` by its metadata (read once per process)."""
+    """The installed version of ``package`` by its metadata (read once per process): the
+    ``Version`` of the first ``<package>-<version>.dist-info`` on ``sys.path``, as importlib.metadata
+    finds it, read directly (importing importlib.metadata costs a solve 20-30 ms); importlib.metadata
+    itself where there is no such folder."""
+    found = _dist_info_version(package)
+    if found is not None:
+        return found
     from importlib import metadata
     try:
         return metadata.version(package)
     except metadata.PackageNotFoundError:
         return "not installed"
+
+
+def _dist_info_version(package: str) -> str | None:
+    """The version in the first ``<package>-*.dist-info/METADATA`` on ``sys.path`` (None: none)."""
+    import os
+    prefix = package.lower().replace("-", "_") + "-"
+    for entry in sys.path:
+        try:
+            names = sorted(os.listdir(entry or "."))
+        except OSError:
+            continue
+        for name in names:
+            if name.lower().startswith(prefix) and name.endswith(".dist-info"):
+                try:
+                    with open(os.path.join(entry or ".", name, "METADATA"), encoding="utf-8") as f:
+                        for line in f:
+                            if line.startswith("Version:"):
+                                return line.split(":", 1)[1].strip()
+                            if not line.strip():
+                                break            # the headers end at the first empty line
+                except OSError:
+                    pass
+                return None
+    return None

@@ -34,8 +34,6 @@ from ..io.profile import Phase, Profile, Target
 from ..layers import LayerAssignment
 from .itemgroups import ItemGroups, sorted_unique
 from .layercosts import LayerCosts, price_layer_ranges
-from .onetile import price_one_tile_ranges
-from .pricing import price_all_ranges
 from .rangetable import RangeTable
 from .roofline import Roofline, apply_roofline
 from .stagememory import CATEGORIES, MemoryBreakdown, StageMemory, freeze, price_stage, stage_items
@@ -193,7 +191,9 @@ class StageCostModel:
         if costs is not None:
             return price_layer_ranges(costs, ks, capacity, self.compute_prefix)
         if self.num_tiles != 1:
+            from .pricing import price_all_ranges          # (the sweeps: not a per-layer profile's import)
             return price_all_ranges(self, ks, progress, capacity=capacity)
+        from .onetile import price_one_tile_ranges
         return price_one_tile_ranges(self, ks, capacity)
 
     def layer_costs(self) -> LayerCosts | None:

@@ -20,6 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from dataclasses import dataclass
+from functools import cached_property
+from collections.abc import Iterable
 
 import numpy as np
 
@@ -111,17 +113,63 @@ class RangeTable:
         return self.in_flight.index(in_flight)
 
     # -- reading --------------------------------------------------------------------------------
-    def band(self, in_flight: int) -> np.ndarray:
+    def band(self, in_flight: int, columns: int | None = None) -> np.ndarray:
         """(L, W): bytes of range a..a+j with ``in_flight`` micro-batches in flight (OVER past
-        the last layer)."""
+        the last layer); ``columns``: the first ``columns`` of them only (j < columns)."""
+        w = self.width if columns is None else max(min(int(columns), self.width), 0)
         if self.stash is None:
-            result: np.ndarray = self.bands[self.k_index(in_flight)]
-            return result
-        once = self.bands[0]
+            return self.bands[self.k_index(in_flight), :, :w]
         if in_flight == 1:
-            result = once
-            return result
-        return np.where(once < OVER, once + (int(in_flight) - 1) * self.stash, OVER)
+            return self.bands[0, :, :w]
+        once, stash = self._linear_parts
+        band: np.ndarray = once[:, :w] + (int(in_flight) - 1) * stash[:, :w]
+        return band
+
+    @cached_property
+    def _linear_parts(self) -> tuple[np.ndarray, np.ndarray]:
+        """The linear form's (once, stash) with ``once`` at most OVER and ``stash`` 0 where
+        ``once`` is OVER, so that ``once + (k - 1) x stash`` is a band with no masking."""
+        once, stash = self.bands[0], self.stash
+        assert stash is not None
+        over = once >= OVER
+        if over.any():
+            once, stash = np.where(over, OVER, once), np.where(over, 0, stash)
+        return once, stash
+
+    def most_in_flight(self, capacity: int) -> np.ndarray | None:
+        """(L, W) of the linear form: the most micro-batches in flight with which each range of the
+        band fits ``capacity`` (0: none; the int64 maximum: any number), so that ``band(k) <=
+        capacity`` is ``most_in_flight(capacity) >= k``; None for a band per count (or a negative
+        stash, which the linear form never has)."""
+        if self.stash is None:
+            return None
+        once, stash = self._linear_parts
+        if (stash < 0).any():
+            return None
+        room = int(capacity) - once
+        most = np.where(stash > 0, room // np.maximum(stash, 1) + 1, np.iinfo(np.int64).max)
+        return np.where(room >= 0, most, 0)
+
+    def fit_counts(self, capacity: int) -> np.ndarray | None:
+        """(W,) of the linear form: entry j the most micro-batches in flight with which some range
+        a..a+i, i >= j, fits ``capacity`` (as ``most_in_flight``), so that ``width_for(k, capacity)``
+        is the number of entries >= k; None for a band per count."""
+        most = self.most_in_flight(capacity)
+        if most is None:
+            return None
+        if self.width == 0:
+            return np.zeros(0, np.int64)
+        counts: np.ndarray = np.maximum.accumulate(most.max(axis=0)[::-1])[::-1]
+        return counts
+
+    def widths_for(self, in_flight: Iterable[int], capacity: int) -> np.ndarray:
+        """``width_for`` of each in-flight count, at once."""
+        ks = np.array([int(k) for k in in_flight], np.int64)
+        counts = self.fit_counts(capacity) if self.stash is not None and len(ks) > 1 else None
+        if counts is None:
+            return np.array([self.width_for(int(k), capacity) for k in ks], np.int64)
+        widths: np.ndarray = (counts[None, :] >= ks[:, None]).sum(axis=1).astype(np.int64)
+        return widths
 
     def tile_band(self, in_flight: int) -> np.ndarray:
         """(L, W): the worst tile of each range of the band."""

@@ -14,6 +14,7 @@ import numpy as np
 
 from ..io.profile import Phase, Profile
 from ..layers import LayerAssignment
+from .itemgroups import sorted_unique
 
 __all__ = ["Timeline", "phase_columns", "ramp"]
 
@@ -63,7 +64,7 @@ class Timeline:
         ops = p.operations
         known = ops.first_step >= 0
         points = np.concatenate([[0, S], iv[:, 0], iv[:, 1], ops.first_step[known], ops.last_step[known] + 1])
-        self.breaks = np.unique(np.clip(points, 0, S))
+        self.breaks = sorted_unique(np.clip(points, 0, S))     # (np.unique would import numpy.ma: 10 ms)
         if len(self.breaks) < 2:
             self.breaks = np.array([0, max(S, 0)], np.int64) if S > 0 else np.array([0], np.int64)
         self.num_columns = len(self.breaks) - 1

@@ -15,11 +15,9 @@ from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
 from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic, wide_tensors
-from ..solver.chunk_problem import step_durations
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
 from ..solver.schedule_generation import Action
-from ..solver.schedule_memory import chunks_in_flight
 from .records import (
     PhaseRecord,
     Plan,
@@ -133,6 +131,9 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                        message: str = "", profile: PlanProfile | None = None) -> Plan:
     """A plan for a chunk split under a pipeline schedule (``solver/chunk_problem.py``): one stage per
     chunk on its device, each device's memory from the schedule's actions, and the step time."""
+    # the schedule's modules, here: a per-layer solve does not need them
+    from ..solver.chunk_problem import step_durations
+    from ..solver.schedule_memory import chunks_in_flight
     schedule = problem.schedule
     result = solve.result
     o = inputs.options

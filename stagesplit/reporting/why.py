@@ -175,16 +175,33 @@ def least_slowest(layer_times: Sequence[float] | np.ndarray, positions: int, *, 
     # (stored end by start, so that the minimum over the starts runs along memory)
     ruled = None if pinned_layers else np.ascontiguousarray(np.where(rule, span, np.inf).T)
     columns = np.arange(L + 1)
+    # where a position may stay empty, a start matters at an end only where it beats the best so
+    # far there: a span is at least prefix[e] - prefix[a] + c[e] + the least cut (times >= 0), so
+    # those starts are a band, searched alone once it is narrow (same answers, ties included)
+    banded = ruled is not None and empty_allowed and bool(np.all(t >= 0)) and bool(np.all(np.isfinite(c)))
+    least_cut = float(c.min()) if banded else 0.0
+    scale = float(prefix[-1]) + 2 * float(np.abs(c).max()) if banded else 0.0
+    rows = columns[:, None] * (L + 1)                      # each end's row of ``ruled``, flat
     for p in range(positions):
+        narrow, first, width = False, columns, 0
+        if banded:        # a start below first[e] has a span above best[e] (with a margin for rounding)
+            lowest = prefix + c + least_cut - best - 1e-9 * (scale + np.abs(best))
+            first = np.minimum(np.searchsorted(prefix, lowest, side="left"), columns)
+            width = int((columns - first).max()) + 1
+            narrow = 4 * width <= L + 1
         if ruled is None:
             allowed = rule.copy()
             for layer, pos in pinned_layers:
                 allowed &= ((a <= layer) & (layer < e)) == (pos == p)
             candidates = np.where(allowed, np.maximum(best[:, None], span), np.inf).T
+        elif narrow:
+            starts = np.minimum(first[:, None] + np.arange(width)[None, :], L)
+            candidates = np.maximum(best[starts], ruled.ravel()[starts + rows])
         else:
             candidates = np.maximum(best[None, :], ruled)
-        start = candidates.argmin(axis=1)
-        new = candidates[columns, start]
+        pick = candidates.argmin(axis=1)
+        new = candidates[columns, pick]
+        start = starts[columns, pick] if narrow else pick
         parent = np.where(np.isfinite(new), start, -2)
         if empty_allowed and p not in pinned_positions:
             keep = best <= new

@@ -44,7 +44,7 @@ from typing import Callable
 import numpy as np
 
 from ..model.rangetable import OVER, RangeTable
-from .problem import BandBytes, Evaluation, Split, SplitProblem, evaluate_split, in_flight
+from .problem import Evaluation, Split, SplitProblem, evaluate_split, in_flight
 
 __all__ = ["INF", "MIN_LAYERS_ORDER", "ORDER", "PROPORTIONS", "Solution", "UnlayeredFirst", "conservative_split", "dp_cells",
            "dp_mode", "exact_optimum", "greedy", "uniform"]
@@ -104,7 +104,11 @@ def dp_cells(problem: SplitProblem) -> int:
     narrower band (fewer stages fit), so each count's band is measured."""
     L, N = problem.num_layers, problem.devices
     cap = int(problem.capacity.max())
-    widths = {k: max(problem.width_for(k, cap), 1) for k in problem.in_flight_values} if L else {}
+    ks = problem.in_flight_values
+    widths: dict[int, int] = {}
+    if L:
+        most = np.max([t.widths_for(ks, cap) for t, _, _ in problem.variant_tables()], axis=0)
+        widths = {k: max(int(w), 1) for k, w in zip(ks, most)}
 
     def width(c: int) -> int:
         return widths.get(_k(problem, c), 1) if L else 1
@@ -121,7 +125,9 @@ def dp_cells(problem: SplitProblem) -> int:
 class _Stages:
     """The band of stages a..e-1, e = a+1..a+W (``ends``), with what every pass reads: stage
     time, the layer-count and pin rules, and per (position, in-flight count) the bytes and
-    whether the stage fits; with profile variants, time and bytes per variant ``v``."""
+    whether the stage fits; with profile variants, time and bytes per variant ``v``. What
+    depends on the in-flight count is read on the band's first ``columns`` only: the stages
+    that can fit with that count (``columns``), far fewer than W with many in flight."""
 
     def __init__(self, problem: SplitProblem):
         p = self.p = problem
@@ -147,8 +153,12 @@ class _Stages:
             next_pin = np.where(after < len(pins), pins[np.minimum(after, len(pins) - 1)], L)
             ok &= e <= next_pin[:, None]
         self.count_ok = ok
+        #: whether any rule but the band's end holds a stage back (else ``allowed`` adds nothing to ``fits``)
+        self.ruled = bool(o.min_layers > 1 or o.max_layers is not None or o.pinned_splits or o.pinned_layers)
         self._allowed: dict[int, np.ndarray] = {}
-        self._bytes = BandBytes(p)
+        #: per capacity, each variant's (most in flight per range, fit counts per column) of the
+        #: linear form (RangeTable.most_in_flight, fit_counts), or None (a band per count)
+        self._most: dict[int, list[tuple[np.ndarray, np.ndarray] | None]] = {}
 
     def allowed(self, position: int) -> np.ndarray:
         """Layer-count, pinned-split and pinned-layer rules of a stage at ``position``."""
@@ -164,25 +174,59 @@ class _Stages:
             self._allowed[position] = ok
         return self._allowed[position]
 
-    def nbytes(self, k: int, v: int = 0) -> np.ndarray:
-        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (a few counts kept)."""
-        return self._bytes(k, v)
+    def columns(self, position: int, k: int) -> int:
+        """The band columns past which no stage fits ``position`` with ``k`` in flight in any
+        variant (exact on one tile, where bytes are linear in k; else W)."""
+        most = self._linear(position)
+        if any(m is None for m in most):
+            return self.W
+        return max(int(np.count_nonzero(m[1] >= k)) for m in most if m is not None)
 
-    def fits(self, position: int, k: int, v: int = 0) -> np.ndarray:
-        return self.allowed(position) & (self.nbytes(k, v) <= int(self.p.capacity[position]))
+    def _linear(self, position: int) -> list[tuple[np.ndarray, np.ndarray] | None]:
+        cap = int(self.p.capacity[position])
+        most = self._most.get(cap)
+        if most is None:
+            most = self._most[cap] = []
+            for table, _, _ in self.tables:
+                m = table.most_in_flight(cap)
+                counts = table.fit_counts(cap) if m is not None else None
+                if m is None or counts is None:
+                    most.append(None)
+                    continue
+                if m.shape[1] < self.W:
+                    m = np.concatenate([m, np.zeros((self.L, self.W - m.shape[1]), np.int64)], axis=1)
+                most.append((m, counts))
+        return most
 
-    def value(self, quantity: str, position: int, k: int, v: int = 0) -> np.ndarray:
+    def nbytes(self, k: int, v: int = 0, columns: int | None = None) -> np.ndarray:
+        """(L, W) worst-tile bytes with ``k`` in flight in variant ``v`` (OVER past the variant's
+        band); ``columns``: the first ``columns`` only."""
+        w = self.W if columns is None else columns
+        band = self.tables[v][0].band(k, w)
+        if band.shape[1] < w:
+            band = np.concatenate([band, np.full((self.L, w - band.shape[1]), OVER, np.int64)], axis=1)
+        return band
+
+    def fits(self, position: int, k: int, v: int = 0, columns: int | None = None) -> np.ndarray:
+        w = self.W if columns is None else columns
+        linear = self._linear(position)[v]
+        fit = linear[0][:, :w] >= k if linear is not None else \
+            self.nbytes(k, v, w) <= int(self.p.capacity[position])
+        return self.allowed(position)[:, :w] & fit if self.ruled else fit
+
+    def value(self, quantity: str, position: int, k: int, v: int = 0, columns: int | None = None) -> np.ndarray:
         """A stage's contribution to an objective quantity in variant ``v``: time, memory cost
         (bytes, or parts per million of the position's capacity on mixed devices), or 0
-        (devices: counted apart)."""
+        (devices: counted apart); ``columns``: the band's first ``columns`` only."""
+        w = self.W if columns is None else columns
         if quantity == "time":
-            return self.times[v]
+            return self.times[v][:, :w]
         if quantity == "memory":
-            m = self.nbytes(k, v)
+            m = self.nbytes(k, v, w)
             if self.p.homogeneous:
                 return m
             return np.where(m < INF, -((-m * 1_000_000) // int(self.p.capacity[position])), INF)
-        return np.zeros((self.L, self.W), np.int64)
+        return np.zeros((self.L, w), np.int64)
 
 
 def _k(problem: SplitProblem, c: int) -> int:
@@ -201,7 +245,12 @@ class _Pass:
         self.deadline, self.clock = deadline, clock
         self._ok: dict[tuple[int, int], tuple[np.ndarray, np.ndarray, int]] = {}
         self._ok_bytes = 0
-        self._pad = np.full(stages.W, INF, np.int64)
+        # ``rest`` at each end a+1+j, j < W, as a window over one buffer (INF past the last layer):
+        # each call writes ``rest`` into the buffer and reads the window, made once
+        self._rest = np.full(stages.L + 1 + stages.W, INF, np.int64)
+        step = self._rest.strides[0]
+        self._after = np.lib.stride_tricks.as_strided(self._rest[1:], shape=(stages.L, stages.W),
+                                                      strides=(step, step), writeable=False)
 
     def tick(self) -> None:
         if self.deadline is not None and self.clock() > self.deadline:
@@ -216,12 +265,13 @@ class _Pass:
         hit = self._ok.get(key)
         if hit is None:
             ok, value = None, None
+            w = s.columns(position, k)                   # no stage longer fits: read no further
             for v in range(s.variants):              # with variants: the best that fits within the bounds
-                fits = s.fits(position, k, v)
+                fits = s.fits(position, k, v, w)
                 for q, bound in self.bounds.items():
                     if q != "devices":
-                        fits = fits & (s.value(q, position, k, v) <= bound)
-                mine = s.value(self.quantity, position, k, v)
+                        fits = fits & (s.value(q, position, k, v, w) <= bound)
+                mine = s.value(self.quantity, position, k, v, w)
                 if s.variants == 1:
                     ok, value = fits, mine
                 else:
@@ -246,9 +296,8 @@ class _Pass:
         not_ok, value, width = self.ok(position, k)
         if width == 0:
             return np.full(s.L, INF, np.int64), np.zeros(s.L, np.int16)
-        # rest at each end a+1+j, as a window over rest (no copy); past the last layer: INF
-        after = np.lib.stride_tricks.sliding_window_view(np.concatenate([rest, self._pad]), width)[1:s.L + 1]
-        cand = np.maximum(value, after)
+        self._rest[:s.L + 1] = rest                  # rest at each end a+1+j: the window (past the last layer: INF)
+        cand = np.maximum(value, self._after[:, :width])
         np.copyto(cand, INF, where=not_ok)
         j = cand.argmin(axis=1)
         return cand[s.rows, j], j.astype(np.int16 if s.W < 2**15 else np.int32)
@@ -265,7 +314,8 @@ class _Pass:
         for c in range(1, (count or N) + 1):
             self.tick()
             value, j = self.candidates(0, _k(p, c), g)
-            g = np.append(value, INF)
+            g = np.empty(L + 1, np.int64)
+            g[:L], g[L] = value, INF
             picks.append(j)
             if (count is None or c == count) and value[0] < best:
                 best_c, best = c, int(value[0])
