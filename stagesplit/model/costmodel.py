@@ -191,7 +191,7 @@ class StageCostModel:
         if costs is not None:
             return price_layer_ranges(costs, ks, capacity, self.compute_prefix)
         if self.num_tiles != 1:
-            from .pricing import price_all_ranges          # (the sweeps: not a per-layer profile's import)
+            from .pricing import price_all_ranges  # (the sweeps: not a per-layer profile's import)
             return price_all_ranges(self, ks, progress, capacity=capacity)
         from .onetile import price_one_tile_ranges
         return price_one_tile_ranges(self, ks, capacity)
