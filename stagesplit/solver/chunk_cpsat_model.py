@@ -23,7 +23,7 @@ import numpy as np
 
 from ..common.deadline import check_deadline
 from .chunk_cpsat_tables import TRANSIENT_FIGURE, fits_alone, memory_tables, range_busy
-from .chunk_problem import ChunkProblem, ChunkResult, remote_links
+from .chunk_problem import ChunkProblem, ChunkResult, handing_chunks, remote_links
 from .chunk_recompute import prefix_counts, recompute_option_figures, recompute_options
 from .request import Objective
 from .schedule_memory import RankSignatures
@@ -214,6 +214,11 @@ def _chunk_figures(m: _Model, problem: ChunkProblem, memory: dict[str, np.ndarra
         return v
 
     q = {name: [lookup(name, arr, c) for c in range(C)] for name, arr in memory.items()}
+    # a V's turn hands the chunk's output to the next chunk's receive slot (chunk_memory)
+    for c in np.flatnonzero(handing_chunks(problem.schedule, C)):
+        q["stash"][c], q["weight_stash"][c] = q["stash_handed"][c], q["weight_stash_handed"][c]
+        if c == 0 and problem.schedule.traits.splits_backward:
+            q["backward"][c] = q["stash"][c]
     on, back = remote_links(problem.schedule, C)
     q["retained"] = [int(on[c]) * q["retained_on"][c] + int(back[c]) * q["retained_back"][c]
                      for c in range(C)]

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from ..common.deadline import check_deadline
-from .chunk_problem import ChunkProblem, chunk_memory, remote_links
+from .chunk_problem import ChunkProblem, chunk_memory, handing_chunks, remote_links
 from .schedule_generation import Op, ScheduleInstance
 from .schedule_kinds import ScheduleKind, ScheduleTraits
 from .schedule_memory import RankSignatures
@@ -39,6 +39,9 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
     upper = np.triu(np.ones((L, L), bool))
     on, back = remote_links(problem.schedule, C)
     retained = [int(on[c]) * mem["retained_on"] + int(back[c]) * mem["retained_back"] for c in range(C)]
+    local = handing_chunks(problem.schedule, C)
+    stash = [mem["stash_handed" if local[c] else "stash"] for c in range(C)]
+    weight_stash = [mem["weight_stash_handed" if local[c] else "weight_stash"] for c in range(C)]
     for rs in sig:
         cap = int(problem.capacities[rs.rank])
         for c in rs.chunks:
@@ -47,8 +50,8 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
                 worst = np.zeros((L, L), np.int64)
                 for k, signature in enumerate(rs.signatures):
                     check_deadline(_BUILDING)
-                    term = (int(rs.stash_counts[k, c]) * mem["stash"] + int(rs.weight_stash_counts[k, c])
-                            * mem["weight_stash"] + int(rs.retained_counts[k, c]) * retained[c])
+                    term = (int(rs.stash_counts[k, c]) * stash[c] + int(rs.weight_stash_counts[k, c])
+                            * weight_stash[c] + int(rs.retained_counts[k, c]) * retained[c])
                     if signature.op is None:
                         term = term + mem["optimizer"]
                     elif signature.chunk == c:
@@ -79,7 +82,7 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
     # what a backward leaves until the step's end, by link: the real placement says which are remote
     names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
-             "full_backward", "optimizer")
+             "full_backward", "optimizer", "stash_handed", "weight_stash_handed")
     out = {n: np.zeros((L, L), np.int64) for n in names}
     # chunk position matters only through "first" (a == 0) and "last" (b == L - 1); a range's
     # figures as the only chunk of a one-chunk split would mix both, so build each from a split
@@ -94,6 +97,9 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
             cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1), fixed)
             cc = table.chunks(bounds)
             i = 1 if a > 0 else 0
+            # the same range handing its output to the next chunk on its rank (a V's turn: chunk_memory)
+            out["stash_handed"][a, b] = max(int(cm.stash[i]) - int(cc.sent_forward[i]), 0)
+            out["weight_stash_handed"][a, b] = max(int(cm.weight_stash[i]) - int(cc.sent_forward[i]), 0)
             for n, arr in (("resident", cm.resident), ("stash", cm.stash), ("weight_stash", cm.weight_stash),
                            ("retained_on", cc.sent_forward), ("retained_back", cc.sent_backward),
                            ("forward", cm.forward_peak), ("backward", cm.backward_peak),

@@ -117,6 +117,11 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     stash = np.maximum(np.maximum(cc.stash - received, 0) + kept_output - saved, 0)
     # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all
     weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
+    # a V's turn: the chunk hands its output to the next chunk on its rank, which takes it as that
+    # micro-batch's receive slot (torch's set_local_fwd_input), letting go of the tensor the slot held;
+    # the output is then counted once, in the receive buffers
+    handed = handed_outputs(schedule, cc.sent_forward)
+    stash, weight_stash = np.maximum(stash - handed, 0), np.maximum(weight_stash - handed, 0)
     split = schedule.traits.splits_backward
     extra = cc.weight_stash - cc.stash if split else 0
     # B frees the loss side of its graph only as it ends: held at its peak, gone before W
@@ -162,6 +167,21 @@ def _ends_share_rank(schedule: object) -> bool:
         return bool(given)
     placement = getattr(schedule, "chunk_rank", None)
     return placement is not None and len(placement) > 1 and placement[0] == placement[-1]
+
+
+def handing_chunks(schedule: object, chunks: int) -> np.ndarray:
+    """Per chunk, whether it hands its output to the next chunk on its own rank (a V's turn; never the
+    last chunk, nor any chunk of a stand-in schedule without a placement)."""
+    sends_on, _ = remote_links(schedule, chunks)
+    local: np.ndarray = ~sends_on
+    local[-1] = False
+    return local
+
+
+def handed_outputs(schedule: object, sent_forward: np.ndarray) -> np.ndarray:
+    """Per chunk, the output bytes it hands to the next chunk on its own rank (``handing_chunks``)."""
+    out: np.ndarray = np.where(handing_chunks(schedule, len(sent_forward)), sent_forward, 0).astype(np.int64)
+    return out
 
 
 def remote_links(schedule: object, chunks: int) -> tuple[np.ndarray, np.ndarray]:

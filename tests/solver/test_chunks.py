@@ -474,3 +474,36 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     tables = memory_tables(ChunkProblem(table=t, schedule=zbv, capacities=np.full(2, 10 ** 9)))
     assert tables["resident"][3, 3] == 9 + 4 * 5 - 4 and tables["resident"][1, 1] == 12 + 4 * (5 + 5)
     assert tables["backward"][3, 3] == cm.backward_peak[3]
+
+
+def test_a_v_s_turn_hands_the_output_to_the_next_chunk_s_receive_slot():
+    """ZBV, P = 2 (rank 0: chunks 0 and 3; rank 1: chunks 1 and 2), one layer per chunk, stashes
+    100 / 120 / 130 / 140, forward cuts 30 / 40 / 50. Chunk 1 hands its output (40 bytes) to chunk 2 on
+    its own rank: torch's set_local_fwd_input makes it chunk 2's receive slot for that micro-batch and
+    lets go of the tensor the slot held, so chunk 1's forward adds its stash less what it receives (30)
+    and less what it hands on (40): 50; every other chunk sends to another rank (or is the last):
+    100, 130 - 40 = 90, 140 - 50 = 90. Weight stashes (stash + 1 for W) follow: 101, 51, 91, 91. Under
+    interleaved 1F1B's loop placement nothing is handed: 100, 80, 90, 90. CP-SAT's per-range tables
+    hold the handed figures, and the chunk solve finds the split exactly at its per-rank peaks."""
+    t = make_table(resident=[10, 12, 8, 9], stash=[100, 120, 130, 140], weight_extra=[1, 1, 1, 1],
+                   peak=[3, 3, 3, 3], cut=[30, 40, 50], back_cut=[5, 6, 7], times=np.ones((4, 4)))
+    bounds = (0, 1, 2, 3, 4)
+    zbv = build_schedule("zbv", 2, 4, 2)
+    cm = chunk_memory(t, bounds, zbv)
+    assert cm.stash.tolist() == [100, 120 - 30 - 40, 130 - 40, 140 - 50]
+    assert cm.weight_stash.tolist() == [100, 121 - 30 - 40, 131 - 40, 141 - 50]   # chunk 0's B does nothing
+    looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
+    assert looped.stash.tolist() == [100, 120 - 30, 130 - 40, 140 - 50]
+    from stagesplit.solver.chunk_cpsat_tables import memory_tables
+    from stagesplit.solver.schedule_memory import rank_memory
+    problem = ChunkProblem(table=t, schedule=zbv, capacities=np.full(2, 10 ** 9))
+    tables = memory_tables(problem)
+    assert tables["stash_handed"][1, 1] == 50 and tables["stash"][1, 1] == 90
+    assert tables["weight_stash_handed"][1, 1] == 51
+    peaks = np.array([r.peak for r in rank_memory(zbv, cm)], np.int64)
+    solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
+    assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == bounds
+    tight = peaks.copy()
+    tight[1] -= 1
+    solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
+    assert solved.result is None or not solved.result.feasible
