@@ -38,7 +38,6 @@ import time
 from pathlib import Path
 
 import numpy as np
-
 from _common import ROOT, TINY_FLAG, bert_large_profile_path, peak_rss_mb, print_table, run_measurement, tiny_mode
 
 #: ``--tiny`` (passed on to every measurement's child): the same code on small sizes
@@ -50,9 +49,9 @@ ADDITIVE = (16, 6) if TINY else (200, 64)
 def additive_model(layers: int = ADDITIVE[0], seed: int = 7):
     """``layers`` (200) layers of random size and compute in the per-layer form (inference: a stage needs the
     sum of its layers' weights plus its largest activation), on an 80 GB GPU."""
-    from stagesplit.model.analysis import Analysis
-    from stagesplit.io.targets import load_target
     from stagesplit.io.layerform import LayerSpec, build_layer_profile
+    from stagesplit.io.targets import load_target
+    from stagesplit.model.analysis import Analysis
     rng = np.random.default_rng(seed)
     specs = [LayerSpec(f"block{i}", weights=int(rng.integers(200, 1400)) * 2**20,
                        activations=int(rng.integers(20, 200)) * 2**20, output=int(rng.integers(4, 16)) * 2**20,
@@ -71,8 +70,8 @@ def all_options(objective: str, time_limit: float = 60):
 
 def measure_all_options(objective: str) -> None:
     from stagesplit.plan.advise import advise, price
-    from stagesplit.solver.problem import build_problem
     from stagesplit.solver.cpsat import solve_split_cpsat
+    from stagesplit.solver.problem import build_problem
     t0 = time.perf_counter()
     model = additive_model()
     options = all_options(objective)
@@ -130,11 +129,11 @@ def measure(case: str, path: str) -> None:
     if case.startswith("all-options@"):
         measure_all_options(case.split("@")[1])
         return
-    from stagesplit.plan.advise import price
     from stagesplit.model.analysis import Analysis
+    from stagesplit.plan.advise import price
+    from stagesplit.solver.cpsat import solve_split_cpsat
     from stagesplit.solver.dp import greedy, uniform
     from stagesplit.solver.problem import SolveOptions, build_problem
-    from stagesplit.solver.cpsat import solve_split_cpsat
     t0 = time.perf_counter()
     if case.startswith("bert-large"):
         model = Analysis.load(path).model

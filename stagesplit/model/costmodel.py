@@ -22,15 +22,16 @@ docs/profile-format.md, "How a stage is priced from the full form").
 from __future__ import annotations
 
 import copy
+from collections.abc import Callable, Mapping, Sequence
 from functools import cached_property
-from typing import TYPE_CHECKING, Callable, Mapping, Sequence
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..common.chunks import CHUNK
 from ..errors import LayerRangeError, OptionError, StagesplitError
 from ..io.layerform import layer_form
-from ..io.profile import Phase, Profile, Target
+from ..io.profile import Phase, Profile, Target, VertexCode
 from ..layers import LayerAssignment
 from .itemgroups import ItemGroups, sorted_unique
 from .layercosts import LayerCosts, price_layer_ranges
@@ -118,7 +119,7 @@ class StageCostModel:
         for name, value in per_layer.items():
             self.layer_compute[names.index(name)] = float(value)
 
-    def with_compute(self, per_layer: Mapping[str, float], source: str = "compute") -> "StageCostModel":
+    def with_compute(self, per_layer: Mapping[str, float], source: str = "compute") -> StageCostModel:
         """A model whose named layers have the given compute (the rest keep theirs); memory
         pricing is shared with this model, which is left unchanged."""
         other = self._copy()
@@ -127,7 +128,7 @@ class StageCostModel:
         other.compute_prefix = np.concatenate([[0.0], np.cumsum(other.layer_compute)])
         return other
 
-    def on(self, target: Target | None = None, efficiency: float = 1.0) -> "StageCostModel":
+    def on(self, target: Target | None = None, efficiency: float = 1.0) -> StageCostModel:
         """This model with its compute timed on ``target`` (default: the profile's device) at
         ``efficiency`` of its peak FLOP/s (model/roofline.py): a new model, this one unchanged;
         memory pricing is shared with it (it does not depend on the target)."""
@@ -135,7 +136,7 @@ class StageCostModel:
         apply_roofline(other, target, efficiency)
         return other
 
-    def _copy(self) -> "StageCostModel":
+    def _copy(self) -> StageCostModel:
         """A shallow copy without what follows compute (the phase table's times): the new model
         makes its own when asked."""
         other = copy.copy(self)
@@ -143,7 +144,7 @@ class StageCostModel:
         return other
 
     @cached_property
-    def phase_table(self) -> "PhaseTable":
+    def phase_table(self) -> PhaseTable:
         """Every range's figures in each phase of the step (model/phases.py), made on first use
         and kept: its times follow the target the model is timed on (``on``), so a model timed on
         another target is another model with its own table."""
@@ -208,10 +209,11 @@ class StageCostModel:
                 if np.array_equal(self.layers.op_layer, own):
                     costs = LayerCosts.of(form, self.shared == "every")
             self.__dict__["_layer_costs"] = costs
-        return self.__dict__["_layer_costs"]
+        kept: LayerCosts | None = self.__dict__["_layer_costs"]
+        return kept
 
 
-def _vertex_code_sizes(vc, num_tiles: int, num_types: int, chunk: int = CHUNK) -> np.ndarray:
+def _vertex_code_sizes(vc: VertexCode, num_tiles: int, num_types: int, chunk: int = CHUNK) -> np.ndarray:
     """The code size of each (tile, vertex type): the largest any program reports (0 where
     none), as a (tiles, types) array. In chunks, so that tens of millions of entries make no
     large temporaries; in each, a plain assignment first (every program on a tile usually

@@ -28,8 +28,9 @@ from scratch with no shared code; the tests check one against the other.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable, Sequence
+from typing import cast
 
 import numpy as np
 
@@ -54,7 +55,7 @@ class LayerSets:
     values: np.ndarray
 
     @classmethod
-    def of(cls, sets: Sequence[np.ndarray]) -> "LayerSets":
+    def of(cls, sets: Sequence[np.ndarray]) -> LayerSets:
         lengths = np.array([len(s) for s in sets], np.int64)
         offsets = np.zeros(len(sets) + 1, np.int64)
         np.cumsum(lengths, out=offsets[1:])
@@ -119,7 +120,7 @@ class _Cells:
     cell_col: np.ndarray
 
     @classmethod
-    def of(cls, group, sign, row, col) -> "_Cells":
+    def of(cls, group: np.ndarray, sign: np.ndarray, row: np.ndarray, col: np.ndarray) -> _Cells:
         order = np.lexsort((col, row))
         group, sign, row, col = group[order], sign[order], row[order], col[order]
         new = np.ones(len(row), bool)
@@ -213,7 +214,7 @@ def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.n
     keep = cells.cell_col < cols
     vals = state[cells.group] * cells.sign[:, None]
     sums = np.add.reduceat(vals, cells.starts, axis=0) if len(vals) else np.zeros((0, n), np.int64)
-    grid = np.zeros((rows * cols, n), np.int64)
+    grid: np.ndarray = np.zeros((rows * cols, n), np.int64)
     grid[cells.cell_row[keep] * cols + cells.cell_col[keep]] = sums[keep]
     grid = grid.reshape(rows, cols, n)
     grid = np.cumsum(grid[::-1], axis=0)[::-1]
@@ -269,7 +270,7 @@ def _set_tile_sums(item_set: np.ndarray, tile: np.ndarray, weight: np.ndarray, n
             where += tile[part]
             sums += np.bincount(where, weights=weight[part], minlength=(num_sets + 1) * T)
         key = np.flatnonzero(sums[:num_sets * T])
-        values = sums[key]
+        values: np.ndarray = sums[key]
     else:
         where = item_set if set_of is None else set_of[item_set]
         where = np.where(where < 0, num_sets, where).astype(np.int64) * T + tile
@@ -292,7 +293,7 @@ class _AtomTable:
         self.L, self.T = max(num_layers, 1), num_tiles
         self.parts: dict[str, list[tuple[np.ndarray, np.ndarray, np.ndarray]]] = {k: [] for k in self.KINDS}
 
-    def add(self, sets: LayerSets, set_id: np.ndarray, tile: np.ndarray, weight: np.ndarray, kind: str) -> None:
+    def add(self, sets: LayerSets, set_id: np.ndarray | None, tile: np.ndarray, weight: np.ndarray, kind: str) -> None:
         """Add (set, tile, bytes) rows of one kind through each set's atoms. ``set_id`` None:
         row i is set i, each set once (no sort or repeat needed)."""
         s_of, lo, hi, sign = sets.atoms()
@@ -364,7 +365,7 @@ def _additive_atoms(model: PricingView, T: int) -> tuple[np.ndarray, np.ndarray,
     num_cells = T * ntypes
     npg = len(prog_sets)
     if num_cells * (npg + 1) <= 2**26:               # (cell, group) presence without sorting, in chunks
-        present = np.zeros(num_cells * (npg + 1), bool)
+        present: np.ndarray = np.zeros(num_cells * (npg + 1), bool)
         column = np.where(model.prog_items.group < 0, npg, model.prog_items.group).astype(np.int64)
         for start in range(0, len(vc), CHUNK):
             part = slice(start, start + CHUNK)
@@ -501,13 +502,15 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
                 owner_cells[m] = cells, groups
             return owner_cells[m]
 
+        # peak_of, fold and evaluate are called only within this block's iteration: its peaks, tb
+        # and state are the ones meant
         def peak_of(m: int, extent: int, run: _Run) -> np.ndarray:
             """Layer m's maxima (and the run's grids) with at least ``extent`` b columns."""
-            peak = peaks.get(m)
+            peak = peaks.get(m)  # noqa: B023
             if peak is None:
-                peak = peaks[m] = np.zeros((m + 1, extent, tb), np.int64)
+                peak = peaks[m] = np.zeros((m + 1, extent, tb), np.int64)  # noqa: B023
             elif extent > peak.shape[1]:                 # b now matters further: extend with the last column
-                peak = peaks[m] = _widen(peak, extent)
+                peak = peaks[m] = _widen(peak, extent)  # noqa: B023
             if run.base is None:
                 run.base = np.zeros_like(peak)
             elif run.base.shape[1] < peak.shape[1]:
@@ -516,16 +519,18 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
 
         def fold(m: int, run: _Run, tiles: np.ndarray) -> None:
             """peak = max(peak, grid at the last evaluation + the largest shift since)."""
-            peak = peaks[m]
+            peak = peaks[m]  # noqa: B023
+            assert run.base is not None                  # made at the run's first evaluation
             peak[:, :, tiles] = np.maximum(peak[:, :, tiles], run.base[:, :, tiles] + run.top[tiles])
 
         def evaluate(m: int, run: _Run, tiles: np.ndarray) -> None:
             """The (a, b) grid of the given tiles from the current state, after folding the old."""
             cells, groups = cells_of(m)
-            sub = state[:, tiles] if groups is None else state[np.ix_(groups, tiles)]
-            live = sub.any(axis=1)[cells.group]
+            sub = state[:, tiles] if groups is None else state[np.ix_(groups, tiles)]  # noqa: B023
+            live = cast(np.ndarray, sub.any(axis=1))[cells.group]
             peak = peak_of(m, int(cells.col[live].max(initial=0)) + 1, run)
             fold(m, run, tiles)
+            assert run.base is not None                  # peak_of makes it
             run.base[:, :, tiles] = _grid_values(cells, sub, m + 1, peak.shape[1])
             run.shift[tiles] = 0
             run.top[tiles] = 0

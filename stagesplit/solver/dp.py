@@ -38,8 +38,8 @@ tests/solver/test_oracle.py checks the DP against a brute-force enumeration of e
 from __future__ import annotations
 
 import time as _time
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 
@@ -276,7 +276,8 @@ class _Pass:
                     ok, value = fits, mine
                 else:
                     mine = np.where(fits, mine, INF)
-                    ok, value = (fits, mine) if ok is None else (ok | fits, np.minimum(value, mine))
+                    ok, value = (fits, mine) if ok is None or value is None else (ok | fits, np.minimum(value, mine))
+            assert ok is not None and value is not None     # a problem has at least one variant
             columns = ok.any(axis=0)
             width = int(np.flatnonzero(columns)[-1]) + 1 if columns.any() else 0
             ok = np.ascontiguousarray(ok[:, :width])
@@ -383,12 +384,12 @@ class _Pass:
             return INF, None
         bounds, a, c = [0], 0, best_c
         for i in range(N):
-            take, j = takes.get((i, c), (None, None))
-            if take is not None and a < L and take[a]:
-                a, c = a + 1 + int(j[a]), c - 1
+            pick = takes.get((i, c))
+            if pick is not None and a < L and pick[0][a]:
+                a, c = a + 1 + int(pick[1][a]), c - 1
             bounds.append(a)
-        value = best_c if self.quantity == "devices" else int(f[best_c, 0])
-        return value, Split(tuple(bounds))
+        answer = best_c if self.quantity == "devices" else int(f[best_c, 0])
+        return answer, Split(tuple(bounds))
 
 
 def conservative_split(problem: SplitProblem, deadline: float | None = None,
@@ -448,6 +449,7 @@ def exact_optimum(problem: SplitProblem, deadline: float | None = None,
             return Solution(None, None, "exact", tuple(proven), tuple(seconds))
         bounds[quantity] = found.devices_used if quantity == "devices" else value
         split = found
+    assert split is not None                     # every objective has at least one phase
     return Solution(split, evaluate_split(problem, split), "exact", tuple(proven), tuple(seconds))
 
 
@@ -467,7 +469,8 @@ MIN_LAYERS_ORDER = (3, 2, 1)
 PROPORTIONS = (0.5, 0.6, 0.7, 0.8, 0.9, 1.0)
 
 
-def greedy(problem: SplitProblem, proportions=PROPORTIONS, min_layers_order=MIN_LAYERS_ORDER,
+def greedy(problem: SplitProblem, proportions: Sequence[float] = PROPORTIONS,
+           min_layers_order: Sequence[int] = MIN_LAYERS_ORDER,
            unlayered_first: UnlayeredFirst | None = None) -> Solution:
     """PopLiner's greedy first-fit. For at least 3 layers per stage, then 2, then 1, and for
     each a share of memory of 50%, 60%, ... 100%: fill each device in turn, starting with that
@@ -508,15 +511,18 @@ def _greedy_fill(problem: SplitProblem, share: float, min_layers: int,
         ki = problem.k_index(k)
         limit = share * int(problem.capacity[position])
         pseudo = unlayered_first is not None and position == 0
+        # cost is called only within this iteration, before a moves on: its k, ki and a are the ones meant
+        cost: Callable[[int], int]
         if pseudo:
+            assert unlayered_first is not None       # pseudo says so
             need = min_layers - 1                    # the unlayered pseudo-layer counts as one
-            cost = lambda e: int(unlayered_first.first[ki, e - 1]) if e > 0 else int(unlayered_first.alone[ki])  # noqa: E731
+            cost = lambda e: int(unlayered_first.first[ki, e - 1]) if e > 0 else int(unlayered_first.alone[ki])  # noqa: E731, B023
         else:
             need = min_layers
             if unlayered_first is not None:
-                cost = lambda e, a=a: unlayered_first.rest.bytes_of(k, a, e - 1)        # noqa: E731
+                cost = lambda e: unlayered_first.rest.bytes_of(k, a, e - 1)     # noqa: E731, B023
             else:
-                cost = lambda e, a=a: problem.stage_bytes(k, a, e)                       # noqa: E731
+                cost = lambda e: problem.stage_bytes(k, a, e)                   # noqa: E731, B023
         e = a + max(need, 0)
         if e > L:                                    # fewer layers left than the minimum: one at a time
             e = a + (0 if pseudo else 1)
