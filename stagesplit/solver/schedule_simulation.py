@@ -129,6 +129,20 @@ def _per_chunk(name: str, values: _Durations, size: int) -> np.ndarray:
     return a
 
 
+def _durations(schedule: ScheduleInstance, forward: _Durations, backward_input: _Durations,
+               backward_weight: _Durations | None, transfer: _Durations | None) -> tuple[np.ndarray, dict[Op, np.ndarray]]:
+    """The checked per-chunk durations of each kind of action, and each boundary's transfer time (0
+    between two chunks of one rank: a V's turn sends nothing)."""
+    C = schedule.chunks
+    f = _per_chunk("forward", forward, C)
+    b = _per_chunk("backward_input", backward_input, C)
+    w = np.zeros(C) if backward_weight is None else _per_chunk("backward_weight", backward_weight, C)
+    t = np.zeros(max(C - 1, 0)) if transfer is None else _per_chunk("transfer", transfer, max(C - 1, 0))
+    ranks = np.asarray(schedule.chunk_rank)
+    t = np.where(ranks[:-1] == ranks[1:], 0.0, t)
+    return t, {Op.FORWARD: f, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.FULL_BACKWARD: b + w}
+
+
 def simulate(schedule: ScheduleInstance, forward: Sequence[float] | np.ndarray,
              backward_input: Sequence[float] | np.ndarray,
              backward_weight: Sequence[float] | np.ndarray | None = None,
@@ -140,14 +154,7 @@ def simulate(schedule: ScheduleInstance, forward: Sequence[float] | np.ndarray,
     Each rank runs its leaf actions one at a time in list order, each starting when the rank is
     free and its inputs are there: F(m,c) after F(m,c-1) + transfer; B(m,c) after F(m,c) and
     after B(m,c+1) + transfer; W(m,c) after B(m,c). Every rank starts at time 0."""
-    C = schedule.chunks
-    f = _per_chunk("forward", forward, C)
-    b = _per_chunk("backward_input", backward_input, C)
-    w = np.zeros(C) if backward_weight is None else _per_chunk("backward_weight", backward_weight, C)
-    t = np.zeros(max(C - 1, 0)) if transfer is None else _per_chunk("transfer", transfer, max(C - 1, 0))
-    ranks = np.asarray(schedule.chunk_rank)
-    t = np.where(ranks[:-1] == ranks[1:], 0.0, t)
-    duration = {Op.FORWARD: f, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.FULL_BACKWARD: b + w}
+    t, duration = _durations(schedule, forward, backward_input, backward_weight, transfer)
     g = _graph(schedule)
     n = len(g.op_of)
     start = np.zeros(n)
@@ -192,15 +199,8 @@ def critical_path(schedule: ScheduleInstance, forward: _Durations, backward_inpu
     """The step time of ``schedule`` with each rank's optimizer step (``optimizer``: seconds per
     rank, default 0) after its last action, and the chain of actions that makes it (see
     ``simulate`` for the rules)."""
-    C = schedule.chunks
-    f = _per_chunk("forward", forward, C)
-    b = _per_chunk("backward_input", backward_input, C)
-    w = np.zeros(C) if backward_weight is None else _per_chunk("backward_weight", backward_weight, C)
-    t = np.zeros(max(C - 1, 0)) if transfer is None else _per_chunk("transfer", transfer, max(C - 1, 0))
+    t, duration = _durations(schedule, forward, backward_input, backward_weight, transfer)
     opt = np.zeros(schedule.devices) if optimizer is None else np.asarray(optimizer, float)
-    ranks = np.asarray(schedule.chunk_rank)
-    t = np.where(ranks[:-1] == ranks[1:], 0.0, t)
-    duration = {Op.FORWARD: f, Op.BACKWARD_INPUT: b, Op.BACKWARD_WEIGHT: w, Op.FULL_BACKWARD: b + w}
     g = _graph(schedule)
     n = len(g.op_of)
     end = np.zeros(n)
@@ -219,6 +219,7 @@ def critical_path(schedule: ScheduleInstance, forward: _Durations, backward_inpu
     o = g.rank_offsets
     finish = np.array([end[o[r + 1] - 1] if o[r + 1] > o[r] else 0.0 for r in range(schedule.devices)]) + opt
     r = int(np.argmax(finish))
+    C = schedule.chunks
     counts = {op: np.zeros(C, np.int64) for op in (Op.FORWARD, Op.BACKWARD_INPUT, Op.BACKWARD_WEIGHT)}
     transfers = np.zeros(max(C - 1, 0), np.int64)
     lid = int(o[r + 1] - 1) if o[r + 1] > o[r] else -1
