@@ -130,7 +130,8 @@ def _per_chunk(name: str, values: _Durations, size: int) -> np.ndarray:
 
 
 def _durations(schedule: ScheduleInstance, forward: _Durations, backward_input: _Durations,
-               backward_weight: _Durations | None, transfer: _Durations | None) -> tuple[np.ndarray, dict[Op, np.ndarray]]:
+               backward_weight: _Durations | None,
+               transfer: _Durations | None) -> tuple[np.ndarray, dict[Op, np.ndarray]]:
     """The checked per-chunk durations of each kind of action, and each boundary's transfer time (0
     between two chunks of one rank: a V's turn sends nothing)."""
     C = schedule.chunks
