@@ -40,6 +40,7 @@ if TYPE_CHECKING:      # imported where used: the command line imports this modu
     from .io.variants import VariantSource
     from .layers import LayerOptions
     from .model.analysis import Analysis
+    from .model.datasharding import DataLayout
     from .solver.request import SharedPolicy, SolveRequest
 
     # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources)
@@ -155,9 +156,12 @@ def _layer_compute(value: Any) -> dict[str, float]:
 # -- analysis -----------------------------------------------------------------------------------
 
 def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
-            debug: str | Path | None = None, events: Events | None = None) -> Analysis:
+            debug: str | Path | None = None, events: Events | None = None,
+            layout: DataLayout | None = None) -> Analysis:
     """The profile (read from a path if given one), its layers and its cost model. Warnings of
-    the profile and of the grouping go to ``events``."""
+    the profile and of the grouping go to ``events``. ``layout``: data parallelism
+    (model/datasharding.py): the cost model is then one data-parallel rank's, its profile that
+    rank's (``shard_profile``), so that every schedule, recompute and the solver see its figures."""
     from .io import load_profile
     from .io.profile import Profile
     from .model.analysis import Analysis
@@ -166,9 +170,10 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     layering = _layering(layering)
     shared = choice(SharedPolicy, "shared", shared)
     if isinstance(profile, Analysis):
-        if (layering is None or layering == profile.layers.options) and profile.model.shared == shared.value:
+        if (layering is None or layering == profile.layers.options) and profile.model.shared == shared.value \
+                and (layout is None or not layout.sharded) and profile.layout is None:
             return profile
-        profile = profile.profile
+        profile = profile.source if profile.source is not None else profile.profile
     if isinstance(profile, (str, Path)):
         path = _path("profile", profile)
         events.start(f"reading {show(path)}")
@@ -180,8 +185,14 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     from .model.costmodel import StageCostModel
     events.start(f"grouping {len(profile.operations):,} operations into layers")
     layers = group_layers(profile, layering)
+    source = None
+    if layout is not None and layout.sharded:
+        from .model.datasharding import shard_profile
+        events.start(f"sharding for {layout.dp} data-parallel ranks (ZeRO {layout.zero})")
+        source, profile = profile, shard_profile(profile, layers, layout)
     events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
-    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value))
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value),
+                        layout=layout if source is not None else None, source=source)
     events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):
         events.warn(message)
@@ -281,7 +292,8 @@ def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str |
     variants = _variant_sources(profile)
     if variants is not None:
         return _solve_variants(variants, req, events, debug)
-    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events,
+                       layout=req.data_layout())
     return engine.solve(analysis, req, Deadline.after(req.time_limit), events)
 
 
@@ -329,7 +341,8 @@ def _solve_variants(sources, req: SolveRequest, events: Events, debug):
         raise OptionError("debug", "with profile variants, give each profile.pop's debug.cbor in a variants file "
                           "(its debug field)")
     engine.check_variants_request(req)            # before any profile is read
-    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events)
+    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events,
+                         layout=req.data_layout())
                 for s in sources]
     names = [s.name for s in sources]
     check_same_layers(names, [a.layers.names for a in analyses])
@@ -365,7 +378,8 @@ def _sweep(profile: ProfileLike, req: SolveRequest, counts: list[int], events: E
     if _variant_sources(profile) is not None:
         raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
                           "sweep one variant, or solve the variants for each count")
-    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events,
+                       layout=req.data_layout())
     return engine.sweep(analysis, req, counts, events, on_row)
 
 
@@ -729,7 +743,8 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                               "variants: give them as the profile (a variants file, or a list of them)")
     if plan.devices > REPORT_RESOLVE_DEVICES and variants is None:
         request = plan.inputs.request
-        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events)
+        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events,
+                           layout=request.data_layout())
         model = resolve(request, analysis).model
         fresh = replace(plan, layer_names=list(analysis.layers.names), profile=plan_profile(model), analysis=model,
                         baselines=[], variant_models={})
