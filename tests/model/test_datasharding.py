@@ -1,0 +1,187 @@
+"""One data-parallel rank's memory under DDP and ZeRO 0-3 (model/datasharding.py).
+
+Hand cases: a stack of four Linear(64, 64) layers, Adam, float32, captured with exact bytes; every
+per-rank figure below is computed by hand from the layer sizes. Bad input: the options refused
+with one line naming the option (exit 2 on the command line), a profile without roles refused
+naming the profile. The decisive check, real processes measured per rank by torch's own trackers,
+is tests/model/test_datasharding_real.py."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from helpers import PROFILES, refused_line, run_cli
+from stagesplit.errors import OptionError, ProfileError
+from stagesplit.model.analysis import Analysis
+from stagesplit.model.datasharding import DataLayout, role_bytes, shard_profile
+from stagesplit.solver.request import SolveRequest
+
+torch = pytest.importorskip("torch")
+
+W = 64 * 64 * 4                  # one layer's weight, bytes
+B = 64 * 4                       # its bias
+P = W + B                        # one layer's parameters: 16,640 bytes
+LAYERS = 4
+STEP = 4                         # Adam's step counter, one float32 per parameter tensor
+
+
+@pytest.fixture(scope="module")
+def linear_stack():
+    from torch import nn
+
+    from stagesplit.capturing.pytorch import capture_model
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(LAYERS)])
+    profile = capture_model(model, torch.empty(8, 64, device="meta"), allocator_round=1, name="linear-stack")
+    return profile, Analysis.of(profile)
+
+
+def _named(profile, prefix: str) -> dict[str, int]:
+    v = profile.variables
+    return {profile.names[v.name[i]]: int(v.bytes[i]) for i in range(len(v))
+            if v.name[i] >= 0 and profile.names[v.name[i]].startswith(prefix)}
+
+
+def _shard(S: int, n: int) -> int:
+    return -(-S // n)
+
+
+def test_one_device_figures_by_hand(linear_stack):
+    profile, analysis = linear_stack
+    assert analysis.layers.names == ["0", "1", "2", "3"]
+    roles = role_bytes(profile)
+    assert (roles["param"], roles["grad"], roles["state"]) == (LAYERS * P, LAYERS * P, 2 * LAYERS * P + 2 * LAYERS * STEP)
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("zero", [0, 1, 2, 3])
+def test_per_rank_resident_bytes_by_hand(linear_stack, dp, zero):
+    """Always-live bytes of one rank, by role, and the whole stage's resident figure."""
+    profile, analysis = linear_stack
+    rank = shard_profile(profile, analysis.layers, DataLayout(dp, zero))
+    shard = (_shard(W, dp) + _shard(B, dp)) * LAYERS                    # every tensor's rank-0 share
+    params = shard if zero == 3 else LAYERS * P
+    grads = shard if zero >= 2 else LAYERS * P
+    state = (2 * shard if zero >= 1 else 2 * LAYERS * P) + 2 * LAYERS * STEP   # step counters stay whole
+    buckets = LAYERS * P if zero == 0 else 0                            # DDP's gradient buckets
+    roles = role_bytes(rank)
+    assert (roles["param"], roles["grad"], roles["state"], roles["other"]) == (params, grads, state, buckets)
+    model = Analysis.of(profile, layout=DataLayout(dp, zero)).model
+    assert model.stage_memory(0, LAYERS - 1).always_live[0] == params + grads + state + buckets
+    # one layer alone: its own share
+    layer_share = _shard(W, dp) + _shard(B, dp)
+    one = (layer_share if zero == 3 else P) + (layer_share if zero >= 2 else P) + \
+        (2 * layer_share if zero >= 1 else 2 * P) + 2 * STEP + (P if zero == 0 else 0)
+    assert model.stage_memory(1, 1).always_live[0] == one
+
+
+def test_zero3_buffers_by_hand(linear_stack):
+    """FSDP2's buffers per layer: unsharded parameters, all-gather outputs, unsharded gradients and
+    reduce-scatter inputs of a layer's full size, live where torch's source says."""
+    profile, analysis = linear_stack
+    rank = shard_profile(profile, analysis.layers, DataLayout(2, 3))
+    for kind in ("unsharded parameters", "all-gather", "reduce-scatter"):
+        sizes = _named(rank, f"fsdp/{kind}/")
+        expected = {f"fsdp/{kind}/{k}": P for k in range(LAYERS)}
+        if kind == "reduce-scatter":
+            expected.pop(f"fsdp/{kind}/0")       # the first layer's backward is the last: nothing after it
+        assert sizes == expected, kind
+    grads = _named(rank, "unsharded gradients/")
+    assert sorted(grads.values()) == sorted([W, B] * LAYERS)
+    v = rank.variables
+    unsharded = [i for i in range(len(v)) if rank.names[v.name[i]].startswith("fsdp/unsharded parameters/")]
+    assert not np.any(v.always_live[unsharded])                   # resharded after the forward
+    off = shard_profile(profile, analysis.layers, DataLayout(2, 3, reshard_after_forward=False))
+    v = off.variables
+    unsharded = [i for i in range(len(v)) if off.names[v.name[i]].startswith("fsdp/unsharded parameters/")]
+    assert np.all(v.always_live[unsharded]) and int(v.bytes[unsharded].sum()) == LAYERS * P
+    assert role_bytes(off)["other"] == LAYERS * P
+
+
+def test_zero3_unsharded_parameters_live_in_their_layers_forward_and_backward(linear_stack):
+    profile, analysis = linear_stack
+    rank = shard_profile(profile, analysis.layers, DataLayout(2, 3))
+    v = rank.variables
+    ops = profile.operations
+    # the group runs where its module does: the loss, grouped with the last layer, is outside it
+    inside = np.array([name.split("/")[0] for name in ops.name])
+    layer = np.where(inside == np.asarray(analysis.layers.op_layer).astype(str), np.asarray(analysis.layers.op_layer), -1)
+    assert analysis.layers.module_paths == ["0", "1", "2", "3"]
+    for k in range(LAYERS):
+        i = int(np.flatnonzero(v.name == rank.names.index(f"fsdp/unsharded parameters/{k}"))[0])
+        intervals = rank.liveness.intervals[int(v.live_class[i])].tolist()
+        forward = np.flatnonzero((layer == k) & (ops.phase == 1))
+        backward = np.flatnonzero((layer == k) & np.isin(ops.phase, (2, 3)))
+        assert intervals == [[int(forward.min()), int(forward.max()) + 1],
+                             [int(backward.min()), int(backward.max()) + 1]]
+
+
+def test_one_rank_is_the_profile_itself(linear_stack):
+    profile, analysis = linear_stack
+    assert shard_profile(profile, analysis.layers, DataLayout(1, 0)) is profile
+
+
+def test_layout_options_refused_naming_the_option():
+    with pytest.raises(OptionError, match=r"^dp: expected an integer >= 1"):
+        DataLayout(0)
+    with pytest.raises(OptionError, match=r"^zero: expected one of 0, 1, 2, 3, got 4"):
+        DataLayout(2, 4)
+    with pytest.raises(OptionError, match=r"^zero: ZeRO 3 shards across data-parallel ranks"):
+        DataLayout(1, 3)
+    with pytest.raises(OptionError, match=r"^zero: ZeRO 3 shards"):
+        SolveRequest(devices=2, zero=3)
+    with pytest.raises(OptionError, match=r"^reshard_after_forward: expected true or false"):
+        SolveRequest(devices=2, dp=2, zero=3, reshard_after_forward="yes")
+    assert SolveRequest(devices=2, dp=2, zero=3, reshard_after_forward="off").reshard_after_forward is False
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--zero", "3"], "--zero: ZeRO 3 shards across data-parallel ranks: give dp >= 2 with it"),
+    (["--dp", "0"], "--dp: expected an integer >= 1 and <= 1,024, got 0"),
+    (["--dp", "2", "--zero", "4"], "--zero: expected an integer >= 0 and <= 3, got 4"),
+    (["--dp", "2", "--reshard-after-forward", "maybe"],
+     "solve: argument --reshard-after-forward: invalid choice: 'maybe' (choose from 'on', 'off')"),
+])
+def test_bad_options_one_line_exit_2(capsys, tmp_path, flags, line):
+    out = tmp_path / "plan.json"
+    assert refused_line(capsys, "solve", PROFILES / "gpt-captured.stagesplit", "--devices", 2, *flags,
+                        "--out", out) == line
+    assert not out.exists()
+
+
+def test_a_profile_without_roles_is_refused_naming_it(capsys, tmp_path):
+    path = PROFILES / "gpt-captured.stagesplit"          # captured before roles were recorded
+    line = refused_line(capsys, "solve", path, "--devices", 2, "--dp", 2, "--out", tmp_path / "p.json")
+    assert line.startswith(f"{path}: variables.role: expected the roles of its variables"), line
+    from stagesplit.io import load_profile
+    profile = load_profile(path)
+    with pytest.raises(ProfileError, match="variables.role"):
+        Analysis.of(profile, layout=DataLayout(2, 1))
+
+
+def test_solve_text_names_the_layout_the_plan_records(capsys, tmp_path, linear_stack):
+    from stagesplit.io import save_profile
+    profile, _ = linear_stack
+    path = tmp_path / "stack.stagesplit"
+    save_profile(profile, path)
+    plan_path = tmp_path / "plan.json"
+    code, out, err = run_cli(capsys, "solve", path, "--devices", 2, "--dp", 4, "--zero", 3,
+                             "--reshard-after-forward", "off", "--out", plan_path)
+    assert code == 0, err
+    from stagesplit.plan.files import read_plan
+    plan = read_plan(plan_path)
+    request = plan.inputs.request
+    assert (request.dp, request.zero, request.reshard_after_forward) == (4, 3, False)
+    line = next(line for line in out.splitlines() if line.startswith("data parallel: "))
+    assert line == (f"data parallel: {request.dp} data-parallel ranks, ZeRO-{request.zero} (FSDP2, one group per "
+                    "layer): parameters, gradients and optimizer state sharded, no reshard after forward; figures "
+                    "per rank")
+    # the plan's figures are one rank's: the stage memory the plan reports is the sharded model's
+    layout = request.data_layout()
+    model = Analysis.of(profile, layout=layout).model
+    assert plan.stages
+    for stage in plan.stages:
+        assert stage.worst_tile_bytes == model.stage_memory(stage.first_layer, stage.last_layer).worst_bytes()
+    code, out, err = run_cli(capsys, "solve", path, "--devices", 2, "--out", tmp_path / "plain.json")
+    assert code == 0 and "data parallel" not in out
