@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
-__all__ = ["DataParallelCase", "run_data_parallel", "single_process_loss", "sum_loss", "tiny_gpt", "tiny_llama"]
+__all__ = ["DataParallelCase", "run_data_parallel", "run_fake_process_group", "single_process_loss", "sum_loss", "tiny_gpt", "tiny_llama"]
 
 
 @dataclass(frozen=True)
@@ -40,6 +40,10 @@ class DataParallelCase:
 
 
 def _run(rank: int, devices: int, case: DataParallelCase, workdir: Path) -> None:
+    (workdir / f"rank{rank}.json").write_text(json.dumps(_measure(devices, case)))
+
+
+def _measure(devices: int, case: DataParallelCase) -> dict:
     import torch
     import torch.distributed as dist
     from torch.distributed._tools.fsdp2_mem_tracker import FSDPMemTracker
@@ -79,7 +83,7 @@ def _run(rank: int, devices: int, case: DataParallelCase, workdir: Path) -> None
     peak = tracker.get_tracker_snapshot("peak")
     by_device = {str(dev): {str(getattr(k, "value", k)): int(v) for k, v in snap.items()} for dev, snap in peak.items()}
     total = sum(snap.get("Total", 0) for snap in by_device.values())
-    (workdir / f"rank{rank}.json").write_text(json.dumps({"peak": total, "categories": by_device, "loss": loss}))
+    return {"peak": total, "categories": by_device, "loss": loss}
 
 
 def _worker(rank: int, devices: int, case: DataParallelCase, workdir: str) -> None:
@@ -102,6 +106,20 @@ def run_data_parallel(case: DataParallelCase, devices: int = 2) -> list[dict]:
     with tempfile.TemporaryDirectory(prefix="dp-harness-") as tmp:
         mp.spawn(_worker, args=(devices, case, tmp), nprocs=devices, join=True)
         return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(devices)]
+
+
+def run_fake_process_group(case: DataParallelCase, devices: int = 2) -> dict:
+    """Rank 0's record (as ``run_data_parallel``'s) from this process alone, under torch's fake
+    process group (``torch.testing._internal.distributed.fake_pg``): its collectives return at
+    once without moving data, so every buffer is allocated as on a real rank (the second oracle:
+    FSDPMemTracker is meant to run this way). The process group is destroyed afterwards."""
+    import torch.distributed as dist
+    from torch.testing._internal.distributed.fake_pg import FakeStore
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=devices)
+    try:
+        return _measure(devices, case)
+    finally:
+        dist.destroy_process_group()
 
 
 def single_process_loss(build: Callable) -> float:

@@ -7,6 +7,10 @@ by torch's own ``MemTracker`` (DDP) and ``FSDPMemTracker`` (FSDP2), is compared 
 prediction for that rank: the model captured under fake tensors (exact bytes: the CPU allocator
 does not round), sharded by model/datasharding.py, priced as one stage. Measured on torch 2.13:
 every case within 4 bytes of the prediction (0.00%). The loss is the unparallelised model's.
+
+The second oracle: the same trackers on one process under torch's fake process group (its
+collectives return at once, every buffer is allocated as on a real rank), which is how
+``FSDPMemTracker`` is meant to be run; it measures what the real ranks measure, byte for byte.
 """
 
 from __future__ import annotations
@@ -15,7 +19,14 @@ import functools
 
 import pytest
 
-from dataparallel_harness import DataParallelCase, run_data_parallel, single_process_loss, tiny_gpt, tiny_llama
+from dataparallel_harness import (
+    DataParallelCase,
+    run_data_parallel,
+    run_fake_process_group,
+    single_process_loss,
+    tiny_gpt,
+    tiny_llama,
+)
 from stagesplit.model.analysis import Analysis
 from stagesplit.model.datasharding import DataLayout
 
@@ -48,6 +59,24 @@ def test_each_rank_peak_matches_the_prediction(build, mode, zero, reshard):
         assert abs(error) <= TOLERANCE, (rank["categories"], predicted, measured, f"{error:+.2%}")
         assert abs(error) <= 1e-4, f"measured {error:+.4%} (was 0.00% on torch 2.13)"
         assert rank["loss"] == pytest.approx(reference, rel=1e-6, abs=1e-6)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [tiny_gpt, tiny_llama], ids=["gpt", "llama"])
+@pytest.mark.parametrize("mode, zero, reshard", CASES[1:], ids=["fsdp2-reshard", "fsdp2-no-reshard"])
+def test_fake_process_group_oracle_matches_the_prediction(build, mode, zero, reshard):
+    predicted, groups = _predicted(build, DataLayout(2, zero, reshard))
+    rank = run_fake_process_group(DataParallelCase(functools.partial(build, "cpu"), mode, reshard, groups), 2)
+    assert abs(predicted - rank["peak"]) <= 4, (rank["categories"], predicted)
+
+
+def test_ddp_does_not_run_under_the_fake_process_group():
+    """DDP's reducer wants the all-reduce's future to hold the bucket; the fake process group's
+    holds None, and torch stops in the backward (so DDP is checked on real processes only)."""
+    _, groups = _predicted(tiny_gpt, DataLayout(2, 0))
+    case = DataParallelCase(functools.partial(tiny_gpt, "cpu"), "ddp", True, groups)
+    with pytest.raises(RuntimeError, match="expected the hook result is either a Tensor or a TensorList found None"):
+        run_fake_process_group(case, 2)
 
 
 @pytest.mark.slow
