@@ -493,14 +493,23 @@ def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events)
 def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
               layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
               layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
-              events: Events | None = None):
-    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
+              events: Events | None = None, dp: int | None = None):
+    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``:
+    also one rank's memory on that many data-parallel ranks under each ZeRO stage."""
+    from .model.datasharding import DataLayout
     from .reporting.breakdown import Breakdown
     events = _events(events)
     efficiency = number("efficiency", efficiency, 0, 1, low_open=True)
+    if dp is not None:
+        DataLayout(dp)                                  # checked: an integer >= 1
+        if dp < 2:
+            raise OptionError("dp", f"expected an integer >= 2 (data-parallel ranks to compare layouts on), got {dp}")
     target = _target("target", target)
     model = _model(profile, layering, shared, layer_compute, debug, events).on(target, efficiency)
-    return Breakdown.of(model)
+    result = Breakdown.of(model, dp)
+    if dp is not None:
+        result.data_parallel_rows(dp)                   # a profile without roles is refused here, naming it
+    return result
 
 
 def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,

@@ -185,3 +185,43 @@ def test_solve_text_names_the_layout_the_plan_records(capsys, tmp_path, linear_s
         assert stage.worst_tile_bytes == model.stage_memory(stage.first_layer, stage.last_layer).worst_bytes()
     code, out, err = run_cli(capsys, "solve", path, "--devices", 2, "--out", tmp_path / "plain.json")
     assert code == 0 and "data parallel" not in out
+
+
+def test_breakdown_shows_each_category_per_zero_stage_by_hand(linear_stack, capsys, tmp_path):
+    from stagesplit import api
+    from stagesplit.io import save_profile
+    profile, _ = linear_stack
+    result = api.breakdown(profile, dp=2)
+    rows = result.data_parallel_rows(2)
+    half = LAYERS * P // 2
+    full = LAYERS * P
+    steps = 2 * LAYERS * STEP
+    assert [(name, r["param"], r["grad"], r["state"], r["other"]) for name, r, _ in rows] == [
+        ("one device", full, full, 2 * full + steps, 0),
+        ("ZeRO 0 (DDP)", full, full, 2 * full + steps, full),
+        ("ZeRO 1", full, full, 2 * half + steps, 0),
+        ("ZeRO 2", full, half, 2 * half + steps, 0),
+        ("ZeRO 3", half, half, 2 * half + steps, 0),
+        ("ZeRO 3, no reshard after forward", half, half, 2 * half + steps, full)]
+    layouts = [DataLayout(), DataLayout(2, 0), DataLayout(2, 1), DataLayout(2, 2), DataLayout(2, 3),
+               DataLayout(2, 3, reshard_after_forward=False)]
+    for (_, _, peak), layout in zip(rows, layouts):
+        model = Analysis.of(profile, layout=layout).model
+        assert peak == model.stage_memory(0, LAYERS - 1).worst_bytes()
+    # the command line prints the same rows, and refuses a degree below 2 and a profile without roles
+    path = tmp_path / "stack.stagesplit"
+    save_profile(profile, path)
+    code, out, err = run_cli(capsys, "breakdown", path, "--dp", 2, "--ipu-columns")
+    assert code == 0, err
+    table = out[out.index("One rank of 2 data-parallel ranks"):].splitlines()
+    assert "parameters (KiB)" in table[2]                       # bytes shown in KiB at this size
+
+    def kib(x: int) -> str:
+        return f"{x / 1024:,.2f}"
+    assert table[4].split() == ["one", "device", kib(full), kib(full), kib(2 * full + steps), kib(0), kib(rows[0][2])]
+    assert table[8].split()[:6] == ["ZeRO", "3", kib(half), kib(half), kib(2 * half + steps), kib(0)]
+    assert refused_line(capsys, "breakdown", path, "--dp", 1) == \
+        "--dp: expected an integer >= 2 (data-parallel ranks to compare layouts on), got 1"
+    assert refused_line(capsys, "breakdown", PROFILES / "gpt-captured.stagesplit", "--dp", 2).endswith(
+        "gpt-captured.stagesplit: variables.role: expected the roles of its variables (parameter, gradient, "
+        "optimizer state) to shard them across data-parallel ranks; capture it again with this version")
