@@ -322,7 +322,8 @@ def _optimizer_temporaries(profile: Profile) -> np.ndarray:
     by_other = np.zeros(len(v), bool)
     by_opt[ops.vars.values[opt[rows]]] = True
     by_other[ops.vars.values[~opt[rows]]] = True
-    return by_opt & ~by_other & ~v.always_live
+    out: np.ndarray = by_opt & ~by_other & ~v.always_live
+    return out
 
 
 def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout, bounds: _Bounds,
@@ -398,10 +399,15 @@ def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:
         role=np.concatenate([role, np.full(len(new_bytes), _OTHER, np.int8)]))
     liveness = Liveness(Ragged.from_lists(classes, dtype=np.int64, width=2))
     ops = profile.operations
-    if extra_rows:
-        rows = [np.concatenate([ops.vars[i], np.asarray(extra_rows.get(i, []), np.int64)]).astype(np.int64)
-                for i in range(len(ops))]
-        vars_ = Ragged.from_lists(rows, dtype=np.int64)
+    if extra_rows:                      # each operation's variables, then the ones added for it (CSR kept)
+        extra_ops = np.array([o for o, added in extra_rows.items() for _ in added], np.int64)
+        extra_vars = np.array([x for added in extra_rows.values() for x in added], np.int64)
+        keys = np.concatenate([ops.vars.row_ids(), extra_ops])
+        order = np.argsort(keys, kind="stable")
+        values = np.concatenate([ops.vars.values.astype(np.int64), extra_vars])[order]
+        offsets = np.zeros(len(ops) + 1, np.int64)
+        np.cumsum(np.bincount(keys, minlength=len(ops)), out=offsets[1:])
+        vars_ = Ragged(offsets, values)
     else:
         vars_ = ops.vars
     operations = Operations(name=ops.name, debug_id=ops.debug_id, inputs=ops.inputs, first_step=ops.first_step,

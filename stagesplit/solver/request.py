@@ -184,8 +184,9 @@ class SolveRequest:
             check_chunks_per_rank(self.schedule.value, self.chunks_per_rank)
         set_(self, "dp", integer("dp", self.dp, 1, MAX_DEVICES))
         set_(self, "zero", integer("zero", self.zero, 0, 3))
-        if self.reshard_after_forward in ("on", "off"):
-            set_(self, "reshard_after_forward", self.reshard_after_forward == "on")
+        reshard: Any = self.reshard_after_forward           # the command line's on/off, or a bool
+        if isinstance(reshard, str) and reshard in ("on", "off"):
+            set_(self, "reshard_after_forward", reshard == "on")
         set_(self, "reshard_after_forward", boolean("reshard_after_forward", self.reshard_after_forward))
         self.data_layout()                          # zero without dp is refused here, naming zero
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
