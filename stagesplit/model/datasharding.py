@@ -84,6 +84,8 @@ class DataLayout:
         extra = ""
         if self.zero == 3:
             extra = ", reshard after forward" if self.reshard_after_forward else ", no reshard after forward"
+        elif self.zero in (1, 2):
+            extra = " (rules composed from Megatron's and DeepSpeed's documented behaviour, not measured)"
         return f"{self.dp} data-parallel ranks, {ZERO_STAGES[self.zero]}{extra}; figures per rank"
 
 

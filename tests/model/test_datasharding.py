@@ -225,3 +225,24 @@ def test_breakdown_shows_each_category_per_zero_stage_by_hand(linear_stack, caps
     assert refused_line(capsys, "breakdown", PROFILES / "gpt-captured.stagesplit", "--dp", 2).endswith(
         "gpt-captured.stagesplit: variables.role: expected the roles of its variables (parameter, gradient, "
         "optimizer state) to shard them across data-parallel ranks; capture it again with this version")
+
+
+@pytest.mark.parametrize("layout, line", [
+    (DataLayout(), "no data parallelism"),
+    (DataLayout(2, 0), "2 data-parallel ranks, DDP: parameters, gradients and optimizer state replicated, gradient "
+                       "buckets; figures per rank"),
+    (DataLayout(8, 1), "8 data-parallel ranks, ZeRO-1: optimizer state sharded (rules composed from Megatron's and "
+                       "DeepSpeed's documented behaviour, not measured); figures per rank"),
+    (DataLayout(4, 2), "4 data-parallel ranks, ZeRO-2: optimizer state and gradients sharded (rules composed from "
+                       "Megatron's and DeepSpeed's documented behaviour, not measured); figures per rank"),
+    (DataLayout(2, 3), "2 data-parallel ranks, ZeRO-3 (FSDP2, one group per layer): parameters, gradients and "
+                       "optimizer state sharded, reshard after forward; figures per rank"),
+])
+def test_the_layout_line_says_what_the_request_asks(layout, line):
+    assert layout.describe() == line
+
+
+def test_layouts_page_shows_the_line_solve_prints():
+    from helpers import ROOT
+    page = (ROOT / "docs" / "layouts.md").read_text()
+    assert "data parallel: " + DataLayout(2, 3).describe() + "\n" in page
