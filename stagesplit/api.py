@@ -484,8 +484,8 @@ def _recorded_path(plan_path: str, location: str, field_: str) -> str:
 
 # -- looking at a profile -----------------------------------------------------------------------
 
-def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events):
-    model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events).model
+def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events, layout=None):
+    model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events, layout=layout).model
     compute = _layer_compute(layer_compute)
     return model.with_compute(compute, "layer_compute") if compute else model
 
@@ -493,23 +493,25 @@ def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events)
 def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
               layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
               layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
-              events: Events | None = None, dp: int | None = None):
-    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``:
-    also one rank's memory on that many data-parallel ranks under each ZeRO stage."""
-    from .model.datasharding import DataLayout
+              events: Events | None = None, dp: int | None = None, zero: int | None = None,
+              reshard_after_forward: bool | str | None = None):
+    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``
+    (with ``zero`` and ``reshard_after_forward``, as ``solve`` takes them): every figure is one
+    of ``dp`` data-parallel ranks', and a table shows what each category becomes on such a rank
+    under each ZeRO stage."""
     from .reporting.breakdown import Breakdown
+    from .solver.request import SolveRequest
     events = _events(events)
     efficiency = number("efficiency", efficiency, 0, 1, low_open=True)
-    if dp is not None:
-        DataLayout(dp)                                  # checked: an integer >= 1
-        if dp < 2:
-            raise OptionError("dp", f"expected an integer >= 2 (data-parallel ranks to compare layouts on), got {dp}")
+    options: dict[str, Any] = {k: v for k, v in (("dp", dp), ("zero", zero),
+                                                 ("reshard_after_forward", reshard_after_forward)) if v is not None}
+    layout: DataLayout = SolveRequest(devices=1, **options).data_layout()     # checked as solve checks them
     target = _target("target", target)
-    model = _model(profile, layering, shared, layer_compute, debug, events).on(target, efficiency)
-    result = Breakdown.of(model, dp)
-    if dp is not None:
-        result.data_parallel_rows(dp)                   # a profile without roles is refused here, naming it
-    return result
+    analysis = analyze(profile, layering=layering, shared=shared, debug=debug, events=events, layout=layout)
+    compute = _layer_compute(layer_compute)
+    model = analysis.model.with_compute(compute, "layer_compute") if compute else analysis.model
+    one_device = analysis.source if analysis.source is not None else analysis.profile
+    return Breakdown.of(model.on(target, efficiency), layout.dp if layout.sharded else None, one_device)
 
 
 def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
@@ -531,12 +533,15 @@ def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str,
     if layers is not None and not (isinstance(layers, str) or (isinstance(layers, (tuple, list)) and len(layers) == 2
                                                                 and all(isinstance(x, str) for x in layers))):
         raise OptionError("layers", f"expected 'FIRST:LAST' or a pair of layer names, got {short_repr(layers)}")
-    model = _model(profile, layering, shared, layer_compute, debug, events)
-    names = model.layers.names
-    stages = None
     if plan is not None:
         where = "plan" if isinstance(plan, Plan) else str(plan)
         plan = plan if isinstance(plan, Plan) else read_plan(plan)
+    # a plan solved for data-parallel ranks is diagnosed on one rank's figures, as it was solved
+    layout = plan.inputs.request.data_layout() if plan is not None else None
+    model = _model(profile, layering, shared, layer_compute, debug, events, layout)
+    names = model.layers.names
+    stages = None
+    if plan is not None:
         if plan.layer_names != names:
             made_for = plan.profile.name or plan.profile.path or "another profile"
             raise StagesplitError(f"{show(where)}: the plan was made for {show(made_for)} with {len(plan.layer_names)} "

@@ -9,6 +9,7 @@ from typing import Any
 import numpy as np
 
 from ..common.text import one_line, show
+from ..io.profile import Profile
 from ..layers import Rule
 from ..model.costmodel import StageCostModel, StageMemory
 from ..model.datasharding import DataLayout, role_bytes, shard_profile
@@ -37,11 +38,14 @@ class Breakdown:
     shared: StageMemory
     #: data-parallel ranks to show one rank's memory for under each ZeRO stage (None: not shown)
     data_parallel: int | None = None
+    #: the one-device profile ``model``'s was sharded from (None: ``model``'s own)
+    one_device: Profile | None = None
 
     @classmethod
-    def of(cls, model: StageCostModel, data_parallel: int | None = None) -> Breakdown:
+    def of(cls, model: StageCostModel, data_parallel: int | None = None, one_device: Profile | None = None
+           ) -> Breakdown:
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory(),
-                   data_parallel)
+                   data_parallel, one_device)
 
     def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:
         """The text tables of the given sections, in order (default: the summary and the layers),
@@ -63,9 +67,10 @@ class Breakdown:
             [(f"ZeRO {z}" + (" (DDP)" if z == 0 else ""), DataLayout(dp, z)) for z in range(4)] + \
             [("ZeRO 3, no reshard after forward", DataLayout(dp, 3, reshard_after_forward=False))]
         rows = []
+        source = self.one_device if self.one_device is not None else m.profile
         for name, layout in layouts:
-            rank = shard_profile(m.profile, m.layers, layout)
-            model = m if rank is m.profile else StageCostModel(rank, m.layers, shared=m.shared)
+            rank = shard_profile(source, m.layers, layout)
+            model = StageCostModel(rank, m.layers, shared=m.shared)
             rows.append((name, role_bytes(rank), model.stage_memory(0, model.num_layers - 1).worst_bytes()))
         return rows
 

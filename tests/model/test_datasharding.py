@@ -185,6 +185,12 @@ def test_solve_text_names_the_layout_the_plan_records(capsys, tmp_path, linear_s
         assert stage.worst_tile_bytes == model.stage_memory(stage.first_layer, stage.last_layer).worst_bytes()
     code, out, err = run_cli(capsys, "solve", path, "--devices", 2, "--out", tmp_path / "plain.json")
     assert code == 0 and "data parallel" not in out
+    # diagnose takes the plan's layout: its model is the rank's, as the plan's figures are
+    from stagesplit import api
+    diagnosed = api.diagnose(path, plan=plan_path)
+    assert diagnosed.model.stage_memory(0, LAYERS - 1).worst_bytes() == \
+        model.stage_memory(0, LAYERS - 1).worst_bytes()
+    assert any(name.startswith("fsdp/") for name in diagnosed.model.profile.names)
 
 
 def test_breakdown_shows_each_category_per_zero_stage_by_hand(linear_stack, capsys, tmp_path):
@@ -220,8 +226,14 @@ def test_breakdown_shows_each_category_per_zero_stage_by_hand(linear_stack, caps
         return f"{x / 1024:,.2f}"
     assert table[4].split() == ["one", "device", kib(full), kib(full), kib(2 * full + steps), kib(0), kib(rows[0][2])]
     assert table[8].split()[:6] == ["ZeRO", "3", kib(half), kib(half), kib(2 * half + steps), kib(0)]
-    assert refused_line(capsys, "breakdown", path, "--dp", 1) == \
-        "--dp: expected an integer >= 2 (data-parallel ranks to compare layouts on), got 1"
+    assert refused_line(capsys, "breakdown", path, "--zero", 3) == \
+        "--zero: ZeRO 3 shards across data-parallel ranks: give dp >= 2 with it"
+    code, out, _ = run_cli(capsys, "breakdown", path, "--dp", 1)
+    assert code == 0 and "data-parallel" not in out
+    # with --zero, every other table is that rank's
+    ranked = api.breakdown(profile, dp=2, zero=3)
+    assert ranked.whole.worst_bytes() == rows[4][2]
+    assert api.breakdown(profile, dp=2, zero=3, reshard_after_forward="off").whole.worst_bytes() == rows[5][2]
     assert refused_line(capsys, "breakdown", PROFILES / "gpt-captured.stagesplit", "--dp", 2).endswith(
         "gpt-captured.stagesplit: variables.role: expected the roles of its variables (parameter, gradient, "
         "optimizer state) to shard them across data-parallel ranks; capture it again with this version")
