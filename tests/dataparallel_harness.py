@@ -10,9 +10,12 @@ after an untracked warm-up step (the optimizer makes its state) and ``zero_grad(
 so gradients exist when the step starts, as stagesplit's capture assumes (gradient accumulation).
 The learning rate is 0, so every rank computes what the unparallelised model computes.
 
-Nothing here comes from stagesplit except the FSDP groups: the modules owning each profile
-layer's parameters (``groups``), parameters shared by several layers left to the root, as the
-layout rules (stagesplit/model/datasharding.py) say.
+``run_fake_process_group`` measures rank 0 the same way on this process alone, under torch's fake
+process group (FSDP2 only: DDP's reducer does not run under it).
+
+Nothing here comes from stagesplit except the FSDP groups: each profile layer's module path
+(``groups``), the other parameters left to the root, as the layout rules
+(stagesplit/model/datasharding.py) say.
 """
 
 from __future__ import annotations
