@@ -27,8 +27,9 @@ torch's DDP and FSDP2 sources and written out with their reasons in docs/layouts
 
 ``ceil(bytes/dp)`` is rank 0's share, the largest: FSDP2 pads each parameter's first dimension to a
 multiple of ``dp``, so rank 0 holds ``ceil(rows/dp)`` rows (exact for the bytes when ``dp`` divides
-the rows); the profile's bytes are already rounded to the allocator's unit, the shares are not
-rounded again. The rules need the variables' roles (the PyTorch capture records them) and, for
+the rows). A profile whose parameters, gradients and state are all multiples of 512 bytes was
+captured rounded as the CUDA caching allocator rounds (``stagesplit capture``'s default): each
+share is an allocation of its own, rounded up to 512 again. The rules need the variables' roles (the PyTorch capture records them) and, for
 ``zero`` 2 and 3, the operations' phases; a profile without them is refused with a one-line
 error naming it.
 """
@@ -43,7 +44,7 @@ from ..errors import OptionError, ProfileError
 from ..io.profile import ROLES, Liveness, Operations, Phase, Profile, Ragged, Variables
 from ..layers import LayerAssignment
 
-__all__ = ["DataLayout", "ZERO_STAGES", "role_bytes", "shard_profile"]
+__all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "role_bytes", "shard_profile"]
 
 #: what each ZeRO stage shards, in words (the plan's text uses these)
 ZERO_STAGES = {0: "DDP: parameters, gradients and optimizer state replicated, gradient buckets",
@@ -115,8 +116,14 @@ def _outside_to_root(profile: Profile, layers: LayerAssignment, role: np.ndarray
             group[i] = _ROOT
 
 
-def _share(nbytes: np.ndarray, dp: int) -> np.ndarray:
-    return -(-np.asarray(nbytes, np.int64) // dp)
+#: the CUDA caching allocator's unit: a profile whose parameters, gradients and state are all
+#: multiples of it was captured rounded to it, and a shard is an allocation of its own
+ALLOCATOR_UNIT = 512
+
+
+def _share(nbytes: np.ndarray, dp: int, unit: int = 1) -> np.ndarray:
+    share = -(-np.asarray(nbytes, np.int64) // dp)
+    return -(-share // unit) * unit
 
 
 class _Additions:
@@ -205,15 +212,17 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
 
     # zero >= 1: optimizer state (not the step counters) and the optimizer step's temporaries
     state = (role == _STATE) & ~is_step
-    nbytes[state] = _share(nbytes[state], dp)
+    held = v.bytes[np.isin(role, (_PARAM, _GRAD, _STATE)) & v.always_live]
+    unit = ALLOCATOR_UNIT if len(held) and not np.any(held % ALLOCATOR_UNIT) else 1
+    nbytes[state] = _share(nbytes[state], dp, unit)
     optimizer_only = _optimizer_temporaries(profile)
-    nbytes[optimizer_only] = _share(nbytes[optimizer_only], dp)
+    nbytes[optimizer_only] = _share(nbytes[optimizer_only], dp, unit)
     if layout.zero == 1:
         return _rebuild(profile, nbytes, add)
 
     bounds = _layer_bounds(profile, layers)
     grads = role == _GRAD
-    nbytes[grads] = _share(nbytes[grads], dp)
+    nbytes[grads] = _share(nbytes[grads], dp, unit)
     # each full gradient from the step autograd first writes it (an accumulation: a backward
     # operation using the gradient and no parameter) to the end of its group's backward
     first = _first_accumulation(profile, role, op_of, var_ids)
@@ -234,7 +243,7 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
         return _rebuild(profile, nbytes, add)
 
     params = role == _PARAM
-    nbytes[params] = _share(nbytes[params], dp)
+    nbytes[params] = _share(nbytes[params], dp, unit)
     _fsdp_buffers(profile, layers, layout, bounds, param_of_layer, v.bytes[params & (group == _ROOT)].sum(),
                   _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add)
     return _rebuild(profile, nbytes, add)

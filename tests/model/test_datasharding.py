@@ -258,3 +258,18 @@ def test_layouts_page_shows_the_line_solve_prints():
     from helpers import ROOT
     page = (ROOT / "docs" / "layouts.md").read_text()
     assert "data parallel: " + DataLayout(2, 3).describe() + "\n" in page
+
+
+def test_shares_of_a_gpu_capture_are_rounded_as_the_allocator_rounds():
+    """Captured with the CUDA allocator's 512-byte rounding, each shard is rounded up to 512 again:
+    the bias (256 bytes, stored as 512) becomes 512 on each rank, the weight 16,384 / 4 = 4,096."""
+    from torch import nn
+
+    from stagesplit.capturing.pytorch import capture_model
+    with torch.device("meta"):
+        model = nn.Sequential(*[nn.Linear(64, 64) for _ in range(LAYERS)])
+    profile = capture_model(model, torch.empty(8, 64, device="meta"), allocator_round=512, name="rounded")
+    rank = shard_profile(profile, Analysis.of(profile).layers, DataLayout(4, 3))
+    roles = role_bytes(rank)
+    assert roles["param"] == roles["grad"] == LAYERS * (W // 4 + 512)
+    assert roles["state"] == LAYERS * 2 * (W // 4 + 512) + 2 * LAYERS * 512     # step counters: 4 bytes, stored as 512
