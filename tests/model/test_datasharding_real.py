@@ -70,6 +70,20 @@ def test_fake_process_group_oracle_matches_the_prediction(build, mode, zero, res
     assert abs(predicted - rank["peak"]) <= 4, (rank["categories"], predicted)
 
 
+@pytest.mark.slow
+@pytest.mark.parametrize("build", [tiny_gpt, tiny_llama], ids=["gpt", "llama"])
+@pytest.mark.parametrize("reshard", [True, False], ids=["reshard", "no-reshard"])
+def test_fake_process_group_three_and_four_ranks(build, reshard):
+    """Four ranks divide every first dimension: exact. Three do not (widths of 64): FSDP2 pads each
+    parameter to ceil(rows / 3) rows per rank, the rule takes ceil(bytes / 3) (the profile has no
+    shapes), and the prediction is short by the padding: -0.85% to -1.12% measured on torch 2.13."""
+    for ranks, low, high in ((4, -1e-5, 1e-5), (3, -0.015, -0.005)):
+        predicted, groups = _predicted(build, DataLayout(ranks, 3, reshard))
+        rank = run_fake_process_group(DataParallelCase(functools.partial(build, "cpu"), "fsdp", reshard, groups), ranks)
+        error = (predicted - rank["peak"]) / rank["peak"]
+        assert low <= error <= high, (ranks, predicted, rank["peak"], f"{error:+.3%}")
+
+
 def test_ddp_does_not_run_under_the_fake_process_group():
     """DDP's reducer wants the all-reduce's future to hold the bucket; the fake process group's
     holds None, and torch stops in the backward (so DDP is checked on real processes only)."""
