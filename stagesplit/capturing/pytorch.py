@@ -46,7 +46,7 @@ from .recorder import (
     register_optimizer_state,
 )
 from .runtime import as_a_real_run, first_line, load_torch, quiet
-from .tensorparallel import fake_process_group, heads_per_rank, parallelize, resolve_plan
+from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
 
 __all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
@@ -145,6 +145,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
             if plan is not None:
                 tp_hooks, extra = parallelize(torch, model, mesh, plan)
                 params = {id(p): p for p in model.parameters()}
+                group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
             for p in params.values():
                 if p.requires_grad:

@@ -51,7 +51,7 @@ from ..errors import OptionError, StagesplitError
 from ..common.text import show
 
 __all__ = ["STYLES", "TensorParallelPlan", "read_plan_file", "resolve_plan", "fake_process_group",
-           "parallelize", "heads_per_rank"]
+           "parallelize", "heads_per_rank", "propagation_unrecorded"]
 
 #: the styles a plan may name (transformers' names for the same torch styles included)
 STYLES = ("colwise", "colwise_gather_output", "rowwise", "embedding_rowwise", "rowwise_split_input", "sequence",
@@ -215,6 +215,33 @@ def fake_process_group(torch, degree: int) -> Iterator[Any]:
         yield init_device_mesh("cpu", (degree,))
     finally:
         dist.destroy_process_group()
+
+
+@contextlib.contextmanager
+def propagation_unrecorded(state) -> Iterator[None]:
+    """Pause the recorder (``state.paused``) while DTensor's sharding propagation runs.
+
+    To learn an operation's output shape DTensor runs it on empty tensors of the global shapes
+    under the fake mode it finds active (``detect_fake_mode``): under a capture that is the
+    capture's own, so the recorder would count those tensors as the rank's. A real run does them
+    in a fake mode of its own, which torch's MemTracker skips; here the propagation is wrapped
+    and paused instead."""
+    from torch.distributed.tensor import DTensor
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    original = propagator._propagate_tensor_meta_non_cached
+
+    def unrecorded(op_schema):
+        was, state.paused = state.paused, True
+        try:
+            return original(op_schema)
+        finally:
+            state.paused = was
+
+    propagator._propagate_tensor_meta_non_cached = unrecorded
+    try:
+        yield
+    finally:
+        del propagator._propagate_tensor_meta_non_cached
 
 
 def _stack_parent(plan: TensorParallelPlan, modules: dict[str, Any]) -> tuple[str, str] | None:
