@@ -124,8 +124,7 @@ def resolve_plan(torch, model, degree: int, sequence_parallel: bool, plan_file: 
         found = declared_plan(model)
         if found is None:
             raise OptionError("tp", f"{type(model).__name__} declares no tensor-parallel plan (no _tp_plan or "
-                              "config.base_model_tp_plan); give one with tp_plan (a YAML file: module pattern -> "
-                              "style)")
+                              "config.base_model_tp_plan); give a plan file (YAML: module pattern -> style)")
         patterns, name = found
         source, where = f"the model's declared plan ({name})", name
     modules = dict(model.named_modules())
@@ -146,7 +145,7 @@ def resolve_plan(torch, model, degree: int, sequence_parallel: bool, plan_file: 
 
 
 def _refuse(degree: int, module: str, what: str) -> OptionError:
-    return OptionError("tp", f"degree {degree} does not divide {what} of {module}")
+    return OptionError("tp", f"{module} has {what}, not divisible by {degree} ranks")
 
 
 def _check_divisible(torch, modules: dict[str, Any], styles: tuple[tuple[str, str], ...],
@@ -164,21 +163,21 @@ def _check_divisible(torch, modules: dict[str, Any], styles: tuple[tuple[str, st
                 kv = _attention_count(attention, ("num_key_value_heads", "num_kv_heads", "n_kv_heads")) or n_heads
                 heads[parent] = (n_heads, kv)
                 if n_heads % degree:
-                    raise _refuse(degree, parent, f"its {n_heads} attention heads")
+                    raise _refuse(degree, parent, f"{n_heads} attention heads")
                 if kv % degree:
-                    raise _refuse(degree, parent, f"its {kv} key/value heads")
+                    raise _refuse(degree, parent, f"{kv} key/value heads")
     for path, style in styles:
         module = modules[path]
         if isinstance(module, nn.Linear):
             if style in _COLWISE and module.out_features % degree:
-                raise _refuse(degree, path, f"its {module.out_features} output features (colwise)")
+                raise _refuse(degree, path, f"{module.out_features} output features (colwise)")
             if style in _ROWWISE and module.in_features % degree:
-                raise _refuse(degree, path, f"its {module.in_features} input features (rowwise)")
+                raise _refuse(degree, path, f"{module.in_features} input features (rowwise)")
         elif isinstance(module, nn.Embedding):
             if style in _ROWWISE and module.num_embeddings % degree:
-                raise _refuse(degree, path, f"its {module.num_embeddings} rows (the vocabulary)")
+                raise _refuse(degree, path, f"{module.num_embeddings} rows (the vocabulary)")
             if style in _COLWISE and module.embedding_dim % degree:
-                raise _refuse(degree, path, f"its embedding dimension {module.embedding_dim}")
+                raise _refuse(degree, path, f"embedding dimension {module.embedding_dim}")
         elif style not in _NOTHING + _SEQUENCE:
             raise OptionError("tp", f"{path} is a {type(module).__name__}; the {style} style applies to Linear and "
                               "Embedding modules only")
