@@ -43,12 +43,12 @@ from __future__ import annotations
 import contextlib
 import fnmatch
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import OptionError, StagesplitError
 from ..common.text import show
+from ..errors import OptionError, StagesplitError
 
 __all__ = ["STYLES", "TensorParallelPlan", "read_plan_file", "resolve_plan", "fake_process_group",
            "parallelize", "heads_per_rank", "propagation_unrecorded"]
@@ -71,7 +71,6 @@ class TensorParallelPlan:
     source: str                                    #: "the model's declared plan (...)" or the file
     styles: tuple[tuple[str, str], ...]            #: (module path, style), in the model's module order
     heads: tuple[tuple[str, int, int], ...] = ()   #: (attention module, heads, KV heads) whose projections split
-    extra: tuple[tuple[str, str], ...] = field(default=())   #: sequence-parallel additions: (module path, what)
 
 
 def read_plan_file(path: str | Path) -> dict[str, str]:
