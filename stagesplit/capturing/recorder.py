@@ -130,10 +130,11 @@ def make_recorder(torch, allocator_round: int):
     fake_errors = _fake_exception_types(torch)
     count_flops = flop_counter(torch)
     from torch._guards import active_fake_mode
+    DTensor: Any = None
     try:
         from torch.distributed.tensor import DTensor
     except ImportError:                                   # a torch built without distributed
-        DTensor = None
+        pass
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -302,12 +303,12 @@ def make_recorder(torch, allocator_round: int):
 
 def _collective(torch, index: int, func, phase: str, flat_in: list, flat_out: list) -> _Collective:
     """The record of one functional collective; its group from its ``group_name`` argument."""
-    from torch.distributed.distributed_c10d import _resolve_process_group
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
     size = 1
     names = [a for a in flat_in if isinstance(a, str)]
     if names:
         try:
-            size = int(_resolve_process_group(names[-1]).size())
+            size = int(_resolve_process_group(GroupName(names[-1])).size())
         except Exception:
             size = 1
     tin = sum(_tensor_bytes(t) for t in flat_in if isinstance(t, torch.Tensor))

@@ -235,7 +235,7 @@ def propagation_unrecorded(state) -> Iterator[None]:
         finally:
             state.paused = was
 
-    propagator._propagate_tensor_meta_non_cached = unrecorded
+    propagator._propagate_tensor_meta_non_cached = unrecorded  # type: ignore[method-assign]  # (this instance only)
     try:
         yield
     finally:
@@ -361,7 +361,7 @@ def parallelize(torch, model, mesh, plan: TensorParallelPlan) -> tuple[list, tup
     styles, extra = torch_styles(torch, model, plan)
     before = {id(m): (set(m._forward_pre_hooks), set(m._forward_hooks)) for m in model.modules()}
     parallelize_module(model, mesh, styles)
-    added = []
+    added: list[tuple[dict, Any]] = []
     for m in model.modules():
         pre, post = before.get(id(m), (set(), set()))
         added.extend((m._forward_pre_hooks, k) for k in set(m._forward_pre_hooks) - pre)

@@ -15,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
+import tp_harness  # noqa: E402
 from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
 from stagesplit.capturing.pytorch import capture_model  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
@@ -23,8 +24,6 @@ from stagesplit.io import load_profile, save_profile  # noqa: E402
 from stagesplit.io.profile import Collective, ParallelLayout  # noqa: E402
 from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.reporting.layout import tensor_parallel_line  # noqa: E402
-
-import tp_harness  # noqa: E402
 
 F32 = 4
 
