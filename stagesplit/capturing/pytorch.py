@@ -147,9 +147,11 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                 params = {id(p): p for p in model.parameters()}
                 group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
+            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype) if plan is not None else {}
             for p in params.values():
                 if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
+                    p.grad = torch.zeros_like(shaped.get(id(p), p))
+            shaped.clear()
         register_model(rec, model, fake_inputs, torch)
         hooks = module_hooks(rec, model)
         model.train()
@@ -227,6 +229,33 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
                           autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
                           layout=layout)
+
+
+def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:
+    """Each parameter's gradient as the backward makes it, under tensor parallelism: one
+    unrecorded step (forward, loss, backward) with no gradients allocated.
+
+    The capture runs with gradients already allocated, as every micro-batch but the first does;
+    their layout is the one autograd gave them on the first: not always the parameter's. A
+    vocabulary-split embedding's gradient is a partial sum over the whole vocabulary (torch's
+    masked partial placement), twice the weight's shard at two ranks; allocating it like the
+    parameter undercounts a real rank. A failure here is left to the recorded step, which names
+    it."""
+    model.train()
+    try:
+        with as_a_real_run(), (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
+                               else contextlib.nullcontext()):
+            loss = _loss(torch, _call(model, inputs), loss_fn, "model")
+        loss.backward()
+    except (Exception, SystemExit):
+        pass
+    loss = None
+    found = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            found[id(p)] = p.grad
+            p.grad = None
+    return found
 
 
 def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:

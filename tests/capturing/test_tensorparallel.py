@@ -118,6 +118,11 @@ def test_llama_declared_plan_heads_per_rank():
     assert got["model.layers.0.self_attn.q_proj.weight"] == 32 * 64 * F32
     assert got["model.layers.0.self_attn.k_proj.weight"] == 16 * 64 * F32
     assert got["model.embed_tokens.weight"] == 128 * 64 * F32
+    assert got["model.embed_tokens.weight.exp_avg"] == 128 * 64 * F32
+    # the vocabulary-split embedding's gradient, as autograd makes it, is a partial sum over the
+    # whole vocabulary (the real ranks below hold it so too); the head's is its shard
+    assert got["model.embed_tokens.weight.grad"] == 256 * 64 * F32
+    assert got["lm_head.weight.grad"] == 128 * 64 * F32
     line = tensor_parallel_line(layout)
     kinds = {}
     for c in layout.collectives:
@@ -140,6 +145,10 @@ def test_llama_sequence_parallel_layout():
     assert additions["model.norm"] == "SequenceParallel"
     kinds = {c.kind for c in layout.collectives}
     assert {"all_gather_into_tensor", "reduce_scatter_tensor"} <= kinds
+    # the five norms' weights are whole on every rank; their gradients, summed over the rank's part
+    # of the sequence, are all-reduced in the backward
+    norm_reductions = [c for c in layout.collectives if c.kind == "all_reduce" and c.bytes == 64 * F32]
+    assert len(norm_reductions) == 5 and {c.phase for c in norm_reductions} == {"backward"}
 
 
 @pytest.mark.parametrize("degree, message", [
@@ -256,11 +265,10 @@ def test_degree_option_checked():
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
 def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     """Both ranks of a real TP 2 run (gloo, CPU): each rank's MemTracker peak over one step
-    (forward, loss, backward, Adam step; gradients and Adam state already there) against the
-    capture's prediction for one stage holding the whole model, within 3%; the loss equals the
-    unparallelised model's. What remains is gloo's: its worker thread lets go of a collective's
-    buffers a little after the wait returns, so a real rank holds an all-gather's input for a
-    while longer than the capture (the Llama head's logits shard)."""
+    (forward, loss, backward, Adam step; gradients and Adam state already there, as the warm-up
+    step left them) against the capture's prediction for one stage holding the whole model:
+    the issue asks for 3% with 1% as the goal; measured, they are equal to the byte, and 1% is
+    asserted. The loss equals the unparallelised model's."""
     case = tp_harness.TPCase(model, 2, sequence_parallel)
     ranks = tp_harness.run_tp(case)
     profile = capture_model(tp_harness.build(model, "meta"), tp_harness.inputs(model, "meta"), tp=2,
@@ -270,5 +278,5 @@ def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     assert predicted == peak_bytes(profile)
     reference = tp_harness.reference_loss(model)
     for rank in ranks:
-        assert abs(predicted - rank.peak_bytes) <= 0.03 * rank.peak_bytes, (rank, predicted)
+        assert abs(predicted - rank.peak_bytes) <= 0.01 * rank.peak_bytes, (rank, predicted)
         assert rank.loss == pytest.approx(reference, rel=1e-5)
