@@ -42,6 +42,7 @@ from __future__ import annotations
 
 import contextlib
 import fnmatch
+import sys
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -208,11 +209,13 @@ def fake_process_group(torch, degree: int) -> Iterator[Any]:
     if dist.is_initialized():
         raise StagesplitError("a torch.distributed process group is already initialised in this process; a "
                               "tensor-parallel capture sets up its own fake one")
+    hook = sys.excepthook                 # torch prefixes every later traceback with [rank0]: put back after
     dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=degree)
     try:
         yield init_device_mesh("cpu", (degree,))
     finally:
         dist.destroy_process_group()
+        sys.excepthook = hook
 
 
 @contextlib.contextmanager

@@ -85,11 +85,15 @@ def test_two_linear_rank_bytes_by_hand(mlp_plan):
 def test_model_left_as_it_came_and_group_torn_down(mlp_plan):
     """The caller's parameters come back plain, torch's hooks and marks are gone, the fake
     process group is destroyed: a second capture (at another degree) in the process works."""
+    import sys
+
     import torch.distributed as dist
     model = TwoLinear()
+    hook = sys.excepthook
     before = {n: p for n, p in model.named_parameters()}
     first = capture_model(model, torch.zeros(8, 64), tp=2, tp_plan=mlp_plan, allocator_round=1)
     assert not dist.is_initialized()
+    assert sys.excepthook is hook                       # torch's [rank0] traceback prefix is gone too
     assert {n: p for n, p in model.named_parameters()} == before
     assert all(not m._forward_hooks and not m._forward_pre_hooks for m in model.modules())
     assert all("_distribute_module_applied" not in vars(m) for m in model.modules())
