@@ -288,3 +288,26 @@ def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     for rank in ranks:
         assert abs(predicted - rank.peak_bytes) <= 0.01 * rank.peak_bytes, (rank, predicted)
         assert rank.loss == pytest.approx(reference, rel=1e-5)
+
+
+def test_parallel_layout_read_strictly(tmp_path, mlp_plan):
+    """A bad field of the layout is refused in one line naming it; a profile without one (every
+    file written before it existed) reads with none."""
+    import json
+
+    from stagesplit.errors import ProfileError
+    profile = capture_model(TwoLinear(), torch.zeros(8, 64), tp=2, tp_plan=mlp_plan, allocator_round=1)
+    path = tmp_path / "rank.json"
+    save_profile(profile, path)
+    doc = json.loads(path.read_text())
+    doc["parallel_layout"]["collectives"][0]["kind"] = "gossip"
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"parallel_layout\.collectives\[0\]\.kind") as caught:
+        load_profile(path)
+    assert "\n" not in str(caught.value)
+    doc["parallel_layout"]["collectives"][0]["kind"] = "all_reduce"
+    doc["parallel_layout"]["collectives"][0]["step"] = 10**6
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ProfileError, match=r"parallel_layout\.collectives\[0\]\.step"):
+        load_profile(path)
+    assert load_profile(tp_harness.ROOT / "profiles" / "tiny.json").info.parallel_layout is None
