@@ -98,6 +98,9 @@ def test_model_left_as_it_came_and_group_torn_down(mlp_plan):
     assert all("_distribute_module_applied" not in vars(m) for m in model.modules())
     second = capture_model(model, torch.zeros(8, 64), tp=4, tp_plan=mlp_plan, allocator_round=1)
     assert _bytes_by_name(second)["up.weight"] * 2 == _bytes_by_name(first)["up.weight"]
+    again = capture_model(model, torch.zeros(8, 64), tp=2, tp_plan=mlp_plan, allocator_round=1)
+    assert peak_bytes(again) == peak_bytes(first) and again.operations.name == first.operations.name
+    assert again.info.parallel_layout == first.info.parallel_layout
     plain = capture_model(model, torch.zeros(8, 64), allocator_round=1)
     assert plain.info.parallel_layout is None
     assert _bytes_by_name(plain)["up.weight"] == 2 * _bytes_by_name(first)["up.weight"]
