@@ -215,6 +215,10 @@ def test_bad_plans_refused(tmp_path, capsys):
     assert main(["capture", f"{factory}:build", "--tp", "3", "--tp-plan", str(plan), "-o", str(out)]) == 2
     assert capsys.readouterr().err.strip() == ("stagesplit: error: --tp: up has 128 output features (colwise), "
                                                "not divisible by 3 ranks")
+    assert main(["capture", f"{factory}:build", "--tp", "2", "--sp", "--tp-plan", str(plan), "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("stagesplit: error: --sp: the plan names no module inside a repeated "
+                                               "stack of blocks (model.layers.N...); sequence parallelism shards the "
+                                               "stream between blocks")
     assert main(["capture", f"{factory}:build", "--sp", "-o", str(out)]) == 2
     assert "--sp: applies to a tensor-parallel capture" in capsys.readouterr().err
     assert main(["capture", f"{factory}:build", "--tp", "2", "-o", str(out)]) == 2
