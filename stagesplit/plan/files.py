@@ -118,6 +118,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
     """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
     doc = asdict(profile)
+    if profile.tensor_parallel == 1:                 # a plan of one device per stage writes what it always did
+        del doc["tensor_parallel"], doc["sequence_parallel"]
     if profile.one_tile:
         doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
     return doc
@@ -372,7 +374,9 @@ def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
                        tiles=r.integer(tiles, "profile.tiles", minimum=1),
                        bytes_per_tile=r.integer(per_tile, "profile.bytes_per_tile"),
                        path=_optional_string(r, p.get("path"), "profile.path"),
-                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"))
+                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"),
+                       tensor_parallel=r.integer(p.get("tensor_parallel", 1), "profile.tensor_parallel", minimum=1),
+                       sequence_parallel=r.boolean(p.get("sequence_parallel", False), "profile.sequence_parallel"))
 
 
 def _sha256(r: FieldReader, value: Any, path: str) -> str | None:

@@ -129,6 +129,10 @@ class PlanProfile:
     bytes_per_tile: int = 0
     path: str | None = None
     sha256: str | None = None
+    #: the profile is one rank of this many tensor-parallel ranks (a capture's ``parallel_layout``): every
+    #: pipeline device is a group of that many GPUs, each holding what the profile holds
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
 
     @property
     def one_tile(self) -> bool:

@@ -318,3 +318,39 @@ def test_parallel_layout_read_strictly(tmp_path, mlp_plan):
     with pytest.raises(ProfileError, match=r"parallel_layout\.collectives\[0\]\.step"):
         load_profile(path)
     assert load_profile(tp_harness.ROOT / "profiles" / "tiny.json").info.parallel_layout is None
+
+
+def test_a_plan_of_a_tensor_parallel_rank_says_what_a_device_is(tmp_path, capsys, mlp_plan):
+    """A plan solved from one TP 2 rank's profile records the degree (and writes it in its file only
+    then); solve prints what a pipeline device is, and the GPUs in all: 2 pipeline devices x 2 TP x 2 DP."""
+    from stagesplit.reporting.summary import tensor_parallel_text
+
+    class Stack(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(TwoLinear() for _ in range(2))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    plan_file = tmp_path / "stack.yaml"
+    plan_file.write_text("blocks.*.up: colwise\nblocks.*.down: rowwise\n")
+    profile = capture_model(Stack(), torch.zeros(8, 64), tp=2, tp_plan=plan_file, sequence_parallel=False)
+    path = tmp_path / "rank.stagesplit"
+    save_profile(profile, path)
+    out = tmp_path / "plan.json"
+    assert main(["solve", str(path), "--devices", "2", "--dp", "2", "--out", str(out)]) == 0
+    import json
+    document = json.loads(out.read_text())
+    assert document["profile"]["tensor_parallel"] == 2 and document["profile"]["sequence_parallel"] is False
+    assert main(["solve", "--from-plan", str(out)]) == 0
+    text = capsys.readouterr().out
+    line = ("tensor parallel: every pipeline device is 2 GPUs (the profile is one of them); figures are one GPU's; "
+            "2 pipeline x 2 tensor-parallel x 2 data-parallel = 8 GPUs in all")
+    assert tensor_parallel_text(2, False, 2, 2) == line
+    assert line in text
+    assert tensor_parallel_text(4, True, 3, 1) == (
+        "tensor parallel: every pipeline device is 4 GPUs with sequence parallelism (the profile is one of them); "
+        "figures are one GPU's; 3 pipeline x 4 tensor-parallel = 12 GPUs in all")
