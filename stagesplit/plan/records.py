@@ -133,6 +133,8 @@ class PlanProfile:
     #: pipeline device is a group of that many GPUs, each holding what the profile holds
     tensor_parallel: int = 1
     sequence_parallel: bool = False
+    #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
+    tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
 
     @property
     def one_tile(self) -> bool:
