@@ -1,0 +1,198 @@
+"""A capture with the CUDA attention kernels (``kernels="cuda"``): the kernel torch's CUDA
+dispatcher would choose, by hand; the tensors the capture keeps for the backward, by hand and
+against torch's own fake (meta) kernels for the CUDA operators; a Hugging Face Llama captured both
+ways, the per-layer stash difference as the hand case predicts."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from stagesplit.capturing.kernels import AttentionCall, choose_attention_kernel
+from stagesplit.errors import StagesplitError
+
+torch = pytest.importorskip("torch")
+
+B, H, S, D = 2, 4, 128, 64
+FLASH = "aten._scaled_dot_product_flash_attention"
+EFFICIENT = "aten._scaled_dot_product_efficient_attention"
+
+
+def _call(dtype="bfloat16", d=64, mask=False, causal=True, sq=128, sk=128, grad=True, heads=(4, 4), gqa=False,
+          offsets=(0, 0, 0), dropout=0.0):
+    return AttentionCall(dtype, d, d, d, sq, sk, mask, causal, dropout, grad, heads[0], heads[1], gqa, offsets)
+
+
+def test_kernel_rules_by_hand():
+    a100, h100, l4, t4, rtx5090 = (8, 0), (9, 0), (8, 9), (7, 5), (12, 0)
+    assert choose_attention_kernel(a100, _call()) == "flash"
+    assert choose_attention_kernel(h100, _call(dtype="float16")) == "flash"
+    assert choose_attention_kernel(a100, _call(dtype="float32")) == "efficient"       # flash: half precision only
+    assert choose_attention_kernel(a100, _call(mask=True)) == "efficient"             # flash: no explicit mask
+    assert choose_attention_kernel(a100, _call(sq=1, sk=128)) == "efficient"          # causal needs square for flash
+    assert choose_attention_kernel(a100, _call(sq=1, sk=128, causal=False)) == "flash"
+    assert choose_attention_kernel(a100, _call(d=320)) == "efficient"                 # flash: head dim <= 256
+    assert choose_attention_kernel(a100, _call(d=72)) == "flash"                      # padded to 80 in the composite
+    assert choose_attention_kernel(a100, _call(d=36)) == "flash"
+    assert choose_attention_kernel(a100, _call(d=36, mask=True)) == "math"            # efficient: d % 8 in half
+    assert choose_attention_kernel(a100, _call(d=36, dtype="float32")) == "efficient"  # float32: d % 4
+    assert choose_attention_kernel(a100, _call(d=6, dtype="float32")) == "math"
+    # training with head dim in (192, 224] on sm86-sm89 and sm120-sm121: not flash
+    assert choose_attention_kernel(l4, _call(d=200)) == "efficient"
+    assert choose_attention_kernel(rtx5090, _call(d=200)) == "efficient"
+    assert choose_attention_kernel(l4, _call(d=200, grad=False)) == "flash"
+    assert choose_attention_kernel(l4, _call(d=232)) == "flash"
+    assert choose_attention_kernel(l4, _call(d=232, dropout=0.1)) == "efficient"
+    assert choose_attention_kernel(a100, _call(d=200)) == "flash"
+    # sm75: no flash, and the efficient kernel takes float16 and float32 only
+    assert choose_attention_kernel(t4, _call(dtype="float16")) == "efficient"
+    assert choose_attention_kernel(t4, _call()) == "math"
+    # grouped queries need enable_gqa and key heads dividing query heads
+    assert choose_attention_kernel(a100, _call(heads=(8, 2), gqa=True)) == "flash"
+    assert choose_attention_kernel(a100, _call(heads=(8, 2))) == "math"
+    assert choose_attention_kernel(a100, _call(heads=(8, 3), gqa=True)) == "math"
+    # the efficient kernel's pointers aligned to 8 elements (half) on sm80+
+    assert choose_attention_kernel(a100, _call(mask=True, offsets=(0, 16, 32))) == "efficient"
+    assert choose_attention_kernel(a100, _call(mask=True, offsets=(0, 2, 0))) == "math"
+
+
+class Attention(torch.nn.Module):
+    def __init__(self, mask=None):
+        super().__init__()
+        self.qkv = torch.nn.Linear(H * D, 3 * H * D)
+        self.o = torch.nn.Linear(H * D, H * D)
+        self.mask = mask
+
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, H, D).permute(2, 0, 3, 1, 4)
+        if self.mask is not None:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=self.mask)
+        else:
+            y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        return self.o(y.transpose(1, 2).reshape(b, s, H * D))
+
+
+def _capture(dtype, kernels="cuda", seq=S, model=None, target=None):
+    from stagesplit.capturing.pytorch import capture_model
+    return capture_model(model or Attention(), torch.randn(B, seq, H * D), dtype=dtype, kernels=kernels,
+                         allocator_round=1, optimizer="none", target=target)
+
+
+def _kernel_tensors(profile, func: str) -> dict[int, tuple[int, bool]]:
+    """The outputs of operation ``func`` in the forward: {output index: (bytes, kept for the
+    backward)}; kept: live past the last forward step."""
+    ops = profile.operations
+    forward_end = max(int(ops.last_step[i]) for i, n in enumerate(ops.name)
+                      if "/backward/" not in n and "/optimizer/" not in n and not n.startswith("loss"))
+    found: dict[int, tuple[int, bool]] = {}
+    v = profile.variables
+    for i in range(len(v)):
+        name = profile.names[v.name[i]] if v.name[i] >= 0 else ""
+        if f"/{func}:out" not in name:
+            continue
+        c = int(v.live_class[i])
+        end = int(profile.liveness.intervals[c][:, 1].max()) if c >= 0 else -1
+        found[int(name.rpartition(":out")[2])] = (int(v.bytes[i]), end > forward_end + 1)
+    return found
+
+
+def test_flash_keeps_output_logsumexp_and_philox_state_no_scores():
+    """bfloat16 on an A100: flash. It keeps the output (B*S*H*D*2 bytes), the float32
+    log-sum-exp (B*H*S*4) and the philox seed (2 x uint64) and offset (uint64); nothing keeps
+    an S x S matrix: no softmax, no matrix product of q and k runs."""
+    profile = _capture("bfloat16")
+    kept = _kernel_tensors(profile, FLASH)
+    assert kept[0] == (B * S * H * D * 2, True)
+    assert kept[1] == (B * H * S * 4, True)
+    assert kept[6] == (16, True) and kept[7] == (8, True)
+    assert "CUDA attention kernels assumed for sm80: flash x1" in profile.info.description
+    names = set(profile.operations.name)
+    assert not any("softmax" in n or "bmm" in n or "flash_attention_for_cpu" in n for n in names)
+    assert f"<root>/backward/{FLASH}_backward" in names
+
+
+def test_float32_runs_the_efficient_kernel_with_its_padded_logsumexp():
+    """float32 on an A100: the memory-efficient kernel, its log-sum-exp padded to a multiple of
+    32 query rows: 100 rows keep 128."""
+    profile = _capture("float32", seq=100)
+    kept = _kernel_tensors(profile, EFFICIENT)
+    assert kept[0] == (B * 100 * H * D * 4, True)
+    assert kept[1] == (B * H * math.ceil(100 / 32) * 32 * 4, True) == (B * H * 128 * 4, True)
+    assert kept[2] == (8, True) and kept[3] == (8, True)     # philox seed and offset, int64
+    assert "efficient x1" in profile.info.description
+
+
+def test_a_boolean_mask_is_kept_as_the_efficient_kernels_additive_bias():
+    """A boolean mask rules flash out; the efficient kernel gets it as an additive bias of the
+    query's dtype (S x S, the mask's own shape, broadcast), which it keeps for the backward."""
+    mask = torch.ones(S, S, dtype=torch.bool).tril()
+    profile = _capture("bfloat16", model=Attention(mask))
+    kept = _kernel_tensors(profile, EFFICIENT)
+    assert kept[1] == (B * H * S * 4, True)
+    where = [profile.variables.bytes[i] for i in range(len(profile.variables))
+             if profile.names[profile.variables.name[i]].endswith("aten.where:out0")]
+    assert where == [S * S * 2]
+
+
+def test_the_capture_keeps_what_torchs_cuda_meta_kernels_return():
+    """The oracle: torch's CUDA operators called directly on meta tensors of the same shapes
+    return tensors of exactly the bytes the capture recorded, forward and backward."""
+    aten = torch.ops.aten
+    for dtype, seq, func in ((torch.bfloat16, S, FLASH), (torch.float32, 100, EFFICIENT)):
+        q, k, v = (torch.empty(B, H, seq, D, dtype=dtype, device="meta") for _ in range(3))
+        if func == FLASH:
+            outs = aten._scaled_dot_product_flash_attention(q, k, v, 0.0, True, False)
+            grads = aten._scaled_dot_product_flash_attention_backward(
+                outs[0], q, k, v, outs[0], outs[1], None, None, seq, seq, 0.0, True, outs[6], outs[7])
+        else:
+            outs = aten._scaled_dot_product_efficient_attention(q, k, v, None, True, 0.0, True)
+            grads = aten._scaled_dot_product_efficient_attention_backward(
+                outs[0], q, k, v, None, outs[0], outs[1], outs[2], outs[3], 0.0, [True, True, True, False], True)
+        profile = _capture(str(dtype).replace("torch.", ""), seq=seq)
+        expected = {i: t.numel() * t.element_size() for i, t in enumerate(outs) if isinstance(t, torch.Tensor)}
+        recorded = {i: b for i, (b, _) in _kernel_tensors(profile, func).items()}
+        assert recorded == expected
+        backward = {i: b for i, (b, _) in _kernel_tensors(profile, f"{func}_backward").items()}
+        assert backward == {i: t.numel() * t.element_size() for i, t in enumerate(grads) if t is not None}
+
+
+def test_cpu_kernels_stay_the_default():
+    profile = _capture("bfloat16", kernels="cpu")
+    assert "aten._scaled_dot_product_flash_attention_for_cpu" in " ".join(profile.operations.name)
+    assert "CUDA" not in profile.info.description
+
+
+def test_bad_kernels_option_is_one_line():
+    with pytest.raises(StagesplitError, match="kernels.*expected one of cpu, cuda, got 'tpu'"):
+        _capture("bfloat16", kernels="tpu")
+    with pytest.raises(StagesplitError, match="cuda kernels need a GPU target; ipu-mk2 is a ipu"):
+        _capture("bfloat16", target="ipu-mk2")
+
+
+@pytest.mark.slow
+def test_llama_captured_both_ways_differs_per_layer_by_the_hand_figures():
+    """A Hugging Face Llama (tests/decoder_families.py: 4 heads of 16, 2 key/value heads, 32
+    tokens, batch 2, SDPA with enable_gqa), captured with CPU and with CUDA kernels. bfloat16:
+    flash, which keeps what the CPU's flash kernel keeps (the output, the log-sum-exp, q, k and
+    v) and the philox seed and offset, 512 bytes each once rounded: 1,024 bytes more stash per
+    layer. float32: the efficient kernel, with key and value repeated to 4 heads: it keeps those
+    (2 x B*4*32*16*4 bytes) instead of the 2-head ones the CPU kernel keeps (2 x B*2*32*16*4),
+    and the seed and offset."""
+    import decoder_families as families
+
+    from stagesplit.capturing.pytorch import capture
+    from stagesplit.model.analysis import Analysis
+
+    def stash(kernels, dtype):
+        profile = capture(families.capture_spec("llama"), kernels=kernels, dtype=dtype)
+        analysis = Analysis.of(profile)
+        return [int(analysis.model.stage_memory(i, i).stash[0]) for i in range(len(analysis.layers.names))]
+
+    b, s, heads, kv_heads, d = families.BATCH, families.SEQUENCE, 4, 2, 16
+    cpu, cuda = stash("cpu", "bfloat16"), stash("cuda", "bfloat16")
+    assert len(cpu) == 8 and [c - p for p, c in zip(cpu, cuda)] == [2 * 512] * 8
+    cpu, cuda = stash("cpu", "float32"), stash("cuda", "float32")
+    repeated = 2 * b * heads * s * d * 4 - 2 * b * kv_heads * s * d * 4
+    assert [c - p for p, c in zip(cpu, cuda)] == [repeated + 2 * 512] * 8
