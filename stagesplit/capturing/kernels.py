@@ -157,7 +157,7 @@ def check_kernels(kernels: str, target: Target) -> None:
     if kernels not in KERNELS:
         raise OptionError("kernels", f"expected one of {', '.join(KERNELS)}, got '{kernels}'")
     if kernels == "cuda" and target.kind != "gpu":
-        raise OptionError("kernels", f"cuda kernels need a GPU target; {target.name} is a {target.kind}")
+        raise OptionError("kernels", f"cuda kernels need a GPU target; {target.name} is of kind {target.kind}")
 
 
 def kernels_note(used: Counter, target: Target) -> str:

@@ -321,7 +321,7 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_capture(args: argparse.Namespace) -> int:
     profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                           amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
-                          layer_regex=args.layer_regex, torch_logs=args.debug)
+                          layer_regex=args.layer_regex, torch_logs=args.debug, kernels=args.kernels)
     v = profile.variables
     print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
           f"{len(v):,} tensor storages; parameters, gradients and optimizer state "

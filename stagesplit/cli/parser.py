@@ -343,6 +343,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
+    p.add_argument("--kernels", choices=("cpu", "cuda"), default="cpu",
+                   help="whose kernels' saved tensors to record: cpu (the kernels the capture runs) or cuda (the "
+                        "attention kernel the GPU target's CUDA dispatcher would choose: flash, memory-efficient or "
+                        "math; docs/gpu.md) (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -364,5 +368,5 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "last_layer_regex": "--last-layer-regex", "call_regex": "--call-regex", "layer_order": "--layer-order",
          "batch": "--batch", "dims": "--dim", "training": "--training", "dtype": "--dtype", "name": "--name",
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
-         "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
+         "family": "FAMILY", "kernels": "--kernels", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events"}

@@ -111,6 +111,11 @@ def test_flash_keeps_output_logsumexp_and_philox_state_no_scores():
     names = set(profile.operations.name)
     assert not any("softmax" in n or "bmm" in n or "flash_attention_for_cpu" in n for n in names)
     assert f"<root>/backward/{FLASH}_backward" in names
+    # the same FLOPs as the CPU kernel: 4*B*H*S*S*D forward (two products), 2.5 times that backward
+    flops = dict(zip(profile.operations.name, profile.operations.compute))
+    assert flops[f"<root>/{FLASH}"] == 4 * B * H * S * S * D
+    assert flops[f"<root>/backward/{FLASH}_backward"] == 10 * B * H * S * S * D
+    assert profile.operations.compute.sum() == _capture("bfloat16", kernels="cpu").operations.compute.sum()
 
 
 def test_float32_runs_the_efficient_kernel_with_its_padded_logsumexp():
@@ -167,7 +172,12 @@ def test_cpu_kernels_stay_the_default():
 def test_bad_kernels_option_is_one_line():
     with pytest.raises(StagesplitError, match="kernels.*expected one of cpu, cuda, got 'tpu'"):
         _capture("bfloat16", kernels="tpu")
-    with pytest.raises(StagesplitError, match="cuda kernels need a GPU target; ipu-mk2 is a ipu"):
+    from stagesplit import api
+    from stagesplit.errors import OptionError
+    with pytest.raises(OptionError, match="expected one of cpu, cuda, got 'tpu'") as raised:
+        api.capture("no/such/file.py:build", kernels="tpu")           # checked before the factory is looked for
+    assert raised.value.parameter == "kernels"
+    with pytest.raises(StagesplitError, match="cuda kernels need a GPU target; ipu-mk2 is of kind ipu"):
         _capture("bfloat16", target="ipu-mk2")
 
 
@@ -181,7 +191,6 @@ def test_llama_captured_both_ways_differs_per_layer_by_the_hand_figures():
     (2 x B*4*32*16*4 bytes) instead of the 2-head ones the CPU kernel keeps (2 x B*2*32*16*4),
     and the seed and offset."""
     import decoder_families as families
-
     from stagesplit.capturing.pytorch import capture
     from stagesplit.model.analysis import Analysis
 
@@ -196,3 +205,67 @@ def test_llama_captured_both_ways_differs_per_layer_by_the_hand_figures():
     cpu, cuda = stash("cpu", "float32"), stash("cuda", "float32")
     repeated = 2 * b * heads * s * d * 4 - 2 * b * kv_heads * s * d * 4
     assert [c - p for p, c in zip(cpu, cuda)] == [repeated + 2 * 512] * 8
+
+
+def test_math_path_and_a_gpu_target_outside_the_table(tmp_path):
+    """A head dimension of 6 in float32 fits neither fused kernel: the math path, whose S x S
+    scores are kept. A GPU target stagesplit has no compute capability for is taken as sm80,
+    and the profile says so."""
+    from stagesplit.io.targets import load_target
+    yaml = tmp_path / "mygpu.yaml"
+    yaml.write_text("kind: gpu\ntiles: 1\nbytes_per_tile: 1000000000\n")
+
+    class Narrow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(12, 36)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 16, 3, 2, 6).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    from stagesplit.capturing.pytorch import capture_model
+    profile = capture_model(Narrow(), torch.randn(2, 16, 12), kernels="cuda", optimizer="none", allocator_round=1,
+                            target=load_target(str(yaml)))
+    assert profile.info.description.endswith("CUDA attention kernels assumed for sm80 (assumed: mygpu is not in "
+                                             "stagesplit's table): math x1")
+    names = " ".join(profile.operations.name)
+    assert "aten._softmax" in names and "flash" not in names and "efficient" not in names
+
+
+FACTORY = """
+import torch
+B, H, S, D = 2, 4, 128, 64
+
+
+class Attention(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(H * D, 3 * H * D)
+
+    def forward(self, x):
+        q, k, v = self.qkv(x).view(B, S, 3, H, D).permute(2, 0, 3, 1, 4)
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+
+def build():
+    return Attention(), torch.zeros(B, S, H * D)
+"""
+
+
+def test_cli_kernels_option(tmp_path, capsys):
+    from stagesplit.cli import main
+    from stagesplit.io import load_profile
+    factory = tmp_path / "attn.py"
+    factory.write_text(FACTORY)
+    out = tmp_path / "attn.stagesplit"
+    assert main(["capture", f"{factory}:build", "-o", str(out), "--dtype", "bfloat16", "--kernels", "cuda"]) == 0
+    capsys.readouterr()
+    profile = load_profile(out)
+    assert profile.info.description.endswith("; CUDA attention kernels assumed for sm80: flash x1")
+    assert any(n.endswith(FLASH) for n in profile.operations.name)
+    assert main(["capture", f"{factory}:build", "-o", str(tmp_path / "x.stagesplit"), "--kernels", "cuda",
+                 "--target", "ipu-mk2"]) == 2
+    assert capsys.readouterr().err.strip() == ("stagesplit: error: --kernels: cuda kernels need a GPU target; "
+                                               "ipu-mk2 is of kind ipu")
+    assert not (tmp_path / "x.stagesplit").exists()
