@@ -9,9 +9,9 @@ kernel (the same, its log-sum-exp padded to a multiple of 32 rows, and the addit
 ``kernels="cuda"`` a capture intercepts ``torch.nn.functional.scaled_dot_product_attention``
 (``cuda_attention``), chooses the kernel torch's CUDA dispatcher would choose on the target's
 architecture (``choose_attention_kernel``), and runs that kernel's own operators through torch's
-registered fake (meta) kernels on the CPU fake tensors, inside an autograd function that saves
-what torch's derivative for that operator saves; the recorder then sees the CUDA kernel's
-outputs and saved tensors.
+registered fake (meta) kernels on the CPU fake tensors; torch's own derivatives for those operators
+(tools/autograd/derivatives.yaml) keep for the backward what they keep on a GPU, so the recorder
+sees the CUDA kernel's outputs and saved tensors, and its backward operator.
 
 The rules are those of torch's ``sdp::select_sdp_backend`` (aten/src/ATen/native/transformers/
 cuda/sdp_utils.cpp) and the CUDA branch of ``scaled_dot_product_attention``
@@ -39,7 +39,6 @@ import math
 from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
-from typing import Any
 
 from ..errors import OptionError
 from ..io.profile import Target
@@ -180,48 +179,6 @@ def _aligned(t, alignment: int) -> bool:
     return all(s % alignment == 0 for s in t.stride()[:-1]) and t.stride()[-1] == 1
 
 
-def _functions(torch) -> tuple[Any, Any]:
-    """The two autograd functions, saving what derivatives.yaml has torch save for each operator."""
-    aten = torch.ops.aten
-
-    class Flash(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, dropout, causal, scale):
-            out, lse, cq, ck, mq, mk, seed, offset, _ = aten._scaled_dot_product_flash_attention(
-                q, k, v, dropout, causal, False, scale=scale)
-            ctx.save_for_backward(q, k, v, out, lse, seed, offset)
-            ctx.args = (mq, mk, dropout, causal, scale)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            q, k, v, out, lse, seed, offset = ctx.saved_tensors
-            mq, mk, dropout, causal, scale = ctx.args
-            gq, gk, gv = aten._scaled_dot_product_flash_attention_backward(
-                grad, q, k, v, out, lse, None, None, mq, mk, dropout, causal, seed, offset, scale=scale)
-            return gq, gk, gv, None, None, None
-
-    class Efficient(torch.autograd.Function):
-        @staticmethod
-        def forward(ctx, q, k, v, bias, lse_wanted, dropout, causal, scale):
-            out, lse, seed, offset = aten._scaled_dot_product_efficient_attention(
-                q, k, v, bias, lse_wanted, dropout, causal, scale=scale)
-            ctx.save_for_backward(q, k, v, bias, out, lse, seed, offset)
-            ctx.args = (dropout, causal, scale, bias is not None and bias.requires_grad)
-            return out
-
-        @staticmethod
-        def backward(ctx, grad):
-            q, k, v, bias, out, lse, seed, offset = ctx.saved_tensors
-            dropout, causal, scale, bias_grad = ctx.args
-            gq, gk, gv, gb = aten._scaled_dot_product_efficient_attention_backward(
-                grad, q, k, v, bias, out, lse, seed, offset, dropout, [True, True, True, bias_grad], causal,
-                scale=scale)
-            return gq, gk, gv, gb, None, None, None, None
-
-    return Flash, Efficient
-
-
 def _call_of(torch, q, k, v, mask, dropout: float, causal: bool, enable_gqa: bool) -> AttentionCall:
     dtype = str(q.dtype).replace("torch.", "")
     grad = torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
@@ -239,19 +196,25 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
     from torch.overrides import TorchFunctionMode
 
     cc, _known = target_architecture(target)
-    Flash, Efficient = _functions(torch)
+    aten = torch.ops.aten
     sdpa = torch.nn.functional.scaled_dot_product_attention
 
     def run(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
         q, k, v = query, key, value
+        if torch.is_autocast_enabled("cpu"):              # autocast runs attention in its lower precision
+            low = torch.get_autocast_dtype("cpu")
+            q, k, v = (t.to(low) if t.is_floating_point() else t for t in (q, k, v))
+            if attn_mask is not None and attn_mask.is_floating_point():
+                attn_mask = attn_mask.to(low)
         call = _call_of(torch, q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
         kernel = choose_attention_kernel(cc, call)
         used[kernel] += 1
         if kernel == "flash":
             d = q.shape[-1]
             scale = scale if scale is not None else 1.0 / math.sqrt(d)
-            out = Flash.apply(_pad_last(torch, q, 8), _pad_last(torch, k, 8), _pad_last(torch, v, 8),
-                              float(dropout_p), bool(is_causal), scale)
+            out = aten._scaled_dot_product_flash_attention(_pad_last(torch, q, 8), _pad_last(torch, k, 8),
+                                                           _pad_last(torch, v, 8), float(dropout_p), bool(is_causal),
+                                                           False, scale=scale)[0]
             return out if out.shape[-1] == d else out[..., :d]
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:          # convert_boolean_attn_mask
@@ -265,7 +228,8 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
                     last = bias.shape[-1]
                     bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
                 bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-            return Efficient.apply(q, k, v, bias, call.requires_grad, float(dropout_p), bool(is_causal), scale)
+            return aten._scaled_dot_product_efficient_attention(q, k, v, bias, call.requires_grad, float(dropout_p),
+                                                                bool(is_causal), scale=scale)[0]
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, bias, dropout_p, is_causal, None,
                                                                   scale=scale, enable_gqa=enable_gqa)[0]
 
@@ -278,5 +242,19 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
                     return run(*args, **kwargs)
             return func(*args, **kwargs)
 
-    with Mode():
-        yield
+    def patched(*args, **kwargs):
+        q = args[0] if args else kwargs.get("query")
+        if isinstance(q, torch.Tensor) and q.dim() == 4 and not q.is_nested:
+            return run(*args, **kwargs)
+        return sdpa(*args, **kwargs)
+
+    # Torch function modes are not active in the backward, where activation checkpointing runs a
+    # block's forward again: the module attribute, looked up at each call, is replaced too (and
+    # put back), so that the recomputation runs the same kernel as the forward.
+    functional = torch.nn.functional
+    functional.scaled_dot_product_attention = patched
+    try:
+        with Mode():
+            yield
+    finally:
+        functional.scaled_dot_product_attention = sdpa

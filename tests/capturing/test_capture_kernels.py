@@ -81,8 +81,8 @@ def _capture(dtype, kernels="cuda", seq=S, model=None, target=None):
 
 
 def _kernel_tensors(profile, func: str) -> dict[int, tuple[int, bool]]:
-    """The outputs of operation ``func`` in the forward: {output index: (bytes, kept for the
-    backward)}; kept: live past the last forward step."""
+    """The outputs of operation ``func`` (not a checkpoint's recomputation of it): {output index:
+    (bytes, kept for the backward)}; kept: live past the last forward step."""
     ops = profile.operations
     forward_end = max(int(ops.last_step[i]) for i, n in enumerate(ops.name)
                       if "/backward/" not in n and "/optimizer/" not in n and not n.startswith("loss"))
@@ -90,7 +90,7 @@ def _kernel_tensors(profile, func: str) -> dict[int, tuple[int, bool]]:
     v = profile.variables
     for i in range(len(v)):
         name = profile.names[v.name[i]] if v.name[i] >= 0 else ""
-        if f"/{func}:out" not in name:
+        if f"/{func}:out" not in name or "/recompute/" in name:
             continue
         c = int(v.live_class[i])
         end = int(profile.liveness.intervals[c][:, 1].max()) if c >= 0 else -1
@@ -161,6 +161,37 @@ def test_the_capture_keeps_what_torchs_cuda_meta_kernels_return():
         assert recorded == expected
         backward = {i: b for i, (b, _) in _kernel_tensors(profile, f"{func}_backward").items()}
         assert backward == {i: t.numel() * t.element_size() for i, t in enumerate(grads) if t is not None}
+
+
+def test_autocast_runs_attention_in_its_lower_precision():
+    """With --amp the parameters are float32 and autocast runs attention in bfloat16, as CUDA's
+    autocast does: flash, on bfloat16 q, k and v."""
+    from stagesplit.capturing.pytorch import capture_model
+    profile = capture_model(Attention(), torch.randn(B, S, H * D), amp=True, kernels="cuda", allocator_round=1,
+                            optimizer="none")
+    kept = _kernel_tensors(profile, FLASH)
+    assert kept[0] == (B * S * H * D * 2, True) and kept[1] == (B * H * S * 4, True)
+    assert profile.info.description.endswith("flash x1")
+
+
+def test_checkpointed_attention_runs_the_kernel_again_in_the_backward():
+    """Under activation checkpointing the forward's kernel runs again in the backward (recompute),
+    and the forward keeps none of its outputs."""
+    from torch.utils.checkpoint import checkpoint
+
+    class Checkpointed(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.inner = Attention()
+
+        def forward(self, x):
+            return checkpoint(self.inner, x, use_reentrant=False)
+
+    profile = _capture("bfloat16", model=Checkpointed())
+    names = list(profile.operations.name)
+    assert f"inner/{FLASH}" in names and f"inner/recompute/{FLASH}" in names
+    assert f"inner/backward/{FLASH}_backward" in names
+    assert not any(keep for _, keep in _kernel_tensors(profile, FLASH).values())
 
 
 def test_cpu_kernels_stay_the_default():
@@ -269,3 +300,25 @@ def test_cli_kernels_option(tmp_path, capsys):
     assert capsys.readouterr().err.strip() == ("stagesplit: error: --kernels: cuda kernels need a GPU target; "
                                                "ipu-mk2 is of kind ipu")
     assert not (tmp_path / "x.stagesplit").exists()
+
+
+def test_flash_pads_a_head_dimension_to_a_multiple_of_8():
+    """Head dimension 36: attention.cpp pads q, k and v to 40 before flash and slices the output
+    back; the padded copies and the 40-wide output and log-sum-exp are what flash keeps."""
+    class Narrow(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.qkv = torch.nn.Linear(72, 216)
+
+        def forward(self, x):
+            q, k, v = self.qkv(x).view(2, 16, 3, 2, 36).permute(2, 0, 3, 1, 4)
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+    from stagesplit.capturing.pytorch import capture_model
+    profile = capture_model(Narrow(), torch.randn(2, 16, 72), dtype="bfloat16", kernels="cuda", optimizer="none",
+                            allocator_round=1)
+    kept = _kernel_tensors(profile, FLASH)
+    assert kept[0] == (2 * 2 * 16 * 40 * 2, True) and kept[1] == (2 * 2 * 16 * 4, True)
+    v = profile.variables
+    pads = [int(v.bytes[i]) for i in range(len(v)) if profile.names[v.name[i]] == "<root>/aten.constant_pad_nd:out0"]
+    assert pads == [2 * 2 * 16 * 40 * 2] * 3                  # q, k and v, each padded
