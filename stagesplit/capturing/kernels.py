@@ -3,8 +3,8 @@
 A capture runs CPU kernels under fake tensors, and where the CPU kernel keeps other tensors for
 the backward than the CUDA kernel, the captured memory is the CPU's. Scaled dot-product
 attention is the large case: on the CPU torch runs ``_scaled_dot_product_flash_attention_for_cpu``
-or, for some masks and dtypes, the math path that keeps an S x S matrix per head; on a GPU it runs
-FlashAttention-2 (the output and a float32 log-sum-exp per query row) or the memory-efficient
+or, where that kernel does not take the call, the math path that keeps an S x S matrix per head;
+on a GPU it runs FlashAttention-2 (the output and a float32 log-sum-exp per query row) or the memory-efficient
 kernel (the same, its log-sum-exp padded to a multiple of 32 rows, and the additive mask). With
 ``kernels="cuda"`` a capture intercepts ``torch.nn.functional.scaled_dot_product_attention``
 (``cuda_attention``), chooses the kernel torch's CUDA dispatcher would choose on the target's
@@ -26,8 +26,9 @@ float32 log-sum-exp per query row), so flash stands for it. With grouped queries
 value heads, ``enable_gqa``) flash takes key and value as they are; torch's fake kernel for the
 memory-efficient backward gives key and value gradients with the query's heads, so before that
 kernel the capture repeats key and value heads, as the math path does (an assumption: the
-copies are counted). Fused cross-entropy and cuDNN
-convolution workspaces are not modelled (docs/gpu.md says why).
+copies are counted). Under autocast, q, k and v are cast to its lower precision first, as
+autocast casts attention's inputs. Fused cross-entropy and cuDNN convolution workspaces are not
+modelled (docs/gpu.md says why).
 
 torch is passed in, never imported at module level (it is an optional extra).
 """
