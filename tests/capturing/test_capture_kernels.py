@@ -80,12 +80,17 @@ def _capture(dtype, kernels="cuda", seq=S, model=None, target=None):
                          allocator_round=1, optimizer="none", target=target)
 
 
+def _forward_end(profile) -> int:
+    """The last step of the forward pass (the loss included)."""
+    ops = profile.operations
+    return max(int(ops.last_step[i]) for i, n in enumerate(ops.name)
+               if "/backward/" not in n and "/optimizer/" not in n and "/recompute/" not in n)
+
+
 def _kernel_tensors(profile, func: str) -> dict[int, tuple[int, bool]]:
     """The outputs of operation ``func`` (not a checkpoint's recomputation of it): {output index:
     (bytes, kept for the backward)}; kept: live past the last forward step."""
-    ops = profile.operations
-    forward_end = max(int(ops.last_step[i]) for i, n in enumerate(ops.name)
-                      if "/backward/" not in n and "/optimizer/" not in n and not n.startswith("loss"))
+    forward_end = _forward_end(profile)
     found: dict[int, tuple[int, bool]] = {}
     v = profile.variables
     for i in range(len(v)):
@@ -322,3 +327,43 @@ def test_flash_pads_a_head_dimension_to_a_multiple_of_8():
     v = profile.variables
     pads = [int(v.bytes[i]) for i in range(len(v)) if profile.names[v.name[i]] == "<root>/aten.constant_pad_nd:out0"]
     assert pads == [2 * 2 * 16 * 40 * 2] * 3                  # q, k and v, each padded
+
+
+class DroppedAttention(Attention):
+    def forward(self, x):
+        b, s, _ = x.shape
+        q, k, v = self.qkv(x).view(b, s, 3, H, D).permute(2, 0, 3, 1, 4)
+        y = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True, dropout_p=0.1)
+        return self.o(y.transpose(1, 2).reshape(b, s, H * D))
+
+
+def _kept(profile) -> list[tuple[str, int]]:
+    """Every variable that is not always live and is live across the end of the forward pass."""
+    forward_end = _forward_end(profile)
+    v = profile.variables
+    kept = []
+    for i in range(len(v)):
+        if v.always_live[i] or v.live_class[i] < 0:
+            continue
+        intervals = profile.liveness.intervals[int(v.live_class[i])]
+        if intervals[:, 0].min() <= forward_end and intervals[:, 1].max() > forward_end + 1:
+            kept.append((profile.names[v.name[i]], int(v.bytes[i])))
+    return sorted(kept)
+
+
+def test_attention_dropout_runs_the_math_path_on_the_cpu_and_flash_on_the_gpu():
+    """The CPU's fused kernel takes no dropout, so with dropout the CPU capture runs the math path
+    and keeps S x S float32 tensors per head (the softmax, the dropout mask, the dropped weights);
+    flash draws its dropout from the philox state and keeps only its own tensors. What the CUDA
+    capture keeps past the forward (the loss included), by hand: the input, the q/k/v
+    projection's output (q, k and v are views of it), flash's output, log-sum-exp, seed and offset,
+    and the loss."""
+    cpu = _kept(_capture("bfloat16", kernels="cpu", model=DroppedAttention()))
+    scores = B * H * S * S * 4
+    assert ("<root>/aten._safe_softmax:out0", scores) in cpu and ("<root>/aten.mul:out0", scores) in cpu
+    cuda = _kept(_capture("bfloat16", model=DroppedAttention()))
+    assert cuda == sorted([("input[0]", B * S * H * D * 2), ("qkv/aten.addmm:out0", 3 * B * S * H * D * 2),
+                           ("loss/aten.sum:out0", 2), (f"<root>/{FLASH}:out0", B * S * H * D * 2),
+                           (f"<root>/{FLASH}:out1", B * H * S * 4), (f"<root>/{FLASH}:out6", 16),
+                           (f"<root>/{FLASH}:out7", 8)])
+    assert sum(b for _, b in cpu) == 2_621_442 and sum(b for _, b in cuda) == 659_482
