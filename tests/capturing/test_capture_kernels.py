@@ -367,3 +367,18 @@ def test_attention_dropout_runs_the_math_path_on_the_cpu_and_flash_on_the_gpu():
                            (f"<root>/{FLASH}:out1", B * H * S * 4), (f"<root>/{FLASH}:out6", 16),
                            (f"<root>/{FLASH}:out7", 8)])
     assert sum(b for _, b in cpu) == 2_621_442 and sum(b for _, b in cuda) == 659_482
+
+
+def test_torchs_attention_function_is_put_back_after_a_capture_and_after_a_failure():
+    original = torch.nn.functional.scaled_dot_product_attention
+
+    class Failing(Attention):
+        def forward(self, x):
+            super().forward(x)
+            raise ValueError("boom")
+
+    _capture("bfloat16")
+    assert torch.nn.functional.scaled_dot_product_attention is original
+    with pytest.raises(StagesplitError, match="boom"):
+        _capture("bfloat16", model=Failing())
+    assert torch.nn.functional.scaled_dot_product_attention is original
