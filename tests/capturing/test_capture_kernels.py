@@ -382,3 +382,9 @@ def test_torchs_attention_function_is_put_back_after_a_capture_and_after_a_failu
     with pytest.raises(StagesplitError, match="boom"):
         _capture("bfloat16", model=Failing())
     assert torch.nn.functional.scaled_dot_product_attention is original
+
+
+def test_a_model_without_attention_says_so():
+    from stagesplit.capturing.pytorch import capture_model
+    profile = capture_model(torch.nn.Linear(8, 8), torch.randn(2, 8), kernels="cuda", target="h100-80gb")
+    assert profile.info.description.endswith("; CUDA kernels assumed for sm90; no attention call")
