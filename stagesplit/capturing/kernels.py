@@ -154,6 +154,7 @@ def target_architecture(target: Target) -> tuple[tuple[int, int], bool]:
 
 
 def check_kernels(kernels: str, target: Target) -> None:
+    """Before the model runs: CUDA kernels are a GPU's (an IPU target has no such kernels)."""
     if kernels not in KERNELS:
         raise OptionError("kernels", f"expected one of {', '.join(KERNELS)}, got '{kernels}'")
     if kernels == "cuda" and target.kind != "gpu":
@@ -192,7 +193,8 @@ def _call_of(torch, q, k, v, mask, dropout: float, causal: bool, enable_gqa: boo
 @contextlib.contextmanager
 def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
     """While open, ``scaled_dot_product_attention`` on 4-dimensional inputs runs the kernel torch's
-    CUDA dispatcher would choose on ``target``; ``used`` counts the kernels chosen. Other shapes
+    CUDA dispatcher would choose on ``target``; ``used`` counts the calls by kernel (a checkpointed
+    block's recomputation runs its kernel again, not counted as another call). Other shapes
     (nested, 3-dimensional) run as they would on the CPU."""
     from torch.overrides import TorchFunctionMode
 
@@ -209,7 +211,8 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
                 attn_mask = attn_mask.to(low)
         call = _call_of(torch, q, k, v, attn_mask, dropout_p, is_causal, enable_gqa)
         kernel = choose_attention_kernel(cc, call)
-        used[kernel] += 1
+        if torch._C._current_autograd_node() is None:      # a checkpoint's recomputation is not a call of its own
+            used[kernel] += 1
         if kernel == "flash":
             d = q.shape[-1]
             scale = scale if scale is not None else 1.0 / math.sqrt(d)

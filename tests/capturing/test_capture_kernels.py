@@ -197,6 +197,7 @@ def test_checkpointed_attention_runs_the_kernel_again_in_the_backward():
     assert f"inner/{FLASH}" in names and f"inner/recompute/{FLASH}" in names
     assert f"inner/backward/{FLASH}_backward" in names
     assert not any(keep for _, keep in _kernel_tensors(profile, FLASH).values())
+    assert profile.info.description.endswith("flash x1")
 
 
 def test_cpu_kernels_stay_the_default():
