@@ -88,7 +88,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     explicitly). The grouping is recorded in the profile, so later commands need no
     --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through.
     ``kernels``: cpu (what the CPU kernels keep) or cuda (attention as the target GPU's CUDA
-    kernels keep it; ``kernels``)."""
+    kernels keep it: capturing/kernels.py)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
