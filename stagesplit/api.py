@@ -636,7 +636,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
             tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-            events: Events | None = None) -> Profile:
+            events: Events | None = None, kernels: str = "cpu") -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -647,13 +647,18 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     torch's logging through. ``tp``: capture rank 0 of this many tensor-parallel ranks, the
     plan from ``tp_plan`` (a YAML file: module pattern -> style) or the model's declaration, with
     ``sequence_parallel`` between the blocks (``stagesplit.capturing.tensorparallel``); the
-    profile's ``info.parallel_layout`` says which plan was used."""
+    profile's ``info.parallel_layout`` says which plan was used. ``kernels``: cpu (what the CPU
+    kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
+    docs/gpu.md)."""
+    from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
     events = _events(events)
     if not isinstance(model, str):
         raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "
                           f"got {short_repr(model)}")
+    if kernels not in KERNELS:
+        raise OptionError("kernels", f"expected one of {', '.join(KERNELS)}, got {short_repr(kernels)}")
     output = _path("output", output, optional=True)
     tp = integer("tp", tp, 1, 4096)
     tp_plan = _path("tp_plan", tp_plan, optional=True)
@@ -668,7 +673,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     events.start(f"capturing one training step of {show(model)}")
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
-                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan)
+                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)

@@ -38,7 +38,7 @@ def _round(nbytes: int, unit: int) -> int:
 
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
                   dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
-                  stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None):
+                  stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = ""):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
     named and placed in layers (by ``layer_options``, else the module tree's ``stacks``; ``hint``
     ends the warning when neither finds a block), the storages as variables; the rest describes
@@ -121,7 +121,8 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
         name=name, source="pytorch",
         description=(f"one training step captured under torch FakeTensorMode on CPU (torch {torch_version}): "
                      f"{precision}, optimizer {optimizer}, "
-                     f"storages rounded to {allocator_round} bytes; from {source}"),
+                     f"storages rounded to {allocator_round} bytes; from {source}"
+                     + (f"; {kernels}" if kernels else "")),
         compute_source="FLOPs from torch.utils.flop_counter's formulas and stagesplit's for the attention and "
                        "grouped matrix kernels torch has none for (matrix products, convolutions, attention; other "
                        "operations count 0)",

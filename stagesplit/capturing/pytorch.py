@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import contextlib
 import gc
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -33,6 +34,7 @@ from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..layers import LayerOptions
 from .factory import call_factory, check_model, load_factory
+from .kernels import check_kernels, cuda_attention, kernels_note
 from .modulestacks import module_stacks, sequential_hint
 from .profilebuild import build_profile
 from .recorder import (
@@ -71,7 +73,8 @@ def capture(spec: str, **options) -> Profile:
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
-                  tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None) -> Profile:
+                  tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
+                  kernels: str = "cpu") -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -88,17 +91,18 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through.
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
-    sequence parallelism between the blocks."""
+    sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
+    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
-                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan)
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
-             sequence_parallel: bool = False, tp_plan: str | Path | None = None) -> Profile:
+             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu") -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -109,6 +113,9 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
+    check_kernels(kernels, tgt)
+    kernels_used: Counter = Counter()
+    attention = cuda_attention(torch, tgt, kernels_used) if kernels == "cuda" else contextlib.nullcontext()
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
@@ -155,7 +162,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         register_model(rec, model, fake_inputs, torch)
         hooks = module_hooks(rec, model)
         model.train()
-        with fake, rec, as_a_real_run():
+        with fake, rec, as_a_real_run(), attention:
             rec.state.phase = "forward"
             try:
                 if autocast_dtype is not None:
@@ -228,7 +235,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
                           autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
-                          layout=layout)
+                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
 
 
 def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:

@@ -324,7 +324,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
     profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                           amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
                           layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan)
+                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
     v = profile.variables
     print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
           f"{len(v):,} tensor storages; parameters, gradients and optimizer state "

@@ -355,6 +355,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tp-plan", metavar="FILE",
                    help="with --tp: a YAML plan, module pattern -> style (colwise, rowwise, sequence, replicate, "
                         "...), instead of the model's declared one (a Hugging Face model's _tp_plan)")
+    p.add_argument("--kernels", choices=("cpu", "cuda"), default="cpu",
+                   help="whose kernels' saved tensors to record: cpu (the kernels the capture runs) or cuda (the "
+                        "attention kernel the GPU target's CUDA dispatcher would choose: flash, memory-efficient or "
+                        "math; docs/gpu.md) (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -378,4 +382,4 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan"}
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels"}

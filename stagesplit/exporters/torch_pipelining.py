@@ -164,7 +164,7 @@ def _tensor_parallel_lines(view: PlanView, stack: str | None) -> list[str]:
             plan.append([path, style])
     if view.sequence_parallel:
         raise view.error(f"{NAME}: the profile was captured with sequence parallelism, whose layouts between "
-                         "the blocks this export does not write yet: capture with --tp alone")
+                         "the blocks this export does not write yet: capture without sequence parallelism")
     if stack is None:
         raise view.error(f"{NAME}: a tensor-parallel plan is exported for stages built from one stack of blocks "
                          "(a Hugging Face causal language model); torch's tracer does not take tensor-parallel "

@@ -66,7 +66,7 @@ def test_tp2_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp
     ({"tensor_parallel_styles": [["model.layers.0.mlp", "packed_colwise"]]},
      "tensor-parallel style 'packed_colwise' of module 'model.layers.0.mlp': expected one of colwise, "),
     ({"sequence_parallel": True}, "captured with sequence parallelism, whose layouts between the blocks this export "
-                                  "does not write yet: capture with --tp alone"),
+                                  "does not write yet: capture without sequence parallelism"),
 ])
 def test_what_a_tensor_parallel_export_refuses(tmp_path, capsys, change, message):
     """Each refusal is one line naming what is wrong, exit 2, nothing written."""
