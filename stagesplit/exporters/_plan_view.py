@@ -78,6 +78,10 @@ class PlanView:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    #: data parallelism the plan was priced under: ranks, ZeRO stage, FSDP2's reshard after forward
+    data_parallel: int = 1
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
         """The first wide tensor a traced pipeline of this split would send past a stage, with the
@@ -245,7 +249,8 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         return_outputs=schedule.runtime.return_outputs if schedule is not None else False,
         gradients_set_to_none=schedule.runtime.gradients_set_to_none if schedule is not None else False,
         tensor_parallel=profile.tensor_parallel, sequence_parallel=profile.sequence_parallel,
-        tensor_parallel_styles=profile.tensor_parallel_styles)
+        tensor_parallel_styles=profile.tensor_parallel_styles, data_parallel=plan.inputs.request.dp,
+        zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward)
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

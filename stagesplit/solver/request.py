@@ -220,7 +220,7 @@ class SolveRequest:
 
     def data_layout(self) -> DataLayout:
         """The data-parallel layout the request asks for (``DataLayout``: dp ranks, ZeRO stage)."""
-        return DataLayout(self.dp, self.zero, self.reshard_after_forward)
+        return DataLayout(self.dp, self.zero, self.reshard_after_forward, pipelined=self.schedule is not Schedule.NONE)
 
     def with_devices(self, devices: int) -> SolveRequest:
         """The same request for another device count (one target, or the list repeated)."""

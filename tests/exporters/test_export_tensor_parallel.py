@@ -1,9 +1,10 @@
-"""Tensor parallelism inside a pipeline, through the user's path (issues #35 and #32): a Hugging Face
-Llama from a config is captured as one rank of two tensor-parallel ranks (``stagesplit capture --tp 2``:
-its declared plan, applied by torch's ``parallelize_module`` under a fake process group), solved for 2
-pipeline devices, exported with ``--to torch-pipelining``, and the exported file's own program run on
-4 gloo processes as its comments say: ``setup_parallel`` (the same plan on a (pipeline, tensor) device
-mesh), ``build_pipeline`` with the pipeline's group, ``train_step``, Adam, ``zero_grad``. Each process
+"""Tensor and data parallelism inside a pipeline, through the user's path (issues #35 and #32): a Hugging
+Face Llama from a config is captured as one rank of two tensor-parallel ranks (``stagesplit capture --tp
+2``: its declared plan, applied by torch's ``parallelize_module`` under a fake process group), or whole
+and solved with ``--dp 2 --zero 3`` (FSDP2), solved for 2 pipeline devices, exported with ``--to
+torch-pipelining``, and the exported file's own program run on 4 gloo processes as its comments say:
+``setup_parallel`` (the (pipeline, data, tensor) device mesh, the TP plan applied), ``build_pipeline``
+with the pipeline's group (each stage under ``fully_shard`` for FSDP2), ``train_step``, Adam, ``zero_grad``. Each process
 is measured by torch's MemTracker (tests/pipeline_harness.py) against its pipeline rank's peak in the
 plan; the loss and every gradient (gathered whole) equal the unparallelised model's. Under 1F1B and
 interleaved 1F1B (two chunks per rank).
@@ -22,24 +23,33 @@ import pytest
 TOLERANCE = 0.03
 
 
+#: per layout: the capture's extra arguments, the solve's, and the tolerance on every process's peak. FSDP2 under
+#: the pipeline's micro-batches is priced with the whole gradients held all step (torch accumulates them unsynced
+#: until the last backward) and the unsharded parameters as one FSDP2 step holds them; measured +7.1% / +3.7%
+#: (1F1B) and +4.7% / -2.7% (interleaved): docs/layouts.md says what is left
+LAYOUTS = {"tp2": (["--tp", "2"], [], TOLERANCE), "fsdp2": ([], ["--dp", "2", "--zero", "3"], 0.08)}
+
+
 @pytest.mark.slow
-def test_tp2_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp_path):
+@pytest.mark.parametrize("layout", sorted(LAYOUTS))
+def test_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp_path, layout):
     pytest.importorskip("transformers")
     import functools
 
     import decoder_families as families
     import exported_matrix
     import pipeline_harness as harness
-    profile = tmp_path / "llama-tp2.stagesplit"
-    exported_matrix._cli("capture", families.capture_spec("llama"), "--tp", "2", "-o", profile)
+    capture_args, solve_args, tolerance = LAYOUTS[layout]
+    profile = tmp_path / f"llama-{layout}.stagesplit"
+    exported_matrix._cli("capture", families.capture_spec("llama"), *capture_args, "-o", profile)
     cases, plans = [], []
     for schedule, chunks in (("1f1b", []), ("interleaved-1f1b", ["--chunks-per-rank", "2"])):
         plan, code = tmp_path / f"{schedule}.json", tmp_path / f"{schedule}.py"
         exported_matrix._cli("solve", profile, "--devices", 2, "--schedule", schedule, "--micro-batches", 4, *chunks,
-                             "--out", plan)
+                             *solve_args, "--out", plan)
         exported_matrix._cli("export", plan, "--to", "torch-pipelining", "-o", code)
         document = json.loads(plan.read_text())
-        assert document["profile"]["tensor_parallel"] == 2
+        assert document["profile"].get("tensor_parallel", 1) * document["request"]["dp"] == 2
         plans.append(document)
         cases.append(harness.ExportedCase(code.read_text(), functools.partial(families.model, "llama"),
                                           functools.partial(families.batch, "llama", 4)))
@@ -56,7 +66,7 @@ def test_tp2_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp
                 assert np.abs(grad - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-12), name
             want = predicted[r.rank // 2]
             error = (want - r.peak_bytes) / r.peak_bytes
-            if abs(error) > TOLERANCE:
+            if abs(error) > tolerance:
                 failures.append(f"{plan['schedule']['kind']} process {r.rank}: predicted {want:,}, measured "
                                 f"{r.peak_bytes:,} ({100 * error:+.2f}%)")
     assert not failures, "\n".join(failures)
@@ -103,5 +113,5 @@ def test_the_exported_program_refuses_a_model_it_would_trace(tmp_path):
     ns: dict = {}
     exec(compile(out.read_text(), str(out), "exec"), ns)
     assert ns["TENSOR_PARALLEL"] == 2 and ns["TP_PLAN"] == [["h.0.mlp.fc", "colwise"]]
-    with pytest.raises(ValueError, match="torch's tracer does not take tensor-parallel modules"):
+    with pytest.raises(ValueError, match="torch.s tracer does not take parallel"):
         ns["setup_parallel"](torch.nn.Linear(2, 2), torch.device("cpu"))
