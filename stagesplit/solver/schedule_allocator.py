@@ -1,0 +1,212 @@
+"""Each rank's allocations and frees in the order its schedule runs them, replayed through torch's
+caching allocator (``model/allocator.py``): the bytes each GPU reserves, not only those its tensors
+hold.
+
+The sequence is built from the profile's variables, chunk by chunk, as the chunk's stage is priced
+(``model/stagememory.py``'s ``stage_items``: the chunk's variables on the chunk's own timeline
+columns, in step order), and each column gets the phase of the operations in it (forward; backward
+for inputs, with recompute; backward for weights; optimizer; a column of none takes the phase
+before it). Then, per rank:
+
+* the always-live variables of its chunks (parameters, their gradients where the profile holds them
+  all step, optimizer state) are allocated once at the start, chunk by chunk, in variable order;
+* each action (F, B, W or a full backward of chunk ``c`` for micro-batch ``m``) replays the chunk's
+  columns of its phases: a variable is allocated at its first live column and freed at the column
+  where it stops being live, as its own allocation per micro-batch, so what a micro-batch keeps from
+  its F to its B (or W) stays allocated across the actions between;
+* a variable held until the optimizer step or the step's end (a gradient accumulated across
+  micro-batches) is allocated once, by the first action that reaches it, and freed in the optimizer
+  step, which runs last, chunk by chunk;
+* where a split backward (zero-bubble) runs W after B, a variable that the one-micro-batch profile
+  makes in a W column and frees in a later B column is freed as its W action ends.
+
+The allocated peak of this sequence is not the plan's priced peak
+(``solver/schedule_memory.py``): the priced figures add what torch's pipelining runtime holds
+beyond one stage's tensors (receive buffers for every micro-batch, sent outputs it keeps, the
+split backward's rules), which no variable of the profile is. ``RankReplay`` gives both; a
+rank's reserved estimate is the replay's reserved peak plus what the priced peak has beyond the
+replay's allocated peak (those runtime buffers, counted as allocated without fragmentation).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..common.deadline import check_deadline
+from ..io.profile import Phase
+from ..model.allocator import AllocatorOptions, Replay, replay
+from ..model.stagememory import stage_items
+from ..model.view import PricingView
+from .schedule_generation import Op, ScheduleInstance
+
+__all__ = ["RankReplay", "rank_events", "rank_replays"]
+
+_F, _B, _W, _O = 0, 1, 2, 3
+_OP_LABELS = {Op.FORWARD: (_F,), Op.BACKWARD_INPUT: (_B,), Op.BACKWARD_WEIGHT: (_W,), Op.FULL_BACKWARD: (_B, _W)}
+_BUILDING = "building each device's allocations in the schedule's order"
+
+
+@dataclass(frozen=True)
+class RankReplay:
+    """One rank's replay: ``replay`` (peaks, segments), the number of events, and the rank's priced
+    peak from the plan for comparison; ``reserved_bytes`` is the estimate a GPU needs for the rank's
+    tensors (see the module docstring)."""
+
+    rank: int
+    events: int
+    replay: Replay
+    priced_peak: int
+
+    @property
+    def allocated_bytes(self) -> int:
+        return self.replay.allocated_peak
+
+    @property
+    def unreplayed_bytes(self) -> int:
+        """What the priced peak holds beyond the replay's allocated peak (0 when the replay's is larger)."""
+        return max(self.priced_peak - self.replay.allocated_peak, 0)
+
+    @property
+    def reserved_bytes(self) -> int:
+        return self.replay.reserved_peak + self.unreplayed_bytes
+
+
+@dataclass(frozen=True)
+class _ChunkProgram:
+    """One chunk's single-micro-batch program: its always-live variables' bytes, and per row
+    (a variable's live interval on the chunk's columns) its bytes, the label of its first column
+    and of the column where it is freed (-1: held to the step's end), and the positions."""
+
+    resident: np.ndarray
+    row_bytes: np.ndarray
+    start: np.ndarray
+    end: np.ndarray
+    start_label: np.ndarray
+    end_label: np.ndarray
+    labels: np.ndarray
+
+
+def _labels(model: PricingView, columns: np.ndarray) -> np.ndarray:
+    phase_cols = model.phase_cols
+    out = np.full(len(columns), -1, np.int64)
+    if phase_cols is None:
+        return np.zeros(len(columns), np.int64)
+    # later assignments win: forward over backward where a column holds both is never needed (columns
+    # split where operations start and end), so the order only settles a column of several phases
+    for label, phases in ((_O, (Phase.OPTIMIZER,)), (_W, (Phase.BACKWARD_WEIGHT,)),
+                          (_B, (Phase.BACKWARD_INPUT, Phase.RECOMPUTE)), (_F, (Phase.FORWARD,))):
+        mask = np.logical_or.reduce([phase_cols[p][columns] for p in phases])
+        out[mask] = label
+    # a column of no phase takes the phase before it (the first: forward)
+    known = np.flatnonzero(out >= 0)
+    if not len(known):
+        return np.zeros(len(columns), np.int64)
+    idx = np.maximum.accumulate(np.where(out >= 0, np.arange(len(out)), -1))
+    result: np.ndarray = np.where(idx >= 0, out[np.maximum(idx, 0)], _F)
+    return result
+
+
+def _chunk_program(model: PricingView, first: int, last: int) -> _ChunkProgram:
+    vars_, _, cols = stage_items(model, first, last)
+    v = model.profile.variables
+    resident = v.bytes[np.flatnonzero(vars_ & v.always_live)].astype(np.int64)
+    stage_cols = np.flatnonzero(cols)
+    labels = _labels(model, stage_cols)
+    tl = model.timeline
+    rows = np.flatnonzero(vars_[tl.row_var])
+    start = np.searchsorted(stage_cols, tl.row_col_start[rows])
+    end = np.searchsorted(stage_cols, tl.row_col_end[rows])
+    keep = end > start
+    rows, start, end = rows[keep], start[keep], end[keep]
+    n = len(stage_cols)
+    start_label = labels[np.minimum(start, max(n - 1, 0))] if n else np.zeros(0, np.int64)
+    end_label = np.where(end < n, labels[np.minimum(end, max(n - 1, 0))], -1) if n else np.zeros(0, np.int64)
+    return _ChunkProgram(resident, tl.row_bytes[rows].astype(np.int64), start, end, start_label, end_label, labels)
+
+
+def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per rank, ``(sizes, events)`` for ``model.allocator.replay`` (see the module docstring)."""
+    b = np.asarray(bounds, np.int64)
+    programs = [_chunk_program(model, int(b[c]), int(b[c + 1]) - 1) for c in range(len(b) - 1)]
+    split = schedule.traits.splits_backward
+    out = []
+    for rank, leaves in enumerate(schedule.leaves):
+        check_deadline(_BUILDING)
+        sizes: list[np.ndarray] = []
+        events: list[np.ndarray] = []
+        next_id = 0
+
+        def new_ids(nbytes: np.ndarray) -> np.ndarray:
+            nonlocal next_id
+            ids = np.arange(next_id, next_id + len(nbytes), dtype=np.int64)
+            next_id += len(nbytes)
+            sizes.append(nbytes)
+            return ids
+
+        chunks = schedule.rank_chunks(rank)
+        for c in chunks:
+            events.append(new_ids(programs[c].resident))
+        # per chunk: the ids of its step-scoped rows (allocated once), and the labels already reached
+        scoped_ids: dict[int, np.ndarray] = {}
+        reached: dict[int, set[int]] = {c: set() for c in chunks}
+        per_mb: dict[tuple[int, int], np.ndarray] = {}
+        for i, a in enumerate(leaves):
+            if not i & 0x3FF:
+                check_deadline(_BUILDING)
+            p = programs[a.chunk]
+            labels = _OP_LABELS[a.op]
+            scoped = (p.end_label == _O) | (p.end_label < 0)
+            if a.chunk not in scoped_ids:
+                scoped_ids[a.chunk] = new_ids(np.where(scoped, p.row_bytes, 0))
+            key = (a.chunk, a.micro_batch)
+            if key not in per_mb:
+                per_mb[key] = new_ids(np.where(scoped, 0, p.row_bytes))
+            ids = np.where(scoped, scoped_ids[a.chunk], per_mb[key])
+            fresh = [x for x in labels if x not in reached[a.chunk]]
+            reached[a.chunk].update(labels)
+            in_action = np.isin(p.start_label, labels)
+            mallocs = in_action & (~scoped | np.isin(p.start_label, fresh))
+            frees = np.isin(p.end_label, labels) & ~scoped
+            late = np.zeros(len(ids), bool)
+            if split:
+                # made in W, freed in a later B of the one-micro-batch profile: freed as W ends
+                late = (p.start_label == _W) & (p.end_label == _B)
+                frees &= ~late
+            where = np.concatenate([p.end[frees], p.start[mallocs]])
+            kind = np.concatenate([np.zeros(frees.sum(), np.int64), np.ones(mallocs.sum(), np.int64)])
+            who = np.concatenate([~ids[frees], ids[mallocs]])
+            order = np.lexsort((kind, where))                 # by column; frees first at one column
+            events.append(who[order])
+            ends = late & mallocs
+            if ends.any():
+                events.append(~ids[ends])
+        for c in chunks:                                      # the optimizer step, chunk by chunk
+            p = programs[c]
+            if c not in scoped_ids:
+                scoped = (p.end_label == _O) | (p.end_label < 0)
+                scoped_ids[c] = new_ids(np.where(scoped, p.row_bytes, 0))
+            ids = scoped_ids[c]
+            made = p.start_label == _O
+            freed = (p.end_label == _O) & ((p.start_label == _O) | np.isin(p.start_label, list(reached[c])))
+            where = np.concatenate([p.end[freed], p.start[made]])
+            kind = np.concatenate([np.zeros(freed.sum(), np.int64), np.ones(made.sum(), np.int64)])
+            who = np.concatenate([~ids[freed], ids[made]])
+            order = np.lexsort((kind, where))
+            events.append(who[order])
+        out.append((np.concatenate(sizes) if sizes else np.zeros(0, np.int64),
+                    np.concatenate(events) if events else np.zeros(0, np.int64)))
+    return out
+
+
+def rank_replays(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance,
+                 priced_peaks: np.ndarray | list[int], options: AllocatorOptions = AllocatorOptions()
+                 ) -> tuple[RankReplay, ...]:
+    """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak."""
+    out = []
+    for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule)):
+        check_deadline(_BUILDING)
+        out.append(RankReplay(rank, len(events), replay(sizes, events, options), int(priced_peaks[rank])))
+    return tuple(out)
