@@ -121,11 +121,12 @@ _IGNORED_KEYS = ("pinned_use_cuda_host_register", "pinned_num_register_threads",
                  "release_lock_on_cudamalloc", "pinned_reserve_segment_size_mb", "pinned_use_background_threads")
 
 
-def parse_alloc_conf(text: str, capacity: int | None = None) -> AllocatorOptions:
+def parse_alloc_conf(text: str, capacity: int | None = None, parameter: str = "PYTORCH_CUDA_ALLOC_CONF"
+                     ) -> AllocatorOptions:
     """Options from a ``PYTORCH_CUDA_ALLOC_CONF`` string (``key:value`` pairs separated by commas;
     ``roundup_power2_divisions`` also as ``[256:1,512:2,>:4]``, boundaries in MiB), read as torch's
     ``AllocatorConfig::parseArgs`` reads them. Settings the replay does not model are refused."""
-    where = "PYTORCH_CUDA_ALLOC_CONF"
+    where = parameter
     tokens: list[str] = []
     buf = ""
     for ch in text:
@@ -166,7 +167,7 @@ def parse_alloc_conf(text: str, capacity: int | None = None) -> AllocatorOptions
                 raise OptionError(where, f"expected expandable_segments:True or False, got {flag!r}")
             values["expandable_segments"] = flag == "True"
         elif key == "roundup_power2_divisions":
-            values["roundup_power2_divisions"] = _divisions(take, number, text)
+            values["roundup_power2_divisions"] = _divisions(take, number, text, where)
         elif key == "backend":
             if take() != "native":
                 raise OptionError(where, "only backend:native (the caching allocator) can be replayed")
@@ -182,10 +183,13 @@ def parse_alloc_conf(text: str, capacity: int | None = None) -> AllocatorOptions
             if tokens[i] != ",":
                 raise OptionError(where, f"expected ',' between settings in {text!r}")
             i += 1
-    return AllocatorOptions(capacity=capacity, **values)  # type: ignore[arg-type]  # keys checked above
+    try:
+        return AllocatorOptions(capacity=capacity, **values)  # type: ignore[arg-type]  # keys checked above
+    except OptionError as e:
+        raise OptionError(where, f"{e.detail} (in {text!r})") from None
 
 
-def _divisions(take: Callable[..., str], number: Callable[[str], int], text: str) -> tuple[int, ...]:
+def _divisions(take: Callable[..., str], number: Callable[[str], int], text: str, where: str) -> tuple[int, ...]:
     """``roundup_power2_divisions``'s value, as ``parseRoundUpPower2Divisions`` fills the 16 entries."""
     first = take()
     if first != "[":
@@ -205,7 +209,7 @@ def _divisions(take: Callable[..., str], number: Callable[[str], int], text: str
         else:
             b = number(boundary)
             if b <= 0 or b & (b - 1):
-                raise OptionError("PYTORCH_CUDA_ALLOC_CONF", f"roundup_power2_divisions boundaries are powers of 2 "
+                raise OptionError(where, f"roundup_power2_divisions boundaries are powers of 2 "
                                   f"(MiB), got {boundary!r}")
             index = min(b.bit_length() - 1, _INTERVALS - 1)
             if first_value:
@@ -217,7 +221,7 @@ def _divisions(take: Callable[..., str], number: Callable[[str], int], text: str
         if nxt == "]":
             break
         if nxt != ",":
-            raise OptionError("PYTORCH_CUDA_ALLOC_CONF", f"expected ',' or ']' in {text!r}")
+            raise OptionError(where, f"expected ',' or ']' in {text!r}")
     return tuple(out)
 
 
@@ -265,6 +269,8 @@ class Replay:
     small_reserved_peak: int
     large_reserved_peak: int
     oom_event: int = -1
+    #: the bytes asked for and still held when the sequence ends
+    requested_at_end: int = 0
 
     @property
     def ratio(self) -> float:
@@ -536,4 +542,5 @@ def replay(sizes: np.ndarray, events: np.ndarray, options: AllocatorOptions = Al
         segments = tuple(p.mapped for p in (a.small, a.large) if p.mapped)
     else:
         segments = tuple(a.segments)
-    return Replay(alloc_peak, req_peak, res_peak, a.reserved, segments, a.pool_peak[0], a.pool_peak[1], oom)
+    return Replay(alloc_peak, req_peak, res_peak, a.reserved, segments, a.pool_peak[0], a.pool_peak[1], oom,
+                  a.requested)

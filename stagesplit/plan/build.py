@@ -33,6 +33,7 @@ from .records import (
 if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem
+    from ..solver.schedule_allocator import RankReplay
 
 __all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
 
@@ -168,14 +169,18 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 bytes_received=int(received), bytes_sent=int(sent), time=float(compute),
                 recompute=tuple(options[o] for o in choice[first:last + 1]) if recomputing else (),
                 recompute_saved_bytes=int(saved[c]), recompute_time=float(added[c])))
+        replays = _replays(model, problem, bounds, inputs, [int(r.peak) for r in result.ranks])
         ranks = []
         for r in result.ranks:
             at = "the optimizer step" if r.peak_action < 0 else _action_text(schedule.leaves[r.rank][r.peak_action])
             busy = float(sum(schedule.micro_batches * (cc.forward_time[c] + cc.backward_input_time[c] + added[c]
                                                        + cc.backward_weight_time[c]) + cc.optimizer_time[c]
                              for c in schedule.rank_chunks(r.rank)))
+            rep = replays[r.rank] if replays else None
             ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
-                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy))
+                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy,
+                                    reserved_bytes=None if rep is None else rep.reserved_bytes,
+                                    replayed_bytes=None if rep is None else rep.allocated_bytes))
         _, _, _, transfer, optimizer = step_durations(problem, bounds, choice)
         record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
                                 micro_batches=schedule.micro_batches, step_time=float(result.step_time),
@@ -208,6 +213,19 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=notes, run=run, tied=model.tied, schedule=record, analysis=model,
                 wide_tensors=wide_tensors(model, traffic))
+
+
+def _replays(model: StageCostModel, problem: ChunkProblem, bounds: np.ndarray | list[int], inputs: PlanInputs,
+             peaks: list[int]) -> tuple[RankReplay, ...] | None:
+    """Each rank's caching-allocator replay (solver/schedule_allocator.py) on a GPU, unless the
+    request turned it off; None where not replayed."""
+    from ..solver.schedule_allocator import cublas_workspaces, rank_replays
+    o = inputs.request
+    target = model.profile.target
+    if o.allocator == "off" or target.kind != "gpu" or target.tiles != 1:
+        return None
+    name = inputs.targets[0].name if inputs.targets else target.name
+    return rank_replays(model, bounds, problem.schedule, peaks, o.allocator_options(), cublas_workspaces(name))
 
 
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:

@@ -41,7 +41,24 @@ from ..model.stagememory import stage_items
 from ..model.view import PricingView
 from .schedule_generation import Op, ScheduleInstance
 
-__all__ = ["RankReplay", "rank_events", "rank_replays"]
+__all__ = ["RankReplay", "cublas_workspaces", "rank_events", "rank_replays"]
+
+MiB = 1 << 20
+#: cuBLAS handles torch uses per process: the measured 65 MiB per process on an H200 under a pipeline
+#: schedule is two cuBLAS workspaces of 32 MiB (two streams) and one cuBLASLt workspace of 1 MiB
+CUBLAS_STREAMS = 2
+
+
+def cublas_workspaces(target_name: str) -> tuple[int, ...]:
+    """The workspaces torch allocates for cuBLAS through the caching allocator on a device: one
+    per (handle, stream) of ``getChosenWorkspaceSize`` (aten/src/ATen/cuda/CublasHandlePool.cpp,
+    ``parseChosenWorkspaceSize``: ``:4096:8`` = 32 MiB on compute capability 9.0, the H100 and H200,
+    else ``:4096:2:16:8`` = 8 MiB + 128 KiB, unless ``CUBLAS_WORKSPACE_CONFIG`` says otherwise), and
+    one cuBLASLt workspace (``CUBLASLT_WORKSPACE_SIZE``, default 1,024 KiB)."""
+    name = target_name.lower()
+    hopper = any(tag in name for tag in ("h100", "h200", "h800", "gh200"))
+    cublas = 4096 * 8 * 1024 if hopper else 4096 * 1024 * 2 + 16 * 1024 * 8
+    return (cublas,) * CUBLAS_STREAMS + (1024 * 1024,)
 
 _F, _B, _W, _O = 0, 1, 2, 3
 _OP_LABELS = {Op.FORWARD: (_F,), Op.BACKWARD_INPUT: (_B,), Op.BACKWARD_WEIGHT: (_W,), Op.FULL_BACKWARD: (_B, _W)}
@@ -126,9 +143,10 @@ def _chunk_program(model: PricingView, first: int, last: int) -> _ChunkProgram:
     return _ChunkProgram(resident, tl.row_bytes[rows].astype(np.int64), start, end, start_label, end_label, labels)
 
 
-def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance
-                ) -> list[tuple[np.ndarray, np.ndarray]]:
-    """Per rank, ``(sizes, events)`` for ``model.allocator.replay`` (see the module docstring)."""
+def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance,
+                workspaces: tuple[int, ...] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Per rank, ``(sizes, events)`` for ``model.allocator.replay`` (see the module docstring);
+    ``workspaces``: bytes allocated first and held all step (cuBLAS's, ``cublas_workspaces``)."""
     b = np.asarray(bounds, np.int64)
     programs = [_chunk_program(model, int(b[c]), int(b[c + 1]) - 1) for c in range(len(b) - 1)]
     split = schedule.traits.splits_backward
@@ -147,6 +165,7 @@ def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: Sc
             return ids
 
         chunks = schedule.rank_chunks(rank)
+        events.append(new_ids(np.array(workspaces, np.int64)))
         for c in chunks:
             events.append(new_ids(programs[c].resident))
         # per chunk: the ids of its step-scoped rows (allocated once), and the labels already reached
@@ -202,11 +221,13 @@ def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: Sc
 
 
 def rank_replays(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance,
-                 priced_peaks: np.ndarray | list[int], options: AllocatorOptions = AllocatorOptions()
-                 ) -> tuple[RankReplay, ...]:
-    """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak."""
+                 priced_peaks: np.ndarray | list[int], options: AllocatorOptions = AllocatorOptions(),
+                 workspaces: tuple[int, ...] = ()) -> tuple[RankReplay, ...]:
+    """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak
+    (to which the ``workspaces``, which the profile does not hold, are added for the comparison)."""
     out = []
-    for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule)):
+    extra = sum(workspaces)
+    for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces)):
         check_deadline(_BUILDING)
-        out.append(RankReplay(rank, len(events), replay(sizes, events, options), int(priced_peaks[rank])))
+        out.append(RankReplay(rank, len(events), replay(sizes, events, options), int(priced_peaks[rank]) + extra))
     return tuple(out)
