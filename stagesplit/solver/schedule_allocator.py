@@ -44,8 +44,9 @@ from .schedule_generation import Op, ScheduleInstance
 __all__ = ["RankReplay", "cublas_workspaces", "rank_events", "rank_replays"]
 
 MiB = 1 << 20
-#: cuBLAS handles torch uses per process: the measured 65 MiB per process on an H200 under a pipeline
-#: schedule is two cuBLAS workspaces of 32 MiB (two streams) and one cuBLASLt workspace of 1 MiB
+#: cuBLAS workspaces per process: torch keeps one per (handle, stream), and a handle per thread that runs a
+#: matrix product (the forward's and autograd's): the 65 MiB measured per process on an H200
+#: (benchmarks/validate_gpu.py) are two of 32 MiB and one cuBLASLt workspace of 1 MiB
 CUBLAS_STREAMS = 2
 
 
