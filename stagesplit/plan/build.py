@@ -215,7 +215,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 wide_tensors=wide_tensors(model, traffic))
 
 
-def _replays(model: StageCostModel, problem: ChunkProblem, bounds: np.ndarray | list[int], inputs: PlanInputs,
+def _replays(model: StageCostModel, problem: ChunkProblem, bounds: Sequence[int], inputs: PlanInputs,
              peaks: list[int]) -> tuple[RankReplay, ...] | None:
     """Each rank's caching-allocator replay (solver/schedule_allocator.py) on a GPU, unless the
     request turned it off; None where not replayed."""

@@ -242,7 +242,8 @@ class SolveRequest:
 
     def allocator_options(self) -> AllocatorOptions:
         """The caching allocator's settings the replay models (``alloc_conf`` read as torch reads it)."""
-        from ..model.allocator import parse_alloc_conf      # numpy: not loaded to build the parser
+        # imported here: numpy is not loaded to build the parser
+        from ..model.allocator import parse_alloc_conf
         return parse_alloc_conf(self.alloc_conf, parameter="alloc_conf")
 
     def resolved_chunks(self) -> int:

@@ -30,6 +30,7 @@ replay's allocated peak (those runtime buffers, counted as allocated without fra
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -38,7 +39,7 @@ from ..common.deadline import check_deadline
 from ..io.profile import Phase
 from ..model.allocator import AllocatorOptions, Replay, replay
 from ..model.stagememory import stage_items
-from ..model.view import PricingView
+from ..model.view import ModelView
 from .schedule_generation import Op, ScheduleInstance
 
 __all__ = ["RankReplay", "cublas_workspaces", "rank_events", "rank_replays"]
@@ -106,7 +107,7 @@ class _ChunkProgram:
     labels: np.ndarray
 
 
-def _labels(model: PricingView, columns: np.ndarray) -> np.ndarray:
+def _labels(model: ModelView, columns: np.ndarray) -> np.ndarray:
     phase_cols = model.phase_cols
     out = np.full(len(columns), -1, np.int64)
     if phase_cols is None:
@@ -126,7 +127,7 @@ def _labels(model: PricingView, columns: np.ndarray) -> np.ndarray:
     return result
 
 
-def _chunk_program(model: PricingView, first: int, last: int) -> _ChunkProgram:
+def _chunk_program(model: ModelView, first: int, last: int) -> _ChunkProgram:
     vars_, _, cols = stage_items(model, first, last)
     v = model.profile.variables
     resident = v.bytes[np.flatnonzero(vars_ & v.always_live)].astype(np.int64)
@@ -144,7 +145,21 @@ def _chunk_program(model: PricingView, first: int, last: int) -> _ChunkProgram:
     return _ChunkProgram(resident, tl.row_bytes[rows].astype(np.int64), start, end, start_label, end_label, labels)
 
 
-def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance,
+class _Ids:
+    """Allocation numbers handed out in order, with each one's size."""
+
+    def __init__(self) -> None:
+        self.sizes: list[np.ndarray] = []
+        self.next = 0
+
+    def new(self, nbytes: np.ndarray) -> np.ndarray:
+        ids = np.arange(self.next, self.next + len(nbytes), dtype=np.int64)
+        self.next += len(nbytes)
+        self.sizes.append(nbytes)
+        return ids
+
+
+def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: ScheduleInstance,
                 workspaces: tuple[int, ...] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per rank, ``(sizes, events)`` for ``model.allocator.replay`` (see the module docstring);
     ``workspaces``: bytes allocated first and held all step (cuBLAS's, ``cublas_workspaces``)."""
@@ -154,17 +169,9 @@ def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: Sc
     out = []
     for rank, leaves in enumerate(schedule.leaves):
         check_deadline(_BUILDING)
-        sizes: list[np.ndarray] = []
+        ids_of = _Ids()
+        sizes, new_ids = ids_of.sizes, ids_of.new
         events: list[np.ndarray] = []
-        next_id = 0
-
-        def new_ids(nbytes: np.ndarray) -> np.ndarray:
-            nonlocal next_id
-            ids = np.arange(next_id, next_id + len(nbytes), dtype=np.int64)
-            next_id += len(nbytes)
-            sizes.append(nbytes)
-            return ids
-
         chunks = schedule.rank_chunks(rank)
         events.append(new_ids(np.array(workspaces, np.int64)))
         for c in chunks:
@@ -221,8 +228,8 @@ def rank_events(model: PricingView, bounds: np.ndarray | list[int], schedule: Sc
     return out
 
 
-def rank_replays(model: PricingView, bounds: np.ndarray | list[int], schedule: ScheduleInstance,
-                 priced_peaks: np.ndarray | list[int], options: AllocatorOptions = AllocatorOptions(),
+def rank_replays(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: ScheduleInstance,
+                 priced_peaks: np.ndarray | list[int] | tuple[int, ...], options: AllocatorOptions | None = None,
                  workspaces: tuple[int, ...] = ()) -> tuple[RankReplay, ...]:
     """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak
     (to which the ``workspaces``, which the profile does not hold, are added for the comparison)."""
@@ -230,5 +237,6 @@ def rank_replays(model: PricingView, bounds: np.ndarray | list[int], schedule: S
     extra = sum(workspaces)
     for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces)):
         check_deadline(_BUILDING)
-        out.append(RankReplay(rank, len(events), replay(sizes, events, options), int(priced_peaks[rank]) + extra))
+        result = replay(sizes, events, options or AllocatorOptions())
+        out.append(RankReplay(rank, len(events), result, int(priced_peaks[rank]) + extra))
     return tuple(out)
