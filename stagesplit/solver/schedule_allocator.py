@@ -31,7 +31,8 @@ replay's allocated peak (those runtime buffers, counted as allocated without fra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from functools import cached_property
 
 import numpy as np
 
@@ -92,7 +93,7 @@ class RankReplay:
         return self.replay.reserved_peak + self.unreplayed_bytes
 
 
-@dataclass(frozen=True)
+@dataclass
 class _ChunkProgram:
     """One chunk's single-micro-batch program: its always-live variables' bytes, and per row
     (a variable's live interval on the chunk's columns) its bytes, the label of its first column
@@ -105,6 +106,44 @@ class _ChunkProgram:
     start_label: np.ndarray
     end_label: np.ndarray
     labels: np.ndarray
+    _templates: dict[tuple[tuple[int, ...], tuple[int, ...], bool], tuple[np.ndarray, ...]] = field(
+        default_factory=dict)
+
+    @cached_property
+    def scoped(self) -> np.ndarray:
+        """Rows held to the optimizer step or the step's end: allocated once, not per micro-batch."""
+        result: np.ndarray = (self.end_label == _O) | (self.end_label < 0)
+        return result
+
+    def template(self, labels: tuple[int, ...], fresh: tuple[int, ...], split: bool) -> tuple[np.ndarray, ...]:
+        """An action's events on rows, the same for every micro-batch: (rows, whether each is an
+        allocation, in column order with frees first at a column; rows freed as the action ends)."""
+        key = (labels, fresh, split)
+        cached = self._templates.get(key)
+        if cached is not None:
+            return cached
+        scoped = self.scoped
+        mallocs = _among(self.start_label, labels) & (~scoped | _among(self.start_label, fresh))
+        frees = _among(self.end_label, labels) & ~scoped
+        late = np.zeros(len(scoped), bool)
+        if split:
+            # made in W, freed in a later B of the one-micro-batch profile: freed as W ends
+            late = (self.start_label == _W) & (self.end_label == _B)
+            frees &= ~late
+        rows = np.concatenate([np.flatnonzero(frees), np.flatnonzero(mallocs)])
+        where = np.concatenate([self.end[frees], self.start[mallocs]])
+        made = np.concatenate([np.zeros(frees.sum(), bool), np.ones(mallocs.sum(), bool)])
+        order = np.lexsort((made, where))                 # by column; frees first at one column
+        out = (rows[order], made[order], np.flatnonzero(late & mallocs))
+        self._templates[key] = out
+        return out
+
+
+def _among(values: np.ndarray, labels: tuple[int, ...]) -> np.ndarray:
+    out = np.zeros(len(values), bool)
+    for label in labels:
+        out |= values == label
+    return out
 
 
 def _labels(model: ModelView, columns: np.ndarray) -> np.ndarray:
@@ -185,36 +224,24 @@ def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: 
                 check_deadline(_BUILDING)
             p = programs[a.chunk]
             labels = _OP_LABELS[a.op]
-            scoped = (p.end_label == _O) | (p.end_label < 0)
             if a.chunk not in scoped_ids:
-                scoped_ids[a.chunk] = new_ids(np.where(scoped, p.row_bytes, 0))
+                scoped_ids[a.chunk] = new_ids(np.where(p.scoped, p.row_bytes, 0))
             key = (a.chunk, a.micro_batch)
-            if key not in per_mb:
-                per_mb[key] = new_ids(np.where(scoped, 0, p.row_bytes))
-            ids = np.where(scoped, scoped_ids[a.chunk], per_mb[key])
-            fresh = [x for x in labels if x not in reached[a.chunk]]
+            ids = per_mb.get(key)
+            if ids is None:
+                own = new_ids(np.where(p.scoped, 0, p.row_bytes))
+                ids = per_mb[key] = np.where(p.scoped, scoped_ids[a.chunk], own)
+            fresh = tuple(x for x in labels if x not in reached[a.chunk])
             reached[a.chunk].update(labels)
-            in_action = np.isin(p.start_label, labels)
-            mallocs = in_action & (~scoped | np.isin(p.start_label, fresh))
-            frees = np.isin(p.end_label, labels) & ~scoped
-            late = np.zeros(len(ids), bool)
-            if split:
-                # made in W, freed in a later B of the one-micro-batch profile: freed as W ends
-                late = (p.start_label == _W) & (p.end_label == _B)
-                frees &= ~late
-            where = np.concatenate([p.end[frees], p.start[mallocs]])
-            kind = np.concatenate([np.zeros(frees.sum(), np.int64), np.ones(mallocs.sum(), np.int64)])
-            who = np.concatenate([~ids[frees], ids[mallocs]])
-            order = np.lexsort((kind, where))                 # by column; frees first at one column
-            events.append(who[order])
-            ends = late & mallocs
-            if ends.any():
-                events.append(~ids[ends])
+            rows, made, late = p.template(labels, fresh, split)
+            picked = ids[rows]
+            events.append(np.where(made, picked, ~picked))
+            if len(late):
+                events.append(~ids[late])
         for c in chunks:                                      # the optimizer step, chunk by chunk
             p = programs[c]
             if c not in scoped_ids:
-                scoped = (p.end_label == _O) | (p.end_label < 0)
-                scoped_ids[c] = new_ids(np.where(scoped, p.row_bytes, 0))
+                scoped_ids[c] = new_ids(np.where(p.scoped, p.row_bytes, 0))
             ids = scoped_ids[c]
             made = p.start_label == _O
             freed = (p.end_label == _O) & ((p.start_label == _O) | np.isin(p.start_label, list(reached[c])))

@@ -279,3 +279,15 @@ class TestProperties:
         free = run(*seq)
         capped = run(*seq, capacity=free.reserved_peak)
         assert (capped.reserved_peak, capped.oom_event) == (free.reserved_peak, -1)
+
+
+@settings(max_examples=150)
+@given(sequences(), st.sampled_from([None, 32 * M, 48 * M]), st.sampled_from([0, 4]))
+def test_the_fast_loop_agrees_with_the_allocator_class(seq, max_split, divisions):
+    """``replay`` runs its own loop where neither expandable segments nor a capacity is asked for; it
+    gives what the general class gives."""
+    from stagesplit.model.allocator import _replay_general, _replay_segments, _rounded
+    sizes, events = seq
+    o = AllocatorOptions(max_split_size=max_split, roundup_power2_divisions=(divisions,) * 16)
+    rounded = _rounded(np.array(sizes, np.int64), o).tolist()
+    assert _replay_segments(sizes, rounded, events, o) == _replay_general(sizes, rounded, events, o)
