@@ -169,7 +169,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 bytes_received=int(received), bytes_sent=int(sent), time=float(compute),
                 recompute=tuple(options[o] for o in choice[first:last + 1]) if recomputing else (),
                 recompute_saved_bytes=int(saved[c]), recompute_time=float(added[c])))
-        replays = _replays(model, problem, bounds, inputs, [int(r.peak) for r in result.ranks])
+        replays = _replays(model, problem, bounds, inputs, [int(r.peak) for r in result.ranks], choice)
         ranks = []
         for r in result.ranks:
             at = "the optimizer step" if r.peak_action < 0 else _action_text(schedule.leaves[r.rank][r.peak_action])
@@ -216,7 +216,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
 
 
 def _replays(model: StageCostModel, problem: ChunkProblem, bounds: Sequence[int], inputs: PlanInputs,
-             peaks: list[int]) -> tuple[RankReplay, ...] | None:
+             peaks: list[int], choice: np.ndarray) -> tuple[RankReplay, ...] | None:
     """Each rank's caching-allocator replay (solver/schedule_allocator.py) on a GPU, unless the
     request turned it off; None where not replayed."""
     from ..solver.schedule_allocator import cublas_workspaces, rank_replays
@@ -225,7 +225,8 @@ def _replays(model: StageCostModel, problem: ChunkProblem, bounds: Sequence[int]
     if o.allocator == "off" or target.kind != "gpu" or target.tiles != 1:
         return None
     name = inputs.targets[0].name if inputs.targets else target.name
-    return rank_replays(model, bounds, problem.schedule, peaks, o.allocator_options(), cublas_workspaces(name))
+    return rank_replays(model, bounds, problem.schedule, peaks, o.allocator_options(), cublas_workspaces(name),
+                        choice)
 
 
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:

@@ -39,6 +39,8 @@ import numpy as np
 from ..common.deadline import check_deadline
 from ..io.profile import Phase
 from ..model.allocator import AllocatorOptions, Replay, replay
+from ..model.phases import producers
+from ..model.recompute import recomputed_variables
 from ..model.stagememory import stage_items
 from ..model.view import ModelView
 from .schedule_generation import Op, ScheduleInstance
@@ -106,6 +108,8 @@ class _ChunkProgram:
     start_label: np.ndarray
     end_label: np.ndarray
     labels: np.ndarray
+    #: per row, where a recomputed layer's forward makes it again in the backward (-1: not recomputed)
+    rerun_at: np.ndarray
     _templates: dict[tuple[tuple[int, ...], tuple[int, ...], bool], tuple[np.ndarray, ...]] = field(
         default_factory=dict)
 
@@ -130,9 +134,13 @@ class _ChunkProgram:
             # made in W, freed in a later B of the one-micro-batch profile: freed as W ends
             late = (self.start_label == _W) & (self.end_label == _B)
             frees &= ~late
-        rows = np.concatenate([np.flatnonzero(frees), np.flatnonzero(mallocs)])
-        where = np.concatenate([self.end[frees], self.start[mallocs]])
-        made = np.concatenate([np.zeros(frees.sum(), bool), np.ones(mallocs.sum(), bool)])
+        # a recomputed layer's stash: let go as its forward ends, made again where its backward starts
+        rerun = (self.rerun_at >= 0) & (self.start_label == _F) & _among(self.end_label, (_B, _W)) & ~scoped
+        late |= rerun & (_F in labels)
+        remade = rerun & (_B in labels)
+        rows = np.concatenate([np.flatnonzero(frees), np.flatnonzero(mallocs), np.flatnonzero(remade)])
+        where = np.concatenate([self.end[frees], self.start[mallocs], self.rerun_at[remade]])
+        made = np.concatenate([np.zeros(frees.sum(), bool), np.ones(mallocs.sum() + remade.sum(), bool)])
         order = np.lexsort((made, where))                 # by column; frees first at one column
         out = (rows[order], made[order], np.flatnonzero(late & mallocs))
         self._templates[key] = out
@@ -166,7 +174,9 @@ def _labels(model: ModelView, columns: np.ndarray) -> np.ndarray:
     return result
 
 
-def _chunk_program(model: ModelView, first: int, last: int) -> _ChunkProgram:
+def _chunk_program(model: ModelView, first: int, last: int, dropped: np.ndarray | None = None) -> _ChunkProgram:
+    """``dropped``: per variable, the layer whose recompute (the plan's choice) drops it from the stash
+    (-1: none)."""
     vars_, _, cols = stage_items(model, first, last)
     v = model.profile.variables
     resident = v.bytes[np.flatnonzero(vars_ & v.always_live)].astype(np.int64)
@@ -181,7 +191,31 @@ def _chunk_program(model: ModelView, first: int, last: int) -> _ChunkProgram:
     n = len(stage_cols)
     start_label = labels[np.minimum(start, max(n - 1, 0))] if n else np.zeros(0, np.int64)
     end_label = np.where(end < n, labels[np.minimum(end, max(n - 1, 0))], -1) if n else np.zeros(0, np.int64)
-    return _ChunkProgram(resident, tl.row_bytes[rows].astype(np.int64), start, end, start_label, end_label, labels)
+    rerun_at = np.full(len(rows), -1, np.int64)
+    if dropped is not None and n:
+        layer = dropped[tl.row_var[rows]]
+        backward = labels == _B
+        for o in np.unique(layer[(layer >= first) & (layer <= last)]):
+            # the layer's first backward column: its forward runs again there
+            at = np.flatnonzero(backward & model.timeline.cover[o][stage_cols])
+            at = at if len(at) else np.flatnonzero(backward)
+            if len(at):
+                rerun_at[layer == o] = at[0]
+        rerun_at[end <= rerun_at] = -1          # freed before its layer's backward: nothing to make again
+    return _ChunkProgram(resident, tl.row_bytes[rows].astype(np.int64), start, end, start_label, end_label, labels,
+                         rerun_at)
+
+
+def _dropped_by(model: ModelView, choice: np.ndarray | Sequence[int] | None) -> np.ndarray | None:
+    """Per variable, the layer whose recompute option drops it from the stash (-1: kept), as
+    ``model/recompute.py`` counts what each option saves; None where nothing is recomputed."""
+    if choice is None or not np.any(np.asarray(choice)):
+        return None
+    owner, full, selective = recomputed_variables(model, producers(model))
+    option = np.asarray(choice, np.int64)[np.maximum(owner, 0)]
+    drop = (owner >= 0) & (((option == 2) & full) | ((option == 1) & selective))
+    result: np.ndarray = np.where(drop, owner, -1)
+    return result
 
 
 class _Ids:
@@ -199,11 +233,14 @@ class _Ids:
 
 
 def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: ScheduleInstance,
-                workspaces: tuple[int, ...] = ()) -> list[tuple[np.ndarray, np.ndarray]]:
+                workspaces: tuple[int, ...] = (), choice: np.ndarray | Sequence[int] | None = None
+                ) -> list[tuple[np.ndarray, np.ndarray]]:
     """Per rank, ``(sizes, events)`` for ``model.allocator.replay`` (see the module docstring);
-    ``workspaces``: bytes allocated first and held all step (cuBLAS's, ``cublas_workspaces``)."""
+    ``workspaces``: bytes allocated first and held all step (cuBLAS's, ``cublas_workspaces``);
+    ``choice``: each layer's recompute option (0 none, 1 selective, 2 full; None: none)."""
     b = np.asarray(bounds, np.int64)
-    programs = [_chunk_program(model, int(b[c]), int(b[c + 1]) - 1) for c in range(len(b) - 1)]
+    dropped = _dropped_by(model, choice)
+    programs = [_chunk_program(model, int(b[c]), int(b[c + 1]) - 1, dropped) for c in range(len(b) - 1)]
     split = schedule.traits.splits_backward
     out = []
     for rank, leaves in enumerate(schedule.leaves):
@@ -257,12 +294,13 @@ def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: 
 
 def rank_replays(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: ScheduleInstance,
                  priced_peaks: np.ndarray | list[int] | tuple[int, ...], options: AllocatorOptions | None = None,
-                 workspaces: tuple[int, ...] = ()) -> tuple[RankReplay, ...]:
+                 workspaces: tuple[int, ...] = (), choice: np.ndarray | Sequence[int] | None = None
+                 ) -> tuple[RankReplay, ...]:
     """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak
     (to which the ``workspaces``, which the profile does not hold, are added for the comparison)."""
     out = []
     extra = sum(workspaces)
-    for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces)):
+    for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces, choice)):
         check_deadline(_BUILDING)
         result = replay(sizes, events, options or AllocatorOptions())
         out.append(RankReplay(rank, len(events), result, int(priced_peaks[rank]) + extra))
