@@ -33,25 +33,31 @@ def _case(path: Path, name: str, devices: int, target: str, schedule: str) -> st
     from stagesplit.solver.schedule_generation import build_schedule
     micro_batches = 2 * devices
     request = SolveRequest(devices=devices, schedule=schedule, micro_batches=micro_batches, targets=(target,),
-                           allocator="off", time_limit=120.0)
+                           allocator="off", time_limit=60.0)
     start = time.perf_counter()
     plan = api.solve(path, request=request)
     solve_s = time.perf_counter() - start
     if not plan.stages or plan.schedule is None:
         return f"{name:<10} {schedule:<5} {devices:>3} {micro_batches:>4}  {plan.status}: no split to replay"
     s = plan.schedule
+    r_cap = s.ranks[0].capacity_bytes
     bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]
+    options = ("none", "selective", "full")
+    choice = [options.index(o) for st in plan.stages for o in (st.recompute or ("none",) * len(st.layers))]
     start = time.perf_counter()
     reps = rank_replays(plan.analysis, bounds, build_schedule(s.kind, devices, micro_batches, s.chunks_per_rank),
-                        [r.peak_bytes for r in s.ranks], request.allocator_options(), cublas_workspaces(target))
+                        [r.peak_bytes for r in s.ranks], request.allocator_options(), cublas_workspaces(target),
+                        choice)
     replay_s = time.perf_counter() - start
     ratios = [r.replay.ratio for r in reps]
     over = [r.reserved_bytes / r.priced_peak for r in reps]
     events = max(r.events for r in reps)
     most = max(reps, key=lambda r: r.reserved_bytes)
+    recomputed = sum(1 for c in choice if c)
     return (f"{name:<10} {schedule:<5} {devices:>3} {micro_batches:>4}  {solve_s:8.2f} {replay_s:8.3f} "
             f"{replay_s / solve_s:6.1%} {events:>9,}  {min(ratios):.3f}-{max(ratios):.3f}  "
-            f"{min(over):.3f}-{max(over):.3f}  {most.reserved_bytes / 2**30:8.2f} {most.priced_peak / 2**30:8.2f}")
+            f"{min(over):.3f}-{max(over):.3f}  {most.reserved_bytes / 2**30:8.2f} {most.priced_peak / 2**30:8.2f}  "
+            f"{sum(1 for r in reps if r.reserved_bytes > r_cap)}/{len(reps)}  {recomputed}")
 
 
 def main(argv: list[str]) -> None:
@@ -67,7 +73,8 @@ def main(argv: list[str]) -> None:
         print("Caching-allocator replay: Llama-2-7B shape on 8 x a100-80gb"
               + ("" if quick else ", Llama-2-70B shape on 32 x h100-80gb"))
     header = (f"{'model':<10} {'kind':<5} {'P':>3} {'M':>4}  {'solve s':>8} {'replay s':>8} {'share':>6} "
-              f"{'events':>9}  {'reserved/alloc':>11}  {'reserved/priced':>11}  {'max GiB':>8} {'priced':>8}")
+              f"{'events':>9}  {'reserved/alloc':>11}  {'reserved/priced':>11}  {'max GiB':>8} {'priced':>8}  {'over':>5}  "
+              f"{'recomputed':>10}")
     print(header)
     print("-" * len(header))
     for path, name, devices, target in cases:
@@ -76,7 +83,8 @@ def main(argv: list[str]) -> None:
     print("\nshare: the replay's time over the solve's (target: under 10%); reserved/alloc: per rank, the "
           "replay's reserved over allocated peak (min-max); reserved/priced: the plan's reserved estimate over "
           "its priced peak with the workspaces (min-max); max GiB: the largest reserved estimate, beside that "
-          "rank's priced peak")
+          "rank's priced peak; over: ranks whose reserved estimate passes their capacity; recomputed: layers the "
+          "plan recomputes")
 
 
 if __name__ == "__main__":
