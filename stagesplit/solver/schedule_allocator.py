@@ -18,7 +18,9 @@ before it). Then, per rank:
   micro-batches) is allocated once, by the first action that reaches it, and freed in the optimizer
   step, which runs last, chunk by chunk;
 * where a split backward (zero-bubble) runs W after B, a variable that the one-micro-batch profile
-  makes in a W column and frees in a later B column is freed as its W action ends.
+  makes in a W column and frees in a later B column is freed as its W action ends;
+* a layer the plan recomputes lets go of the stash its option drops (``model/recompute.py``'s
+  ``recomputed_variables``) as its forward ends, and allocates it again at its first backward column.
 
 The allocated peak of this sequence is not the plan's priced peak
 (``solver/schedule_memory.py``): the priced figures add what torch's pipelining runtime holds

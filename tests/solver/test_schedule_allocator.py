@@ -171,3 +171,19 @@ def test_recomputed_layers_hold_less_between_forward_and_backward():
     saved = int(phase_table(m).recompute.saved[2].sum())
     assert 0 < plain.requested_peak - full.requested_peak <= 4 * saved
     assert full.requested_at_end == plain.requested_at_end
+
+
+def test_the_command_line_names_its_flags(capsys, tmp_path):
+    from helpers import refused_line, run_cli
+    profile = PROFILES / "gpt-captured.stagesplit"
+    line = refused_line(capsys, "solve", profile, "--devices", 2, "--schedule", "1f1b",
+                        "--alloc-conf", "garbage_collection_threshold:0.6")
+    assert line.startswith("--alloc-conf: garbage_collection_threshold is not modelled")
+    line = refused_line(capsys, "solve", profile, "--devices", 2, "--schedule", "1f1b", "--alloc-conf",
+                        "max_split_size_mb:4")
+    assert line.startswith("--alloc-conf: expected at least 20971520 bytes")
+    assert "--allocator" in refused_line(capsys, "solve", profile, "--devices", 2, "--allocator", "maybe")
+    code, out, _ = run_cli(capsys, "solve", profile, "--devices", 2, "--schedule", "1f1b", "--allocator", "off")
+    assert code == 0 and "reserved: " not in out and "the fullest, uses" in out
+    code, out, _ = run_cli(capsys, "solve", profile, "--devices", 2, "--schedule", "1f1b")
+    assert code == 0 and "\nreserved: torch's caching allocator" in out and "the fullest, reserves" in out
