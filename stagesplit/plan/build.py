@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -33,9 +34,8 @@ from .records import (
 if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem
-    from ..solver.schedule_allocator import RankReplay
 
-__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
+__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan", "with_reserved"]
 
 
 def plan_profile(model: StageCostModel) -> PlanProfile:
@@ -169,18 +169,14 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 bytes_received=int(received), bytes_sent=int(sent), time=float(compute),
                 recompute=tuple(options[o] for o in choice[first:last + 1]) if recomputing else (),
                 recompute_saved_bytes=int(saved[c]), recompute_time=float(added[c])))
-        replays = _replays(model, problem, bounds, inputs, [int(r.peak) for r in result.ranks], choice)
         ranks = []
         for r in result.ranks:
             at = "the optimizer step" if r.peak_action < 0 else _action_text(schedule.leaves[r.rank][r.peak_action])
             busy = float(sum(schedule.micro_batches * (cc.forward_time[c] + cc.backward_input_time[c] + added[c]
                                                        + cc.backward_weight_time[c]) + cc.optimizer_time[c]
                              for c in schedule.rank_chunks(r.rank)))
-            rep = replays[r.rank] if replays else None
             ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
-                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy,
-                                    reserved_bytes=None if rep is None else rep.reserved_bytes,
-                                    replayed_bytes=None if rep is None else rep.allocated_bytes))
+                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy))
         _, _, _, transfer, optimizer = step_durations(problem, bounds, choice)
         record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
                                 micro_batches=schedule.micro_batches, step_time=float(result.step_time),
@@ -215,18 +211,31 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 wide_tensors=wide_tensors(model, traffic))
 
 
-def _replays(model: StageCostModel, problem: ChunkProblem, bounds: Sequence[int], inputs: PlanInputs,
-             peaks: list[int], choice: np.ndarray) -> tuple[RankReplay, ...] | None:
-    """Each rank's caching-allocator replay (solver/schedule_allocator.py) on a GPU, unless the
-    request turned it off; None where not replayed."""
+def with_reserved(plan: Plan) -> Plan:
+    """The plan with each device's reserved bytes on a GPU (solver/schedule_allocator.py: torch's caching
+    allocator replayed on the device's allocations in the schedule's order, with the plan's recompute and
+    cuBLAS's workspaces), unless the request turned the replay off; other plans as they are. Run once on
+    the plan a solve returns (not on every candidate of ``--schedule auto``), after the search: it is not
+    bounded by the time limit."""
     from ..solver.schedule_allocator import cublas_workspaces, rank_replays
-    o = inputs.request
+    from ..solver.schedule_generation import build_schedule
+    s, model = plan.schedule, plan.analysis
+    request = plan.inputs.request
+    if s is None or not plan.stages or model is None or request.allocator == "off" or not plan.feasible:
+        return plan
     target = model.profile.target
-    if o.allocator == "off" or target.kind != "gpu" or target.tiles != 1:
-        return None
-    name = inputs.targets[0].name if inputs.targets else target.name
-    return rank_replays(model, bounds, problem.schedule, peaks, o.allocator_options(), cublas_workspaces(name),
-                        choice)
+    if target.kind != "gpu" or target.tiles != 1 or model.phase_cols is None:
+        return plan
+    name = plan.inputs.targets[0].name if plan.inputs.targets else target.name
+    bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]
+    options = ("none", "selective", "full")
+    choice = [options.index(o) for st in plan.stages for o in (st.recompute or ("none",) * len(st.layers))]
+    schedule = build_schedule(s.kind, len(s.ranks), s.micro_batches, s.chunks_per_rank)
+    replays = rank_replays(model, bounds, schedule, [r.peak_bytes for r in s.ranks], request.allocator_options(),
+                           cublas_workspaces(name), choice)
+    ranks = tuple(replace(r, reserved_bytes=rep.reserved_bytes, replayed_bytes=rep.allocated_bytes)
+                  for r, rep in zip(s.ranks, replays))
+    return replace(plan, schedule=replace(s, ranks=ranks))
 
 
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:

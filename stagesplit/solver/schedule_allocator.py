@@ -38,7 +38,6 @@ from functools import cached_property
 
 import numpy as np
 
-from ..common.deadline import check_deadline
 from ..io.profile import Phase
 from ..model.allocator import AllocatorOptions, Replay, replay
 from ..model.phases import producers
@@ -69,7 +68,6 @@ def cublas_workspaces(target_name: str) -> tuple[int, ...]:
 
 _F, _B, _W, _O = 0, 1, 2, 3
 _OP_LABELS = {Op.FORWARD: (_F,), Op.BACKWARD_INPUT: (_B,), Op.BACKWARD_WEIGHT: (_W,), Op.FULL_BACKWARD: (_B, _W)}
-_BUILDING = "building each device's allocations in the schedule's order"
 
 
 @dataclass(frozen=True)
@@ -246,7 +244,6 @@ def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: 
     split = schedule.traits.splits_backward
     out = []
     for rank, leaves in enumerate(schedule.leaves):
-        check_deadline(_BUILDING)
         ids_of = _Ids()
         sizes, new_ids = ids_of.sizes, ids_of.new
         events: list[np.ndarray] = []
@@ -258,9 +255,7 @@ def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: 
         scoped_ids: dict[int, np.ndarray] = {}
         reached: dict[int, set[int]] = {c: set() for c in chunks}
         per_mb: dict[tuple[int, int], np.ndarray] = {}
-        for i, a in enumerate(leaves):
-            if not i & 0x3FF:
-                check_deadline(_BUILDING)
+        for a in leaves:
             p = programs[a.chunk]
             labels = _OP_LABELS[a.op]
             if a.chunk not in scoped_ids:
@@ -303,7 +298,6 @@ def rank_replays(model: ModelView, bounds: np.ndarray | Sequence[int], schedule:
     out = []
     extra = sum(workspaces)
     for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces, choice)):
-        check_deadline(_BUILDING)
         result = replay(sizes, events, options or AllocatorOptions())
         out.append(RankReplay(rank, len(events), result, int(priced_peaks[rank]) + extra))
     return tuple(out)

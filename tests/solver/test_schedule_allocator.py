@@ -187,3 +187,9 @@ def test_the_command_line_names_its_flags(capsys, tmp_path):
     assert code == 0 and "reserved: " not in out and "the fullest, uses" in out
     code, out, _ = run_cli(capsys, "solve", profile, "--devices", 2, "--schedule", "1f1b")
     assert code == 0 and "\nreserved: torch's caching allocator" in out and "the fullest, reserves" in out
+
+
+def test_schedule_auto_replays_the_plan_it_keeps():
+    plan = stagesplit.solve(PROFILES / "gpt-captured.stagesplit", 2, schedule="auto", micro_batches=4)
+    assert plan.candidates and all(r.reserved_bytes is not None for r in plan.schedule.ranks)
+    assert all(r.reserved_bytes >= r.replayed_bytes for r in plan.schedule.ranks)
