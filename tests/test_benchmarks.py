@@ -36,11 +36,12 @@ ARGUMENTS = {
     "bench_startup.py": ["--tiny"],
     "bench_synth.py": ["--tiny"],
     "bench_variants.py": ["--tiny"],
+    "validate_allocator.py": ["--predict", "{tmp}/sequences.json", "--tiny"],
     "validate_gpu.py": ["--predict", "{tmp}/predictions.json"],
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
 NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
-         "validate_gpu.py": ("torch",)}
+         "validate_gpu.py": ("torch",), "validate_allocator.py": ("torch",)}
 
 
 def test_every_script_is_run():
@@ -175,6 +176,23 @@ def check_variants(out, rows, tmp_path):
     assert "Profile variants of the synthetic BERT-base" in out and "Per-layer variants at scale" in out
 
 
+def check_validate_allocator(out, rows, tmp_path):
+    cases = json.loads((tmp_path / "sequences.json").read_text())
+    assert out.strip() == f"{len(cases)} sequences written to {tmp_path / 'sequences.json'}" and len(cases) == 8
+    assert all(c["reserved"] >= c["allocated"] > 0 for c in cases)
+    # the GPU half: without a GPU one line (exit 2); on a GPU every sequence replayed by torch's allocator
+    measured = subprocess.run([sys.executable, str(BENCHMARKS / "validate_allocator.py"), "--measure",
+                               str(tmp_path / "sequences.json")], cwd=str(ROOT), capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    import torch
+    if torch.cuda.is_available():
+        assert measured.returncode in (0, 1), measured.stdout + measured.stderr
+        assert f"of {len(cases)} exact" in measured.stdout
+    else:
+        assert measured.returncode == 2 and measured.stdout == ""
+        assert measured.stderr.startswith("validate_allocator: no CUDA device here")
+
+
 def check_validate_gpu(out, rows, tmp_path):
     predictions = json.loads((tmp_path / "predictions.json").read_text())
     assert out.strip() == f"{len(predictions)} stage predictions written to {tmp_path / 'predictions.json'}"
@@ -199,4 +217,5 @@ CHECKS = {"bench_allocator.py": check_allocator, "bench_core.py": check_core, "b
           "bench_popliner.py": check_popliner, "bench_popvision.py": check_popvision,
           "bench_pva_export.py": check_pva_export, "bench_synth.py": check_synth, "bench_onnx.py": check_onnx,
           "bench_capture.py": check_capture, "bench_schedules.py": check_schedules, "bench_startup.py": check_startup,
-          "bench_variants.py": check_variants, "validate_gpu.py": check_validate_gpu}
+          "bench_variants.py": check_variants, "validate_gpu.py": check_validate_gpu,
+          "validate_allocator.py": check_validate_allocator}

@@ -510,7 +510,8 @@ def replay(sizes: np.ndarray, events: np.ndarray, options: AllocatorOptions = Al
 
     ``sizes[k]``: the bytes allocation ``k`` asks for; ``events``: in program order, ``k`` (>= 0)
     allocates ``k`` and ``~k`` (``-k - 1``) frees it. An allocation may be made again once freed;
-    a free of something not allocated is refused. Allocations still held at the end stay held."""
+    a free of something not allocated is refused. Allocations still held at the end stay held. A request
+    of 0 bytes takes no memory (torch's allocator returns no block for it)."""
     sizes = np.asarray(sizes, np.int64)
     events = np.asarray(events, np.int64)
     if sizes.ndim != 1 or events.ndim != 1:
@@ -536,6 +537,9 @@ def _replay_general(size_list: list[int], rounded: list[int], events: list[int],
             if where[e] >= 0:
                 raise OptionError("events", f"allocation {e} made again at event {i} before it was freed")
             n = size_list[e]
+            if not n:                           # torch hands out no memory for 0 bytes
+                where[e] = 0
+                continue
             addr = a.malloc(n, rounded[e])
             if addr < 0:
                 oom = i
@@ -553,7 +557,8 @@ def _replay_general(size_list: list[int], rounded: list[int], events: list[int],
             if addr < 0:
                 raise OptionError("events", f"allocation {k} freed at event {i} while not allocated")
             where[k] = -1
-            a.free(addr, size_list[k])
+            if addr:
+                a.free(addr, size_list[k])
     if options.expandable_segments:
         segments = tuple(p.mapped for p in (a.small, a.large) if p.mapped)
     else:
@@ -586,6 +591,9 @@ def _replay_segments(size_list: list[int], rounded: list[int], events: list[int]
         if e >= 0:
             if where[e] >= 0:
                 raise OptionError("events", f"allocation {e} made again at event {i} before it was freed")
+            if not size_list[e]:                # torch hands out no memory for 0 bytes
+                where[e] = 0
+                continue
             size = rounded[e]
             small = size <= K_SMALL_SIZE
             keys = small_keys if small else large_keys
@@ -641,6 +649,8 @@ def _replay_segments(size_list: list[int], rounded: list[int], events: list[int]
             if addr < 0:
                 raise OptionError("events", f"allocation {k} freed at event {i} while not allocated")
             where[k] = -1
+            if not addr:
+                continue
             keys = bkeys[addr]
             busy.discard(addr)
             allocated -= bsize[addr]

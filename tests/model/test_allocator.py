@@ -291,3 +291,11 @@ def test_the_fast_loop_agrees_with_the_allocator_class(seq, max_split, divisions
     o = AllocatorOptions(max_split_size=max_split, roundup_power2_divisions=(divisions,) * 16)
     rounded = _rounded(np.array(sizes, np.int64), o).tolist()
     assert _replay_segments(sizes, rounded, events, o) == _replay_general(sizes, rounded, events, o)
+
+
+def test_zero_bytes_take_nothing():
+    for expandable in (False, True):
+        r = run([0, 1000, 0], [0, 1, 2, ~0, ~2, 0], expandable_segments=expandable)
+        assert (r.requested_peak, r.allocated_peak, r.reserved_peak) == (1000, 1024, 2 * M)
+    with pytest.raises(OptionError, match="made again"):
+        run([0], [0, 0])
