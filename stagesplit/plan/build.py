@@ -215,7 +215,7 @@ def with_reserved(plan: Plan) -> Plan:
     """The plan with each device's reserved bytes on a GPU (solver/schedule_allocator.py: torch's caching
     allocator replayed on the device's allocations in the schedule's order, with the plan's recompute and
     cuBLAS's workspaces), unless the request turned the replay off; other plans as they are. Run once on
-    the plan a solve returns (not on every candidate of ``--schedule auto``), after the search: it is not
+    the plan a solve returns (not on every candidate of the auto schedule), after the search: it is not
     bounded by the time limit."""
     from ..solver.schedule_allocator import cublas_workspaces, rank_replays
     from ..solver.schedule_generation import build_schedule
