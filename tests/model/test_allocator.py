@@ -73,9 +73,10 @@ class TestHandCases:
         r = run([12 * M, 10 * M, 10 * M, 12 * M], [0, 1, ~0, ~1, 2, 3])
         assert r.reserved_peak == 22 * M
 
-    def test_best_fit_then_lowest_address(self):
-        # two cached 12 MiB segments; 4 MiB takes the first (lower address) and splits it; 12 MiB
-        # then takes the second whole; 8 MiB fits the first's rest: no new segment
+    def test_best_fit_among_equal_sizes(self):
+        # two cached 12 MiB segments; 4 MiB takes one (the lower address: which one does not change the
+        # totals here, the reference below checks the order) and splits it; 12 MiB then takes the other
+        # whole; 8 MiB fits the first's rest: no new segment
         r = run([12 * M, 12 * M, 4 * M, 12 * M, 8 * M], [0, 1, ~0, ~1, 2, 3, 4])
         assert r.reserved_peak == 24 * M
 
