@@ -40,6 +40,7 @@ if TYPE_CHECKING:      # imported where used: the command line imports this modu
     from .io.variants import VariantSource
     from .layers import LayerOptions
     from .model.analysis import Analysis
+    from .model.datasharding import DataLayout
     from .solver.request import SharedPolicy, SolveRequest
 
     # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources)
@@ -155,9 +156,12 @@ def _layer_compute(value: Any) -> dict[str, float]:
 # -- analysis -----------------------------------------------------------------------------------
 
 def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
-            debug: str | Path | None = None, events: Events | None = None) -> Analysis:
+            debug: str | Path | None = None, events: Events | None = None,
+            layout: DataLayout | None = None) -> Analysis:
     """The profile (read from a path if given one), its layers and its cost model. Warnings of
-    the profile and of the grouping go to ``events``."""
+    the profile and of the grouping go to ``events``. ``layout``: data parallelism
+    (model/datasharding.py): the cost model is then one data-parallel rank's, its profile that
+    rank's (``shard_profile``), so that every schedule, recompute and the solver see its figures."""
     from .io import load_profile
     from .io.profile import Profile
     from .model.analysis import Analysis
@@ -166,9 +170,10 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     layering = _layering(layering)
     shared = choice(SharedPolicy, "shared", shared)
     if isinstance(profile, Analysis):
-        if (layering is None or layering == profile.layers.options) and profile.model.shared == shared.value:
+        if (layering is None or layering == profile.layers.options) and profile.model.shared == shared.value \
+                and (layout is None or not layout.sharded) and profile.layout is None:
             return profile
-        profile = profile.profile
+        profile = profile.source if profile.source is not None else profile.profile
     if isinstance(profile, (str, Path)):
         path = _path("profile", profile)
         events.start(f"reading {show(path)}")
@@ -180,8 +185,14 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
     from .model.costmodel import StageCostModel
     events.start(f"grouping {len(profile.operations):,} operations into layers")
     layers = group_layers(profile, layering)
+    source = None
+    if layout is not None and layout.sharded:
+        from .model.datasharding import shard_profile
+        events.start(f"sharding for {layout.dp} data-parallel ranks (ZeRO {layout.zero})")
+        source, profile = profile, shard_profile(profile, layers, layout)
     events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
-    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value))
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value),
+                        layout=layout if source is not None else None, source=source)
     events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):
         events.warn(message)
@@ -281,7 +292,8 @@ def _solve(profile: ProfileLike, req: SolveRequest, events: Events, debug: str |
     variants = _variant_sources(profile)
     if variants is not None:
         return _solve_variants(variants, req, events, debug)
-    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events,
+                       layout=req.data_layout())
     return engine.solve(analysis, req, Deadline.after(req.time_limit), events)
 
 
@@ -329,7 +341,8 @@ def _solve_variants(sources, req: SolveRequest, events: Events, debug):
         raise OptionError("debug", "with profile variants, give each profile.pop's debug.cbor in a variants file "
                           "(its debug field)")
     engine.check_variants_request(req)            # before any profile is read
-    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events)
+    analyses = [analyze(s.profile, layering=req.layering, shared=req.shared, debug=s.debug, events=events,
+                         layout=req.data_layout())
                 for s in sources]
     names = [s.name for s in sources]
     check_same_layers(names, [a.layers.names for a in analyses])
@@ -365,7 +378,8 @@ def _sweep(profile: ProfileLike, req: SolveRequest, counts: list[int], events: E
     if _variant_sources(profile) is not None:
         raise OptionError("profile", "profile variants are solved by solve (one device count at a time), not sweep: "
                           "sweep one variant, or solve the variants for each count")
-    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events)
+    analysis = analyze(profile, layering=req.layering, shared=req.shared, debug=debug, events=events,
+                       layout=req.data_layout())
     return engine.sweep(analysis, req, counts, events, on_row)
 
 
@@ -470,8 +484,8 @@ def _recorded_path(plan_path: str, location: str, field_: str) -> str:
 
 # -- looking at a profile -----------------------------------------------------------------------
 
-def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events):
-    model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events).model
+def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events, layout=None):
+    model = analyze(profile, layering=layering, shared=shared, debug=debug, events=events, layout=layout).model
     compute = _layer_compute(layer_compute)
     return model.with_compute(compute, "layer_compute") if compute else model
 
@@ -479,14 +493,25 @@ def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events)
 def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
               layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
               layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
-              events: Events | None = None):
-    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames)."""
+              events: Events | None = None, dp: int | None = None, zero: int | None = None,
+              reshard_after_forward: bool | str | None = None):
+    """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``
+    (with ``zero`` and ``reshard_after_forward``, as ``solve`` takes them): every figure is one
+    of ``dp`` data-parallel ranks', and a table shows what each category becomes on such a rank
+    under each ZeRO stage."""
     from .reporting.breakdown import Breakdown
+    from .solver.request import SolveRequest
     events = _events(events)
     efficiency = number("efficiency", efficiency, 0, 1, low_open=True)
+    options: dict[str, Any] = {k: v for k, v in (("dp", dp), ("zero", zero),
+                                                 ("reshard_after_forward", reshard_after_forward)) if v is not None}
+    layout: DataLayout = SolveRequest(devices=1, **options).data_layout()     # checked as solve checks them
     target = _target("target", target)
-    model = _model(profile, layering, shared, layer_compute, debug, events).on(target, efficiency)
-    return Breakdown.of(model)
+    analysis = analyze(profile, layering=layering, shared=shared, debug=debug, events=events, layout=layout)
+    compute = _layer_compute(layer_compute)
+    model = analysis.model.with_compute(compute, "layer_compute") if compute else analysis.model
+    one_device = analysis.source if analysis.source is not None else analysis.profile
+    return Breakdown.of(model.on(target, efficiency), layout.dp if layout.sharded else None, one_device)
 
 
 def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
@@ -508,12 +533,15 @@ def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str,
     if layers is not None and not (isinstance(layers, str) or (isinstance(layers, (tuple, list)) and len(layers) == 2
                                                                 and all(isinstance(x, str) for x in layers))):
         raise OptionError("layers", f"expected 'FIRST:LAST' or a pair of layer names, got {short_repr(layers)}")
-    model = _model(profile, layering, shared, layer_compute, debug, events)
-    names = model.layers.names
-    stages = None
     if plan is not None:
         where = "plan" if isinstance(plan, Plan) else str(plan)
         plan = plan if isinstance(plan, Plan) else read_plan(plan)
+    # a plan solved for data-parallel ranks is diagnosed on one rank's figures, as it was solved
+    layout = plan.inputs.request.data_layout() if plan is not None else None
+    model = _model(profile, layering, shared, layer_compute, debug, events, layout)
+    names = model.layers.names
+    stages = None
+    if plan is not None:
         if plan.layer_names != names:
             made_for = plan.profile.name or plan.profile.path or "another profile"
             raise StagesplitError(f"{show(where)}: the plan was made for {show(made_for)} with {len(plan.layer_names)} "
@@ -729,7 +757,8 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
                               "variants: give them as the profile (a variants file, or a list of them)")
     if plan.devices > REPORT_RESOLVE_DEVICES and variants is None:
         request = plan.inputs.request
-        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events)
+        analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events,
+                           layout=request.data_layout())
         model = resolve(request, analysis).model
         fresh = replace(plan, layer_names=list(analysis.layers.names), profile=plan_profile(model), analysis=model,
                         baselines=[], variant_models={})

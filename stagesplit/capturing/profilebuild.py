@@ -28,6 +28,8 @@ from .recorder import ROOT, backward_phases
 __all__ = ["ALWAYS_KINDS", "build_profile", "peak_bytes", "round_up"]
 
 ALWAYS_KINDS = ("param", "buffer", "grad", "state")
+#: each storage kind's ``Variables.role`` (inputs and activations are "other")
+_ROLE_OF_KIND = {"param": "param", "buffer": "buffer", "grad": "grad", "state": "state"}
 
 
 def _round(nbytes: int, unit: int) -> int:
@@ -117,10 +119,11 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
     for st in rec.storages:
         nbytes = _round(st.nbytes, allocator_round)
         if st.kind in ALWAYS_KINDS:
-            var_of.append(b.variable(nbytes, 0, "always", st.name))
+            var_of.append(b.variable(nbytes, 0, "always", st.name, role=_ROLE_OF_KIND[st.kind]))
         else:
             end = st.end if st.end >= 0 else S
-            var_of.append(b.variable(nbytes, 0, [(min(st.start, S), max(end, min(st.start, S)))], st.name))
+            var_of.append(b.variable(nbytes, 0, [(min(st.start, S), max(end, min(st.start, S)))], st.name,
+                                     role="other"))
 
     # a parameter's gradient and optimizer state go with every op that uses the parameter
     companions: dict[int, list[int]] = {}

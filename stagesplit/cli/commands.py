@@ -138,7 +138,8 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
     targets = _targets(args)
     result = api.breakdown(args.profile, debug=args.debug_cbor, target=targets[0] if targets else None,
                            efficiency=args.efficiency or 1.0, layering=_layering(args), shared=args.shared or "every",
-                           layer_compute=_layer_compute(args), events=_events(args))
+                           layer_compute=_layer_compute(args), events=_events(args), dp=args.dp,
+                           zero=args.zero, reshard_after_forward=args.reshard_after_forward)
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)
     if gpu and not given:

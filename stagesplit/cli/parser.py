@@ -228,6 +228,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", metavar="T", help="device target name or YAML file whose rates give the time columns "
                    "(default: the profile's device)")
     _solve_option(p, "efficiency")
+    for name in ("dp", "zero", "reshard_after_forward"):     # with --dp, one rank's figures, and a table by ZeRO stage
+        _solve_option(p, name)
 
     p = command("solve", help="optimal split points for N devices (CP-SAT), with a plan file and plots")
     p.add_argument("profile", nargs="*", metavar="PROFILE",

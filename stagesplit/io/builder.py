@@ -8,6 +8,7 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 
 from .profile import (
+    ROLES,
     GroundTruth,
     Liveness,
     Operations,
@@ -44,6 +45,7 @@ class ProfileBuilder:
         self._var_chunks: list[tuple[np.ndarray, ...]] = []
         self._var_rows: list[tuple[int, int, bool, int, int]] = []
         self._nvars = 0
+        self._roles: dict[int, int] = {}
         self._prog_name: list[str] = []
         self._prog_kind: list[str] = []
         self._prog_cycles: list[float] = []
@@ -85,8 +87,9 @@ class ProfileBuilder:
 
     # ---- variables ------------------------------------------------------------------------
     def variable(self, bytes: int, tile: int = 0, live: str | Iterable[Sequence[int]] = ALWAYS,
-                 name: str | None = None) -> int:
-        """Add one variable; ``live`` is "always" or a list of half-open [start, end) intervals."""
+                 name: str | None = None, role: str | None = None) -> int:
+        """Add one variable; ``live`` is "always" or a list of half-open [start, end) intervals;
+        ``role`` one of ``ROLES`` (a profile with no role given has none recorded)."""
         self._flush_rows_if_needed()
         if isinstance(live, str):
             always, cls = True, -1
@@ -94,6 +97,8 @@ class ProfileBuilder:
             intervals = [iv for iv in live if iv[1] > iv[0]]
             always, cls = False, (self.liveness_class(intervals) if intervals else -1)
         self._var_rows.append((int(bytes), int(tile), always, cls, self.name_id(name)))
+        if role is not None:
+            self._roles[self._nvars] = ROLES.index(role)
         self._nvars += 1
         return self._nvars - 1
 
@@ -177,6 +182,9 @@ class ProfileBuilder:
             cols = [np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros(0, bool), np.zeros(0, np.int64),
                     np.zeros(0, np.int64)]
         variables = Variables(bytes=cols[0], tile=cols[1], always_live=cols[2], live_class=cols[3], name=cols[4])
+        if self._roles:
+            variables.role = np.zeros(len(cols[0]), np.int8)
+            variables.role[list(self._roles)] = list(self._roles.values())
         liveness = Liveness(Ragged.from_lists(self._classes, dtype=np.int64, width=2))
 
         def columns(cat: str, width: int) -> list[np.ndarray]:

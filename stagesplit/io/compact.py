@@ -38,6 +38,7 @@ from .compactformat import (
 )
 from .documents import grouping_from_record, grouping_record
 from .profile import (
+    ROLES,
     GroundTruth,
     Liveness,
     Operations,
@@ -121,6 +122,8 @@ def profile_columns(p: Profile, costs: Mapping[str, Any] | None = None) -> Itera
         yield "op_bytes_accessed", ops.bytes_accessed
     if np.any(ops.phase != Phase.UNKNOWN):            # optional: files without it load as all UNKNOWN
         yield "op_phase", ops.phase
+    if v.role is not None:                             # optional: files without it load with roles not recorded
+        yield "var_role", v.role
     if gt is not None:
         yield from (("gt_always_live", gt.always_live), ("gt_not_always_live", gt.not_always_live),
                     ("gt_step_tiles", gt.step_tiles), ("gt_step_bytes", gt.step_bytes))
@@ -223,6 +226,19 @@ class _Arrays:
         if len(offsets) != rows + 1 or offsets[0] != 0 or offsets[-1] != len(values) or np.any(np.diff(offsets) < 0):
             raise ProfileError(self.source, offsets_key, f"{rows + 1} non-decreasing offsets ending at {len(values)}")
         return Ragged(offsets, values)
+
+
+def _roles(a: _Arrays, nvars: int) -> np.ndarray | None:
+    """``var_role`` (optional: absent in files written before roles existed, which load with none)."""
+    if "var_role" not in a.data.files:
+        return None
+    role = a.get("var_role")
+    if len(role) != nvars:
+        raise ProfileError(a.source, "var_role", f"{nvars} entries (one per variable)", len(role))
+    if len(role) and (role.min() < 0 or role.max() >= len(ROLES)):
+        bad = int(np.flatnonzero((role < 0) | (role >= len(ROLES)))[0])
+        raise ProfileError(a.source, f"var_role[{bad}]", f"a role in 0..{len(ROLES) - 1}", int(role[bad]))
+    return role.astype(np.int8)
 
 
 def _phases(a: _Arrays, nops: int) -> np.ndarray:
@@ -363,6 +379,7 @@ def _read(a: _Arrays) -> Profile:
                           name=a.get("var_name"))
     if any(len(x) != nvars for x in (variables.tile, variables.always_live, variables.live_class, variables.name)):
         raise ProfileError(a.source, "var_*", f"{nvars} entries in every variable array")
+    variables.role = _roles(a, nvars)
 
     def costs(cat: str) -> TileCosts:
         return TileCosts(a.get(f"{cat}_program", narrow=True), a.get(f"{cat}_tile", narrow=True),
@@ -419,7 +436,8 @@ def _read(a: _Arrays) -> Profile:
 
 
 # a field path of the JSON form (what Profile.validate and the limits name) -> the compact array
-_ARRAY_OF = {"variables": {"bytes": "var_bytes", "tile": "var_tile", "live": "var_live_class", "name": "var_name"},
+_ARRAY_OF = {"variables": {"bytes": "var_bytes", "tile": "var_tile", "live": "var_live_class", "name": "var_name",
+                           "role": "var_role"},
              "operations": {"first_step": "op_first_step", "last_step": "op_last_step", "compute": "op_compute",
                             "bytes_accessed": "op_bytes_accessed", "debug_id": "op_debug_id"}}
 

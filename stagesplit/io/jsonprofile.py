@@ -24,7 +24,7 @@ from ..errors import ProfileError
 from .builder import ProfileBuilder
 from .documents import grouping_record, read_info, read_target
 from .layerform import profile_from_layer_document
-from .profile import COMPUTE_UNITS, PHASE_LABELS, GroundTruth, Phase, Profile, Target
+from .profile import COMPUTE_UNITS, PHASE_LABELS, ROLES, GroundTruth, Phase, Profile, Target
 
 __all__ = ["FORMAT", "VERSION", "dumps_profile", "parse_json_text", "profile_from_document", "profile_to_document",
            "read_json_profile"]
@@ -35,7 +35,7 @@ VERSION = 1
 _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
              "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth",
              "layer_grouping"}
-_VAR_KEYS = {"name", "bytes", "tile", "live"}
+_VAR_KEYS = {"name", "bytes", "tile", "live", "role"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
 _OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute",
             "bytes_accessed", "phase"}
@@ -113,9 +113,11 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
                 if e < s or e > nsteps:
                     r.fail(ip + "[1]", f"an end >= start ({s}) and <= {nsteps} (end is exclusive)", e)
         name = var.get("name")
+        role = var.get("role")
         b.variable(bytes=r.integer(r.get(var, "bytes", p), f"{p}.bytes"),
                    tile=r.integer(var.get("tile", 0), f"{p}.tile"),
-                   live=live, name=None if name is None else r.string(name, f"{p}.name"))
+                   live=live, name=None if name is None else r.string(name, f"{p}.name"),
+                   role=None if role is None else r.choice(role, f"{p}.role", ROLES))
 
     for i, prog in enumerate(r.list(doc.get("programs", []), "programs")):
         p = f"programs[{i}]"
@@ -252,6 +254,8 @@ def profile_to_document(profile: Profile, lazy: bool = False) -> dict:
         rec["bytes"] = int(v.bytes[i])
         rec["tile"] = int(v.tile[i])
         rec["live"] = "always" if v.always_live[i] else (class_lists[v.live_class[i]] if v.live_class[i] >= 0 else [])
+        if v.role is not None:
+            rec["role"] = ROLES[int(v.role[i])]
         variables.append(rec)
     doc["variables"] = variables
 

@@ -23,8 +23,8 @@ import numpy as np
 from ..errors import ProfileError
 
 __all__ = ["COMPUTE_UNITS", "GroundTruth", "LAYER_ORDERS", "LayerGrouping", "Liveness", "Operations", "PHASE_LABELS",
-           "Phase", "Profile", "ProfileInfo", "Programs", "Ragged", "Target", "TileCosts", "Variables", "VertexCode",
-           "narrowest_int"]
+           "Phase", "Profile", "ProfileInfo", "Programs", "ROLES", "Ragged", "Target", "TileCosts", "Variables",
+           "VertexCode", "narrowest_int"]
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
@@ -56,6 +56,12 @@ class Phase(IntEnum):
 
 
 PHASE_LABELS = tuple(p.label for p in Phase)
+
+#: What a variable is to the training step (``Variables.role``, by index): data-parallel
+#: sharding (ZeRO, FSDP) divides parameters, gradients and optimizer state differently, so a
+#: profile that is to be sharded must say which is which. ``unknown`` where the source does
+#: not say (profiles written before roles existed, PopVision, the per-layer form).
+ROLES = ("unknown", "param", "grad", "state", "buffer", "other")
 
 
 @dataclass(frozen=True)
@@ -148,7 +154,8 @@ class Variables:
     """Lowered variables: one entry per (tensor piece, tile).
 
     ``live_class`` indexes ``Liveness``; it is -1 for always-live variables and for variables
-    that are never live. ``name`` indexes ``Profile.names`` (-1: unnamed).
+    that are never live. ``name`` indexes ``Profile.names`` (-1: unnamed). ``role`` indexes
+    ``ROLES`` (int8, one per variable), or is None when the source records no roles at all.
     """
 
     bytes: np.ndarray
@@ -156,6 +163,13 @@ class Variables:
     always_live: np.ndarray
     live_class: np.ndarray
     name: np.ndarray
+    role: np.ndarray | None = None
+
+    def role_of(self, label: str) -> np.ndarray:
+        """A mask of the variables whose role is ``label`` (all false when roles are unknown)."""
+        if self.role is None:
+            return np.zeros(len(self.bytes), bool)
+        return np.asarray(self.role) == ROLES.index(label)
 
     def __len__(self) -> int:
         return len(self.bytes)
@@ -417,6 +431,11 @@ def _validate(p: Profile, source: str | None) -> None:
         if len(getattr(v, name)) != n:
             raise ProfileError(source, f"variables.{name}", f"{n} entries (one per variable)", len(getattr(v, name)))
     _check(source, v.bytes < 0, lambda i: f"variables[{i}].bytes", "an integer >= 0", v.bytes)
+    if v.role is not None:
+        if len(v.role) != n:
+            raise ProfileError(source, "variables.role", f"{n} entries (one per variable)", len(v.role))
+        _check_range(source, np.asarray(v.role), 0, len(ROLES) - 1, lambda i: f"variables[{i}].role",
+                     "one of " + ", ".join(ROLES))
     _check(source, (v.tile < 0) | (v.tile >= t.tiles), lambda i: f"variables[{i}].tile",
            f"a tile index in 0..{t.tiles - 1}", v.tile)
     _check(source, (v.live_class < -1) | (v.live_class >= len(p.liveness)),

@@ -135,6 +135,8 @@ COLUMNS = (
                                                           "unknown)"),
        Column("op_phase", INT, 1, OPTIONAL, "each operation's phase: 0 unknown, 1 forward, 2 backward for inputs, "
                                             "3 backward for weights, 4 optimizer, 5 recompute (absent: all 0)"),
+       Column("var_role", INT, 1, OPTIONAL, "each variable's role: 0 unknown, 1 parameter, 2 gradient, "
+                                            "3 optimizer state, 4 buffer, 5 other (absent: roles not recorded)"),
        Column("gt_always_live", INT64, 1, GROUND_TRUTH, "ground truth: always-live variable bytes per tile"),
        Column("gt_not_always_live", INT64, 1, GROUND_TRUTH, "ground truth: peak not-always-live bytes per tile"),
        Column("gt_step_tiles", INT64, 1, GROUND_TRUTH, "ground truth: the traced tiles"),

@@ -10,19 +10,29 @@ from ..io import load_profile
 from ..io.profile import Profile
 from ..layers import LayerAssignment, LayerOptions, group_layers
 from .costmodel import StageCostModel
+from .datasharding import DataLayout, shard_profile
 
 __all__ = ["Analysis"]
 
 
 @dataclass
 class Analysis:
+    """``profile`` is what the cost model prices: with a data-parallel ``layout``, one rank's
+    profile, made from ``source`` (the one-device profile read)."""
+
     profile: Profile
     layers: LayerAssignment
     model: StageCostModel
+    layout: DataLayout | None = None
+    source: Profile | None = None
 
     @classmethod
-    def of(cls, profile: Profile, layer_options: LayerOptions | None = None, shared: str = "every") -> Analysis:
+    def of(cls, profile: Profile, layer_options: LayerOptions | None = None, shared: str = "every",
+           layout: DataLayout | None = None) -> Analysis:
         layers = group_layers(profile, layer_options)
+        if layout is not None and layout.sharded:
+            rank = shard_profile(profile, layers, layout)
+            return cls(rank, layers, StageCostModel(rank, layers, shared=shared), layout, profile)
         return cls(profile, layers, StageCostModel(profile, layers, shared=shared))
 
     @classmethod

@@ -111,6 +111,10 @@ class PhaseTable:
     #: built from one stack's modules and so share one tensor between the first and last chunk of a
     #: rank (None: no such sharing)
     tied_with_first: np.ndarray | None = None
+    #: (L + 1,) of ``forward_cut``, the bytes no layer's backward reads (not stashed): a block whose
+    #: norm saves a float32 copy of a bfloat16 input keeps neither its input nor its output for the
+    #: backward, so a chunk's stash holds neither (None: every crossing tensor is stashed)
+    forward_cut_unstashed: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -168,7 +172,7 @@ def phase_table(model: ModelView) -> PhaseTable:
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
         table = price_all_ranges(_masked(model, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain)
-    forward_cut, backward_cut = _cut_directions(model)
+    forward_cut, backward_cut, unstashed = _cut_directions(model)
     frees = _freed_at_input_backward(model)
     weight_extra = _weight_gradients(model, columns) - frees[None, :]
     per_op, unit = _op_times(model)
@@ -179,7 +183,8 @@ def phase_table(model: ModelView) -> PhaseTable:
     return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
                       backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute,
-                      input_backward_frees=frees, tied_with_first=_tied_with_first(model))
+                      input_backward_frees=frees, tied_with_first=_tied_with_first(model),
+                      forward_cut_unstashed=unstashed)
 
 
 #: how a capture names the loss's operations (``capturing/profilebuild.py``: "loss/aten.sum")
@@ -333,9 +338,10 @@ def one_stack(paths: Sequence[str | None]) -> bool:
     return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
 
 
-def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
-    """Bytes crossing each cut forward (made before it: activations) and backward (made after it:
-    gradients), from the traffic model's variables. Where the layers are one stack's blocks, the
+def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Bytes crossing each cut forward (made before it: activations), backward (made after it:
+    gradients), and of the forward ones those no backward reads (not stashed), from the traffic
+    model's variables. Where the layers are one stack's blocks, the
     stages are built from the model's modules (exporters/templates/stage_modules.py): each stage
     computes again what the model computes once for all its blocks (the rotary tables, the mask,
     the labels it is given), so only a tensor no more than two neighbouring layers use (the
@@ -345,6 +351,8 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
     L = model.num_layers
     fwd = np.zeros(L + 1, np.int64)
     bwd = np.zeros(L + 1, np.int64)
+    unstashed = np.zeros(L + 1, np.int64)
+    stashed = np.asarray(model.var_stashed, bool)[tr.var_index]
     neighbours = (tr.var_max_layer - tr.var_min_layer <= 1) if one_stack(model.layers.module_paths) \
         else np.ones(len(tr.var_bytes), bool)
     for j in range(1, L):
@@ -352,7 +360,8 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
         forward = crosses & (tr.var_producer < j)
         fwd[j] = int(tr.var_bytes[forward].sum())
         bwd[j] = int(tr.var_bytes[crosses & ~forward].sum())
-    return fwd, bwd
+        unstashed[j] = int(tr.var_bytes[forward & ~stashed].sum())
+    return fwd, bwd, unstashed
 
 
 def _op_times(model: ModelView) -> tuple[np.ndarray, str]:

@@ -9,8 +9,10 @@ from typing import Any
 import numpy as np
 
 from ..common.text import one_line, show
+from ..io.profile import Profile
 from ..layers import Rule
 from ..model.costmodel import StageCostModel, StageMemory
+from ..model.datasharding import DataLayout, role_bytes, shard_profile
 from ..model.stagememory import program_code
 from ..model.traffic import Traffic, layer_traffic
 from .table import Column, Table
@@ -34,17 +36,55 @@ class Breakdown:
     traffic: Traffic
     whole: StageMemory
     shared: StageMemory
+    #: data-parallel ranks to show one rank's memory for under each ZeRO stage (None: not shown)
+    data_parallel: int | None = None
+    #: the one-device profile ``model``'s was sharded from (None: ``model``'s own)
+    one_device: Profile | None = None
 
     @classmethod
-    def of(cls, model: StageCostModel) -> Breakdown:
-        return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory())
+    def of(cls, model: StageCostModel, data_parallel: int | None = None, one_device: Profile | None = None
+           ) -> Breakdown:
+        return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory(),
+                   data_parallel, one_device)
 
     def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:
-        """The text tables of the given sections, in order (default: the summary and the layers)."""
+        """The text tables of the given sections, in order (default: the summary and the layers),
+        and with ``data_parallel``, one rank's memory under each ZeRO stage."""
         builders = {"summary": self.summary_table, "grouping": self.grouping_table, "operations": self.operations_table, "layers": self.layers_table,
                     "totals": self.totals_table, "tiles": lambda: self.tiles_table(top_tiles),
                     "affinity": self.affinity_table, "communication": self.communication_table}
-        return [builders[s]() for s in sections]
+        out = [builders[s]() for s in sections]
+        if self.data_parallel is not None:
+            out.append(self.data_parallel_table(self.data_parallel))
+        return out
+
+    def data_parallel_rows(self, dp: int) -> list[tuple[str, dict[str, int], int]]:
+        """Per layout (one device, then ZeRO 0 to 3 on ``dp`` ranks, 3 with and without resharding
+        after the forward): its name, one rank's always-live bytes by role (``role_bytes``) and
+        the whole profile's peak on that rank as one stage. The profile must record roles."""
+        m = self.model
+        layouts = [("one device", DataLayout())] + \
+            [(f"ZeRO {z}" + (" (DDP)" if z == 0 else ""), DataLayout(dp, z)) for z in range(4)] + \
+            [("ZeRO 3, no reshard after forward", DataLayout(dp, 3, reshard_after_forward=False))]
+        rows = []
+        source = self.one_device if self.one_device is not None else m.profile
+        for name, layout in layouts:
+            rank = shard_profile(source, m.layers, layout)
+            model = StageCostModel(rank, m.layers, shared=m.shared)
+            rows.append((name, role_bytes(rank), model.stage_memory(0, model.num_layers - 1).worst_bytes()))
+        return rows
+
+    def data_parallel_table(self, dp: int) -> Table:
+        """What each category becomes on one of ``dp`` data-parallel ranks, per ZeRO stage."""
+        t = Table(f"One rank of {dp} data-parallel ranks, by ZeRO stage (whole profile as one stage)",
+                  [Column("layout"), Column("parameters", "bytes"), Column("gradients", "bytes"),
+                   Column("optimizer state", "bytes"), Column("runtime buffers", "bytes"), Column("peak", "bytes")])
+        for name, roles, peak in self.data_parallel_rows(dp):
+            t.add(name, roles["param"], roles["grad"], roles["state"], roles["other"], peak)
+        t.note = ("runtime buffers: DDP's gradient buckets, FSDP2's unsharded parameters when they are kept from the "
+                  "forward to the backward (the buffers that live only part of the step are in the peak); rules: "
+                  "docs/layouts.md")
+        return t
 
     @property
     def words(self):

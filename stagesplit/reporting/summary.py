@@ -183,6 +183,9 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
               f"{reserve if o.reserve else ''})\n"
               f"objective: {o.objective.value}; schedule: {o.schedule.value}"
               f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
+    request = inputs.request
+    if request.dp > 1:
+        header += f"\ndata parallel: {request.data_layout().describe()}"
     if plan.variants:
         header += ("\nprofile variants (memory proportion): "
                    + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None

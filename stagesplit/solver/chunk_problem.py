@@ -114,14 +114,22 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     saved = change = forward_change = np.zeros(C, np.int64)
     if choice is not None and table.recompute is not None:
         saved, forward_change, change, _ = table.recompute.chunk_changes(b, np.asarray(choice, np.int64))
-    stash = np.maximum(np.maximum(cc.stash - received, 0) + kept_output - saved, 0)
-    # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all
-    weight_stash = np.maximum(cc.weight_stash - received, 0) + kept_output
+    # the stash counts a crossing tensor only where a backward reads it (model/phases.py); the runtime
+    # keeps every chunk's output until its backward (PipelineStage's forward cache) whether or not one does
+    unstashed = (np.zeros(len(table.forward_cut), np.int64) if table.forward_cut_unstashed is None
+                 else np.asarray(table.forward_cut_unstashed, np.int64))
+    received_stashed = received - np.where(first, 0, unstashed[b[:-1]])
+    output_unstashed = np.where(last, 0, unstashed[b[1:]]).astype(np.int64)
+    stash = np.maximum(np.maximum(cc.stash - received_stashed, 0) + kept_output + output_unstashed - saved, 0)
+    # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all (B has
+    # let go of the output)
+    weight_stash = np.maximum(cc.weight_stash - received_stashed, 0) + kept_output
     # a V's turn: the chunk hands its output to the next chunk on its rank, which takes it as that
     # micro-batch's receive slot (torch's set_local_fwd_input), letting go of the tensor the slot held;
     # the output is then counted once, in the receive buffers
     handed = handed_outputs(schedule, cc.sent_forward)
-    stash, weight_stash = np.maximum(stash - handed, 0), np.maximum(weight_stash - handed, 0)
+    stash = np.maximum(stash - handed, 0)
+    weight_stash = np.maximum(weight_stash - np.maximum(handed - output_unstashed, 0), 0)
     split = schedule.traits.splits_backward
     extra = cc.weight_stash - cc.stash if split else 0
     # B frees the loss side of its graph only as it ends: held at its peak, gone before W
@@ -138,8 +146,11 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     # clipped before the recompute's change, as the CP-SAT model has it
     # (chunk_cpsat_model._recompute_variables)
     forward = np.maximum(np.maximum(cc.forward_peak - input_again + hold, 0) + forward_change, 0)
-    full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held, 0) + change, 0)
-    backward = np.maximum(cc.backward_input_peak + extra + freed + change, 0)
+    # a backward holds the output it was handed from the forward cache until it ends
+    held_output = np.maximum(output_unstashed - handed, 0)
+    full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held + held_output, 0) + change,
+                      0)
+    backward = np.maximum(cc.backward_input_peak + extra + freed + held_output + change, 0)
     weight = cc.backward_weight_peak + extra
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W

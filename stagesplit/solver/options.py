@@ -82,6 +82,16 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
     Option("micro_batches", None, "micro-batches per step (default: the number of devices with {flag:schedule}, "
            "else 1)", flag="micro-batches", settings="micro_batches", parse="int", metavar="M", low=1,
            high=MAX_MICRO_BATCHES),
+    Option("dp", 1, "data-parallel ranks: each pipeline stage is replicated on N ranks, each with its own "
+           "micro-batches, and every figure is one rank's (default: {default}, no data parallelism)", flag="dp",
+           settings="dp", parse="int", metavar="N", low=-2**63, high=MAX_DEVICES),
+    Option("zero", 0, "with {flag:dp}: 0 replicates (DDP, with its gradient buckets), 1 shards the optimizer state "
+           "(ZeRO-1), 2 also the gradients, 3 also the parameters (FSDP2's fully_shard, one group per layer) "
+           "(default: {default})", flag="zero", settings="zero", parse="int", metavar="Z", low=-2**63, high=2**63 - 1),
+    Option("reshard_after_forward", True, "with {flag:zero} 3: on frees each group's unsharded parameters after its "
+           "forward and gathers them again for its backward; off keeps them from the forward to the backward "
+           "(default: on)", flag="reshard-after-forward", settings="reshard_after_forward", parse="choice",
+           choices=("on", "off"), metavar="on|off"),
     Option("headroom", 0.0, "fraction of every device kept free, e.g. 0.1", flag="headroom", settings="headroom",
            parse="float", metavar="F", low=0, high=1, high_open=True),
     Option("reserve", 0, "memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "

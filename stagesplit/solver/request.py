@@ -28,6 +28,7 @@ from ..errors import FileOptionError, OptionError, ProfileError
 from ..io.profile import Target
 from ..io.targets import config_dir, load_target, target_from_mapping, target_record, yaml_number
 from ..layers import LayerOptions
+from ..model.datasharding import DataLayout
 from .options import SETTINGS_KEYS, declared, option_named
 from .schedule_kinds import check_chunks_per_rank
 
@@ -104,6 +105,11 @@ class SolveRequest:
     chunks_per_rank: int | None = declared("chunks_per_rank")
     #: activation recompute per layer; None: none where the plan fits without, else auto
     recompute: RecomputeMode | None = declared("recompute", RecomputeMode)
+    #: data-parallel ranks, the ZeRO stage and FSDP2's resharding (model/datasharding.py); the
+    #: plan's figures are one rank's
+    dp: int = declared("dp")
+    zero: int = declared("zero")
+    reshard_after_forward: bool = declared("reshard_after_forward")
     headroom: float = declared("headroom")
     #: bytes kept back on every device (CUDA context, workspaces)
     reserve: int = declared("reserve")
@@ -183,6 +189,13 @@ class SolveRequest:
                               f"{self.chunks_per_rank} (a looped or V-shaped schedule runs several)")
         if self.chunks_per_rank is not None and self.schedule not in (Schedule.NONE, Schedule.AUTO):
             check_chunks_per_rank(self.schedule.value, self.chunks_per_rank)
+        set_(self, "dp", integer("dp", self.dp, 1, MAX_DEVICES))
+        set_(self, "zero", integer("zero", self.zero, 0, 3))
+        reshard: Any = self.reshard_after_forward           # the command line's on/off, or a bool
+        if isinstance(reshard, str) and reshard in ("on", "off"):
+            set_(self, "reshard_after_forward", reshard == "on")
+        set_(self, "reshard_after_forward", boolean("reshard_after_forward", self.reshard_after_forward))
+        self.data_layout()                          # zero without dp is refused here, naming zero
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
         if self.allocator not in ("replay", "off"):
@@ -217,6 +230,10 @@ class SolveRequest:
         set_(self, "workers", integer("workers", self.workers, 1, MAX_WORKERS))
         if not isinstance(self.layering, LayerOptions):
             raise OptionError("layering", f"expected a LayerOptions, got {type(self.layering).__name__}")
+
+    def data_layout(self) -> DataLayout:
+        """The data-parallel layout the request asks for (``DataLayout``: dp ranks, ZeRO stage)."""
+        return DataLayout(self.dp, self.zero, self.reshard_after_forward)
 
     def with_devices(self, devices: int) -> SolveRequest:
         """The same request for another device count (one target, or the list repeated)."""

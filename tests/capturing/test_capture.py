@@ -210,6 +210,11 @@ def test_two_layer_mlp_bytes_and_flops_by_hand():
     always = 4 * (params0 + params1) + 4 * step             # 3408
     v = profile.variables
     assert int(v.bytes[v.always_live].sum()) == always
+    # the roles: 4 parameter tensors, their 4 gradients, exp_avg, exp_avg_sq and step of each
+    by_role = {role: int(v.bytes[v.role_of(role)].sum()) for role in ("param", "grad", "state", "buffer")}
+    assert by_role == {"param": params0 + params1, "grad": params0 + params1,
+                       "state": 2 * (params0 + params1) + 4 * step, "buffer": 0}
+    assert not np.any(v.role_of("other") & v.always_live) and np.all(v.role_of("other") | v.always_live)
     # activations: input x (32x8, live all step), h = addmm (32x16, dies at relu), r = relu (32x16,
     # saved for backward), y (32x4), the loss and its seed gradient (one float each). The peak is
     # at threshold_backward: x + r + grad_r (32x16) + grad_h (32x16) + loss + seed gradient

@@ -382,3 +382,35 @@ def test_saved_arrays_hold_no_objects():
     arrays = profile_to_arrays(rich_profile())
     assert all(a.dtype != object for a in arrays.values())
     assert all(a.dtype.kind in "biuf" for a in arrays.values())
+
+
+def _profile_with_roles():
+    """One variable of every role (and one whose role is unknown) on a two-step timeline."""
+    b = ProfileBuilder(Target("t", 1, 1000), 2)
+    ids = [b.variable(10 * (k + 1), 0, "always" if role != "other" else [(0, 1)], f"v{k}", role=role)
+           for k, role in enumerate(("param", "grad", "state", "buffer", "other", "unknown"))]
+    ids.append(b.variable(3, 0, "always", "no role given"))
+    b.operation("op", 0, 1, vars=ids)
+    return b.build()
+
+
+def test_roles_round_trip_and_old_files_read_without_roles(tmp_path):
+    p = _profile_with_roles()
+    assert p.variables.role.tolist() == [1, 2, 3, 4, 5, 0, 0]
+    back = round_trip(p, tmp_path)
+    assert_profiles_equal(p, back)
+    assert back.variables.role_of("grad").tolist() == [False, True, False, False, False, False, False]
+    old = tiny_profile(False)                          # a profile that records no roles writes no var_role
+    assert old.variables.role is None
+    assert "var_role" not in profile_to_arrays(old)
+    assert round_trip(old, tmp_path, "old.stagesplit").variables.role is None
+
+
+def test_a_bad_role_is_named(tmp_path):
+    arrays = profile_to_arrays(_profile_with_roles())
+    arrays["var_role"] = np.array([1, 2, 3, 4, 5, 0, 9], np.int8)
+    path = tmp_path / "bad.stagesplit"
+    with open(path, "wb") as f:
+        np.savez(f, **arrays)
+    with pytest.raises(ProfileError, match=r"var_role\[6\]: expected a role in 0\.\.5, got 9"):
+        read_compact(path)

@@ -301,7 +301,7 @@ BAD = [
     ("unknown kind", lambda d: mutate(d, ["kind"], "partial"), "kind", "one of full, layers"),
     ("unknown top-level field", lambda d: mutate(d, ["tiles"], 2), "tiles", "a known field ("),
     ("unknown variable field", lambda d: mutate(d, ["variables", 2, "size"], 1), "variables[2].size",
-     "a known field (bytes, live, name, tile)"),
+     "a known field (bytes, live, name, role, tile)"),
     ("unknown program field", lambda d: mutate(d, ["programs", 1, "code"], 1), "programs[1].code", "a known field"),
     ("unknown operation field", lambda d: mutate(d, ["operations", 3, "stage"], 1), "operations[3].stage",
      "a known field"),
@@ -497,3 +497,21 @@ def test_byte_order_mark_is_accepted(tmp_path):
     path = tmp_path / "bom.json"
     path.write_bytes(b"\xef\xbb\xbf" + dumps_profile(tiny_profile(True)).encode())
     assert_profiles_equal(tiny_profile(True), load_profile(path))
+
+
+def test_roles_round_trip_and_documents_without_roles_have_none():
+    b = ProfileBuilder(Target("t", 1, 1000), 2)
+    ids = [b.variable(8, 0, "always", f"w{k}", role=role) for k, role in enumerate(("param", "grad", "state"))]
+    ids.append(b.variable(4, 0, [(0, 1)], "x", role="other"))
+    b.operation("op", 0, 1, vars=ids)
+    p = b.build()
+    doc = profile_to_document(p)
+    assert [v["role"] for v in doc["variables"]] == ["param", "grad", "state", "other"]
+    assert profile_from_document(json.loads(json.dumps(doc)), "r.json").variables.role.tolist() == [1, 2, 3, 5]
+    for v in doc["variables"]:
+        del v["role"]
+    assert profile_from_document(doc, "r.json").variables.role is None
+    doc["variables"][0]["role"] = "weights"
+    with pytest.raises(ProfileError, match=r"r\.json: variables\[0\]\.role: expected one of unknown, param, grad, state, "
+                                           r"buffer, other, got 'weights'"):
+        profile_from_document(doc, "r.json")

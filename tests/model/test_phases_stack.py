@@ -8,7 +8,10 @@ blocks (model/phases.py), checked against the model's configuration (tests/decod
   (2 x 32 x 256 x 4 bytes, and the loss's three small tensors of 512 bytes each as captured);
 * Gemma ties its embedding to its head: the bytes layer 0 shares with the last layer are the
   embedding, its gradient and Adam's two moments (4 x 256 x 64 x 4) and Adam's step count (one
-  512-byte block as captured); Llama ties nothing."""
+  512-byte block as captured); Llama ties nothing;
+* a block's input and output are read by no backward (not stashed) where its norms save a float32
+  copy of a bfloat16 hidden state (2 x 32 x 64 x 2 bytes at every cut); in float32 the norm saves
+  the hidden state itself, so every crossing tensor is stashed."""
 
 from __future__ import annotations
 
@@ -25,14 +28,23 @@ def tables():
     import decoder_families as families
     from stagesplit import api
     from stagesplit.model.phases import phase_table
-    return {name: phase_table(api.analyze(api.capture(families.capture_spec(name))).model)
-            for name in ("llama", "gemma")}
+    tables = {name: phase_table(api.analyze(api.capture(families.capture_spec(name))).model)
+              for name in ("llama", "gemma")}
+    tables["llama-bf16"] = phase_table(api.analyze(api.capture(families.capture_spec("llama"),
+                                                               dtype="bfloat16")).model)
+    return tables
 
 
 def test_only_the_hidden_state_crosses_a_cut_of_one_stack(tables):
-    for table in tables.values():
-        assert table.forward_cut[1:-1].tolist() == [HIDDEN_STATE] * 7
-        assert table.backward_cut[1:-1].tolist() == [HIDDEN_STATE] * 7
+    for name, table in tables.items():
+        hidden = HIDDEN_STATE // 2 if name.endswith("bf16") else HIDDEN_STATE
+        assert table.forward_cut[1:-1].tolist() == [hidden] * 7
+        assert table.backward_cut[1:-1].tolist() == [hidden] * 7
+
+
+def test_a_bfloat16_hidden_state_is_not_stashed_where_the_norm_saves_a_float32_copy(tables):
+    assert tables["llama"].forward_cut_unstashed.tolist() == [0] * 9
+    assert tables["llama-bf16"].forward_cut_unstashed.tolist() == [0] + [HIDDEN_STATE // 2] * 7 + [0]
 
 
 def test_b_frees_the_loss_s_log_softmax_on_the_last_layer(tables):

@@ -507,3 +507,39 @@ def test_a_v_s_turn_hands_the_output_to_the_next_chunk_s_receive_slot():
     tight[1] -= 1
     solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=tight))
     assert solved.result is None or not solved.result.feasible
+
+
+def test_a_crossing_tensor_no_backward_reads_is_held_by_the_forward_cache_not_the_stash():
+    """A bfloat16 block whose norm saves a float32 copy of its input reads neither its input nor its
+    output in the backward: the table's stashes hold neither (``forward_cut_unstashed``). Three layers,
+    split 1 | 2, GPipe, M = 4, cut 30 not stashed: chunk 1's stash (9) has no received input to take
+    off, and the last chunk keeps the model's output (7): 16; chunk 0's stash (100) gains the output the
+    runtime keeps in its forward cache until the backward (30): 130, which its backward holds too
+    (4 x 300 + 30); its weight stash does not (B let go of the output): 101, and the forward peak still
+    counts the received input once (chunk 1: 300 - 30). On a V's turn (ZBV, P = 2), chunk 1 hands an
+    unstashed output (40) to chunk 2's receive slot: its stash adds the output and the slot takes it off
+    again (120 - 30 + 40 - 40 = 90), its weight stash never held it (121 - 30 = 91)."""
+    import dataclasses
+    t = make_table(resident=[10, 12, 8], stash=[100, 4, 5], weight_extra=[1, 1, 1], peak=[300, 300, 300],
+                   cut=[30, 40], back_cut=[5, 6], times=np.ones((3, 4)), model_output=7)
+    t = dataclasses.replace(t, forward_cut_unstashed=np.array([0, 30, 0, 0], np.int64))
+    cm = chunk_memory(t, (0, 1, 3), build_schedule("gpipe", 2, 4))
+    assert cm.stash.tolist() == [100 + 30, 9 + 7]
+    assert cm.weight_stash.tolist() == [101, 11 + 7]
+    assert cm.full_backward_peak.tolist() == [4 * 300 + 30, 4 * 300 - 30 + 7]
+    assert cm.forward_peak.tolist() == [300, 300 - 30]
+    v = make_table(resident=[10, 12, 8, 9], stash=[100, 120, 130, 140], weight_extra=[1, 1, 1, 1],
+                   peak=[3, 3, 3, 3], cut=[30, 40, 50], back_cut=[5, 6, 7], times=np.ones((4, 4)))
+    v = dataclasses.replace(v, forward_cut_unstashed=np.array([0, 0, 40, 0, 0], np.int64))
+    zbv = chunk_memory(v, (0, 1, 2, 3, 4), build_schedule("zbv", 2, 4, 2))
+    assert zbv.stash.tolist() == [100, 120 - 30 + 40 - 40, 130 - 0, 140 - 50]
+    assert zbv.weight_stash.tolist() == [100, 121 - 30, 131, 141 - 50]
+    from stagesplit.solver.schedule_memory import rank_memory
+    schedule = build_schedule("zbv", 2, 4, 2)
+    peaks = np.array([r.peak for r in rank_memory(schedule, zbv)], np.int64)
+    solved = solve_chunks_cpsat(ChunkProblem(table=v, schedule=schedule, capacities=peaks))
+    assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == (0, 1, 2, 3, 4)
+    tight = peaks.copy()
+    tight[1] -= 1
+    solved = solve_chunks_cpsat(ChunkProblem(table=v, schedule=schedule, capacities=tight))
+    assert solved.result is None or not solved.result.feasible
