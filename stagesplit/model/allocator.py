@@ -271,6 +271,9 @@ class Replay:
     oom_event: int = -1
     #: the bytes asked for and still held when the sequence ends
     requested_at_end: int = 0
+    #: how many times a new segment would have passed ``capacity`` and cached blocks were released first
+    #: (torch's out-of-memory retry: a synchronising cudaFree and cudaMalloc, slow)
+    retries: int = 0
 
     @property
     def ratio(self) -> float:
@@ -311,6 +314,7 @@ class _Allocator:
         self.pool_reserved = [0, 0]            # small, large
         self.pool_peak = [0, 0]
         self.segments: list[int] = []
+        self.retries = 0                       # times cached blocks were released to stay within the capacity
 
     # -- cached blocks -------------------------------------------------------------------------
     def _cache(self, pool: _Pool, addr: int) -> None:
@@ -365,6 +369,7 @@ class _Allocator:
         cap = self.o.capacity
         if cap is None or self.reserved + nbytes <= cap:
             return True
+        self.retries += 1
         if self.o.max_split_size is not None:
             self._release_oversize(pool, size)
             if self.reserved + nbytes <= cap:
@@ -564,7 +569,7 @@ def _replay_general(size_list: list[int], rounded: list[int], events: list[int],
     else:
         segments = tuple(a.segments)
     return Replay(alloc_peak, req_peak, res_peak, a.reserved, segments, a.pool_peak[0], a.pool_peak[1], oom,
-                  a.requested)
+                  a.requested, a.retries)
 
 
 def _replay_segments(size_list: list[int], rounded: list[int], events: list[int], options: AllocatorOptions

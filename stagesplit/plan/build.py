@@ -232,8 +232,10 @@ def with_reserved(plan: Plan) -> Plan:
     choice = [options.index(o) for st in plan.stages for o in (st.recompute or ("none",) * len(st.layers))]
     schedule = build_schedule(s.kind, len(s.ranks), s.micro_batches, s.chunks_per_rank)
     replays = rank_replays(model, bounds, schedule, [r.peak_bytes for r in s.ranks], request.allocator_options(),
-                           cublas_workspaces(name), choice)
-    ranks = tuple(replace(r, reserved_bytes=rep.reserved_bytes, replayed_bytes=rep.allocated_bytes)
+                           cublas_workspaces(name), choice, [r.capacity_bytes for r in s.ranks])
+    ranks = tuple(replace(r, reserved_bytes=rep.reserved_bytes, replayed_bytes=rep.allocated_bytes,
+                          fits_after_retries=rep.fits_after_retries,
+                          allocator_retries=None if rep.capped is None else rep.capped.retries)
                   for r, rep in zip(s.ranks, replays))
     return replace(plan, schedule=replace(s, ranks=ranks))
 

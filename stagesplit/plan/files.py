@@ -292,7 +292,11 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
                                 reserved_bytes=None if item.get("reserved_bytes") is None else
                                 r.integer(item["reserved_bytes"], f"{p}.reserved_bytes"),
                                 replayed_bytes=None if item.get("replayed_bytes") is None else
-                                r.integer(item["replayed_bytes"], f"{p}.replayed_bytes")))
+                                r.integer(item["replayed_bytes"], f"{p}.replayed_bytes"),
+                                fits_after_retries=None if item.get("fits_after_retries") is None else
+                                r.boolean(item["fits_after_retries"], f"{p}.fits_after_retries"),
+                                allocator_retries=None if item.get("allocator_retries") is None else
+                                r.integer(item["allocator_retries"], f"{p}.allocator_retries")))
     if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
             num_stages != v * devices:
         r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))

@@ -213,6 +213,11 @@ class RankRecord:
     reserved_bytes: int | None = None
     #: the replay's allocated peak (workspaces included), beside ``peak_bytes``
     replayed_bytes: int | None = None
+    #: where ``reserved_bytes`` passes the capacity: whether the allocator, freeing cached blocks and
+    #: retrying as torch does before it runs out of memory, keeps the rank within it, and how many times
+    #: it does so in a step (None: not over, or not replayed)
+    fits_after_retries: bool | None = None
+    allocator_retries: int | None = None
 
     @property
     def needed_bytes(self) -> int:
@@ -221,7 +226,7 @@ class RankRecord:
 
     @property
     def fits(self) -> bool:
-        return self.needed_bytes <= self.capacity_bytes
+        return self.needed_bytes <= self.capacity_bytes or self.fits_after_retries is True
 
 
 @dataclass(frozen=True)
@@ -482,7 +487,11 @@ class Plan:
                          f"on device {most.rank} ({most.needed_bytes / max(most.capacity_bytes, 1):.1%} of "
                          f"{amount(most.capacity_bytes)}; the replay allocates {amount(most.replayed_bytes)}, "
                          f"the plan priced {amount(most.peak_bytes)}); "
-                         + (f"{amount(left)} left" if left >= 0 else f"does not fit by {amount(-left)}")
+                         + (f"{amount(left)} left" if left >= 0 else
+                            f"{amount(-left)} over, but freeing cached blocks and retrying, as torch does before it "
+                            f"runs out of memory, keeps it within ({most.allocator_retries} retries a step, each a "
+                            f"synchronising cudaFree)" if most.fits_after_retries else
+                            f"does not fit by {amount(-left)}")
                          + "; per device: " + ", ".join(f"{r.needed_bytes / max(r.capacity_bytes, 1):.0%}"
                                                         for r in s.ranks))
         return lines

@@ -133,6 +133,8 @@ def headroom_text(plan: Plan, words: DeviceWords) -> str:
         tile = "" if words.one_tile else f" on tile {w.worst_tile}"
     share = f" ({used / capacity:.1%})" if capacity > 0 else ""
     rest = f"{words.bytes(capacity - used)} free" if used <= capacity else f"{words.bytes(used - capacity)} over"
+    if used > capacity and s is not None and s.ranks and r.fits_after_retries:
+        rest += " (within it once the allocator frees cached blocks and retries)"
     return f"headroom: {who}, the fullest, {verb} {words.bytes_of(used, capacity)}{tile}{share}, {rest}"
 
 

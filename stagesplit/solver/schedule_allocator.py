@@ -33,7 +33,7 @@ replay's allocated peak (those runtime buffers, counted as allocated without fra
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 
 import numpy as np
@@ -80,6 +80,10 @@ class RankReplay:
     events: int
     replay: Replay
     priced_peak: int
+    #: where the reserved estimate passes the rank's capacity: the same sequence replayed within the
+    #: capacity (less the bytes not replayed), as torch's allocator frees cached blocks and retries before
+    #: it runs out (None: within the capacity, no capacity given, or expandable segments)
+    capped: Replay | None = None
 
     @property
     def allocated_bytes(self) -> int:
@@ -93,6 +97,12 @@ class RankReplay:
     @property
     def reserved_bytes(self) -> int:
         return self.replay.reserved_peak + self.unreplayed_bytes
+
+    @property
+    def fits_after_retries(self) -> bool | None:
+        """Over its capacity without retries: whether freeing cached blocks and retrying keeps the rank
+        within it (None: not over, or not replayed so)."""
+        return None if self.capped is None else self.capped.oom_event < 0
 
 
 @dataclass
@@ -291,13 +301,19 @@ def rank_events(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: 
 
 def rank_replays(model: ModelView, bounds: np.ndarray | Sequence[int], schedule: ScheduleInstance,
                  priced_peaks: np.ndarray | list[int] | tuple[int, ...], options: AllocatorOptions | None = None,
-                 workspaces: tuple[int, ...] = (), choice: np.ndarray | Sequence[int] | None = None
-                 ) -> tuple[RankReplay, ...]:
+                 workspaces: tuple[int, ...] = (), choice: np.ndarray | Sequence[int] | None = None,
+                 capacities: Sequence[int] | None = None) -> tuple[RankReplay, ...]:
     """Each rank's sequence replayed (``rank_events``, ``model/allocator.py``), beside its priced peak
-    (to which the ``workspaces``, which the profile does not hold, are added for the comparison)."""
+    (to which the ``workspaces``, which the profile does not hold, are added for the comparison); with
+    ``capacities``, a rank whose reserved estimate passes its capacity is replayed again within it
+    (``RankReplay.capped``)."""
     out = []
     extra = sum(workspaces)
     for rank, (sizes, events) in enumerate(rank_events(model, bounds, schedule, workspaces, choice)):
-        result = replay(sizes, events, options or AllocatorOptions())
-        out.append(RankReplay(rank, len(events), result, int(priced_peaks[rank]) + extra))
+        o = options or AllocatorOptions()
+        rep = RankReplay(rank, len(events), replay(sizes, events, o), int(priced_peaks[rank]) + extra)
+        if capacities is not None and rep.reserved_bytes > capacities[rank] and not o.expandable_segments:
+            room = max(int(capacities[rank]) - rep.unreplayed_bytes, 0)
+            rep = replace(rep, capped=replay(sizes, events, replace(o, capacity=room)))
+        out.append(rep)
     return tuple(out)

@@ -123,6 +123,11 @@ def test_a_gpu_plan_records_prints_and_keeps_what_is_reserved(tmp_path):
     write_plan(plan, tmp_path / "plan.json")
     back = read_plan(tmp_path / "plan.json")
     assert back.schedule.ranks == plan.schedule.ranks
+    retried = tuple(dataclasses.replace(r, fits_after_retries=r.rank == 0, allocator_retries=2 + r.rank)
+                    for r in plan.schedule.ranks)
+    write_plan(dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, ranks=retried)),
+               tmp_path / "retried.json")
+    assert read_plan(tmp_path / "retried.json").schedule.ranks == retried
 
 
 def test_the_replay_can_be_turned_off_and_follows_the_alloc_conf():
@@ -193,3 +198,25 @@ def test_schedule_auto_replays_the_plan_it_keeps():
     plan = stagesplit.solve(PROFILES / "gpt-captured.stagesplit", 2, schedule="auto", micro_batches=4)
     assert plan.candidates and all(r.reserved_bytes is not None for r in plan.schedule.ranks)
     assert all(r.reserved_bytes >= r.replayed_bytes for r in plan.schedule.ranks)
+
+
+def test_a_rank_over_its_capacity_is_replayed_within_it():
+    """A capacity under the reserved estimate: the sequence again with that capacity (less what is not
+    replayed), torch's allocator freeing cached blocks and retrying; far too small a capacity runs out."""
+    m = gpt_model()
+    schedule = build_schedule("1f1b", 2, 4)
+    free = rank_replays(m, [0, 6, 8], schedule, [0, 0])
+    assert all(r.capped is None and r.fits_after_retries is None for r in free)
+    tight = [r.reserved_bytes - 2 * MiB for r in free]
+    capped = rank_replays(m, [0, 6, 8], schedule, [0, 0], capacities=tight)
+    for r, cap in zip(capped, tight):
+        assert r.capped is not None and r.replay == free[r.rank].replay
+        if r.fits_after_retries:
+            assert r.capped.reserved_peak <= cap and r.capped.retries >= 1 and r.capped.oom_event < 0
+        else:
+            assert r.capped.oom_event >= 0
+    small = rank_replays(m, [0, 6, 8], schedule, [0, 0], capacities=[MiB, MiB])
+    assert [r.fits_after_retries for r in small] == [False, False]
+    plain = rank_replays(m, [0, 6, 8], schedule, [0, 0], AllocatorOptions(expandable_segments=True),
+                         capacities=[MiB, MiB])
+    assert all(r.capped is None for r in plain)            # not modelled with expandable segments
