@@ -142,6 +142,62 @@ def _stage_modules_source() -> list[str]:
     return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
 
+#: the tensor-parallel styles an export writes (capturing/tensorparallel.py's, without sequence parallelism):
+#: style -> the torch ParallelStyle made for it (None: the module is left whole)
+_TP_STYLES = {"colwise": "ColwiseParallel()", "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
+              "rowwise": "RowwiseParallel()", "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
+              "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())", "sequence": None,
+              "sequence_parallel": None, "replicate": None, "replicated_with_grad_allreduce": None}
+
+
+def _tensor_parallel_lines(view: PlanView, stack: str | None) -> list[str]:
+    """Where the profile is one tensor-parallel rank's: the plan the capture applied, applied again by
+    torch's ``parallelize_module`` on a (pipeline, tensor) device mesh (``setup_parallel``)."""
+    if view.tensor_parallel <= 1:
+        return []
+    plan = []
+    for path, style in view.tensor_parallel_styles:
+        if style not in _TP_STYLES:
+            raise view.error(f"{NAME}: tensor-parallel style '{show(style)}' of module '{show(path)}': expected one "
+                             f"of {', '.join(_TP_STYLES)}")
+        if _TP_STYLES[style] is not None:
+            plan.append([path, style])
+    if view.sequence_parallel:
+        raise view.error(f"{NAME}: the profile was captured with sequence parallelism, whose layouts between "
+                         "the blocks this export does not write yet: capture without sequence parallelism")
+    if stack is None:
+        raise view.error(f"{NAME}: a tensor-parallel plan is exported for stages built from one stack of blocks "
+                         "(a Hugging Face causal language model); torch's tracer does not take tensor-parallel "
+                         "modules")
+    return [
+        "# tensor parallelism: the plan's profile is one of TENSOR_PARALLEL ranks that share every layer, each",
+        "# holding the share of it torch's parallelize_module gives it under this plan (as the capture ran it).",
+        "# Launch len(STAGES_OF_RANK) x TENSOR_PARALLEL processes: global rank g is pipeline rank",
+        "# g // TENSOR_PARALLEL; call setup_parallel(model, device) before build_pipeline and give it the group.",
+        f"TENSOR_PARALLEL = {view.tensor_parallel}",
+        f"TP_PLAN = {py_literal(plan)}   # [module path, style]",
+        "",
+        "",
+        "def setup_parallel(model, device):",
+        '    """Apply TP_PLAN to `model` with torch\'s own styles on a (pipeline, tensor) device mesh and return',
+        '    the pipeline\'s process group (build_pipeline\'s `group`)."""',
+        "    if not builds_from_modules(model):",
+        "        raise ValueError('a tensor-parallel plan runs on stages built from a Hugging Face causal language '",
+        "                         \"model's modules (build_pipeline); torch's tracer does not take tensor-parallel modules\")",
+        "    from torch.distributed.device_mesh import init_device_mesh",
+        "    from torch.distributed.tensor import Replicate",
+        "    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+        "    mesh = init_device_mesh(device.type, (len(STAGES_OF_RANK), TENSOR_PARALLEL), mesh_dim_names=('pp', 'tp'))",
+        "    made = {",
+        *(f"        {py_literal(k)}: lambda: {v}," for k, v in _TP_STYLES.items() if v is not None),
+        "    }",
+        "    parallelize_module(model, mesh['tp'], {path: made[style]() for path, style in TP_PLAN})",
+        "    return mesh['pp'].get_group()",
+        "",
+        "",
+    ]
+
+
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
     starts = [s.layers[0] for s in view.stages]
@@ -172,6 +228,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                          "run the backward of a skip connection (torch: \"Backward of skip connections not supported "
                          f"yet\"); give layers {tensor.first} to {tensor.last} at most two neighbouring stages "
                          "(fewer devices, or those layers kept together)")
+    tensor_parallel = _tensor_parallel_lines(view, stack) if options.training else []
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
              "import torch.distributed as dist",
@@ -201,6 +258,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                 f"# between steps (zero the gradients with zero_grad(set_to_none={view.gradients_set_to_none}))",
                 f"RETURN_OUTPUTS = {view.return_outputs}", f"GRADIENTS_SET_TO_NONE = {view.gradients_set_to_none}"]
                if options.training else []), "", "",
+             *tensor_parallel,
              *(_recompute_lines(recompute, stack is not None) if recompute else []),
              *([
                  "def _no_links_to_self(stage):",

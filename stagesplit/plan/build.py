@@ -42,11 +42,15 @@ def plan_profile(model: StageCostModel) -> PlanProfile:
     """The plan's record of the profile: name, device, and the file and hash it was read from."""
     p = model.profile
     sha = p.info.sha256                                  # hashed from the bytes as they were read
+    layout = p.info.parallel_layout
     if sha is None and p.info.path is not None:
         sha = file_sha256(p.info.path)
     return PlanProfile(name=p.info.name, source=p.info.source, synthetic=p.info.synthetic, target=p.target.name,
                        tiles=p.target.tiles, bytes_per_tile=p.target.bytes_per_tile,
-                       path=None if p.info.path is None else str(p.info.path), sha256=sha)
+                       path=None if p.info.path is None else str(p.info.path), sha256=sha,
+                       tensor_parallel=layout.tensor_parallel if layout is not None else 1,
+                       sequence_parallel=layout.sequence_parallel if layout is not None else False,
+                       tensor_parallel_styles=tuple(layout.styles) if layout is not None else ())
 
 
 def _rounded(seconds: float | None) -> float | None:

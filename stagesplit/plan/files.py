@@ -118,6 +118,10 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
     """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
     doc = asdict(profile)
+    if profile.tensor_parallel == 1:                 # a plan of one device per stage writes what it always did
+        del doc["tensor_parallel"], doc["sequence_parallel"], doc["tensor_parallel_styles"]
+    else:
+        doc["tensor_parallel_styles"] = [list(pair) for pair in profile.tensor_parallel_styles]
     if profile.one_tile:
         doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
     return doc
@@ -381,7 +385,23 @@ def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
                        tiles=r.integer(tiles, "profile.tiles", minimum=1),
                        bytes_per_tile=r.integer(per_tile, "profile.bytes_per_tile"),
                        path=_optional_string(r, p.get("path"), "profile.path"),
-                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"))
+                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"),
+                       tensor_parallel=r.integer(p.get("tensor_parallel", 1), "profile.tensor_parallel", minimum=1),
+                       sequence_parallel=r.boolean(p.get("sequence_parallel", False), "profile.sequence_parallel"),
+                       tensor_parallel_styles=_styles(r, p.get("tensor_parallel_styles", []),
+                                                      "profile.tensor_parallel_styles"))
+
+
+def _styles(r: FieldReader, value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    """A tensor-parallel plan: a list of [module path, style] pairs (text only; an export renders it)."""
+    if not isinstance(value, list):
+        r.fail(path, "a list of [module path, style] pairs", value)
+    out = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            r.fail(f"{path}[{i}]", "a [module path, style] pair of strings", pair)
+        out.append((pair[0], pair[1]))
+    return tuple(out)
 
 
 def _sha256(r: FieldReader, value: Any, path: str) -> str | None:

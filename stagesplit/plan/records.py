@@ -129,6 +129,12 @@ class PlanProfile:
     bytes_per_tile: int = 0
     path: str | None = None
     sha256: str | None = None
+    #: the profile is one rank of this many tensor-parallel ranks (a capture's ``parallel_layout``): every
+    #: pipeline device is a group of that many GPUs, each holding what the profile holds
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
+    tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
 
     @property
     def one_tile(self) -> bool:
