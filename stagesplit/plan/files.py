@@ -291,7 +291,16 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
                                 peak_bytes=r.integer(r.get(item, "peak_bytes", p), f"{p}.peak_bytes"),
                                 capacity_bytes=r.integer(r.get(item, "capacity_bytes", p), f"{p}.capacity_bytes"),
                                 peak_at=r.string(item.get("peak_at", ""), f"{p}.peak_at"),
-                                busy=_figure(r, item.get("busy", 0.0), f"{p}.busy")))
+                                busy=_figure(r, item.get("busy", 0.0), f"{p}.busy"),
+                                # the caching allocator's replay (absent or null: not replayed, or an older plan)
+                                reserved_bytes=None if item.get("reserved_bytes") is None else
+                                r.integer(item["reserved_bytes"], f"{p}.reserved_bytes"),
+                                replayed_bytes=None if item.get("replayed_bytes") is None else
+                                r.integer(item["replayed_bytes"], f"{p}.replayed_bytes"),
+                                fits_after_retries=None if item.get("fits_after_retries") is None else
+                                r.boolean(item["fits_after_retries"], f"{p}.fits_after_retries"),
+                                allocator_retries=None if item.get("allocator_retries") is None else
+                                r.integer(item["allocator_retries"], f"{p}.allocator_retries")))
     if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
             num_stages != v * devices:
         r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))
