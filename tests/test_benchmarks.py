@@ -35,12 +35,13 @@ ARGUMENTS = {
     "bench_solver.py": ["--tiny", "--extended"],
     "bench_startup.py": ["--tiny"],
     "bench_synth.py": ["--tiny"],
+    "bench_tensor_parallel.py": ["--tiny"],
     "bench_variants.py": ["--tiny"],
     "validate_allocator.py": ["--predict", "{tmp}/sequences.json", "--tiny"],
     "validate_gpu.py": ["--predict", "{tmp}/predictions.json"],
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
-NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
+NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_tensor_parallel.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
          "validate_gpu.py": ("torch",), "validate_allocator.py": ("torch",)}
 
 

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from vision import torchvision_model_code
+
+# a spawned worker has the test process's path (with torchvision's folder) but not its modules
+torchvision_model_code()
+
 ROOT = Path(__file__).resolve().parents[1]
 GPT_FILE = ROOT / "examples" / "gpt.py"
 GPT_PLAN = ROOT / "examples" / "gpt-tp.yaml"
