@@ -115,3 +115,24 @@ def test_the_exported_program_refuses_a_model_it_would_trace(tmp_path):
     assert ns["TENSOR_PARALLEL"] == 2 and ns["TP_PLAN"] == [["h.0.mlp.fc", "colwise"]]
     with pytest.raises(ValueError, match="torch.s tracer does not take parallel"):
         ns["setup_parallel"](torch.nn.Linear(2, 2), torch.device("cpu"))
+
+
+def test_a_hostile_module_path_stays_a_string_in_the_exported_program(tmp_path):
+    """The plan's module paths are untrusted text: they reach the program only as string literals, so a
+    path written as code comes back from the exported file as the same string, and nothing runs."""
+    from stagesplit.cli import main
+    plan = tmp_path / "plan.json"
+    assert main(["solve", "profiles/gpt-captured.stagesplit", "--devices", "2", "--schedule", "1f1b",
+                 "--micro-batches", "2", "--out", str(plan)]) == 0
+    hostile = 'h.0"]]; import os; os.system("touch pwned") #\n\'\\'
+    document = json.loads(plan.read_text())
+    document["profile"].update({"tensor_parallel": 2, "sequence_parallel": False,
+                                "tensor_parallel_styles": [[hostile, "colwise"]]})
+    plan.write_text(json.dumps(document))
+    out = tmp_path / "pipe.py"
+    assert main(["export", str(plan), "--to", "torch-pipelining", "-o", str(out)]) == 0
+    ns: dict = {}
+    exec(compile(out.read_text(), str(out), "exec"), ns)
+    assert ns["TP_PLAN"] == [[hostile, "colwise"]]
+    import pathlib
+    assert not (tmp_path / "pwned").exists() and not pathlib.Path("pwned").exists()
