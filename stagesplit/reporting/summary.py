@@ -13,7 +13,7 @@ from .units import device_words
 from .why import compare_line, comparisons, step_ratio, why_line
 
 __all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "solve_text", "stages_table",
-           "summary_with_why", "sweep_table", "tensor_parallel_text"]
+           "layout_lines", "summary_with_why", "sweep_table", "tensor_parallel_text"]
 
 
 def stages_table(plan: Plan) -> Table:
@@ -180,6 +180,18 @@ def tensor_parallel_text(tp: int, sequence_parallel: bool, devices: int, dp: int
             f"one GPU's; {devices} pipeline x {tp} tensor-parallel{data} = {devices * tp * dp} GPUs in all")
 
 
+def layout_lines(plan: Plan) -> list[str]:
+    """The lines that say a plan's layout beside the pipeline (tensor and data parallelism), as solve
+    prints them and the report shows them; none for a pipeline alone."""
+    p, request = plan.profile, plan.inputs.request
+    lines = []
+    if p.tensor_parallel > 1:
+        lines.append(tensor_parallel_text(p.tensor_parallel, p.sequence_parallel, _devices_used(plan), request.dp))
+    if request.dp > 1:
+        lines.append(f"data parallel: {request.data_layout().describe()}")
+    return lines
+
+
 def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None) -> str:
     """What ``solve`` prints: what was asked (the profile, named by ``profile`` where it has no
     name of its own, the devices and their memory, the objective and schedule), the summary and
@@ -197,10 +209,8 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
               f"objective: {o.objective.value}; schedule: {o.schedule.value}"
               f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
     request = inputs.request
-    if p.tensor_parallel > 1:
-        header += "\n" + tensor_parallel_text(p.tensor_parallel, p.sequence_parallel, _devices_used(plan), request.dp)
-    if request.dp > 1:
-        header += f"\ndata parallel: {request.data_layout().describe()}"
+    for line in layout_lines(plan):
+        header += "\n" + line
     if plan.variants:
         header += ("\nprofile variants (memory proportion): "
                    + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None

@@ -183,6 +183,9 @@ def test_solve_text_names_the_layout_the_plan_records(capsys, tmp_path, linear_s
     assert plan.stages
     for stage in plan.stages:
         assert stage.worst_tile_bytes == model.stage_memory(stage.first_layer, stage.last_layer).worst_bytes()
+    # the HTML report says it too, as solve does
+    from stagesplit.reporting.html import report_html
+    assert f'<p class="sub">{line}</p>' in report_html(plan)
     code, out, err = run_cli(capsys, "solve", path, "--devices", 2, "--out", tmp_path / "plain.json")
     assert code == 0 and "data parallel" not in out
     # diagnose takes the plan's layout: its model is the rank's, as the plan's figures are
