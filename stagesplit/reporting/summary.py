@@ -208,7 +208,6 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
               f"{reserve if o.reserve else ''})\n"
               f"objective: {o.objective.value}; schedule: {o.schedule.value}"
               f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
-    request = inputs.request
     for line in layout_lines(plan):
         header += "\n" + line
     if plan.variants:
