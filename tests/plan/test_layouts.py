@@ -1,0 +1,154 @@
+"""The layout search (plan/layouts.py) and the communication model (model/communication.py):
+collective times by hand, two layouts' communication and step by hand, the search against every
+layout solved one by one, and bad input refused in one line naming the option."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+from stagesplit import api
+from stagesplit.errors import OptionError
+from stagesplit.io.topology import known_nodes, node_of
+from stagesplit.model.communication import DDP_BUCKET_BYTES, all_gather, all_reduce, dp_exposed, p2p, reduce_scatter
+
+torch = pytest.importorskip("torch")
+
+H100 = node_of("h100-80gb")
+LINEAR = 64 * 64 * 4 + 64 * 4          # one Linear(64, 64)'s parameters in float32
+
+
+def _stack(layers: int = 4, width: int = 64, batch: int = 8, seed: int = 0):
+    from stagesplit.capturing.pytorch import capture_model
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
+    return capture_model(model, torch.empty(batch, width, device="meta"), allocator_round=1, name="stack")
+
+
+@pytest.fixture(scope="module")
+def stack():
+    return _stack()
+
+
+def test_ring_collectives_by_hand():
+    bw, a = 100e9, 2e-6
+    assert all_reduce(8e9, 8, bw, a) == pytest.approx(2 * 7 * a + 2 * 8e9 * 7 / 8 / bw)
+    assert reduce_scatter(8e9, 8, bw, a) == pytest.approx(7 * a + 8e9 * 7 / 8 / bw)
+    assert all_gather(8e9, 4, bw, a) == pytest.approx(3 * a + 8e9 * 3 / 4 / bw)
+    assert p2p(1e6, bw, a) == pytest.approx(a + 1e6 / bw)
+    assert all_reduce(8e9, 1, bw, a) == 0.0 and p2p(0, bw, a) == 0.0
+
+
+def test_groups_inside_a_node_use_its_links():
+    assert H100.link(8) is H100.intra and H100.link(9) is H100.inter
+    assert H100.link(2, stride=4) is H100.intra and H100.link(2, stride=8) is H100.inter
+    nodes = known_nodes()
+    for name in ("a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb", "mi300x-192gb"):
+        assert nodes[name].gpus_per_node == 8 and nodes[name].intra.bytes_per_s > nodes[name].inter.bytes_per_s
+
+
+def test_ddp_exposes_the_last_bucket_and_what_the_backward_did_not_hide():
+    bw, a = 50e9, 5e-6
+    big = 3 * DDP_BUCKET_BYTES
+    whole = all_reduce(big, 4, bw, a)
+    # a long backward hides all but the last bucket
+    assert dp_exposed(0, 4, [big], 0.0, 10.0, 1, bw, a).total == pytest.approx(all_reduce(DDP_BUCKET_BYTES, 4, bw, a))
+    # no backward to hide under: all of it
+    assert dp_exposed(0, 4, [big], 0.0, 0.0, 1, bw, a).total == pytest.approx(whole)
+    # ZeRO 1: the reduce-scatter as DDP's all-reduce, then the parameters' all-gather in full
+    e = dp_exposed(1, 4, [big], 0.0, 0.0, 1, bw, a)
+    assert e.gradients == pytest.approx(reduce_scatter(big, 4, bw, a)) and e.parameters == pytest.approx(
+        all_gather(big, 4, bw, a))
+    # ZeRO 3, 2 micro-batches, no compute to hide under: each pass gathers the first group, then
+    # all of it; the gradients' reduce-scatter once
+    e = dp_exposed(3, 4, [10, 20, 30], 0.0, 0.0, 2, bw, a)
+    per_mb = all_gather(10, 4, bw, a) + all_gather(60, 4, bw, a) + all_gather(30, 4, bw, a) + all_gather(60, 4, bw, a)
+    assert e.gathers == pytest.approx(2 * per_mb)
+    assert e.gradients == pytest.approx(max(reduce_scatter(30, 4, bw, a), reduce_scatter(60, 4, bw, a)))
+
+
+def _solve(stack, **kw):
+    return api.layouts(stack, target="h100-80gb", time_limit=30, **kw)
+
+
+def test_two_layouts_by_hand(stack):
+    """DDP on 8 ranks in one node, one stage: the step is the rank's pipeline step plus the whole
+    all-reduce of its 4 x 16,640 bytes (one bucket: nothing hides it); each rank holds the whole
+    model. Then 4 stages of one layer each x 2 ranks, ZeRO 0: each stage all-reduces its 16,640
+    bytes across 2 ranks 4 apart (inside the node)."""
+    a = H100.intra
+    lp = _solve(stack, gpus=8, global_batch=64, micro_batch_size=8, tp=1, pp=1, zero=0)
+    best = lp.best
+    assert best is not None and best.layout.dp == 8 and best.layout.micro_batches == 1
+    ar = 2 * 7 * a.latency_s + 2 * (4 * LINEAR) * 7 / 8 / a.bytes_per_s
+    assert best.dp_comm_s == pytest.approx(ar)
+    assert best.step_s == pytest.approx(best.pipeline_s + ar)
+    one = api.solve(stack, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
+    # DDP's reducer holds one more copy of every gradient in its buckets, all step
+    assert best.rank_peaks == tuple(r.peak_bytes + 4 * LINEAR for r in one.schedule.ranks)
+    assert best.pipeline_s == pytest.approx(one.schedule.step_time)
+
+    lp = _solve(stack, gpus=8, global_batch=64, micro_batch_size=8, tp=1, pp=4, zero=0)
+    best = lp.best
+    assert best.layout.dp == 2 and best.layout.micro_batches == 4
+    four = api.solve(stack, devices=4, target="h100-80gb", schedule="1f1b", micro_batches=4, dp=2, exact=True,
+                     communication=True, link_bandwidth=H100.intra.bytes_per_s)
+    s = four.schedule
+    assert [st.first_layer for st in four.stages] == [0, 1, 2, 3]
+    ar2 = 2 * 1 * a.latency_s + 2 * LINEAR * 1 / 2 / a.bytes_per_s
+    # the backward of one micro-batch on a stage is far shorter than the transfer: nothing hidden
+    assert best.dp_comm_s == pytest.approx(max(max(ar2 / 1, ar2 - (b + w)) for _, b, w in s.chunk_times))
+    assert best.step_s == pytest.approx(s.step_time + best.dp_comm_s)
+    assert best.rank_peaks == tuple(r.peak_bytes for r in s.ranks)
+
+
+def test_the_search_is_the_best_of_every_layout_solved_alone(stack):
+    """The search's best equals the fastest of every combination solved on its own (no floor, no
+    cutoff), and every row it cut off or found slower is no faster."""
+    from stagesplit.plan.layouts import enumerate_layouts, step_of
+    from stagesplit.model.datasharding import parameter_bytes_by_layer
+    for gpus, batch in ((4, 32), (8, 64)):
+        lp = _solve(stack, gpus=gpus, global_batch=batch, micro_batch_size=8)
+        req = lp.request
+        read = api.analyze(stack)
+        params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+        steps = {}
+        for lay in enumerate_layouts(req, [1], 4):
+            plan = api.solve(stack, devices=lay.pp, target="h100-80gb", schedule="1f1b", micro_batches=lay.micro_batches,
+                             dp=lay.dp, zero=lay.zero, exact=True, communication=lay.pp > 1,
+                             link_bandwidth=H100.link(lay.pp, lay.tp * lay.dp).bytes_per_s)
+            if plan.feasible:       # (the analysis gives step_of only the tensor-parallel collectives: none here)
+                steps[lay] = step_of(lay, plan, read, req, params)[0]
+        fastest = min(steps.values())
+        assert lp.best.step_s == pytest.approx(fastest)
+        for row in lp.rows:
+            if row.layout in steps:
+                assert steps[row.layout] >= fastest * (1 - 1e-9)
+            if row.status == "cut off":
+                assert steps[row.layout] >= lp.best.step_s * (1 - 1e-9)
+        assert lp.proven
+
+
+@pytest.mark.parametrize("kw, option, text", [
+    (dict(gpus=8, tp=1, pp=3), "tp", "tp 1 x pp 3 = 3 does not divide 8 GPUs"),
+    (dict(gpus=8, global_batch=12), "global_batch", "no layout of 8 GPUs forms a global batch of 12"),
+    (dict(gpus=12, gpus_per_node=8), "gpus_per_node", "8 GPUs per node does not divide 12 GPUs"),
+    (dict(gpus=8, tp=2), "tp", "no profile of tensor-parallel degree 2 was given"),
+])
+def test_bad_input_is_one_line_naming_the_option(stack, kw, option, text):
+    args = dict(global_batch=64, micro_batch_size=8) | kw
+    with pytest.raises(OptionError) as excinfo:
+        _solve(stack, **args)
+    assert excinfo.value.parameter == option and text in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+def test_mfu_and_tokens_from_the_plans_numbers(stack):
+    lp = _solve(stack, gpus=4, global_batch=32, micro_batch_size=8, sequence_length=1)
+    best = lp.best
+    flops = float(stack.operations.compute.sum())
+    assert lp.samples_per_s == pytest.approx(32 / best.step_s)
+    assert lp.tokens_per_s_per_gpu == pytest.approx(32 / best.step_s / 4)
+    assert lp.mfu == pytest.approx(flops * 4 / best.step_s / (4 * 989e12))
+    assert math.isfinite(lp.mfu) and np.isfinite(best.step_s)
