@@ -152,3 +152,58 @@ def test_mfu_and_tokens_from_the_plans_numbers(stack):
     assert lp.tokens_per_s_per_gpu == pytest.approx(32 / best.step_s / 4)
     assert lp.mfu == pytest.approx(flops * 4 / best.step_s / (4 * 989e12))
     assert math.isfinite(lp.mfu) and np.isfinite(best.step_s)
+
+
+def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsys):
+    import json
+
+    from stagesplit.io import save_profile
+    from tests.helpers import run_cli
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    code, out, _ = run_cli(capsys, "layouts", path, "--gpus", 4, "--global-batch", 32, "--micro-batch-size", 8,
+                           "--seq-len", 1, "--target", "h100-80gb", "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    lp = _solve(stack, gpus=4, global_batch=32, micro_batch_size=8, sequence_length=1)
+    assert doc["best"]["step_s"] == pytest.approx(lp.best.step_s)
+    assert (doc["best"]["tp"], doc["best"]["pp"], doc["best"]["dp"], doc["best"]["zero"]) == (
+        lp.best.layout.tp, lp.best.layout.pp, lp.best.layout.dp, lp.best.layout.zero)
+    assert [r["status"] for r in doc["rows"]] == [r.status for r in lp.rows]
+    code, out, _ = run_cli(capsys, "layouts", path, "--gpus", 4, "--global-batch", 32, "--micro-batch-size", 8,
+                           "--seq-len", 1, "--target", "h100-80gb")
+    lines = out.splitlines()
+    b = lp.best
+    assert lines[1] == f"best: {b.layout.describe()}"
+    assert lines[2] == (f"step: {b.step_s * 1e3:.3g} ms (pipeline {b.pipeline_s * 1e3:.3g} ms, tensor-parallel "
+                        f"communication {b.tp_comm_s * 1e3:.3g} ms, data-parallel communication exposed "
+                        f"{b.dp_comm_s * 1e3:.3g} ms)")
+    assert lines[3] == (f"throughput: {32 / b.step_s:,.1f} samples/s, {32 / b.step_s / 4:,.0f} tokens/s per GPU, "
+                        f"MFU {lp.mfu:.1%}")
+    assert lines[4] == "rank peaks: " + ", ".join(f"rank {r}: {p / 2**30:.2f} GiB" for r, p in enumerate(b.rank_peaks)) \
+        + " of 80.00 GiB"
+    assert lines[5] == "note: no profile records tensor-parallel collectives: none priced"
+    assert lines[6].startswith("proven: ") == lp.proven
+    rows = lines[9:]
+    assert len(rows) == len(lp.rows)
+    for line, r in zip(rows, lp.rows):
+        assert line.split()[:6] == [str(r.layout.tp), str(r.layout.pp), str(r.layout.dp), str(r.layout.zero),
+                                    str(r.layout.micro_batches), r.status.split()[0]]
+        assert line.endswith(r.reason)
+
+
+@pytest.mark.parametrize("flags, line", [
+    (["--gpus", 8, "--tp", 1, "--pp", 3], "--tp: tp 1 x pp 3 = 3 does not divide 8 GPUs"),
+    (["--gpus", 8, "--global-batch", 12], "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
+    (["--gpus", 12, "--gpus-per-node", 8], "--gpus-per-node: 8 GPUs per node does not divide 12 GPUs"),
+])
+def test_bad_input_one_line_exit_2(stack, tmp_path, capsys, flags, line):
+    from stagesplit.io import save_profile
+    from tests.helpers import refused_line
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    args = ["--global-batch", 64, "--micro-batch-size", 8, "--target", "h100-80gb"]
+    if "--global-batch" in flags:
+        args = args[2:]
+    got = refused_line(capsys, "layouts", path, *args, *flags)
+    assert line in got
