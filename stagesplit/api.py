@@ -285,7 +285,6 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     every combination's row with why it loses, tokens/s per GPU and MFU."""
     from .io.targets import load_target
     from .io.topology import node_of
-    from .model.datasharding import DataLayout
     from .plan.layouts import LayoutRequest, search
     from .solver.request import Schedule
     events = _events(events)

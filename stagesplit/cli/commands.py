@@ -357,7 +357,8 @@ def cmd_layouts(args: argparse.Namespace) -> int:
     lp = api.layouts(args.profile, gpus=args.gpus, global_batch=args.global_batch, target=args.target,
                      gpus_per_node=args.gpus_per_node, tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size,
                      sequence_length=args.seq_len, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
-                     schedule=args.schedule, time_limit=args.time_limit, events=_events(args))
+                     reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
+                     time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
     _emit(text, args.out)
     return 0

@@ -366,11 +366,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
     p.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
-    for flag in ("tp", "pp", "dp"):
+    for flag in ("tp", "pp"):
         p.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
-    p.add_argument("--zero", type=int, metavar="Z", help="fix the ZeRO stage 0..3 (default: searched)")
-    p.add_argument("--schedule", default="1f1b", metavar="SCHEDULE", help="pipeline schedule (default 1f1b)")
-    p.add_argument("--time-limit", type=float, default=60.0, metavar="S", help="seconds for the whole search")
+    # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
+    for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit"):
+        _solve_option(p, name)
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
 

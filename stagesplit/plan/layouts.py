@@ -19,6 +19,8 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+import numpy as np
+
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
 from ..errors import OptionError, StagesplitError
@@ -171,7 +173,7 @@ def _tp_seconds(analysis: Analysis, node: NodeTopology) -> tuple[float, float]:
 
 
 def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
-            params: Sequence[int]) -> tuple[float, float, float, float]:
+            params: Sequence[int] | np.ndarray) -> tuple[float, float, float, float]:
     """(step, pipeline step, tensor-parallel seconds, data-parallel seconds) of a solved plan:
     the pipeline's step lengthened by the tensor-parallel collectives in proportion (each
     layer's work grows by the rank's collective time over its compute: exact for a stack of

@@ -107,8 +107,8 @@ def test_two_layouts_by_hand(stack):
 def test_the_search_is_the_best_of_every_layout_solved_alone(stack):
     """The search's best equals the fastest of every combination solved on its own (no floor, no
     cutoff), and every row it cut off or found slower is no faster."""
-    from stagesplit.plan.layouts import enumerate_layouts, step_of
     from stagesplit.model.datasharding import parameter_bytes_by_layer
+    from stagesplit.plan.layouts import enumerate_layouts, step_of
     for gpus, batch in ((4, 32), (8, 64)):
         lp = _solve(stack, gpus=gpus, global_batch=batch, micro_batch_size=8)
         req = lp.request
