@@ -213,6 +213,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
            events: Events) -> LayoutPlan:
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
+    from .advise import advise_schedule
     base = {tp: analyze(tp, DataLayout()) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)
@@ -265,14 +266,28 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                communication=lay.pp > 1,
                                link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
                                time_limit=max(share, 1e-3))
+        # a split whose pipeline step reaches best / (1 + r) cannot win: its step is at least that
+        # times (1 + r), communication only adds (the engine proves "no split is faster", a cutoff)
+        cutoff = best / (1 + tp_ratio[lay.tp]) if math.isfinite(best) else None
         try:
-            plan = engine.solve(analysis, request, deadline.part(share), Events())
+            resolved = engine.resolve(request, analysis)
+            if not engine.scheduled(request, resolved.model):
+                raise OptionError("profile", "the layout search needs a profile of one GPU that records each "
+                                  "operation's phase (as stagesplit capture writes)")
+            advice = advise_schedule(resolved.model, resolved.inputs, table=resolved.model.phase_table,
+                                     cutoff=cutoff, deadline=deadline.part(share))
+            plan = advice.plan
         except TimeLimitReached:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit stopped its search before a split was found",
                                   capacity=capacity)
             continue
         except StagesplitError as exc:
             rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity)
+            continue
+        if advice.slower:
+            assert cutoff is not None
+            rows[lay] = LayoutRow(lay, "slower", f"refuted: no split's pipeline step is under {seconds(cutoff)}, "
+                                  f"so no step under the best {seconds(best)}", capacity=capacity, proven=True)
             continue
         s = plan.schedule
         if s is None:
@@ -293,7 +308,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         best = min(best, step)
     events.done()
     solved = [r for r in rows.values() if r.status == "solved"]
-    top = min(solved, key=lambda r: (r.step_s, r.layout)) if solved else None
+    # on a tie (ZeRO 1 moves what DDP moves), the layout whose fullest rank holds least
+    top = min(solved, key=lambda r: (r.step_s, max(r.rank_peaks, default=0), r.layout)) if solved else None
     out: list[LayoutRow] = []
     chosen: LayoutRow | None = None
     for lay in sorted(rows):
@@ -332,6 +348,9 @@ def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     assert r.step_s is not None and top.step_s is not None and r.pipeline_s is not None and top.pipeline_s is not None
     comm, top_comm = r.tp_comm_s + r.dp_comm_s, top.tp_comm_s + top.dp_comm_s
     if r.step_s <= top.step_s * (1 + 1e-9):
+        if max(r.rank_peaks, default=0) > max(top.rank_peaks, default=0):
+            return (f"memory: as fast as the best ({seconds(r.step_s)}), its fullest rank holds "
+                    f"{max(r.rank_peaks):,} bytes, the best's {max(top.rank_peaks):,}")
         return f"ties with the best ({seconds(r.step_s)}); the best is the first in (tp, pp, dp, zero) order"
     what = "communication" if comm - top_comm >= r.pipeline_s - top.pipeline_s else "bubble"
     return (f"{what}: step {seconds(r.step_s)} vs {seconds(top.step_s)} (pipeline {seconds(r.pipeline_s)}, bubble "
