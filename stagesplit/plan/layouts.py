@@ -32,7 +32,8 @@ from ..model.datasharding import DataLayout, parameter_bytes_by_layer
 from ..solver.request import Schedule, SolveRequest
 from .records import Plan
 
-__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "enumerate_layouts", "search", "step_of"]
+__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "search",
+           "seconds", "solve_request", "step_of"]
 
 
 @dataclass(frozen=True, order=True)
@@ -203,6 +204,18 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
     return pipeline + tp_s + worst, pipeline, tp_s, worst
 
 
+def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRequest:
+    """The solve of one combination's split: ``pp`` stages on the target under the schedule, its
+    micro-batches, one data-parallel rank's figures, the activations sent between stages over
+    the link the pipeline's neighbours share (ranks ``tp * dp`` apart: inside a node only where
+    the whole pipeline is)."""
+    return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
+                        micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero,
+                        reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
+                        link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
+                        time_limit=max(time_limit, 1e-3))
+
+
 # -- the search ------------------------------------------------------------------------------------
 
 #: builds a rank's analysis for a tensor-parallel degree and a data layout (the API reads and shards)
@@ -260,12 +273,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   f"rank > {capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
             continue
         share = max(deadline.left() / max(1, len(order) - i), min(deadline.left(), 1.0))
-        request = SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
-                               micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero,
-                               reshard_after_forward=req.reshard_after_forward, exact=True,
-                               communication=lay.pp > 1,
-                               link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
-                               time_limit=max(share, 1e-3))
+        request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best / (1 + r) cannot win: its step is at least that
         # times (1 + r), communication only adds (the engine proves "no split is faster", a cutoff)
         cutoff = best / (1 + tp_ratio[lay.tp]) if math.isfinite(best) else None
@@ -356,6 +364,3 @@ def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     return (f"{what}: step {seconds(r.step_s)} vs {seconds(top.step_s)} (pipeline {seconds(r.pipeline_s)}, bubble "
             f"{(r.bubble or 0):.0%}, communication {seconds(comm)})")
 
-
-def tp_degrees_of(profiles: Mapping[int, Any]) -> list[int]:
-    return sorted(profiles)

@@ -207,3 +207,94 @@ def test_bad_input_one_line_exit_2(stack, tmp_path, capsys, flags, line):
         args = args[2:]
     got = refused_line(capsys, "layouts", path, *args, *flags)
     assert line in got
+
+
+def _random_stack(seed: int):
+    from stagesplit.capturing.pytorch import capture_model
+    rng = np.random.default_rng(seed)
+    layers = int(rng.integers(3, 6))
+    widths = [int(w) for w in rng.integers(8, 96, layers + 1)]
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(widths[i], widths[i + 1]) for i in range(layers)])
+    return capture_model(model, torch.empty(8, widths[0], device="meta"), allocator_round=1, name=f"random{seed}"), \
+        layers
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
+    """On small random stacks: for every layout, the split the search solves has the pipeline step
+    of the best of every split tried one by one (solver/chunk_search.py's exhaustive oracle), and
+    the search's best is the fastest of every layout's step."""
+    from stagesplit.plan.advise import schedule_problem
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
+    from stagesplit.solver.chunk_search import exhaustive
+    profile, layers = _random_stack(seed)
+    gpus = (2, 4)[seed % 2]
+    lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=8 * gpus * (1 + seed % 3),
+                     micro_batch_size=8, time_limit=60)
+    read = api.analyze(profile)
+    from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
+    params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+    totals = {}
+    for lay in enumerate_layouts(lp.request, [1], layers):
+        analysis = api.analyze(profile, layout=DataLayout(lay.dp, lay.zero))
+        request = solve_request(lay, lp.request, 60)
+        resolved = resolve(request, analysis)
+        oracle = exhaustive(schedule_problem(resolved.model, resolved.inputs, resolved.model.phase_table))
+        plan = api.solve(profile, devices=lay.pp, target="h100-80gb", schedule="1f1b",
+                         micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero, exact=True,
+                         communication=lay.pp > 1, link_bandwidth=request.link_bandwidth)
+        assert (oracle is not None) == plan.feasible
+        if oracle is None:
+            continue
+        assert plan.schedule.step_time == pytest.approx(oracle.step_time)
+        totals[lay] = step_of(lay, plan, read, lp.request, params)[0]
+        row = next(r for r in lp.rows if r.layout == lay)
+        if row.step_s is not None:
+            assert row.step_s == pytest.approx(totals[lay])
+    assert lp.best.step_s == pytest.approx(min(totals.values()))
+
+
+def test_tensor_parallel_collectives_priced_from_the_recorded_layout():
+    """A TP rank's recorded collectives (h-tp's ParallelLayout: kind, bytes, group size, phase)
+    priced on the node's links: per micro-batch all but the optimizer's, which run once."""
+    from types import SimpleNamespace
+
+    from stagesplit.plan.layouts import _tp_seconds
+    c = [SimpleNamespace(kind="all_reduce", bytes=4_000_000, group_size=4, phase="forward"),
+         SimpleNamespace(kind="reduce_scatter_tensor", bytes=2_000_000, group_size=4, phase="backward"),
+         SimpleNamespace(kind="all_reduce", bytes=1000, group_size=4, phase="optimizer")]
+    info = SimpleNamespace(parallel_layout=SimpleNamespace(collectives=c))
+    analysis = SimpleNamespace(profile=SimpleNamespace(info=info), source=None)
+    a = H100.intra
+    per_mb, once = _tp_seconds(analysis, H100)
+    assert per_mb == pytest.approx(2 * 3 * a.latency_s + 2 * 4e6 * 3 / 4 / a.bytes_per_s
+                                   + 3 * a.latency_s + 2e6 * 3 / 4 / a.bytes_per_s)
+    assert once == pytest.approx(2 * 3 * a.latency_s + 2 * 1000 * 3 / 4 / a.bytes_per_s)
+    none = SimpleNamespace(profile=SimpleNamespace(info=SimpleNamespace()), source=None)
+    assert _tp_seconds(none, H100) == (0.0, 0.0)
+
+
+def test_one_profile_per_tensor_parallel_degree(stack):
+    """A degree-2 rank's profile (here a stack of half the width: half the compute and bytes)
+    enters the search as TP 2: its rows lay out the other half of the GPUs; with both degrees
+    fixed to one GPU group, TP 2 alone is its profile's own one-device step."""
+    half = _stack(width=32)
+    lp = api.layouts(stack, tp_profiles={2: half}, target="h100-80gb", gpus=4, global_batch=32,
+                     micro_batch_size=8, time_limit=60)
+    tps = {r.layout.tp for r in lp.rows}
+    assert tps == {1, 2}
+    assert all(r.layout.tp * r.layout.pp * r.layout.dp == 4 for r in lp.rows)
+    lp = api.layouts(stack, tp_profiles={2: half}, target="h100-80gb", gpus=2, global_batch=8,
+                     micro_batch_size=8, tp=2, time_limit=60)
+    one = api.solve(half, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
+    assert lp.best.layout == type(lp.best.layout)(2, 1, 1, 0, 1)
+    assert lp.best.step_s == pytest.approx(one.schedule.step_time)
+    assert "tp_profiles" == _refused(stack, tp_profiles={1: half})
+
+
+def _refused(stack, **kw):
+    with pytest.raises(OptionError) as excinfo:
+        api.layouts(stack, target="h100-80gb", gpus=2, global_batch=8, micro_batch_size=8, **kw)
+    return excinfo.value.parameter
