@@ -309,12 +309,10 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     for degree, other in (tp_profiles or {}).items():
         sources[integer("tp_profiles", degree, 2, MAX_DEVICES)] = other
     read = {t: analyze(p, events=events) for t, p in sources.items()}
-    cache: dict[tuple[int, DataLayout], Any] = {}
 
     def rank(t: int, layout: DataLayout):
-        if (t, layout) not in cache:
-            cache[(t, layout)] = analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
-        return cache[(t, layout)]
+        # each combination's rank made when the search needs it, not kept (a 70B profile is large)
+        return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),

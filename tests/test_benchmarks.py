@@ -25,6 +25,7 @@ ARGUMENTS = {
     "bench_capture.py": ["--tiny"],
     "bench_core.py": ["--tiny"],
     "bench_exported.py": ["--tiny"],
+    "bench_layouts.py": ["--tiny"],
     "bench_onnx.py": ["--tiny"],
     "bench_popliner.py": ["--tiny"],
     "bench_popvision.py": ["--tiny"],
@@ -38,7 +39,8 @@ ARGUMENTS = {
     "validate_gpu.py": ["--predict", "{tmp}/predictions.json"],
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
-NEEDS = {"bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
+NEEDS = {"bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"),
+         "bench_layouts.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
          "validate_gpu.py": ("torch",)}
 
 
