@@ -11,14 +11,16 @@ output, a reduction's input) on a link of bandwidth ``bw`` (one direction) and p
 What is overlapped (docs/layouts.md, "The layout search"):
 
 * DDP (ZeRO 0): gradients are all-reduced bucket by bucket (25 MiB) while the backward goes on;
-  the step waits for the last bucket and for whatever the backward of the stage's last
+  the step waits for the last bucket (what is left after a first bucket of 1 MiB and buckets of
+  25 MiB: ``last_bucket``) and for whatever the backward of the stage's last
   micro-batch did not hide: ``max(T(last bucket), T(all) - backward)``.
 * ZeRO 1 and 2: the same with a reduce-scatter, then the updated parameters are all-gathered
   after the optimizer step, not overlapped.
 * ZeRO 3 (FSDP2): per micro-batch, each layer's all-gather is prefetched under the previous
-  layer's compute; the first is not hidden: ``T(first group) + max(0, T(all) - compute)`` in the
-  forward, and again in the backward when parameters are resharded after the forward; the
-  gradients' reduce-scatter once, after the last micro-batch, overlapped as DDP's.
+  layer's compute; the first is not hidden: ``T(first group) + max(0, T(the others) - compute)``
+  in the forward (the first layer's group first), and again in the backward (the last layer's
+  group first) when parameters are resharded after the forward; the gradients' reduce-scatter
+  once, after the last micro-batch, overlapped as DDP's (the first layer's group reduced last).
 * Tensor-parallel collectives sit on the critical path of every layer (not overlapped).
 """
 
@@ -26,10 +28,22 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["DDP_BUCKET_BYTES", "DpExposed", "all_gather", "all_reduce", "dp_exposed", "p2p", "reduce_scatter", "ring_time"]
+__all__ = ["DDP_BUCKET_BYTES", "DDP_FIRST_BUCKET_BYTES", "DpExposed", "last_bucket", "all_gather", "all_reduce", "dp_exposed", "p2p", "reduce_scatter", "ring_time"]
 
 #: DDP's default bucket (``bucket_cap_mb=25``, torch/nn/parallel/distributed.py)
 DDP_BUCKET_BYTES = 25 * 1024 * 1024
+#: DDP's first bucket (``_DEFAULT_FIRST_BUCKET_BYTES``: the gradients ready first, the last layers')
+DDP_FIRST_BUCKET_BYTES = 1024 * 1024
+
+
+def last_bucket(total: float) -> float:
+    """The bytes of DDP's last bucket (the first layers' gradients, ready last): the first bucket
+    takes 1 MiB, each other 25 MiB, the last what is left (tensors are not split across buckets
+    in torch; here bytes are, a close approximation for layers of many tensors)."""
+    if total <= DDP_FIRST_BUCKET_BYTES:
+        return total
+    rest = (total - DDP_FIRST_BUCKET_BYTES) % DDP_BUCKET_BYTES
+    return rest if rest > 0 else float(DDP_BUCKET_BYTES)
 
 
 def ring_time(kind: str, nbytes: float, ranks: int, bytes_per_s: float, latency_s: float) -> float:
@@ -88,16 +102,20 @@ def dp_exposed(zero: int, dp: int, layer_params: list[int], forward_s: float, ba
     def hidden(kind: str, last: float) -> float:
         whole = ring_time(kind, total, dp, bytes_per_s, latency_s)
         return max(ring_time(kind, last, dp, bytes_per_s, latency_s), whole - backward_s)
-    last_bucket = min(total, DDP_BUCKET_BYTES)
+    last = last_bucket(total)
     if zero == 0:
-        return DpExposed(hidden("all_reduce", last_bucket), 0.0, 0.0)
+        return DpExposed(hidden("all_reduce", last), 0.0, 0.0)
     if zero in (1, 2):
-        return DpExposed(hidden("reduce_scatter", last_bucket), all_gather(total, dp, bytes_per_s, latency_s), 0.0)
+        return DpExposed(hidden("reduce_scatter", last), all_gather(total, dp, bytes_per_s, latency_s), 0.0)
     nonzero = [p for p in layer_params if p > 0]
-    first = float(nonzero[0]) if nonzero else 0.0
-    last = float(nonzero[-1]) if nonzero else 0.0
-    whole = all_gather(total, dp, bytes_per_s, latency_s)
-    per_mb = all_gather(first, dp, bytes_per_s, latency_s) + max(0.0, whole - forward_s)
+    first = float(nonzero[0]) if nonzero else 0.0        # gathered first in the forward, reduced last
+    final = float(nonzero[-1]) if nonzero else 0.0       # gathered first in the backward
+
+    def gathers(lead: float, compute: float) -> float:
+        """The pass's first all-gather in full, the others as far as compute does not hide them."""
+        rest = all_gather(total - lead, dp, bytes_per_s, latency_s) if total > lead else 0.0
+        return all_gather(lead, dp, bytes_per_s, latency_s) + max(0.0, rest - compute)
+    per_mb = gathers(first, forward_s)
     if reshard_after_forward:
-        per_mb += all_gather(last, dp, bytes_per_s, latency_s) + max(0.0, whole - backward_s)
-    return DpExposed(hidden("reduce_scatter", last), 0.0, micro_batches * per_mb)
+        per_mb += gathers(final, backward_s)
+    return DpExposed(hidden("reduce_scatter", first), 0.0, micro_batches * per_mb)

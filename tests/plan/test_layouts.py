@@ -50,23 +50,34 @@ def test_groups_inside_a_node_use_its_links():
 
 
 def test_ddp_exposes_the_last_bucket_and_what_the_backward_did_not_hide():
+    from stagesplit.model.communication import DDP_FIRST_BUCKET_BYTES, last_bucket
     bw, a = 50e9, 5e-6
-    big = 3 * DDP_BUCKET_BYTES
+    MiB = 2**20
+    # a first bucket of 1 MiB, then 25 MiB each, the last what is left
+    assert last_bucket(0.5 * MiB) == 0.5 * MiB and last_bucket(1 * MiB + 25 * MiB) == 25 * MiB
+    assert last_bucket(1 * MiB + 25 * MiB + 3 * MiB) == 3 * MiB and DDP_FIRST_BUCKET_BYTES == MiB
+    big = 1 * MiB + 2 * DDP_BUCKET_BYTES + 4 * MiB
     whole = all_reduce(big, 4, bw, a)
     # a long backward hides all but the last bucket
-    assert dp_exposed(0, 4, [big], 0.0, 10.0, 1, bw, a).total == pytest.approx(all_reduce(DDP_BUCKET_BYTES, 4, bw, a))
+    assert dp_exposed(0, 4, [big], 0.0, 10.0, 1, bw, a).total == pytest.approx(all_reduce(4 * MiB, 4, bw, a))
     # no backward to hide under: all of it
     assert dp_exposed(0, 4, [big], 0.0, 0.0, 1, bw, a).total == pytest.approx(whole)
     # ZeRO 1: the reduce-scatter as DDP's all-reduce, then the parameters' all-gather in full
     e = dp_exposed(1, 4, [big], 0.0, 0.0, 1, bw, a)
     assert e.gradients == pytest.approx(reduce_scatter(big, 4, bw, a)) and e.parameters == pytest.approx(
         all_gather(big, 4, bw, a))
-    # ZeRO 3, 2 micro-batches, no compute to hide under: each pass gathers the first group, then
-    # all of it; the gradients' reduce-scatter once
+    # ZeRO 3, 2 micro-batches, no compute to hide under: each pass gathers its first group, then
+    # the others; the gradients' reduce-scatter once
     e = dp_exposed(3, 4, [10, 20, 30], 0.0, 0.0, 2, bw, a)
-    per_mb = all_gather(10, 4, bw, a) + all_gather(60, 4, bw, a) + all_gather(30, 4, bw, a) + all_gather(60, 4, bw, a)
+    per_mb = all_gather(10, 4, bw, a) + all_gather(50, 4, bw, a) + all_gather(30, 4, bw, a) + all_gather(30, 4, bw, a)
     assert e.gathers == pytest.approx(2 * per_mb)
-    assert e.gradients == pytest.approx(max(reduce_scatter(30, 4, bw, a), reduce_scatter(60, 4, bw, a)))
+    assert e.gradients == pytest.approx(reduce_scatter(60, 4, bw, a))
+    # compute long enough: only each pass's first gather, and the first group's reduce-scatter
+    e = dp_exposed(3, 4, [10, 20, 30], 1.0, 1.0, 2, bw, a)
+    assert e.gathers == pytest.approx(2 * (all_gather(10, 4, bw, a) + all_gather(30, 4, bw, a)))
+    assert e.gradients == pytest.approx(reduce_scatter(10, 4, bw, a))
+    assert dp_exposed(3, 4, [10, 20, 30], 1.0, 1.0, 2, bw, a, reshard_after_forward=False).gathers == \
+        pytest.approx(2 * all_gather(10, 4, bw, a))
 
 
 def _solve(stack, **kw):
