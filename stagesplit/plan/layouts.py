@@ -17,7 +17,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any
 
 import numpy as np
 
@@ -28,11 +27,11 @@ from ..io.profile import Target
 from ..io.topology import NodeTopology
 from ..model.analysis import Analysis
 from ..model.communication import dp_exposed, ring_time
-from ..model.datasharding import DataLayout, parameter_bytes_by_layer
+from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
 from ..solver.request import Schedule, SolveRequest
 from .records import Plan
 
-__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "search",
+__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "memory_floor", "search",
            "seconds", "solve_request", "step_of"]
 
 
@@ -204,6 +203,18 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
     return pipeline + tp_s + worst, pipeline, tp_s, worst
 
 
+def memory_floor(roles: Mapping[str, int], lay: Layout) -> float:
+    """Bytes some rank holds all step at least: the profile's always-live bytes with parameters,
+    gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
+    (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``
+    stages (the fullest holds at least the mean)."""
+    d = lay.dp
+    sharded = (roles["param"] / (d if lay.zero >= 3 else 1) + roles["grad"] / (d if lay.zero >= 2 else 1)
+               + roles["state"] / (d if lay.zero >= 1 else 1))
+    rest = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
+    return (sharded + rest) / lay.pp
+
+
 def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRequest:
     """The solve of one combination's split: ``pp`` stages on the target under the schedule, its
     micro-batches, one data-parallel rank's figures, the activations sent between stages over
@@ -250,12 +261,20 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         return per_mb[lay.tp] * (1 + tp_ratio[lay.tp]) * lay.micro_batches / lay.pp
     order = sorted(layouts, key=lambda lay: (floor(lay), lay))
     rows: dict[Layout, LayoutRow] = {}
+    capacity = req.target.device_bytes
+    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
+    for lay in order:                    # the memory floor: refuted before anything is solved
+        need = memory_floor(roles[lay.tp], lay)
+        if need > capacity:
+            rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
+                                  f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     best: float = math.inf
-    capacity = req.target.device_bytes
     events.start("searching the layouts", "combinations")
     for i, lay in enumerate(order):
         events.update(i, len(order))
+        if lay in rows:
+            continue
         f = floor(lay)
         if f >= best:
             rows[lay] = LayoutRow(lay, "cut off", f"compute floor {seconds(f)} >= the best step {seconds(best)}",
@@ -265,14 +284,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
                                   capacity=capacity)
             continue
+        share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
         analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward))
-        v = analysis.profile.variables
-        always = int(v.bytes[v.always_live].sum())
-        if always / lay.pp > capacity:
-            rows[lay] = LayoutRow(lay, "memory", f"memory floor: {always / lay.pp / 2**30:.1f} GiB always live per "
-                                  f"rank > {capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
-            continue
-        share = max(deadline.left() / max(1, len(order) - i), min(deadline.left(), 1.0))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best / (1 + r) cannot win: its step is at least that
         # times (1 + r), communication only adds (the engine proves "no split is faster", a cutoff)
@@ -298,8 +311,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   f"so no step under the best {seconds(best)}", capacity=capacity, proven=True)
             continue
         s = plan.schedule
-        if s is None:
-            rows[lay] = LayoutRow(lay, "refused", "the profile does not record each operation's phase",
+        if s is None or not plan.stages:         # the time limit stopped it before a split was found
+            rows[lay] = LayoutRow(lay, "unknown" if plan.status == "unknown" else "refused", plan.message,
                                   capacity=capacity)
             continue
         peaks = tuple(r.peak_bytes for r in s.ranks)

@@ -309,3 +309,17 @@ def _refused(stack, **kw):
     with pytest.raises(OptionError) as excinfo:
         api.layouts(stack, target="h100-80gb", gpus=2, global_batch=8, micro_batch_size=8, **kw)
     return excinfo.value.parameter
+
+
+@pytest.mark.parametrize("dp, zero", [(1, 0), (2, 0), (2, 1), (4, 2), (4, 3)])
+def test_the_memory_floor_is_at_most_what_a_rank_holds_all_step(stack, dp, zero):
+    """The floor divides parameters, gradients and state exactly where the rank's shares round up
+    and DDP adds its buckets: never above the sharded rank's always-live bytes (one stage), and
+    over pp stages never above the fullest stage's."""
+    from stagesplit.model.datasharding import DataLayout, role_bytes
+    from stagesplit.plan.layouts import Layout, memory_floor
+    rank = api.analyze(stack, layout=DataLayout(dp, zero)).profile
+    v = rank.variables
+    floor = memory_floor(role_bytes(stack), Layout(1, 1, dp, zero, 1))
+    assert floor <= int(v.bytes[v.always_live].sum())
+    assert floor >= 0.9 * int(v.bytes[v.always_live].sum()) - 4 * LINEAR      # and close: the buckets aside
