@@ -360,8 +360,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
 
 
 def seconds(x: float) -> str:
-    """A time as the rows say it: milliseconds, three significant figures."""
-    return f"{x * 1e3:.3g} ms"
+    """A time as the rows say it, three significant figures: seconds from one second up, else
+    milliseconds."""
+    return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
 
 
 def _why_slower(r: LayoutRow, top: LayoutRow) -> str:

@@ -186,9 +186,10 @@ def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsy
     lines = out.splitlines()
     b = lp.best
     assert lines[1] == f"best: {b.layout.describe()}"
-    assert lines[2] == (f"step: {b.step_s * 1e3:.3g} ms (pipeline {b.pipeline_s * 1e3:.3g} ms, tensor-parallel "
-                        f"communication {b.tp_comm_s * 1e3:.3g} ms, data-parallel communication exposed "
-                        f"{b.dp_comm_s * 1e3:.3g} ms)")
+    def t(x):          # three figures: seconds from 1 s up, else milliseconds
+        return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+    assert lines[2] == (f"step: {t(b.step_s)} (pipeline {t(b.pipeline_s)}, tensor-parallel communication "
+                        f"{t(b.tp_comm_s)}, data-parallel communication exposed {t(b.dp_comm_s)})")
     assert lines[3] == (f"throughput: {32 / b.step_s:,.1f} samples/s, {32 / b.step_s / 4:,.0f} tokens/s per GPU, "
                         f"MFU {lp.mfu:.1%}")
     assert lines[4] == "rank peaks: " + ", ".join(f"rank {r}: {p / 2**30:.2f} GiB" for r, p in enumerate(b.rank_peaks)) \
