@@ -23,7 +23,7 @@ import numpy as np
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
 from ..errors import OptionError, StagesplitError
-from ..io.profile import Target
+from ..io.profile import Phase, Target
 from ..io.topology import NodeTopology
 from ..model.analysis import Analysis
 from ..model.communication import dp_exposed, ring_time
@@ -251,14 +251,16 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         if unit is None:
             raise OptionError("target", f"{req.target.name} cannot time compute in {a.profile.compute_unit}: "
                               "give a GPU target with flops_per_s and a profile whose compute is in FLOPs")
-        per_mb[tp] = a.model.range_compute(0, a.layers.num_layers - 1) * unit
-    tp_ratio = {}
-    for tp, a in base.items():
-        t_mb, _ = _tp_seconds(a, req.node)
-        tp_ratio[tp] = t_mb / per_mb[tp] if per_mb[tp] > 0 else 0.0
+        ops = a.profile.operations
+        # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
+        per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
+        per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
+    tp_mb = {tp: _tp_seconds(a, req.node)[0] for tp, a in base.items()}
 
     def floor(lay: Layout) -> float:
-        return per_mb[lay.tp] * (1 + tp_ratio[lay.tp]) * lay.micro_batches / lay.pp
+        """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
+        the peak, and the TP collectives, which lengthen it) times the micro-batches over pp."""
+        return (per_mb[lay.tp] + tp_mb[lay.tp]) * lay.micro_batches / lay.pp
     order = sorted(layouts, key=lambda lay: (floor(lay), lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
@@ -287,9 +289,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
         analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward))
         request = solve_request(lay, req, share)
-        # a split whose pipeline step reaches best / (1 + r) cannot win: its step is at least that
-        # times (1 + r), communication only adds (the engine proves "no split is faster", a cutoff)
-        cutoff = best / (1 + tp_ratio[lay.tp]) if math.isfinite(best) else None
+        # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
+        # the TP collectives add at least that (the pipeline step is at least M x the work per
+        # micro-batch over pp), the data-parallel communication only adds; the engine proves that
+        # no split is faster than the cutoff
+        cutoff = best - lay.micro_batches * tp_mb[lay.tp] / lay.pp if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
             if not engine.scheduled(request, resolved.model):
@@ -354,7 +358,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     if total is not None and flops:
         # a rank's FLOPs per micro-batch, times tp ranks, times every micro-batch of every replica
         mfu = total * top.layout.tp * req.global_batch / req.micro_batch_size / top.step_s / (req.gpus * flops)
-    proven = all(r.proven or r.status in ("best", "slower") and r.proven for r in out)
+    proven = all(r.proven for r in out)
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
                       tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))
 

@@ -266,6 +266,13 @@ def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
         if row.step_s is not None:
             assert row.step_s == pytest.approx(totals[lay])
     assert lp.best.step_s == pytest.approx(min(totals.values()))
+    # the compute floor the search cuts off with is below every layout's step: the layers' forward
+    # and backward operations at the peak, times the micro-batches, over the stages
+    from stagesplit.io.profile import Phase
+    ops = read.profile.operations
+    work = float(ops.compute[(np.asarray(read.layers.op_layer) >= 0) & (ops.phase != Phase.OPTIMIZER)].sum()) / 989e12
+    for lay, total in totals.items():
+        assert work * lay.micro_batches / lay.pp <= total
 
 
 def test_tensor_parallel_collectives_priced_from_the_recorded_layout():
