@@ -208,6 +208,9 @@ def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsy
     (["--gpus", 8, "--tp", 1, "--pp", 3], "--tp: tp 1 x pp 3 = 3 does not divide 8 GPUs"),
     (["--gpus", 8, "--global-batch", 12], "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
     (["--gpus", 12, "--gpus-per-node", 8], "--gpus-per-node: 8 GPUs per node does not divide 12 GPUs"),
+    (["--gpus", 8, "--tp-profile", "2"], "--tp-profile: expected T=FILE (a tensor-parallel degree and a profile)"),
+    (["--gpus", 8, "--tp", 2], "--tp: no profile of tensor-parallel degree 2 was given (degrees: 1)"),
+    (["--gpus", 8, "--schedule", "auto"], "--schedule: the layout search solves one pipeline schedule"),
 ])
 def test_bad_input_one_line_exit_2(stack, tmp_path, capsys, flags, line):
     from stagesplit.io import save_profile
