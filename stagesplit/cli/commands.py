@@ -361,7 +361,7 @@ def cmd_layouts(args: argparse.Namespace) -> int:
                      time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
     _emit(text, args.out)
-    return 0
+    return 0 if lp.best is not None else 1           # as solve: 1 when nothing fits, having said why
 
 
 def cmd_report(args: argparse.Namespace) -> int:

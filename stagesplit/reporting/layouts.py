@@ -21,7 +21,9 @@ def layouts_text(lp: LayoutPlan) -> str:
              f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
     b = lp.best
     if b is None:
-        lines.append("no layout fits every rank")
+        unknown = sum(1 for r in lp.rows if r.status == "unknown")
+        lines.append(f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or "
+                     "were refused" if unknown else "no layout fits every rank")
     else:
         assert b.step_s is not None
         lines.append(f"best: {b.layout.describe()}")
@@ -38,8 +40,13 @@ def layouts_text(lp: LayoutPlan) -> str:
                      + f" of {_gib(b.capacity)}")
     if not lp.tp_collectives_recorded:
         lines.append("note: no profile records tensor-parallel collectives: none priced")
-    lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit" if lp.proven
-                 else "not proven: the time limit stopped some searches (status unknown, or a split not proven)")
+    if lp.proven:
+        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit")
+    else:
+        unknown = sum(1 for r in lp.rows if r.status == "unknown")
+        open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
+        lines.append(f"not proven: the time limit stopped {unknown} combination(s) before a split was found and "
+                     f"{open_} before their split was proven optimal")
     lines.append("")
     lines.append(f"{'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10}  why")
     for r in lp.rows:

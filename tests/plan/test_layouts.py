@@ -81,7 +81,7 @@ def test_ddp_exposes_the_last_bucket_and_what_the_backward_did_not_hide():
 
 
 def _solve(stack, **kw):
-    return api.layouts(stack, target="h100-80gb", time_limit=30, **kw)
+    return api.layouts(stack, target="h100-80gb", **({"time_limit": 30} | kw))
 
 
 def test_two_layouts_by_hand(stack):
@@ -195,7 +195,8 @@ def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsy
     assert lines[4] == "rank peaks: " + ", ".join(f"rank {r}: {p / 2**30:.2f} GiB" for r, p in enumerate(b.rank_peaks)) \
         + " of 80.00 GiB"
     assert lines[5] == "note: no profile records tensor-parallel collectives: none priced"
-    assert lines[6].startswith("proven: ") == lp.proven
+    assert lines[6] == "proven: every other combination is slower, refuted by a lower bound or does not fit"
+    assert lp.proven
     rows = lines[9:]
     assert len(rows) == len(lp.rows)
     for line, r in zip(rows, lp.rows):
@@ -334,3 +335,34 @@ def test_the_memory_floor_is_at_most_what_a_rank_holds_all_step(stack, dp, zero)
     floor = memory_floor(role_bytes(stack), Layout(1, 1, dp, zero, 1))
     assert floor <= int(v.bytes[v.always_live].sum())
     assert floor >= 0.9 * int(v.bytes[v.always_live].sum()) - 4 * LINEAR      # and close: the buckets aside
+
+
+def test_a_search_the_time_limit_stops_says_how_many_are_open(stack):
+    """With almost no time, rows are unknown and the text counts them (the plan's own rows)."""
+    from stagesplit.reporting.layouts import layouts_text
+    lp = _solve(stack, gpus=8, global_batch=64, micro_batch_size=8, time_limit=1e-6)
+    unknown = sum(1 for r in lp.rows if r.status == "unknown")
+    open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
+    assert unknown >= 1 and not lp.proven
+    line = f"not proven: the time limit stopped {unknown} combination(s) before a split was found and {open_} " \
+        "before their split was proven optimal"
+    assert line in layouts_text(lp).splitlines()
+    if lp.best is None:
+        assert layouts_text(lp).splitlines()[1] == (f"no layout found: the time limit stopped {unknown} "
+                                                    "combination(s), the others do not fit or were refused")
+
+
+def test_nothing_fits_is_said_and_exits_1(stack, tmp_path, capsys):
+    from stagesplit.io import save_profile
+    from tests.helpers import run_cli
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("kind: gpu\ntiles: 1\nbytes_per_tile: 100000\nflops_per_s: 1e14\nlink_bytes_per_s: 1e11\n"
+                    "node: {gpus_per_node: 8, intra_bytes_per_s: 1e11, intra_latency_s: 0.000003, "
+                    "inter_bytes_per_s: 1e10, inter_latency_s: 0.000005}\n")
+    code, out, _ = run_cli(capsys, "layouts", path, "--gpus", 2, "--global-batch", 16, "--micro-batch-size", 8,
+                           "--target", tiny)
+    lines = out.splitlines()
+    assert code == 1 and lines[1] == "no layout fits every rank"
+    assert all(r.split()[5] == "memory" for r in lines[6:])
