@@ -305,6 +305,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     node = node_of(target)
     if gpus_per_node is not None:
         node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
+    deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
     sources: dict[int, Any] = {1: profile}
     for degree, other in (tp_profiles or {}).items():
         sources[integer("tp_profiles", degree, 2, MAX_DEVICES)] = other
@@ -317,7 +318,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit)
-    return search(rank, sorted(sources), req, Deadline.after(time_limit), events)
+    return search(rank, sorted(sources), req, deadline, events)
 
 
 @contextmanager

@@ -15,6 +15,7 @@ so that the first solved is the likeliest best and the floor cuts off most of th
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
@@ -272,6 +273,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     best: float = math.inf
+    prep = 0.0                         # the longest preparation of a combination so far (seconds)
     events.start("searching the layouts", "combinations")
     for i, lay in enumerate(order):
         events.update(i, len(order))
@@ -282,10 +284,14 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             rows[lay] = LayoutRow(lay, "cut off", f"compute floor {seconds(f)} >= the best step {seconds(best)}",
                                   capacity=capacity, proven=True)
             continue
-        if deadline.left() <= 0:
+        # a combination is started only where the time left covers its preparation (the rank's
+        # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
+        # as long as the longest so far took
+        if deadline.left() <= prep:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
                                   capacity=capacity)
             continue
+        started = time.monotonic()
         share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
         analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward))
         request = solve_request(lay, req, share)
@@ -299,8 +305,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             if not engine.scheduled(request, resolved.model):
                 raise OptionError("profile", "the layout search needs a profile of one GPU that records each "
                                   "operation's phase (as stagesplit capture writes)")
-            advice = advise_schedule(resolved.model, resolved.inputs, table=resolved.model.phase_table,
-                                     cutoff=cutoff, deadline=deadline.part(share))
+            table = resolved.model.phase_table
+            prep = max(prep, time.monotonic() - started)
+            share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
+            advice = advise_schedule(resolved.model, resolved.inputs, table=table, cutoff=cutoff,
+                                     deadline=deadline.part(share))
             plan = advice.plan
         except TimeLimitReached:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit stopped its search before a split was found",
