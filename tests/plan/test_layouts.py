@@ -366,3 +366,23 @@ def test_nothing_fits_is_said_and_exits_1(stack, tmp_path, capsys):
     lines = out.splitlines()
     assert code == 1 and lines[1] == "no layout fits every rank"
     assert all(r.split()[5] == "memory" for r in lines[6:])
+
+
+def test_the_combinations_by_hand():
+    """8 GPUs of 8 per node, profiles at TP 1 and 2, global batch 32 of micro-batches of 2: tp x pp
+    x dp = 8, dp dividing 16 micro-batch slots, ZeRO 0 alone with one data-parallel rank; fixing
+    a degree keeps only its combinations."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts
+    req = LayoutRequest(gpus=8, global_batch=32, target=load_target("h100-80gb"), node=H100, micro_batch_size=2)
+    got = enumerate_layouts(req, [1, 2], layers=8)
+    want = [Layout(tp, pp, 8 // (tp * pp), z, 32 // (2 * (8 // (tp * pp))))
+            for tp in (1, 2) for pp in (1, 2, 4, 8) if 8 % (tp * pp) == 0
+            for z in ((0, 1, 2, 3) if 8 // (tp * pp) > 1 else (0,))]
+    assert got == want and len(got) == 4 * 3 + 1 + 4 * 2 + 1
+    from dataclasses import replace
+    assert {lay.pp for lay in enumerate_layouts(replace(req, tp=2, zero=3), [1, 2], 8)} == {1, 2}
+    assert enumerate_layouts(replace(req, dp=8), [1, 2], 8) == [Layout(1, 1, 8, z, 2) for z in range(4)]
+    # only 3 layers: no more than 3 stages; a batch of 6: dp must divide 3 micro-batch slots
+    assert {lay.pp for lay in enumerate_layouts(req, [1], 3)} == {1, 2}
+    assert {lay.dp for lay in enumerate_layouts(replace(req, global_batch=6), [1, 2], 8)} == {1}
