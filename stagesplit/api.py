@@ -310,6 +310,13 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     for degree, other in (tp_profiles or {}).items():
         sources[integer("tp_profiles", degree, 2, MAX_DEVICES)] = other
     read = {t: analyze(p, events=events) for t, p in sources.items()}
+    for t, a in read.items():              # a profile that records its degree (capture --tp) must match
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        recorded = getattr(layout, "tensor_parallel", t)
+        if recorded != t:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("tp_profiles" if t > 1 else "profile",
+                              f"{where} is one rank of tensor-parallel degree {recorded}, given as degree {t}")
 
     def rank(t: int, layout: DataLayout):
         # each combination's rank made when the search needs it, not kept (a 70B profile is large)

@@ -363,7 +363,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
     mfu = None
     rank = base[top.layout.tp].profile
-    total = float(rank.operations.compute.sum()) if rank.compute_unit == "flops" else None
+    # model FLOPs: the forward and backward (recompute and the optimizer's step are not counted)
+    ops = rank.operations
+    fwd_bwd = np.isin(np.asarray(ops.phase), (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT))
+    total = float(np.asarray(ops.compute)[fwd_bwd].sum()) if rank.compute_unit == "flops" else None
     if total is not None and flops:
         # a rank's FLOPs per micro-batch, times tp ranks, times every micro-batch of every replica
         mfu = total * top.layout.tp * req.global_batch / req.micro_batch_size / top.step_s / (req.gpus * flops)

@@ -158,7 +158,13 @@ def test_bad_input_is_one_line_naming_the_option(stack, kw, option, text):
 def test_mfu_and_tokens_from_the_plans_numbers(stack):
     lp = _solve(stack, gpus=4, global_batch=32, micro_batch_size=8, sequence_length=1)
     best = lp.best
-    flops = float(stack.operations.compute.sum())
+    from stagesplit.io.profile import Phase
+    ops = stack.operations                  # model FLOPs: forward and backward, not the optimizer's step
+    flops = float(ops.compute[(ops.phase == Phase.FORWARD) | (ops.phase == Phase.BACKWARD_INPUT)
+                              | (ops.phase == Phase.BACKWARD_WEIGHT)].sum())
+    # by hand: 2 x 8 x 64 x 64 per matmul; 4 forward, 4 weight gradients, 3 input gradients (the
+    # first layer's input needs none)
+    assert flops == 11 * 2 * 8 * 64 * 64
     assert lp.samples_per_s == pytest.approx(32 / best.step_s)
     assert lp.tokens_per_s_per_gpu == pytest.approx(32 / best.step_s / 4)
     assert lp.mfu == pytest.approx(flops * 4 / best.step_s / (4 * 989e12))
@@ -386,3 +392,24 @@ def test_the_combinations_by_hand():
     # only 3 layers: no more than 3 stages; a batch of 6: dp must divide 3 micro-batch slots
     assert {lay.pp for lay in enumerate_layouts(req, [1], 3)} == {1, 2}
     assert {lay.dp for lay in enumerate_layouts(replace(req, global_batch=6), [1, 2], 8)} == {1}
+
+
+def test_a_profile_recording_another_degree_is_refused(stack):
+    """A rank captured at TP 2 (h-tp's ParallelLayout on its info) given as degree 1 or 4: one line."""
+    from dataclasses import replace as copy_with
+    from types import SimpleNamespace
+
+    class Info(SimpleNamespace):
+        pass
+    two = copy_with(stack)
+    two.info = Info(**{f: getattr(stack.info, f) for f in stack.info.__dataclass_fields__},
+                    parallel_layout=SimpleNamespace(tensor_parallel=2, collectives=()))
+    with pytest.raises(OptionError) as excinfo:
+        api.layouts(two, target="h100-80gb", gpus=2, global_batch=8, micro_batch_size=8)
+    assert excinfo.value.parameter == "profile" and "tensor-parallel degree 2, given as degree 1" in str(excinfo.value)
+    with pytest.raises(OptionError) as excinfo:
+        api.layouts(stack, tp_profiles={4: two}, target="h100-80gb", gpus=4, global_batch=8, micro_batch_size=8)
+    assert excinfo.value.parameter == "tp_profiles" and "given as degree 4" in str(excinfo.value)
+    lp = api.layouts(stack, tp_profiles={2: two}, target="h100-80gb", gpus=2, global_batch=8, micro_batch_size=8,
+                     tp=2)
+    assert lp.best.layout.tp == 2
