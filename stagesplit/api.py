@@ -297,9 +297,9 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
-    if schedule in ("none", "auto"):
-        raise OptionError("schedule", f"the layout search solves one pipeline schedule (1f1b, gpipe, zbv, ...), not "
-                          f"{schedule}")
+    if schedule == "none":
+        raise OptionError("schedule", "the layout search solves a pipeline schedule (1f1b, gpipe, zbv, ..., or auto "
+                          "for each), not none")
     if not isinstance(target, str):
         raise OptionError("target", "expected a target name or a YAML target file")
     node = node_of(target)

@@ -86,6 +86,10 @@ class LayoutRow:
     rank_peaks: tuple[int, ...] = ()
     capacity: int = 0
     proven: bool = False
+    #: the schedule the split was solved under, and its chunks per device (the request's, or the
+    #: one ``auto`` chose); empty where nothing was solved
+    schedule: str = ""
+    chunks_per_rank: int = 0
 
 
 @dataclass(frozen=True)
@@ -302,15 +306,20 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         cutoff = best - lay.micro_batches * tp_mb[lay.tp] / lay.pp if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
-            if not engine.scheduled(request, resolved.model):
+            if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):
                 raise OptionError("profile", "the layout search needs a profile of one GPU that records each "
                                   "operation's phase (as stagesplit capture writes)")
             table = resolved.model.phase_table
             prep = max(prep, time.monotonic() - started)
             share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
-            advice = advise_schedule(resolved.model, resolved.inputs, table=table, cutoff=cutoff,
-                                     deadline=deadline.part(share))
-            plan = advice.plan
+            if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
+                plan, slower = engine.solve(analysis, request, deadline.part(share), Events()), False
+                open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]
+                proven = plan.status == "optimal" and not open_
+            else:
+                advice = advise_schedule(resolved.model, resolved.inputs, table=table, cutoff=cutoff,
+                                         deadline=deadline.part(share))
+                plan, slower, proven = advice.plan, advice.slower, advice.plan.status == "optimal"
         except TimeLimitReached:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit stopped its search before a split was found",
                                   capacity=capacity)
@@ -318,7 +327,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         except StagesplitError as exc:
             rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity)
             continue
-        if advice.slower:
+        if slower:
             assert cutoff is not None
             rows[lay] = LayoutRow(lay, "slower", f"refuted: no split's pipeline step is under {seconds(cutoff)}, "
                                   f"so no step under the best {seconds(best)}", capacity=capacity, proven=True)
@@ -337,7 +346,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             continue
         step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[lay.tp][0])
         rows[lay] = LayoutRow(lay, "solved", "", step, pipeline, tp_s, dp_s, s.bubble, peaks, capacity,
-                              proven=plan.status == "optimal")
+                              proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank)
         plans[lay] = (plan, analysis)
         best = min(best, step)
     events.done()

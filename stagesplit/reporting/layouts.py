@@ -26,7 +26,7 @@ def layouts_text(lp: LayoutPlan) -> str:
                      "were refused" if unknown else "no layout fits every rank")
     else:
         assert b.step_s is not None
-        lines.append(f"best: {b.layout.describe()}")
+        lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
         lines.append(f"step: {seconds(b.step_s)} (pipeline {seconds(b.pipeline_s or 0.0)}, tensor-parallel "
                      f"communication {seconds(b.tp_comm_s)}, data-parallel communication exposed "
                      f"{seconds(b.dp_comm_s)})")
@@ -65,7 +65,8 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
     return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero, "micro_batches": lay.micro_batches,
             "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
-            "capacity": r.capacity, "proven": r.proven}
+            "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
+            "chunks_per_rank": r.chunks_per_rank or None}
 
 
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:

@@ -191,7 +191,8 @@ def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsy
                            "--seq-len", 1, "--target", "h100-80gb")
     lines = out.splitlines()
     b = lp.best
-    assert lines[1] == f"best: {b.layout.describe()}"
+    assert lines[1] == f"best: {b.layout.describe()}; 1f1b with 1 chunk(s) per device"
+    assert (b.schedule, b.chunks_per_rank) == ("1f1b", 1)
     def t(x):          # three figures: seconds from 1 s up, else milliseconds
         return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
     assert lines[2] == (f"step: {t(b.step_s)} (pipeline {t(b.pipeline_s)}, tensor-parallel communication "
@@ -217,7 +218,7 @@ def test_command_line_text_and_json_are_the_plans_numbers(stack, tmp_path, capsy
     (["--gpus", 12, "--gpus-per-node", 8], "--gpus-per-node: 8 GPUs per node does not divide 12 GPUs"),
     (["--gpus", 8, "--tp-profile", "2"], "--tp-profile: expected T=FILE (a tensor-parallel degree and a profile)"),
     (["--gpus", 8, "--tp", 2], "--tp: no profile of tensor-parallel degree 2 was given (degrees: 1)"),
-    (["--gpus", 8, "--schedule", "auto"], "--schedule: the layout search solves one pipeline schedule"),
+    (["--gpus", 8, "--schedule", "none"], "--schedule: the layout search solves a pipeline schedule"),
 ])
 def test_bad_input_one_line_exit_2(stack, tmp_path, capsys, flags, line):
     from stagesplit.io import save_profile
@@ -413,3 +414,19 @@ def test_a_profile_recording_another_degree_is_refused(stack):
     lp = api.layouts(stack, tp_profiles={2: two}, target="h100-80gb", gpus=2, global_batch=8, micro_batch_size=8,
                      tp=2)
     assert lp.best.layout.tp == 2
+
+
+def test_schedule_auto_tries_every_schedule_per_combination(stack):
+    """With the auto schedule each combination takes the engine's fastest schedule (1F1B among
+    them): the best step is no slower than 1F1B's, and the row says which schedule it chose."""
+    one = _solve(stack, gpus=4, global_batch=32, micro_batch_size=8)
+    auto = _solve(stack, gpus=4, global_batch=32, micro_batch_size=8, schedule="auto", time_limit=60)
+    assert auto.best.step_s <= one.best.step_s * (1 + 1e-9)
+    assert auto.best.schedule and auto.best.chunks_per_rank >= 1
+    for r in auto.rows:
+        if r.step_s is not None:
+            plan = api.solve(stack, devices=r.layout.pp, target="h100-80gb", schedule=r.schedule,
+                             chunks_per_rank=r.chunks_per_rank, micro_batches=r.layout.micro_batches, dp=r.layout.dp,
+                             zero=r.layout.zero, exact=True, communication=r.layout.pp > 1,
+                             link_bandwidth=H100.link(r.layout.pp, r.layout.dp).bytes_per_s)
+            assert r.pipeline_s == pytest.approx(plan.schedule.step_time)
