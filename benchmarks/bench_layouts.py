@@ -47,6 +47,7 @@ def llama3_70b(tiny: bool) -> Path:
 
 def main() -> int:
     from stagesplit import api
+    from stagesplit.plan.layouts import seconds
     tiny = tiny_mode()
     path = llama3_70b(tiny)
     seq = 32 if tiny else 8192
@@ -62,7 +63,7 @@ def main() -> int:
         counts = Counter(r.status for r in lp.rows)
         b = lp.best
         best = b.layout.describe() if b else "none fits"
-        step = f"{b.step_s:.3f} s" if b and b.step_s else "-"
+        step = seconds(b.step_s) if b and b.step_s else "-"
         tok = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu else "-"
         mfu = f"{lp.mfu:.1%}" if lp.mfu is not None else "-"
         rows = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
