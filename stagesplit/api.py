@@ -691,7 +691,8 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
 def capture(model: str, output: str | Path | None = None, *, optimizer: str = "adam", dtype: str = "float32",
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
-            events: Events | None = None) -> Profile:
+            tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
+            events: Events | None = None, kernels: str = "cpu") -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -699,14 +700,24 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     the forward under autocast; ``target``: the device (default a100-80gb); ``allocator_round``:
     storages rounded up to this many bytes; ``name``: the profile's (default: the factory's);
     ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
-    torch's logging through."""
+    torch's logging through. ``tp``: capture rank 0 of this many tensor-parallel ranks, the
+    plan from ``tp_plan`` (a YAML file: module pattern -> style) or the model's declaration, with
+    ``sequence_parallel`` between the blocks (``stagesplit.capturing.tensorparallel``); the
+    profile's ``info.parallel_layout`` says which plan was used. ``kernels``: cpu (what the CPU
+    kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
+    docs/gpu.md)."""
+    from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
     events = _events(events)
     if not isinstance(model, str):
         raise OptionError("model", f"expected 'path/to/file.py:function' or 'package.module:function', "
                           f"got {short_repr(model)}")
+    if kernels not in KERNELS:
+        raise OptionError("kernels", f"expected one of {', '.join(KERNELS)}, got {short_repr(kernels)}")
     output = _path("output", output, optional=True)
+    tp = integer("tp", tp, 1, 4096)
+    tp_plan = _path("tp_plan", tp_plan, optional=True)
     if output is not None:
         where = model.rpartition(":")[0]
         _check_outputs([("output", output, None)], [where if where.endswith(".py") else None])
@@ -717,7 +728,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
         pass                                  # capture_step says how to install it
     events.start(f"capturing one training step of {show(model)}")
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
-                           allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs)
+                           allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
+                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)

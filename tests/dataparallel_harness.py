@@ -27,6 +27,11 @@ from dataclasses import dataclass, field
 from datetime import timedelta
 from pathlib import Path
 
+from vision import torchvision_model_code
+
+# a spawned worker has the test process's path (with torchvision's folder) but not its modules
+torchvision_model_code()
+
 __all__ = ["DataParallelCase", "run_data_parallel", "run_fake_process_group", "single_process_loss", "sum_loss", "tiny_gpt", "tiny_llama"]
 
 

@@ -397,6 +397,11 @@ class ExportedCase:
     seed: int = 0
 
 
+def _whole(tensor):
+    """A tensor-parallel gradient (a DTensor) as the whole tensor (a collective over its group); others as they are."""
+    return tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+
+
 def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workdir: Path) -> None:
     import torch
     import torch.distributed as dist
@@ -407,7 +412,9 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
     model = case.model()
     x, y = case.make_batch()
     micro = x[: x.shape[0] // ns["N_MICROBATCHES"]]
-    built, schedule, tied = ns["build_pipeline"](model, micro, torch.device("cpu"), case.loss)
+    # a tensor-parallel plan's export applies its plan and returns the pipeline's group, as its comments say
+    group = ns["setup_parallel"](model, torch.device("cpu")) if "setup_parallel" in ns else None
+    built, schedule, tied = ns["build_pipeline"](model, micro, torch.device("cpu"), case.loss, group=group)
     stages = list(built) if isinstance(built, (list, tuple)) else [built]
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
@@ -445,7 +452,8 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
                 tracker.overall = 0
             start = time.perf_counter()
             losses = [float(v.detach()) for v in step()]
-            grads = {names[id(p)]: p.grad.detach().float().numpy().copy() for p in params if p.grad is not None}
+            grads = {names[id(p)]: _whole(p.grad).detach().float().numpy().copy() for p in params
+                     if p.grad is not None}
             before = tracker.restart_peak()
             optimizer.step()
             optimizer_trace = (before, tracker.peak_since_restart(), tracker.live_bytes())

@@ -22,6 +22,7 @@ BENCHMARKS = ROOT / "benchmarks"
 #: each script's arguments: --tiny, and the optional parts too (--extended, --each), so that
 #: every table's code runs ({tmp}: the test's own temporary folder)
 ARGUMENTS = {
+    "bench_allocator.py": ["--tiny"],
     "bench_capture.py": ["--tiny"],
     "bench_core.py": ["--tiny"],
     "bench_exported.py": ["--tiny"],
@@ -35,13 +36,15 @@ ARGUMENTS = {
     "bench_solver.py": ["--tiny", "--extended"],
     "bench_startup.py": ["--tiny"],
     "bench_synth.py": ["--tiny"],
+    "bench_tensor_parallel.py": ["--tiny"],
     "bench_variants.py": ["--tiny"],
+    "validate_allocator.py": ["--predict", "{tmp}/sequences.json", "--tiny"],
     "validate_gpu.py": ["--predict", "{tmp}/predictions.json"],
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
-NEEDS = {"bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"),
-         "bench_layouts.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
-         "validate_gpu.py": ("torch",)}
+NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_tensor_parallel.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
+         "bench_layouts.py": ("torch", "transformers"),
+         "validate_gpu.py": ("torch",), "validate_allocator.py": ("torch",)}
 
 
 def test_every_script_is_run():
@@ -157,6 +160,15 @@ def check_schedules(out, rows, tmp_path):
     assert "Every schedule alone" in out and "fewest 80 GB GPUs" in out
 
 
+def check_allocator(out, rows, tmp_path):
+    assert "Caching-allocator replay: Llama shapes 8 and 4 blocks deep, hidden 64 (--tiny)" in out
+    lines = [line.split() for line in out.splitlines() if line.startswith(("llama-8 ", "llama-4 "))]
+    assert [(x[0], x[1]) for x in lines] == [(m, k) for m in ("llama-8", "llama-4") for k in ("1f1b", "zbv")]
+    for x in lines:
+        low, high = (float(v) for v in x[8].split("-"))
+        assert 1.0 <= low <= high                     # the allocator reserves at least what it hands out
+
+
 def check_startup(out, rows, tmp_path):
     assert "Start-up: median of 1 run in a fresh interpreter" in out
     light = [line for line in out.splitlines() if line.startswith("stagesplit ")]
@@ -165,6 +177,23 @@ def check_startup(out, rows, tmp_path):
 
 def check_variants(out, rows, tmp_path):
     assert "Profile variants of the synthetic BERT-base" in out and "Per-layer variants at scale" in out
+
+
+def check_validate_allocator(out, rows, tmp_path):
+    cases = json.loads((tmp_path / "sequences.json").read_text())
+    assert out.strip() == f"{len(cases)} sequences written to {tmp_path / 'sequences.json'}" and len(cases) == 8
+    assert all(c["reserved"] >= c["allocated"] > 0 for c in cases)
+    # the GPU half: without a GPU one line (exit 2); on a GPU every sequence replayed by torch's allocator
+    measured = subprocess.run([sys.executable, str(BENCHMARKS / "validate_allocator.py"), "--measure",
+                               str(tmp_path / "sequences.json")], cwd=str(ROOT), capture_output=True, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}, timeout=600)
+    import torch
+    if torch.cuda.is_available():
+        assert measured.returncode in (0, 1), measured.stdout + measured.stderr
+        assert f"of {len(cases)} exact" in measured.stdout
+    else:
+        assert measured.returncode == 2 and measured.stdout == ""
+        assert measured.stderr.startswith("validate_allocator: no CUDA device here")
 
 
 def check_validate_gpu(out, rows, tmp_path):
@@ -187,8 +216,9 @@ def check_validate_gpu(out, rows, tmp_path):
         assert measured.stderr.startswith("validate_gpu: no CUDA device here")
 
 
-CHECKS = {"bench_core.py": check_core, "bench_exported.py": check_exported, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
+CHECKS = {"bench_allocator.py": check_allocator, "bench_core.py": check_core, "bench_exported.py": check_exported, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
           "bench_popliner.py": check_popliner, "bench_popvision.py": check_popvision,
           "bench_pva_export.py": check_pva_export, "bench_synth.py": check_synth, "bench_onnx.py": check_onnx,
           "bench_capture.py": check_capture, "bench_schedules.py": check_schedules, "bench_startup.py": check_startup,
-          "bench_variants.py": check_variants, "validate_gpu.py": check_validate_gpu}
+          "bench_variants.py": check_variants, "validate_gpu.py": check_validate_gpu,
+          "validate_allocator.py": check_validate_allocator}

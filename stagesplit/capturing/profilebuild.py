@@ -38,12 +38,15 @@ def _round(nbytes: int, unit: int) -> int:
 
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
                   dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
-                  stacks: Sequence[ModuleStack] = (), hint: str = ""):
+                  stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = ""):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
     named and placed in layers (by ``layer_options``, else the module tree's ``stacks``; ``hint``
     ends the warning when neither finds a block), the storages as variables; the rest describes
-    the capture in the profile's info."""
+    the capture in the profile's info; ``layout`` (the tensor-parallel plan, sequence
+    parallelism's additions and the heads a rank holds) with the collectives the recorder saw
+    becomes the info's ``parallel_layout``."""
     from ..io.builder import ProfileBuilder
+    from ..io.profile import Collective, ParallelLayout
     ops = rec.ops
     S = len(ops)
 
@@ -106,11 +109,20 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
     # variables: one per storage
     precision = ("amp (" + str(autocast_dtype).replace("torch.", "") + " autocast, float32 parameters)" if amp
                  else dtype)
+    parallel = None
+    if layout is not None:
+        plan, additions, heads = layout
+        parallel = ParallelLayout(plan.degree, plan.sequence_parallel, plan.source, plan.styles, tuple(additions),
+                                  tuple(heads), tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase)
+                                                      for c in rec.collectives))
+        precision += (f", rank 0 of {plan.degree} tensor-parallel ranks"
+                      f"{' with sequence parallelism' if plan.sequence_parallel else ''} ({plan.source})")
     b = ProfileBuilder(target, S, compute_unit="flops", info=ProfileInfo(
         name=name, source="pytorch",
         description=(f"one training step captured under torch FakeTensorMode on CPU (torch {torch_version}): "
                      f"{precision}, optimizer {optimizer}, "
-                     f"storages rounded to {allocator_round} bytes; from {source}"),
+                     f"storages rounded to {allocator_round} bytes; from {source}"
+                     + (f"; {kernels}" if kernels else "")),
         compute_source="FLOPs from torch.utils.flop_counter's formulas and stagesplit's for the attention and "
                        "grouped matrix kernels torch has none for (matrix products, convolutions, attention; other "
                        "operations count 0)",
@@ -140,6 +152,7 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
         extra = {"bytes_accessed": op.bytes_accessed} if has_bytes else {}
         b.operation(names[i], i, i, vars=vars_, compute=op.flops, layer=explicit[i], **extra)
     profile = b.build(validate=False)
+    profile.info.parallel_layout = parallel
     profile.operations.phase = _phases(rec)
     profile.validate(source)
     if layering is not None:

@@ -23,15 +23,18 @@ stagesplit needs it; its logging and warnings are silenced while a capture runs
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..errors import StagesplitError
+from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..layers import LayerOptions
 from .factory import call_factory, check_model, load_factory
+from .kernels import check_kernels, cuda_attention, kernels_note
 from .modulestacks import module_stacks, sequential_hint
 from .profilebuild import build_profile
 from .recorder import (
@@ -45,6 +48,7 @@ from .recorder import (
     register_optimizer_state,
 )
 from .runtime import as_a_real_run, first_line, load_torch, quiet
+from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
 
 __all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
@@ -68,7 +72,9 @@ def capture(spec: str, **options) -> Profile:
 
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
-                  layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False) -> Profile:
+                  layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
+                  tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
+                  kernels: str = "cpu") -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -82,15 +88,21 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     many bytes (the CUDA caching allocator's 512; 1 for exact bytes). ``layer_regex``: group by
     this regex instead of the module tree's stacks (every operation's layer is then stored
     explicitly). The grouping is recorded in the profile, so later commands need no
-    --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through."""
+    --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through.
+    ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
+    from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
+    sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
+    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
-                        allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source)
+                        allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
-             name: str | None, layer_regex: str | None, source: str | None) -> Profile:
+             name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
+             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu") -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -101,6 +113,9 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
+    check_kernels(kernels, tgt)
+    kernels_used: Counter = Counter()
+    attention = cuda_attention(torch, tgt, kernels_used) if kernels == "cuda" else contextlib.nullcontext()
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
@@ -110,6 +125,14 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         autocast_dtype = param_dtype if dtype != "float32" else torch.bfloat16
         param_dtype = torch.float32
     stacks = module_stacks(torch, model)
+    plan = None
+    if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 4096:
+        raise OptionError("tp", f"expected a whole number of ranks in 1..4096, got {tp!r}")
+    if tp > 1:
+        plan = resolve_plan(torch, model, tp, bool(sequence_parallel), tp_plan)
+    elif sequence_parallel or tp_plan is not None:
+        raise OptionError("sequence_parallel" if sequence_parallel else "tp_plan",
+                          "applies to a tensor-parallel capture (tp of 2 or more)")
 
     Recorder = make_recorder(torch, allocator_round)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -118,17 +141,28 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     restore: list = []
     outputs = loss = opt = None
     fake_inputs = None
+    layout = None
+    group = contextlib.ExitStack()
+    tp_hooks: list = []
     try:
+        mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
         with fake:
             params = _fake_parameters(torch, model, param_dtype, restore)
             fake_inputs = _fake_inputs(torch, inputs, None if amp else param_dtype)
+            if plan is not None:
+                tp_hooks, extra = parallelize(torch, model, mesh, plan)
+                params = {id(p): p for p in model.parameters()}
+                group.enter_context(propagation_unrecorded(rec.state))
+                layout = (plan, extra, heads_per_rank(torch, model, plan))
+            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype) if plan is not None else {}
             for p in params.values():
                 if p.requires_grad:
-                    p.grad = torch.zeros_like(p)
+                    p.grad = torch.zeros_like(shaped.get(id(p), p))
+            shaped.clear()
         register_model(rec, model, fake_inputs, torch)
         hooks = module_hooks(rec, model)
         model.train()
-        with fake, rec, as_a_real_run():
+        with fake, rec, as_a_real_run(), attention:
             rec.state.phase = "forward"
             try:
                 if autocast_dtype is not None:
@@ -189,15 +223,46 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     finally:
         for h in hooks:
             h.remove()
+        for table, key in tp_hooks:
+            table.pop(key, None)
         for table, key, original in restore:            # the caller's model is left as it came
             table[key] = original
+        group.close()
     if opt is not None:
         register_optimizer_state(rec, opt, params)
     if not rec.ops:
         raise StagesplitError(f"{source}: the training step ran no tensor operation")
     return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
-                          autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model))
+                          autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
+                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
+
+
+def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:
+    """Each parameter's gradient as the backward makes it, under tensor parallelism: one
+    unrecorded step (forward, loss, backward) with no gradients allocated.
+
+    The capture runs with gradients already allocated, as every micro-batch but the first does;
+    their layout is the one autograd gave them on the first: not always the parameter's. A
+    vocabulary-split embedding's gradient is a partial sum over the whole vocabulary (torch's
+    masked partial placement), twice the weight's shard at two ranks; allocating it like the
+    parameter undercounts a real rank. A failure here is left to the recorded step, which names
+    it."""
+    model.train()
+    try:
+        with as_a_real_run(), (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
+                               else contextlib.nullcontext()):
+            loss = _loss(torch, _call(model, inputs), loss_fn, "model")
+        loss.backward()
+    except (Exception, SystemExit):
+        pass
+    loss = None
+    found = {}
+    for p in model.parameters():
+        if p.grad is not None:
+            found[id(p)] = p.grad
+            p.grad = None
+    return found
 
 
 def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:

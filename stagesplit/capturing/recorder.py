@@ -64,6 +64,19 @@ class _Op:
     writes: tuple[int, ...] = ()
 
 
+@dataclass
+class _Collective:
+    """One collective a rank ran (``_c10d_functional``): the operation it is, its kind
+    (all_reduce, all_gather_into_tensor, ...), the bytes of the whole buffer (an all-gather's
+    output, a reduction's input), the group's size and the phase it ran in."""
+
+    op: int
+    kind: str
+    nbytes: int
+    group_size: int
+    phase: str
+
+
 class FakeOpError(Exception):
     def __init__(self, func: str, label: str, exc: BaseException):
         super().__init__(f"{func} in {label}")
@@ -116,6 +129,12 @@ def make_recorder(torch, allocator_round: int):
 
     fake_errors = _fake_exception_types(torch)
     count_flops = flop_counter(torch)
+    from torch._guards import active_fake_mode
+    DTensor: Any = None
+    try:
+        from torch.distributed.tensor import DTensor
+    except ImportError:                                   # a torch built without distributed
+        pass
 
     class Recorder(TorchDispatchMode):
         def __init__(self):
@@ -137,6 +156,17 @@ def make_recorder(torch, allocator_round: int):
             self.derived: set[int] = set()                  # records computed from the inputs (data)
             self.data_ops: set[int] = set()                 # forward ops writing such records
             self.failure: _Failure | None = None
+            self.collectives: list[_Collective] = []
+            self.fake_mode = None                           # the fake mode the step runs under, when entered
+
+        def __enter__(self):
+            self.fake_mode = active_fake_mode()
+            return super().__enter__()
+
+        @staticmethod
+        def local(t):
+            """A DTensor's local shard (what the rank holds), any other tensor itself."""
+            return t._local_tensor if DTensor is not None and isinstance(t, DTensor) else t
 
         # -- storages ------------------------------------------------------------------------
         def record(self, st, kind: str, label: str, name: str, start: int | None = None) -> int:
@@ -164,7 +194,7 @@ def make_recorder(torch, allocator_round: int):
 
         def tensor(self, t, kind: str, label: str, name: str) -> int | None:
             try:
-                st = t.untyped_storage()
+                st = self.local(t).untyped_storage()
             except Exception:
                 return None
             return self.record(st, kind, label, name, start=0)
@@ -175,7 +205,7 @@ def make_recorder(torch, allocator_round: int):
             for g in grad_outputs:
                 if isinstance(g, torch.Tensor):
                     try:
-                        idx = self.live.get(id(g.untyped_storage()))
+                        idx = self.live.get(id(self.local(g).untyped_storage()))
                     except Exception:
                         idx = None
                     if idx is not None:
@@ -214,8 +244,10 @@ def make_recorder(torch, allocator_round: int):
         # -- dispatch ------------------------------------------------------------------------
         def __torch_dispatch__(self, func, types, args=(), kwargs=None):
             kwargs = kwargs or {}
-            if self.state.paused or func.namespace in ("prim", "profiler"):
-                return func(*args, **kwargs)
+            if DTensor is not None and any(t is DTensor for t in types):
+                return NotImplemented       # DTensor runs its local operations, which come back here
+            if self.state.paused or func.namespace in ("prim", "profiler") or active_fake_mode() is not self.fake_mode:
+                return func(*args, **kwargs)        # (DTensor's sharding propagation runs in a fake mode of its own)
             index = len(self.ops)
             self.now = index + 1
             self.accumulating = False
@@ -223,7 +255,10 @@ def make_recorder(torch, allocator_round: int):
             name = f"{func.namespace}.{func._overloadpacket.__name__}"
             flat_in, _ = tree_flatten((args, kwargs))
             try:
-                out = func(*args, **kwargs)
+                if func is torch.ops._c10d_functional.wait_tensor.default:
+                    out = args[0]           # fake wait_tensor returns a new tensor; a real one returns its input
+                else:
+                    out = func(*args, **kwargs)
             except fake_errors as exc:
                 raise FakeOpError(name, label or "the optimizer step", exc) from None
             except Exception as exc:
@@ -257,11 +292,28 @@ def make_recorder(torch, allocator_round: int):
                 self.derived.update(writes)
                 self.data_ops.add(index)
             flops = count_flops(func, args, kwargs, out)
+            if func.namespace == "_c10d_functional" and name != "_c10d_functional.wait_tensor":
+                self.collectives.append(_collective(torch, index, func, phase, flat_in, flat_out))
             self.ops.append(_Op(name, phase, label, anchor, list(dict.fromkeys(reads + writes)), flops, moved,
                                 self.accumulating, tuple(dict.fromkeys(reads)), tuple(dict.fromkeys(writes))))
             return out
 
     return Recorder
+
+
+def _collective(torch, index: int, func, phase: str, flat_in: list, flat_out: list) -> _Collective:
+    """The record of one functional collective; its group from its ``group_name`` argument."""
+    from torch.distributed.distributed_c10d import GroupName, _resolve_process_group
+    size = 1
+    names = [a for a in flat_in if isinstance(a, str)]
+    if names:
+        try:
+            size = int(_resolve_process_group(GroupName(names[-1])).size())
+        except Exception:
+            size = 1
+    tin = sum(_tensor_bytes(t) for t in flat_in if isinstance(t, torch.Tensor))
+    tout = sum(_tensor_bytes(t) for t in flat_out if isinstance(t, torch.Tensor))
+    return _Collective(index, func._overloadpacket.__name__, max(tin, tout), size, phase)
 
 
 def _tensor_bytes(t) -> int:
@@ -358,7 +410,7 @@ def register_optimizer_state(rec, opt, params) -> None:
         for key, value in state.items():
             if hasattr(value, "untyped_storage"):
                 try:
-                    sidx = rec.live.get(id(value.untyped_storage()))
+                    sidx = rec.live.get(id(rec.local(value).untyped_storage()))
                 except Exception:
                     continue
                 if sidx is not None:

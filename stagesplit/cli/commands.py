@@ -10,6 +10,7 @@ import sys
 
 from .. import api
 from ..errors import StagesplitError, one_line
+from ..reporting.layout import tensor_parallel_line
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -322,12 +323,16 @@ def cmd_export(args: argparse.Namespace) -> int:
 def cmd_capture(args: argparse.Namespace) -> int:
     profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                           amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
-                          layer_regex=args.layer_regex, torch_logs=args.debug)
+                          layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
+                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
     v = profile.variables
     print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
           f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
           f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
           file=sys.stderr)
+    layout = profile.info.parallel_layout
+    if layout is not None:
+        print(tensor_parallel_line(layout), file=sys.stderr)
     return 0
 
 

@@ -345,6 +345,20 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
+    p.add_argument("--tp", type=int_in(1, 4096), default=1, metavar="N",
+                   help="capture rank 0 of N tensor-parallel ranks: torch's parallelize_module applies the plan under "
+                        "a fake process group of N ranks; parameters, activations and collectives are one rank's "
+                        "(default: %(default)s, no tensor parallelism)")
+    p.add_argument("--sp", action="store_true",
+                   help="with --tp: sequence parallelism between the blocks (norms under SequenceParallel, the "
+                        "stream sharded on the sequence dimension)")
+    p.add_argument("--tp-plan", metavar="FILE",
+                   help="with --tp: a YAML plan, module pattern -> style (colwise, rowwise, sequence, replicate, "
+                        "...), instead of the model's declared one (a Hugging Face model's _tp_plan)")
+    p.add_argument("--kernels", choices=("cpu", "cuda"), default="cpu",
+                   help="whose kernels' saved tensors to record: cpu (the kernels the capture runs) or cuda (the "
+                        "attention kernel the GPU target's CUDA dispatcher would choose: flash, memory-efficient or "
+                        "math; docs/gpu.md) (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -389,6 +403,7 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
-         "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "tp": "--tp", "pp": "--pp",
+         "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
          "tp_profiles": "--tp-profile"}

@@ -74,6 +74,14 @@ class PlanView:
     #: the runtime the plan's memory was priced under (plan/records.py's ``RuntimeConditions``)
     return_outputs: bool = False
     gradients_set_to_none: bool = False
+    #: the profile is one rank of this many tensor-parallel ranks, with this plan (module path, style)
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    #: data parallelism the plan was priced under: ranks, ZeRO stage, FSDP2's reshard after forward
+    data_parallel: int = 1
+    zero: int = 0
+    reshard_after_forward: bool = True
 
     def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
         """The first wide tensor a traced pipeline of this split would send past a stage, with the
@@ -239,7 +247,10 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         headroom=inputs.headroom, status=str(plan.status), split_text=plan.split_text, embedding=embedding,
         head=head, recompute=tuple(recompute), wide_tensors=tuple(getattr(plan, "wide_tensors", ())),
         return_outputs=schedule.runtime.return_outputs if schedule is not None else False,
-        gradients_set_to_none=schedule.runtime.gradients_set_to_none if schedule is not None else False)
+        gradients_set_to_none=schedule.runtime.gradients_set_to_none if schedule is not None else False,
+        tensor_parallel=profile.tensor_parallel, sequence_parallel=profile.sequence_parallel,
+        tensor_parallel_styles=profile.tensor_parallel_styles, data_parallel=plan.inputs.request.dp,
+        zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward)
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

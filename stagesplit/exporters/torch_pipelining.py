@@ -142,6 +142,93 @@ def _stage_modules_source() -> list[str]:
     return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
 
+#: the tensor-parallel styles an export writes (capturing/tensorparallel.py's, without sequence parallelism):
+#: style -> the torch ParallelStyle made for it (None: the module is left whole)
+_TP_STYLES = {"colwise": "ColwiseParallel()", "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
+              "rowwise": "RowwiseParallel()", "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
+              "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())", "sequence": None,
+              "sequence_parallel": None, "replicate": None, "replicated_with_grad_allreduce": None}
+
+
+def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
+    """Where the plan was priced for a tensor-parallel rank (the capture's plan, applied again by torch's
+    ``parallelize_module``) or a data-parallel one (FSDP2's ``fully_shard`` on each block and the rest of
+    each stage): ``setup_parallel`` makes the (pipeline, data, tensor) device mesh and applies the former;
+    ``build_pipeline`` applies the latter to the stages it builds (``shard_stages``)."""
+    tp, dp = view.tensor_parallel, view.data_parallel
+    if tp <= 1 and dp <= 1:
+        return []
+    plan = []
+    for path, style in view.tensor_parallel_styles:
+        if style not in _TP_STYLES:
+            raise view.error(f"{NAME}: tensor-parallel style '{show(style)}' of module '{show(path)}': expected one "
+                             f"of {', '.join(_TP_STYLES)}")
+        if _TP_STYLES[style] is not None:
+            plan.append([path, style])
+    if view.sequence_parallel:
+        raise view.error(f"{NAME}: the profile was captured with sequence parallelism, whose layouts between "
+                         "the blocks this export does not write yet: capture without sequence parallelism")
+    if dp > 1 and view.zero != 3:
+        raise view.error(f"{NAME}: data parallelism is written as FSDP2 (ZeRO 3, fully_shard); the plan was priced "
+                         f"under ZeRO {view.zero}: solve it with ZeRO 3 to export it")
+    if stack is None:
+        raise view.error(f"{NAME}: a tensor- or data-parallel plan is exported for stages built from one stack of "
+                         "blocks (a Hugging Face causal language model); torch's tracer does not take parallel "
+                         "modules")
+    lines = [
+        "# parallelism beside the pipeline: launch len(STAGES_OF_RANK) x DATA_PARALLEL x TENSOR_PARALLEL processes;",
+        "# the device mesh is (pipeline, data, tensor), so global rank g is pipeline rank",
+        "# g // (DATA_PARALLEL * TENSOR_PARALLEL). Call setup_parallel(model, device) before build_pipeline and give",
+        "# build_pipeline the group it returns. Every process of a pipeline rank gets its own share of the batch.",
+        f"TENSOR_PARALLEL = {tp}   # ranks sharing every layer (the capture's rank is one of them)",
+        f"TP_PLAN = {py_literal(plan)}   # [module path, style], as the capture applied it",
+        f"DATA_PARALLEL = {dp}   # FSDP2 ranks (ZeRO 3): each block, and the rest of each stage, sharded",
+        f"RESHARD_AFTER_FORWARD = {view.reshard_after_forward}",
+        "_MESH = {}",
+        "",
+        "",
+        "def setup_parallel(model, device):",
+        '    """Make the (pipeline, data, tensor) device mesh, apply TP_PLAN to `model` with torch\'s own styles, and',
+        '    return the pipeline\'s process group (build_pipeline\'s `group`)."""',
+        "    if not builds_from_modules(model):",
+        "        raise ValueError('a tensor- or data-parallel plan runs on stages built from a Hugging Face causal '",
+        "                         \"language model's modules (build_pipeline); torch's tracer does not take parallel \"",
+        "                         'modules')",
+        "    from torch.distributed.device_mesh import init_device_mesh",
+        "    from torch.distributed.tensor import Replicate",
+        "    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+        "    mesh = init_device_mesh(device.type, (len(STAGES_OF_RANK), DATA_PARALLEL, TENSOR_PARALLEL),",
+        "                            mesh_dim_names=('pp', 'dp', 'tp'))",
+        "    _MESH['mesh'] = mesh",
+        "    if TENSOR_PARALLEL > 1:",
+        "        made = {",
+        *(f"            {py_literal(k)}: lambda: {v}," for k, v in _TP_STYLES.items() if v is not None),
+        "        }",
+        "        parallelize_module(model, mesh['tp'], {path: made[style]() for path, style in TP_PLAN})",
+        "    return mesh['pp'].get_group()",
+        "",
+        "",
+        "def shard_stages(modules, mine):",
+        '    """FSDP2 over the data-parallel ranks: each block of this rank\'s stages, each other module holding',
+        '    parameters (embeddings, final norm, head), then the stage itself (the root torch\'s pipeline runtime',
+        '    drives: gradients synchronised once, after the last micro-batch)."""',
+        "    if DATA_PARALLEL <= 1:",
+        "        return",
+        "    from torch.distributed.fsdp import fully_shard",
+        "    mesh = _MESH['mesh']['dp']",
+        "    for k in mine:",
+        "        stage = modules[k]",
+        "        parts = [*stage.blocks, *stage.decoder_parts.values(), *getattr(stage, 'head', {}).values()]",
+        "        for part in parts:",
+        "            if any(True for _ in part.parameters()):",
+        "                fully_shard(part, mesh=mesh, reshard_after_forward=RESHARD_AFTER_FORWARD)",
+        "        fully_shard(stage, mesh=mesh, reshard_after_forward=RESHARD_AFTER_FORWARD)",
+        "",
+        "",
+    ]
+    return lines
+
+
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
     starts = [s.layers[0] for s in view.stages]
@@ -172,6 +259,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                          "run the backward of a skip connection (torch: \"Backward of skip connections not supported "
                          f"yet\"); give layers {tensor.first} to {tensor.last} at most two neighbouring stages "
                          "(fewer devices, or those layers kept together)")
+    tensor_parallel = _parallel_lines(view, stack) if options.training else []
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
              "import torch.distributed as dist",
@@ -201,6 +289,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                 f"# between steps (zero the gradients with zero_grad(set_to_none={view.gradients_set_to_none}))",
                 f"RETURN_OUTPUTS = {view.return_outputs}", f"GRADIENTS_SET_TO_NONE = {view.gradients_set_to_none}"]
                if options.training else []), "", "",
+             *tensor_parallel,
              *(_recompute_lines(recompute, stack is not None) if recompute else []),
              *([
                  "def _no_links_to_self(stage):",
@@ -232,6 +321,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
         lines += ["    if builds_from_modules(model):",
                   f"        modules = model_stages(model, BLOCKS, STAGE_STARTS, example_microbatch{wrap})",
+                  *(["        shard_stages(modules, mine)"] if tensor_parallel and view.data_parallel > 1 else []),
                   "        stages = [PipelineStage(modules[k], k, NUM_STAGES, device, group=group) for k in mine]",
                   "        loss_fn = stage_loss(modules[-1], loss_fn)",
                   "    else:"]

@@ -36,7 +36,7 @@ from .compactformat import (
     column_for,
     header_bytes,
 )
-from .documents import grouping_from_record, grouping_record
+from .documents import grouping_from_record, grouping_record, layout_from_record, layout_record
 from .profile import (
     ROLES,
     GroundTruth,
@@ -80,6 +80,8 @@ def profile_header(p: Profile) -> bytes:
             "synthetic": p.info.synthetic, "compute_source": p.info.compute_source, "warnings": list(p.info.warnings)}
     if p.info.layer_grouping is not None:          # optional: the grouping the source used
         info["layer_grouping"] = grouping_record(p.info.layer_grouping)
+    if p.info.parallel_layout is not None:         # optional: the parallel layout of a captured rank
+        info["parallel_layout"] = layout_record(p.info.parallel_layout)
     return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
 
 
@@ -362,7 +364,10 @@ def _read(a: _Arrays) -> Profile:
                        warnings=[r.string(w, f"header.info.warnings[{i}]")
                                  for i, w in enumerate(r.list(info_spec.get("warnings", []), "header.info.warnings"))],
                        layer_grouping=(grouping_from_record(info_spec["layer_grouping"], r, "header.info.layer_grouping")
-                                       if info_spec.get("layer_grouping") is not None else None))
+                                       if info_spec.get("layer_grouping") is not None else None),
+                       parallel_layout=(layout_from_record(info_spec["parallel_layout"], r,
+                                                           "header.info.parallel_layout")
+                                        if info_spec.get("parallel_layout") is not None else None))
     compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")

@@ -8,10 +8,11 @@ from typing import Any
 
 from ..common.fields import FieldReader
 from ..common.limits import MAX_BYTES, MAX_COMPUTE
-from .profile import LayerGrouping, ProfileInfo, Target
+from .profile import COLLECTIVE_KINDS, PHASE_LABELS, Collective, LayerGrouping, ParallelLayout, ProfileInfo, Target
 from .targets import known_targets, target_from_mapping
 
-__all__ = ["byte_count", "compute_figure", "grouping_from_record", "grouping_record", "read_info", "read_target"]
+__all__ = ["byte_count", "compute_figure", "grouping_from_record", "grouping_record", "layout_from_record",
+           "layout_record", "read_info", "read_target"]
 
 _GROUPING_KEYS = {"method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order", "layers"}
 
@@ -52,7 +53,9 @@ def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
         compute_source=r.string(doc.get("compute_source", ""), "compute_source"),
         warnings=[r.string(w, f"warnings[{i}]") for i, w in enumerate(r.list(doc.get("warnings", []), "warnings"))],
         layer_grouping=(grouping_from_record(doc["layer_grouping"], r, "layer_grouping")
-                        if doc.get("layer_grouping") is not None else None))
+                        if doc.get("layer_grouping") is not None else None),
+        parallel_layout=(layout_from_record(doc["parallel_layout"], r, "parallel_layout")
+                         if doc.get("parallel_layout") is not None else None))
 
 
 def grouping_record(g: LayerGrouping) -> dict[str, Any]:
@@ -78,3 +81,50 @@ def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping
         module = item.get("module_path")
         paths.append(None if module is None else r.string(module, f"{p}.module_path"))
     return LayerGrouping(order=order, layers=tuple(names), module_paths=tuple(paths), **strings)
+
+
+_LAYOUT_KEYS = {"tensor_parallel", "sequence_parallel", "plan", "styles", "additions", "heads", "collectives"}
+#: the phases a collective may run in (the capture's names: forward, loss, backward, recompute, optimizer)
+_COLLECTIVE_PHASES = ("forward", "loss", "backward", "recompute", "optimizer", "setup", *PHASE_LABELS)
+
+
+def layout_record(layout: ParallelLayout) -> dict[str, Any]:
+    """``ParallelLayout`` as the JSON object both file formats store (the info's ``parallel_layout``)."""
+    return {"tensor_parallel": layout.tensor_parallel, "sequence_parallel": layout.sequence_parallel,
+            "plan": layout.plan,
+            "styles": [{"module": m, "style": s} for m, s in layout.styles],
+            "additions": [{"module": m, "what": w} for m, w in layout.additions],
+            "heads": [{"module": m, "heads": h, "kv_heads": kv} for m, h, kv in layout.heads],
+            "collectives": [{"step": c.step, "kind": c.kind, "bytes": c.bytes, "group_size": c.group_size,
+                             "phase": c.phase} for c in layout.collectives]}
+
+
+def layout_from_record(value: Any, r: FieldReader, path: str) -> ParallelLayout:
+    """The ``ParallelLayout`` a ``parallel_layout`` object describes, every field checked."""
+    r.mapping(value, path)
+    r.known_keys(value, path, _LAYOUT_KEYS)
+
+    def rows(key: str, fields: dict[str, str]) -> list[tuple]:
+        out = []
+        for i, item in enumerate(r.list(value.get(key, []), f"{path}.{key}")):
+            p = f"{path}.{key}[{i}]"
+            r.mapping(item, p)
+            r.known_keys(item, p, set(fields))
+            out.append(tuple(r.string(r.get(item, k, p), f"{p}.{k}") if kind == "str"
+                             else byte_count(r, r.get(item, k, p), f"{p}.{k}") if kind == "bytes"
+                             else r.choice(r.get(item, k, p), f"{p}.{k}", COLLECTIVE_KINDS) if kind == "kind"
+                             else r.choice(r.get(item, k, p), f"{p}.{k}", _COLLECTIVE_PHASES) if kind == "phase"
+                             else r.integer(r.get(item, k, p), f"{p}.{k}", 1 if kind == "positive" else 0)
+                             for k, kind in fields.items()))
+        return out
+
+    collectives = tuple(Collective(*row) for row in rows(
+        "collectives", {"step": "int", "kind": "kind", "bytes": "bytes", "group_size": "positive", "phase": "phase"}))
+    return ParallelLayout(
+        tensor_parallel=r.integer(r.get(value, "tensor_parallel", path), f"{path}.tensor_parallel", 1),
+        sequence_parallel=r.boolean(value.get("sequence_parallel", False), f"{path}.sequence_parallel"),
+        plan=r.string(value.get("plan", ""), f"{path}.plan"),
+        styles=tuple(rows("styles", {"module": "str", "style": "str"})),
+        additions=tuple(rows("additions", {"module": "str", "what": "str"})),
+        heads=tuple(rows("heads", {"module": "str", "heads": "int", "kv_heads": "int"})),
+        collectives=collectives)

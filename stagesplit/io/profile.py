@@ -22,9 +22,9 @@ import numpy as np
 
 from ..errors import ProfileError
 
-__all__ = ["COMPUTE_UNITS", "GroundTruth", "LAYER_ORDERS", "LayerGrouping", "Liveness", "Operations", "PHASE_LABELS",
-           "Phase", "Profile", "ProfileInfo", "Programs", "ROLES", "Ragged", "Target", "TileCosts", "Variables",
-           "VertexCode", "narrowest_int"]
+__all__ = ["COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
+           "Liveness", "Operations", "PHASE_LABELS", "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs",
+           "ROLES", "Ragged", "Target", "TileCosts", "Variables", "VertexCode", "narrowest_int"]
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
@@ -326,6 +326,44 @@ class LayerGrouping:
             return None
 
 
+#: the collectives a capture records (torch's ``_c10d_functional`` operations, ``wait_tensor`` aside)
+COLLECTIVE_KINDS = ("all_reduce", "all_reduce_coalesced", "all_gather_into_tensor", "all_gather_into_tensor_coalesced",
+                    "reduce_scatter_tensor", "reduce_scatter_tensor_coalesced", "all_to_all_single", "broadcast")
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One collective one rank runs in the step: at operation ``step`` (its index), of ``kind``
+    (``COLLECTIVE_KINDS``), moving a buffer of ``bytes`` (the whole buffer: an all-gather's
+    output, a reduction's input), in a group of ``group_size`` ranks, in ``phase`` (forward,
+    loss, backward, recompute, optimizer), so that the step's time can price it."""
+
+    step: int
+    kind: str
+    bytes: int
+    group_size: int
+    phase: str
+
+
+@dataclass(frozen=True)
+class ParallelLayout:
+    """The layout a profile's one rank was captured in (absent: the whole model on one device).
+
+    ``tensor_parallel`` ranks share every layer, with ``sequence_parallel`` between the blocks;
+    ``plan`` says where the plan came from, ``styles`` each planned module's style and
+    ``additions`` what sequence parallelism added (module, what); ``heads`` the heads and
+    key/value heads a rank really holds per sharded attention; ``collectives`` what the rank
+    communicates."""
+
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    plan: str = ""
+    styles: tuple[tuple[str, str], ...] = ()
+    additions: tuple[tuple[str, str], ...] = ()
+    heads: tuple[tuple[str, int, int], ...] = ()
+    collectives: tuple[Collective, ...] = ()
+
+
 @dataclass
 class ProfileInfo:
     """Descriptive fields: where the profile came from."""
@@ -338,6 +376,8 @@ class ProfileInfo:
     warnings: list[str] = field(default_factory=list)
     #: the grouping the source used (captures record theirs), or None
     layer_grouping: LayerGrouping | None = None
+    #: the parallel layout of the rank the profile holds (captures at a tensor-parallel degree), or None
+    parallel_layout: ParallelLayout | None = None
     #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
     #: read (None for a profile built in memory)
     sha256: str | None = field(default=None, compare=False)
@@ -503,6 +543,8 @@ def _validate(p: Profile, source: str | None) -> None:
                  "one of " + ", ".join(f"{p.value} ({p.label})" for p in Phase))
     if p.info.layer_grouping is not None:
         _validate_grouping(p.info.layer_grouping, source)
+    if p.info.parallel_layout is not None:
+        _validate_layout(p.info.parallel_layout, p.num_steps, source)
 
     gt = p.ground_truth
     if gt is not None:
@@ -536,3 +578,19 @@ def _validate_grouping(g: LayerGrouping, source: str | None) -> None:
         seen.add(name)
         if path is not None and (not isinstance(path, str) or not path):
             raise ProfileError(source, f"{where}.layers[{i}].module_path", "a non-empty string or null", path)
+
+
+def _validate_layout(layout: ParallelLayout, steps: int, source: str | None) -> None:
+    where = "parallel_layout"
+    if layout.tensor_parallel < 1:
+        raise ProfileError(source, f"{where}.tensor_parallel", "a whole number >= 1", layout.tensor_parallel)
+    for k, c in enumerate(layout.collectives):
+        path = f"{where}.collectives[{k}]"
+        if not 0 <= c.step < steps:
+            raise ProfileError(source, f"{path}.step", f"an operation index in 0..{steps - 1}", c.step)
+        if c.kind not in COLLECTIVE_KINDS:
+            raise ProfileError(source, f"{path}.kind", "one of " + ", ".join(COLLECTIVE_KINDS), c.kind)
+        if c.bytes < 0:
+            raise ProfileError(source, f"{path}.bytes", "a byte count >= 0", c.bytes)
+        if c.group_size < 1:
+            raise ProfileError(source, f"{path}.group_size", "a whole number >= 1", c.group_size)

@@ -64,6 +64,11 @@ class DataLayout:
     dp: int = 1
     zero: int = 0
     reshard_after_forward: bool = True
+    #: the step runs under torch's pipeline runtime (a schedule of micro-batches): an FSDP stage keeps
+    #: its parameters and gradients unsharded, and its gradients unsynchronised, from its first backward
+    #: until every micro-batch is done (torch.distributed.pipelining's stage.py: set_reshard_after_backward
+    #: and set_requires_gradient_sync off but for the last, then perform_reduce_grad)
+    pipelined: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.dp, bool) or not isinstance(self.dp, int) or self.dp < 1:
@@ -83,7 +88,10 @@ class DataLayout:
         if not self.sharded:
             return "no data parallelism"
         extra = ""
-        if self.zero == 3:
+        if self.zero >= 2 and self.pipelined:
+            extra = (" (under the pipeline's micro-batches torch accumulates the gradients whole until the last "
+                     "backward: priced as held all step, beside their shards)")
+        elif self.zero == 3:
             extra = ", reshard after forward" if self.reshard_after_forward else ", no reshard after forward"
         elif self.zero in (1, 2):
             extra = " (rules composed from Megatron's and DeepSpeed's documented behaviour, not measured)"
@@ -246,7 +254,24 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
     nbytes[optimizer_only] = _share(nbytes[optimizer_only], dp, unit)
     if layout.zero == 1:
         return _rebuild(profile, nbytes, add)
-
+    if layout.pipelined:
+        # torch's pipeline runtime accumulates each gradient whole and unsynchronised until the last
+        # micro-batch (then reduce-scatters it): the whole gradients stay as they are, held all step, and
+        # each layer holds its gradient shard beside them
+        for k in range(L):
+            add.add(int(_share(np.array([grad_of_layer[k]]), dp, unit)[0]), None, f"gradient shards/{layers.names[k]}",
+                    ops_of_layer[k])
+        shared = np.flatnonzero((role == _GRAD) & (group == _ROOT))
+        add.add(int(_share(nbytes[shared], dp, unit).sum()), None, "gradient shards/shared parameters",
+                _ops_using(profile, shared))
+        if layout.zero == 2:
+            return _rebuild(profile, nbytes, add)
+        bounds = _layer_bounds(profile, layers)
+        params = role == _PARAM
+        nbytes[params] = _share(nbytes[params], dp, unit)
+        _fsdp_buffers(profile, layers, layout, bounds, param_of_layer, v.bytes[params & (group == _ROOT)].sum(),
+                      _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add)
+        return _rebuild(profile, nbytes, add)
     bounds = _layer_bounds(profile, layers)
     grads = role == _GRAD
     nbytes[grads] = _share(nbytes[grads], dp, unit)

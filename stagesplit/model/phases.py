@@ -44,7 +44,7 @@ from .view import ModelView
 
 _Model = TypeVar("_Model", bound=ModelView)
 
-__all__ = ["ChunkCosts", "PHASE_KINDS", "PhaseTable", "has_phases", "phase_table"]
+__all__ = ["ChunkCosts", "PHASE_KINDS", "PhaseTable", "has_phases", "phase_table", "producers"]
 
 #: the kinds of action whose transient peaks a chunk has (``FULL``: B and W together)
 PHASE_KINDS = ("forward", "backward_input", "backward_weight", "full_backward", "optimizer")
@@ -228,6 +228,12 @@ def _producers(model: ModelView) -> np.ndarray:
     ok = starts >= 0
     producer[ok] = by_step[starts[ok]]
     return producer
+
+
+def producers(model: ModelView) -> np.ndarray:
+    """The operation that allocated each variable (-1: none or unknown): ``_producers``, for the
+    allocator's replay of recompute (solver/schedule_allocator.py)."""
+    return _producers(model)
 
 
 def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.ndarray:

@@ -54,7 +54,7 @@ from .view import ModelView
 # the cost model (model/costmodel.py) keeps its phase table and so imports this module: the model is
 # read here through its structural view (model/view.py), not its class (no import circle)
 
-__all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table"]
+__all__ = ["EXPENSIVE_OPERATIONS", "Recompute", "RecomputeTable", "recompute_table", "recomputed_variables"]
 
 
 class Recompute(str, Enum):
@@ -144,31 +144,8 @@ def recompute_table(model: ModelView, producer: np.ndarray, forward_peak: np.nda
     ops = p.operations
     L = model.num_layers
     op_layer = model.layers.op_layer
-    nv = len(p.variables)
-    # the layers that use each variable: one owner, or -2 for several
-    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
-    entry_var = ops.vars.values
-    # an operation outside its layer's block (the head reading the last block's output) uses
-    # the variable as another layer would: the block's checkpoint does not drop it
-    in_block = _in_block(ops.name, op_layer, model.layers.module_paths)
-    entry_layer = np.where(in_block[entry_op], op_layer[entry_op], -1)
-    owner = np.full(nv, -1, np.int64)
-    first = np.full(nv, np.iinfo(np.int64).max, np.int64)
-    last = np.full(nv, -1, np.int64)
-    np.minimum.at(first, entry_var, np.where(entry_layer >= 0, entry_layer, np.iinfo(np.int64).max))
-    np.maximum.at(last, entry_var, entry_layer)
-    used_outside = np.zeros(nv, bool)
-    np.logical_or.at(used_outside, entry_var, entry_layer < 0)
-    single = (first == last) & (last >= 0) & ~used_outside
-    owner[single] = last[single]
+    owner, own, cheap_var, in_block, expensive_op, forward_made = _dropped(model, producer)
     made = producer >= 0
-    forward_made = np.zeros(nv, bool)
-    forward_made[made] = ops.phase[producer[made]] == Phase.FORWARD
-    own = model.var_stashed & single & forward_made & (owner == np.where(made, op_layer[np.maximum(producer, 0)], -3))
-    own &= in_block[np.maximum(producer, 0)]
-    leaf = np.array([name.rsplit("/", 1)[-1] for name in ops.name], dtype=object)
-    expensive_op = np.array([bool(EXPENSIVE_OPERATIONS.fullmatch(n)) for n in leaf], bool)
-    cheap_var = own & ~expensive_op[np.maximum(producer, 0)]
     nbytes = p.variables.bytes.astype(np.int64)
     full = np.bincount(owner[own], weights=nbytes[own], minlength=L).astype(np.int64)[:L]
     selective = np.bincount(owner[cheap_var], weights=nbytes[cheap_var], minlength=L).astype(np.int64)[:L]
@@ -202,6 +179,48 @@ def recompute_table(model: ModelView, producer: np.ndarray, forward_peak: np.nda
     return RecomputeTable(saved=np.vstack([zeros, selective, full]),
                           rerun=np.vstack([zeros, rerun_selective, np.where(full > 0, rerun_full, 0)]),
                           added=np.vstack([np.zeros(L), cheap_time, full_time]), time_unit=time_unit)
+
+
+def recomputed_variables(model: ModelView, producer: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Per variable: the layer whose stash it is (``owner``, -1: none), whether full recompute of that
+    layer drops it (``own``) and whether selective recompute does (the cheap operations' outputs), as
+    ``recompute_table`` counts them (for a replay of the allocations, solver/schedule_allocator.py)."""
+    owner, own, cheap, *_ = _dropped(model, producer)
+    return owner, own, cheap
+
+
+def _dropped(model: ModelView, producer: np.ndarray) -> tuple[np.ndarray, ...]:
+    """``recomputed_variables`` and what ``recompute_table`` reads besides: which operations run in their
+    layer's block, which are compute-heavy, which variables a forward operation made."""
+    p = model.profile
+    ops = p.operations
+    op_layer = model.layers.op_layer
+    nv = len(p.variables)
+    # the layers that use each variable: one owner, or -2 for several
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_var = ops.vars.values
+    # an operation outside its layer's block (the head reading the last block's output) uses
+    # the variable as another layer would: the block's checkpoint does not drop it
+    in_block = _in_block(ops.name, op_layer, model.layers.module_paths)
+    entry_layer = np.where(in_block[entry_op], op_layer[entry_op], -1)
+    owner = np.full(nv, -1, np.int64)
+    first = np.full(nv, np.iinfo(np.int64).max, np.int64)
+    last = np.full(nv, -1, np.int64)
+    np.minimum.at(first, entry_var, np.where(entry_layer >= 0, entry_layer, np.iinfo(np.int64).max))
+    np.maximum.at(last, entry_var, entry_layer)
+    used_outside = np.zeros(nv, bool)
+    np.logical_or.at(used_outside, entry_var, entry_layer < 0)
+    single = (first == last) & (last >= 0) & ~used_outside
+    owner[single] = last[single]
+    made = producer >= 0
+    forward_made = np.zeros(nv, bool)
+    forward_made[made] = ops.phase[producer[made]] == Phase.FORWARD
+    own = model.var_stashed & single & forward_made & (owner == np.where(made, op_layer[np.maximum(producer, 0)], -3))
+    own &= in_block[np.maximum(producer, 0)]
+    leaf = np.array([name.rsplit("/", 1)[-1] for name in ops.name], dtype=object)
+    expensive_op = np.array([bool(EXPENSIVE_OPERATIONS.fullmatch(n)) for n in leaf], bool)
+    cheap_var = own & ~expensive_op[np.maximum(producer, 0)]
+    return owner, own, cheap_var, in_block, expensive_op, forward_made
 
 
 def _in_block(names: Sequence[str], op_layer: np.ndarray, module_paths: Sequence[str | None]) -> np.ndarray:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import datetime as _dt
 from collections.abc import Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -34,18 +35,22 @@ if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem
 
-__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan"]
+__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan", "with_reserved"]
 
 
 def plan_profile(model: StageCostModel) -> PlanProfile:
     """The plan's record of the profile: name, device, and the file and hash it was read from."""
     p = model.profile
     sha = p.info.sha256                                  # hashed from the bytes as they were read
+    layout = p.info.parallel_layout
     if sha is None and p.info.path is not None:
         sha = file_sha256(p.info.path)
     return PlanProfile(name=p.info.name, source=p.info.source, synthetic=p.info.synthetic, target=p.target.name,
                        tiles=p.target.tiles, bytes_per_tile=p.target.bytes_per_tile,
-                       path=None if p.info.path is None else str(p.info.path), sha256=sha)
+                       path=None if p.info.path is None else str(p.info.path), sha256=sha,
+                       tensor_parallel=layout.tensor_parallel if layout is not None else 1,
+                       sequence_parallel=layout.sequence_parallel if layout is not None else False,
+                       tensor_parallel_styles=tuple(layout.styles) if layout is not None else ())
 
 
 def _rounded(seconds: float | None) -> float | None:
@@ -208,6 +213,35 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 phases=phases, compute_unit=model.profile.compute_unit, module_paths=list(model.layers.module_paths),
                 notes=notes, run=run, tied=model.tied, schedule=record, analysis=model,
                 wide_tensors=wide_tensors(model, traffic))
+
+
+def with_reserved(plan: Plan) -> Plan:
+    """The plan with each device's reserved bytes on a GPU (solver/schedule_allocator.py: torch's caching
+    allocator replayed on the device's allocations in the schedule's order, with the plan's recompute and
+    cuBLAS's workspaces), unless the request turned the replay off; other plans as they are. Run once on
+    the plan a solve returns (not on every candidate of the auto schedule), after the search: it is not
+    bounded by the time limit."""
+    from ..solver.schedule_allocator import cublas_workspaces, rank_replays
+    from ..solver.schedule_generation import build_schedule
+    s, model = plan.schedule, plan.analysis
+    request = plan.inputs.request
+    if s is None or not plan.stages or model is None or request.allocator == "off" or not plan.feasible:
+        return plan
+    target = model.profile.target
+    if target.kind != "gpu" or target.tiles != 1 or model.phase_cols is None:
+        return plan
+    name = plan.inputs.targets[0].name if plan.inputs.targets else target.name
+    bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]
+    options = ("none", "selective", "full")
+    choice = [options.index(o) for st in plan.stages for o in (st.recompute or ("none",) * len(st.layers))]
+    schedule = build_schedule(s.kind, len(s.ranks), s.micro_batches, s.chunks_per_rank)
+    replays = rank_replays(model, bounds, schedule, [r.peak_bytes for r in s.ranks], request.allocator_options(),
+                           cublas_workspaces(name), choice, [r.capacity_bytes for r in s.ranks])
+    ranks = tuple(replace(r, reserved_bytes=rep.reserved_bytes, replayed_bytes=rep.allocated_bytes,
+                          fits_after_retries=rep.fits_after_retries,
+                          allocator_retries=None if rep.capped is None else rep.capped.retries)
+                  for r, rep in zip(s.ranks, replays))
+    return replace(plan, schedule=replace(s, ranks=ranks))
 
 
 def refused_plan(model: StageCostModel, inputs: PlanInputs, message: str, status: str = "infeasible") -> Plan:

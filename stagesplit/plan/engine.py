@@ -154,9 +154,10 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
     own actions where the profile records phases (``scheduled``), each schedule in turn for
     the ``auto`` schedule, else on the stage-level model."""
     from .advise import advise, advise_schedule
+    from .build import with_reserved
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
-        return _solve_auto(request, analysis, deadline, events)
+        return with_reserved(_solve_auto(request, analysis, deadline, events))
     if scheduled(request, resolved.model):
         events.start("pricing every layer range in each phase of the step")
         table = resolved.model.phase_table
@@ -168,7 +169,7 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
         events.start("solving")
         advice = advise(resolved.model, resolved.inputs, table=table, log=events.start, deadline=deadline)
     events.done()
-    return _completed(advice, resolved.model, events)
+    return with_reserved(_completed(advice, resolved.model, events))
 
 
 def check_variants_request(request: SolveRequest) -> None:

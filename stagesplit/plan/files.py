@@ -118,6 +118,10 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
     """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
     doc = asdict(profile)
+    if profile.tensor_parallel == 1:                 # a plan of one device per stage writes what it always did
+        del doc["tensor_parallel"], doc["sequence_parallel"], doc["tensor_parallel_styles"]
+    else:
+        doc["tensor_parallel_styles"] = [list(pair) for pair in profile.tensor_parallel_styles]
     if profile.one_tile:
         doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
     return doc
@@ -287,7 +291,16 @@ def _schedule(r: FieldReader, value: Any, num_stages: int, devices: int) -> Sche
                                 peak_bytes=r.integer(r.get(item, "peak_bytes", p), f"{p}.peak_bytes"),
                                 capacity_bytes=r.integer(r.get(item, "capacity_bytes", p), f"{p}.capacity_bytes"),
                                 peak_at=r.string(item.get("peak_at", ""), f"{p}.peak_at"),
-                                busy=_figure(r, item.get("busy", 0.0), f"{p}.busy")))
+                                busy=_figure(r, item.get("busy", 0.0), f"{p}.busy"),
+                                # the caching allocator's replay (absent or null: not replayed, or an older plan)
+                                reserved_bytes=None if item.get("reserved_bytes") is None else
+                                r.integer(item["reserved_bytes"], f"{p}.reserved_bytes"),
+                                replayed_bytes=None if item.get("replayed_bytes") is None else
+                                r.integer(item["replayed_bytes"], f"{p}.replayed_bytes"),
+                                fits_after_retries=None if item.get("fits_after_retries") is None else
+                                r.boolean(item["fits_after_retries"], f"{p}.fits_after_retries"),
+                                allocator_retries=None if item.get("allocator_retries") is None else
+                                r.integer(item["allocator_retries"], f"{p}.allocator_retries")))
     if len(ranks) != devices or sorted(c for x in ranks for c in x.chunks) != list(range(num_stages)) or \
             num_stages != v * devices:
         r.fail("schedule.ranks", f"{devices} devices holding the {num_stages} stages, {v} each", len(ranks))
@@ -372,7 +385,23 @@ def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
                        tiles=r.integer(tiles, "profile.tiles", minimum=1),
                        bytes_per_tile=r.integer(per_tile, "profile.bytes_per_tile"),
                        path=_optional_string(r, p.get("path"), "profile.path"),
-                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"))
+                       sha256=_sha256(r, p.get("sha256"), "profile.sha256"),
+                       tensor_parallel=r.integer(p.get("tensor_parallel", 1), "profile.tensor_parallel", minimum=1),
+                       sequence_parallel=r.boolean(p.get("sequence_parallel", False), "profile.sequence_parallel"),
+                       tensor_parallel_styles=_styles(r, p.get("tensor_parallel_styles", []),
+                                                      "profile.tensor_parallel_styles"))
+
+
+def _styles(r: FieldReader, value: Any, path: str) -> tuple[tuple[str, str], ...]:
+    """A tensor-parallel plan: a list of [module path, style] pairs (text only; an export renders it)."""
+    if not isinstance(value, list):
+        r.fail(path, "a list of [module path, style] pairs", value)
+    out = []
+    for i, pair in enumerate(value):
+        if not (isinstance(pair, list) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            r.fail(f"{path}[{i}]", "a [module path, style] pair of strings", pair)
+        out.append((pair[0], pair[1]))
+    return tuple(out)
 
 
 def _sha256(r: FieldReader, value: Any, path: str) -> str | None:

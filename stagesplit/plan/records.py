@@ -129,6 +129,12 @@ class PlanProfile:
     bytes_per_tile: int = 0
     path: str | None = None
     sha256: str | None = None
+    #: the profile is one rank of this many tensor-parallel ranks (a capture's ``parallel_layout``): every
+    #: pipeline device is a group of that many GPUs, each holding what the profile holds
+    tensor_parallel: int = 1
+    sequence_parallel: bool = False
+    #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
+    tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
 
     @property
     def one_tile(self) -> bool:
@@ -207,10 +213,26 @@ class RankRecord:
     capacity_bytes: int
     peak_at: str                       # the action at the peak ("F3 of chunk 5", "the optimizer step")
     busy: float                        # time computing in the step (the schedule's time unit)
+    #: on a GPU, what torch's caching allocator reserves (solver/schedule_allocator.py): the replay of the
+    #: rank's allocations in schedule order with cuBLAS's workspaces, plus what the priced peak holds that
+    #: the replay does not (the runtime's buffers); None: not replayed (not a GPU, or the replay off)
+    reserved_bytes: int | None = None
+    #: the replay's allocated peak (workspaces included), beside ``peak_bytes``
+    replayed_bytes: int | None = None
+    #: where ``reserved_bytes`` passes the capacity: whether the allocator, freeing cached blocks and
+    #: retrying as torch does before it runs out of memory, keeps the rank within it, and how many times
+    #: it does so in a step (None: not over, or not replayed)
+    fits_after_retries: bool | None = None
+    allocator_retries: int | None = None
+
+    @property
+    def needed_bytes(self) -> int:
+        """What the device must hold: the reserved bytes where replayed, else the priced peak."""
+        return self.peak_bytes if self.reserved_bytes is None else self.reserved_bytes
 
     @property
     def fits(self) -> bool:
-        return self.peak_bytes <= self.capacity_bytes
+        return self.needed_bytes <= self.capacity_bytes or self.fits_after_retries is True
 
 
 @dataclass(frozen=True)
@@ -461,6 +483,23 @@ class Plan:
                      f"at {fullest.peak_at}; per device: "
                      + ", ".join(f"{r.peak_bytes / max(r.capacity_bytes, 1):.0%}" for r in s.ranks)
                      + f"; {len(s.ranks)} of {self.devices} devices used")
+        replayed = [r for r in s.ranks if r.reserved_bytes is not None and r.replayed_bytes is not None]
+        if replayed:
+            most = max(replayed, key=lambda r: (r.needed_bytes / max(r.capacity_bytes, 1), -r.rank))
+            assert most.reserved_bytes is not None and most.replayed_bytes is not None
+            left = most.capacity_bytes - most.needed_bytes
+            lines.append(f"reserved: torch's caching allocator, replayed on each device's allocations in the "
+                         f"schedule's order with cuBLAS's workspaces, reserves at most {amount(most.needed_bytes)} "
+                         f"on device {most.rank} ({most.needed_bytes / max(most.capacity_bytes, 1):.1%} of "
+                         f"{amount(most.capacity_bytes)}; the replay allocates {amount(most.replayed_bytes)}, "
+                         f"the plan priced {amount(most.peak_bytes)}); "
+                         + (f"{amount(left)} left" if left >= 0 else
+                            f"{amount(-left)} over, but freeing cached blocks and retrying, as torch does before it "
+                            f"runs out of memory, keeps it within ({most.allocator_retries} retries a step, each a "
+                            f"synchronising cudaFree)" if most.fits_after_retries else
+                            f"does not fit by {amount(-left)}")
+                         + "; per device: " + ", ".join(f"{r.needed_bytes / max(r.capacity_bytes, 1):.0%}"
+                                                        for r in s.ranks))
         return lines
 
     def time_text(self, compute: float, seconds: float | None) -> str:

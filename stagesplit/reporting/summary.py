@@ -13,7 +13,7 @@ from .units import device_words
 from .why import compare_line, comparisons, step_ratio, why_line
 
 __all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "solve_text", "stages_table",
-           "summary_with_why", "sweep_table"]
+           "summary_with_why", "sweep_table", "tensor_parallel_text"]
 
 
 def stages_table(plan: Plan) -> Table:
@@ -167,6 +167,19 @@ def summary_with_why(plan: Plan, gpu: bool) -> str:
     return "\n".join(lines)
 
 
+def _devices_used(plan: Plan) -> int:
+    return len({s.device for s in plan.stages}) if plan.stages else 0
+
+
+def tensor_parallel_text(tp: int, sequence_parallel: bool, devices: int, dp: int) -> str:
+    """The layout line of a plan made from one tensor-parallel rank's profile: what a pipeline device
+    is, and the GPUs the plan uses in all (pipeline devices x tensor x data parallel)."""
+    sp = " with sequence parallelism" if sequence_parallel else ""
+    data = f" x {dp} data-parallel" if dp > 1 else ""
+    return (f"tensor parallel: every pipeline device is {tp} GPUs{sp} (the profile is one of them); figures are "
+            f"one GPU's; {devices} pipeline x {tp} tensor-parallel{data} = {devices * tp * dp} GPUs in all")
+
+
 def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None) -> str:
     """What ``solve`` prints: what was asked (the profile, named by ``profile`` where it has no
     name of its own, the devices and their memory, the objective and schedule), the summary and
@@ -184,6 +197,8 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
               f"objective: {o.objective.value}; schedule: {o.schedule.value}"
               f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
     request = inputs.request
+    if p.tensor_parallel > 1:
+        header += "\n" + tensor_parallel_text(p.tensor_parallel, p.sequence_parallel, _devices_used(plan), request.dp)
     if request.dp > 1:
         header += f"\ndata parallel: {request.data_layout().describe()}"
     if plan.variants:

@@ -117,12 +117,15 @@ def _time(plan: Plan, value: float, seconds: bool, words: DeviceWords) -> str:
 
 def headroom_text(plan: Plan, words: DeviceWords) -> str:
     """``headroom: device 0, the fullest, uses 0.32 of 80.00 GiB (0.4%), 79.68 GiB free``: the
-    fullest device of a scheduled plan (its peak under the schedule's actions), else the fullest
-    stage (on an IPU, its worst tile), against the capacity the solver allowed it."""
+    fullest device of a scheduled plan (its peak under the schedule's actions; on a GPU where the
+    caching allocator was replayed, what it reserves: "reserves"), else the fullest stage (on an
+    IPU, its worst tile), against the capacity the solver allowed it."""
     s = plan.schedule
+    verb = "uses"
     if s is not None and s.ranks:
-        r = max(s.ranks, key=lambda r: (r.peak_bytes / max(r.capacity_bytes, 1), -r.rank))
-        who, used, capacity, tile = f"device {r.rank}", r.peak_bytes, r.capacity_bytes, ""
+        r = max(s.ranks, key=lambda r: (r.needed_bytes / max(r.capacity_bytes, 1), -r.rank))
+        who, used, capacity, tile = f"device {r.rank}", r.needed_bytes, r.capacity_bytes, ""
+        verb = "uses" if r.reserved_bytes is None else "reserves"
     else:
         w = plan.worst_memory
         assert w is not None                  # a plan with stages has one
@@ -130,7 +133,9 @@ def headroom_text(plan: Plan, words: DeviceWords) -> str:
         tile = "" if words.one_tile else f" on tile {w.worst_tile}"
     share = f" ({used / capacity:.1%})" if capacity > 0 else ""
     rest = f"{words.bytes(capacity - used)} free" if used <= capacity else f"{words.bytes(used - capacity)} over"
-    return f"headroom: {who}, the fullest, uses {words.bytes_of(used, capacity)}{tile}{share}, {rest}"
+    if used > capacity and s is not None and s.ranks and r.fits_after_retries:
+        rest += " (within it once the allocator frees cached blocks and retries)"
+    return f"headroom: {who}, the fullest, {verb} {words.bytes_of(used, capacity)}{tile}{share}, {rest}"
 
 
 def _stage_text(plan: Plan, stage: int) -> str:

@@ -97,6 +97,12 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
     Option("reserve", 0, "memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "
            "workspaces, fragmentation): bytes, or with a unit, e.g. 2GiB or 1.5GB (default: {default})",
            flag="reserve", parse="bytes", metavar="BYTES", cli_default=0),
+    Option("allocator", "replay", "on a GPU, replay torch's CUDA caching allocator on each device's allocations in "
+           "the schedule's order and check the plan fits what it reserves (with the cuBLAS workspaces): replay "
+           "(default) or off", flag="allocator", settings="allocator", parse="choice", choices=("replay", "off")),
+    Option("alloc_conf", "", "the PYTORCH_CUDA_ALLOC_CONF the GPUs run with, for the allocator's replay, e.g. "
+           "expandable_segments:True or max_split_size_mb:512 (default: torch's defaults)", flag="alloc-conf",
+           settings="alloc_conf", metavar="CONF"),
     Option("min_layers", 1, "at least K layers per stage", flag="min-layers", parse="int", metavar="K", low=1,
            high=10**9, cli_default=1),
     Option("max_layers", None, "at most K layers per stage", flag="max-layers", parse="int", metavar="K", low=1,

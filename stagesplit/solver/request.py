@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from enum import Enum
 from pathlib import Path
-from typing import Any, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from ..common.limits import (
     MAX_BYTES,
@@ -31,6 +31,9 @@ from ..layers import LayerOptions
 from ..model.datasharding import DataLayout
 from .options import SETTINGS_KEYS, declared, option_named
 from .schedule_kinds import check_chunks_per_rank
+
+if TYPE_CHECKING:
+    from ..model.allocator import AllocatorOptions
 
 __all__ = ["Objective", "RecomputeMode", "Schedule", "SharedPolicy", "SolveRequest"]
 
@@ -110,6 +113,10 @@ class SolveRequest:
     headroom: float = declared("headroom")
     #: bytes kept back on every device (CUDA context, workspaces)
     reserve: int = declared("reserve")
+    #: whether a GPU plan replays torch's caching allocator ("replay") or not ("off")
+    allocator: str = declared("allocator")
+    #: the PYTORCH_CUDA_ALLOC_CONF the replay models ("": torch's defaults)
+    alloc_conf: str = declared("alloc_conf")
     min_layers: int = declared("min_layers")
     max_layers: int | None = declared("max_layers")
     #: a stage starts at each of these layers
@@ -191,6 +198,12 @@ class SolveRequest:
         self.data_layout()                          # zero without dp is refused here, naming zero
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
+        if self.allocator not in ("replay", "off"):
+            raise OptionError("allocator", f"expected replay or off, got {short_repr(self.allocator)}")
+        if not isinstance(self.alloc_conf, str):
+            raise OptionError("alloc_conf", f"expected text such as expandable_segments:True, got "
+                              f"{short_repr(self.alloc_conf)}")
+        self.allocator_options()                      # refuses a setting the replay cannot model
         set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
         set_(self, "max_layers", integer("max_layers", self.max_layers, 1, optional=True))
         if self.max_layers is not None and self.max_layers < self.min_layers:
@@ -220,7 +233,7 @@ class SolveRequest:
 
     def data_layout(self) -> DataLayout:
         """The data-parallel layout the request asks for (``DataLayout``: dp ranks, ZeRO stage)."""
-        return DataLayout(self.dp, self.zero, self.reshard_after_forward)
+        return DataLayout(self.dp, self.zero, self.reshard_after_forward, pipelined=self.schedule is not Schedule.NONE)
 
     def with_devices(self, devices: int) -> SolveRequest:
         """The same request for another device count (one target, or the list repeated)."""
@@ -243,6 +256,12 @@ class SolveRequest:
             if isinstance(t, str) and t not in loaded:
                 loaded[t] = load_target(t)
         return tuple(loaded[t] if isinstance(t, str) else t for t in self.targets)
+
+    def allocator_options(self) -> AllocatorOptions:
+        """The caching allocator's settings the replay models (``alloc_conf`` read as torch reads it)."""
+        # imported here: numpy is not loaded to build the parser
+        from ..model.allocator import parse_alloc_conf
+        return parse_alloc_conf(self.alloc_conf, parameter="alloc_conf")
 
     def resolved_chunks(self) -> int:
         """The chunks (virtual stages) each device runs: the count asked for, else the schedule's

@@ -273,3 +273,28 @@ def test_shares_of_a_gpu_capture_are_rounded_as_the_allocator_rounds():
     roles = role_bytes(rank)
     assert roles["param"] == roles["grad"] == LAYERS * (W // 4 + 512)
     assert roles["state"] == LAYERS * 2 * (W // 4 + 512) + 2 * LAYERS * 512     # step counters: 4 bytes, stored as 512
+
+
+@pytest.mark.parametrize("dp", [2, 4])
+@pytest.mark.parametrize("zero", [2, 3])
+def test_under_a_pipeline_schedule_the_whole_gradients_are_held_beside_their_shards(linear_stack, dp, zero):
+    """torch's pipeline runtime keeps an FSDP stage's gradients whole and unsynchronised until the last
+    micro-batch, then reduce-scatters them: a rank holds every layer's whole gradient (4 x 16,640 bytes)
+    all step, and beside it the gradient shard the reduce-scatter writes (one per layer: the layer's
+    bytes over dp, as one share); the parameters and optimizer state are sharded as without a pipeline
+    (ZeRO 3's parameters per tensor, ZeRO 2's whole)."""
+    profile, analysis = linear_stack
+    rank = shard_profile(profile, analysis.layers, DataLayout(dp, zero, pipelined=True))
+    shard = (_shard(W, dp) + _shard(B, dp)) * LAYERS
+    roles = role_bytes(rank)
+    assert roles["grad"] == LAYERS * P
+    assert roles["param"] == (shard if zero == 3 else LAYERS * P)
+    assert roles["state"] == 2 * shard + 2 * LAYERS * STEP
+    shards = LAYERS * _shard(P, dp)
+    model = Analysis.of(profile, layout=DataLayout(dp, zero, pipelined=True)).model
+    assert model.stage_memory(0, LAYERS - 1).always_live[0] == \
+        roles["param"] + LAYERS * P + roles["state"] + shards
+    assert "accumulates the gradients whole until the last backward" in \
+        DataLayout(dp, zero, pipelined=True).describe()
+    assert SolveRequest(devices=2, dp=dp, zero=zero, schedule="1f1b").data_layout().pipelined
+    assert not SolveRequest(devices=2, dp=dp, zero=zero).data_layout().pipelined

@@ -1,0 +1,40 @@
+"""The line ``capture`` prints about a tensor-parallel rank: which plan torch applied, what the
+rank holds of the attention heads, and what it communicates in one step.
+
+Every figure comes from the profile's ``info.parallel_layout`` (what the capture recorded), so
+the line says only what was measured under fake tensors."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from ..io.profile import ParallelLayout
+
+__all__ = ["tensor_parallel_line"]
+
+
+def _bytes_text(nbytes: int) -> str:
+    for unit, size in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if nbytes >= size:
+            return f"{nbytes / size:,.1f} {unit}"
+    return f"{nbytes:,} bytes"
+
+
+def tensor_parallel_line(layout: ParallelLayout) -> str:
+    """``rank 0 of 2 tensor-parallel ranks (sequence parallel); plan: ...; 7 modules split; per rank 2
+    attention heads and 1 KV head; 17 collectives per step (16 all_reduce, 1 all_gather_into_tensor),
+    80.0 KiB``."""
+    sp = ", sequence parallel" if layout.sequence_parallel else ""
+    text = (f"rank 0 of {layout.tensor_parallel} tensor-parallel ranks{sp}; plan: {layout.plan}, "
+            f"{len(layout.styles)} module{'s' if len(layout.styles) != 1 else ''} planned")
+    heads = sorted({(h, kv) for _, h, kv in layout.heads})
+    if heads:
+        text += "; per rank " + ", ".join(f"{h} attention head{'s' if h != 1 else ''} and {kv} KV head"
+                                          f"{'s' if kv != 1 else ''}" for h, kv in heads)
+    kinds = Counter(c.kind for c in layout.collectives)
+    total = sum(c.bytes for c in layout.collectives)
+    count = len(layout.collectives)
+    text += f"; {count} collective{'s' if count != 1 else ''} per step"
+    if kinds:
+        text += " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + f"), {_bytes_text(total)}"
+    return text
