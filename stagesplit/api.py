@@ -53,7 +53,7 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
-           "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
            "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "is_variant_word",
            "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
@@ -270,6 +270,62 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     req = _request(devices, request, options)
     with _named_by(req):
         return _solve(profile, req, events, debug)
+
+
+def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, gpus_per_node: int | None = None,
+            tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int = 1,
+            sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
+            zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
+            time_limit: float = 60.0, events: Events | None = None):
+    """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
+    (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
+    ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
+    degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
+    ``zero`` fix a degree (None: searched). A ``LayoutPlan``: the best row, its pipeline plan,
+    every combination's row with why it loses, tokens/s per GPU and MFU."""
+    from .io.targets import load_target
+    from .io.topology import node_of
+    from .plan.layouts import LayoutRequest, search
+    from .solver.request import Schedule
+    events = _events(events)
+    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    global_batch = integer("global_batch", global_batch, 1, 2**40)
+    micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
+    sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
+    fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
+             (("tp", tp), ("pp", pp), ("dp", dp))}
+    zero = integer("zero", zero, 0, 3, optional=True)
+    time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
+    schedule = choice(Schedule, "schedule", schedule).value
+    if schedule == "none":
+        raise OptionError("schedule", "the layout search solves a pipeline schedule (1f1b, gpipe, zbv, ..., or auto "
+                          "for each), not none")
+    if not isinstance(target, str):
+        raise OptionError("target", "expected a target name or a YAML target file")
+    node = node_of(target)
+    if gpus_per_node is not None:
+        node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
+    deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
+    sources: dict[int, Any] = {1: profile}
+    for degree, other in (tp_profiles or {}).items():
+        sources[integer("tp_profiles", degree, 2, MAX_DEVICES)] = other
+    read = {t: analyze(p, events=events) for t, p in sources.items()}
+    for t, a in read.items():              # a profile that records its degree (capture --tp) must match
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        recorded = getattr(layout, "tensor_parallel", t)
+        if recorded != t:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("tp_profiles" if t > 1 else "profile",
+                              f"{where} is one rank of tensor-parallel degree {recorded}, given as degree {t}")
+
+    def rank(t: int, layout: DataLayout):
+        # each combination's rank made when the search needs it, not kept (a 70B profile is large)
+        return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+    req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
+                        micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
+                        pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
+                        schedule=schedule, time_limit=time_limit)
+    return search(rank, sorted(sources), req, deadline, events)
 
 
 @contextmanager

@@ -26,6 +26,7 @@ ARGUMENTS = {
     "bench_capture.py": ["--tiny"],
     "bench_core.py": ["--tiny"],
     "bench_exported.py": ["--tiny"],
+    "bench_layouts.py": ["--tiny"],
     "bench_onnx.py": ["--tiny"],
     "bench_popliner.py": ["--tiny"],
     "bench_popvision.py": ["--tiny"],
@@ -42,6 +43,7 @@ ARGUMENTS = {
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
 NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_tensor_parallel.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
+         "bench_layouts.py": ("torch", "transformers"),
          "validate_gpu.py": ("torch",), "validate_allocator.py": ("torch",)}
 
 

@@ -39,8 +39,8 @@ from terminal import normalise, run_in_terminal, screen  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 PAGE = ROOT / "docs" / "commands.md"
 COLUMNS = 100
-SECTIONS = ("solve", "sweep", "breakdown", "diagnose", "report", "export", "capture", "import", "convert", "synth",
-            "targets")
+SECTIONS = ("solve", "sweep", "breakdown", "diagnose", "report", "export", "capture", "layouts", "import", "convert",
+            "synth", "targets")
 _BLOCK = re.compile(r"```(console|python)\n(.*?)```", re.S)
 # a program other than stagesplit and python runs through this trampoline (run_in_terminal takes
 # this interpreter's command lines)

@@ -348,6 +348,27 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_layouts(args: argparse.Namespace) -> int:
+    import json
+
+    from ..errors import OptionError
+    from ..reporting.layouts import layouts_json, layouts_text
+    tp_profiles: dict[int, str] = {}
+    for word in args.tp_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("tp_profiles", f"expected T=FILE (a tensor-parallel degree and a profile), got '{word}'")
+        tp_profiles[int(degree)] = path
+    lp = api.layouts(args.profile, gpus=args.gpus, global_batch=args.global_batch, target=args.target,
+                     gpus_per_node=args.gpus_per_node, tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size,
+                     sequence_length=args.seq_len, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
+                     reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
+                     time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
+    text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
+    _emit(text, args.out)
+    return 0 if lp.best is not None else 1           # as solve: 1 when nothing fits, having said why
+
+
 def cmd_report(args: argparse.Namespace) -> int:
     written = api.report(args.plan, args.output, args.profile, events=_events(args))
     print(f"wrote {written}", file=sys.stderr)
@@ -356,4 +377,4 @@ def cmd_report(args: argparse.Namespace) -> int:
 
 COMMANDS = {"report": cmd_report, "breakdown": cmd_breakdown, "solve": cmd_solve, "sweep": cmd_sweep, "diagnose": cmd_diagnose,
             "convert": cmd_convert, "import": cmd_import, "synth": cmd_synth, "export": cmd_export,
-            "capture": cmd_capture, "targets": cmd_targets}
+            "capture": cmd_capture, "targets": cmd_targets, "layouts": cmd_layouts}

@@ -367,6 +367,27 @@ def build_parser() -> argparse.ArgumentParser:
                         "comparison with the frameworks' defaults")
     p.add_argument("-o", "--output", required=True, metavar="FILE", help="the HTML file to write (atomically)")
 
+    p = command("layouts", help="the fastest layout of G GPUs: tensor, pipeline and data parallelism, ZeRO, "
+                "micro-batches, each split proven")
+    _add_profile(p)
+    p.add_argument("--gpus", type=int, required=True, metavar="G", help="GPUs in the cluster")
+    p.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: the target's node)")
+    p.add_argument("--global-batch", type=int, required=True, metavar="B",
+                   help="samples per step: micro-batch size x micro-batches x data-parallel ranks")
+    p.add_argument("--micro-batch-size", type=int, default=1, metavar="S",
+                   help="samples in the micro-batch the profiles were captured with (default 1)")
+    p.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
+    p.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
+    p.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
+                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
+    for flag in ("tp", "pp"):
+        p.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
+    # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
+    for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit"):
+        _solve_option(p, name)
+    p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
+    p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
+
     p = command("targets", help="list the shipped device targets")
     _add_output(p)
     return parser
@@ -382,4 +403,7 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels"}
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
+         "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
+         "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
+         "tp_profiles": "--tp-profile"}

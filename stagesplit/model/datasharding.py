@@ -44,7 +44,7 @@ from ..errors import OptionError, ProfileError
 from ..io.profile import ROLES, Liveness, Operations, Phase, Profile, Ragged, Variables
 from ..layers import LayerAssignment
 
-__all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "role_bytes", "shard_profile"]
+__all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "parameter_bytes_by_layer", "role_bytes", "shard_profile"]
 
 #: what each ZeRO stage shards, in words (the plan's text uses these)
 ZERO_STAGES = {0: "DDP: parameters, gradients and optimizer state replicated, gradient buckets",
@@ -161,6 +161,42 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
+def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray) -> np.ndarray:
+    """Each variable's FSDP group: the one layer whose operations use it, _ROOT for several (and
+    for parameters of a layer named outside its module), -1 for none."""
+    v, ops = profile.variables, profile.operations
+    op_of = ops.vars.row_ids()
+    var_ids = ops.vars.values.astype(np.int64)
+    op_layer = np.asarray(layers.op_layer, np.int64)
+    used_layer = op_layer[op_of]
+    has = used_layer >= 0
+    low = np.full(len(v), np.iinfo(np.int64).max)
+    high = np.full(len(v), -1, np.int64)
+    np.minimum.at(low, var_ids[has], used_layer[has])
+    np.maximum.at(high, var_ids[has], used_layer[has])
+    group: np.ndarray = np.where(high < 0, -1, np.where(low == high, high, _ROOT))
+    _outside_to_root(profile, layers, role, group)
+    return group
+
+
+def parameter_bytes_by_layer(profile: Profile, layers: LayerAssignment) -> tuple[np.ndarray, int]:
+    """Each layer's parameter bytes (its FSDP group's, what its gradients all-reduce moves) and
+    the root group's (parameters used by several layers, or named outside their layer's
+    module): what the communication model prices a stage's gradient synchronisation from."""
+    v = profile.variables
+    if v.role is None:
+        where = profile.info.path or profile.info.name or "the profile"
+        raise ProfileError(where, "variables.role", "the roles of its variables (parameter, gradient, optimizer "
+                           "state) to price gradient synchronisation; capture it again with this version")
+    role = np.asarray(v.role)
+    group = _variable_groups(profile, layers, role)
+    out = np.zeros(layers.num_layers, np.int64)
+    pl = (role == _PARAM) & (group >= 0)
+    np.add.at(out, group[pl], v.bytes[pl].astype(np.int64))
+    root = int(v.bytes[(role == _PARAM) & (group == _ROOT)].sum())
+    return out, root
+
+
 def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout) -> Profile:
     """The profile one data-parallel rank (rank 0, the largest share) runs under ``layout``: the
     same operations and steps, its variables' bytes sharded and the runtime's buffers added as
@@ -181,18 +217,9 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
     nbytes = v.bytes.astype(np.int64).copy()
     add = _Additions()
 
-    # each variable's layer: the one layer whose operations use it, _ROOT for several, -1 for none
+    group = _variable_groups(profile, layers, role)
     op_of = ops.vars.row_ids()
     var_ids = ops.vars.values.astype(np.int64)
-    op_layer = np.asarray(layers.op_layer, np.int64)
-    used_layer = op_layer[op_of]
-    has = used_layer >= 0
-    low = np.full(len(v), np.iinfo(np.int64).max)
-    high = np.full(len(v), -1, np.int64)
-    np.minimum.at(low, var_ids[has], used_layer[has])
-    np.maximum.at(high, var_ids[has], used_layer[has])
-    group = np.where(high < 0, -1, np.where(low == high, high, _ROOT))
-    _outside_to_root(profile, layers, role, group)
 
     step_names = np.asarray(profile.names, dtype=object) if profile.names else np.zeros(0, dtype=object)
     names = v.name

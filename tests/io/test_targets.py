@@ -23,6 +23,9 @@ def test_config_dir_is_the_checkouts():
     ("a100-40gb", 1, 40 * 2**30, "gpu"),
     ("a100-80gb", 1, 80 * 2**30, "gpu"),
     ("h100-80gb", 1, 80 * 2**30, "gpu"),
+    ("h200-141gb", 1, 141 * 2**30, "gpu"),
+    ("b200-180gb", 1, 180 * 2**30, "gpu"),
+    ("mi300x-192gb", 1, 192 * 2**30, "gpu"),
 ])
 def test_shipped_targets(name, tiles, bytes_per_tile, kind):
     t = load_target(name)
@@ -32,7 +35,8 @@ def test_shipped_targets(name, tiles, bytes_per_tile, kind):
 
 def test_shipped_target_details():
     targets = known_targets()
-    assert list(targets) == ["ipu-mk1", "ipu-mk2", "ipu-bow", "a100-40gb", "a100-80gb", "h100-80gb"]
+    assert list(targets) == ["ipu-mk1", "ipu-mk2", "ipu-bow", "a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb",
+                             "b200-180gb", "mi300x-192gb"]
     assert targets["ipu-mk2"].device_bytes == 940_572_672            # "900 MB"
     assert targets["ipu-mk1"].device_bytes == 1216 * 256 * 1024
     assert targets["ipu-mk1"].clock_hz == 1.6e9
@@ -40,12 +44,51 @@ def test_shipped_target_details():
     assert targets["ipu-bow"].clock_hz == 1.85e9
     assert targets["a100-80gb"].flops_per_s == 312e12
     assert targets["h100-80gb"].flops_per_s == 989e12
+    assert targets["h200-141gb"].flops_per_s == 989e12 and targets["h200-141gb"].memory_bytes_per_s == 4.8e12
+    assert targets["b200-180gb"].flops_per_s == 2.25e15 and targets["mi300x-192gb"].flops_per_s == 1307.4e12
     assert targets["ipu-mk2"].seconds_per_unit("cycles") == 1 / 1.33e9
     assert targets["ipu-mk2"].seconds_per_unit("flops") is None
     assert targets["h100-80gb"].seconds_per_unit("flops") == 1 / 989e12
     assert targets["h100-80gb"].seconds_per_unit("cycles") is None
     assert all(t.seconds_per_unit("seconds") == 1.0 for t in targets.values())
     assert all(t.link_bytes_per_s > 0 and t.description for t in targets.values())
+
+
+def test_shipped_nodes():
+    """Each GPU target's node (configs/targets.yaml, sources in its comments): per GPU and direction."""
+    from stagesplit.io.topology import known_nodes
+    nodes = known_nodes()
+    assert set(nodes) == {"a100-40gb", "a100-80gb", "h100-80gb", "h200-141gb", "b200-180gb", "mi300x-192gb"}
+    figures = {name: (n.gpus_per_node, n.intra.bytes_per_s, n.inter.bytes_per_s) for name, n in nodes.items()}
+    assert figures["a100-80gb"] == (8, 300e9, 25e9)          # NVLink 3: 600 GB/s both ways; HDR 200 Gb/s
+    assert figures["h100-80gb"] == figures["h200-141gb"] == (8, 450e9, 50e9)    # NVLink 4: 900; NDR 400 Gb/s
+    assert figures["b200-180gb"] == (8, 900e9, 50e9)         # NVLink 5: 1.8 TB/s both ways
+    assert figures["mi300x-192gb"] == (8, 448e9, 50e9)       # 7 Infinity Fabric links x 64 GB/s
+    assert all(n.intra.latency_s == 3.4e-6 and n.inter.latency_s == 5e-6 for n in nodes.values())
+
+
+@pytest.mark.parametrize("node, field", [
+    ("{gpus_per_node: 0, intra_bytes_per_s: 1, intra_latency_s: 0, inter_bytes_per_s: 1, inter_latency_s: 0}",
+     "node.gpus_per_node"),
+    ("{gpus_per_node: 8, intra_bytes_per_s: 1, intra_latency_s: 0, inter_bytes_per_s: 1}", "node.inter_latency_s"),
+    ("{gpus_per_node: 8, intra_bytes_per_s: 1, intra_latency_s: 0, inter_bytes_per_s: 1, inter_latency_s: 0, x: 1}",
+     "node.x"),
+    ("8", "node"),
+])
+def test_a_bad_node_is_one_line_naming_the_field(tmp_path, node, field):
+    from stagesplit.io.topology import node_of
+    path = tmp_path / "gpu.yaml"
+    path.write_text(f"kind: gpu\ntiles: 1\nbytes_per_tile: 1000\nnode: {node}\n")
+    load_target(str(path))                               # the target itself reads (its node is read apart)
+    with pytest.raises(ProfileError) as excinfo:
+        node_of(str(path))
+    assert field in str(excinfo.value) and "\n" not in str(excinfo.value)
+
+
+def test_a_target_file_node():
+    from stagesplit.io.topology import node_of
+    with pytest.raises(StagesplitError, match="has no node topology"):
+        node_of("ipu-mk2")
 
 
 # --------------------------------------------------------------------------------------------------

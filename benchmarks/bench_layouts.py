@@ -1,0 +1,75 @@
+"""The layout search at cluster scale (issue #32): a Llama-3-70B-shaped model (80 blocks, hidden
+8192, 64 heads, 8 key-value heads, vocabulary 128,256, sequence 8192, batch 1 per micro-batch,
+bfloat16 autocast with float32 weights and Adam) captured once, laid out on 64 and on 512
+h100-80gb (8 per node) for a global batch of 1,024 sequences with 1F1B: every TP 1 combination
+of pipeline stages, data-parallel ranks and ZeRO stage. Printed per cluster: the best layout,
+its step, tokens/s per GPU and MFU, how many combinations were solved, cut off by a lower bound,
+refuted by the engine's cutoff or did not fit, the wall time and the peak memory (target: under
+60 s and 1 GB on 2 cores each).
+
+Run: ``python benchmarks/bench_layouts.py`` (the capture takes minutes the first time and is
+cached in the temp folder; ``--tiny``: a Llama 4 blocks deep and 64 wide, sequence 32, on 8 and
+16 GPUs, in seconds).
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from _common import peak_rss_mb, tiny_mode  # noqa: E402
+from bench_schedules import _cached_capture, _tiny_llama  # noqa: E402
+
+
+def llama3_70b(tiny: bool) -> Path:
+    def build():
+        import torch
+        import transformers as tf
+
+        from stagesplit.capturing.pytorch import capture_model
+        cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192)
+        with torch.device("meta"):
+            model = tf.LlamaForCausalLM(cfg)
+        ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                             name="llama-3-70b-shape")
+    if tiny:
+        return _cached_capture("layouts-tiny", lambda: _tiny_llama(4, 2, "llama-4-blocks"))
+    return _cached_capture("llama3-70b-seq8192", build)
+
+
+def main() -> int:
+    from stagesplit import api
+    from stagesplit.plan.layouts import seconds
+    tiny = tiny_mode()
+    path = llama3_70b(tiny)
+    seq = 32 if tiny else 8192
+    clusters = (8, 16) if tiny else (64, 512)
+    batch = 64 if tiny else 1024
+    print(f"{'GPUs':>5}  {'best layout':<44}  {'step':>10}  {'tok/s/GPU':>9}  {'MFU':>6}  {'rows':<40}  "
+          f"{'wall':>6}  {'RSS MB':>7}")
+    for gpus in clusters:
+        start = time.perf_counter()
+        lp = api.layouts(path, gpus=gpus, global_batch=batch, target="h100-80gb", sequence_length=seq,
+                         time_limit=30 if tiny else 60)
+        wall = time.perf_counter() - start
+        counts = Counter(r.status for r in lp.rows)
+        b = lp.best
+        best = b.layout.describe() if b else "none fits"
+        step = seconds(b.step_s) if b and b.step_s else "-"
+        tok = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu else "-"
+        mfu = f"{lp.mfu:.1%}" if lp.mfu is not None else "-"
+        rows = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        print(f"{gpus:>5}  {best:<44}  {step:>10}  {tok:>9}  {mfu:>6}  {rows:<40}  {wall:5.1f}s  {peak_rss_mb():7.0f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,405 @@
+"""The layout search: every way to lay a model out on ``G`` GPUs (tensor-parallel degree ``tp``
+from the profiles given, pipeline stages ``pp``, data-parallel ranks ``dp``, ZeRO stage), each
+one's split solved by the engine (plan/engine.py: the split proven by the schedule's CP-SAT, as
+``solve`` does), its communication added on the node's links (model/communication.py), and the
+fastest layout that fits every rank kept.
+
+Whole combinations are discarded before they are solved by two lower bounds: the compute floor
+(one rank's compute for the whole model, over ``pp``, times the micro-batches, lengthened by the
+tensor-parallel collectives: no split of ``pp`` stages runs faster) against the fastest step
+found so far, and the memory floor (a rank's always-live bytes over ``pp``: some stage holds at
+least that) against the capacity. The combinations are solved in order of their compute floor,
+so that the first solved is the likeliest best and the floor cuts off most of the rest.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+import numpy as np
+
+from ..common.deadline import Deadline, TimeLimitReached
+from ..common.events import Events
+from ..errors import OptionError, StagesplitError
+from ..io.profile import Phase, Target
+from ..io.topology import NodeTopology
+from ..model.analysis import Analysis
+from ..model.communication import dp_exposed, ring_time
+from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
+from ..solver.request import Schedule, SolveRequest
+from .records import Plan
+
+__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "memory_floor", "search",
+           "seconds", "solve_request", "step_of"]
+
+
+@dataclass(frozen=True, order=True)
+class Layout:
+    """One degree combination: ``tp * pp * dp`` GPUs, ZeRO ``zero``, ``micro_batches`` per step."""
+
+    tp: int
+    pp: int
+    dp: int
+    zero: int
+    micro_batches: int
+
+    def describe(self) -> str:
+        return f"TP {self.tp} x PP {self.pp} x DP {self.dp}, ZeRO {self.zero}, {self.micro_batches} micro-batches"
+
+
+@dataclass(frozen=True)
+class LayoutRequest:
+    """What the search is asked: the cluster, the batch, the degrees fixed (None: searched)."""
+
+    gpus: int
+    global_batch: int
+    target: Target
+    node: NodeTopology
+    micro_batch_size: int = 1
+    sequence_length: int | None = None
+    tp: int | None = None
+    pp: int | None = None
+    dp: int | None = None
+    zero: int | None = None
+    reshard_after_forward: bool = True
+    schedule: str = "1f1b"
+    time_limit: float = 60.0
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    """One combination's outcome. ``status``: best, slower, memory (a rank does not fit),
+    cut off (a lower bound proves it cannot beat the best), unknown (the time limit stopped its
+    search), refused (the engine refused it: ``reason`` says why)."""
+
+    layout: Layout
+    status: str
+    reason: str
+    step_s: float | None = None
+    pipeline_s: float | None = None
+    tp_comm_s: float = 0.0
+    dp_comm_s: float = 0.0
+    bubble: float | None = None
+    rank_peaks: tuple[int, ...] = ()
+    capacity: int = 0
+    proven: bool = False
+    #: the schedule the split was solved under, and its chunks per device (the request's, or the
+    #: one ``auto`` chose); empty where nothing was solved
+    schedule: str = ""
+    chunks_per_rank: int = 0
+
+
+@dataclass(frozen=True)
+class LayoutPlan:
+    """The search's answer: the best row and its pipeline plan, every row, the figures derived."""
+
+    request: LayoutRequest
+    rows: tuple[LayoutRow, ...]
+    best: LayoutRow | None = None
+    plan: Plan | None = field(default=None, repr=False, compare=False)
+    tokens_per_s_per_gpu: float | None = None
+    samples_per_s: float | None = None
+    mfu: float | None = None
+    proven: bool = False
+    tp_collectives_recorded: bool = False
+    notes: tuple[str, ...] = ()
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) -> list[Layout]:
+    """Every combination the request allows: ``tp`` from the profiles given (at most one node),
+    ``pp`` at most the layers, ``dp`` the rest, micro-batches ``global_batch / (micro_batch_size
+    * dp)`` whole, ZeRO 0 to 3 with two or more data-parallel ranks (0 with one)."""
+    out = []
+    for tp in sorted(set(tp_degrees)):
+        if (req.tp is not None and tp != req.tp) or tp > req.node.gpus_per_node or req.gpus % tp:
+            continue
+        for pp in _divisors(req.gpus // tp):
+            dp = req.gpus // (tp * pp)
+            if (req.pp is not None and pp != req.pp) or (req.dp is not None and dp != req.dp) or pp > layers:
+                continue
+            if req.global_batch % (req.micro_batch_size * dp):
+                continue
+            M = req.global_batch // (req.micro_batch_size * dp)
+            zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
+            for z in zeros:
+                if z > 0 and dp == 1:
+                    continue
+                out.append(Layout(tp, pp, dp, z, M))
+    return out
+
+
+def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) -> list[Layout]:
+    """The combinations, or one line naming the option that leaves none."""
+    if req.gpus % req.node.gpus_per_node and req.gpus > req.node.gpus_per_node:
+        raise OptionError("gpus_per_node", f"{req.node.gpus_per_node} GPUs per node does not divide {req.gpus} GPUs")
+    fixed = [(n, v) for n, v in (("tp", req.tp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
+    product = math.prod(v for _, v in fixed)
+    if fixed and req.gpus % product:
+        raise OptionError(fixed[0][0], f"{' x '.join(f'{n} {v}' for n, v in fixed)} = {product} does not divide "
+                          f"{req.gpus} GPUs")
+    if req.tp is not None and req.tp not in tp_degrees:
+        raise OptionError("tp", f"no profile of tensor-parallel degree {req.tp} was given (degrees: "
+                          f"{', '.join(map(str, sorted(tp_degrees)))})")
+    layouts = enumerate_layouts(req, tp_degrees, layers)
+    if not layouts:
+        raise OptionError("global_batch", f"no layout of {req.gpus} GPUs forms a global batch of {req.global_batch} "
+                          f"from micro-batches of {req.micro_batch_size} (it must be micro-batch size x micro-batches "
+                          "x data-parallel ranks)")
+    return layouts
+
+
+# -- pricing one solved combination ----------------------------------------------------------------
+
+def _tp_seconds(analysis: Analysis, node: NodeTopology) -> tuple[float, float]:
+    """A rank's tensor-parallel collectives from its profile's recorded layout (none recorded:
+    none priced): seconds per micro-batch, and seconds once per step (the optimizer's)."""
+    layout = getattr(analysis.profile.info, "parallel_layout", None)
+    if layout is None and analysis.source is not None:
+        layout = getattr(analysis.source.info, "parallel_layout", None)
+    if layout is None:
+        return 0.0, 0.0
+    per_mb = once = 0.0
+    for c in layout.collectives:
+        kind = "all_reduce" if c.kind.startswith("all_reduce") else c.kind
+        link = node.link(c.group_size)
+        t = ring_time(kind, c.bytes, c.group_size, link.bytes_per_s, link.latency_s)
+        if c.phase == "optimizer":
+            once += t
+        else:
+            per_mb += t
+    return per_mb, once
+
+
+def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
+            params: Sequence[int] | np.ndarray) -> tuple[float, float, float, float]:
+    """(step, pipeline step, tensor-parallel seconds, data-parallel seconds) of a solved plan:
+    the pipeline's step lengthened by the tensor-parallel collectives in proportion (each
+    layer's work grows by the rank's collective time over its compute: exact for a stack of
+    identical blocks), then the slowest stage's exposed data-parallel communication added."""
+    s = plan.schedule
+    assert s is not None                       # a schedule solve's plan records its schedule
+    compute = sum(f + b + w for f, b, w in s.chunk_times)
+    tp_mb, tp_once = _tp_seconds(analysis, req.node)
+    ratio = tp_mb / compute if compute > 0 else 0.0
+    pipeline = s.step_time
+    tp_s = pipeline * ratio + tp_once
+    # the data-parallel group: ranks tp apart (tp fastest, then dp, then pp, as Megatron orders them)
+    link = req.node.link(layout.dp, layout.tp)
+    ranks = s.chunk_ranks
+    worst = 0.0
+    for r in range(layout.pp):
+        chunks = [c for c, rank in enumerate(ranks) if rank == r]
+        layer_params: list[int] = []
+        for c in chunks:
+            st = plan.stages[c]
+            layer_params.extend(int(params[k]) for k in range(st.first_layer, st.last_layer + 1))
+        fwd = sum(s.chunk_times[c][0] for c in chunks) * (1 + ratio)
+        bwd = sum(s.chunk_times[c][1] + s.chunk_times[c][2] for c in chunks) * (1 + ratio)
+        e = dp_exposed(layout.zero, layout.dp, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
+                       link.latency_s, req.reshard_after_forward)
+        worst = max(worst, e.total)
+    return pipeline + tp_s + worst, pipeline, tp_s, worst
+
+
+def memory_floor(roles: Mapping[str, int], lay: Layout) -> float:
+    """Bytes some rank holds all step at least: the profile's always-live bytes with parameters,
+    gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
+    (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``
+    stages (the fullest holds at least the mean)."""
+    d = lay.dp
+    sharded = (roles["param"] / (d if lay.zero >= 3 else 1) + roles["grad"] / (d if lay.zero >= 2 else 1)
+               + roles["state"] / (d if lay.zero >= 1 else 1))
+    rest = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
+    return (sharded + rest) / lay.pp
+
+
+def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRequest:
+    """The solve of one combination's split: ``pp`` stages on the target under the schedule, its
+    micro-batches, one data-parallel rank's figures, the activations sent between stages over
+    the link the pipeline's neighbours share (ranks ``tp * dp`` apart: inside a node only where
+    the whole pipeline is)."""
+    return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
+                        micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero,
+                        reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
+                        link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
+                        time_limit=max(time_limit, 1e-3))
+
+
+# -- the search ------------------------------------------------------------------------------------
+
+#: builds a rank's analysis for a tensor-parallel degree and a data layout (the API reads and shards)
+Analyze = Callable[[int, DataLayout], Analysis]
+
+
+def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, deadline: Deadline,
+           events: Events) -> LayoutPlan:
+    """The fastest layout that fits every rank (module docstring), every combination's row."""
+    from . import engine
+    from .advise import advise_schedule
+    base = {tp: analyze(tp, DataLayout()) for tp in tp_degrees}
+    layers = min(a.layers.num_layers for a in base.values())
+    layouts = check_request(req, tp_degrees, layers)
+    params = {tp: parameter_bytes_by_layer(a.profile, a.layers) for tp, a in base.items()}
+    flops = req.target.flops_per_s
+    # one micro-batch of a whole rank's compute at the target's peak, in seconds (the roofline's
+    # time is never less: a lower bound)
+    per_mb = {}
+    for tp, a in base.items():
+        unit = req.target.seconds_per_unit(a.profile.compute_unit)
+        if unit is None:
+            raise OptionError("target", f"{req.target.name} cannot time compute in {a.profile.compute_unit}: "
+                              "give a GPU target with flops_per_s and a profile whose compute is in FLOPs")
+        ops = a.profile.operations
+        # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
+        per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
+        per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
+    tp_mb = {tp: _tp_seconds(a, req.node)[0] for tp, a in base.items()}
+
+    def floor(lay: Layout) -> float:
+        """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
+        the peak, and the TP collectives, which lengthen it) times the micro-batches over pp."""
+        return (per_mb[lay.tp] + tp_mb[lay.tp]) * lay.micro_batches / lay.pp
+    order = sorted(layouts, key=lambda lay: (floor(lay), lay))
+    rows: dict[Layout, LayoutRow] = {}
+    capacity = req.target.device_bytes
+    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
+    for lay in order:                    # the memory floor: refuted before anything is solved
+        need = memory_floor(roles[lay.tp], lay)
+        if need > capacity:
+            rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
+                                  f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
+    plans: dict[Layout, tuple[Plan, Analysis]] = {}
+    best: float = math.inf
+    prep = 0.0                         # the longest preparation of a combination so far (seconds)
+    events.start("searching the layouts", "combinations")
+    for i, lay in enumerate(order):
+        events.update(i, len(order))
+        if lay in rows:
+            continue
+        f = floor(lay)
+        if f >= best:
+            rows[lay] = LayoutRow(lay, "cut off", f"compute floor {seconds(f)} >= the best step {seconds(best)}",
+                                  capacity=capacity, proven=True)
+            continue
+        # a combination is started only where the time left covers its preparation (the rank's
+        # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
+        # as long as the longest so far took
+        if deadline.left() <= prep:
+            rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
+                                  capacity=capacity)
+            continue
+        started = time.monotonic()
+        share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
+        analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward))
+        request = solve_request(lay, req, share)
+        # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
+        # the TP collectives add at least that (the pipeline step is at least M x the work per
+        # micro-batch over pp), the data-parallel communication only adds; the engine proves that
+        # no split is faster than the cutoff
+        cutoff = best - lay.micro_batches * tp_mb[lay.tp] / lay.pp if math.isfinite(best) else None
+        try:
+            resolved = engine.resolve(request, analysis)
+            if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):
+                raise OptionError("profile", "the layout search needs a profile of one GPU that records each "
+                                  "operation's phase (as stagesplit capture writes)")
+            table = resolved.model.phase_table
+            prep = max(prep, time.monotonic() - started)
+            share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
+            if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
+                plan, slower = engine.solve(analysis, request, deadline.part(share), Events()), False
+                open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]
+                proven = plan.status == "optimal" and not open_
+            else:
+                advice = advise_schedule(resolved.model, resolved.inputs, table=table, cutoff=cutoff,
+                                         deadline=deadline.part(share))
+                plan, slower, proven = advice.plan, advice.slower, advice.plan.status == "optimal"
+        except TimeLimitReached:
+            rows[lay] = LayoutRow(lay, "unknown", "the time limit stopped its search before a split was found",
+                                  capacity=capacity)
+            continue
+        except StagesplitError as exc:
+            rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity)
+            continue
+        if slower:
+            assert cutoff is not None
+            rows[lay] = LayoutRow(lay, "slower", f"refuted: no split's pipeline step is under {seconds(cutoff)}, "
+                                  f"so no step under the best {seconds(best)}", capacity=capacity, proven=True)
+            continue
+        s = plan.schedule
+        if s is None or not plan.stages:         # the time limit stopped it before a split was found
+            rows[lay] = LayoutRow(lay, "unknown" if plan.status == "unknown" else "refused", plan.message,
+                                  capacity=capacity)
+            continue
+        peaks = tuple(r.peak_bytes for r in s.ranks)
+        if not plan.feasible:
+            worst = max(range(len(peaks)), key=lambda r: peaks[r] / s.ranks[r].capacity_bytes)
+            rows[lay] = LayoutRow(lay, "memory", f"memory: rank {worst} needs {peaks[worst] / 2**30:.1f} GiB of "
+                                  f"{s.ranks[worst].capacity_bytes / 2**30:.1f} GiB", rank_peaks=peaks,
+                                  capacity=capacity, proven=plan.status == "infeasible")
+            continue
+        step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[lay.tp][0])
+        rows[lay] = LayoutRow(lay, "solved", "", step, pipeline, tp_s, dp_s, s.bubble, peaks, capacity,
+                              proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank)
+        plans[lay] = (plan, analysis)
+        best = min(best, step)
+    events.done()
+    solved = [r for r in rows.values() if r.status == "solved"]
+    # on a tie (ZeRO 1 moves what DDP moves), the layout whose fullest rank holds least
+    top = min(solved, key=lambda r: (r.step_s, max(r.rank_peaks, default=0), r.layout)) if solved else None
+    out: list[LayoutRow] = []
+    chosen: LayoutRow | None = None
+    for lay in sorted(rows):
+        r = rows[lay]
+        if r.status == "solved":
+            assert top is not None and r.step_s is not None
+            if r is top:
+                r = chosen = replace(r, status="best", reason="fastest that fits")
+            else:
+                r = replace(r, status="slower", reason=_why_slower(r, top))
+        out.append(r)
+    if top is None:
+        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",))
+    plan, analysis = plans[top.layout]
+    assert top.step_s is not None
+    samples = req.global_batch / top.step_s
+    tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
+    mfu = None
+    rank = base[top.layout.tp].profile
+    # model FLOPs: the forward and backward (recompute and the optimizer's step are not counted)
+    ops = rank.operations
+    fwd_bwd = np.isin(np.asarray(ops.phase), (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT))
+    total = float(np.asarray(ops.compute)[fwd_bwd].sum()) if rank.compute_unit == "flops" else None
+    if total is not None and flops:
+        # a rank's FLOPs per micro-batch, times tp ranks, times every micro-batch of every replica
+        mfu = total * top.layout.tp * req.global_batch / req.micro_batch_size / top.step_s / (req.gpus * flops)
+    proven = all(r.proven for r in out)
+    return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
+                      tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))
+
+
+def seconds(x: float) -> str:
+    """A time as the rows say it, three significant figures: seconds from one second up, else
+    milliseconds."""
+    return f"{x:.3g} s" if x >= 1 else f"{x * 1e3:.3g} ms"
+
+
+def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
+    """Which part of its step makes a fitting combination lose to the best: bubble or communication."""
+    assert r.step_s is not None and top.step_s is not None and r.pipeline_s is not None and top.pipeline_s is not None
+    comm, top_comm = r.tp_comm_s + r.dp_comm_s, top.tp_comm_s + top.dp_comm_s
+    if r.step_s <= top.step_s * (1 + 1e-9):
+        if max(r.rank_peaks, default=0) > max(top.rank_peaks, default=0):
+            return (f"memory: as fast as the best ({seconds(r.step_s)}), its fullest rank holds "
+                    f"{max(r.rank_peaks):,} bytes, the best's {max(top.rank_peaks):,}")
+        return f"ties with the best ({seconds(r.step_s)}); the best is the first in (tp, pp, dp, zero) order"
+    what = "communication" if comm - top_comm >= r.pipeline_s - top.pipeline_s else "bubble"
+    return (f"{what}: step {seconds(r.step_s)} vs {seconds(top.step_s)} (pipeline {seconds(r.pipeline_s)}, bubble "
+            f"{(r.bubble or 0):.0%}, communication {seconds(comm)})")
+

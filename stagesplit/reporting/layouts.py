@@ -1,0 +1,79 @@
+"""``stagesplit layouts``'s text and JSON: the chosen layout, its step, tokens/s per GPU and MFU,
+each rank's peak, and one row per degree combination with why it loses. Every figure printed is
+the plan's own (tests/plan/test_layouts.py reads them back)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ..plan.layouts import LayoutPlan, LayoutRow, seconds
+
+__all__ = ["layouts_json", "layouts_text"]
+
+
+def _gib(n: int) -> str:
+    return f"{n / 2**30:.2f} GiB"
+
+
+def layouts_text(lp: LayoutPlan) -> str:
+    req = lp.request
+    lines = [f"layout search: {req.gpus} GPUs ({req.node.gpus_per_node} per node) of {req.target.name}, global batch "
+             f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
+    b = lp.best
+    if b is None:
+        unknown = sum(1 for r in lp.rows if r.status == "unknown")
+        lines.append(f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or "
+                     "were refused" if unknown else "no layout fits every rank")
+    else:
+        assert b.step_s is not None
+        lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
+        lines.append(f"step: {seconds(b.step_s)} (pipeline {seconds(b.pipeline_s or 0.0)}, tensor-parallel "
+                     f"communication {seconds(b.tp_comm_s)}, data-parallel communication exposed "
+                     f"{seconds(b.dp_comm_s)})")
+        rate = f"{lp.samples_per_s:,.1f} samples/s" if lp.samples_per_s is not None else ""
+        if lp.tokens_per_s_per_gpu is not None:
+            rate += f", {lp.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
+        if lp.mfu is not None:
+            rate += f", MFU {lp.mfu:.1%}"
+        lines.append(f"throughput: {rate}")
+        lines.append("rank peaks: " + ", ".join(f"rank {r}: {_gib(p)}" for r, p in enumerate(b.rank_peaks))
+                     + f" of {_gib(b.capacity)}")
+    if not lp.tp_collectives_recorded:
+        lines.append("note: no profile records tensor-parallel collectives: none priced")
+    if lp.proven:
+        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit")
+    else:
+        unknown = sum(1 for r in lp.rows if r.status == "unknown")
+        open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
+        lines.append(f"not proven: the time limit stopped {unknown} combination(s) before a split was found and "
+                     f"{open_} before their split was proven optimal")
+    lines.append("")
+    lines.append(f"{'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10}  why")
+    for r in lp.rows:
+        lines.append(_row(r))
+    return "\n".join(lines) + "\n"
+
+
+def _row(r: LayoutRow) -> str:
+    lay = r.layout
+    step = seconds(r.step_s) if r.step_s is not None else "-"
+    return f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10}  {r.reason}"
+
+
+def _row_json(r: LayoutRow) -> dict[str, Any]:
+    lay = r.layout
+    return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero, "micro_batches": lay.micro_batches,
+            "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
+            "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
+            "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
+            "chunks_per_rank": r.chunks_per_rank or None}
+
+
+def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
+    req = lp.request
+    return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
+            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size, "schedule": req.schedule,
+            "best": _row_json(lp.best) if lp.best is not None else None,
+            "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
+            "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
+            "rows": [_row_json(r) for r in lp.rows]}
