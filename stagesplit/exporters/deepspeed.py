@@ -89,6 +89,13 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         roles.append(f"'{comment(view.layer_names[-1])}' (the head)")
     blocks_note = "the plan's layers " + (f"other than {' and '.join(roles)} " if roles else "") + \
         "are transformer blocks: entries of one class in `layers`, checked at construction"
+    if view.tensor_parallel > 1:
+        raise view.error("deepspeed: PipelineModule has no tensor parallelism of its own (Megatron-DeepSpeed adds "
+                         "it); the plan was priced for one of several tensor-parallel ranks: export it --to megatron")
+    if view.data_parallel > 1 and view.zero >= 2:
+        raise view.error(f"deepspeed refuses ZeRO {view.zero} with pipeline parallelism (its pipeline engine takes ZeRO "
+                         "0 or 1); solve with ZeRO 0 or 1 for DeepSpeed")
+    zero_stage = view.zero if view.data_parallel > 1 else 0
     interval, cannot = checkpoint_interval(view)
     recompute = ([f"ACTIVATION_CHECKPOINT_INTERVAL = {interval}   # activation_checkpoint_interval: "
                   + ("0, the plan recomputes no block" if not interval else
@@ -106,6 +113,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             f"BLOCKS = {py_literal(blocks)}   # {blocks_note}",
             f"GRADIENT_ACCUMULATION_STEPS = {view.micro_batches}   # ds_config \"gradient_accumulation_steps\": the "
             "micro-batches of one train_batch(), as the plan was solved",
+            f"ZERO_STAGE = {zero_stage}   # ds_config \"zero_optimization\": {{\"stage\": ZERO_STAGE}}, as the plan was "
+            f"priced ({view.data_parallel} data-parallel rank{'s' if view.data_parallel != 1 else ''})",
             *recompute,
             "", "", *_CLASS, "", "", usage]
 
@@ -120,4 +129,6 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         raise RenderCheckError("BLOCKS differs from the plan's transformer blocks")
     if data.get("ACTIVATION_CHECKPOINT_INTERVAL") != checkpoint_interval(view)[0]:
         raise RenderCheckError("ACTIVATION_CHECKPOINT_INTERVAL differs from the plan's recompute")
+    if data.get("ZERO_STAGE") != (view.zero if view.data_parallel > 1 else 0):
+        raise RenderCheckError("ZERO_STAGE differs from the plan's")
     return Decoded(from_starts(bounds[:-1], bounds[-1]))

@@ -165,6 +165,23 @@ def recompute_words(view: PlanView) -> tuple[list[str], str]:
 MEGATRON_SCHEDULES = ("none", "gpipe", "1f1b", "interleaved-1f1b")
 
 
+def parallel_words(view: PlanView) -> list[str]:
+    """The degrees beside the pipeline the plan was priced under, as Megatron's arguments: the tensor-parallel
+    size (with ``--sequence-parallel`` where the capture had it), and data parallelism (its size is the world
+    size over TP x PP) as Megatron's distributed optimizer (ZeRO 1) or torch's FSDP2 (ZeRO 3); none for a
+    pipeline alone."""
+    words: list[str] = []
+    if view.tensor_parallel > 1:
+        words += ["--tensor-model-parallel-size", str(view.tensor_parallel)]
+        if view.sequence_parallel:
+            words.append("--sequence-parallel")
+    if view.data_parallel > 1 and view.zero == 1:
+        words.append("--use-distributed-optimizer")
+    if view.data_parallel > 1 and view.zero == 3:
+        words.append("--use-torch-fsdp2")
+    return words
+
+
 def _layout_words(counts: list[int], ranks: int, virtual: int) -> list[str]:
     words = ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(ranks)]
     if virtual > 1:
@@ -176,17 +193,25 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if view.schedule not in MEGATRON_SCHEDULES:
         raise view.error(f"megatron runs 1F1B, interleaved with virtual stages; this plan runs {view.schedule}: "
                          "solve with --schedule 1f1b or interleaved-1f1b for Megatron")
+    if view.data_parallel > 1 and view.zero == 2:
+        raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
+                         "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
     counts = _counts(view, NAME)
     virtual = view.chunks_per_rank
+    parallel = parallel_words(view)
     lines = [f"# megatron-core >= {MEGATRON_VERSION} (Megatron-LM's pretrain_*.py arguments):",
              f"# {_roles_note(view)}"]
+    if view.tensor_parallel > 1 or view.data_parallel > 1:
+        lines.append(f"# launch {view.ranks} x {view.tensor_parallel} x {view.data_parallel} = "
+                     f"{view.ranks * view.tensor_parallel * view.data_parallel} processes (pipeline x tensor x data "
+                     "parallel): Megatron's data-parallel size is the world size over TP x PP")
     if virtual > 1:
         lines.append(f"# {len(counts)} virtual stages in the layout, {virtual} per pipeline rank: stage k runs on rank "
                      f"k mod {view.ranks}, as Megatron's interleaved schedule places them")
     recompute, cannot = recompute_words(view)
     if cannot:
         lines.append(f"# {cannot}")
-    lines.append(" ".join(shell_word(w) for w in _layout_words(counts, view.ranks, virtual) + recompute))
+    lines.append(" ".join(shell_word(w) for w in parallel + _layout_words(counts, view.ranks, virtual) + recompute))
     if virtual > 1:
         lines.append("# (the first/last-stage flags cannot express virtual stages)")
         return lines
@@ -194,7 +219,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if isinstance(uneven, tuple):
         even = " (an even split: no first/last flags)" if uneven == (None, None) else ""
         lines.append(f"# the same split for Megatron versions without --pipeline-model-parallel-layout{even}:")
-        lines.append("# " + " ".join(shell_word(w) for w in _uneven_words(counts, uneven) + recompute))
+        lines.append("# " + " ".join(shell_word(w) for w in parallel + _uneven_words(counts, uneven) + recompute))
     else:
         lines.append(f"# (not expressible without the layout flag: {uneven})")
     return lines
@@ -206,12 +231,15 @@ def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
     uneven = megatron_uneven(counts)
     if isinstance(uneven, str):
         raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use --to megatron (the layout flag)")
+    if view.data_parallel > 1 and view.zero == 2:
+        raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
+                         "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
     recompute, cannot = recompute_words(view)
     return ["# megatron-core (Megatron-LM's pretrain_*.py arguments), for versions without "
             "--pipeline-model-parallel-layout:",
             f"# {_roles_note(view)}",
             *([f"# {cannot}"] if cannot else []),
-            " ".join(shell_word(w) for w in _uneven_words(counts, uneven) + recompute)]
+            " ".join(shell_word(w) for w in parallel_words(view) + _uneven_words(counts, uneven) + recompute)]
 
 
 def _flags(words: list[str], allowed: set[str]) -> dict[str, str]:
@@ -237,7 +265,15 @@ def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
     return Decoded(from_counts(counts))
 
 
+def _without_parallel(words: list[str], view: PlanView) -> list[str]:
+    parallel = parallel_words(view)
+    if words[:len(parallel)] != parallel:
+        raise RenderCheckError(f"the parallel arguments differ from the plan's {parallel}")
+    return words[len(parallel):]
+
+
 def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    words = _without_parallel(words, view)
     flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--pipeline-model-parallel-layout",
                            "--num-virtual-stages-per-pipeline-rank"} | RECOMPUTE_FLAGS)
     _check_recompute(flags, view)
@@ -258,6 +294,7 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
 
 
 def read_back_uneven(words: list[str], view: PlanView, options: ExportOptions) -> Decoded:
+    words = _without_parallel(words, view)
     flags = _flags(words, {"--num-layers", "--pipeline-model-parallel-size", "--decoder-first-pipeline-num-layers",
                            "--decoder-last-pipeline-num-layers"} | RECOMPUTE_FLAGS)
     _check_recompute(flags, view)

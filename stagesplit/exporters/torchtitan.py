@@ -33,7 +33,7 @@ from ._plan_view import PlanView
 from .render import RenderCheckError, comment, shell_word
 from .torch_pipelining import schedule_class
 
-__all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "read_back", "module_groups",
+__all__ = ["NAME", "DESCRIPTION", "TORCHTITAN_VERSION", "SCHEDULES", "render", "read_back", "module_groups", "layout_words",
            "activation_checkpoint"]
 
 NAME = "torchtitan"
@@ -82,10 +82,34 @@ def module_groups(view: PlanView) -> list[list[str]]:
     return groups
 
 
+#: the flags ``layout_words`` writes (their last dotted part)
+_LAYOUT_FIELDS = ("tensor_parallel_degree", "no-enable-sequence-parallel", "data_parallel_shard_degree",
+                  "fsdp_reshard_after_forward", "data_parallel_replicate_degree")
+
+
+def layout_words(view: PlanView) -> list[str]:
+    """The degrees beside the pipeline the plan was priced under: tensor parallelism (with or without
+    sequence parallelism: torchtitan's default is with), and data parallelism as FSDP2 shards (ZeRO 3,
+    with the plan's resharding after forward) or DDP replicas (ZeRO 0); none for a pipeline alone."""
+    words: list[str] = []
+    if view.tensor_parallel > 1:
+        words += ["--parallelism.tensor_parallel_degree", str(view.tensor_parallel)]
+        if not view.sequence_parallel:
+            words += ["--parallelism.no-enable-sequence-parallel"]
+    if view.data_parallel > 1:
+        if view.zero == 3:
+            words += ["--parallelism.data_parallel_shard_degree", str(view.data_parallel),
+                      "--parallelism.fsdp_reshard_after_forward", "always" if view.reshard_after_forward else "never"]
+        else:
+            words += ["--parallelism.data_parallel_replicate_degree", str(view.data_parallel),
+                      "--parallelism.data_parallel_shard_degree", "1"]
+    return words
+
+
 def _words(view: PlanView, options: ExportOptions) -> list[str]:
     schedule = SCHEDULES[schedule_class(view, True, NAME)]
     mode, _ = activation_checkpoint(view)
-    return ["--parallelism.pipeline_parallel_degree", str(view.ranks),
+    return [*layout_words(view), "--parallelism.pipeline_parallel_degree", str(view.ranks),
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
             "--parallelism.pipeline_parallel_microbatch_size", "1",
@@ -103,6 +127,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                          f"{', '.join(map(str, options.tied[0].stages))}; untie it or do not pipeline")
     if sum(view.decoder_counts()) < 1:
         raise view.error("torchtitan: the plan has no decoder layer besides the embedding and the head")
+    if view.data_parallel > 1 and view.zero in (1, 2):
+        raise view.error(f"torchtitan shards data parallelism with FSDP2 (ZeRO 3) or replicates it (DDP, ZeRO 0); "
+                         f"the plan was priced under ZeRO {view.zero}: solve it with ZeRO 3 or 0 for torchtitan")
     roles = []
     if view.embedding:
         roles.append(f"'{comment(view.layer_names[0])}' is tok_embeddings")
@@ -150,6 +177,10 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
             raise RenderCheckError(f"a value {w!r} before any flag")
         else:
             current.append(w)
+    layout = [w for flag, values in flags.items() if flag.startswith("--parallelism.") and
+              flag.rpartition(".")[2] in _LAYOUT_FIELDS for w in (flag, *values)]
+    if layout != layout_words(view):
+        raise RenderCheckError(f"the parallel degrees {layout} differ from the plan's {layout_words(view)}")
     groups = [g.split(",") for g in flags.get("--parallelism.module_fqns_per_model_part", [])]
     degree = [int(x) for x in flags.get("--parallelism.pipeline_parallel_degree", ["0"])]
     if degree != [view.ranks] or len(groups) != view.ranks * view.chunks_per_rank:
