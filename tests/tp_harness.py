@@ -64,9 +64,12 @@ def _gpt_module():
 
 def llama_config():
     import transformers
-    return transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
-                                    num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
-                                    max_position_embeddings=64)
+    config = transformers.LlamaConfig(hidden_size=64, intermediate_size=128, num_attention_heads=4,
+                                      num_key_value_heads=2, num_hidden_layers=2, vocab_size=256,
+                                      max_position_embeddings=64)
+    # SDPA named, not left to transformers' choice: a worker process must run the kernel the capture ran
+    config._attn_implementation = "sdpa"
+    return config
 
 
 def gpt_config():

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..common.deadline import Deadline
 from ..common.fileio import file_sha256
 from ..common.versions import VERSION, versions
 from ..model.costmodel import StageCostModel
@@ -35,7 +36,8 @@ if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem
 
-__all__ = ["make_plan", "make_schedule_plan", "plan_profile", "refused_plan", "with_reserved"]
+__all__ = ["REPLAY_SECONDS_PER_EVENT", "make_plan", "make_schedule_plan", "plan_profile", "refused_plan",
+           "replay_events_estimate", "with_reserved"]
 
 
 def plan_profile(model: StageCostModel) -> PlanProfile:
@@ -215,12 +217,26 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 wide_tensors=wide_tensors(model, traffic))
 
 
-def with_reserved(plan: Plan) -> Plan:
+#: the allocator replay's cost per event as measured (benchmarks/bench_allocator.py: about 1.5 us), with room
+REPLAY_SECONDS_PER_EVENT = 2e-6
+
+
+def replay_events_estimate(plan: Plan) -> int:
+    """About how many allocations and frees replaying ``plan`` takes: every micro-batch runs each phase
+    (forward, backward) over every layer once, each not-always-live tensor allocated and freed once per
+    phase it lives in (``6 x tensors x micro-batches``)."""
+    model, s = plan.analysis, plan.schedule
+    if model is None or s is None:
+        return 0
+    return 6 * int(np.count_nonzero(model.var_nal)) * int(s.micro_batches)
+
+
+def with_reserved(plan: Plan, deadline: Deadline | None = None) -> Plan:
     """The plan with each device's reserved bytes on a GPU (solver/schedule_allocator.py: torch's caching
     allocator replayed on the device's allocations in the schedule's order, with the plan's recompute and
     cuBLAS's workspaces), unless the request turned the replay off; other plans as they are. Run once on
-    the plan a solve returns (not on every candidate of the auto schedule), after the search: it is not
-    bounded by the time limit."""
+    the plan a solve returns (not on every candidate of the auto schedule), after the search, when what is
+    left of ``deadline`` covers it (``replay_events_estimate``); else the plan says it was not replayed."""
     from ..solver.schedule_allocator import cublas_workspaces, rank_replays
     from ..solver.schedule_generation import build_schedule
     s, model = plan.schedule, plan.analysis
@@ -230,6 +246,11 @@ def with_reserved(plan: Plan) -> Plan:
     target = model.profile.target
     if target.kind != "gpu" or target.tiles != 1 or model.phase_cols is None:
         return plan
+    events = replay_events_estimate(plan)
+    if deadline is not None and events * REPLAY_SECONDS_PER_EVENT > deadline.left():
+        note = (f"reserved memory not replayed: about {events:,} allocator events, more than the "
+                f"{max(deadline.left(), 0.0):.1f} s left allow; the plan's priced peaks stand")
+        return replace(plan, notes=[*plan.notes, note])
     name = plan.inputs.targets[0].name if plan.inputs.targets else target.name
     bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]
     options = ("none", "selective", "full")

@@ -157,7 +157,7 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
     from .build import with_reserved
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
-        return with_reserved(_solve_auto(request, analysis, deadline, events))
+        return with_reserved(_solve_auto(request, analysis, deadline, events), deadline)
     if scheduled(request, resolved.model):
         events.start("pricing every layer range in each phase of the step")
         table = resolved.model.phase_table
@@ -169,7 +169,7 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
         events.start("solving")
         advice = advise(resolved.model, resolved.inputs, table=table, log=events.start, deadline=deadline)
     events.done()
-    return with_reserved(_completed(advice, resolved.model, events))
+    return with_reserved(_completed(advice, resolved.model, events), deadline)
 
 
 def check_variants_request(request: SolveRequest) -> None:

