@@ -91,7 +91,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         "are transformer blocks: entries of one class in `layers`, checked at construction"
     if view.tensor_parallel > 1:
         raise view.error("deepspeed: PipelineModule has no tensor parallelism of its own (Megatron-DeepSpeed adds "
-                         "it); the plan was priced for one of several tensor-parallel ranks: export it --to megatron")
+                         "it); the plan was priced for one of several tensor-parallel ranks: export it for Megatron")
     if view.data_parallel > 1 and view.zero >= 2:
         raise view.error(f"deepspeed refuses ZeRO {view.zero} with pipeline parallelism (its pipeline engine takes ZeRO "
                          "0 or 1); solve with ZeRO 0 or 1 for DeepSpeed")
