@@ -469,6 +469,18 @@ class _Allocator:
         self.requested += nbytes
         return addr
 
+    def _absorb(self, pool: _Pool, left: int, right: int) -> None:
+        """Merge the free block ``right`` into its left neighbour ``left`` (torch's merge of adjacent free
+        blocks of one segment): ``left`` grows, ``right`` leaves the segment's list."""
+        self.size[left] += self.size.pop(right)
+        nxt = self.next.pop(right)
+        del self.prev[right], self.pool_at[right]
+        self.next[left] = nxt
+        if nxt >= 0:
+            self.prev[nxt] = left
+        if pool.tail == right:
+            pool.tail = left
+
     def free(self, addr: int, nbytes: int) -> None:
         pool = self.pool_at[addr]
         self.busy.discard(addr)
@@ -479,24 +491,10 @@ class _Allocator:
                 continue
             self._uncache(pool, neighbour)
             if neighbour == self.prev[addr]:                 # [neighbour addr]
-                self.size[neighbour] += self.size.pop(addr)
-                nxt = self.next.pop(addr)
-                del self.prev[addr], self.pool_at[addr]
-                self.next[neighbour] = nxt
-                if nxt >= 0:
-                    self.prev[nxt] = neighbour
-                if pool.tail == addr:
-                    pool.tail = neighbour
+                self._absorb(pool, neighbour, addr)
                 addr = neighbour
             else:                                            # [addr neighbour]
-                self.size[addr] += self.size.pop(neighbour)
-                nxt = self.next.pop(neighbour)
-                del self.prev[neighbour], self.pool_at[neighbour]
-                self.next[addr] = nxt
-                if nxt >= 0:
-                    self.prev[nxt] = addr
-                if pool.tail == neighbour:
-                    pool.tail = addr
+                self._absorb(pool, addr, neighbour)
         self._cache(pool, addr)
 
 
