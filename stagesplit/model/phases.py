@@ -289,10 +289,14 @@ def _tied_with_first(model: ModelView) -> np.ndarray | None:
 
 def _freed_at_input_backward(model: ModelView) -> np.ndarray:
     """Per layer ``b``, the stash bytes a split backward's B frees when ``b`` is its chunk's last layer.
-    torch's ``stage_backward_input`` keeps the autograd graph from the first node that uses a weight
-    on (toward the inputs) for W, and lets go of the part between it and the chunk's output or loss
-    (it detaches them): what only the backward before the layer's first weight-reading B operation reads
-    (the loss's saved log-softmax on the last chunk) is freed at B."""
+    torch's ``stage_backward_input`` keeps, for W, the autograd nodes that use a weight and every node
+    their gradients flow on to (toward the inputs), and lets go of the rest when it detaches the chunk's
+    output or loss: the nodes only the output's gradient reaches before any weight does (the loss's
+    saved log-softmax on the last chunk; in a mixture-of-experts block, the routing weights, the expert
+    outputs they scale and the shared expert's gated output, beside branches that do use weights). In
+    the capture's backward that is: a layer's B operation is kept when it reads a weight or a gradient a
+    kept B operation of the layer made; a stash variable read back only in that layer, by no kept B
+    operation and no W operation, is freed at B."""
     L = model.num_layers
     p = model.profile
     ops, v = p.operations, p.variables
@@ -301,31 +305,72 @@ def _freed_at_input_backward(model: ModelView) -> np.ndarray:
         return out
     producer = _producers(model)
     op_layer = model.layers.op_layer
-    steps = ops.first_step
     entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
     entry_var = ops.vars.values
     backward = (ops.phase[entry_op] == Phase.BACKWARD_INPUT)
-    # the first B operation of each layer that reads a weight (an always-live variable it did not make)
-    reads_weight = backward & ~model.var_nal[entry_var] & (op_layer[entry_op] >= 0)
-    first = np.full(L, np.iinfo(np.int64).max, np.int64)
-    np.minimum.at(first, op_layer[entry_op[reads_weight]], steps[entry_op[reads_weight]])
+    kept_op = _kept_input_backward(model, producer, entry_op, entry_var)
     made_forward = np.zeros(len(v.bytes), bool)
     known = producer >= 0
     made_forward[known] = ops.phase[producer[known]] == Phase.FORWARD
-    # per variable: the last step any operation reads it, and the layers its backward readers are in
-    last_read = np.full(len(v.bytes), -1, np.int64)
-    np.maximum.at(last_read, entry_var, steps[entry_op])
+    # per variable: whether a kept B or any W operation reads it, and the layers its B readers are in
+    kept_var = np.zeros(len(v.bytes), bool)
+    kept_var[entry_var[(backward & kept_op[entry_op]) | (ops.phase[entry_op] == Phase.BACKWARD_WEIGHT)]] = True
     read_back = np.zeros(len(v.bytes), bool)
     read_back[entry_var[backward]] = True
     low = np.full(len(v.bytes), L, np.int64)
     high = np.full(len(v.bytes), -1, np.int64)
     np.minimum.at(low, entry_var[backward], op_layer[entry_op[backward]])
     np.maximum.at(high, entry_var[backward], op_layer[entry_op[backward]])
-    freed = model.var_nal & made_forward & read_back & (low == high) & (low >= 0)
-    layer = np.where(freed, low, 0)
-    freed &= last_read < first[layer]
-    np.add.at(out, layer[freed], v.bytes[freed].astype(np.int64))
+    freed = model.var_nal & made_forward & read_back & ~kept_var & (low == high) & (low >= 0)
+    np.add.at(out, low[freed], v.bytes[freed].astype(np.int64))
     return out
+
+
+def _kept_input_backward(model: ModelView, producer: np.ndarray, entry_op: np.ndarray,
+                         entry_var: np.ndarray) -> np.ndarray:
+    """Per operation, whether it is a B operation torch's split backward keeps for W when its layer
+    ends a chunk: one that reads a weight (an always-live variable it did not make: the node uses a
+    weight) or a variable another kept B operation of the same layer made (the gradient flows on from
+    such a node). An operation that reads no gradient (one a node runs on its saved tensors alone, as
+    GELU's backward squares its saved input before the gradient comes in) belongs to the node of the
+    operations that read what it makes: kept when one of them is. The backward's first operation (the
+    loss's gradient) starts the gradient. Two passes over the backward's own topological order (steps)."""
+    ops = model.profile.operations
+    op_layer = model.layers.op_layer
+    is_b = (ops.phase == Phase.BACKWARD_INPUT) & (op_layer >= 0) & (ops.first_step >= 0)
+    in_b = is_b[entry_op]
+    kept = np.zeros(len(ops), bool)
+    kept[entry_op[in_b & ~model.var_nal[entry_var] & (producer[entry_var] != entry_op)]] = True
+    backward = np.flatnonzero((ops.phase == Phase.BACKWARD_INPUT) & (ops.first_step >= 0))
+    root = int(backward[np.argmin(ops.first_step[backward])]) if len(backward) else -1
+    order = np.flatnonzero(is_b)
+    order = order[np.argsort(ops.first_step[order], kind="stable")].tolist()
+    offsets = ops.vars.offsets.tolist()
+    var_list, producer_list, layer_list = entry_var.tolist(), producer.tolist(), op_layer.tolist()
+    is_b_list = (ops.phase == Phase.BACKWARD_INPUT).tolist()
+    kept_list = kept.tolist()
+    no_gradient = [False] * len(ops)
+    for o in order:
+        layer = layer_list[o]
+        reads_gradient = o == root
+        for k in range(offsets[o], offsets[o + 1]):
+            maker = producer_list[var_list[k]]
+            if maker < 0 or maker == o or not is_b_list[maker]:
+                continue
+            if not no_gradient[maker]:
+                reads_gradient = True
+            if kept_list[maker] and layer_list[maker] == layer:
+                kept_list[o] = True
+        no_gradient[o] = not reads_gradient
+    for o in reversed(order):
+        if not kept_list[o]:
+            continue
+        layer = layer_list[o]
+        for k in range(offsets[o], offsets[o + 1]):
+            maker = producer_list[var_list[k]]
+            if maker >= 0 and maker != o and no_gradient[maker] and layer_list[maker] == layer:
+                kept_list[maker] = True
+    return np.array(kept_list, bool)
 
 
 def one_stack(paths: Sequence[str | None]) -> bool:

@@ -11,7 +11,16 @@ blocks (model/phases.py), checked against the model's configuration (tests/decod
   512-byte block as captured); Llama ties nothing;
 * a block's input and output are read by no backward (not stashed) where its norms save a float32
   copy of a bfloat16 hidden state (2 x 32 x 64 x 2 bytes at every cut); in float32 the norm saves
-  the hidden state itself, so every crossing tensor is stashed."""
+  the hidden state itself, so every crossing tensor is stashed;
+* a split backward's B keeps, for W, every node that uses a weight and every node its gradient flows on
+  to: in a dense block that is every node (GPT-2's GELU squares its saved input before the gradient
+  comes in: that node is kept too, so B frees nothing but the last layer's log-softmax); in Qwen2-MoE's
+  block (bfloat16, 4 experts, top-2, expert and shared-expert width 64) the nodes only the output's
+  gradient reaches are freed: the expert outputs the routing weights scale (2 x 32 tokens x 2 experts x
+  64 x 2 bytes), the shared expert's output its sigmoid gate scales (2 x 32 x 64 x 2), the routing
+  softmax (64 tokens x 4 experts x 4 bytes, float32), the top-2 indices, the sort's indices and their
+  inverse permutation (64 x 2 x 8 bytes each) and two small tensors of 512 bytes as captured
+  (the gate's sigmoid, the index of sorted tokens)."""
 
 from __future__ import annotations
 
@@ -29,9 +38,11 @@ def tables():
     from stagesplit import api
     from stagesplit.model.phases import phase_table
     tables = {name: phase_table(api.analyze(api.capture(families.capture_spec(name))).model)
-              for name in ("llama", "gemma")}
+              for name in ("llama", "gemma", "gpt2")}
     tables["llama-bf16"] = phase_table(api.analyze(api.capture(families.capture_spec("llama"),
                                                                dtype="bfloat16")).model)
+    tables["qwen2_moe-bf16"] = phase_table(api.analyze(api.capture(families.capture_spec("qwen2_moe"),
+                                                                   dtype="bfloat16")).model)
     return tables
 
 
@@ -51,6 +62,17 @@ def test_b_frees_the_loss_s_log_softmax_on_the_last_layer(tables):
     frees = tables["llama"].input_backward_frees
     assert frees[-1] == LOG_SOFTMAX + 3 * 512
     assert frees[:-1].tolist() == [0] * 7
+
+
+def test_b_keeps_every_node_of_a_dense_block_and_frees_a_mixture_of_experts_routing(tables):
+    assert tables["gpt2"].input_backward_frees.tolist() == [0] * 7 + [LOG_SOFTMAX + 3 * 512]
+    tokens, experts, top = 2 * 32, 4, 2
+    routing = (tokens * top * 64 * 2 + tokens * 64 * 2 + tokens * experts * 4 + 3 * tokens * top * 8 + 2 * 512)
+    frees = tables["qwen2_moe-bf16"].input_backward_frees
+    assert routing == 29_696
+    assert frees[:-1].tolist() == [routing] * 7
+    # the last layer's MoE block is below the head's weight: only the loss's log-softmax is freed
+    assert frees[-1] == LOG_SOFTMAX + 3 * 512
 
 
 def test_a_tied_embedding_is_what_layer_0_shares_with_the_last_layer(tables):
