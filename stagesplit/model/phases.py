@@ -157,6 +157,60 @@ def _masked(model: _Model, columns: np.ndarray) -> _Model:
     return view
 
 
+#: the phases a split backward runs as torch's ``stage_backward_input`` / ``stage_backward_weight`` do
+_SPLIT_KINDS = ("backward_input", "backward_weight")
+
+
+def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -> ModelView | None:
+    """A view of ``model`` whose stash (variables a forward operation made that a backward one reads)
+    and output gradients W reads (made by B, read by W) live on to the backward's end: torch's
+    ``stage_backward_input`` runs the autograd graph with ``retain_graph=True``, so no saved tensor is
+    freed during B, and the gradients W reads stay until W. Priced on B's columns this is B's peak as
+    the runtime holds it (the stash, the W gradients made so far, B's own transient gradients); on W's
+    columns, W's with everything B kept (what B frees as it ends, ``input_backward_frees``, is taken off
+    by the caller). None where the profile has no backward."""
+    backward_cols = columns[Phase.BACKWARD_INPUT] | columns[Phase.BACKWARD_WEIGHT]
+    if not backward_cols.any():
+        return None
+    first_col = int(np.argmax(backward_cols))
+    end_col = int(len(backward_cols) - np.argmax(backward_cols[::-1]))
+    p = model.profile
+    ops = p.operations
+    producer = _producers(model)
+    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+    entry_var = ops.vars.values
+    phase_of_entry = ops.phase[entry_op]
+    read_back = np.zeros(len(p.variables.bytes), bool)
+    read_back[entry_var[(phase_of_entry == Phase.BACKWARD_INPUT) | (phase_of_entry == Phase.BACKWARD_WEIGHT)]] = True
+    read_by_w = np.zeros(len(p.variables.bytes), bool)
+    read_by_w[entry_var[phase_of_entry == Phase.BACKWARD_WEIGHT]] = True
+    made = np.full(len(p.variables.bytes), -1, np.int64)
+    known = producer >= 0
+    made[known] = ops.phase[producer[known]]
+    # only what one layer makes and only its own backward reads: a tensor that crosses a cut (a block's
+    # output, read back by the next block) is the next chunk's receive buffer, held as such
+    op_layer = model.layers.op_layer
+    backward_entry = (phase_of_entry == Phase.BACKWARD_INPUT) | (phase_of_entry == Phase.BACKWARD_WEIGHT)
+    L = model.num_layers
+    low = np.full(len(p.variables.bytes), L, np.int64)
+    high = np.full(len(p.variables.bytes), -1, np.int64)
+    np.minimum.at(low, entry_var[backward_entry], op_layer[entry_op[backward_entry]])
+    np.maximum.at(high, entry_var[backward_entry], op_layer[entry_op[backward_entry]])
+    maker_layer = np.where(known, op_layer[np.maximum(producer, 0)], -1)
+    local = (low == high) & (low == maker_layer) & (low >= 0)
+    held = model.var_nal & local & (((made == Phase.FORWARD) & read_back) |
+                                    ((made == Phase.BACKWARD_INPUT) & read_by_w))
+    timeline = model.timeline
+    rows = held[timeline.row_var] & (timeline.row_col_end > first_col) & (timeline.row_col_end < end_col)
+    if not rows.any():
+        return model
+    view = copy.copy(model)
+    extended = copy.copy(timeline)
+    extended.row_col_end = np.where(rows, end_col, timeline.row_col_end)
+    view.timeline = extended
+    return view
+
+
 def phase_table(model: ModelView) -> PhaseTable:
     """Every range's figures (see the module docstring). One pricing sweep per phase kind."""
     L = model.num_layers
@@ -168,9 +222,11 @@ def phase_table(model: ModelView) -> PhaseTable:
     plain = base.worst_bytes[base.k_index(1)]
     stash = base.worst_bytes[base.k_index(2)] - plain
     peaks = {}
+    held = _held_through_backward(model, columns)
     for kind, phases in _PHASES_OF.items():
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
-        table = price_all_ranges(_masked(model, mask), (1,))
+        view = held if kind in _SPLIT_KINDS and held is not None else model
+        table = price_all_ranges(_masked(view, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain)
     forward_cut, backward_cut, unstashed = _cut_directions(model)
     frees = _freed_at_input_backward(model)

@@ -131,7 +131,6 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     stash = np.maximum(stash - handed, 0)
     weight_stash = np.maximum(weight_stash - np.maximum(handed - output_unstashed, 0), 0)
     split = schedule.traits.splits_backward
-    extra = cc.weight_stash - cc.stash if split else 0
     # B frees the loss side of its graph only as it ends: held at its peak, gone before W
     freed = cc.input_backward_frees if split else 0
     hold = np.zeros(C, np.int64)
@@ -150,8 +149,10 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     held_output = np.maximum(output_unstashed - handed, 0)
     full = np.maximum(np.maximum(cc.full_backward_peak - input_again + hold + output_held + held_output, 0) + change,
                       0)
-    backward = np.maximum(cc.backward_input_peak + extra + freed + held_output + change, 0)
-    weight = cc.backward_weight_peak + extra
+    # a split backward's phase peaks are priced with the stash and the gradients W reads held through B
+    # (model/phases.py ``_held_through_backward``); W runs after B let go of what it frees
+    backward = np.maximum(cc.backward_input_peak + held_output + change, 0)
+    weight = np.maximum(cc.backward_weight_peak - freed, 0)
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W
         # runs the whole backward (and any recompute) from the stash

@@ -70,15 +70,16 @@ def test_chunk_memory_runtime_rules_by_hand():
     assert cm.stash.tolist() == [100, max(9 - 30, 0) + 7]
     assert cm.weight_stash.tolist() == [101, max(11 - 30, 0) + 7]
     assert cm.retained.tolist() == [30 + 0, 0 + 5]          # chunk 1 sends the gradient of its input back
-    # zero bubble splits the backward: B also holds the weight stash's extra (W's inputs)
+    # zero bubble splits the backward: the table's B and W peaks are priced with the stash and W's
+    # inputs held through B (model/phases.py), so they are B's and W's figures as they are
     plain = chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3))
     assert plain.backward_peak.tolist() == [3 * 2, 3 * 2, 3 * 2]   # not split: B's own peak only
     zb = chunk_memory(t, (0, 1, 2, 3), build_schedule("zb-h1", 3, 3))
     # the first chunk's B does nothing (the model's input needs no gradient): its figure is the
     # stash it holds; its W runs the whole backward (full backward peak 4 x 3) from that stash
-    assert zb.backward_peak.tolist() == [100, 6 + 1, 6 + 1]
+    assert zb.backward_peak.tolist() == [100, 6, 6]
     assert zb.weight_stash[0] == zb.stash[0] == 100 and zb.weight_peak[0] == 12
-    assert zb.weight_peak[1:].tolist() == [9 + 1, 9 + 1]
+    assert zb.weight_peak[1:].tolist() == [9, 9]
 
 
 def test_1f1b_keeps_the_last_chunk_s_output_and_input_gradient_between_micro_batches():
@@ -433,10 +434,10 @@ def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
     from stagesplit.solver.schedule_memory import rank_memory
     peaks = np.array([r.peak for r in rank_memory(zbv, chunk_memory(t, bounds, zbv))], np.int64)
     kept_all = replace(chunk_memory(t, bounds, zbv), retained=np.array([30, 45, 56, 7], np.int64))
-    assert peaks.tolist() == [399, 582]
-    # rank 1's peak is its last W, after all four micro-batches' backwards: keeping every link adds
-    # 4 x ((45 - 5) + (56 - 50)) bytes there
-    assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 582 + 4 * ((45 - 5) + (56 - 50))]
+    assert peaks.tolist() == [399, 581]
+    # rank 1's peak is its last W (the table's W peak, 9: priced with W's inputs held), after all four
+    # micro-batches' backwards: keeping every link adds 4 x ((45 - 5) + (56 - 50)) bytes there
+    assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 581 + 4 * ((45 - 5) + (56 - 50))]
     solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
     assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == bounds
     for rank in range(2):
@@ -450,8 +451,8 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     """Four layers, one per chunk, ZBV on P = 2 (rank 0: chunks 0 and 3; rank 1: chunks 1 and 2).
     * The last layer's B frees 2 bytes of its stash as it ends (the loss's saved log-softmax):
       its weight stash is the table's (stash 6 + W's gradients 1 - 2 = 5, what the table already
-      holds), and its B peak is its own (2 x 3) + what B keeps for W (5 - 6 = -1) + the 2 still held
-      until B ends: 7; its W peak adds the -1 only: 3 x 3 - 1 = 8.
+      holds); its B peak is the table's (2 x 3, priced with the stash held through B, the 2 bytes
+      included); its W peak is the table's less the 2 bytes B let go of: 3 x 3 - 2 = 7.
     * Layer 0 and layer 3 use one tied embedding of 4 bytes (with its gradient and state): the V
       puts chunks 0 and 3 on rank 0, where the stages built from one stack share the tensor, so
       the last chunk's resident is 9 + 4 x 5 received (M = 4, cut 5) - 4 = 25; GPipe's loop
@@ -464,7 +465,7 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     zbv = build_schedule("zbv", 2, 4, 2)
     cm = chunk_memory(t, bounds, zbv)
     assert cm.weight_stash[3] - cm.stash[3] == -1
-    assert cm.backward_peak[3] == 2 * 3 - 1 + 2 and cm.weight_peak[3] == 3 * 3 - 1
+    assert cm.backward_peak[3] == 2 * 3 and cm.weight_peak[3] == 3 * 3 - 2
     assert cm.resident.tolist() == [10 + 4 * 5, 12 + 4 * (5 + 5), 8 + 4 * (5 + 5), 9 + 4 * 5 - 4]
     looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
     assert looped.resident[3] == 9 + 4 * 5 and looped.backward_peak[3] == 2 * 3   # not split: B's own peak
