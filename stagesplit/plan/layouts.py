@@ -32,8 +32,8 @@ from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_byte
 from ..solver.request import Schedule, SolveRequest
 from .records import Plan
 
-__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "memory_floor", "search",
-           "seconds", "solve_request", "step_of"]
+__all__ = ["GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
+           "enumerate_layouts", "memory_floor", "search", "seconds", "solve_request", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
@@ -367,6 +367,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     if top is None:
         return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",))
     plan, analysis = plans[top.layout]
+    if plan.profile.tensor_parallel != top.layout.tp:
+        # a rank's profile given for a degree without recording it (no capture --tp): the plan
+        # still says which degree its rank is of, so that its exports lay the model out so
+        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
@@ -403,3 +407,58 @@ def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     return (f"{what}: step {seconds(r.step_s)} vs {seconds(top.step_s)} (pipeline {seconds(r.pipeline_s)}, bubble "
             f"{(r.bubble or 0):.0%}, communication {seconds(comm)})")
 
+
+
+# -- the GPU-count sweep ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuSweepRow:
+    """One GPU count's layout search (``plan``), or why no layout of that many GPUs was searched
+    (``refused``: the batch or the node cannot be laid out on it)."""
+
+    gpus: int
+    plan: LayoutPlan | None
+    refused: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and self.plan.best is not None
+
+
+@dataclass(frozen=True)
+class GpuSweep:
+    """The layout search for each GPU count, in the order asked."""
+
+    rows: tuple[GpuSweepRow, ...]
+
+    @property
+    def fewest(self) -> int | None:
+        """The fewest GPUs with a layout that fits every rank (None: no count fits)."""
+        fits = [r.gpus for r in self.rows if r.fits]
+        return min(fits) if fits else None
+
+
+def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, counts: Sequence[int],
+               deadline: Deadline, events: Events) -> GpuSweep:
+    """``search`` for each GPU count in ``counts`` (``req`` with its ``gpus`` replaced), the one
+    deadline split across them: each count gets the time left over the counts left. A count on
+    which no layout forms the batch (or the node does not divide it) is a row saying so; where
+    every count is refused, the first refusal is raised (the request itself is bad)."""
+    layers = min(analyze(tp, DataLayout()).layers.num_layers for tp in tp_degrees)
+    rows: list[GpuSweepRow] = []
+    first: OptionError | None = None
+    for i, g in enumerate(counts):
+        one = replace(req, gpus=g)
+        try:
+            check_request(one, tp_degrees, layers)
+        except OptionError as exc:
+            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "pp", "dp"):
+                raise
+            first = first or exc
+            rows.append(GpuSweepRow(g, None, str(exc)))
+            continue
+        share = deadline.left() / max(1, len(counts) - i)
+        rows.append(GpuSweepRow(g, search(analyze, tp_degrees, one, deadline.part(share), events)))
+    if first is not None and all(r.plan is None for r in rows):
+        raise first
+    return GpuSweep(tuple(rows))

@@ -1,14 +1,17 @@
-"""``stagesplit layouts``'s text and JSON: the chosen layout, its step, tokens/s per GPU and MFU,
-each rank's peak, and one row per degree combination with why it loses. Every figure printed is
-the plan's own (tests/plan/test_layouts.py reads them back)."""
+"""``stagesplit layouts``'s text and JSON (``solve --layout auto`` prints them after its plan): the
+chosen layout, its step, tokens/s per GPU and MFU, each rank's peak, and one row per degree
+combination with why it loses; ``sweep --gpus``'s table of the best layout per GPU count. Every
+figure printed is the plan's own (tests/plan/test_layouts.py and tests/cli/test_cli_layouts.py read
+them back)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..plan.layouts import LayoutPlan, LayoutRow, seconds
+from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRow, seconds
+from .table import Column, Table
 
-__all__ = ["layouts_json", "layouts_text"]
+__all__ = ["gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
@@ -77,3 +80,32 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
             "rows": [_row_json(r) for r in lp.rows]}
+
+
+def gpu_sweep_table(sweep: GpuSweep) -> Table:
+    """One row per GPU count: its best layout, step, samples/s and tokens/s per GPU, MFU, and
+    whether the search proved it; a count with no layout says why."""
+    t = Table("GPU-count sweep (layouts)", [
+        Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
+        Column("zero", "id"), Column("M", "int"), Column("step (ms)", "compute"),
+        Column("samples/s per GPU", "float", 1), Column("tokens/s per GPU", "float"), Column("MFU", "percent", 2),
+        Column("proven", "text", 3), Column("why", "text", 4)])
+    for r in sweep.rows:
+        lp = r.plan
+        if lp is None or lp.best is None:
+            why = r.refused or (lp.notes[0] if lp is not None and lp.notes else "no layout found in the time limit")
+            t.add(r.gpus, "no", *([None] * 9), "yes" if lp is not None and lp.proven else "no", why)
+            continue
+        b, lay = lp.best, lp.best.layout
+        assert b.step_s is not None and lp.samples_per_s is not None
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, b.step_s * 1e3,
+              lp.samples_per_s / r.gpus, lp.tokens_per_s_per_gpu, lp.mfu, "yes" if lp.proven else "no",
+              f"{b.schedule} with {b.chunks_per_rank} chunk(s) per device")
+    return t
+
+
+def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
+    """Every count's whole search (``layouts_json``), or why it has none, and the fewest GPUs that fit."""
+    return {"fewest_gpus": sweep.fewest,
+            "rows": [{"gpus": r.gpus, "fits": r.fits, "refused": r.refused or None,
+                      "layouts": layouts_json(r.plan) if r.plan is not None else None} for r in sweep.rows]}
