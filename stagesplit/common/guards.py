@@ -51,13 +51,15 @@ def gpu_counts(text: str, limit: int) -> list[int]:
             lo, hi = int(lo_text), int(hi_text)
             if not 1 <= lo <= hi <= limit:
                 raise bad
-            counts = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
-            if not counts:
-                raise OptionError("gpus", f"no power of two lies in {lo}..{hi}: give a list like {lo},{hi}")
-            return counts
-        counts = [int(x) for x in text.split(",")]
+        else:
+            counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise bad from None
+    if ".." in text:
+        counts = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
+        if not counts:
+            raise OptionError("gpus", f"no power of two lies in {lo}..{hi}: give a list like {lo},{hi}")
+        return counts
     if not counts or min(counts) < 1 or max(counts) > limit:
         raise bad
     return list(dict.fromkeys(counts))

@@ -142,8 +142,8 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) ->
     fixed = [(n, v) for n, v in (("tp", req.tp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
     product = math.prod(v for _, v in fixed)
     if fixed and req.gpus % product:
-        raise OptionError(fixed[0][0], f"{' x '.join(f'{n} {v}' for n, v in fixed)} = {product} does not divide "
-                          f"{req.gpus} GPUs")
+        degrees = " x ".join(f"{n} {v}" for n, v in fixed) + (f" = {product}" if len(fixed) > 1 else "")
+        raise OptionError(fixed[0][0], f"{degrees} does not divide {req.gpus} GPUs")
     if req.tp is not None and req.tp not in tp_degrees:
         raise OptionError("tp", f"no profile of tensor-parallel degree {req.tp} was given (degrees: "
                           f"{', '.join(map(str, sorted(tp_degrees)))})")
@@ -455,7 +455,7 @@ def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, 
             if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "pp", "dp"):
                 raise
             first = first or exc
-            rows.append(GpuSweepRow(g, None, str(exc)))
+            rows.append(GpuSweepRow(g, None, exc.detail))
             continue
         share = deadline.left() / max(1, len(counts) - i)
         rows.append(GpuSweepRow(g, search(analyze, tp_degrees, one, deadline.part(share), events)))

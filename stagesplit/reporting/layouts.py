@@ -93,7 +93,7 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
     for r in sweep.rows:
         lp = r.plan
         if lp is None or lp.best is None:
-            why = r.refused or (lp.notes[0] if lp is not None and lp.notes else "no layout found in the time limit")
+            why = r.refused or (_none_fits(lp) if lp is not None else "")
             t.add(r.gpus, "no", *([None] * 9), "yes" if lp is not None and lp.proven else "no", why)
             continue
         b, lay = lp.best, lp.best.layout
@@ -102,6 +102,14 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
               lp.samples_per_s / r.gpus, lp.tokens_per_s_per_gpu, lp.mfu, "yes" if lp.proven else "no",
               f"{b.schedule} with {b.chunks_per_rank} chunk(s) per device")
     return t
+
+
+def _none_fits(lp: LayoutPlan) -> str:
+    """Why a search found no layout: its rows counted by status, in the order of their first row."""
+    counts: dict[str, int] = {}
+    for r in lp.rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return "no layout: " + ", ".join(f"{n} {status}" for status, n in counts.items())
 
 
 def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
