@@ -282,8 +282,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
     ``zero`` fix a degree (None: searched). A ``LayoutPlan``: the best row, its pipeline plan,
-    every combination's row with why it loses, tokens/s per GPU and MFU. ``solve --layout auto``
-    is this function too; its ``plan`` is the plan ``solve`` writes."""
+    every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
+    with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
     gpus = integer("gpus", gpus, 1, MAX_DEVICES)
     rank, degrees, req, deadline, events = _layout_inputs(

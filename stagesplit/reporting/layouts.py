@@ -1,6 +1,6 @@
-"""``stagesplit layouts``'s text and JSON (``solve --layout auto`` prints them after its plan): the
-chosen layout, its step, tokens/s per GPU and MFU, each rank's peak, and one row per degree
-combination with why it loses; ``sweep --gpus``'s table of the best layout per GPU count. Every
+"""``stagesplit layouts``'s text and JSON (solve with an automatic layout prints them after its
+plan): the chosen layout, its step, tokens/s per GPU and MFU, each rank's peak, and one row per
+degree combination with why it loses; the sweep of GPU counts' table of the best layout per count. Every
 figure printed is the plan's own (tests/plan/test_layouts.py and tests/cli/test_cli_layouts.py read
 them back)."""
 

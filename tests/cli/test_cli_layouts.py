@@ -212,3 +212,15 @@ def test_gpu_counts_are_powers_of_two_or_a_list():
     assert api.gpu_counts("8..64") == [8, 16, 32, 64]
     assert api.gpu_counts("3..20") == [4, 8, 16]
     assert api.gpu_counts("8,24,8,16") == [8, 24, 16]
+
+
+@pytest.mark.parametrize("command", ["solve", "layouts"])
+def test_an_output_never_replaces_a_tensor_parallel_profile(files, tmp_path, capsys, command):
+    import shutil
+    half = tmp_path / "half.json"
+    shutil.copy(files / "half.json", half)
+    before = half.read_bytes()
+    layout = ["--layout", "auto"] if command == "solve" else []
+    got = refused_line(capsys, command, files / "stack.json", *layout, "--gpus", 2, *BASE, "--tp-profile",
+                       f"2={half}", "--out", half)
+    assert "--out" in got and half.read_bytes() == before
