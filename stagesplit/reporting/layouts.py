@@ -83,24 +83,26 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
 
 
 def gpu_sweep_table(sweep: GpuSweep) -> Table:
-    """One row per GPU count: its best layout, step, samples/s and tokens/s per GPU, MFU, and
-    whether the search proved it; a count with no layout says why."""
+    """One row per GPU count: its best layout and schedule (``x V`` where it runs ``V`` chunks per
+    device), step, samples/s and tokens/s per GPU, MFU, and whether the search proved it; a count
+    with no layout says why."""
     t = Table("GPU-count sweep (layouts)", [
         Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
-        Column("zero", "id"), Column("M", "int"), Column("step (ms)", "compute"),
-        Column("samples/s per GPU", "float", 1), Column("tokens/s per GPU", "float"), Column("MFU", "percent", 2),
-        Column("proven", "text", 3), Column("why", "text", 4)])
+        Column("zero", "id"), Column("M", "int"), Column("schedule"), Column("step (ms)", "compute"),
+        Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
+        Column("proven", "text", 3), Column("why")])
     for r in sweep.rows:
         lp = r.plan
+        proven = "yes" if lp is not None and lp.proven else "no"
         if lp is None or lp.best is None:
-            why = r.refused or (_none_fits(lp) if lp is not None else "")
-            t.add(r.gpus, "no", *([None] * 9), "yes" if lp is not None and lp.proven else "no", why)
+            t.add(r.gpus, "no", *([None] * 10), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
             continue
         b, lay = lp.best, lp.best.layout
         assert b.step_s is not None and lp.samples_per_s is not None
-        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, b.step_s * 1e3,
-              lp.samples_per_s / r.gpus, lp.tokens_per_s_per_gpu, lp.mfu, "yes" if lp.proven else "no",
-              f"{b.schedule} with {b.chunks_per_rank} chunk(s) per device")
+        tokens = round(lp.tokens_per_s_per_gpu) if lp.tokens_per_s_per_gpu is not None else None
+        schedule = b.schedule + (f" x{b.chunks_per_rank}" if b.chunks_per_rank > 1 else "")
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, schedule, b.step_s * 1e3,
+              lp.samples_per_s / r.gpus, tokens, lp.mfu, proven, None)
     return t
 
 
