@@ -325,7 +325,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   capacity=capacity)
             continue
         except StagesplitError as exc:
-            rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity)
+            # the engine's rules refuse it whatever the time (1F1B's micro-batches per stage...): settled
+            rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
             continue
         if slower:
             assert cutoff is not None
@@ -335,7 +336,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         s = plan.schedule
         if s is None or not plan.stages:         # the time limit stopped it before a split was found
             rows[lay] = LayoutRow(lay, "unknown" if plan.status == "unknown" else "refused", plan.message,
-                                  capacity=capacity)
+                                  capacity=capacity, proven=plan.status in ("infeasible", "refused"))
             continue
         peaks = tuple(r.peak_bytes for r in s.ranks)
         if not plan.feasible:
@@ -365,7 +366,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                 r = replace(r, status="slower", reason=_why_slower(r, top))
         out.append(r)
     if top is None:
-        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",))
+        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
     if plan.profile.tensor_parallel != top.layout.tp:
         # a rank's profile given for a degree without recording it (no capture --tp): the plan

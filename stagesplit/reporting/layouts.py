@@ -23,10 +23,12 @@ def layouts_text(lp: LayoutPlan) -> str:
     lines = [f"layout search: {req.gpus} GPUs ({req.node.gpus_per_node} per node) of {req.target.name}, global batch "
              f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
     b = lp.best
+    refused = sum(1 for r in lp.rows if r.status == "refused")
     if b is None:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         lines.append(f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or "
-                     "were refused" if unknown else "no layout fits every rank")
+                     "were refused" if unknown else "no layout fits every rank" if not refused else
+                     f"no layout fits every rank: {refused} of {len(lp.rows)} combination(s) refused (the rows say why)")
     else:
         assert b.step_s is not None
         lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
@@ -43,8 +45,11 @@ def layouts_text(lp: LayoutPlan) -> str:
                      + f" of {_gib(b.capacity)}")
     if not lp.tp_collectives_recorded:
         lines.append("note: no profile records tensor-parallel collectives: none priced")
-    if lp.proven:
-        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit")
+    if lp.proven and b is None:
+        lines.append("proven: no combination fits every rank" + (" or runs" if refused else ""))
+    elif lp.proven:
+        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit"
+                     + (f"; {refused} refused (the rows say why)" if refused else ""))
     else:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)

@@ -225,3 +225,29 @@ def test_an_output_never_replaces_a_tensor_parallel_profile(files, tmp_path, cap
     got = refused_line(capsys, command, files / "stack.json", *layout, "--gpus", 2, *BASE, "--tp-profile",
                        f"2={half}", "--out", half)
     assert "--out" in got and half.read_bytes() == before
+
+
+def test_refused_combinations_are_settled_and_counted(files):
+    """The engine's rules refuse a combination whatever the time (1F1B needs a micro-batch per
+    stage: 32 samples in micro-batches of 8 are 4 per replica's step, fewer than the stages of every
+    layout of 8 GPUs on 4 layers): each refused row is proven, and the text counts them."""
+    from dataclasses import replace
+
+    from stagesplit.plan.layouts import LayoutRow
+    from stagesplit.reporting.layouts import layouts_text
+    stack = str(files / "stack.json")
+    lp = api.layouts(stack, gpus=8, global_batch=32, micro_batch_size=8, target="h100-80gb")
+    assert lp.best is None and lp.rows and all(r.status == "refused" and r.proven for r in lp.rows)
+    assert all(r.layout.micro_batches < r.layout.pp for r in lp.rows)
+    lines = layouts_text(lp).splitlines()
+    n = len(lp.rows)
+    assert lines[1] == f"no layout fits every rank: {n} of {n} combination(s) refused (the rows say why)"
+    assert lines[3] == "proven: no combination fits every rank or runs" and lp.proven
+    # a search with a best and one refused row (its rows as the search makes them)
+    solved = api.layouts(stack, gpus=4, global_batch=32, micro_batch_size=8, target="h100-80gb")
+    assert solved.proven and solved.best is not None
+    both = replace(solved, rows=solved.rows + (replace(lp.rows[0], status="refused"),))
+    lines = layouts_text(both).splitlines()
+    assert "proven: every other combination is slower, refuted by a lower bound or does not fit; 1 refused (the " \
+        "rows say why)" in lines
+    assert isinstance(both.rows[-1], LayoutRow)
