@@ -156,6 +156,10 @@ def cmd_solve(args: argparse.Namespace) -> int:
     from ..reporting.summary import solve_text
     if args.layout == "auto":
         return _solve_layout(args)
+    _no_layout_options(args, "solve --layout auto --gpus G")
+    if args.gpus is not None:
+        raise StagesplitError("--gpus: the cluster of the layout search (solve --layout auto --gpus G); "
+                              "--devices N gives the pipeline's devices")
     events = _events(args)
     reproduction = None
     profile, debug = _solve_profile(args)
@@ -233,6 +237,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.devices is None:
         raise StagesplitError("--devices: expected device counts like 1..16 (or --gpus 8..64 with --global-batch "
                               "for layouts)")
+    _no_layout_options(args, "sweep --gpus RANGE")
     counts = api.device_counts(args.devices)          # bounded before any list is built
     rows = api.sweep(args.profile, counts, request=_request(args, max(counts)), debug=args.debug_cbor,
                      events=_events(args))
@@ -399,6 +404,19 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
     return targets[0]
 
 
+#: the layout search's own options (cli/parser.py's ``_add_layout_options``) and their values when not given
+_LAYOUT_ONLY = (("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
+                ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None),
+                ("tp_profile", "--tp-profile", []), ("tp", "--tp", None), ("pp", "--pp", None))
+
+
+def _no_layout_options(args: argparse.Namespace, what: str) -> None:
+    """A layout search option given to solve or sweep without the search is refused, not ignored."""
+    for dest, flag, default in _LAYOUT_ONLY:
+        if getattr(args, dest) != default:
+            raise StagesplitError(f"{flag}: an option of the layout search ({what})")
+
+
 def cmd_layouts(args: argparse.Namespace) -> int:
     import json
 
@@ -436,7 +454,8 @@ def _solve_layout(args: argparse.Namespace) -> int:
         doc = {"plan": api.plan_document(plan) if plan is not None else None, "layouts": layouts_json(lp)}
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
-        text = solve_text(plan, profile, True, width=_width(args, to_file=False)) + "\n" if plan is not None else ""
+        gpu = not args.ipu_columns                       # the layout search's targets are GPUs
+        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False)) + "\n" if plan is not None else ""
         sys.stdout.write(text + layouts_text(lp))
     return 0 if lp.best is not None else 1
 

@@ -159,11 +159,16 @@ def test_nothing_fits_writes_no_plan_and_exits_1(files, tmp_path, capsys):
     ("sweep", ["--gpus", "8,16", "--global-batch", 12], "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
     ("sweep", ["--gpus", "8", "--devices", "2", "--global-batch", 32], "--devices: give --devices (pipeline stages) or"),
     ("sweep", [], "--devices: expected device counts like 1..16 (or --gpus 8..64 with --global-batch for layouts)"),
+    ("solve-plain", ["--devices", 2, "--global-batch", 32], "--global-batch: an option of the layout search (solve "
+     "--layout auto --gpus G)"),
+    ("solve-plain", ["--devices", 2, "--gpus", 8], "--gpus: the cluster of the layout search"),
+    ("sweep-plain", ["--devices", "1..2", "--tp", 2], "--tp: an option of the layout search (sweep --gpus RANGE)"),
 ])
 def test_bad_input_one_line_exit_2_nothing_written(files, tmp_path, capsys, command, flags, line):
     out = tmp_path / "out.json"
     layout = ["--layout", "auto"] if command == "solve" else []
-    got = refused_line(capsys, command, files / "stack.json", *layout, "--micro-batch-size", 8, "--target",
+    batch = [] if command.endswith("-plain") else ["--micro-batch-size", 8]
+    got = refused_line(capsys, command.removesuffix("-plain"), files / "stack.json", *layout, *batch, "--target",
                        "h100-80gb", *flags, "--out", out)
     assert got.startswith(line), got
     assert not out.exists()
