@@ -256,3 +256,26 @@ def test_refused_combinations_are_settled_and_counted(files):
     assert "proven: every other combination is slower, refuted by a lower bound or does not fit; 1 refused (the " \
         "rows say why)" in lines
     assert isinstance(both.rows[-1], LayoutRow)
+
+
+def test_the_sweep_splits_one_deadline_across_the_counts(files, monkeypatch):
+    """Each count's search gets the time left over the counts left (the first a quarter of 30 s of
+    four counts, ...), none outliving the whole; a count no layout fits on (12 GPUs in nodes of 8)
+    is a row saying so, not searched."""
+    from stagesplit.plan import layouts
+    given = []
+
+    def search(analyze, degrees, req, deadline, events):
+        given.append((req.gpus, deadline.left(), deadline.at))
+        return layouts.LayoutPlan(req, ())
+    monkeypatch.setattr(layouts, "search", search)
+    sweep = api.layout_sweep(str(files / "stack.json"), gpus=[2, 4, 12, 8], global_batch=32, micro_batch_size=8,
+                             target="h100-80gb", time_limit=30)
+    assert [g for g, _, _ in given] == [2, 4, 8]
+    assert given[0][1] == pytest.approx(30 / 4, abs=0.5)        # 4 counts left, the 12 among them
+    assert given[1][1] == pytest.approx(30 / 3, abs=0.5)        # (the stub takes no time)
+    assert given[2][1] == pytest.approx(30, abs=0.5)             # the last: all the time left
+    assert given[0][2] <= given[1][2] <= given[2][2]
+    assert [r.gpus for r in sweep.rows] == [2, 4, 12, 8] and sweep.rows[2].plan is None
+    assert sweep.rows[2].refused == "8 GPUs per node does not divide 12 GPUs"
+    assert sweep.fewest is None                 # no search here found a best
