@@ -28,7 +28,8 @@ def layouts_text(lp: LayoutPlan) -> str:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         lines.append(f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or "
                      "were refused" if unknown else "no layout fits every rank" if not refused else
-                     f"no layout fits every rank: {refused} of {len(lp.rows)} combination(s) refused (the rows say why)")
+                     f"no layout fits every rank: {refused} of {len(lp.rows)} combination(s) refused (the rows say "
+                     "why)")
     else:
         assert b.step_s is not None
         lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")

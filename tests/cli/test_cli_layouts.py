@@ -89,7 +89,8 @@ def test_the_export_carries_the_layout(files, tmp_path, capsys):
                            "--tp-profile", f"2={files / 'half.json'}", "--tp", 2, "--pp", 2, "--zero", 3, "--out", out)
     assert code == 0, err
     plan = read_plan(out)
-    assert (plan.profile.tensor_parallel, plan.devices, plan.inputs.request.dp, plan.inputs.request.zero) == (2, 2, 2, 3)
+    r = plan.inputs.request
+    assert (plan.profile.tensor_parallel, plan.devices, r.dp, r.zero) == (2, 2, 2, 3)
     first = [s.last_layer for s in plan.stages][0]
     code, text, _ = run_cli(capsys, "export", out, "--to", "torchtitan")
     assert code == 0
@@ -136,7 +137,8 @@ def test_json_gives_the_plan_and_every_row(files, tmp_path, capsys):
 def test_nothing_fits_writes_no_plan_and_exits_1(files, tmp_path, capsys):
     out = tmp_path / "plan.json"
     code, text, err = run_cli(capsys, "solve", files / "stack.json", "--layout", "auto", "--gpus", 1,
-                              "--global-batch", 8, "--micro-batch-size", 8, "--target", files / "tiny.yaml", "--out", out)
+                              "--global-batch", 8, "--micro-batch-size", 8, "--target", files / "tiny.yaml",
+                              "--out", out)
     assert code == 1 and not out.exists()
     assert f"no plan written to {out}: no layout fits" in err
     assert text.splitlines()[1] == "no layout fits every rank"
@@ -145,7 +147,8 @@ def test_nothing_fits_writes_no_plan_and_exits_1(files, tmp_path, capsys):
 @pytest.mark.parametrize("command, flags, line", [
     ("solve", ["--global-batch", 32], "--layout auto: expected the cluster's GPUs (--gpus G) and the samples per step"),
     ("solve", ["--gpus", 4], "--global-batch: --layout auto needs the samples per step (--global-batch B)"),
-    ("solve", ["--gpus", 8, "--global-batch", 64, "--tp", 1, "--pp", 3], "--tp: tp 1 x pp 3 = 3 does not divide 8 GPUs"),
+    ("solve", ["--gpus", 8, "--global-batch", 64, "--tp", 1, "--pp", 3],
+     "--tp: tp 1 x pp 3 = 3 does not divide 8 GPUs"),
     ("solve", ["--gpus", 8, "--global-batch", 12], "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
     ("solve", ["--gpus", 12, "--global-batch", 96, "--gpus-per-node", 8],
      "--gpus-per-node: 8 GPUs per node does not divide 12 GPUs"),
@@ -156,8 +159,10 @@ def test_nothing_fits_writes_no_plan_and_exits_1(files, tmp_path, capsys):
     ("solve", ["--gpus", 4, "--global-batch", 32, "--zero", 5], "--zero: expected"),
     ("sweep", ["--gpus", "3..3", "--global-batch", 32], "--gpus: no power of two lies in 3..3"),
     ("sweep", ["--gpus", "8..64"], "--global-batch: sweep --gpus needs the samples per step"),
-    ("sweep", ["--gpus", "8,16", "--global-batch", 12], "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
-    ("sweep", ["--gpus", "8", "--devices", "2", "--global-batch", 32], "--devices: give --devices (pipeline stages) or"),
+    ("sweep", ["--gpus", "8,16", "--global-batch", 12],
+     "--global-batch: no layout of 8 GPUs forms a global batch of 12"),
+    ("sweep", ["--gpus", "8", "--devices", "2", "--global-batch", 32],
+     "--devices: give --devices (pipeline stages) or"),
     ("sweep", [], "--devices: expected device counts like 1..16 (or --gpus 8..64 with --global-batch for layouts)"),
     ("solve-plain", ["--devices", 2, "--global-batch", 32], "--global-batch: an option of the layout search (solve "
      "--layout auto --gpus G)"),
