@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
 from .common.deadline import Deadline
 from .common.events import Events
-from .common.guards import check_outputs as _check_paths, device_counts as _device_counts
+from .common.guards import check_outputs as _check_paths, device_counts as _device_counts, gpu_counts as _gpu_counts
 from .common.layering import (
     DEFAULT_CALL_REGEX,
     DEFAULT_FIRST_LAYER_REGEX,
@@ -53,8 +53,8 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
-           "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
-           "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "is_variant_word",
+           "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "gpu_counts", "is_variant_word",
            "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
 
@@ -282,13 +282,57 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
     ``zero`` fix a degree (None: searched). A ``LayoutPlan``: the best row, its pipeline plan,
-    every combination's row with why it loses, tokens/s per GPU and MFU."""
+    every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
+    with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
+    from .plan.layouts import search
+    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    rank, degrees, req, deadline, events = _layout_inputs(
+        profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
+        tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
+        dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
+        events=events)
+    return search(rank, degrees, req, deadline, events)
+
+
+def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batch: int, target: str,
+                 gpus_per_node: int | None = None, tp_profiles: Mapping[int, ProfileLike] | None = None,
+                 micro_batch_size: int = 1, sequence_length: int | None = None, tp: int | None = None,
+                 pp: int | None = None, dp: int | None = None, zero: int | None = None,
+                 reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
+                 events: Events | None = None):
+    """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
+    powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
+    limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
+    count with its ``LayoutPlan``, and the fewest GPUs that fit."""
+    from .plan.layouts import sweep_gpus
+    if isinstance(gpus, str):
+        counts = _gpu_counts(gpus, MAX_DEVICES)
+    elif isinstance(gpus, Iterable) and not isinstance(gpus, (bytes, Mapping)):
+        counts = [integer("gpus", n, 1, MAX_DEVICES) for n in gpus]
+    else:
+        raise OptionError("gpus", f"expected GPU counts (a list, or '8..64'), got {short_repr(gpus)}")
+    if not counts:
+        raise OptionError("gpus", "expected at least one GPU count")
+    rank, degrees, req, deadline, events = _layout_inputs(
+        profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
+        tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
+        dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
+        events=events)
+    return sweep_gpus(rank, degrees, req, counts, deadline, events)
+
+
+def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
+                   tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
+                   tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
+                   schedule: str, time_limit: float, events: Events | None):
+    """What the layout search takes, checked and read: each degree's rank (made when the search
+    needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
+    profiles are read: it covers the whole command) and the events."""
     from .io.targets import load_target
     from .io.topology import node_of
-    from .plan.layouts import LayoutRequest, search
+    from .plan.layouts import LayoutRequest
     from .solver.request import Schedule
     events = _events(events)
-    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
     global_batch = integer("global_batch", global_batch, 1, 2**40)
     micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
@@ -325,7 +369,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit)
-    return search(rank, sorted(sources), req, deadline, events)
+    return rank, sorted(sources), req, deadline, events
 
 
 @contextmanager
@@ -905,6 +949,11 @@ def plan_document(plan: Any) -> dict[str, Any]:
 def target(name: str | Target) -> Target:
     """The device target ``name`` names (a shipped one, or a YAML file)."""
     return _target("target", name)
+
+
+def gpu_counts(text: str) -> list[int]:
+    """The command line's GPU counts ("8..64": the powers of two between the bounds; "8,16,24"), checked."""
+    return _gpu_counts(text, MAX_DEVICES)
 
 
 def device_counts(text: str) -> list[int]:

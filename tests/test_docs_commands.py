@@ -67,6 +67,7 @@ PAGES = (
     Page("README.md"),
     Page("docs/gpu.md", python=True),
     Page("docs/ipu.md", setup=_ipu_report_files),
+    Page("docs/layouts.md"),
 )
 
 

@@ -154,6 +154,12 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
 
 def cmd_solve(args: argparse.Namespace) -> int:
     from ..reporting.summary import solve_text
+    if args.layout == "auto":
+        return _solve_layout(args)
+    _no_layout_options(args, "solve --layout auto --gpus G")
+    if args.gpus is not None:
+        raise StagesplitError("--gpus: the cluster of the layout search (solve --layout auto --gpus G); "
+                              "--devices N gives the pipeline's devices")
     events = _events(args)
     reproduction = None
     profile, debug = _solve_profile(args)
@@ -226,6 +232,12 @@ def _solve_profile(args: argparse.Namespace):
 def cmd_sweep(args: argparse.Namespace) -> int:
     from ..reporting.summary import sweep_table
     from ..reporting.table import render
+    if args.gpus is not None:
+        return _sweep_layouts(args)
+    if args.devices is None:
+        raise StagesplitError("--devices: expected device counts like 1..16 (or --gpus 8..64 with --global-batch "
+                              "for layouts)")
+    _no_layout_options(args, "sweep --gpus RANGE")
     counts = api.device_counts(args.devices)          # bounded before any list is built
     rows = api.sweep(args.profile, counts, request=_request(args, max(counts)), debug=args.debug_cbor,
                      events=_events(args))
@@ -348,25 +360,126 @@ def cmd_targets(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_layouts(args: argparse.Namespace) -> int:
-    import json
-
+def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
+    """The layout search's arguments from the options ``_add_layout_options`` declares (the same
+    for layouts, solve --layout auto and sweep --gpus), all but the GPUs."""
     from ..errors import OptionError
-    from ..reporting.layouts import layouts_json, layouts_text
     tp_profiles: dict[int, str] = {}
     for word in args.tp_profile:
         degree, sep, path = word.partition("=")
         if not sep or not degree.isdigit():
             raise OptionError("tp_profiles", f"expected T=FILE (a tensor-parallel degree and a profile), got '{word}'")
         tp_profiles[int(degree)] = path
-    lp = api.layouts(args.profile, gpus=args.gpus, global_batch=args.global_batch, target=args.target,
-                     gpus_per_node=args.gpus_per_node, tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size,
-                     sequence_length=args.seq_len, tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
-                     reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
-                     time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
+    return dict(global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+                tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
+                tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
+                reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
+                time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
+
+
+def _layout_mode(args: argparse.Namespace, what: str) -> str:
+    """The one target of solve --layout auto and sweep --gpus, once every option the layout search
+    does not read is found left at its default (a value given to one it would ignore is refused,
+    naming it): the search sets the devices, micro-batches and link of each combination itself."""
+    if args.global_batch is None:
+        raise StagesplitError(f"--global-batch: {what} needs the samples per step (--global-batch B)")
+    read = {"targets", "dp", "zero", "reshard_after_forward", "schedule", "time_limit", "devices"}
+    for o in api.SOLVE_OPTIONS:
+        dest = o.flag.replace("-", "_") if o.flag else None
+        if dest is None or o.name in read or not hasattr(args, dest):
+            continue
+        if getattr(args, dest) not in (None, o.cli_default, []):
+            raise StagesplitError(f"--{o.flag}: not used by {what}: the layout search sets each combination's "
+                                  "devices, micro-batches and links itself")
+    for dest, flag in (("config", "--config"), ("plot", "--plot"), ("from_plan", "--from-plan"),
+                       ("debug_cbor", "DEBUG")):
+        if getattr(args, dest, None):
+            raise StagesplitError(f"{flag}: not used by {what}")
+    if any(getattr(args, name) != default for name, default in api.LAYER_DEFAULTS.items()) or \
+            args.layer_order != "steps":
+        raise StagesplitError(f"{what} groups the profile's layers as recorded: give no layer-grouping options")
+    targets = _targets(args)
+    if len(targets) != 1:
+        raise StagesplitError(f"--target: {what} needs one GPU target with a node (stagesplit targets)")
+    return targets[0]
+
+
+#: the layout search's own options (cli/parser.py's ``_add_layout_options``) and their values when not given
+_LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
+    ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
+    ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
+    ("tp", "--tp", None), ("pp", "--pp", None))
+
+
+def _no_layout_options(args: argparse.Namespace, what: str) -> None:
+    """A layout search option given to solve or sweep without the search is refused, not ignored."""
+    for dest, flag, default in _LAYOUT_ONLY:
+        if getattr(args, dest) != default:
+            raise StagesplitError(f"{flag}: an option of the layout search ({what})")
+
+
+def cmd_layouts(args: argparse.Namespace) -> int:
+    import json
+
+    from ..reporting.layouts import layouts_json, layouts_text
+    lp = api.layouts(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
     _emit(text, args.out)
     return 0 if lp.best is not None else 1           # as solve: 1 when nothing fits, having said why
+
+
+def _solve_layout(args: argparse.Namespace) -> int:
+    """solve --layout auto: the layout search (the same ``api.layouts`` as the layouts command),
+    the best layout's plan written and shown as solve shows a plan, then the search's table."""
+    from ..reporting.layouts import layouts_json, layouts_text
+    from ..reporting.summary import solve_text
+    if args.gpus is None:
+        raise StagesplitError("--layout auto: expected the cluster's GPUs (--gpus G) and the samples per step "
+                              "(--global-batch B)")
+    if args.devices is not None:
+        raise StagesplitError("--devices: the layout search chooses the pipeline stages (--pp fixes them)")
+    profile, debug = _solve_profile(args)
+    if profile is None or not isinstance(profile, str) or debug is not None:
+        raise StagesplitError("--layout auto: expected one profile (a rank's at tensor-parallel degree 1; "
+                              "--tp-profile T=FILE for the others)")
+    target = _layout_mode(args, "--layout auto")
+    arguments = _layout_arguments(args, target)
+    lp = api.layouts(profile, gpus=args.gpus, **arguments)
+    plan = lp.plan
+    if args.out and plan is not None:
+        api.write_plan(plan, args.out)
+        print(f"wrote {args.out}", file=sys.stderr)
+    elif args.out:                                    # no plan: an existing file is left as it was
+        arguments["events"].warn(f"no plan written to {args.out}: no layout fits")
+    if args.format == "json":
+        doc = {"plan": api.plan_document(plan) if plan is not None else None, "layouts": layouts_json(lp)}
+        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+    else:
+        gpu = not args.ipu_columns                       # the layout search's targets are GPUs
+        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False)) + "\n" if plan is not None else ""
+        sys.stdout.write(text + layouts_text(lp))
+    return 0 if lp.best is not None else 1
+
+
+def _sweep_layouts(args: argparse.Namespace) -> int:
+    """sweep --gpus RANGE: the layout search for each GPU count (``api.layout_sweep``), a row per
+    count with its best layout, step and tokens/s per GPU, and the fewest GPUs that fit."""
+    from ..reporting.layouts import gpu_sweep_json, gpu_sweep_table
+    from ..reporting.table import render
+    if args.devices is not None:
+        raise StagesplitError("--devices: give --devices (pipeline stages) or --gpus (layouts), not both")
+    target = _layout_mode(args, "sweep --gpus")
+    counts = api.gpu_counts(args.gpus)                   # bounded before any list is built
+    result = api.layout_sweep(args.profile, gpus=counts, **_layout_arguments(args, target))
+    if args.format == "json":
+        text = json.dumps(gpu_sweep_json(result), indent=1) + "\n"
+    else:
+        text = render([gpu_sweep_table(result)], args.format, width=_width(args))
+    if args.format == "text":
+        fewest = result.fewest
+        text += f"fewest GPUs that fit: {fewest}\n" if fewest is not None else "no GPU count in the range fits\n"
+    _emit(text, args.out)
+    return 0
 
 
 def cmd_report(args: argparse.Namespace) -> int:

@@ -20,6 +20,7 @@ _FILE_INPUTS = {
     "import": ("model", "layer_compute"),
     "export": ("plan",),
     "report": ("plan", "profile"),
+    "layouts": ("profile", "debug_cbor"),
 }
 
 
@@ -35,6 +36,9 @@ def command_inputs(args: argparse.Namespace) -> list[str]:
             inputs.append(str(item))
             if isinstance(value, list) and "=" in str(item):      # solve's PROFILE=PROPORTION words
                 inputs.append(str(item).rpartition("=")[0])
+    for word in getattr(args, "tp_profile", None) or []:    # the layout search's T=FILE words
+        if "=" in str(word):
+            inputs.append(str(word).partition("=")[2])
     if command == "capture":
         inputs += api.capture_inputs(getattr(args, "model", None))
     target = getattr(args, "target", None)

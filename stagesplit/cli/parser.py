@@ -194,10 +194,42 @@ def _add_wide(p: argparse.ArgumentParser) -> None:
 def _add_solver_options(p: argparse.ArgumentParser, sweep: bool = False) -> None:
     g = p.add_argument_group("solver")
     if sweep:
-        g.add_argument("--devices", required=True, metavar="RANGE",
-                       help="device counts: a range like 1..16 or a list like 2,4,8")
+        g.add_argument("--devices", metavar="RANGE",
+                       help="device counts: a range like 1..16 or a list like 2,4,8 (or --gpus: layouts)")
     _solve_options(g, "solver", skip=("devices",) if sweep else ())
     g.add_argument("--config", metavar="FILE", help="solver settings YAML (default: configs/solver.yaml)")
+
+
+def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
+    """The layout search's own options (plan/layouts.py), declared once for the three commands
+    that run it: ``layouts`` (where --gpus, --global-batch and --target are required), ``solve
+    --layout auto`` and ``sweep --gpus RANGE`` (a range of GPU counts). --dp, --zero, --schedule,
+    --time-limit and --reshard-after-forward are the declared solve options (solver/options.py):
+    each command has them, from its solver options or as ``layouts`` adds them."""
+    g = p.add_argument_group("layout search") if command != "layouts" else p
+    if command == "solve":
+        g.add_argument("--layout", choices=("auto",),
+                       help="auto: search the layout of --gpus GPUs as stagesplit layouts does (tensor, pipeline and "
+                            "data parallelism, ZeRO, micro-batches from --global-batch) and solve the best one's "
+                            "split: the plan (--out) is that layout's, the table says why each other loses")
+    if command == "sweep":
+        g.add_argument("--gpus", metavar="RANGE",
+                       help="GPU counts, each laid out as stagesplit layouts does: a range like 8..64 (its powers of "
+                            "two) or a list like 8,16,24; needs --global-batch and --target (instead of --devices)")
+    else:
+        g.add_argument("--gpus", type=int, required=command == "layouts", metavar="G", help="GPUs in the cluster")
+    g.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: the target's node)")
+    g.add_argument("--global-batch", type=int, required=command == "layouts", metavar="B",
+                   help="samples per step: micro-batch size x micro-batches x data-parallel ranks")
+    g.add_argument("--micro-batch-size", type=int, default=1, metavar="S",
+                   help="samples in the micro-batch the profiles were captured with (default 1)")
+    g.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
+    if command == "layouts":
+        g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
+    g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
+                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
+    for flag in ("tp", "pp"):
+        g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -249,6 +281,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_wide(p)
     p.add_argument("--out", metavar="PLAN", help="write the plan (.json, or .yaml/.yml) atomically")
     p.add_argument("--plot", metavar="FILE", help="write per-stage memory and compute plots (.png or .svg)")
+    _add_layout_options(p, "solve")
 
     p = command("sweep", help="how few devices can I use? solve for a range of device counts")
     _add_profile(p)
@@ -256,6 +289,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_layer_options(p)
     _add_output(p)
     p.add_argument("--plot", metavar="FILE", help="plot bottleneck compute and memory against devices (.png/.svg)")
+    _add_layout_options(p, "sweep")
 
     p = command("diagnose", help="bottleneck tile and step, live variables, ground truth, grouping health")
     _add_profile(p)
@@ -370,18 +404,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = command("layouts", help="the fastest layout of G GPUs: tensor, pipeline and data parallelism, ZeRO, "
                 "micro-batches, each split proven")
     _add_profile(p)
-    p.add_argument("--gpus", type=int, required=True, metavar="G", help="GPUs in the cluster")
-    p.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: the target's node)")
-    p.add_argument("--global-batch", type=int, required=True, metavar="B",
-                   help="samples per step: micro-batch size x micro-batches x data-parallel ranks")
-    p.add_argument("--micro-batch-size", type=int, default=1, metavar="S",
-                   help="samples in the micro-batch the profiles were captured with (default 1)")
-    p.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
-    p.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
-    p.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
-                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
-    for flag in ("tp", "pp"):
-        p.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
+    _add_layout_options(p, "layouts")
     # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
     for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit"):
         _solve_option(p, name)

@@ -13,7 +13,7 @@ from pathlib import Path
 from ..errors import OptionError
 from .text import show
 
-__all__ = ["device_counts", "same_file", "capture_inputs", "check_outputs"]
+__all__ = ["device_counts", "gpu_counts", "same_file", "capture_inputs", "check_outputs"]
 
 
 def device_counts(text: str, limit: int) -> list[int]:
@@ -35,6 +35,34 @@ def device_counts(text: str, limit: int) -> list[int]:
     if not counts or min(counts) < 1 or max(counts) > limit:
         raise bad
     return counts
+
+
+def gpu_counts(text: str, limit: int) -> list[int]:
+    """GPU counts for the layout sweep: ``8..64``, the powers of two from 8 to 64 (clusters come in
+    nodes of a power of two), or a list ``8,16,24`` as given; in 1..limit, checked before any list
+    is built."""
+    bad = OptionError("gpus", f"expected a range like 8..64 (its powers of two) or a list like 8,16,24 of counts in "
+                      f"1..{limit:,}, got {show(text)[:40]!r}")
+    if len(text) > 10_000:
+        raise bad
+    try:
+        if ".." in text:
+            lo_text, hi_text = text.split("..", 1)
+            lo, hi = int(lo_text), int(hi_text)
+            if not 1 <= lo <= hi <= limit:
+                raise bad
+        else:
+            counts = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise bad from None
+    if ".." in text:
+        counts = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
+        if not counts:
+            raise OptionError("gpus", f"no power of two lies in {lo}..{hi}: give a list like {lo},{hi}")
+        return counts
+    if not counts or min(counts) < 1 or max(counts) > limit:
+        raise bad
+    return list(dict.fromkeys(counts))
 
 
 def _identity(path: str | Path) -> tuple[int, int] | None:

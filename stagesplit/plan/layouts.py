@@ -32,8 +32,8 @@ from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_byte
 from ..solver.request import Schedule, SolveRequest
 from .records import Plan
 
-__all__ = ["Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request", "enumerate_layouts", "memory_floor", "search",
-           "seconds", "solve_request", "step_of"]
+__all__ = ["GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
+           "enumerate_layouts", "memory_floor", "search", "seconds", "solve_request", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
@@ -142,8 +142,8 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) ->
     fixed = [(n, v) for n, v in (("tp", req.tp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
     product = math.prod(v for _, v in fixed)
     if fixed and req.gpus % product:
-        raise OptionError(fixed[0][0], f"{' x '.join(f'{n} {v}' for n, v in fixed)} = {product} does not divide "
-                          f"{req.gpus} GPUs")
+        degrees = " x ".join(f"{n} {v}" for n, v in fixed) + (f" = {product}" if len(fixed) > 1 else "")
+        raise OptionError(fixed[0][0], f"{degrees} does not divide {req.gpus} GPUs")
     if req.tp is not None and req.tp not in tp_degrees:
         raise OptionError("tp", f"no profile of tensor-parallel degree {req.tp} was given (degrees: "
                           f"{', '.join(map(str, sorted(tp_degrees)))})")
@@ -325,7 +325,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   capacity=capacity)
             continue
         except StagesplitError as exc:
-            rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity)
+            # the engine's rules refuse it whatever the time (1F1B's micro-batches per stage...): settled
+            rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
             continue
         if slower:
             assert cutoff is not None
@@ -335,7 +336,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         s = plan.schedule
         if s is None or not plan.stages:         # the time limit stopped it before a split was found
             rows[lay] = LayoutRow(lay, "unknown" if plan.status == "unknown" else "refused", plan.message,
-                                  capacity=capacity)
+                                  capacity=capacity, proven=plan.status in ("infeasible", "refused"))
             continue
         peaks = tuple(r.peak_bytes for r in s.ranks)
         if not plan.feasible:
@@ -365,8 +366,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                 r = replace(r, status="slower", reason=_why_slower(r, top))
         out.append(r)
     if top is None:
-        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",))
+        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
+    if plan.profile.tensor_parallel != top.layout.tp:
+        # a rank's profile given for a degree without recording it (no capture --tp): the plan
+        # still says which degree its rank is of, so that its exports lay the model out so
+        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
@@ -403,3 +408,58 @@ def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     return (f"{what}: step {seconds(r.step_s)} vs {seconds(top.step_s)} (pipeline {seconds(r.pipeline_s)}, bubble "
             f"{(r.bubble or 0):.0%}, communication {seconds(comm)})")
 
+
+
+# -- the GPU-count sweep ---------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class GpuSweepRow:
+    """One GPU count's layout search (``plan``), or why no layout of that many GPUs was searched
+    (``refused``: the batch or the node cannot be laid out on it)."""
+
+    gpus: int
+    plan: LayoutPlan | None
+    refused: str = ""
+
+    @property
+    def fits(self) -> bool:
+        return self.plan is not None and self.plan.best is not None
+
+
+@dataclass(frozen=True)
+class GpuSweep:
+    """The layout search for each GPU count, in the order asked."""
+
+    rows: tuple[GpuSweepRow, ...]
+
+    @property
+    def fewest(self) -> int | None:
+        """The fewest GPUs with a layout that fits every rank (None: no count fits)."""
+        fits = [r.gpus for r in self.rows if r.fits]
+        return min(fits) if fits else None
+
+
+def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, counts: Sequence[int],
+               deadline: Deadline, events: Events) -> GpuSweep:
+    """``search`` for each GPU count in ``counts`` (``req`` with its ``gpus`` replaced), the one
+    deadline split across them: each count gets the time left over the counts left. A count on
+    which no layout forms the batch (or the node does not divide it) is a row saying so; where
+    every count is refused, the first refusal is raised (the request itself is bad)."""
+    layers = min(analyze(tp, DataLayout()).layers.num_layers for tp in tp_degrees)
+    rows: list[GpuSweepRow] = []
+    first: OptionError | None = None
+    for i, g in enumerate(counts):
+        one = replace(req, gpus=g)
+        try:
+            check_request(one, tp_degrees, layers)
+        except OptionError as exc:
+            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "pp", "dp"):
+                raise
+            first = first or exc
+            rows.append(GpuSweepRow(g, None, exc.detail))
+            continue
+        share = deadline.left() / max(1, len(counts) - i)
+        rows.append(GpuSweepRow(g, search(analyze, tp_degrees, one, deadline.part(share), events)))
+    if first is not None and all(r.plan is None for r in rows):
+        raise first
+    return GpuSweep(tuple(rows))

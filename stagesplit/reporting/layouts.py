@@ -1,14 +1,17 @@
-"""``stagesplit layouts``'s text and JSON: the chosen layout, its step, tokens/s per GPU and MFU,
-each rank's peak, and one row per degree combination with why it loses. Every figure printed is
-the plan's own (tests/plan/test_layouts.py reads them back)."""
+"""``stagesplit layouts``'s text and JSON (solve with an automatic layout prints them after its
+plan): the chosen layout, its step, tokens/s per GPU and MFU, each rank's peak, and one row per
+degree combination with why it loses; the sweep of GPU counts' table of the best layout per count. Every
+figure printed is the plan's own (tests/plan/test_layouts.py and tests/cli/test_cli_layouts.py read
+them back)."""
 
 from __future__ import annotations
 
 from typing import Any
 
-from ..plan.layouts import LayoutPlan, LayoutRow, seconds
+from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRow, seconds
+from .table import Column, Table
 
-__all__ = ["layouts_json", "layouts_text"]
+__all__ = ["gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
@@ -20,10 +23,13 @@ def layouts_text(lp: LayoutPlan) -> str:
     lines = [f"layout search: {req.gpus} GPUs ({req.node.gpus_per_node} per node) of {req.target.name}, global batch "
              f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
     b = lp.best
+    refused = sum(1 for r in lp.rows if r.status == "refused")
     if b is None:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         lines.append(f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or "
-                     "were refused" if unknown else "no layout fits every rank")
+                     "were refused" if unknown else "no layout fits every rank" if not refused else
+                     f"no layout fits every rank: {refused} of {len(lp.rows)} combination(s) refused (the rows say "
+                     "why)")
     else:
         assert b.step_s is not None
         lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
@@ -40,8 +46,11 @@ def layouts_text(lp: LayoutPlan) -> str:
                      + f" of {_gib(b.capacity)}")
     if not lp.tp_collectives_recorded:
         lines.append("note: no profile records tensor-parallel collectives: none priced")
-    if lp.proven:
-        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit")
+    if lp.proven and b is None:
+        lines.append("proven: no combination fits every rank" + (" or runs" if refused else ""))
+    elif lp.proven:
+        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit"
+                     + (f"; {refused} refused (the rows say why)" if refused else ""))
     else:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
@@ -77,3 +86,42 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
             "rows": [_row_json(r) for r in lp.rows]}
+
+
+def gpu_sweep_table(sweep: GpuSweep) -> Table:
+    """One row per GPU count: its best layout and schedule (``x V`` where it runs ``V`` chunks per
+    device), step, samples/s and tokens/s per GPU, MFU, and whether the search proved it; a count
+    with no layout says why."""
+    t = Table("GPU-count sweep (layouts)", [
+        Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
+        Column("zero", "id"), Column("M", "int"), Column("schedule"), Column("step (ms)", "compute"),
+        Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
+        Column("proven", "text", 3), Column("why")])
+    for r in sweep.rows:
+        lp = r.plan
+        proven = "yes" if lp is not None and lp.proven else "no"
+        if lp is None or lp.best is None:
+            t.add(r.gpus, "no", *([None] * 10), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
+            continue
+        b, lay = lp.best, lp.best.layout
+        assert b.step_s is not None and lp.samples_per_s is not None
+        tokens = round(lp.tokens_per_s_per_gpu) if lp.tokens_per_s_per_gpu is not None else None
+        schedule = b.schedule + (f" x{b.chunks_per_rank}" if b.chunks_per_rank > 1 else "")
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, schedule, b.step_s * 1e3,
+              lp.samples_per_s / r.gpus, tokens, lp.mfu, proven, None)
+    return t
+
+
+def _none_fits(lp: LayoutPlan) -> str:
+    """Why a search found no layout: its rows counted by status, in the order of their first row."""
+    counts: dict[str, int] = {}
+    for r in lp.rows:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    return "no layout: " + ", ".join(f"{n} {status}" for status, n in counts.items())
+
+
+def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
+    """Every count's whole search (``layouts_json``), or why it has none, and the fewest GPUs that fit."""
+    return {"fewest_gpus": sweep.fewest,
+            "rows": [{"gpus": r.gpus, "fits": r.fits, "refused": r.refused or None,
+                      "layouts": layouts_json(r.plan) if r.plan is not None else None} for r in sweep.rows]}
