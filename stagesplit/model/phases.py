@@ -187,8 +187,10 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -
     made = np.full(len(p.variables.bytes), -1, np.int64)
     known = producer >= 0
     made[known] = ops.phase[producer[known]]
-    # only what one layer makes and only its own backward reads: a tensor that crosses a cut (a block's
-    # output, read back by the next block) is the next chunk's receive buffer, held as such
+    # the gradients W reads: only what one layer's B makes for its own W (a gradient that crosses a cut is
+    # the receive buffer, held as such). The stash: every tensor a forward made that a backward reads,
+    # a block's output read back by the next block included (a chunk's inner cut, held through B); the
+    # caller takes off the one the chunk's last layer sends on, which no backward of the chunk reads
     op_layer = model.layers.op_layer
     backward_entry = (phase_of_entry == Phase.BACKWARD_INPUT) | (phase_of_entry == Phase.BACKWARD_WEIGHT)
     L = model.num_layers
@@ -198,8 +200,7 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -
     np.maximum.at(high, entry_var[backward_entry], op_layer[entry_op[backward_entry]])
     maker_layer = np.where(known, op_layer[np.maximum(producer, 0)], -1)
     local = (low == high) & (low == maker_layer) & (low >= 0)
-    held = model.var_nal & local & (((made == Phase.FORWARD) & read_back) |
-                                    ((made == Phase.BACKWARD_INPUT) & read_by_w))
+    held = model.var_nal & (((made == Phase.FORWARD) & read_back) | ((made == Phase.BACKWARD_INPUT) & read_by_w & local))
     timeline = model.timeline
     rows = held[timeline.row_var] & (timeline.row_col_end > first_col) & (timeline.row_col_end < end_col)
     if not rows.any():
@@ -222,13 +223,17 @@ def phase_table(model: ModelView) -> PhaseTable:
     plain = base.worst_bytes[base.k_index(1)]
     stash = base.worst_bytes[base.k_index(2)] - plain
     peaks = {}
+    forward_cut, backward_cut, unstashed = _cut_directions(model)
     held = _held_through_backward(model, columns)
+    # the held view keeps a range's output (read back only by the next layer) through its B and W: not
+    # the chunk's, which the runtime detaches (held_output, the receive buffers count it)
+    sent_on = np.maximum(forward_cut[1:] - unstashed[1:], 0)
+    sent_on[-1] = 0
     for kind, phases in _PHASES_OF.items():
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
-        view = held if kind in _SPLIT_KINDS and held is not None else model
-        table = price_all_ranges(_masked(view, mask), (1,))
-        peaks[kind] = np.triu(table.worst_bytes[0] - plain)
-    forward_cut, backward_cut, unstashed = _cut_directions(model)
+        split = kind in _SPLIT_KINDS and held is not None
+        table = price_all_ranges(_masked(held if split else model, mask), (1,))
+        peaks[kind] = np.triu(table.worst_bytes[0] - plain - (sent_on[None, :] if split else 0))
     frees = _freed_at_input_backward(model)
     weight_extra = _weight_gradients(model, columns) - frees[None, :]
     per_op, unit = _op_times(model)
