@@ -27,6 +27,7 @@ from ..solver.problem import (
     evaluate_split,
     in_flight,
     in_flight_values,
+    kept_back_from,
     stage_capacities,
     with_devices,
 )
@@ -42,6 +43,7 @@ if TYPE_CHECKING:
     from ..model.phases import PhaseTable
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem, ChunkResult
+    from ..solver.runtime_reserve import RuntimeReserve
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible",
@@ -618,8 +620,25 @@ def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
     targets = inputs.targets
     if targets:
         targets = tuple(targets[i % len(targets)] for i in range(devices))
-    return replace(inputs, request=inputs.request.with_devices(devices), options=with_devices(inputs.options, devices),
-                   targets=targets)
+    kept = inputs.runtime_reserve
+    options = with_devices(inputs.options, devices)
+    if kept is not None:           # the pipeline's communicators follow the device count
+        kept = _reserve_for(kept, devices, inputs)
+        options = replace(options, kept_back=kept.per_device(devices))
+    return replace(inputs, request=inputs.request.with_devices(devices), options=options, targets=targets,
+                   runtime_reserve=kept)
+
+
+def _reserve_for(kept: RuntimeReserve, devices: int, inputs: PlanInputs) -> RuntimeReserve:
+    """``kept`` for another device count: the same figures, the communicators of that many devices."""
+    from ..solver.runtime_reserve import communicators
+    channels = kept.nccl_channels
+    if not channels:
+        return replace(kept, retry_bytes=())
+    tp = max((c.ranks for c in kept.communicators if c.name == "tensor parallel"), default=1)
+    comms = communicators(channels, devices=devices, tensor_parallel=tp, data_parallel=inputs.request.dp,
+                          schedule=inputs.request.schedule.value)
+    return replace(kept, communicators=comms, retry_bytes=())
 
 
 # -- pipeline schedules with chunks (solver/chunk_cpsat.py) -----------------------------------------
@@ -633,7 +652,7 @@ def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarra
     if (capacity <= 0).any():
         raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
                           f"({int(raw.min()):,} bytes)")
-    result: np.ndarray = capacity
+    result: np.ndarray = kept_back_from(capacity, options)
     return result
 
 
