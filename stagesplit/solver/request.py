@@ -201,6 +201,8 @@ class SolveRequest:
         self.data_layout()                          # zero without dp is refused here, naming zero
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
+        if self.runtime_reserve is False:          # YAML 1.1 reads a settings file's ``off`` as false
+            set_(self, "runtime_reserve", "off")
         if self.runtime_reserve not in ("auto", "off"):
             if not isinstance(self.runtime_reserve, int) or isinstance(self.runtime_reserve, bool):
                 raise OptionError("runtime_reserve", f"expected auto, off or a number of bytes, got "
