@@ -6,7 +6,7 @@ devices, and solve the chunks of pipeline schedules."""
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
@@ -49,7 +49,7 @@ __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "Sw
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible",
            "fewest_stages_that_fit", "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price",
            "result_message",
-           "schedule_problem", "search", "sweep"]
+           "schedule_problem", "search", "sweep", "sweep_options"]
 
 
 @dataclass
@@ -592,7 +592,7 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
     inputs = inputs_of(model, inputs)
     traffic = layer_traffic(model)
     if table is None and phases is None:
-        table = price(model, inputs.options, max_devices=max(device_counts), progress=progress)
+        table = price(model, sweep_options(inputs, device_counts), max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
         row_inputs = inputs_for(inputs, n)
@@ -612,6 +612,17 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
             on_row(row)
     return SweepResult(rows)
 
+
+
+def sweep_options(inputs: PlanInputs, device_counts: Sequence[int]) -> SolveOptions:
+    """``inputs``' options for pricing the ranges of a sweep over ``device_counts``: what a GPU keeps
+    back follows the device count (the pipeline's communicators), so the ranges are priced for the
+    least any count keeps back (the largest capacity a row can have)."""
+    o = inputs.options
+    if inputs.runtime_reserve is None or not o.kept_back:
+        return o
+    least = min(min(inputs_for(inputs, n).options.kept_back) for n in device_counts)
+    return replace(o, kept_back=(least,) * o.devices)
 
 
 def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:

@@ -489,7 +489,11 @@ def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: 
     from .advise import sweep as sweep_counts
     resolved = resolve(request, analysis)
     is_scheduled = scheduled(request, resolved.model)
-    table = None if is_scheduled else price(resolved, events, max_devices=max(counts))
+    table = None
+    if not is_scheduled:               # priced for the least any count keeps back (the largest capacity)
+        from .advise import sweep_options
+        widest = replace(resolved, inputs=replace(resolved.inputs, options=sweep_options(resolved.inputs, counts)))
+        table = price(widest, events, max_devices=max(counts))
     phases = resolved.model.phase_table if is_scheduled else None
     done: list[SweepRow] = []
 

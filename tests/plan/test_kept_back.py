@@ -156,3 +156,15 @@ def test_solve_again_where_what_the_allocator_reserves_does_not_fit(monkeypatch)
     line = kept_back_line(plan)
     assert line.endswith("; solved again keeping back the allocator's excess too: " + ", ".join(
         f"device {i} {b / 2**30:,.2f} GiB" for i, b in enumerate(kept.retry_bytes) if b))
+
+
+def test_a_sweep_of_a_per_layer_profile_prices_for_each_counts_capacity():
+    """A profile without phases: one range table for every count, priced for the largest capacity any count
+    has (the fewest communicators); each row's stages have their own count's."""
+    result = stagesplit.sweep(PROFILES / "llama-7b-layers.json", [1, 2, 3, 8], schedule="1f1b")
+    kept = [row.plan.inputs.runtime_reserve.estimate_bytes for row in result.rows]
+    assert kept == [512 * MiB, KEPT_2, 768 * MiB, 768 * MiB]
+    device = load_target("a100-80gb").device_bytes
+    for row, k in zip(result.rows, kept):
+        assert all(s.capacity_bytes == device - k for s in row.plan.stages)
+    assert [row.fits for row in result.rows] == [False, True, True, True]
