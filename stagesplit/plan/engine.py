@@ -218,7 +218,7 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
     first = plan
     over = ", ".join(f"device {i} by {b / 2**30:,.2f} GiB" for i, b in enumerate(excess) if b)
     retry = tuple(kept.retry_bytes) or (0,) * plan.devices
-    rounds = 0
+    rounds, why = 0, "the time limit leaves too little"
     while any(excess) and rounds < REFIT_ROUNDS:
         if deadline.left() < REFIT_MIN_SECONDS:
             break
@@ -229,19 +229,28 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
         try:
             advice = advise_schedule(resolved.model, resolved.inputs, table=resolved.model.phase_table,
                                      deadline=deadline.part(deadline.left()))
-        except (TimeLimitReached, StagesplitError):
+        except TimeLimitReached:
+            break
+        except StagesplitError as exc:
+            why = str(exc)
             break
         finally:
             events.done()
         rounds += 1
-        if not advice.plan.feasible:
-            return replace(first, notes=[*first.notes, f"what the caching allocator reserves does not fit ({over}): "
-                                         f"solved again keeping that back too, no split fits then"])
-        plan = with_reserved(_completed(advice, resolved.model, events, candidates=first.candidates), deadline)
+        if not advice.plan.feasible:           # the last plan that has a split stays
+            return replace(plan, notes=[*plan.notes, f"what the caching allocator reserves does not fit ({over}): "
+                                        f"solved again keeping that back too, no split fits then"])
+        for message in advice.warnings:       # each said once
+            if message not in events.warnings:
+                events.warn(message)
+        plan = with_reserved(replace(advice.plan, baselines=[replace(b, analysis=resolved.model)
+                                                             for b in advice.baselines],
+                                     warnings=list(events.warnings), analysis=resolved.model,
+                                     candidates=first.candidates), deadline)
         excess = _excess(plan)
     if rounds == 0:
         return replace(first, notes=[*first.notes, f"what the caching allocator reserves does not fit ({over}): not "
-                                     "solved again, the time limit leaves too little"])
+                                     f"solved again, {why}"])
     outcome = "the plan fits what it reserves" if not any(excess) else "it still does not fit"
     note = (f"what the caching allocator reserves did not fit ({over}): solved again keeping that back too "
             f"({rounds} time{'' if rounds == 1 else 's'}); {outcome}")
