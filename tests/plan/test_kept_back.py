@@ -168,3 +168,23 @@ def test_a_sweep_of_a_per_layer_profile_prices_for_each_counts_capacity():
     for row, k in zip(result.rows, kept):
         assert all(s.capacity_bytes == device - k for s in row.plan.stages)
     assert [row.fits for row in result.rows] == [False, True, True, True]
+
+
+def test_a_second_solve_that_still_does_not_fit_says_so(monkeypatch):
+    """A capacity 12 MiB above the fastest split's priced peak: one more solve keeping the first plan's
+    excess back is not enough here (the replay of the split it finds passes the device again), and the
+    plan says so, as its reserved line does."""
+    from stagesplit.plan import engine
+    free = plan_on(runtime_reserve=0)
+    capacity = max(r.peak_bytes for r in free.schedule.ranks) + 12 * MiB
+    monkeypatch.setattr(engine, "REFIT_ROUNDS", 1)
+    plan = plan_on.__wrapped__(capacity, runtime_reserve=0)
+    assert plan.notes[-1].endswith("solved again keeping that back too (1 time); it still does not fit")
+    over = [r for r in plan.schedule.ranks if not r.fits]
+    assert over and all(r.needed_bytes > r.capacity_bytes == capacity for r in over)
+    worst = max(plan.schedule.ranks, key=lambda r: r.needed_bytes / r.capacity_bytes)
+    assert f"does not fit by {(worst.needed_bytes - capacity) / 2**30:,.2f} GiB" in plan.summary(gpu=True)
+    monkeypatch.undo()
+    again = plan_on.__wrapped__(capacity, runtime_reserve=0)          # with more rounds it does
+    assert again.notes[-1].endswith("; the plan fits what it reserves")
+    assert all(r.fits for r in again.schedule.ranks)
