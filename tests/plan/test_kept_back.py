@@ -188,3 +188,9 @@ def test_a_second_solve_that_still_does_not_fit_says_so(monkeypatch):
     again = plan_on.__wrapped__(capacity, runtime_reserve=0)          # with more rounds it does
     assert again.notes[-1].endswith("; the plan fits what it reserves")
     assert all(r.fits for r in again.schedule.ranks)
+
+
+def test_the_report_says_it_too():
+    from stagesplit.reporting.html import report_html
+    plan = plan_on()
+    assert f'<p class="sub">{kept_back_line(plan)}</p>' in report_html(plan)
