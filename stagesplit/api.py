@@ -259,7 +259,7 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
     "memory", "devices"), ``exact``, ``schedule`` ("none", "gpipe", "1f1b", "interleaved-1f1b",
     "looped-bfs", "zb-h1", "zbv", "dualpipev", "auto"), ``chunks_per_rank``, ``recompute``
     ("auto", "none", "selective", "full"), ``micro_batches``,
-    ``headroom``, ``reserve``, ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
+    ``headroom``, ``reserve``, ``runtime_reserve`` ("auto", "off" or bytes), ``min_layers``, ``max_layers``, ``pin_splits`` (layer names),
     ``pin_layers`` ({layer name: device position}), ``communication``, ``link_bandwidth``,
     ``efficiency``, ``shared``, ``layer_compute`` ({layer name: compute}), ``layering``,
     ``time_limit``, ``workers``, ``compare``. With ``compare``, ``plan.baselines`` holds what

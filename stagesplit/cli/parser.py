@@ -108,6 +108,8 @@ def _solve_option(g: Any, name: str) -> None:
         kw["type"] = float_in(o.low, o.high, low_open=o.low_open, high_open=o.high_open)
     elif o.parse == "bytes":
         kw["type"] = _byte_count
+    elif o.parse == "auto_bytes":
+        kw["type"] = _auto_or_byte_count
     elif o.parse == "choice":
         kw["choices"] = o.choices
     elif o.parse == "switch":
@@ -153,6 +155,17 @@ def _byte_count(text: str) -> int:
     if value > 2**62:
         raise argparse.ArgumentTypeError(f"expected at most {2**62:,} bytes, got '{text[:40]}'")
     return int(value)
+
+
+def _auto_or_byte_count(text: str) -> str | int:
+    """``auto``, ``off``, or a byte count as ``_byte_count`` reads it."""
+    if text.strip().lower() in ("auto", "off"):
+        return text.strip().lower()
+    try:
+        return _byte_count(text)
+    except argparse.ArgumentTypeError:
+        raise argparse.ArgumentTypeError(f"expected auto, off or a number of bytes, optionally with a unit (e.g. "
+                                         f"1GiB), got '{text[:40]}'") from None
 
 
 # -- shared option groups ---------------------------------------------------------------------------

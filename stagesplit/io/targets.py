@@ -80,7 +80,7 @@ def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: s
     if not isinstance(spec, dict):
         raise ProfileError(path, prefix, "a mapping with tiles and bytes_per_tile", spec)
     known = {"name", "kind", "description", "tiles", "bytes_per_tile", "clock_hz", "link_bytes_per_s", "flops_per_s",
-             "memory_bytes_per_s", "node"}    # node: the cluster node's topology, read by io/topology.py
+             "memory_bytes_per_s", "node", "runtime"}    # node: io/topology.py; runtime: io/runtimefigures.py
     for key in spec:
         if key not in known:
             raise ProfileError(path, at(str(key)), "one of " + ", ".join(sorted(known)), key)

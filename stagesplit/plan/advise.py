@@ -6,7 +6,7 @@ devices, and solve the chunks of pipeline schedules."""
 from __future__ import annotations
 
 import time as _time
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, overload
 
@@ -27,6 +27,7 @@ from ..solver.problem import (
     evaluate_split,
     in_flight,
     in_flight_values,
+    kept_back_from,
     stage_capacities,
     with_devices,
 )
@@ -42,12 +43,13 @@ if TYPE_CHECKING:
     from ..model.phases import PhaseTable
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem, ChunkResult
+    from ..solver.runtime_reserve import RuntimeReserve
 
 __all__ = ["Advice", "DP_CELLS_PER_SECOND", "DP_CELLS_PER_SECOND_ONE_COUNT", "SweepResult", "SweepRow", "advise",
            "advise_schedule", "device_capacities", "dp_seconds_estimate", "explain_infeasible",
            "fewest_stages_that_fit", "framework_plans", "inputs_for", "inputs_of", "layer_parameter_bytes", "price",
            "result_message",
-           "schedule_problem", "search", "sweep"]
+           "schedule_problem", "search", "sweep", "sweep_options"]
 
 
 @dataclass
@@ -590,7 +592,7 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
     inputs = inputs_of(model, inputs)
     traffic = layer_traffic(model)
     if table is None and phases is None:
-        table = price(model, inputs.options, max_devices=max(device_counts), progress=progress)
+        table = price(model, sweep_options(inputs, device_counts), max_devices=max(device_counts), progress=progress)
     rows = []
     for n in device_counts:
         row_inputs = inputs_for(inputs, n)
@@ -612,14 +614,42 @@ def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_count
 
 
 
+def sweep_options(inputs: PlanInputs, device_counts: Sequence[int]) -> SolveOptions:
+    """``inputs``' options for pricing the ranges of a sweep over ``device_counts``: what a GPU keeps
+    back follows the device count (the pipeline's communicators), so the ranges are priced for the
+    least any count keeps back (the largest capacity a row can have)."""
+    o = inputs.options
+    if inputs.runtime_reserve is None or not o.kept_back:
+        return o
+    least = min(min(inputs_for(inputs, n).options.kept_back) for n in device_counts)
+    return replace(o, kept_back=(least,) * o.devices)
+
+
 def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
     """The same inputs for another device count: a defaulted micro-batch count follows it, one
     target (or the list) repeats, pins to positions beyond it are dropped."""
     targets = inputs.targets
     if targets:
         targets = tuple(targets[i % len(targets)] for i in range(devices))
-    return replace(inputs, request=inputs.request.with_devices(devices), options=with_devices(inputs.options, devices),
-                   targets=targets)
+    kept = inputs.runtime_reserve
+    options = with_devices(inputs.options, devices)
+    if kept is not None:           # the pipeline's communicators follow the device count
+        kept = _reserve_for(kept, devices, inputs)
+        options = replace(options, kept_back=kept.per_device(devices))
+    return replace(inputs, request=inputs.request.with_devices(devices), options=options, targets=targets,
+                   runtime_reserve=kept)
+
+
+def _reserve_for(kept: RuntimeReserve, devices: int, inputs: PlanInputs) -> RuntimeReserve:
+    """``kept`` for another device count: the same figures, the communicators of that many devices."""
+    from ..solver.runtime_reserve import communicators
+    channels = kept.nccl_channels
+    if not channels:
+        return replace(kept, retry_bytes=())
+    tp = max((c.ranks for c in kept.communicators if c.name == "tensor parallel"), default=1)
+    comms = communicators(channels, devices=devices, tensor_parallel=tp, data_parallel=inputs.request.dp,
+                          schedule=inputs.request.schedule.value)
+    return replace(kept, communicators=comms, retry_bytes=())
 
 
 # -- pipeline schedules with chunks (solver/chunk_cpsat.py) -----------------------------------------
@@ -633,7 +663,7 @@ def device_capacities(model: StageCostModel, options: SolveOptions) -> np.ndarra
     if (capacity <= 0).any():
         raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
                           f"({int(raw.min()):,} bytes)")
-    result: np.ndarray = capacity
+    result: np.ndarray = kept_back_from(capacity, options)
     return result
 
 

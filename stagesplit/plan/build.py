@@ -144,6 +144,12 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
     schedule = problem.schedule
     result = solve.result
     o = inputs.options
+    # a second solve kept the caching allocator's excess back from the solver's capacities
+    # (plan/engine.py's _refit); the plan records each device's own capacity, which the replay checks
+    retry = inputs.runtime_reserve.retry_bytes if inputs.runtime_reserve is not None else ()
+
+    def capacity(rank: int) -> int:
+        return int(problem.capacities[rank]) + (retry[rank] if rank < len(retry) else 0)
     stages: list[StagePlan] = []
     record = None
     if result is not None:
@@ -169,7 +175,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                 m.forward_peak[c], m.full_backward_peak[c])), stashed_copies=int((k - 1) * m.stash[c]))
             stages.append(StagePlan(
                 stage=c, device=rank, first_layer=first, last_layer=last, layers=model.layers.names[first:last + 1],
-                in_flight=k, capacity_bytes=int(problem.capacities[rank]), worst_tile=0,
+                in_flight=k, capacity_bytes=capacity(rank), worst_tile=0,
                 worst_tile_bytes=int(result.ranks[rank].peak), memory_at_worst_tile=breakdown, memory_total=breakdown,
                 compute=float(compute), time_s=chunk_time if seconds else (chunk_time * unit_s if unit_s else None),
                 bytes_received=int(received), bytes_sent=int(sent), time=float(compute),
@@ -182,7 +188,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
                                                        + cc.backward_weight_time[c]) + cc.optimizer_time[c]
                              for c in schedule.rank_chunks(r.rank)))
             ranks.append(RankRecord(rank=r.rank, chunks=schedule.rank_chunks(r.rank), peak_bytes=int(r.peak),
-                                    capacity_bytes=int(problem.capacities[r.rank]), peak_at=at, busy=busy))
+                                    capacity_bytes=capacity(r.rank), peak_at=at, busy=busy))
         _, _, _, transfer, optimizer = step_durations(problem, bounds, choice)
         record = ScheduleRecord(kind=schedule.kind.value, chunks_per_rank=schedule.chunks_per_rank,
                                 micro_batches=schedule.micro_batches, step_time=float(result.step_time),

@@ -49,9 +49,11 @@ class Resolved:
     inputs: PlanInputs
 
 
-def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
+def resolve(request: SolveRequest, analysis: Analysis, retry_bytes: tuple[int, ...] = ()) -> Resolved:
     """Check ``request`` against the profile's layers and targets: names become indices,
-    targets capacities; the micro-batch count is chosen when the request gives none."""
+    targets capacities; the micro-batch count is chosen when the request gives none. On a GPU
+    the options keep back what the profile does not hold (solver/runtime_reserve.py), and
+    ``retry_bytes`` more per device (a second solve's: ``_refit``)."""
     from ..common.fileio import file_sha256
     from ..solver.problem import SolveOptions, resolve_micro_batches
     profile = analysis.profile
@@ -83,7 +85,14 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     chunks = request.resolved_chunks()
     micro_batches, micro_auto = resolve_micro_batches(request.schedule.value, request.micro_batches,
                                                       request.devices * chunks)
+    from ..solver.runtime_reserve import request_reserve
+    layout = profile.info.parallel_layout
+    kept = request_reserve(request, tuple(targets), profile.target,
+                           layout.tensor_parallel if layout is not None else 1)
+    if kept is not None and retry_bytes:
+        kept = replace(kept, retry_bytes=retry_bytes)
     options = SolveOptions(
+        kept_back=kept.per_device(request.devices) if kept is not None else (),
         devices=request.devices, objective=request.objective, exact=request.exact,
         schedule=request.schedule, micro_batches=micro_batches, micro_batches_auto=micro_auto,
         chunks_per_rank=chunks,
@@ -101,7 +110,8 @@ def resolve(request: SolveRequest, analysis: Analysis) -> Resolved:
     if request.layer_compute_source and Path(request.layer_compute_source).is_file():
         sha = file_sha256(request.layer_compute_source)
     inputs = PlanInputs(request=request, options=options,
-                        targets=tuple(targets) or (profile.target,) * request.devices, layer_compute_sha256=sha)
+                        targets=tuple(targets) or (profile.target,) * request.devices, layer_compute_sha256=sha,
+                        runtime_reserve=kept)
     return Resolved(analysis, model, inputs)
 
 
@@ -157,7 +167,8 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
     from .build import with_reserved
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
-        return with_reserved(_solve_auto(request, analysis, deadline, events), deadline)
+        return _refit(with_reserved(_solve_auto(request, analysis, deadline, events), deadline), analysis, deadline,
+                      events)
     if scheduled(request, resolved.model):
         events.start("pricing every layer range in each phase of the step")
         table = resolved.model.phase_table
@@ -169,7 +180,83 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
         events.start("solving")
         advice = advise(resolved.model, resolved.inputs, table=table, log=events.start, deadline=deadline)
     events.done()
-    return with_reserved(_completed(advice, resolved.model, events), deadline)
+    return _refit(with_reserved(_completed(advice, resolved.model, events), deadline), analysis, deadline, events)
+
+
+#: at most this many second solves where the caching allocator's replay does not fit (each keeps back
+#: the excess of the one before too); the deadline bounds them as well
+REFIT_ROUNDS = 3
+#: the least time left for a second solve to be tried
+REFIT_MIN_SECONDS = 1.0
+
+
+def _excess(plan: Plan) -> tuple[int, ...]:
+    """Per device position, the bytes by which what the caching allocator reserves (replayed) passes
+    the device's capacity, even with torch's retries (all 0 where every device fits)."""
+    s = plan.schedule
+    if s is None or not plan.feasible:
+        return ()
+    out = [0] * plan.devices
+    for r in s.ranks:
+        if r.reserved_bytes is not None and not r.fits and r.rank < len(out):
+            out[r.rank] = r.needed_bytes - r.capacity_bytes
+    return tuple(out)
+
+
+def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -> Plan:
+    """Where a GPU plan's replayed reserved bytes do not fit a device, even with the allocator's
+    retries (the split is chosen on the priced peaks), solve the plan's own schedule again keeping
+    each such device's excess back too, up to ``REFIT_ROUNDS`` times while the deadline leaves
+    ``REFIT_MIN_SECONDS``; the plan says what was done in a note, and whether it fits then. A second
+    solve that finds no split keeps the first plan."""
+    from .advise import advise_schedule
+    from .build import with_reserved
+    excess = _excess(plan)
+    kept = plan.inputs.runtime_reserve
+    if not any(excess) or kept is None:
+        return plan
+    first = plan
+    over = ", ".join(f"device {i} by {b / 2**30:,.2f} GiB" for i, b in enumerate(excess) if b)
+    retry = tuple(kept.retry_bytes) or (0,) * plan.devices
+    rounds, why = 0, "the time limit leaves too little"
+    while any(excess) and rounds < REFIT_ROUNDS:
+        if deadline.left() < REFIT_MIN_SECONDS:
+            break
+        retry = tuple(a + b for a, b in zip(retry, excess))
+        request = replace(plan.inputs.request, time_limit=max(deadline.left(), 0.001))
+        resolved = resolve(request, analysis, retry_bytes=retry)
+        events.start("solving again, keeping back what the caching allocator reserves beyond each device")
+        try:
+            advice = advise_schedule(resolved.model, resolved.inputs, table=resolved.model.phase_table,
+                                     deadline=deadline.part(deadline.left()))
+        except TimeLimitReached:
+            break
+        except StagesplitError as exc:
+            why = str(exc)
+            break
+        finally:
+            events.done()
+        rounds += 1
+        if not advice.plan.feasible:           # the last plan that has a split stays
+            return replace(plan, notes=[*plan.notes, f"what the caching allocator reserves does not fit ({over}): "
+                                        f"solved again keeping that back too, no split fits then"])
+        for message in advice.warnings:       # each said once
+            if message not in events.warnings:
+                events.warn(message)
+        plan = with_reserved(replace(advice.plan, baselines=[replace(b, analysis=resolved.model)
+                                                             for b in advice.baselines],
+                                     warnings=list(events.warnings), analysis=resolved.model,
+                                     candidates=first.candidates), deadline)
+        excess = _excess(plan)
+    if rounds == 0:
+        return replace(first, notes=[*first.notes, f"what the caching allocator reserves does not fit ({over}): not "
+                                     f"solved again, {why}"])
+    outcome = "the plan fits what it reserves" if not any(excess) else "it still does not fit"
+    note = (f"what the caching allocator reserves did not fit ({over}): solved again keeping that back too "
+            f"({rounds} time{'' if rounds == 1 else 's'}); {outcome}")
+    # the auto schedule's choice (its last note) stays with the plan it chose
+    chosen = [first.notes[-1]] if first.candidates and first.notes and first.notes[-1] not in plan.notes else []
+    return replace(plan, notes=[*plan.notes, *chosen, note])
 
 
 def check_variants_request(request: SolveRequest) -> None:
@@ -411,7 +498,11 @@ def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: 
     from .advise import sweep as sweep_counts
     resolved = resolve(request, analysis)
     is_scheduled = scheduled(request, resolved.model)
-    table = None if is_scheduled else price(resolved, events, max_devices=max(counts))
+    table = None
+    if not is_scheduled:               # priced for the least any count keeps back (the largest capacity)
+        from .advise import sweep_options
+        widest = replace(resolved, inputs=replace(resolved.inputs, options=sweep_options(resolved.inputs, counts)))
+        table = price(widest, events, max_devices=max(counts))
     phases = resolved.model.phase_table if is_scheduled else None
     done: list[SweepRow] = []
 

@@ -17,7 +17,7 @@ with the old names. The in-memory records (``StagePlan``) keep one set of names 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields
+from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +36,7 @@ from ..model.tied import TiedParameter
 from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions
 from ..solver.request import SolveRequest
+from ..solver.runtime_reserve import Communicator, RuntimeReserve
 from ..solver.schedule_kinds import ScheduleKind
 from .records import (
     MEMORY_KEYS,
@@ -106,6 +107,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
            "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
                                  "versions": dict(plan.run.versions)}}
+    if plan.inputs.runtime_reserve is not None:
+        doc["resolved"]["runtime_reserve"] = _reserve_document(plan.inputs.runtime_reserve)
     for s in plan.stages:
         rec = asdict(s)
         rec["recompute"] = list(s.recompute)
@@ -113,6 +116,42 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         rec["headroom"] = round(s.headroom, 6)
         doc["stages"].append(_gpu_stage(rec, s) if plan.profile.one_tile else rec)
     return doc
+
+
+def _reserve_document(kept: RuntimeReserve) -> dict[str, Any]:
+    """What the plan keeps back on every device, itemised (``_reserve`` reads it back)."""
+    doc = asdict(kept)
+    doc["communicators"] = [asdict(c) for c in kept.communicators]
+    doc["retry_bytes"] = list(kept.retry_bytes)
+    return doc
+
+
+def _reserve(r: FieldReader, value: Any, path: str, devices: int) -> RuntimeReserve:
+    """A plan's record of what it keeps back (``_reserve_document``), every field checked."""
+    doc = r.mapping(value, path)
+    names = {f.name for f in fields(RuntimeReserve)}
+    r.known_keys(doc, path, names)
+    comms = []
+    for i, c in enumerate(r.list(doc.get("communicators", []), f"{path}.communicators")):
+        at = f"{path}.communicators[{i}]"
+        c = r.mapping(c, at)
+        r.known_keys(c, at, {f.name for f in fields(Communicator)})
+        comms.append(Communicator(name=r.string(r.get(c, "name", at), f"{at}.name"),
+                                  ranks=r.integer(r.get(c, "ranks", at), f"{at}.ranks", minimum=2),
+                                  peers=r.integer(r.get(c, "peers", at), f"{at}.peers", minimum=1),
+                                  channels=r.integer(r.get(c, "channels", at), f"{at}.channels", minimum=1),
+                                  connection_bytes=r.integer(r.get(c, "connection_bytes", at),
+                                                             f"{at}.connection_bytes")))
+    retry = tuple(r.integer(x, f"{path}.retry_bytes[{i}]")
+                  for i, x in enumerate(r.list(doc.get("retry_bytes", []), f"{path}.retry_bytes")))
+    if retry and len(retry) != devices:
+        r.fail(f"{path}.retry_bytes", f"one byte count per device ({devices})", f"{len(retry)} entries")
+    return RuntimeReserve(setting=r.choice(doc.get("setting", "auto"), f"{path}.setting", ("auto", "off", "given")),
+                          cuda_context_bytes=r.integer(doc.get("cuda_context_bytes", 0), f"{path}.cuda_context_bytes"),
+                          communicators=tuple(comms),
+                          given_bytes=r.integer(doc.get("given_bytes", 0), f"{path}.given_bytes"),
+                          source=r.string(doc.get("source", ""), f"{path}.source"), retry_bytes=retry,
+                          nccl_channels=r.integer(doc.get("nccl_channels", 0), f"{path}.nccl_channels"))
 
 
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
@@ -466,14 +505,19 @@ def _inputs_v2(r: FieldReader, doc: dict[str, Any], names: list[str]) -> PlanInp
     request = SolveRequest.from_record(r.get(doc, "request", ""), _source(r), "request")
     resolved = r.mapping(r.get(doc, "resolved", ""), "resolved")
     r.known_keys(resolved, "resolved", {"micro_batches", "micro_batches_auto", "capacities", "pinned_splits",
-                                        "pinned_layers", "link_bytes_per_s", "targets", "layer_compute_sha256"})
+                                        "pinned_layers", "link_bytes_per_s", "targets", "layer_compute_sha256",
+                                        "runtime_reserve"})
     options = _options(r, request, resolved, names, "resolved")
     targets = _targets(r, resolved.get("targets", []), "resolved.targets")
     if targets and len(targets) != request.devices:
         r.fail("resolved.targets", f"one target per device ({request.devices})", f"{len(targets)} entries")
+    kept = None                # plans written before it was recorded kept nothing back
+    if resolved.get("runtime_reserve") is not None:
+        kept = _reserve(r, resolved["runtime_reserve"], "resolved.runtime_reserve", request.devices)
+        options = replace(options, kept_back=kept.per_device(request.devices))
     return PlanInputs(request=request, options=options, targets=targets,
                       layer_compute_sha256=_sha256(r, resolved.get("layer_compute_sha256"),
-                                                   "resolved.layer_compute_sha256"))
+                                                   "resolved.layer_compute_sha256"), runtime_reserve=kept)
 
 
 def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profile: PlanProfile) -> PlanInputs:

@@ -17,6 +17,7 @@ from ..model.tied import TiedParameter
 from ..model.traffic import WideTensor
 from ..solver.problem import SolveOptions, bubble_fraction
 from ..solver.request import Objective, Schedule, SharedPolicy, SolveRequest
+from ..solver.runtime_reserve import RuntimeReserve
 from .text import seconds_text, split_text
 
 if TYPE_CHECKING:
@@ -166,6 +167,10 @@ class PlanInputs:
     targets: tuple[Target, ...] = ()
     #: SHA-256 of the layer-compute file the request names, when it was read from one
     layer_compute_sha256: str | None = None
+    #: on a GPU, what the plan keeps back on every device for what the profile does not hold (the CUDA
+    #: context, NCCL's buffers: solver/runtime_reserve.py), itemised; ``options.kept_back`` holds its
+    #: bytes per device. None: not a GPU, or a plan written before it was recorded
+    runtime_reserve: RuntimeReserve | None = None
 
     # the fields readers of a plan use, by name
     @property

@@ -20,7 +20,7 @@ from ..common.versions import VERSION
 from ..errors import StagesplitError
 from ..plan.records import Plan
 from .plot import MANY_STAGES, plan_figure
-from .summary import comparison_table, layout_lines, stages_table
+from .summary import comparison_table, kept_back_line, layout_lines, stages_table
 from .table import Table, formatted, gpu_view
 from .timeline import (
     ChunkFigures,
@@ -200,7 +200,7 @@ def report_html(plan: Plan, model=None, figures: ChunkFigures | None = None) -> 
              f'<p class="sub">{len(plan.layer_names)} layers on {plan.devices} x {_e(targets)}; objective '
              f"{_e(o.objective.value)}; schedule {_e(o.schedule.value)} with {o.micro_batches} micro-batches; "
              f"made by stagesplit {_e(plan.run.stagesplit or VERSION)}</p>",
-             *(f'<p class="sub">{_e(line)}</p>' for line in layout_lines(plan))]
+             *(f'<p class="sub">{_e(line)}</p>' for line in [*layout_lines(plan), kept_back_line(plan)] if line)]
     summary = plan.summary(o.micro_batches, gpu=gpu).splitlines()
     parts.append(f"<h2>The split</h2><p><b>{_e(summary[0])}</b></p>")
     why = why_line(plan, model, words) if plan.stages else ""

@@ -12,7 +12,7 @@ from .table import Column, Table, gpu_view, render
 from .units import device_words
 from .why import compare_line, comparisons, step_ratio, why_line
 
-__all__ = ["candidates_table", "comparison_table", "method_label", "recompute_text", "solve_text", "stages_table",
+__all__ = ["candidates_table", "comparison_table", "kept_back_line", "method_label", "recompute_text", "solve_text", "stages_table",
            "layout_lines", "summary_with_why", "sweep_table", "tensor_parallel_text"]
 
 
@@ -192,6 +192,39 @@ def layout_lines(plan: Plan) -> list[str]:
     return lines
 
 
+def _gib(n: int) -> str:
+    return f"{n / 2**30:,.2f} GiB"
+
+
+def kept_back_line(plan: Plan) -> str | None:
+    """What a GPU plan keeps back on every device for what the profile does not hold (the CUDA
+    context, NCCL's buffers), with the request's reserve and the total: one line, from the plan's
+    record (None where it has none: not a GPU, or a plan written before it was recorded)."""
+    kept = plan.inputs.runtime_reserve
+    if kept is None:
+        return None
+    reserve = plan.inputs.options.reserve
+    if kept.setting == "off":
+        items = "nothing for the CUDA context and NCCL's buffers (turned off)"
+    elif kept.setting == "given":
+        items = f"{_gib(kept.given_bytes)} given in place of the CUDA context and NCCL estimate"
+    else:
+        n = len(kept.communicators)
+        items = (f"CUDA context {_gib(kept.cuda_context_bytes)}, NCCL buffers {_gib(kept.nccl_bytes)} "
+                 f"({n} communicator{'' if n == 1 else 's'})")
+    total = kept.estimate_bytes + reserve
+    text = f"kept back per device: {items}, reserve {_gib(reserve)}: {_gib(total)} in all"
+    o = plan.inputs.options
+    caps = set(o.capacities) if o.capacities else {plan.profile.bytes_per_tile}
+    if len(caps) == 1 and not any(kept.retry_bytes):       # alike devices: what each leaves to the plan
+        left = int(caps.pop() * (1.0 - o.headroom)) - total
+        text += f", {_gib(left)} of each device left for the plan"
+    if any(kept.retry_bytes):
+        text += ("; solved again keeping back the allocator's excess too: "
+                 + ", ".join(f"device {i} {_gib(b)}" for i, b in enumerate(kept.retry_bytes) if b))
+    return text
+
+
 def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None) -> str:
     """What ``solve`` prints: what was asked (the profile, named by ``profile`` where it has no
     name of its own, the devices and their memory, the objective and schedule), the summary and
@@ -210,6 +243,9 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
               f"{f' with {o.micro_batches} micro-batches' if o.schedule != 'none' else ''}")
     for line in layout_lines(plan):
         header += "\n" + line
+    kept = kept_back_line(plan)
+    if kept is not None:
+        header += "\n" + kept
     if plan.variants:
         header += ("\nprofile variants (memory proportion): "
                    + ", ".join(f"{one_line(v.name)} ({v.proportion:g})" if v.proportion is not None

@@ -30,7 +30,7 @@ class Option:
     help, ``{default}`` standing for ``shown_default`` (else the default) and ``{flag:NAME}`` for
     the command line's flag NAME (the command line writes it; no module below it names flags). ``parse`` says how the
     command line reads the value: "int" and "float" within ``low``..``high``, "bytes" (a count with
-    an optional unit), "choice" (one of ``choices``), "switch" (present or not), "append" (one
+    an optional unit), "auto_bytes" ("auto", "off" or such a count), "choice" (one of ``choices``), "switch" (present or not), "append" (one
     value per use), "text"; ``cli_default`` is the parser's default (None leaves the settings
     file's value, or the declared default, in force); ``group``: its heading in the help."""
 
@@ -97,6 +97,11 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
     Option("reserve", 0, "memory kept back on every device before layers are placed (CUDA context, cuBLAS/NCCL "
            "workspaces, fragmentation): bytes, or with a unit, e.g. 2GiB or 1.5GB (default: {default})",
            flag="reserve", parse="bytes", metavar="BYTES", cli_default=0),
+    Option("runtime_reserve", "auto", "on a GPU, memory kept back on every device for what the profile does not "
+           "hold, outside torch's caching allocator: auto prices the CUDA context and NCCL's buffers for the layout "
+           "(configs/targets.yaml), off keeps none, or bytes in their place, e.g. 1GiB; added to {flag:reserve} "
+           "(default: {default})", flag="runtime-reserve", settings="runtime_reserve", parse="auto_bytes",
+           metavar="auto|off|BYTES"),
     Option("allocator", "replay", "on a GPU, replay torch's CUDA caching allocator on each device's allocations in "
            "the schedule's order and check the plan fits what it reserves (with the cuBLAS workspaces): replay "
            "(default) or off", flag="allocator", settings="allocator", parse="choice", choices=("replay", "off")),

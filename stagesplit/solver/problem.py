@@ -39,7 +39,7 @@ from .request import Objective, Schedule
 
 __all__ = ["BandBytes", "Evaluation", "OBJECTIVES", "SCHEDULES", "SolveOptions", "Split", "SplitProblem", "StageVariant",
            "TIME_SCALE_LIMIT", "VARIANT_ORDER", "bubble_fraction", "build_problem", "build_variant_problem", "choose_variants",
-           "evaluate_split", "in_flight", "in_flight_values", "resolve_micro_batches", "schedule_note",
+           "evaluate_split", "in_flight", "in_flight_values", "kept_back_from", "resolve_micro_batches", "schedule_note",
            "stage_capacities", "stage_in_flight", "with_devices"]
 
 OBJECTIVES = tuple(o.value for o in Objective)
@@ -63,7 +63,10 @@ class SolveOptions:
     chunks_per_rank: int = 1                         # what a defaulted M multiplies the device count by
     headroom: float = 0.0
     capacities: tuple[int, ...] | None = None       # bytes per tile per device position
-    reserve: int = 0                                 # bytes per device kept back (CUDA context, workspaces)
+    reserve: int = 0                                 # bytes per device kept back (the request's own)
+    #: per device position, bytes kept back beyond ``reserve`` for what the profile does not hold (on a
+    #: GPU: the CUDA context and NCCL's buffers, solver/runtime_reserve.py); empty: none
+    kept_back: tuple[int, ...] = ()
     min_layers: int = 1
     max_layers: int | None = None
     pinned_splits: tuple[int, ...] = ()              # a stage starts at each of these layers
@@ -84,6 +87,9 @@ class SolveOptions:
         integer("min_layers", self.min_layers, 1)
         if self.max_layers is not None and integer("max_layers", self.max_layers, 1) < self.min_layers:
             raise OptionError("max_layers", f"expected at least min_layers ({self.min_layers}), got {self.max_layers}")
+        if self.kept_back and (len(self.kept_back) != self.devices or min(self.kept_back) < 0):
+            raise OptionError("runtime_reserve", f"expected {self.devices} byte counts >= 0 kept back, one per "
+                              f"device, got {len(self.kept_back)}")
         if self.capacities is not None and len(self.capacities) != self.devices:
             raise OptionError("targets", f"{len(self.capacities)} device capacities given for {self.devices} devices")
 
@@ -271,7 +277,22 @@ def stage_capacities(target: Target, options: SolveOptions) -> tuple[np.ndarray,
         if (capacity <= 0).any():
             raise OptionError("reserve", f"{options.reserve:,} bytes leaves no memory on a device "
                               f"({int(raw_caps.min()) * target.tiles:,} bytes)")
-    return capacity, bool(np.all(raw_caps == raw_caps[0]))
+    return kept_back_from(capacity, options, target.tiles), bool(np.all(raw_caps == raw_caps[0]))
+
+
+def kept_back_from(capacity: np.ndarray, options: SolveOptions, tiles: int = 1) -> np.ndarray:
+    """``capacity`` (bytes per tile per device position) less what ``options`` keeps back per device
+    beyond its reserve (``kept_back``, spread over the device's tiles)."""
+    if not options.kept_back:
+        return capacity
+    kept = np.array([-(-int(k) // tiles) for k in options.kept_back], np.int64)
+    out: np.ndarray = capacity - kept
+    if (out <= 0).any():
+        i = int(np.argmin(out))
+        raise OptionError("runtime_reserve", f"{options.kept_back[i]:,} bytes kept back for the CUDA context, "
+                          f"NCCL's buffers and the allocator leave no memory on device {i} "
+                          f"({int(capacity[i]) * tiles:,} bytes after the reserve)")
+    return out
 
 
 #: progress of the pricing: (ranges done, ranges in all)
@@ -482,7 +503,10 @@ def with_devices(options: SolveOptions, devices: int) -> SolveOptions:
     if caps is not None and len(caps) != devices:
         caps = tuple(caps[i % len(caps)] for i in range(devices))
     micro = devices * options.chunks_per_rank if options.micro_batches_auto else options.micro_batches
-    return replace(options, devices=devices, capacities=caps, micro_batches=micro,
+    kept = options.kept_back
+    if kept and len(kept) != devices:
+        kept = tuple(kept[i % len(kept)] for i in range(devices))
+    return replace(options, devices=devices, capacities=caps, micro_batches=micro, kept_back=kept,
                    pinned_layers=tuple(p for p in options.pinned_layers if p[1] < devices))
 
 

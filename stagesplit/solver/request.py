@@ -113,6 +113,9 @@ class SolveRequest:
     headroom: float = declared("headroom")
     #: bytes kept back on every device (CUDA context, workspaces)
     reserve: int = declared("reserve")
+    #: on a GPU, what is kept back for the CUDA context and NCCL's buffers: "auto" (priced,
+    #: solver/runtime_reserve.py), "off", or bytes in place of the estimate
+    runtime_reserve: str | int = declared("runtime_reserve")
     #: whether a GPU plan replays torch's caching allocator ("replay") or not ("off")
     allocator: str = declared("allocator")
     #: the PYTORCH_CUDA_ALLOC_CONF the replay models ("": torch's defaults)
@@ -198,6 +201,13 @@ class SolveRequest:
         self.data_layout()                          # zero without dp is refused here, naming zero
         set_(self, "headroom", number("headroom", self.headroom, 0, 1, high_open=True))
         set_(self, "reserve", integer("reserve", self.reserve, 0, MAX_BYTES))
+        if self.runtime_reserve is False:          # YAML 1.1 reads a settings file's ``off`` as false
+            set_(self, "runtime_reserve", "off")
+        if self.runtime_reserve not in ("auto", "off"):
+            if not isinstance(self.runtime_reserve, int) or isinstance(self.runtime_reserve, bool):
+                raise OptionError("runtime_reserve", f"expected auto, off or a number of bytes, got "
+                                  f"{short_repr(self.runtime_reserve)}")
+            set_(self, "runtime_reserve", integer("runtime_reserve", self.runtime_reserve, 0, MAX_BYTES))
         if self.allocator not in ("replay", "off"):
             raise OptionError("allocator", f"expected replay or off, got {short_repr(self.allocator)}")
         if not isinstance(self.alloc_conf, str):

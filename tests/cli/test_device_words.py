@@ -51,12 +51,13 @@ def check_gpu(texts: dict[str, str]) -> None:
 def test_a_per_layer_gpu_profile_in_every_command(capsys, tmp_path):
     texts = gpu_outputs(capsys, LLAMA, tmp_path, 4)
     check_gpu(texts)
-    assert "memory: fullest stage 0 uses 43.43 of 80.00 GiB (54.3%)" in texts["solve"]
+    # 0.75 GiB of each 80 GiB device kept back: the CUDA context (0.50) and NCCL's buffers (0.25)
+    assert "memory: fullest stage 0 uses 43.43 of 79.25 GiB (54.8%)" in texts["solve"]
     assert "device memory (GiB)" in texts["plot"]
     assert "whole model on one device" in texts["breakdown"] and "118.20 of 80.00 GiB" in texts["breakdown"]
-    assert re.search(r"peak at .* \(step \d+\)", texts["diagnose"]) and "capacity 80.00 GiB" in texts["diagnose"]
+    assert re.search(r"peak at .* \(step \d+\)", texts["diagnose"]) and "capacity 79.25 GiB" in texts["diagnose"]
     assert "memory (GiB)" in texts["sweep"]
-    assert "memory 43.43 GiB of 80.00 GiB" in texts["export"]
+    assert "memory 43.43 GiB of 79.25 GiB" in texts["export"]
 
 
 @pytest.mark.slow

@@ -192,8 +192,12 @@ def test_a_framework_split_that_does_not_fit_says_which_stage(tmp_path):
     megatron = by["Megatron's even layout"]
     even = next(b for b in plan.baselines if b.method == "megatron-even")
     stage = even.stages[0]
-    assert stage.worst_tile_bytes > stage.capacity_bytes == 40 * 2**30
-    assert megatron.problem == (f"does not fit stage 0 ({stage.worst_tile_bytes / 2**30:,.2f} of 40.00 GiB)")
+    # kept back on every device: the CUDA context (512 MiB) and NCCL's buffers for a middle stage's two
+    # neighbours and the pipeline group (4 x 16 channels x 4 MiB)
+    kept = plan.inputs.runtime_reserve.estimate_bytes
+    assert kept == 512 * 2**20 + 4 * 64 * 2**20
+    assert stage.worst_tile_bytes > stage.capacity_bytes == 40 * 2**30 - kept
+    assert megatron.problem == (f"does not fit stage 0 ({stage.worst_tile_bytes / 2**30:,.2f} of 39.25 GiB)")
     assert megatron.speedup is not None
     assert plan.feasible and all(s.fits for s in plan.stages)
 
