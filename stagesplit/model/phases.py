@@ -183,7 +183,7 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -
     read_back = np.zeros(len(p.variables.bytes), bool)
     read_back[entry_var[(phase_of_entry == Phase.BACKWARD_INPUT) | (phase_of_entry == Phase.BACKWARD_WEIGHT)]] = True
     read_by_w = np.zeros(len(p.variables.bytes), bool)
-    read_by_w[entry_var[phase_of_entry == Phase.BACKWARD_WEIGHT]] = True
+    read_by_w[entry_var[_weight_reads(model, producer, entry_op, entry_var)]] = True
     made = np.full(len(p.variables.bytes), -1, np.int64)
     known = producer >= 0
     made[known] = ops.phase[producer[known]]
@@ -200,7 +200,8 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -
     np.maximum.at(high, entry_var[backward_entry], op_layer[entry_op[backward_entry]])
     maker_layer = np.where(known, op_layer[np.maximum(producer, 0)], -1)
     local = (low == high) & (low == maker_layer) & (low >= 0)
-    held = model.var_nal & (((made == Phase.FORWARD) & read_back) | ((made == Phase.BACKWARD_INPUT) & read_by_w & local))
+    held = model.var_nal & (((made == Phase.FORWARD) & read_back) |
+                            ((made == Phase.BACKWARD_INPUT) & read_by_w & local))
     timeline = model.timeline
     rows = held[timeline.row_var] & (timeline.row_col_end > first_col) & (timeline.row_col_end < end_col)
     if not rows.any():
@@ -231,8 +232,9 @@ def phase_table(model: ModelView) -> PhaseTable:
     sent_on[-1] = 0
     for kind, phases in _PHASES_OF.items():
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
-        split = kind in _SPLIT_KINDS and held is not None
-        table = price_all_ranges(_masked(held if split else model, mask), (1,))
+        view = held if kind in _SPLIT_KINDS and held is not None else model
+        split = view is not model
+        table = price_all_ranges(_masked(view, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain - (sent_on[None, :] if split else 0))
     frees = _freed_at_input_backward(model)
     weight_extra = _weight_gradients(model, columns) - frees[None, :]
@@ -311,7 +313,7 @@ def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.
     op_layer = model.layers.op_layer
     entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
     entry_var = ops.vars.values
-    w_entry = ops.phase[entry_op] == Phase.BACKWARD_WEIGHT
+    w_entry = _weight_reads(model, producer, entry_op, entry_var)
     nal = model.var_nal
     out = np.zeros((L, L), np.int64)
     cand = np.unique(entry_var[w_entry])
@@ -327,6 +329,29 @@ def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.
         # counts for ranges holding both its maker and its readers
         out[:lo + 1, hi:] += int(p.variables.bytes[v])
     return np.triu(out)
+
+
+def _weight_reads(model: ModelView, producer: np.ndarray, entry_op: np.ndarray, entry_var: np.ndarray) -> np.ndarray:
+    """Per (operation, variable) entry, whether W reads the variable under torch's split backward: a W
+    operation's reads, and the reads of a B operation that itself makes a weight's gradient (a
+    variable a W operation reads: a fused kernel such as LayerNorm's backward computes the input's and
+    the weight's gradients at once). W runs that node again for the weight, from the gradient that
+    came into it, so that gradient stays from B to W too."""
+    ops = model.profile.operations
+    phase_of_entry = ops.phase[entry_op]
+    w_entry = phase_of_entry == Phase.BACKWARD_WEIGHT
+    made_here = producer[entry_var] == entry_op
+    nv = len(model.profile.variables.bytes)
+    read_by_w = np.zeros(nv, bool)
+    read_by_w[entry_var[w_entry]] = True
+    read_by_other_b = np.zeros(nv, bool)
+    read_by_other_b[entry_var[(phase_of_entry == Phase.BACKWARD_INPUT) & ~made_here]] = True
+    # a weight's gradient: what a B operation makes that only W operations read
+    weight_gradient = read_by_w & ~read_by_other_b
+    fused = np.zeros(len(ops), bool)
+    fused[entry_op[(phase_of_entry == Phase.BACKWARD_INPUT) & made_here & weight_gradient[entry_var]]] = True
+    out: np.ndarray = w_entry | (fused[entry_op] & ~made_here)
+    return out
 
 
 def _tied_with_first(model: ModelView) -> np.ndarray | None:

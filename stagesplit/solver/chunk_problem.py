@@ -123,14 +123,16 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     stash = np.maximum(np.maximum(cc.stash - received_stashed, 0) + kept_output + output_unstashed - saved, 0)
     # what B re-materialises for a recomputed layer stays for W: the weight stash keeps it all (B has
     # let go of the output)
-    weight_stash = np.maximum(cc.weight_stash - received_stashed, 0) + kept_output
+    # (under a split backward the last chunk's output goes as B ends: the runtime pops it from its forward
+    # cache; B holds it to its end)
+    split = schedule.traits.splits_backward
+    weight_stash = np.maximum(cc.weight_stash - received_stashed, 0) + (0 if split else kept_output)
     # a V's turn: the chunk hands its output to the next chunk on its rank, which takes it as that
     # micro-batch's receive slot (torch's set_local_fwd_input), letting go of the tensor the slot held;
     # the output is then counted once, in the receive buffers
     handed = handed_outputs(schedule, cc.sent_forward)
     stash = np.maximum(stash - handed, 0)
     weight_stash = np.maximum(weight_stash - np.maximum(handed - output_unstashed, 0), 0)
-    split = schedule.traits.splits_backward
     # B frees the loss side of its graph only as it ends: held at its peak, gone before W
     freed = cc.input_backward_frees if split else 0
     hold = np.zeros(C, np.int64)
@@ -151,7 +153,7 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
                       0)
     # a split backward's phase peaks are priced with the stash and the gradients W reads held through B
     # (model/phases.py ``_held_through_backward``); W runs after B let go of what it frees
-    backward = np.maximum(cc.backward_input_peak + held_output + change, 0)
+    backward = np.maximum(cc.backward_input_peak + held_output + (kept_output if split else 0) + change, 0)
     weight = np.maximum(cc.backward_weight_peak - freed, 0)
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W

@@ -75,6 +75,19 @@ def test_b_keeps_every_node_of_a_dense_block_and_frees_a_mixture_of_experts_rout
     assert frees[-1] == LOG_SOFTMAX + 3 * 512
 
 
+def test_w_keeps_the_gradients_it_reads_and_what_came_into_a_fused_layer_norm(tables):
+    """GPT-2's block (hidden 64, MLP 256, nn.LayerNorm): per micro-batch its B keeps for W the GELU's
+    input gradient c_fc's weight reads (2 x 32 x 256 x 4), the merged query-key-value gradient c_attn's
+    reads (2 x 32 x 192 x 4), the gradient into attn.c_proj (a hidden state), and for each LayerNorm,
+    whose one backward kernel makes the input's and the weight's gradients, the gradient that came
+    into it (a hidden state: torch's W runs the node again from it) and the weight's and bias's
+    gradients (512 bytes each as captured)."""
+    gpt2 = tables["gpt2"]
+    per_block = 2 * 32 * 256 * 4 + 2 * 32 * 192 * 4 + HIDDEN_STATE + 2 * (HIDDEN_STATE + 2 * 512)
+    assert per_block == 165_888
+    assert [int(gpt2.weight_stash[k, k] - gpt2.stash[k, k]) for k in range(1, 7)] == [per_block] * 6
+
+
 def test_a_tied_embedding_is_what_layer_0_shares_with_the_last_layer(tables):
     assert tables["llama"].tied_with_first is None
     tied = tables["gemma"].tied_with_first

@@ -77,7 +77,10 @@ def test_chunk_memory_runtime_rules_by_hand():
     zb = chunk_memory(t, (0, 1, 2, 3), build_schedule("zb-h1", 3, 3))
     # the first chunk's B does nothing (the model's input needs no gradient): its figure is the
     # stash it holds; its W runs the whole backward (full backward peak 4 x 3) from that stash
-    assert zb.backward_peak.tolist() == [100, 6, 6]
+    # the last chunk's B holds the model's output (7) to its end, and lets it go as B ends (torch pops
+    # it from the forward cache): its weight stash is max(5 + 1 - 40, 0), without the 7 GPipe keeps
+    assert zb.backward_peak.tolist() == [100, 6, 6 + 7]
+    assert zb.weight_stash[2] == 0 and chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3)).weight_stash[2] == 7
     assert zb.weight_stash[0] == zb.stash[0] == 100 and zb.weight_peak[0] == 12
     assert zb.weight_peak[1:].tolist() == [9, 9]
 
