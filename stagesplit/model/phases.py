@@ -350,7 +350,11 @@ def _weight_reads(model: ModelView, producer: np.ndarray, entry_op: np.ndarray, 
     weight_gradient = read_by_w & ~read_by_other_b
     fused = np.zeros(len(ops), bool)
     fused[entry_op[(phase_of_entry == Phase.BACKWARD_INPUT) & made_here & weight_gradient[entry_var]]] = True
-    out: np.ndarray = w_entry | (fused[entry_op] & ~made_here)
+    # the weight's gradient such a kernel makes in the capture is not made in B under torch's split
+    # backward (autograd asks B for the inputs' gradients only): W makes it when it runs the node again
+    made_by_fused = np.zeros(nv, bool)
+    made_by_fused[entry_var[made_here & fused[entry_op]]] = True
+    out: np.ndarray = (w_entry & ~(made_by_fused[entry_var] & weight_gradient[entry_var])) | (fused[entry_op] & ~made_here)
     return out
 
 

@@ -99,7 +99,11 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
             i = 1 if a > 0 else 0
             # the same range handing its output to the next chunk on its rank (a V's turn: chunk_memory)
             out["stash_handed"][a, b] = max(int(cm.stash[i]) - int(cc.sent_forward[i]), 0)
-            out["weight_stash_handed"][a, b] = max(int(cm.weight_stash[i]) - int(cc.sent_forward[i]), 0)
+            # under a split backward the weight stash of a range that sends on already leaves its output
+            # out (held once, by the send or, handed, by the next chunk's receive slot: chunk_memory)
+            splits = sched.traits.splits_backward and b + 1 < L
+            out["weight_stash_handed"][a, b] = (int(cm.weight_stash[i]) if splits
+                                                else max(int(cm.weight_stash[i]) - int(cc.sent_forward[i]), 0))
             for n, arr in (("resident", cm.resident), ("stash", cm.stash), ("weight_stash", cm.weight_stash),
                            ("retained_on", cc.sent_forward), ("retained_back", cc.sent_backward),
                            ("forward", cm.forward_peak), ("backward", cm.backward_peak),

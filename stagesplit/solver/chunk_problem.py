@@ -154,7 +154,7 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     # a split backward's phase peaks are priced with the stash and the gradients W reads held through B
     # (model/phases.py ``_held_through_backward``); W runs after B let go of what it frees
     backward = np.maximum(cc.backward_input_peak + held_output + (kept_output if split else 0) + change, 0)
-    weight = np.maximum(cc.backward_weight_peak - freed, 0)
+    weight = np.maximum(cc.backward_weight_peak - freed - received_stashed, 0)
     if split:
         # the model's input needs no gradient: the first chunk's B has nothing to do and its W
         # runs the whole backward (and any recompute) from the stash
@@ -165,6 +165,11 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     # output (and its gradient back) to the chunk on the same rank without a send
     sends_on, sends_back = remote_links(schedule, C)
     retained = np.where(sends_on, cc.sent_forward, 0) + np.where(sends_back, cc.sent_backward, 0)
+    if split:
+        # from B the output it sent is held once: torch keeps it (backward_state) until W and its send
+        # to the step's end (``retained``), so the weight stash does not count the stashed output again
+        stashed_output = np.where(last, 0, table.forward_cut[b[1:]] - unstashed[b[1:]]).astype(np.int64)
+        weight_stash = np.maximum(weight_stash - np.where(sends_on, stashed_output, 0), 0)
     if C > 1 and _ends_share_rank(schedule) and table.tied_with_first is not None:
         # one rank holds the first and the last chunk (a V): a tied embedding is one tensor there
         resident[-1] -= table.tied_with_first[b[-2]]

@@ -81,8 +81,13 @@ def test_chunk_memory_runtime_rules_by_hand():
     # it from the forward cache): its weight stash is max(5 + 1 - 40, 0), without the 7 GPipe keeps
     assert zb.backward_peak.tolist() == [100, 6, 6 + 7]
     assert zb.weight_stash[2] == 0 and chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3)).weight_stash[2] == 7
-    assert zb.weight_stash[0] == zb.stash[0] == 100 and zb.weight_peak[0] == 12
-    assert zb.weight_peak[1:].tolist() == [9, 9]
+    # from B on, the output a chunk sent (cut 30 out of chunk 0, 40 out of chunk 1) is held once, in what
+    # the runtime keeps of its send (``retained``): the weight stash does not count it again
+    assert zb.stash[0] == 100 and zb.weight_stash[0] == 100 - 30 and zb.weight_peak[0] == 12
+    assert zb.retained[0] == 30 and zb.weight_stash[0] + zb.retained[0] == zb.stash[0]
+    # W's peak (the table's 3 x 3) holds the chunk's input, which is its receive buffer (resident):
+    # taken off, 9 - 30 and 9 - 40, clipped at 0
+    assert zb.weight_peak[1:].tolist() == [0, 0]
 
 
 def test_1f1b_keeps_the_last_chunk_s_output_and_input_gradient_between_micro_batches():
@@ -437,10 +442,12 @@ def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
     from stagesplit.solver.schedule_memory import rank_memory
     peaks = np.array([r.peak for r in rank_memory(zbv, chunk_memory(t, bounds, zbv))], np.int64)
     kept_all = replace(chunk_memory(t, bounds, zbv), retained=np.array([30, 45, 56, 7], np.int64))
-    assert peaks.tolist() == [399, 581]
-    # rank 1's peak is its last W (the table's W peak, 9: priced with W's inputs held), after all four
-    # micro-batches' backwards: keeping every link adds 4 x ((45 - 5) + (56 - 50)) bytes there
-    assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 581 + 4 * ((45 - 5) + (56 - 50))]
+    # rank 1 (resident 156 + 196) peaks at its last B (chunk 1, micro-batch 3): three of chunk 1's B have
+    # kept their input gradient sent back (3 x 5), all four of chunk 2's their output sent on (4 x 50),
+    # and B's own figure is 6 (its W peaks are 0: the table's 9 less the input, the receive buffer)
+    assert peaks.tolist() == [399, 156 + 196 + 3 * 5 + 4 * 50 + 6] == [399, 573]
+    # keeping every link, its peak is at the first W after all eight B: 4 x 45 + 4 x 56 kept
+    assert [r.peak for r in rank_memory(zbv, kept_all)] == [399, 156 + 196 + 4 * 45 + 4 * 56]
     solved = solve_chunks_cpsat(ChunkProblem(table=t, schedule=zbv, capacities=peaks))
     assert solved.result is not None and solved.result.feasible and tuple(solved.result.bounds) == bounds
     for rank in range(2):
@@ -455,7 +462,8 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     * The last layer's B frees 2 bytes of its stash as it ends (the loss's saved log-softmax):
       its weight stash is the table's (stash 6 + W's gradients 1 - 2 = 5, what the table already
       holds); its B peak is the table's (2 x 3, priced with the stash held through B, the 2 bytes
-      included); its W peak is the table's less the 2 bytes B let go of: 3 x 3 - 2 = 7.
+      included); its W peak is the table's less the 2 bytes B let go of and its input, the receive
+      buffer (5): 3 x 3 - 2 - 5 = 2.
     * Layer 0 and layer 3 use one tied embedding of 4 bytes (with its gradient and state): the V
       puts chunks 0 and 3 on rank 0, where the stages built from one stack share the tensor, so
       the last chunk's resident is 9 + 4 x 5 received (M = 4, cut 5) - 4 = 25; GPipe's loop
@@ -468,7 +476,8 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     zbv = build_schedule("zbv", 2, 4, 2)
     cm = chunk_memory(t, bounds, zbv)
     assert cm.weight_stash[3] - cm.stash[3] == -1
-    assert cm.backward_peak[3] == 2 * 3 and cm.weight_peak[3] == 3 * 3 - 2
+    # W's peak also takes off the chunk's input, its receive buffer (cut 5, resident)
+    assert cm.backward_peak[3] == 2 * 3 and cm.weight_peak[3] == 3 * 3 - 2 - 5
     assert cm.resident.tolist() == [10 + 4 * 5, 12 + 4 * (5 + 5), 8 + 4 * (5 + 5), 9 + 4 * 5 - 4]
     looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
     assert looped.resident[3] == 9 + 4 * 5 and looped.backward_peak[3] == 2 * 3   # not split: B's own peak
@@ -495,7 +504,9 @@ def test_a_v_s_turn_hands_the_output_to_the_next_chunk_s_receive_slot():
     zbv = build_schedule("zbv", 2, 4, 2)
     cm = chunk_memory(t, bounds, zbv)
     assert cm.stash.tolist() == [100, 120 - 30 - 40, 130 - 40, 140 - 50]
-    assert cm.weight_stash.tolist() == [100, 121 - 30 - 40, 131 - 40, 141 - 50]   # chunk 0's B does nothing
+    # chunk 0's B does nothing; from B on, an output sent to another rank (chunk 0: 30, chunk 2: 50) is
+    # held once, in what the runtime keeps of its send, not again in the weight stash
+    assert cm.weight_stash.tolist() == [100 - 30, 121 - 30 - 40, 131 - 40 - 50, 141 - 50]
     looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
     assert looped.stash.tolist() == [100, 120 - 30, 130 - 40, 140 - 50]
     from stagesplit.solver.chunk_cpsat_tables import memory_tables
@@ -537,7 +548,9 @@ def test_a_crossing_tensor_no_backward_reads_is_held_by_the_forward_cache_not_th
     v = dataclasses.replace(v, forward_cut_unstashed=np.array([0, 0, 40, 0, 0], np.int64))
     zbv = chunk_memory(v, (0, 1, 2, 3, 4), build_schedule("zbv", 2, 4, 2))
     assert zbv.stash.tolist() == [100, 120 - 30 + 40 - 40, 130 - 0, 140 - 50]
-    assert zbv.weight_stash.tolist() == [100, 121 - 30, 131, 141 - 50]
+    # from B on, an output sent to another rank is held once, in what the runtime keeps of its send
+    # (chunk 0: 30, chunk 2: 50); chunk 1's is handed on its own rank, chunk 3 is the last
+    assert zbv.weight_stash.tolist() == [100 - 30, 121 - 30, 131 - 50, 141 - 50]
     from stagesplit.solver.schedule_memory import rank_memory
     schedule = build_schedule("zbv", 2, 4, 2)
     peaks = np.array([r.peak for r in rank_memory(schedule, zbv)], np.int64)
