@@ -276,12 +276,12 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int = 1,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
-            time_limit: float = 60.0, events: Events | None = None):
+            time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto"):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
     ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
-    ``zero`` fix a degree (None: searched). A ``LayoutPlan``: the best row, its pipeline plan,
+    ``zero`` fix a degree (None: searched); ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -290,7 +290,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events)
+        events=events, runtime_reserve=runtime_reserve)
     return search(rank, degrees, req, deadline, events)
 
 
@@ -299,7 +299,7 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  micro_batch_size: int = 1, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
-                 events: Events | None = None):
+                 events: Events | None = None, runtime_reserve: str | int = "auto"):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -317,14 +317,14 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events)
+        events=events, runtime_reserve=runtime_reserve)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
                    tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
-                   schedule: str, time_limit: float, events: Events | None):
+                   schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto"):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -368,8 +368,15 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
-                        schedule=schedule, time_limit=time_limit)
+                        schedule=schedule, time_limit=time_limit,
+                        runtime_reserve=_checked_runtime_reserve(runtime_reserve))
     return rank, sorted(sources), req, deadline, events
+
+
+def _checked_runtime_reserve(value: str | int) -> str | int:
+    """``runtime_reserve`` as solve checks it (auto, off, or bytes)."""
+    from .solver.request import SolveRequest
+    return SolveRequest(devices=1, runtime_reserve=value).runtime_reserve
 
 
 @contextmanager

@@ -374,7 +374,13 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
-                time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args))
+                time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args),
+                runtime_reserve=_runtime_reserve(getattr(args, "runtime_reserve", None)))
+
+
+def _runtime_reserve(word: object) -> str | int:
+    """``--runtime-reserve`` as the API takes it: auto, off, or bytes (not given: auto)."""
+    return word if isinstance(word, (str, int)) else "auto"
 
 
 def _layout_mode(args: argparse.Namespace, what: str) -> str:
@@ -383,7 +389,7 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
     naming it): the search sets the devices, micro-batches and link of each combination itself."""
     if args.global_batch is None:
         raise StagesplitError(f"--global-batch: {what} needs the samples per step (--global-batch B)")
-    read = {"targets", "dp", "zero", "reshard_after_forward", "schedule", "time_limit", "devices"}
+    read = {"targets", "dp", "zero", "reshard_after_forward", "schedule", "time_limit", "devices", "runtime_reserve"}
     for o in api.SOLVE_OPTIONS:
         dest = o.flag.replace("-", "_") if o.flag else None
         if dest is None or o.name in read or not hasattr(args, dest):

@@ -419,7 +419,7 @@ def build_parser() -> argparse.ArgumentParser:
     _add_profile(p)
     _add_layout_options(p, "layouts")
     # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
-    for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit"):
+    for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit", "runtime_reserve"):
         _solve_option(p, name)
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")

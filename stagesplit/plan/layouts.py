@@ -67,6 +67,8 @@ class LayoutRequest:
     reshard_after_forward: bool = True
     schedule: str = "1f1b"
     time_limit: float = 60.0
+    #: what each solve keeps back on a device outside the profile (solve's ``runtime_reserve``)
+    runtime_reserve: str | int = "auto"
 
 
 @dataclass(frozen=True)
@@ -229,7 +231,7 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRe
                         micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero,
                         reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
                         link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
-                        time_limit=max(time_limit, 1e-3))
+                        time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve)
 
 
 # -- the search ------------------------------------------------------------------------------------
