@@ -16,10 +16,9 @@ from .text import show
 __all__ = ["device_counts", "gpu_counts", "same_file", "capture_inputs", "check_outputs"]
 
 
-def device_counts(text: str, limit: int) -> list[int]:
-    """``1..16`` or ``2,4,8``: device counts in 1..limit, checked before any list is built."""
-    bad = OptionError("devices", f"expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
-                      f"got {show(text)[:40]!r}")
+def _counts(text: str, limit: int, bad: OptionError) -> tuple[int, int] | list[int]:
+    """``lo..hi`` as (lo, hi) or ``a,b,c`` as a list, every count in 1..limit (else ``bad``), checked
+    before any list is built: the command line's forms of device and GPU counts."""
     if len(text) > 10_000:
         raise bad
     try:
@@ -28,7 +27,7 @@ def device_counts(text: str, limit: int) -> list[int]:
             lo, hi = int(lo_text), int(hi_text)
             if not 1 <= lo <= hi <= limit:
                 raise bad
-            return list(range(lo, hi + 1))
+            return lo, hi
         counts = [int(x) for x in text.split(",")]
     except ValueError:
         raise bad from None
@@ -37,31 +36,27 @@ def device_counts(text: str, limit: int) -> list[int]:
     return counts
 
 
+def device_counts(text: str, limit: int) -> list[int]:
+    """``1..16`` or ``2,4,8``: device counts in 1..limit, checked before any list is built."""
+    bad = OptionError("devices", f"expected a range like 1..16 or a list like 2,4,8 of counts in 1..{limit:,}, "
+                      f"got {show(text)[:40]!r}")
+    counts = _counts(text, limit, bad)
+    return list(range(counts[0], counts[1] + 1)) if isinstance(counts, tuple) else counts
+
+
 def gpu_counts(text: str, limit: int) -> list[int]:
     """GPU counts for the layout sweep: ``8..64``, the powers of two from 8 to 64 (clusters come in
     nodes of a power of two), or a list ``8,16,24`` as given; in 1..limit, checked before any list
     is built."""
     bad = OptionError("gpus", f"expected a range like 8..64 (its powers of two) or a list like 8,16,24 of counts in "
                       f"1..{limit:,}, got {show(text)[:40]!r}")
-    if len(text) > 10_000:
-        raise bad
-    try:
-        if ".." in text:
-            lo_text, hi_text = text.split("..", 1)
-            lo, hi = int(lo_text), int(hi_text)
-            if not 1 <= lo <= hi <= limit:
-                raise bad
-        else:
-            counts = [int(x) for x in text.split(",")]
-    except ValueError:
-        raise bad from None
-    if ".." in text:
-        counts = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
-        if not counts:
+    counts = _counts(text, limit, bad)
+    if isinstance(counts, tuple):
+        lo, hi = counts
+        powers = [1 << k for k in range(hi.bit_length()) if lo <= 1 << k <= hi]
+        if not powers:
             raise OptionError("gpus", f"no power of two lies in {lo}..{hi}: give a list like {lo},{hi}")
-        return counts
-    if not counts or min(counts) < 1 or max(counts) > limit:
-        raise bad
+        return powers
     return list(dict.fromkeys(counts))
 
 

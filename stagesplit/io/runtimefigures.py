@@ -11,8 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_BYTES
-from ..errors import ProfileError
-from .targets import _number, config_dir, read_yaml
+from .targets import _number, config_dir, exact_fields, read_yaml
 
 __all__ = ["DEFAULT_RUNTIME", "RuntimeFigures", "known_runtimes", "runtime_from_mapping", "runtime_of"]
 
@@ -39,14 +38,7 @@ _FIELDS = ("cuda_context_bytes", "nccl_channels")
 
 def runtime_from_mapping(spec: Any, path: Path | str | None, prefix: str, source: str) -> RuntimeFigures:
     """A ``runtime`` mapping read strictly: both fields present, integers in range, nothing else."""
-    if not isinstance(spec, dict):
-        raise ProfileError(path, prefix, "a mapping with " + ", ".join(_FIELDS), spec)
-    for key in spec:
-        if key not in _FIELDS:
-            raise ProfileError(path, f"{prefix}.{key}", "one of " + ", ".join(_FIELDS), key)
-    for key in _FIELDS:
-        if key not in spec:
-            raise ProfileError(path, f"{prefix}.{key}", "a value (the field is missing)", None)
+    spec = exact_fields(spec, _FIELDS, path, prefix)
     context = _number(path, f"{prefix}.cuda_context_bytes", spec["cuda_context_bytes"], integer=True, minimum=0,
                       maximum=MAX_BYTES)
     channels = _number(path, f"{prefix}.nccl_channels", spec["nccl_channels"], integer=True, minimum=1,

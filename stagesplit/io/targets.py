@@ -14,7 +14,7 @@ from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target
 
-__all__ = ["config_dir", "known_targets", "load_layer_compute", "load_target", "read_yaml", "target_from_mapping",
+__all__ = ["config_dir", "exact_fields", "known_targets", "load_layer_compute", "load_target", "read_yaml", "target_from_mapping",
            "target_record", "yaml_number"]
 
 INT64_MAX = 2**63 - 1
@@ -70,6 +70,20 @@ def _number(path, field_path, value, *, integer=False, minimum=None, optional=Fa
             text += " (finite: not inf or nan)"
         raise ProfileError(path, field_path, text, value)
     return value
+
+
+def exact_fields(spec: Any, fields: tuple[str, ...], path: Path | str | None, prefix: str) -> dict:
+    """``spec`` read strictly as a mapping with exactly ``fields``: one line naming the first that is
+    unknown or missing (a target file's ``node`` and ``runtime`` fields are read so)."""
+    if not isinstance(spec, dict):
+        raise ProfileError(path, prefix, "a mapping with " + ", ".join(fields), spec)
+    for key in spec:
+        if key not in fields:
+            raise ProfileError(path, f"{prefix}.{key}", "one of " + ", ".join(fields), key)
+    for key in fields:
+        if key not in spec:
+            raise ProfileError(path, f"{prefix}.{key}", "a value (the field is missing)", None)
+    return spec
 
 
 def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_DEVICES
-from ..errors import ProfileError, StagesplitError
-from .targets import _number, config_dir, read_yaml
+from ..errors import StagesplitError
+from .targets import _number, config_dir, exact_fields, read_yaml
 
 __all__ = ["Link", "NodeTopology", "known_nodes", "node_of", "node_from_mapping"]
 
@@ -44,14 +44,7 @@ _FIELDS = ("gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes
 
 def node_from_mapping(spec: Any, path: Path | str | None, prefix: str) -> NodeTopology:
     """A ``node`` mapping read strictly: every field present, numbers in range, nothing else."""
-    if not isinstance(spec, dict):
-        raise ProfileError(path, prefix, "a mapping with " + ", ".join(_FIELDS), spec)
-    for key in spec:
-        if key not in _FIELDS:
-            raise ProfileError(path, f"{prefix}.{key}", "one of " + ", ".join(_FIELDS), key)
-    for key in _FIELDS:
-        if key not in spec:
-            raise ProfileError(path, f"{prefix}.{key}", "a value (the field is missing)", None)
+    spec = exact_fields(spec, _FIELDS, path, prefix)
     n = _number(path, f"{prefix}.gpus_per_node", spec["gpus_per_node"], integer=True, minimum=1, maximum=MAX_DEVICES)
 
     def link(side: str) -> Link:
