@@ -371,7 +371,9 @@ def child(kind: str, path: str, devices: int, option: str) -> None:
     from stagesplit.cli import main as cli
     plan_path = path + f".{option}.{devices}.plan.json"
     with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        code = cli(["solve", path, "--devices", str(devices), "--out", plan_path, *cli_options(option, devices)])
+        # the plain DP has the devices' whole capacities: nothing kept back for a CUDA context or NCCL
+        code = cli(["solve", path, "--devices", str(devices), "--out", plan_path, "--runtime-reserve", "off",
+                    *cli_options(option, devices)])
     plan = json.loads(Path(plan_path).read_text())
     print(json.dumps({"code": code, "values": [ph["solver_value"] for ph in plan["objective"]],
                       "status": plan["status"], "proof": "/".join(ph.get("proof") or "-" for ph in plan["objective"]),

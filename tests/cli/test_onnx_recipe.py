@@ -30,4 +30,5 @@ def test_the_script_makes_gpt_onnx_that_stagesplit_imports(tmp_path, capsys):
     err = capsys.readouterr().err
     assert ", 3 layers, " in err and "training: adam" in err
     assert main(["solve", str(tmp_path / "gpt.stagesplit"), "--devices", "3"]) == 0
-    assert capsys.readouterr().out.splitlines()[2] == "split: [ 0 | 1 | 2 ]"
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[2].startswith("kept back per device: CUDA context") and lines[3] == "split: [ 0 | 1 | 2 ]"
