@@ -18,7 +18,7 @@ counted by storage: a tensor passed twice (``labels`` that is ``input_ids``) is 
 A failure of the model, the loss, the backward or the optimizer step is one line naming the
 operation or module where it happened. torch is imported lazily (``runtime``): nothing else in
 stagesplit needs it; its logging and warnings are silenced while a capture runs
-(``torch_logs=True``, the command line's ``--debug``, shows them).
+(``torch_logs=True`` shows them).
 """
 
 from __future__ import annotations
@@ -88,7 +88,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     many bytes (the CUDA caching allocator's 512; 1 for exact bytes). ``layer_regex``: group by
     this regex instead of the module tree's stacks (every operation's layer is then stored
     explicitly). The grouping is recorded in the profile, so later commands need no
-    --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through.
+    ``layer_regex``. ``torch_logs``: let torch's (and the model's) logging and warnings through.
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
     sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
@@ -106,11 +106,11 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
-        raise StagesplitError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
+        raise OptionError("optimizer", f"expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
     if dtype not in DTYPES:
-        raise StagesplitError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{dtype}'")
+        raise OptionError("dtype", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
     if int(allocator_round) < 1:
-        raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
+        raise OptionError("allocator_round", f"expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
     check_kernels(kernels, tgt)
@@ -276,7 +276,7 @@ def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:
     text = f"{first_line(exc)} (operation {failure.func} in {failure.label})"
     if failure.func.endswith("grouped_mm") and "float32" in failure.dtypes:
         text = (f"{first_line(exc)} (operation {failure.func} in {failure.label}: torch's fake kernel for "
-                f"grouped matrix products takes bfloat16 inputs only; capture with --dtype bfloat16)")
+                f"grouped matrix products takes bfloat16 inputs only; capture with `dtype='bfloat16'`)")
     return text
 
 

@@ -11,6 +11,7 @@ import sys
 from .. import api
 from ..errors import StagesplitError, one_line
 from ..reporting.layout import tensor_parallel_line
+from .naming import flags_in
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -31,7 +32,7 @@ class TerminalEvents(api.Events):
 
     def warn(self, message: str) -> None:
         super().warn(message)
-        self.progress.write(f"stagesplit: warning: {one_line(str(message))}")
+        self.progress.write(f"stagesplit: warning: {one_line(flags_in(str(message)))}")
 
     def start(self, label: str, unit: str = "") -> None:
         self.progress.start(label, unit)
@@ -148,7 +149,7 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
     tables = result.tables(sections, top_tiles=args.top_tiles)
     if gpu:
         tables = [gpu_view(t) for t in tables]
-    _emit(render(tables, args.format, width=_width(args)), args.out)
+    _emit(render(tables, args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -192,15 +193,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
         doc = api.plan_document(plan)
         if plan.baselines:
             doc["compare"] = [api.plan_document(b) for b in plan.baselines]
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.write(flags_in(json.dumps(doc, indent=1)) + "\n")
     else:
         p = plan.profile
         gpu = _gpu_view(args, plan.inputs.targets[0].kind if plan.inputs.targets else "ipu", p.tiles)
         text = solve_text(plan, profile if isinstance(profile, str) else None, gpu,
-                          width=_width(args, to_file=False))           # --out is the plan file, not this text
+                          width=_width(args, to_file=False), naming=flags_in)  # --out is the plan file, not this text
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
-        sys.stdout.write(text)
+        sys.stdout.write(flags_in(text))
     if reproduction is not None and not reproduction.identical:
         return 1
     return 0 if plan.feasible else 1
@@ -247,12 +248,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plot_sweep(rows, args.plot, title=f"{name}: devices sweep")
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.format == "json":
-        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": api.plan_document(r.plan)} for r in rows],
-                          indent=1) + "\n"
+        text = flags_in(json.dumps([{"devices": r.devices, "fits": r.fits, "plan": api.plan_document(r.plan)}
+                                    for r in rows], indent=1)) + "\n"
     else:
         p = rows[0].plan.profile if len(rows) else None
         gpu = p is not None and _gpu_view(args, "gpu" if p.one_tile else "ipu", p.tiles)
-        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args))
+        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args), naming=flags_in)
     fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
         text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")
@@ -281,7 +282,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)
-    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args)), args.out)
+    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -462,8 +463,9 @@ def _solve_layout(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         gpu = not args.ipu_columns                       # the layout search's targets are GPUs
-        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False)) + "\n" if plan is not None else ""
-        sys.stdout.write(text + layouts_text(lp))
+        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False), naming=flags_in) + "\n" \
+            if plan is not None else ""
+        sys.stdout.write(flags_in(text + layouts_text(lp)))
     return 0 if lp.best is not None else 1
 
 

@@ -442,4 +442,5 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile"}
+         "tp_profiles": "--tp-profile", "optimizer": "--optimizer", "allocator_round": "--allocator-round",
+         "fmt": "--to", "sections": "--sections", "wide": "--wide"}

@@ -126,7 +126,7 @@ class PlanView:
             raise self.error(f"{fmt} runs one stage per device with its own pipelining; this plan runs "
                              f"{self.schedule}" + (f" with {self.chunks_per_rank} chunks per device"
                                                    if self.chunks_per_rank > 1 else "")
-                             + ": solve with --schedule 1f1b (or gpipe) for it")
+                             + ": solve with `schedule='1f1b'` (or gpipe) for it")
 
     @property
     def stage_layers(self) -> tuple[tuple[int, ...], ...]:

@@ -192,7 +192,7 @@ def _layout_words(counts: list[int], ranks: int, virtual: int) -> list[str]:
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     if view.schedule not in MEGATRON_SCHEDULES:
         raise view.error(f"megatron runs 1F1B, interleaved with virtual stages; this plan runs {view.schedule}: "
-                         "solve with --schedule 1f1b or interleaved-1f1b for Megatron")
+                         "solve with `schedule='1f1b'` or interleaved-1f1b for Megatron")
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
@@ -230,7 +230,7 @@ def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
     counts = _counts(view, UNEVEN_NAME)
     uneven = megatron_uneven(counts)
     if isinstance(uneven, str):
-        raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use --to megatron (the layout flag)")
+        raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use `fmt='megatron'` (the layout flag)")
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")

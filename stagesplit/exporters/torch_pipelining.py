@@ -59,8 +59,8 @@ def schedule_class(view: PlanView, training: bool, fmt: str = NAME) -> str:
                          f"equivalent here (expected one of {', '.join(SCHEDULE_CLASSES)})")
     if name == "Schedule1F1B" and view.micro_batches < len(view.stages):
         raise view.error(f"{fmt}: torch's Schedule1F1B needs at least as many micro-batches as stages; the plan has "
-                         f"{view.micro_batches} for {len(view.stages)} stages (solve with --micro-batches "
-                         f"{len(view.stages)} or more)")
+                         f"{view.micro_batches} for {len(view.stages)} stages (solve with `micro_batches="
+                         f"{len(view.stages)}` or more)")
     return name
 
 
@@ -73,7 +73,7 @@ def recompute_map(view: PlanView, fmt: str = NAME) -> dict[str, str]:
     chosen = [i for i, r in enumerate(view.recompute) if r != "none"]
     if any(view.recompute[i] == "selective" for i in chosen) and view.schedule in _SPLIT_BACKWARD:
         raise view.error(f"{fmt}: torch refuses selective activation checkpointing under {view.schedule}'s split "
-                         "backward (it allows one backward per checkpointed region); solve with --recompute full or "
+                         "backward (it allows one backward per checkpointed region); solve with `recompute='full'` or "
                          "auto, or another schedule")
     return dict(zip(layer_fqns(view, fmt, chosen), (view.recompute[i] for i in chosen)))
 

@@ -1,5 +1,5 @@
 """torchtitan 0.3: command-line overrides its ``ConfigManager`` parses (tyro), as an argument
-file to append after ``--module ... --config ...``.
+file to append after the trainer's own module and config arguments.
 
 - ``--parallelism.pipeline_parallel_degree P`` and ``--parallelism.pipeline_parallel_schedule``
   (``GPipe``/``1F1B``: single-stage-per-rank schedules, one plan stage per rank);

@@ -502,7 +502,7 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _op_times(model: ModelView) -> tuple[np.ndarray, str]:
     """Every operation's time: seconds on the chosen target where the roofline gives them, else
     the profile's compute unit; each layer's operations scaled to the layer's total (a layer
-    whose compute was given by hand, ``--layer-compute``, keeps its operations' shares)."""
+    whose compute was given by hand, ``layer_compute``, keeps its operations' shares)."""
     L = model.num_layers
     r = getattr(model, "roofline", None)
     if r is not None:

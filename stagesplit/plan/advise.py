@@ -59,7 +59,7 @@ class Advice:
     problem: SplitProblem | None           #: None: a schedule search, or a count refused
     baselines: list[Plan] = field(default_factory=list)
     warnings: list[str] = field(default_factory=list)
-    #: a schedule search given a step to beat (``--schedule auto``) proved that no split beats it
+    #: a schedule search given a step to beat (``schedule='auto'``) proved that no split beats it
     slower: bool = False
 
 
@@ -237,21 +237,21 @@ def explain_infeasible(model: StageCostModel, problem: SplitProblem, table: Rang
         tile = table.tile_of(1, l, l)
         return (f"layer '{names[l]}' alone needs {int(single[l]):,} bytes on tile {tile}, more than a device holds "
                 f"({cap:,} bytes per tile after headroom), so no number of devices fits; split that layer "
-                f"(a finer --layer-regex) or free memory on that tile")
+                f"(a finer `layer_regex`) or free memory on that tile")
     o = problem.options
     L = len(names)
     if o.exact and n > L:
         works = _fewest_with_own_micro_batches(model, o) if o.micro_batches_auto else \
             fewest_stages_that_fit(table, problem.capacity, o)
-        return (f"{L} layers cannot fill exactly {n:,} devices: --exact puts at least one layer on each; use --devices "
-                f"{L} or fewer, or drop --exact" + _holds_text(o, works))
+        return (f"{L} layers cannot fill exactly {n:,} devices: `exact` puts at least one layer on each; use `devices="
+                f"{L}` or fewer, or drop `exact`" + _holds_text(o, works))
     enough = fewest_stages_that_fit(table, problem.capacity, o)
     rules = _given_rules(o)
     if enough is None and o.micro_batches_auto and o.schedule.value in ("gpipe", "1f1b"):
-        # the micro-batches follow --devices: fewer devices would have fewer in flight
+        # the micro-batches follow the devices: fewer devices would have fewer in flight
         held = "on every stage" if o.schedule.value == "gpipe" else "on the first stages"
         return (f"no split of the {L} layers fits on {n:,} device(s) with {o.micro_batches:,} micro-batches in flight "
-                f"{held} under {o.schedule.value} (--micro-batches not given: one per device), nor on fewer devices "
+                f"{held} under {o.schedule.value} (`micro_batches` not given: one per device), nor on fewer devices "
                 f"with that many" + _holds_text(o, _fewest_with_own_micro_batches(model, o)))
     if enough is None:
         return f"no split of the {L} layers fits on {n} device(s), nor on any number of such devices"
@@ -285,7 +285,7 @@ EXPLAIN_SECONDS = 2.0
 
 
 def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tuple[int, int] | None:
-    """Where the micro-batch count follows the devices (not given): the fewest ``--devices m``
+    """Where the micro-batch count follows the devices (not given): the fewest ``devices=m``
     whose ``m`` micro-batches fit, as (m, the stages that hold the model then), pins and layer-count
     limits ignored; None where none up to the layer count does, or the ranges of each count could
     not be priced within ``EXPLAIN_SECONDS``."""
@@ -303,13 +303,13 @@ def _fewest_with_own_micro_batches(model: StageCostModel, o: SolveOptions) -> tu
 
 def _holds_text(o: SolveOptions, works: int | tuple[int, int] | None) -> str:
     """What would hold the model: ``works`` is the fewest stages (micro-batches as given), or
-    (--devices m, stages) where the micro-batches follow the devices; "" where nothing is known."""
+    (``devices=m``, stages) where the micro-batches follow the devices; "" where nothing is known."""
     if works is None:
         return ""
     caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > o.exact else ""
     if isinstance(works, tuple):
         m, stages = works
-        return (f"; the fewest --devices that hold the model is {m} (so {m * o.chunks_per_rank} micro-batches), "
+        return (f"; the fewest `devices` that hold the model is {m} (so {m * o.chunks_per_rank} micro-batches), "
                 f"on {stages} device{'s' if stages != 1 else ''}{caveat}")
     micro = f" with {o.micro_batches:,} micro-batches" if o.schedule.value != "none" else ""
     return f"; {works} device{'s are' if works != 1 else ' is'} the fewest that hold the model{micro}{caveat}"
@@ -412,13 +412,13 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
 
 
 def _exact_devices_note(o: SolveOptions, fewest: int | None) -> str:
-    """``--objective devices --exact``: the count is given, not searched; how many devices the
+    """``objective='devices'`` with ``exact``: the count is given, not searched; how many devices the
     fewest that hold the model are (``fewest_stages_that_fit``, proven by its prefix search)."""
     if fewest is None or fewest >= o.devices:
-        return f"no fewer than the {o.devices} devices --exact uses hold the model"
+        return f"no fewer than the {o.devices} devices `exact` uses hold the model"
     caveat = " (ignoring the pins and layer-count limits)" if len(_given_rules(o)) > 1 else ""
-    return (f"{fewest} device{'s are' if fewest != 1 else ' is'} the fewest that hold the model{caveat}; --exact uses "
-            f"all {o.devices} (without it, --objective devices uses {fewest})")
+    return (f"{fewest} device{'s are' if fewest != 1 else ' is'} the fewest that hold the model{caveat}; `exact` uses "
+            f"all {o.devices} (without it, `objective='devices'` uses {fewest})")
 
 
 def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTable, result: SolverResult) -> str:
@@ -429,7 +429,7 @@ def result_message(model: StageCostModel, problem: SplitProblem, table: RangeTab
         if result.status == "infeasible":
             return explain_infeasible(model, problem, table)
         return (f"no split was found within the time limit ({options.time_limit:g} s); "
-                "allow more time with --time-limit")
+                "allow more time with `time_limit`")
     if result.status == "feasible":
         gaps = [p.gap for p in result.phases if p.status != "OPTIMAL"]
         known = [g for g in gaps if g is not None]
@@ -680,9 +680,9 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table: PhaseTabl
     from ..solver.request import RecomputeMode
     fixed = inputs.request.recompute
     if fixed in (RecomputeMode.FULL, RecomputeMode.SELECTIVE) and traits(kind).splits_backward:
-        raise StagesplitError(f"--recompute {fixed.value} under {kind.value}: torch refuses selective checkpointing "
+        raise StagesplitError(f"`recompute='{fixed.value}'` under {kind.value}: torch refuses selective checkpointing "
                               "under a split backward and re-runs a fully checkpointed block again for its weight "
-                              "gradients; use --recompute auto (none under a split backward) or a schedule that does "
+                              "gradients; use `recompute='auto'` (none under a split backward) or a schedule that does "
                               "not split the backward (gpipe, 1f1b, interleaved-1f1b, looped-bfs)")
     if schedule.chunks > model.num_layers:
         raise StagesplitError(f"{kind.value} with {v} chunks on each of {o.devices} devices needs {schedule.chunks} "
@@ -728,7 +728,7 @@ def _solve_chunks(problem: ChunkProblem, log: Callable[[str], None] | None, defa
     again = solve_chunks_cpsat(auto, deadline=deadline.at_least(1.0))
     if again.result is not None and again.result.feasible:
         again.notes.append("no split fits without activation recompute: the layers marked in the recompute "
-                           "column are recomputed (--recompute none to refuse, auto to let it choose always)")
+                           "column are recomputed (`recompute='none'` to refuse, auto to let it choose always)")
         return auto, again
     if again.status != "infeasible":        # not proven without recompute's help either: unknown
         return auto, again
@@ -745,7 +745,7 @@ def advise_schedule(model: StageCostModel, inputs: PlanInputs, *, table: PhaseTa
     """Solve for the chunks of ``inputs``' pipeline schedule: every device fits under the
     schedule's own actions and the simulated step is fastest (or the fullest device emptiest,
     with ``objective="memory"``); the devices objective tries 1, 2, ... devices. ``cutoff``: a
-    step time to beat (``--schedule auto``: another schedule's); where no split beats it, the
+    step time to beat (``schedule='auto'``: another schedule's); where no split beats it, the
     search stops there (``Advice.slower``) instead of proving this schedule's own optimum. The
     search ends by ``deadline`` (default: the time limit from now)."""
     from ..solver.request import Objective
@@ -885,7 +885,7 @@ def _fewest_devices_under_schedule(model: StageCostModel, inputs: PlanInputs, ta
         if n not in tried:
             check_deadline()                 # nothing was found before the time limit: the one-line error
             raise TimeLimitReached(f"no split was found within the time limit ({o.time_limit:g} s); allow more "
-                                   "with --time-limit")
+                                   "with `time_limit`")
         return (*tried[n], n, _none_fits(inputs, runnable, counts, need, tried))
     if not fits(found) or not tried[found][1].optimal:
         attempt(found, prove=True, share=0.9)
@@ -928,7 +928,7 @@ def _fewer_note(runnable: list[int], n: int, need: int, tried: dict[int, tuple[C
     """What the device search showed about fewer than ``n`` devices: every count the schedule
     runs with below ``n`` is below what the resident bytes need, proven not to fit by CP-SAT, or
     not known (the time limit stopped the search first)."""
-    head = f"--objective devices: {n} device{'s hold' if n != 1 else ' holds'} the model"
+    head = f"`objective='devices'`: {n} device{'s hold' if n != 1 else ' holds'} the model"
     if n == 1:
         return head
     parts = []
@@ -976,7 +976,7 @@ def _none_fits(inputs: PlanInputs, runnable: list[int], counts: list[int], need:
         text += f"; {o.schedule.value} runs on at most {runnable[-1]} of them with {_micro_words(o)}"
         options.append("more micro-batches (to allow more devices)")
     if recompute and inputs.request.recompute is RecomputeMode.NONE:
-        options.append("recompute (--recompute auto)")
+        options.append("recompute (`recompute='auto'`)")
     options += ["another schedule", "devices with more memory"]
     return f"{text}: try {_join(options, 'or')}"
 
@@ -1001,7 +1001,7 @@ def _schedule_message(problem: ChunkProblem, solved: ChunkSolve, limit: float | 
             return (f"no split into {problem.schedule.chunks} chunks fits {problem.schedule.devices} devices under "
                     f"{problem.schedule.kind.value} with {problem.schedule.micro_batches} micro-batches{fullest}: use "
                     f"more devices, fewer micro-batches in flight (another schedule), or recompute")
-        return f"CP-SAT found no split within the time limit ({limit:g} s); allow more with --time-limit"
+        return f"CP-SAT found no split within the time limit ({limit:g} s); allow more with `time_limit`"
     if not solved.optimal:
         gap = (r.step_time - solved.bound) / r.step_time if r.step_time else 0.0
         return (f"stopped by the time limit ({limit:g} s): best split found, not proven optimal "

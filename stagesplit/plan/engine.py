@@ -30,7 +30,7 @@ if TYPE_CHECKING:
     from .advise import Advice, SweepResult, SweepRow
     from .records import ScheduleCandidate
 
-#: a schedule ``--schedule auto`` solved: (schedule, chunks per device, its advice or None, why none)
+#: a schedule ``schedule='auto'`` solved: (schedule, chunks per device, its advice or None, why none)
 _Solved = tuple[str, int, "Advice | None", str]
 #: a schedule ranked by the quick search: ((rank, share or step), schedule, chunks per device, micro-batches)
 _Ranked = tuple[tuple[int, float], str, int, int]
@@ -134,7 +134,7 @@ def scheduled(request: SolveRequest, model: StageCostModel) -> bool:
                       or model.profile.target.tiles != 1):
         assert request.recompute is not None
         raise OptionError("recompute", f"{request.recompute.value} needs a profile of one device that records each "
-                          "operation's phase (as stagesplit capture writes) and a pipeline schedule (--schedule 1f1b, "
+                          "operation's phase (as stagesplit capture writes) and a pipeline schedule (`schedule='1f1b'`, "
                           "zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
     if request.schedule is Schedule.NONE:
         return False
@@ -262,7 +262,7 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
 def check_variants_request(request: SolveRequest) -> None:
     """Refuse what profile variants cannot be solved with (the API asks before reading them)."""
     if not request.schedule.one_stage_per_device:
-        raise OptionError("schedule", f"profile variants are solved with the stage-level model: --schedule none, "
+        raise OptionError("schedule", f"profile variants are solved with the stage-level model: `schedule='none'`, "
                           f"gpipe or 1f1b, not {request.schedule.value}")
     if request.recompute not in (None, RecomputeMode.NONE):
         raise OptionError("recompute", "profile variants already trade memory for time per stage (the memory "
@@ -288,9 +288,9 @@ def solve_variants(analyses: Sequence[Analysis], names: Sequence[str], proportio
                    variant_models={name: r.model for name, r in zip(names, resolved)})
 
 
-# -- --schedule auto ------------------------------------------------------------------------------
+# -- schedule='auto' --------------------------------------------------------------------------------
 
-#: the most chunks per device ``--schedule auto`` tries (each schedule that takes several: 1 to this)
+#: the most chunks per device ``schedule='auto'`` tries (each schedule that takes several: 1 to this)
 AUTO_MAX_CHUNKS_PER_RANK = 4
 
 
@@ -320,7 +320,7 @@ def _step(advice: Advice | None) -> float:
     return schedule.step_time
 
 
-#: a schedule ``--schedule auto``'s time limit stopped before any split of it was found
+#: a schedule ``schedule='auto'``'s time limit stopped before any split of it was found
 _NOT_SEARCHED = "the time limit was reached before a split of this schedule was found"
 
 
@@ -427,7 +427,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
         best = next((a for _, _, a, _ in plans if a is not None), None)
         if best is None and all(e == _NOT_SEARCHED for _, _, _, e in plans):
             raise TimeLimitReached(f"no split was found within the time limit ({req.time_limit:g} s); allow more "
-                                   "with --time-limit")
+                                   "with `time_limit`")
         if best is None:
             raise StagesplitError("no schedule could be solved: " + "; ".join(f"{k} (v={v}): {e}"
                                                                                for k, v, _, e in plans))
@@ -435,11 +435,11 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
     proven = plan.status == "optimal" and all(r.status in ("optimal", "slower", "infeasible", "refused") for r in rows)
     if plan.feasible:
         assert plan.schedule is not None          # a schedule solve's plan records its schedule
-        note = (f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
+        note = (f"`schedule='auto'`: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
                 f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
                 + (" (proven: no other schedule has a faster split)" if proven and not memory else ""))
     else:
-        note = f"--schedule auto: none of the {len(rows)} schedules tried fits"
+        note = f"`schedule='auto'`: none of the {len(rows)} schedules tried fits"
     for message in best.warnings:
         events.warn(message)
     # the model the plans were solved on (the target's roofline applied, the phase table kept)

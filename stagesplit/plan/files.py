@@ -269,7 +269,7 @@ def read_plan(path: str | Path) -> Plan:
 
 
 def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
-    """``--schedule auto``'s table of every schedule tried."""
+    """``schedule='auto'``'s table of every schedule tried."""
     out = []
     for i, item in enumerate(r.list(value, "schedule_candidates")):
         p = f"schedule_candidates[{i}]"

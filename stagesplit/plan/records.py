@@ -57,7 +57,7 @@ class StagePlan:
     bytes_received: int
     bytes_sent: int
     #: stage time in the plan's compute unit with transfers in and out included (== compute
-    #: without --communication); None in plans written before it was recorded
+    #: without ``communication``); None in plans written before it was recorded
     time: float | None = None
     #: each of the stage's layers' activation recompute (none / selective / full); empty: none
     recompute: tuple[str, ...] = ()
@@ -290,7 +290,7 @@ class ScheduleRecord:
 
 @dataclass(frozen=True)
 class ScheduleCandidate:
-    """One schedule ``--schedule auto`` tried, and what it gave."""
+    """One schedule ``schedule='auto'`` tried, and what it gave."""
 
     schedule: str
     chunks_per_rank: int
@@ -350,7 +350,7 @@ class Plan:
     #: how the plan runs under a pipeline schedule's own actions (None: a stage-level plan, one
     #: stage per device with its in-flight micro-batches)
     schedule: ScheduleRecord | None = None
-    #: with ``--schedule auto``: every schedule tried (the plan is the best of them)
+    #: with ``schedule='auto'``: every schedule tried (the plan is the best of them)
     candidates: tuple[ScheduleCandidate, ...] = ()
     #: the profile variants it was solved with (each stage records the one it takes); empty: one
     #: profile (``profile``, which with variants is the first variant's)

@@ -121,7 +121,7 @@ class Breakdown:
               self._bytes(whole.always_live.sum()))
         shared = self.shared.total().sum()
         t.add("used by no layer", f"{self._bytes(shared)}, counted on "
-              f"{'every stage' if m.shared == 'every' else 'no stage'} (--shared {m.shared})")
+              f"{'every stage' if m.shared == 'every' else 'no stage'} (`shared='{m.shared}'`)")
         roof = _roofline(m)
         compute = f"{m.layer_compute.sum() + m.shared_compute:.4g} {p.compute_unit}"
         if roof is not None:
@@ -135,7 +135,7 @@ class Breakdown:
                   + ("" if words.one_tile else " on its worst tile"))
             t.add("heaviest layer (compute)", f"{show(la.names[heavy])}: {m.layer_compute[heavy]:.4g} {p.compute_unit}")
         rest = [s for s in SECTIONS if s not in DEFAULT_SECTIONS and not (words.one_tile and s == "tiles")]
-        t.note = f"more: --sections {','.join(rest)}"
+        t.note = f"more: `sections={','.join(rest)}`"
         return t
 
     def grouping_table(self) -> Table:
@@ -149,7 +149,7 @@ class Breakdown:
                 t.add(rule.label, count, count / n)
         notes = [f"{len(la.names)} layers in {la.options.order.value} order: {', '.join(la.names)}",
                  f"{la.share_assigned:.0%} of operations have a layer; shared items are counted on "
-                 f"{'every stage' if self.model.shared == 'every' else 'no stage'} (--shared {self.model.shared})"]
+                 f"{'every stage' if self.model.shared == 'every' else 'no stage'} (`shared='{self.model.shared}'`)"]
         t.note = "\n".join(one_line(line) for line in notes + [f"warning: {w}" for w in la.warnings])
         return t
 
@@ -197,7 +197,7 @@ class Breakdown:
                   *(int(sm.category(k).sum()) for k in CODE), int(sm.total().sum()), sm.worst_tile(),
                   sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]), *extra)
         t.note = (f"shared items (used by no layer) on every layer: {self._bytes(self.shared.total().sum())}"
-                  if m.shared == "every" else "shared items are not counted (--shared none)")
+                  if m.shared == "every" else "shared items are not counted (`shared='none'`)")
         return t
 
     def totals_table(self) -> Table:

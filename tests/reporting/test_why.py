@@ -60,7 +60,7 @@ def test_one_layer_alone_binds():
     stage = next(s.stage for s in plan.stages if s.first_layer <= 2 <= s.last_layer)
     assert why_line(plan, model, GPU) == (
         f"why: the compute of layer l2 alone binds stage {stage}: more devices cannot help below {seconds(10)} per "
-        "micro-batch (a finer --layer-regex, or tensor parallelism inside that layer, would); headroom: stage 0, the "
+        "micro-batch (a finer `layer_regex`, or tensor parallelism inside that layer, would); headroom: stage 0, the "
         "fullest, uses 0.00 of 0.00 GiB (2.0%), 0.00 GiB free")          # [ l0 l1 | l2 | l3 ]: 2 of 100 units
 
 
@@ -277,7 +277,7 @@ def check_stage_model(plan, model, problem, line: str) -> None:
         return near(text, value * per_s) if per_s else near(text, value, plan.compute_unit)
     if plan.status != "optimal":
         assert head == ["why: the search stopped at its time limit, so what binds this split is not known",
-                        "allow more --time-limit for a proven split"]
+                        "allow more `time_limit` for a proven split"]
         return
     if o.objective == "memory":
         kind = "device" if plan.schedule is not None else "stage"
@@ -311,7 +311,7 @@ def check_stage_model(plan, model, problem, line: str) -> None:
         return
     assert not worst > free * (1 + 1e-4), (line, free, worst)      # memory binds, and the line does not say so
     m = re.fullmatch(rf"why: the compute of layer (\S+) alone binds stage (\d+): more devices cannot help below "
-                     rf"({FIGURE}) per micro-batch \(a finer --layer-regex, or tensor parallelism inside that layer, "
+                     rf"({FIGURE}) per micro-batch \(a finer `layer_regex`, or tensor parallelism inside that layer, "
                      r"would\)", head[0])
     if m:
         assert len(head) == 1
