@@ -357,7 +357,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     for name, target in api.targets().items():
         t.add(name, target.kind, target.tiles, target.bytes_per_tile, target.device_bytes, target.description)
     t.note = "GiB: 2**30 bytes, as in every command (solve's capacities, breakdown, diagnose, plots)"
-    _emit(render([t], args.format, width=_width(args)), args.out)
+    _emit(render([t], args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -431,7 +431,7 @@ def cmd_layouts(args: argparse.Namespace) -> int:
     from ..reporting.layouts import layouts_json, layouts_text
     lp = api.layouts(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
-    _emit(text, args.out)
+    _emit(flags_in(text), args.out)
     return 0 if lp.best is not None else 1           # as solve: 1 when nothing fits, having said why
 
 
@@ -482,7 +482,7 @@ def _sweep_layouts(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(gpu_sweep_json(result), indent=1) + "\n"
     else:
-        text = render([gpu_sweep_table(result)], args.format, width=_width(args))
+        text = render([gpu_sweep_table(result)], args.format, width=_width(args), naming=flags_in)
     if args.format == "text":
         fewest = result.fewest
         text += f"fewest GPUs that fit: {fewest}\n" if fewest is not None else "no GPU count in the range fits\n"

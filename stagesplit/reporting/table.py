@@ -170,8 +170,9 @@ def render_text(table: Table, width: int | None = None, naming: Callable[[str], 
     if table.note:
         out.append(table.note)
     if hidden:
-        out.append(f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} characters: "
-                   f"{', '.join(hidden)}; `wide` shows them)")
+        left_out = (f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} characters: "
+                    f"{', '.join(hidden)}; `wide` shows them)")
+        out.append(naming(left_out) if naming is not None else left_out)
     return "\n".join(out)
 
 
