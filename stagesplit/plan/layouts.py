@@ -244,7 +244,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
            events: Events) -> LayoutPlan:
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
-    from .advise import advise_schedule
+    from .scheduled import advise_schedule
     base = {tp: analyze(tp, DataLayout()) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)

@@ -443,9 +443,9 @@ def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
 
 
 def _schedule_problem(plan: Plan, model):
-    """The chunk-split problem ``plan`` was solved as (plan/advise.py), or None where ``model``
+    """The chunk-split problem ``plan`` was solved as (plan/scheduled.py), or None where ``model``
     cannot give it (no phases, another model)."""
-    from ..plan.advise import schedule_problem
+    from ..plan.scheduled import schedule_problem
     table = _table(model)
     if table is None or table.num_layers != len(plan.layer_names):
         return None

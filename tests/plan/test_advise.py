@@ -1,4 +1,4 @@
-"""The pure helpers of stagesplit/advise.py on tiny hand-made range tables:
+"""The pure helpers of plan/search.py and plan/explain.py on tiny hand-made range tables:
 ``fewest_stages_that_fit`` (against hand-worked first-fit runs and a brute force over every split)
 and ``explain_infeasible`` (each of its messages; the rule that binds, on priced models). The DP's
 time budget is tested in test_search.py."""
@@ -12,7 +12,8 @@ from hypothesis import given, strategies as st
 
 from helpers import UNIT, layer_model, options
 from stagesplit.model.costmodel import RangeTable
-from stagesplit.plan.advise import explain_infeasible, fewest_stages_that_fit
+from stagesplit.plan.explain import explain_infeasible
+from stagesplit.plan.search import fewest_stages_that_fit
 from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 
 

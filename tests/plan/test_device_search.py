@@ -1,4 +1,4 @@
-"""``--objective devices`` under a pipeline schedule (plan/advise.py
+"""``--objective devices`` under a pipeline schedule (plan/scheduled.py
 ``_fewest_devices_under_schedule``): the search tries the device counts the schedule can run with
 the given micro-batches (not only the request's count, which 1F1B cannot run with fewer
 micro-batches than devices), finds the fewest that fit, and says what it proved about fewer; each
@@ -13,7 +13,7 @@ import pytest
 from helpers import plan_inputs
 from stagesplit import api
 from stagesplit.errors import OptionError
-from stagesplit.plan.advise import runnable_device_counts
+from stagesplit.plan.scheduled import runnable_device_counts
 from stagesplit.solver.schedule_kinds import check_schedule
 
 CAPTURED = Path(__file__).resolve().parents[2] / "profiles" / "gpt-captured.stagesplit"

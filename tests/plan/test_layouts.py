@@ -248,9 +248,9 @@ def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
     """On small random stacks: for every layout, the split the search solves has the pipeline step
     of the best of every split tried one by one (solver/chunk_search.py's exhaustive oracle), and
     the search's best is the fastest of every layout's step."""
-    from stagesplit.plan.advise import schedule_problem
     from stagesplit.plan.engine import resolve
     from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
+    from stagesplit.plan.scheduled import schedule_problem
     from stagesplit.solver.chunk_search import exhaustive
     profile, layers = _random_stack(seed)
     gpus = (2, 4)[seed % 2]

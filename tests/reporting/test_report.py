@@ -5,8 +5,8 @@ import pytest
 
 from helpers import plan_inputs
 from stagesplit.model.stagememory import MemoryBreakdown
-from stagesplit.plan.advise import SweepRow
 from stagesplit.plan.records import PhaseRecord, Plan, PlanProfile, PlanRun, StagePlan
+from stagesplit.plan.sweep import SweepRow
 from stagesplit.plan.text import seconds_text
 from stagesplit.reporting.summary import comparison_table, stages_table, sweep_table
 from stagesplit.reporting.table import render

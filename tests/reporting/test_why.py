@@ -344,7 +344,7 @@ def check_schedule(plan, model, line: str) -> None:
     """Each clause of a scheduled plan's line against its schedule record: the critical path
     recomputed from the record's own times, every split of the layers into its chunks, and the
     splits the line names evaluated."""
-    from stagesplit.plan.advise import schedule_problem
+    from stagesplit.plan.scheduled import schedule_problem
     from stagesplit.solver.chunk_evaluation import evaluate_chunk_split
     s = plan.schedule
     unit = "" if s.time_unit == "seconds" else s.time_unit
@@ -376,7 +376,7 @@ def check_schedule(plan, model, line: str) -> None:
     optimizer = [r.busy - s.micro_batches * sum(chunk[c] for c in r.chunks) for r in s.ranks]
     transfer = None
     if o.communication:         # each boundary's cut, forward and back, once a micro-batch over the link
-        from stagesplit.plan.advise import schedule_problem as problem_of
+        from stagesplit.plan.scheduled import schedule_problem as problem_of
         table = problem_of(model, plan.inputs).table
         cuts = [x.first_layer for x in plan.stages[1:]]
         transfer = (table.forward_cut[cuts] + table.backward_cut[cuts]) / 2 / o.link_bytes_per_s
@@ -585,7 +585,7 @@ def scheduled(draw):
 @settings(max_examples=20, deadline=None)
 def test_every_claim_of_a_scheduled_line_is_the_plan_s(case):
     from stagesplit.errors import StagesplitError
-    from stagesplit.plan.advise import advise_schedule
+    from stagesplit.plan.scheduled import advise_schedule
     from stagesplit.solver.request import SolveRequest
     kind, v, devices, micro, capacity, communication = case
     model = gpt_model()
