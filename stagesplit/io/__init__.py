@@ -1,5 +1,7 @@
 """Profile readers and writers. ``load_profile`` picks the reader from the file itself, so
-nothing downstream needs to know which reader made a Profile."""
+nothing downstream needs to know which reader made a Profile. Each reader is imported when a
+file needs it: a JSON profile's solve does not load the compact format (zip, its array rules,
+the PopVision exporter's shared tables)."""
 
 from __future__ import annotations
 
@@ -11,7 +13,6 @@ from ..common.fileio import atomic_write_text
 from ..common.safeinput import InputFile
 from ..common.text import show
 from ..errors import ProfileError, StagesplitError
-from .compact import read_compact, with_compact_field, write_compact
 from .jsonprofile import dumps_profile, read_json_profile
 from .limits import check_profile_limits
 from .profile import Profile
@@ -45,6 +46,7 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
         head = f.head(64)
         reader: Callable[[Path, bytes], Profile]
         if head.startswith(b"PK"):
+            from .compact import read_compact
             reader = read_compact
         elif head.removeprefix(b"\xef\xbb\xbf").lstrip()[:1] in (b"{", b"["):   # a UTF-8 byte order mark may lead
             reader = read_json_profile
@@ -60,8 +62,9 @@ def load_profile(path: str | Path, debug: str | Path | None = None,
     try:
         return check_profile_limits(profile, str(path))
     except ProfileError as exc:                         # a compact file: name the array holding the field too
-        if reader is not read_compact:
+        if not head.startswith(b"PK"):
             raise
+        from .compact import with_compact_field
         gt = profile.ground_truth
         raise with_compact_field(exc, categories=list(gt.categories) if gt is not None else None) from None
 
@@ -70,6 +73,7 @@ def save_profile(profile: Profile, path: str | Path) -> None:
     """Write ``profile`` atomically: compact form for .stagesplit/.npz, JSON for anything else."""
     path = Path(path)
     if path.suffix in COMPACT_SUFFIXES:
+        from .compact import write_compact
         write_compact(profile, path)
     else:
         atomic_write_text(path, dumps_profile(profile))

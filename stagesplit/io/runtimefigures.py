@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_BYTES
-from .targets import _number, config_dir, exact_fields, read_yaml
+from .targets import _number, exact_fields, read_yaml, shipped_targets_document
 
 __all__ = ["DEFAULT_RUNTIME", "RuntimeFigures", "known_runtimes", "runtime_from_mapping", "runtime_of"]
 
@@ -48,8 +48,7 @@ def runtime_from_mapping(spec: Any, path: Path | str | None, prefix: str, source
 
 def known_runtimes() -> dict[str, RuntimeFigures]:
     """The shipped GPU targets' runtime figures, by target name (targets without one are left out)."""
-    path = config_dir() / "targets.yaml"
-    data = read_yaml(path)
+    path, data = shipped_targets_document()
     targets = data.get("targets", {}) if isinstance(data, dict) else {}
     return {name: runtime_from_mapping(spec["runtime"], path, f"targets.{name}.runtime", name)
             for name, spec in targets.items() if isinstance(spec, dict) and "runtime" in spec}
