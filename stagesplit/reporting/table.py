@@ -188,9 +188,9 @@ def render(tables: Sequence[Table], fmt: str = "text", width: int | None = None,
            naming: Callable[[str], str] | None = None) -> str:
     """All tables in one of FORMATS (text fitted to ``width`` characters when given). CSV/TSV
     put a ``# title`` line before each table. ``naming``: see ``worded``."""
-    tables = [worded(t, naming) for t in tables]
     if fmt == "text":
-        return "\n\n".join(render_text(t, width) for t in tables) + "\n"
+        return "\n\n".join(render_text(t, width, naming) for t in tables) + "\n"
+    tables = [worded(t, naming) for t in tables]
     if fmt == "json":
         doc = [{"title": t.title, "columns": [c.name for c in t.columns],
                 "rows": [{c.name: _plain(v) for c, v in zip(t.columns, row)} for row in t.rows],
