@@ -191,7 +191,11 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
         events.start(f"sharding for {layout.dp} data-parallel ranks (ZeRO {layout.zero})")
         source, profile = profile, shard_profile(profile, layers, layout)
     events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
-    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value),
+    kept = None
+    if source is not None:
+        from .model.datasharding import kept_unsharded
+        kept = kept_unsharded(source, layers, layout)
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value, kept_unsharded=kept),
                         layout=layout if source is not None else None, source=source)
     events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):

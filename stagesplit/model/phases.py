@@ -81,6 +81,9 @@ class ChunkCosts:
     #: what a split backward's B frees when it ends (already taken off ``weight_stash``; still held
     #: at B's peak)
     input_backward_frees: np.ndarray
+    #: parameter bytes a backward leaves unsharded until the chunk's next forward (FSDP2 under a
+    #: pipeline schedule: model/datasharding.py's ``kept_unsharded``)
+    unsharded_after_backward: np.ndarray
     forward_time: np.ndarray
     backward_input_time: np.ndarray
     backward_weight_time: np.ndarray
@@ -115,6 +118,9 @@ class PhaseTable:
     #: norm saves a float32 copy of a bfloat16 input keeps neither its input nor its output for the
     #: backward, so a chunk's stash holds neither (None: every crossing tensor is stashed)
     forward_cut_unstashed: np.ndarray | None = None
+    #: (L,) per layer, the parameter bytes FSDP2 leaves unsharded after its backward under a pipeline
+    #: schedule, until its next forward (None: none)
+    unsharded_after_backward: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -128,6 +134,10 @@ class PhaseTable:
             raise ValueError("every chunk needs at least one layer")
         prefix = np.vstack([np.zeros((1, 4)), np.cumsum(self.layer_times, axis=0)])
         times = prefix[b[1:]] - prefix[b[:-1]]
+        kept = np.zeros(len(a), np.int64)
+        if self.unsharded_after_backward is not None:
+            summed = np.concatenate([[0], np.cumsum(np.asarray(self.unsharded_after_backward, np.int64))])
+            kept = (summed[b[1:]] - summed[b[:-1]]).astype(np.int64)
         first_chunk, last_chunk = a == 0, b[1:] == self.num_layers
         return ChunkCosts(
             resident=self.resident[a, last], stash=self.stash[a, last], weight_stash=self.weight_stash[a, last],
@@ -142,7 +152,7 @@ class PhaseTable:
             .astype(np.int64),
             input_backward_frees=(np.zeros(len(a), np.int64) if self.input_backward_frees is None
                                   else self.input_backward_frees[last]),
-            forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
+            unsharded_after_backward=kept, forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
             optimizer_time=times[:, 3], time_unit=self.time_unit)
 
 
@@ -247,7 +257,8 @@ def phase_table(model: ModelView) -> PhaseTable:
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
                       backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute,
                       input_backward_frees=frees, tied_with_first=_tied_with_first(model),
-                      forward_cut_unstashed=unstashed)
+                      forward_cut_unstashed=unstashed,
+                      unsharded_after_backward=getattr(model, "kept_unsharded", None))
 
 
 #: how a capture names the loss's operations (``capturing/profilebuild.py``: "loss/aten.sum")

@@ -136,6 +136,8 @@ class PlanProfile:
     sequence_parallel: bool = False
     #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    #: what sequence parallelism added to that plan (module path, what), as the capture recorded it
+    sequence_parallel_additions: tuple[tuple[str, str], ...] = ()
 
     @property
     def one_tile(self) -> bool:
