@@ -55,8 +55,8 @@ VOCAB = 256
 
 def _config():
     import transformers as tf
-    config = tf.LlamaConfig(vocab_size=VOCAB, use_cache=False, bos_token_id=1, eos_token_id=2, hidden_size=128,
-                            intermediate_size=512, num_attention_heads=4, num_key_value_heads=2,
+    config = tf.LlamaConfig(vocab_size=VOCAB, use_cache=False, bos_token_id=1, eos_token_id=2, hidden_size=256,
+                            intermediate_size=1024, num_attention_heads=4, num_key_value_heads=2,
                             max_position_embeddings=SEQUENCE, num_hidden_layers=LAYERS, tie_word_embeddings=False)
     config._attn_implementation = "sdpa"
     return config
@@ -116,6 +116,8 @@ class Machine:
     all_reduce: dict[int, float]
     flops_per_s: float
     memory_bytes_per_s: float
+    #: whether each rank had a core of its own, ahead of the machine's other work (``_own_core``)
+    own_cores: bool = False
 
 
 # -- step 1: the machine ---------------------------------------------------------------------------------
@@ -216,7 +218,7 @@ def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
 
 
 #: the ping-pong's message sizes, bytes: from a few words to a few hidden states
-LINK_SIZES = (4096, 65536, 262144, 1048576, 4194304)
+LINK_SIZES = (4096, 65536, 131072, 262144, 1048576, 4194304)
 
 
 def _fit_link(one_way: dict[int, float]) -> tuple[float, float]:
@@ -244,7 +246,8 @@ def _machine(records: Sequence[dict], blocks: Sequence[dict] | None = None) -> M
     return Machine(forward=per_block(0), backward=per_block(1), optimizer=per_block(2), latency_s=latency,
                    bytes_per_s=bandwidth, one_way=one_way, all_reduce=_median(records, "all_reduce"),
                    flops_per_s=statistics.median(r["flops"] for r in records),
-                   memory_bytes_per_s=statistics.median(r["memory"] for r in records))
+                   memory_bytes_per_s=statistics.median(r["memory"] for r in records),
+                   own_cores=all(r["own_core"] for r in records))
 
 
 # -- step 2: the target and the layers' compute ----------------------------------------------------------
@@ -302,18 +305,41 @@ def _build(index: int, code: str, micro_batches: int) -> tuple:
     stages = list(built) if isinstance(built, (list, tuple)) else [built]
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
-    return ns, built, schedule, tied, torch.optim.Adam(params, lr=0.0), x if first else None, y if last else None
+    busy = [0.0]
+    for stage in stages:
+        _clocked(stage, busy)
+    return (ns, built, schedule, tied, torch.optim.Adam(params, lr=0.0), x if first else None, y if last else None,
+            busy)
 
 
-def _step(run: tuple) -> float:
-    """One training step of a built export (``train_step``, tied gradients, Adam, ``zero_grad``), seconds."""
-    ns, built, schedule, tied, optimizer, x, y = run
+def _clocked(stage, busy: list[float]) -> None:
+    """Add the time of each compute action the schedule calls on ``stage`` (forward, backward, weight
+    gradients: the work the plan's busy time counts) to ``busy[0]``."""
+    for name in ("forward_one_chunk", "backward_one_chunk", "backward_weight_one_chunk"):
+        method = getattr(stage, name)
+
+        def timed(*args, _method=method, **kwargs):
+            start = time.perf_counter()
+            try:
+                return _method(*args, **kwargs)
+            finally:
+                busy[0] += time.perf_counter() - start
+        setattr(stage, name, timed)
+
+
+def _step(run: tuple) -> tuple[float, float]:
+    """One training step of a built export (``train_step``, tied gradients, Adam, ``zero_grad``): its
+    seconds, and the seconds of its compute actions and optimizer step (the rank's busy time)."""
+    ns, built, schedule, tied, optimizer, x, y, busy = run
+    busy[0] = 0.0
     start = time.perf_counter()
     ns["train_step"](built, schedule, x, y)
     ns["sum_tied_gradients"](tied)
+    before = time.perf_counter()
     optimizer.step()
     optimizer.zero_grad(set_to_none=ns["GRADIENTS_SET_TO_NONE"])
-    return time.perf_counter() - start
+    end = time.perf_counter()
+    return end - start, busy[0] + end - before
 
 
 def _own_core(rank: int) -> bool:
@@ -341,7 +367,7 @@ def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float
     import torch
     import torch.distributed as dist
     torch.set_num_threads(1)
-    _own_core(rank)
+    own = _own_core(rank)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=2,
                             timeout=timedelta(seconds=timeout_s))
     try:
@@ -351,23 +377,26 @@ def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float
         dist.barrier()
         runs = [blocks.once() for _ in range(repeats + 2)][2:]       # both ranks at once, as in the pipeline
         record = {"link": link, "all_reduce": reduce, "blocks": [list(zip(*r)) for r in runs],
-                  "flops": _flop_rate(), "memory": _memory_rate()}
+                  "flops": _flop_rate(), "memory": _memory_rate(), "own_core": own}
         Path(workdir, f"machine{rank}.json").write_text(json.dumps(record))
         cases = _wait_for(Path(workdir, "cases.json"), timeout_s)
         built = [_build(i, code, m) for i, (code, m) in enumerate(zip(cases["codes"], cases["micro_batches"]))]
         steps: list[list[float]] = [[] for _ in built]
+        working: list[list[float]] = [[] for _ in built]
         interleaved = []
         for round_ in range(rounds + 1):       # the first: warm-up (shapes, receive buffers, Adam's state)
             dist.barrier()
             times = blocks.once()
             for i, run in enumerate(built):
                 dist.barrier()
-                seconds = _step(run)
+                seconds, busy = _step(run)
                 if round_:
                     steps[i].append(seconds)
+                    working[i].append(busy)
             if round_:
                 interleaved.append(list(zip(*times)))
-        Path(workdir, f"steps{rank}.json").write_text(json.dumps({"steps": steps, "blocks": interleaved}))
+        Path(workdir, f"steps{rank}.json").write_text(json.dumps({"steps": steps, "busy": working,
+                                                                     "blocks": interleaved}))
     finally:
         dist.destroy_process_group()
 
@@ -393,6 +422,8 @@ class Row:
     measured: tuple[float, ...]   #: the measured steps, seconds (one per round)
     transfer: float               #: the plan's transfer time of one crossing, seconds
     optimizer: tuple[float, ...]  #: the plan's optimizer step per rank, seconds
+    busy: tuple[float, ...]       #: per rank, the plan's busy time (its actions and optimizer step), seconds
+    busy_measured: tuple[float, ...]   #: per rank, the median over rounds of the same, measured
 
     @property
     def median(self) -> float:
@@ -481,16 +512,19 @@ def compare(folder: Path, cases: Sequence[Case], rounds: int = 5, repeats: int =
                                  "-with-steps").read_text())
         s = again["schedule"]
         steps = [max(a, b) for a, b in zip(measured[0]["steps"][i], measured[1]["steps"][i])]
+        busy = tuple(statistics.median(measured[r]["busy"][i]) for r in range(2))
         rows.append(Row(case, again["split"], float(s["step_time"]), float(plan["schedule"]["step_time"]),
-                        tuple(steps), float(sum(s["transfer_times"])), tuple(s["optimizer_times"])))
+                        tuple(steps), float(sum(s["transfer_times"])), tuple(s["optimizer_times"]),
+                        tuple(float(r["busy"]) for r in s["ranks"]), busy))
     return machine, rows
 
 
 if __name__ == "__main__":      # a quick look: python tests/steptime_harness.py
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as folder:
-        found, table = compare(Path(folder), [Case(s, 4, k) for s in ("1f1b", "gpipe") for k in (None, 3, 2)])
+        found, table = compare(Path(folder), [Case(s, 4, k) for s in ("1f1b", "gpipe") for k in (None, 2, 1, 6)])
     print(found)
     for row in table:
         print(row.case, row.split, f"{row.predicted * 1e3:.1f} ms (before {row.predicted_before * 1e3:.1f})",
-              f"{row.median * 1e3:.1f} ms", f"{row.error:+.1%}")
+              f"{row.median * 1e3:.1f} ms", f"{row.error:+.1%}",
+              "busy", [f"{b * 1e3:.1f}" for b in row.busy], [f"{b * 1e3:.1f}" for b in row.busy_measured])
