@@ -217,8 +217,10 @@ def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
     return out
 
 
+#: the bytes of one micro-batch's hidden state, what a pipeline's stages send each other (float32)
+HIDDEN_BYTES = BATCH * SEQUENCE * 256 * 4
 #: the ping-pong's message sizes, bytes: from a few words to a few hidden states
-LINK_SIZES = (4096, 65536, 131072, 262144, 1048576, 4194304)
+LINK_SIZES = (4096, 65536, HIDDEN_BYTES, 1048576, 4194304)
 
 
 def _fit_link(one_way: dict[int, float]) -> tuple[float, float]:
@@ -253,12 +255,17 @@ def _machine(records: Sequence[dict], blocks: Sequence[dict] | None = None) -> M
 # -- step 2: the target and the layers' compute ----------------------------------------------------------
 
 def target_mapping(machine: Machine) -> dict:
-    """A target file for this CPU: one "tile" of 8 GiB, the measured FLOP and copy rates and link."""
+    """A target file for this CPU: one "tile" of 8 GiB, the measured FLOP and copy rates and link.
+    The link (``link_bytes_per_s``, what a pipeline's transfers are priced with: bytes over it) is
+    the rate gloo achieves for a message of the size the stages send, the hidden state: its bytes
+    over its one-way time, so that a crossing costs what one measured, latency included (the
+    latency and bandwidth fitted over every size are the node's, for collectives)."""
     bw, lat = round(machine.bytes_per_s), float(f"{machine.latency_s:.3g}")
     return {"name": "cpu-gloo", "kind": "cpu",
             "description": "this CPU, one thread per process, gloo between processes (measured)",
             "tiles": 1, "bytes_per_tile": 8 * 2**30, "flops_per_s": round(machine.flops_per_s),
-            "memory_bytes_per_s": round(machine.memory_bytes_per_s), "link_bytes_per_s": bw,
+            "memory_bytes_per_s": round(machine.memory_bytes_per_s),
+            "link_bytes_per_s": round(HIDDEN_BYTES / machine.one_way[HIDDEN_BYTES]),
             "node": {"gpus_per_node": 2, "intra_bytes_per_s": bw, "intra_latency_s": lat,
                      "inter_bytes_per_s": bw, "inter_latency_s": lat}}
 
