@@ -1,32 +1,34 @@
-"""The plan's step time against a real one on this CPU (issue #32): everything the test and
-``benchmarks/bench_steptime.py`` share.
+"""The plan's step time against a real one on this CPU (issue #32): everything the test
+(tests/plan/test_steptime_real.py) and ``benchmarks/bench_steptime.py`` share.
 
-The path, as a user would take it with a machine of their own:
+The path, as a user would take it with a machine of their own (``compare`` runs it):
 
-1. ``measure_machine``: two gloo processes (one thread each, as the pipeline runs) time, each
-   in turn and interleaved, every block of a small Hugging Face Llama (from a config, nothing
-   downloaded) as a stage of its own (the torch-pipelining export's own stage modules, one block
-   each: the first with the embeddings, the last with the final norm, head and loss): forward,
-   then backward, the median of several runs. The same processes measure gloo's point-to-point
-   link (a ping-pong at several sizes: latency and bandwidth fitted to the one-way times) and a
-   matrix product's FLOP rate on one thread.
-2. ``target_mapping`` / ``layer_compute``: a target file for this CPU (the FLOP rate, the link's
-   bandwidth; its ``node`` the link's bandwidth and latency) and the ``--layer-compute`` mapping,
-   each layer's forward plus backward time in the profile's unit (FLOPs): seconds x the target's
-   FLOP rate, which the target turns back into those seconds.
-3. The CLI, as a user runs it: ``stagesplit solve PROFILE --target cpu.yaml --layer-compute
-   layers.yaml --communication`` (the solver's split, and splits forced with ``--pin-split``),
-   ``stagesplit export --to torch-pipelining``; the plan's ``schedule.step_time`` is the
-   prediction (the tool's own model: nothing measured in step 4 goes into it).
-4. ``time_exported``: each export's own program (``build_pipeline``, ``train_step``, Adam's step,
-   ``zero_grad``) on two gloo processes, the cases interleaved round by round (so that a burst of
-   load on the shared machine falls on all of them alike), a warm-up round first; a step's time
-   is the slowest rank's, from a barrier to its optimizer step's end; the median over rounds.
+1. The machine, by two gloo processes (one thread each, as the pipeline runs; each on a core of
+   its own where the system allows: ``_own_core``): gloo's point-to-point link (a ping-pong at
+   several sizes) and an all-reduce; every block of a small Hugging Face Llama (from a config,
+   nothing downloaded) timed as a stage of its own (the torch-pipelining export's own stage
+   modules, one block each: the first with the embeddings, the last with the final norm, head and
+   loss): forward, backward and its parameters' Adam step, both ranks at once, blocks
+   interleaved, the median of the runs; a matrix product's FLOP rate and a copy's bytes per
+   second on one thread.
+2. ``target_mapping`` / ``layer_compute``: a target file for this CPU (the FLOP and copy rates,
+   the link) and the ``--layer-compute`` mapping: each layer's forward + backward + Adam seconds
+   as FLOPs at the target's FLOP rate, which the target turns back into those seconds (the model
+   shares each layer's figure out over its phases as the roofline times its operations:
+   model/phases.py; Adam's by its bytes at the copy rate).
+3. The CLI, as a user runs it: ``stagesplit solve PROFILE --target cpu-gloo.yaml --layer-compute
+   layers.yaml --communication`` (the solver's split, or one forced with ``--pin-split``),
+   ``stagesplit export --to torch-pipelining``.
+4. Each export's own program (``build_pipeline``, ``train_step``, Adam's step, ``zero_grad``) on
+   the same two processes, the plans interleaved round by round, each round first timing every
+   block once more (so that the blocks and the steps see the machine's load alike), after a
+   warm-up round; a step's time is the slower rank's, from a barrier to its optimizer step's end;
+   the median over rounds. Each rank's busy time (its compute actions, clocked inside the
+   runtime, and its optimizer step) is recorded beside it.
 
-The per-layer times: the model splits each layer's figure into forward, input-gradient and
-weight-gradient parts by the captured FLOP shares (model/phases.py), and prices the optimizer by
-its FLOPs (none: torch's FLOP counter counts matrix products only), so the measured forward and
-backward times are also returned, for the report of what the error comes from.
+The prediction is the plan's ``schedule.step_time`` for the split that ran, solved again (pinned to
+that split) from the blocks timed in step 4: the tool's own model, into which nothing measured of
+the pipeline's steps goes.
 """
 
 from __future__ import annotations
@@ -101,7 +103,7 @@ def _stage_modules():
 
 @dataclass(frozen=True)
 class Machine:
-    """What ``measure_machine`` found: per block, the median forward and backward seconds of one
+    """What the two processes measured (``compare``): per block, the median forward and backward seconds of one
     micro-batch and of its parameters' Adam step; the link's one-way latency (s) and bandwidth
     (bytes/s) fitted to the ping-pong (and the medians it was fitted to: bytes -> seconds), and an
     all-reduce's seconds by bytes; a matrix product's FLOP rate and a copy's bytes per second on
