@@ -103,8 +103,8 @@ def _stage_modules():
 
 @dataclass(frozen=True)
 class Machine:
-    """What the two processes measured (``compare``): per block, the median forward and backward seconds of one
-    micro-batch and of its parameters' Adam step; the link's one-way latency (s) and bandwidth
+    """What the two processes measured (``compare``): per block, the median forward and backward
+    seconds of one micro-batch and of its parameters' Adam step; the link's one-way latency (s) and bandwidth
     (bytes/s) fitted to the ping-pong (and the medians it was fitted to: bytes -> seconds), and an
     all-reduce's seconds by bytes; a matrix product's FLOP rate and a copy's bytes per second on
     one thread."""
