@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
+from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions
 from .factory import call_factory, check_model, load_factory
 from .kernels import check_kernels, cuda_attention, kernels_note
@@ -50,15 +51,16 @@ from .recorder import (
 from .runtime import as_a_real_run, first_line, load_torch, quiet
 from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
 
-__all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
+__all__ = ["capture", "capture_degrees", "capture_model", "check_degrees", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_TARGET = "a100-80gb"
 
 
-def capture(spec: str, **options) -> Profile:
-    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``)."""
+def capture(spec: str, **options) -> Profile | ParallelVariants:
+    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``);
+    with ``tp`` a list of degrees, one rank at each (``capture_degrees``)."""
     load_torch()
     factory = load_factory(spec)
     with quiet(bool(options.get("torch_logs"))):
@@ -67,7 +69,49 @@ def capture(spec: str, **options) -> Profile:
         where, _, func = spec.rpartition(":")
         stem = Path(where).stem if where.endswith(".py") else where.rpartition(".")[2]
         options["name"] = stem if func == "build" else f"{stem}.{func}"
+    if isinstance(options.get("tp"), (list, tuple)):
+        return capture_degrees(model, inputs, loss_fn, degrees=options.pop("tp"), source=spec, **options)
     return capture_model(model, inputs, loss_fn, source=spec, **options)
+
+
+def check_degrees(degrees: Any) -> tuple[int, ...]:
+    """A list of tensor-parallel degrees: each a whole number in 1..4096, none twice, at least one."""
+    if isinstance(degrees, (str, bytes)) or not isinstance(degrees, (list, tuple)) or not degrees:
+        raise OptionError("tp", f"expected a list of tensor-parallel degrees, got {degrees!r}")
+    for d in degrees:
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 4096:
+            raise OptionError("tp", f"expected whole numbers of ranks in 1..4096, got {d!r}")
+    if len(set(degrees)) != len(degrees):
+        twice = next(d for d in degrees if list(degrees).count(d) > 1)
+        raise OptionError("tp", f"the degree {twice} is given twice")
+    return tuple(degrees)
+
+
+def capture_degrees(model, inputs, loss_fn=None, *, degrees, sequence_parallel: bool = False,
+                    tp_plan: str | Path | None = None, torch_logs: bool = False, source: str | None = None,
+                    **options) -> ParallelVariants:
+    """One rank at each tensor-parallel degree of ``degrees``: ``capture_model`` once per degree on
+    the same model (which every capture leaves as it came), each variant exactly the profile a
+    capture at that degree alone makes. ``sequence_parallel`` and ``tp_plan`` apply to the degrees
+    of 2 or more (degree 1 is the whole model). Every degree is checked against the plan before
+    any step runs: a degree that does not divide the heads, KV heads or a sharded dimension is
+    refused in one line naming the module and the degree. A list of one degree is that capture
+    alone, in a ParallelVariants of one."""
+    degrees = check_degrees(degrees)
+    torch = load_torch()
+    if any(d > 1 for d in degrees):
+        with quiet(torch_logs):
+            checked, _, _ = check_model((model, inputs, loss_fn), source or "model", torch)
+            for d in sorted(degrees):
+                if d > 1:
+                    resolve_plan(torch, checked, d, bool(sequence_parallel), tp_plan)
+    profiles = []
+    for d in sorted(degrees):
+        extra: dict[str, Any] = {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if d > 1 or \
+            len(degrees) == 1 else {}
+        profiles.append(capture_model(model, inputs, loss_fn, tp=d, torch_logs=torch_logs, source=source,
+                                      **extra, **options))
+    return parallel_variants(profiles, source or "model")
 
 
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
