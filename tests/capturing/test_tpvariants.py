@@ -196,3 +196,26 @@ def test_variants_files_read_strictly(captured, tmp_path):
     # a plain file reads as one variant
     plain = load_variants(folder / "tp2.json")
     assert plain.degrees == (2,) and dumps_profile(plain.profiles[0]) == (folder / "tp2.json").read_text()
+
+
+def test_compact_variants_container_read_strictly(captured, tmp_path):
+    """The compact container's manifest is checked: its format, and each member it names."""
+    import zipfile
+
+    from stagesplit.errors import ProfileError
+    folder, _ = captured
+    with zipfile.ZipFile(folder / "both.stagesplit") as zf:
+        manifest = json.loads(zf.read("variants.json"))
+        members = {n: zf.read(n) for n in zf.namelist()}
+    assert manifest == {"format": "stagesplit-variants", "version": 1, "variants": ["tp1.stagesplit", "tp2.stagesplit"]}
+    for change, field in (({"variants": ["tp1.stagesplit", "nope.stagesplit"]}, r"variants\[1\]"),
+                          ({"format": "other"}, "format"), ({"version": 2}, "version")):
+        bad = tmp_path / "bad.stagesplit"
+        with zipfile.ZipFile(bad, "w") as zf:
+            zf.writestr("variants.json", json.dumps({**manifest, **change}))
+            for name, data in members.items():
+                if name != "variants.json":
+                    zf.writestr(name, data)
+        with pytest.raises(ProfileError, match=rf"bad\.stagesplit: variants\.json: {field}") as caught:
+            load_variants(bad)
+        assert "\n" not in str(caught.value)
