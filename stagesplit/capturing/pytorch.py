@@ -32,6 +32,7 @@ from typing import Any
 
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
+from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions
 from .factory import call_factory, check_model, load_factory
 from .kernels import check_kernels, cuda_attention, kernels_note
@@ -50,15 +51,16 @@ from .recorder import (
 from .runtime import as_a_real_run, first_line, load_torch, quiet
 from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
 
-__all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
+__all__ = ["capture", "capture_degrees", "capture_model", "check_degrees", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_TARGET = "a100-80gb"
 
 
-def capture(spec: str, **options) -> Profile:
-    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``)."""
+def capture(spec: str, **options) -> Profile | ParallelVariants:
+    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``);
+    with ``tp`` a list of degrees, one rank at each (``capture_degrees``)."""
     load_torch()
     factory = load_factory(spec)
     with quiet(bool(options.get("torch_logs"))):
@@ -67,7 +69,49 @@ def capture(spec: str, **options) -> Profile:
         where, _, func = spec.rpartition(":")
         stem = Path(where).stem if where.endswith(".py") else where.rpartition(".")[2]
         options["name"] = stem if func == "build" else f"{stem}.{func}"
+    if isinstance(options.get("tp"), (list, tuple)):
+        return capture_degrees(model, inputs, loss_fn, degrees=options.pop("tp"), source=spec, **options)
     return capture_model(model, inputs, loss_fn, source=spec, **options)
+
+
+def check_degrees(degrees: Any) -> tuple[int, ...]:
+    """A list of tensor-parallel degrees: each a whole number in 1..4096, none twice, at least one."""
+    if isinstance(degrees, (str, bytes)) or not isinstance(degrees, (list, tuple)) or not degrees:
+        raise OptionError("tp", f"expected a list of tensor-parallel degrees, got {degrees!r}")
+    for d in degrees:
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 4096:
+            raise OptionError("tp", f"expected whole numbers of ranks in 1..4096, got {d!r}")
+    if len(set(degrees)) != len(degrees):
+        twice = next(d for d in degrees if list(degrees).count(d) > 1)
+        raise OptionError("tp", f"the degree {twice} is given twice")
+    return tuple(degrees)
+
+
+def capture_degrees(model, inputs, loss_fn=None, *, degrees, sequence_parallel: bool = False,
+                    tp_plan: str | Path | None = None, torch_logs: bool = False, source: str | None = None,
+                    **options) -> ParallelVariants:
+    """One rank at each tensor-parallel degree of ``degrees``: ``capture_model`` once per degree on
+    the same model (which every capture leaves as it came), each variant exactly the profile a
+    capture at that degree alone makes. ``sequence_parallel`` and ``tp_plan`` apply to the degrees
+    of 2 or more (degree 1 is the whole model). Every degree is checked against the plan before
+    any step runs: a degree that does not divide the heads, KV heads or a sharded dimension is
+    refused in one line naming the module and the degree. A list of one degree is that capture
+    alone, in a ParallelVariants of one."""
+    degrees = check_degrees(degrees)
+    torch = load_torch()
+    if any(d > 1 for d in degrees):
+        with quiet(torch_logs):
+            checked, _, _ = check_model((model, inputs, loss_fn), source or "model", torch)
+            for d in sorted(degrees):
+                if d > 1:
+                    resolve_plan(torch, checked, d, bool(sequence_parallel), tp_plan)
+    profiles = []
+    for d in sorted(degrees):
+        extra: dict[str, Any] = {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if d > 1 or \
+            len(degrees) == 1 else {}
+        profiles.append(capture_model(model, inputs, loss_fn, tp=d, torch_logs=torch_logs, source=source,
+                                      **extra, **options))
+    return parallel_variants(profiles, source or "model")
 
 
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
@@ -154,7 +198,8 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                 params = {id(p): p for p in model.parameters()}
                 group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
-            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype) if plan is not None else {}
+            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype, stacks) \
+                if plan is not None else {}
             for p in params.values():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(shaped.get(id(p), p))
@@ -238,7 +283,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                           layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
 
 
-def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:
+def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks=()) -> dict[int, Any]:
     """Each parameter's gradient as the backward makes it, under tensor parallelism: one
     unrecorded step (forward, loss, backward) with no gradients allocated.
 
@@ -247,21 +292,86 @@ def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int
     vocabulary-split embedding's gradient is a partial sum over the whole vocabulary (torch's
     masked partial placement), twice the weight's shard at two ranks; allocating it like the
     parameter undercounts a real rank. A failure here is left to the recorded step, which names
-    it."""
+    it.
+
+    The step runs on the model with each stack of blocks cut to its first three
+    (``_cut_gradient_layouts``): the blocks of a stack run the same code on parameters laid out alike, so
+    a later block's gradients are laid out as the third's, once the second's and the third's
+    are found laid out alike (the layout has settled along the stack: the first block may take
+    its input otherwise). Where that does not hold, or the cut model fails, the whole model
+    runs; on an 80-block model the cut step is a few percent of the whole one."""
+    cut = [s for s in stacks if len(s.children) > 3]
+    if cut:
+        found = _cut_gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, cut)
+        if found is not None:
+            return found
+    return _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype)[0]
+
+
+def _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype) -> tuple[dict[int, Any], bool]:
+    """Forward, loss and backward, unrecorded: each parameter's gradient, taken off it, and
+    whether the step ran to its end."""
     model.train()
+    ok = True
     try:
         with as_a_real_run(), (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
                                else contextlib.nullcontext()):
             loss = _loss(torch, _call(model, inputs), loss_fn, "model")
         loss.backward()
     except (Exception, SystemExit):
-        pass
+        ok = False
     loss = None
     found = {}
     for p in model.parameters():
         if p.grad is not None:
             found[id(p)] = p.grad
             p.grad = None
+    return found, ok
+
+
+def _layout_key(t) -> tuple:
+    """What a gradient allocated like ``t`` depends on: its placements, local shape, strides,
+    dtype (None: no tensor)."""
+    if t is None:
+        return ()
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return (tuple(getattr(t, "placements", ())), tuple(local.shape), tuple(local.stride()), local.dtype,
+            type(t).__name__)
+
+
+def _cut_gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks) -> dict[int, Any] | None:
+    """``_gradient_layouts`` from a step of the model with each stack in ``stacks`` cut to its
+    first three blocks; None where the cut step failed or a stack's layout has not settled by
+    its third block (the caller then runs the whole model)."""
+    modules = dict(model.named_modules())
+    held = []
+    try:
+        for stack in stacks:
+            container = modules[stack.path] if stack.path else model
+            held.append((container, container._modules))
+            container._modules = {k: v for k, v in list(container._modules.items())[:3]}
+        found, ok = _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype)
+    finally:
+        for container, kept in held:
+            container._modules = kept
+    if not ok:
+        return None
+    ran = set(found)
+    for stack in stacks:
+        second, third = stack.blocks[1], stack.blocks[2]
+        named = {n: p for n, p in modules[third].named_parameters()}
+        for name, p in modules[second].named_parameters():
+            q = named.get(name)
+            if q is None or _layout_key(p) != _layout_key(q) or \
+                    _layout_key(found.get(id(p))) != _layout_key(found.get(id(q))):
+                return None
+        for block in stack.blocks[3:]:
+            for name, p in modules[block].named_parameters():
+                q = named.get(name)
+                if q is None or _layout_key(p) != _layout_key(q):
+                    return None
+                if id(q) in found and id(p) not in ran:      # (a parameter shared with a block that ran: its own)
+                    found[id(p)] = found[id(q)]
     return found
 
 

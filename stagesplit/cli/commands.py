@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from .. import api
 from ..errors import StagesplitError, one_line
@@ -333,18 +334,26 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
-                          amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
-                          layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
-    v = profile.variables
-    print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
-          f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
-          f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
-          file=sys.stderr)
-    layout = profile.info.parallel_layout
-    if layout is not None:
-        print(tensor_parallel_line(layout), file=sys.stderr)
+    found = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
+                        amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
+                        layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
+                        sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
+    profiles: tuple[Any, ...] = tuple(getattr(found, "profiles", (found,)))    # a ParallelVariants' each
+    if len(profiles) > 1:
+        degrees = ", ".join(map(str, getattr(found, "degrees", ())))
+        print(f"wrote {args.output}: {profiles[0].info.name}, one rank at each of {len(profiles)} tensor-parallel "
+              f"degrees ({degrees})", file=sys.stderr)
+    for profile in profiles:
+        v = profile.variables
+        layout = profile.info.parallel_layout
+        what = f"TP {layout.tensor_parallel if layout is not None else 1}" if len(profiles) > 1 else \
+            f"wrote {args.output}: {profile.info.name}"
+        print(f"{what}, {len(profile.operations):,} operations (program steps), "
+              f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
+              f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
+              file=sys.stderr)
+        if layout is not None:
+            print(tensor_parallel_line(layout), file=sys.stderr)
     return 0
 
 
@@ -446,8 +455,9 @@ def _solve_layout(args: argparse.Namespace) -> int:
         raise StagesplitError("--devices: the layout search chooses the pipeline stages (--pp fixes them)")
     profile, debug = _solve_profile(args)
     if profile is None or not isinstance(profile, str) or debug is not None:
-        raise StagesplitError("--layout auto: expected one profile (a rank's at tensor-parallel degree 1; "
-                              "--tp-profile T=FILE for the others)")
+        raise StagesplitError("--layout auto: expected one profile file (a rank's at tensor-parallel degree 1, "
+                              "--tp-profile T=FILE for the others; or one holding a rank at each degree, as "
+                              "capture --tp 1,2,4,8 writes)")
     target = _layout_mode(args, "--layout auto")
     arguments = _layout_arguments(args, target)
     lp = api.layouts(profile, gpus=args.gpus, **arguments)

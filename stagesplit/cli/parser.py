@@ -55,6 +55,17 @@ class _Later:
         return len(self._all())
 
 
+def degrees(text: str) -> int | list[int]:
+    """An argparse type: one tensor-parallel degree, or a comma-separated list of them (1..4096)."""
+    one = int_in(1, 4096)
+    parts = text.split(",")
+    if len(parts) == 1:
+        return one(text)
+    if len(parts) > 64:
+        raise argparse.ArgumentTypeError(f"expected at most 64 degrees, got {len(parts)}")
+    return [one(part) for part in parts]
+
+
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: a whole number in lo..hi."""
     def parse(text: str) -> int:
@@ -240,7 +251,8 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
-                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
+                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1, or holds a rank at each "
+                        "degree as capture --tp 1,2,4,8 writes); repeatable")
     for flag in ("tp", "pp"):
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
@@ -392,10 +404,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
-    p.add_argument("--tp", type=int_in(1, 4096), default=1, metavar="N",
+    p.add_argument("--tp", type=degrees, default=1, metavar="N[,N...]",
                    help="capture rank 0 of N tensor-parallel ranks: torch's parallelize_module applies the plan under "
-                        "a fake process group of N ranks; parameters, activations and collectives are one rank's "
-                        "(default: %(default)s, no tensor parallelism)")
+                        "a fake process group of N ranks; parameters, activations and collectives are one rank's. A "
+                        "list (1,2,4,8) captures one rank at each degree into one file, for the layout search and "
+                        "breakdown (default: %(default)s, no tensor parallelism)")
     p.add_argument("--sp", action="store_true",
                    help="with --tp: sequence parallelism between the blocks (norms under SequenceParallel, the "
                         "stream sharded on the sequence dimension)")
