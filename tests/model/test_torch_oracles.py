@@ -256,6 +256,199 @@ def test_torch_s_compute_term_is_flops_over_one_and_a_half_times_the_peak():
     assert ours_75 == pytest.approx(2 * torch_s, rel=1e-6)
 
 
+
+# -- recompute on one device: torch's sac_estimator + sac_ilp.sac_milp against stagesplit's choice --------------------
+
+MODE_NAMES = ("none", "selective", "full")
+#: budgets (bytes) between the measured peaks of 0, 1, 2 and 3 blocks fully recomputed
+BUDGETS = (13_000_000, 11_000_000, 8_000_000)
+
+
+@functools.cache
+def _torch_sac():
+    """torch's whole recompute pipeline on the example GPT, as its own tests run it: MemTracker over
+    two steps (the second's figures), RuntimeEstimator and SACEstimator in the roofline mode (the two
+    CUDA queries answered with h100-80gb's figures), ``aggregate_stats`` and ``parse_module_info``.
+    Returns the graph sac_milp reads, its baseline peak, and MemTracker's peak of the step."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.distributed._tools.ilp_utils import aggregate_stats, get_peak_memory_runtime_baseline, parse_module_info
+    from torch.distributed._tools.mem_tracker import MemTracker
+    from torch.distributed._tools.runtime_estimator import RuntimeEstimator
+    from torch.distributed._tools.sac_estimator import SACEstimator
+
+    from examples.gpt import GPT, GPTConfig
+    patches = _on_the_target(H100_FLOPS, H100_BYTES_PER_S)
+    with patches[0], patches[1], patches[2], mock.patch("builtins.print"), FakeTensorMode():
+        model = GPT(GPTConfig(**rm.GPT))
+        optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+        ids = torch.zeros(rm.GPT["batch"], rm.GPT["context"], dtype=torch.long)
+
+        def step():
+            model(ids).sum().backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=False)
+
+        tracker = MemTracker()
+        tracker.track_external(model, optimizer)
+        with tracker:
+            for i in range(2):
+                step()
+                if i == 0:
+                    tracker.reset_mod_stats()
+        runtime = RuntimeEstimator()
+        with runtime(estimate_mode_type="operator-level-cost-model"):
+            step()
+        sac = SACEstimator()
+        with sac(estimate_mode_type="operator-level-cost-model"):
+            model(ids).sum().backward()
+        graph = parse_module_info(aggregate_stats(model, tracker, runtime, sac, torch.device("cpu")))
+    baseline, _ = get_peak_memory_runtime_baseline(graph)
+    return graph, baseline, tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+@functools.cache
+def _stagesplit_table():
+    from stagesplit.io.targets import load_target
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.model.phases import phase_table
+    from stagesplit.model.roofline import apply_roofline
+    analysis = Analysis.of(rm.capture("gpt"))
+    apply_roofline(analysis.model, load_target("h100-80gb"))
+    return phase_table(analysis.model)
+
+
+def _stagesplit_choice(budget: int):
+    """stagesplit's recompute choice on one device (one stage, GPipe, one micro-batch) under
+    ``budget``: every recompute prefix tried (the tests' oracle) and CP-SAT's proven choice."""
+    from stagesplit.solver.chunk_cpsat import solve_chunks_cpsat
+    from stagesplit.solver.chunk_problem import ChunkProblem
+    from stagesplit.solver.chunk_search import exhaustive
+    from stagesplit.solver.request import RecomputeMode
+    from stagesplit.solver.schedule_generation import build_schedule
+    problem = ChunkProblem(_stagesplit_table(), build_schedule("gpipe", 1, 1), np.array([budget]),
+                           recompute=RecomputeMode.AUTO)
+    best = exhaustive(problem)
+    proven = solve_chunks_cpsat(problem)
+    assert proven.optimal and proven.result.choice == best.choice
+    return best
+
+
+@functools.cache
+def _measured_peak(modes: tuple[str, ...]) -> int:
+    """MemTracker's peak of one real training step (CPU tensors, Adam, after a warm-up step) of the
+    example GPT with block i recomputed as ``modes[i]`` says (torch.utils.checkpoint)."""
+    import warnings
+
+    import torch
+    from torch.distributed._tools.mem_tracker import MemTracker
+    model = rm.chunks("gpt", (0, rm.GPT["layers"]), list(modes))[0]
+    ids = rm.batch("gpt", 1)[0]
+    optimizer = torch.optim.Adam(model.parameters(), foreach=False)
+
+    def step():
+        model(ids).sum().backward()
+        optimizer.step()
+
+    step()
+    optimizer.zero_grad(set_to_none=False)
+    tracker = MemTracker()
+    tracker.track_external(model, optimizer, ids)
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="Module is None", category=UserWarning)
+        with tracker:
+            step()
+    return tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
+
+
+def _needs_torch_s_ilp():
+    pytest.importorskip("pulp", reason="torch's sac_ilp needs pulp (in the test extra)")
+    pytest.importorskip("pwlf", reason="torch's SACEstimator fits its trade-off curves with pwlf (in the test extra)")
+
+
+def test_a_block_keeps_the_same_activation_bytes_in_both():
+    """What a block keeps from its forward to its backward (torch's ``act_fw_per_module``, the
+    memory its full checkpointing can drop; stagesplit's ``saved`` bytes of full recompute): the
+    same bytes, exactly (both count the same tensors)."""
+    _needs_torch_s_ilp()
+    graph, _, _ = _torch_sac()
+    saved_full = _stagesplit_table().recompute.saved[2]
+    torch_s = [graph.name2node[f"GPT.transformer.h.{i}"]["act_fw_per_module"] for i in range(rm.GPT["layers"])]
+    assert torch_s == saved_full.tolist() == [2_502_656] * rm.GPT["layers"]
+
+
+def test_the_step_without_recompute_torch_s_ilp_leaves_out_the_optimizer_state():
+    """sac_milp's memory (``get_peak_memory_runtime_baseline``: parameters, gradients, activations
+    and their gradients; "Memory does not include e.g., optimizer states", its docstring says)
+    against MemTracker on the same fake step, stagesplit's prediction and a real step measured."""
+    _needs_torch_s_ilp()
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    from stagesplit.solver.schedule_memory import rank_memory
+    graph, baseline, tracked = _torch_sac()
+    table = _stagesplit_table()
+    L = table.num_layers
+    schedule = build_schedule("gpipe", 1, 1)
+    predicted = rank_memory(schedule, chunk_memory(table, (0, L), schedule, np.zeros(L, np.int64)))[0].peak
+    measured = _measured_peak(("none",) * L)
+    figures = {"torch_ilp_baseline": baseline, "memtracker_fake": tracked, "stagesplit": predicted,
+               "measured": measured}
+    print(f"\n{figures}")
+    assert figures == {"torch_ilp_baseline": 13_549_312, "memtracker_fake": 14_801_884, "stagesplit": 14_805_980,
+                       "measured": 14_805_980}
+    assert (tracked - baseline) / tracked == pytest.approx(0.0846, abs=5e-4)
+
+
+def test_under_the_same_budget_stagesplit_s_choice_fits_when_run_and_torch_s_cannot():
+    """Each budget to both. stagesplit: its choice (a recompute prefix), run for real, peaks at
+    its prediction and under the budget. torch: sac_milp's choice (a fraction of each chosen
+    module's activations dropped) fits its own model; but its model starts 1.25 MB under the real
+    step, so the bytes its plan drops (its own ``d_i``) leave the real step over the budget."""
+    _needs_torch_s_ilp()
+    from torch.distributed._tools.sac_ilp import sac_milp
+    graph, baseline, _ = _torch_sac()
+    L = rm.GPT["layers"]
+    measured_none = _measured_peak(("none",) * L)
+    rows = []
+    for budget in BUDGETS:
+        ours = _stagesplit_choice(budget)
+        modes = tuple(MODE_NAMES[o] for o in ours.choice)
+        measured = _measured_peak(modes)
+        assert ours.ranks[0].peak <= budget and measured <= budget
+        assert abs(measured - ours.ranks[0].peak) <= 1e-4 * measured
+        decisions, _, torch_peak = sac_milp(graph, memory_budget=budget / 2**30, world_size=1)
+        assert decisions and 0 < torch_peak <= budget + 1
+        dropped = 0.0
+        for fqn, r in decisions.items():
+            node = graph.name2node[fqn]
+            dropped += node["sac_memory"] * r - (node["sac_memory"] - node["act_fw_per_module"])
+        assert measured_none - dropped > budget
+        rows.append(f"  {budget:>11,}  stagesplit {'/'.join(modes):28s} predicted {ours.ranks[0].peak:>11,} "
+                    f"measured {measured:>11,} | torch {decisions} drops {dropped:>11,.0f}: real step >= "
+                    f"{measured_none - dropped:>11,.0f}")
+    print("\n" + "\n".join(rows))
+    assert [_stagesplit_choice(b).choice for b in BUDGETS] == [(2, 0, 0, 0), (2, 2, 0, 0), (2, 2, 2, 0)]
+
+
+def test_recomputing_the_last_block_saves_nothing_on_one_device_as_stagesplit_predicts():
+    """Why stagesplit's choices are prefixes: the last block's backward runs first, right after
+    its forward, so its rerun holds what its stash held; measured, checkpointing it saves 256
+    bytes of 14.8 MB. torch's sac_milp counts what it drops wherever the module is (its memory at
+    module i subtracts what every module before it dropped), the last block included."""
+    L = rm.GPT["layers"]
+    none, last = _measured_peak(("none",) * L), _measured_peak(("none",) * (L - 1) + ("full",))
+    assert none - last == 256
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    from stagesplit.solver.schedule_memory import rank_memory
+    table = _stagesplit_table()
+    schedule = build_schedule("gpipe", 1, 1)
+    choice = np.zeros(L, np.int64)
+    choice[-1] = 2
+    assert rank_memory(schedule, chunk_memory(table, (0, L), schedule, choice))[0].peak == _measured_peak(
+        ("none",) * L)
+
+
 if __name__ == "__main__":       # the table the docs quote: python tests/model/test_torch_oracles.py
     sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parents[1]))
     print(_table_text())
