@@ -1,4 +1,5 @@
-"""stagesplit's roofline held against torch's own, as an independent oracle (issue #35).
+"""stagesplit's roofline and one-device recompute choice held against torch's own estimators, as
+independent oracles (issue #35). Recompute: see the section below ``BUDGETS``.
 
 torch ships a roofline of its own: ``torch.distributed._tools.runtime_estimator.RuntimeEstimator``
 in its ``operator-level-cost-model`` mode prices every aten operation of a step run under
@@ -17,9 +18,10 @@ traces list the same operations; their order differs slightly, so kinds, not pos
 matched):
 
 * where both count the same quantity they agree exactly (no tolerance: both are integer counts
-  from the same tensor shapes): FLOPs of every kind; bytes and seconds of every kind torch prices,
+  from the same tensor shapes; seconds to 1e-9, float rounding): FLOPs of every kind; bytes and
+  seconds of every kind torch prices,
   except the matrix products fed a broadcast tensor (torch counts a stride-0 dimension once);
-* where they differ by design, the difference is asserted: view and creation operations (torch
+* where they differ (by design, or where one is wrong), the difference is asserted: view and creation operations (torch
   prices them at 0, stagesplit at their tensors' bytes), ``prim.device`` queries (torch prices
   each as a transfer of the tensor asked about), and the compute term (torch divides multiply-adds
   by 75% of the peak, i.e. FLOPs by 1.5 x the peak; stagesplit FLOPs by the peak x --efficiency).
