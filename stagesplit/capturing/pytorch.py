@@ -33,6 +33,7 @@ from typing import Any
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..layers import LayerOptions
+from .contextparallel import ContextParallel, check_degree, fake_meshes, ring_attention, shard_inputs
 from .factory import call_factory, check_model, load_factory
 from .kernels import check_kernels, cuda_attention, kernels_note
 from .modulestacks import module_stacks, sequential_hint
@@ -74,7 +75,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
                   tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-                  kernels: str = "cpu") -> Profile:
+                  kernels: str = "cpu", cp: int = 1) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -92,17 +93,20 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
     sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
-    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py)."""
+    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py). ``cp``: capture
+    rank 0 of this many context-parallel ranks (``contextparallel``: the sequence sharded,
+    attention as torch's ring attention, which runs the GPU's kernels: ``kernels`` becomes cuda)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
-                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels)
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
-             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu") -> Profile:
+             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu",
+             cp: int = 1) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -113,9 +117,13 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
+    context = None
+    if cp != 1:
+        sequence, balanced = check_degree(torch, inputs, cp)
+        context = ContextParallel(cp, sequence, balanced)
+        kernels = "cuda"                 # torch's ring attention runs the GPU's kernels only (contextparallel)
     check_kernels(kernels, tgt)
     kernels_used: Counter = Counter()
-    attention = cuda_attention(torch, tgt, kernels_used) if kernels == "cuda" else contextlib.nullcontext()
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
@@ -144,15 +152,26 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     layout = None
     group = contextlib.ExitStack()
     tp_hooks: list = []
+    cp_mesh = None
     try:
-        mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        if context is not None:
+            mesh, cp_mesh, groups = group.enter_context(fake_meshes(torch, plan.degree if plan else 1, cp))
+            context = replace(context, groups=groups)
+            group.enter_context(ring_attention(context.load_balanced))
+            group.enter_context(propagation_unrecorded(rec.state))
+        else:
+            mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        attention = cuda_attention(torch, tgt, kernels_used, cp_mesh) if kernels == "cuda" else contextlib.nullcontext()
         with fake:
             params = _fake_parameters(torch, model, param_dtype, restore)
             fake_inputs = _fake_inputs(torch, inputs, None if amp else param_dtype)
+            if context is not None:
+                fake_inputs = shard_inputs(torch, fake_inputs, cp_mesh, context.sequence, context.load_balanced)
             if plan is not None:
                 tp_hooks, extra = parallelize(torch, model, mesh, plan)
                 params = {id(p): p for p in model.parameters()}
-                group.enter_context(propagation_unrecorded(rec.state))
+                if context is None:
+                    group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
             shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype) if plan is not None else {}
             for p in params.values():
@@ -235,7 +254,8 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
                           autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
-                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
+                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
+                          context=context)
 
 
 def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:

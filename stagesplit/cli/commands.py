@@ -10,7 +10,7 @@ import sys
 
 from .. import api
 from ..errors import StagesplitError, one_line
-from ..reporting.layout import tensor_parallel_line
+from ..reporting.layout import context_parallel_line, tensor_parallel_line
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -336,15 +336,17 @@ def cmd_capture(args: argparse.Namespace) -> int:
     profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                           amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
                           layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
+                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp)
     v = profile.variables
     print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
           f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
           f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
           file=sys.stderr)
     layout = profile.info.parallel_layout
-    if layout is not None:
+    if layout is not None and layout.tensor_parallel > 1:
         print(tensor_parallel_line(layout), file=sys.stderr)
+    if layout is not None and layout.context_parallel > 1:
+        print(context_parallel_line(layout), file=sys.stderr)
     return 0
 
 

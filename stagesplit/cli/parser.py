@@ -406,6 +406,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose kernels' saved tensors to record: cpu (the kernels the capture runs) or cuda (the "
                         "attention kernel the GPU target's CUDA dispatcher would choose: flash, memory-efficient or "
                         "math; docs/gpu.md) (default: %(default)s)")
+    p.add_argument("--cp", type=int_in(1, 4096), default=1, metavar="N",
+                   help="capture rank 0 of N context-parallel ranks: the sequence sharded N ways and attention run as "
+                        "torch's ring attention (on the GPU target's attention kernels) under a fake process group; "
+                        "N must divide the sequence (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -439,7 +443,7 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
          "tp_profiles": "--tp-profile"}
