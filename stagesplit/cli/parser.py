@@ -241,7 +241,10 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
-    for flag in ("tp", "pp"):
+    g.add_argument("--cp-profile", action="append", default=[], metavar="C=FILE",
+                   help="one rank's profile at context-parallel degree C (capture --cp C, at the tensor-parallel "
+                        "degree it records); repeatable")
+    for flag in ("tp", "cp", "pp"):
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
 
@@ -446,4 +449,4 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile"}
+         "tp_profiles": "--tp-profile", "cp_profiles": "--cp-profile"}
