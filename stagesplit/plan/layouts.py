@@ -457,10 +457,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     if top is None:
         return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
-    if plan.profile.tensor_parallel != top.layout.tp:
+    if (plan.profile.tensor_parallel, plan.profile.context_parallel) != (top.layout.tp, top.layout.cp):
         # a rank's profile given for a degree without recording it (no capture --tp): the plan
         # still says which degree its rank is of, so that its exports lay the model out so
-        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp))
+        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp,
+                                             context_parallel=top.layout.cp))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
