@@ -134,6 +134,10 @@ def test_tp_and_cp_together():
     gathers = [c.bytes for c in layout.collectives if c.group == "cp" and c.kind == "all_gather_into_tensor"]
     assert gathers == [2 * 2 * 1 * 32 * 16 * BF16] * 4
     assert sum(c.group == "tp" and c.kind == "all_reduce" for c in layout.collectives) == 16
+    # the line docs/layouts.md shows
+    assert context_parallel_line(layout) == (
+        "rank 0 of 2 context-parallel ranks, the sequence in head and tail chunks; ring attention: 8 collectives per "
+        "step (4 all_gather_into_tensor, 4 all_to_all_single), 32.0 KiB")
 
 
 def test_context_parallel_line_by_hand():
