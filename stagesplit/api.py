@@ -760,7 +760,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
             tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-            events: Events | None = None, kernels: str = "cpu", cp: int = 1) -> Profile:
+            events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1) -> Profile:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -775,7 +775,9 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
     docs/gpu.md). ``cp``: capture rank 0 of this many context-parallel ranks (the sequence sharded,
     attention as torch's ring attention on the GPU's kernels: ``stagesplit.capturing.contextparallel``,
-    docs/layouts.md)."""
+    docs/layouts.md). ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts
+    model (its routed experts split, the tokens' all-to-alls added: composed from rules,
+    ``stagesplit.capturing.expertparallel``)."""
     from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
@@ -788,6 +790,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     output = _path("output", output, optional=True)
     tp = integer("tp", tp, 1, 4096)
     cp = integer("cp", cp, 1, 4096)
+    ep = integer("ep", ep, 1, 4096)
     tp_plan = _path("tp_plan", tp_plan, optional=True)
     if output is not None:
         where = model.rpartition(":")[0]
@@ -801,7 +804,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
                            tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels,
-                           cp=cp)
+                           cp=cp, ep=ep)
     events.done()
     for message in profile.info.warnings:
         events.warn(message)

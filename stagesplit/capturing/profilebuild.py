@@ -40,7 +40,7 @@ def _round(nbytes: int, unit: int) -> int:
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
                   dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
                   stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = "",
-                  context=None):
+                  context=None, expert=None):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
     named and placed in layers (by ``layer_options``, else the module tree's ``stacks``; ``hint``
     ends the warning when neither finds a block), the storages as variables; the rest describes
@@ -115,8 +115,8 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
                  else dtype)
     parallel = None
     groups = context.groups if context is not None else {}
-    collectives = tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase, groups.get(c.group, "tp"))
-                        for c in rec.collectives)
+    collectives = tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase,
+                                   groups.get(c.group, "ep" if c.group == "ep" else "tp")) for c in rec.collectives)
     if layout is not None:
         plan, additions, heads = layout
         parallel = ParallelLayout(plan.degree, plan.sequence_parallel, plan.source, plan.styles, tuple(additions),
@@ -129,6 +129,11 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
         precision += (f", rank 0 of {context.degree} context-parallel ranks (the sequence of {context.sequence} "
                       f"{'in head and tail chunks' if context.load_balanced else 'in contiguous shards'}, attention "
                       "as torch's ring attention)")
+    if expert is not None:
+        from .expertparallel import describe
+        parallel = replace(parallel or ParallelLayout(collectives=collectives), expert_parallel=expert.degree,
+                           experts=expert.experts)
+        precision += ", " + describe(expert)
     b = ProfileBuilder(target, S, compute_unit="flops", info=ProfileInfo(
         name=name, source="pytorch",
         description=(f"one training step captured under torch FakeTensorMode on CPU (torch {torch_version}): "

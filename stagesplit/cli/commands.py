@@ -10,7 +10,7 @@ import sys
 
 from .. import api
 from ..errors import StagesplitError, one_line
-from ..reporting.layout import context_parallel_line, tensor_parallel_line
+from ..reporting.layout import context_parallel_line, expert_parallel_line, tensor_parallel_line
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -336,7 +336,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                           amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
                           layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp)
+                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp,
+                          ep=args.ep)
     v = profile.variables
     print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
           f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
@@ -347,6 +348,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
         print(tensor_parallel_line(layout), file=sys.stderr)
     if layout is not None and layout.context_parallel > 1:
         print(context_parallel_line(layout), file=sys.stderr)
+    if layout is not None and layout.expert_parallel > 1:
+        print(expert_parallel_line(layout), file=sys.stderr)
     return 0
 
 

@@ -413,6 +413,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="capture rank 0 of N context-parallel ranks: the sequence sharded N ways and attention run as "
                         "torch's ring attention (on the GPU target's attention kernels) under a fake process group; "
                         "N must divide the sequence (default: %(default)s)")
+    p.add_argument("--ep", type=int_in(1, 4096), default=1, metavar="N",
+                   help="capture rank 0 of N expert-parallel ranks of a mixture-of-experts model: each rank holds "
+                        "E/N of every experts module's experts, the tokens' all-to-alls added (composed from rules; "
+                        "docs/layouts.md); N must divide the experts (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -446,7 +450,7 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp",
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp", "ep": "--ep",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
          "tp_profiles": "--tp-profile", "cp_profiles": "--cp-profile"}

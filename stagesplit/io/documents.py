@@ -93,7 +93,7 @@ def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping
 
 
 _LAYOUT_KEYS = {"tensor_parallel", "sequence_parallel", "plan", "styles", "additions", "heads", "collectives",
-                "context_parallel", "cp_load_balanced"}
+                "context_parallel", "cp_load_balanced", "expert_parallel", "experts"}
 #: the phases a collective may run in (the capture's names: forward, loss, backward, recompute, optimizer)
 _COLLECTIVE_PHASES = ("forward", "loss", "backward", "recompute", "optimizer", "setup", *PHASE_LABELS)
 
@@ -111,6 +111,9 @@ def layout_record(layout: ParallelLayout) -> dict[str, Any]:
     if layout.context_parallel != 1:          # written only where set: files of other layouts unchanged
         doc["context_parallel"] = layout.context_parallel
         doc["cp_load_balanced"] = layout.cp_load_balanced
+    if layout.expert_parallel != 1:
+        doc["expert_parallel"] = layout.expert_parallel
+        doc["experts"] = [{"module": m, "experts": e} for m, e in layout.experts]
     return doc
 
 
@@ -146,4 +149,6 @@ def layout_from_record(value: Any, r: FieldReader, path: str) -> ParallelLayout:
         heads=tuple(rows("heads", {"module": "str", "heads": "int", "kv_heads": "int"})),
         collectives=collectives,
         context_parallel=r.integer(value.get("context_parallel", 1), f"{path}.context_parallel", 1),
-        cp_load_balanced=r.boolean(value.get("cp_load_balanced", False), f"{path}.cp_load_balanced"))
+        cp_load_balanced=r.boolean(value.get("cp_load_balanced", False), f"{path}.cp_load_balanced"),
+        expert_parallel=r.integer(value.get("expert_parallel", 1), f"{path}.expert_parallel", 1),
+        experts=tuple(rows("experts", {"module": "str", "experts": "positive"})))

@@ -369,10 +369,13 @@ class ParallelLayout:
     collectives: tuple[Collective, ...] = ()
     context_parallel: int = 1
     cp_load_balanced: bool = False
+    #: ranks the routed experts are split over, and each experts module with its expert count
+    expert_parallel: int = 1
+    experts: tuple[tuple[str, int], ...] = ()
 
 
 #: the mesh dimensions a recorded collective may span
-COLLECTIVE_GROUPS = ("tp", "cp")
+COLLECTIVE_GROUPS = ("tp", "cp", "ep")
 
 
 @dataclass
@@ -595,6 +598,8 @@ def _validate_layout(layout: ParallelLayout, steps: int, source: str | None) -> 
     where = "parallel_layout"
     if layout.tensor_parallel < 1:
         raise ProfileError(source, f"{where}.tensor_parallel", "a whole number >= 1", layout.tensor_parallel)
+    if layout.expert_parallel < 1:
+        raise ProfileError(source, f"{where}.expert_parallel", "a whole number >= 1", layout.expert_parallel)
     if layout.context_parallel < 1:
         raise ProfileError(source, f"{where}.context_parallel", "a whole number >= 1", layout.context_parallel)
     for k, c in enumerate(layout.collectives):
