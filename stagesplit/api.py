@@ -277,14 +277,17 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
-            cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None):
+            cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+            ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
     ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
     ``zero`` fix a degree (None: searched); ``cp_profiles`` one rank's at each context-parallel
     degree (as ``capture(cp=...)`` writes it, at the tensor-parallel degree it records), ``cp``
-    fixes that degree; ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
+    fixes that degree; ``ep_profiles`` one rank's at each expert-parallel degree (``capture(ep=...)``;
+    the expert-parallel ranks are taken from the data x context ranks), ``ep`` fixes it;
+    ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -293,7 +296,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles)
+        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
+        ep=ep, ep_profiles=ep_profiles)
     return search(rank, degrees, req, deadline, events)
 
 
@@ -303,7 +307,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
                  events: Events | None = None, runtime_reserve: str | int = "auto", cp: int | None = None,
-                 cp_profiles: Mapping[int, ProfileLike] | None = None):
+                 cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
+                 ep_profiles: Mapping[int, ProfileLike] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -321,7 +326,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles)
+        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
+        ep=ep, ep_profiles=ep_profiles)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
@@ -329,7 +335,8 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
                    tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
                    schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto",
-                   cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None):
+                   cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+                   ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -342,7 +349,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
     fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
-             (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp))}
+             (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
@@ -377,17 +384,26 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
             raise OptionError("cp_profiles", f"{where} is not one rank of context-parallel degree {c} (capture it "
                               f"with cp={c})")
         read[(layout.tensor_parallel, c)] = a
+    for degree, other in (ep_profiles or {}).items():   # keyed (tp, cp, ep) by what the capture recorded
+        e = integer("ep_profiles", degree, 2, MAX_DEVICES)
+        a = analyze(other, events=events)
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        if layout is None or layout.expert_parallel != e:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("ep_profiles", f"{where} is not one rank of expert-parallel degree {e} (capture it "
+                              f"with ep={e})")
+        read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
     def rank(t, layout: DataLayout):
         # each combination's rank made when the search needs it, not kept (a 70B profile is large)
         return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
-                        pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], zero=zero,
+                        pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve))
-    return rank, sorted(read, key=lambda k: (k, 1) if isinstance(k, int) else k), req, deadline, events
+    return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 
 def _checked_runtime_reserve(value: str | int) -> str | int:

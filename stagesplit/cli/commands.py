@@ -381,7 +381,13 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("cp_profiles", f"expected C=FILE (a context-parallel degree and a profile), got '{word}'")
         cp_profiles[int(degree)] = path
-    return dict(cp=args.cp, cp_profiles=cp_profiles,global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+    ep_profiles: dict[int, str] = {}
+    for word in args.ep_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
+        ep_profiles[int(degree)] = path
+    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
@@ -425,7 +431,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
     ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
-    ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None))
+    ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
+    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
 
 
 def _no_layout_options(args: argparse.Namespace, what: str) -> None:

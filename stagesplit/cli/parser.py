@@ -244,7 +244,10 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--cp-profile", action="append", default=[], metavar="C=FILE",
                    help="one rank's profile at context-parallel degree C (capture --cp C, at the tensor-parallel "
                         "degree it records); repeatable")
-    for flag in ("tp", "cp", "pp"):
+    g.add_argument("--ep-profile", action="append", default=[], metavar="E=FILE",
+                   help="one rank's profile at expert-parallel degree E (capture --ep E); the expert-parallel ranks "
+                        "are taken from the data x context-parallel ranks, as Megatron does; repeatable")
+    for flag in ("tp", "cp", "ep", "pp"):
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
 
@@ -453,4 +456,5 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp", "ep": "--ep",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile", "cp_profiles": "--cp-profile"}
+         "tp_profiles": "--tp-profile", "cp_profiles": "--cp-profile",
+         "ep_profiles": "--ep-profile"}

@@ -179,6 +179,8 @@ def parallel_words(view: PlanView) -> list[str]:
             words.append("--sequence-parallel")
     if view.context_parallel > 1:
         words += ["--context-parallel-size", str(view.context_parallel)]
+    if view.expert_parallel > 1:                  # carved from the data x context ranks, not added to the world
+        words += ["--expert-model-parallel-size", str(view.expert_parallel)]
     if view.data_parallel > 1 and view.zero == 1:
         words.append("--use-distributed-optimizer")
     if view.data_parallel > 1 and view.zero == 3:

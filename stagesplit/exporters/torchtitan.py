@@ -84,7 +84,8 @@ def module_groups(view: PlanView) -> list[list[str]]:
 
 #: the flags ``layout_words`` writes (their last dotted part)
 _LAYOUT_FIELDS = ("tensor_parallel_degree", "no-enable-sequence-parallel", "data_parallel_shard_degree",
-                  "fsdp_reshard_after_forward", "data_parallel_replicate_degree", "context_parallel_degree")
+                  "fsdp_reshard_after_forward", "data_parallel_replicate_degree", "context_parallel_degree",
+                  "expert_parallel_degree")
 
 
 def layout_words(view: PlanView) -> list[str]:
@@ -110,6 +111,8 @@ def layout_words(view: PlanView) -> list[str]:
         else:
             words += ["--parallelism.data_parallel_replicate_degree", str(view.data_parallel),
                       "--parallelism.data_parallel_shard_degree", "1"]
+    if view.expert_parallel > 1:              # borrowed from dp_shard x cp x tp: torchtitan's own rule
+        words += ["--parallelism.expert_parallel_degree", str(view.expert_parallel)]
     return words
 
 
@@ -134,6 +137,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                          f"{', '.join(map(str, options.tied[0].stages))}; untie it or do not pipeline")
     if sum(view.decoder_counts()) < 1:
         raise view.error("torchtitan: the plan has no decoder layer besides the embedding and the head")
+    if view.expert_parallel > 1 and view.zero != 3:
+        raise view.error(f"torchtitan takes its expert-parallel ranks from its FSDP2 shards (dp_shard x cp x tp); "
+                         f"the plan was priced under ZeRO {view.zero}: export it to Megatron, or price it under ZeRO 3")
     if view.context_parallel > 1 and view.zero != 3:
         raise view.error(f"torchtitan shards the parameters over the context-parallel ranks (FSDP2 over data x "
                          f"context parallel); the plan was priced under ZeRO {view.zero}: solve it with ZeRO 3 for "

@@ -33,7 +33,7 @@ from ..solver.request import Schedule, SolveRequest
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
-           "cp_seconds", "cp_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search", "seconds",
+           "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search", "seconds",
            "solve_request", "step_of", "sweep_gpus"]
 
 
@@ -51,6 +51,9 @@ class Layout:
     zero: int
     micro_batches: int
     cp: int = 1
+    #: expert-parallel ranks: as in Megatron, taken from the dp x cp ranks (``ep`` divides ``sync``),
+    #: not multiplied into the GPUs; each holds 1/ep of the routed experts
+    ep: int = 1
 
     @property
     def sync(self) -> int:
@@ -59,21 +62,27 @@ class Layout:
 
     def describe(self) -> str:
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
-        return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}, ZeRO {self.zero}, "
+        ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
+        return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
                 f"{self.micro_batches} micro-batches")
 
 
-#: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees
-Degree = int | tuple[int, int]
+#: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees, or
+#: (tensor-parallel, context-parallel, expert-parallel) degrees
+Degree = int | tuple[int, int] | tuple[int, int, int]
 
 
-def degrees_of(key: Degree) -> tuple[int, int]:
-    """(tp, cp) of a rank's key (a plain degree is tensor-parallel, context-parallel 1)."""
-    return (key, 1) if isinstance(key, int) else (int(key[0]), int(key[1]))
+def degrees_of(key: Degree) -> tuple[int, int, int]:
+    """(tp, cp, ep) of a rank's key (the degrees it leaves out are 1)."""
+    if isinstance(key, int):
+        return key, 1, 1
+    return int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 1
 
 
 def key_of(lay: Layout) -> Degree:
-    """The key of the rank's profile a combination runs (a plain degree where cp is 1)."""
+    """The key of the rank's profile a combination runs (the shortest that says its degrees)."""
+    if lay.ep > 1:
+        return lay.tp, lay.cp, lay.ep
     return lay.tp if lay.cp == 1 else (lay.tp, lay.cp)
 
 
@@ -94,6 +103,8 @@ class LayoutRequest:
     reshard_after_forward: bool = True
     #: the context-parallel degree fixed (None: every degree a profile was given for)
     cp: int | None = None
+    #: the expert-parallel degree fixed (None: every degree a profile was given for, inside a node)
+    ep: int | None = None
     schedule: str = "1f1b"
     time_limit: float = 60.0
     #: what each solve keeps back on a device outside the profile (solve's ``runtime_reserve``)
@@ -123,6 +134,8 @@ class LayoutRow:
     chunks_per_rank: int = 0
     #: context parallelism's ring exchange left exposed after the attention it overlaps
     cp_comm_s: float = 0.0
+    #: expert parallelism's all-to-alls (not overlapped)
+    ep_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -150,10 +163,15 @@ def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: 
     most one node), ``pp`` at most the layers, ``dp`` the rest (``tp x cp x pp x dp = G``),
     micro-batches ``global_batch / (micro_batch_size * dp)`` whole (context-parallel ranks share
     their samples), ZeRO 0 to 3 where two or more ranks share the gradients (``dp x cp``; 0 with
-    one)."""
+    one). An expert-parallel rank (``ep > 1``) runs where ``ep`` divides ``dp x cp`` (Megatron's
+    expert groups are carved from those ranks), inside a node unless ``ep`` is fixed (``tp x ep`` at
+    most the node's GPUs), under ZeRO 0 only (the distributed optimizer shards experts over the
+    expert-data-parallel ranks, which the rank's sharding does not yet tell apart)."""
     out = []
-    for tp, cp in sorted({degrees_of(d) for d in tp_degrees}):
+    for tp, cp, ep in sorted({degrees_of(d) for d in tp_degrees}):
         if (req.tp is not None and tp != req.tp) or (req.cp is not None and cp != req.cp):
+            continue
+        if (req.ep is not None and ep != req.ep) or (req.ep is None and tp * ep > req.node.gpus_per_node):
             continue
         if tp > req.node.gpus_per_node or req.gpus % (tp * cp):
             continue
@@ -164,11 +182,13 @@ def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: 
             if req.global_batch % (req.micro_batch_size * dp):
                 continue
             M = req.global_batch // (req.micro_batch_size * dp)
-            zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 else [0])
+            if (dp * cp) % ep:
+                continue
+            zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 and ep == 1 else [0])
             for z in zeros:
-                if z > 0 and dp * cp == 1:
+                if z > 0 and (dp * cp == 1 or ep > 1):
                     continue
-                out.append(Layout(tp, pp, dp, z, M, cp))
+                out.append(Layout(tp, pp, dp, z, M, cp, ep))
     return out
 
 
@@ -177,17 +197,25 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: int)
     if req.gpus % req.node.gpus_per_node and req.gpus > req.node.gpus_per_node:
         raise OptionError("gpus_per_node", f"{req.node.gpus_per_node} GPUs per node does not divide {req.gpus} GPUs")
     fixed = [(n, v) for n, v in (("tp", req.tp), ("cp", req.cp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
+    if req.ep is not None and req.gpus % req.ep:
+        raise OptionError("ep", f"ep {req.ep} does not divide {req.gpus} GPUs")
     product = math.prod(v for _, v in fixed)
     if fixed and req.gpus % product:
         degrees = " x ".join(f"{n} {v}" for n, v in fixed) + (f" = {product}" if len(fixed) > 1 else "")
         raise OptionError(fixed[0][0], f"{degrees} does not divide {req.gpus} GPUs")
     pairs = sorted({degrees_of(d) for d in tp_degrees})
-    if req.tp is not None and req.tp not in {t for t, _ in pairs}:
+    if req.tp is not None and req.tp not in {t for t, _, _ in pairs}:
         raise OptionError("tp", f"no profile of tensor-parallel degree {req.tp} was given (degrees: "
-                          f"{', '.join(map(str, sorted({t for t, _ in pairs})))})")
-    if req.cp is not None and req.cp not in {c for t, c in pairs if req.tp is None or t == req.tp}:
+                          f"{', '.join(map(str, sorted({t for t, _, _ in pairs})))})")
+    if req.cp is not None and req.cp not in {c for t, c, _ in pairs if req.tp is None or t == req.tp}:
         raise OptionError("cp", f"no profile of context-parallel degree {req.cp} was given (degrees: "
-                          f"{', '.join(map(str, sorted({c for _, c in pairs})))}: capture a rank at that degree)")
+                          f"{', '.join(map(str, sorted({c for _, c, _ in pairs})))}: capture a rank at that degree)")
+    if req.ep is not None and req.ep not in {e for _, _, e in pairs}:
+        raise OptionError("ep", f"no profile of expert-parallel degree {req.ep} was given (degrees: "
+                          f"{', '.join(map(str, sorted({e for _, _, e in pairs})))}: capture a rank at that degree)")
+    if req.ep is not None and req.ep > 1 and req.zero not in (None, 0):
+        raise OptionError("ep", f"expert parallelism is laid out under ZeRO 0 only (the experts' optimizer state is "
+                          f"sharded over other ranks than the rest's), not ZeRO {req.zero}")
     layouts = enumerate_layouts(req, tp_degrees, layers)
     if not layouts:
         raise OptionError("global_batch", f"no layout of {req.gpus} GPUs forms a global batch of {req.global_batch} "
@@ -205,18 +233,22 @@ def _recorded_layout(analysis: Analysis) -> ParallelLayout | None:
     return layout
 
 
-def _tp_seconds(analysis: Analysis, node: NodeTopology) -> tuple[float, float]:
+def _tp_seconds(analysis: Analysis, node: NodeTopology, group: str = "tp") -> tuple[float, float]:
     """A rank's tensor-parallel collectives from its profile's recorded layout (none recorded:
-    none priced): seconds per micro-batch, and seconds once per step (the optimizer's)."""
+    none priced): seconds per micro-batch, and seconds once per step (the optimizer's). With
+    ``group="ep"`` its expert-parallel all-to-alls, on the links of ranks ``tp x cp`` apart (Megatron
+    orders the ranks tp, cp, ep, dp, pp)."""
     layout = _recorded_layout(analysis)
     if layout is None:
         return 0.0, 0.0
+    stride = 1 if group == "tp" else max(1, getattr(layout, "tensor_parallel", 1)) * \
+        max(1, getattr(layout, "context_parallel", 1))
     per_mb = once = 0.0
     for c in layout.collectives:
-        if getattr(c, "group", "tp") != "tp":      # (a record without groups: every collective TP's)
+        if getattr(c, "group", "tp") != group:      # (a record without groups: every collective TP's)
             continue
         kind = "all_reduce" if c.kind.startswith("all_reduce") else c.kind
-        link = node.link(c.group_size)
+        link = node.link(c.group_size, stride)
         t = ring_time(kind, c.bytes, c.group_size, link.bytes_per_s, link.latency_s)
         if c.phase == "optimizer":
             once += t
@@ -262,10 +294,12 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
     assert s is not None                       # a schedule solve's plan records its schedule
     compute = sum(f + b + w for f, b, w in s.chunk_times)
     tp_mb, tp_once = _tp_seconds(analysis, req.node)
+    ep_mb = _tp_seconds(analysis, req.node, "ep")[0]
     cp_s = cp_share(plan, analysis, req)
-    ratio = (tp_mb + cp_seconds(analysis, req.node, req.target)[2]) / compute if compute > 0 else 0.0
+    ratio = (tp_mb + ep_mb + cp_seconds(analysis, req.node, req.target)[2]) / compute if compute > 0 else 0.0
     pipeline = s.step_time
     tp_s = pipeline * (tp_mb / compute if compute > 0 else 0.0) + tp_once
+    ep_s = pipeline * (ep_mb / compute if compute > 0 else 0.0)
     # the gradients' group: the dp x cp ranks tp apart (tp fastest, then cp, then dp, then pp, as
     # Megatron orders them)
     link = req.node.link(layout.sync, layout.tp)
@@ -282,7 +316,17 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
         e = dp_exposed(layout.zero, layout.sync, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
                        link.latency_s, req.reshard_after_forward)
         worst = max(worst, e.total)
-    return pipeline + tp_s + cp_s + worst, pipeline, tp_s, worst
+    return pipeline + tp_s + cp_s + ep_s + worst, pipeline, tp_s, worst
+
+
+def ep_share(plan: Plan, analysis: Analysis, req: LayoutRequest) -> float:
+    """Expert parallelism's all-to-alls over the step: on every MoE layer's critical path (the
+    experts wait for their tokens), the pipeline's step times their seconds per micro-batch over a
+    micro-batch's compute, as the TP collectives."""
+    s = plan.schedule
+    assert s is not None
+    compute = sum(f + b + w for f, b, w in s.chunk_times)
+    return s.step_time * _tp_seconds(analysis, req.node, "ep")[0] / compute if compute > 0 else 0.0
 
 
 def cp_share(plan: Plan, analysis: Analysis, req: LayoutRequest) -> float:
@@ -347,7 +391,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
         per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
         per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
-    tp_mb = {tp: _tp_seconds(a, req.node)[0] + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}
+    tp_mb = {tp: _tp_seconds(a, req.node)[0] + _tp_seconds(a, req.node, "ep")[0]
+             + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}
 
     def floor(lay: Layout) -> float:
         """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
@@ -436,7 +481,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[key_of(lay)][0])
         rows[lay] = LayoutRow(lay, "solved", "", step, pipeline, tp_s, dp_s, s.bubble, peaks, capacity,
                               proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank,
-                              cp_comm_s=cp_share(plan, analysis, req))
+                              cp_comm_s=cp_share(plan, analysis, req), ep_comm_s=ep_share(plan, analysis, req))
         plans[lay] = (plan, analysis)
         best = min(best, step)
     events.done()
@@ -457,11 +502,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     if top is None:
         return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
-    if (plan.profile.tensor_parallel, plan.profile.context_parallel) != (top.layout.tp, top.layout.cp):
+    if (plan.profile.tensor_parallel, plan.profile.context_parallel, plan.profile.expert_parallel) != \
+            (top.layout.tp, top.layout.cp, top.layout.ep):
         # a rank's profile given for a degree without recording it (no capture --tp): the plan
         # still says which degree its rank is of, so that its exports lay the model out so
         plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp,
-                                             context_parallel=top.layout.cp))
+                                             context_parallel=top.layout.cp, expert_parallel=top.layout.ep))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
@@ -488,7 +534,8 @@ def seconds(x: float) -> str:
 def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     """Which part of its step makes a fitting combination lose to the best: bubble or communication."""
     assert r.step_s is not None and top.step_s is not None and r.pipeline_s is not None and top.pipeline_s is not None
-    comm, top_comm = r.tp_comm_s + r.cp_comm_s + r.dp_comm_s, top.tp_comm_s + top.cp_comm_s + top.dp_comm_s
+    comm = r.tp_comm_s + r.cp_comm_s + r.ep_comm_s + r.dp_comm_s
+    top_comm = top.tp_comm_s + top.cp_comm_s + top.ep_comm_s + top.dp_comm_s
     if r.step_s <= top.step_s * (1 + 1e-9):
         if max(r.rank_peaks, default=0) > max(top.rank_peaks, default=0):
             return (f"memory: as fast as the best ({seconds(r.step_s)}), its fullest rank holds "
@@ -543,7 +590,7 @@ def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutReques
         try:
             check_request(one, tp_degrees, layers)
         except OptionError as exc:
-            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "cp", "pp", "dp"):
+            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "cp", "ep", "pp", "dp"):
                 raise
             first = first or exc
             rows.append(GpuSweepRow(g, None, exc.detail))

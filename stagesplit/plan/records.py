@@ -140,6 +140,8 @@ class PlanProfile:
     #: sequence; attention as a ring): with the tensor-parallel ranks, each pipeline device is a
     #: group of tensor_parallel x context_parallel GPUs
     context_parallel: int = 1
+    #: the profile is one rank of this many expert-parallel ranks (1/ep of the routed experts)
+    expert_parallel: int = 1
 
     @property
     def one_tile(self) -> bool:

@@ -5,7 +5,11 @@ read back by its own config classes:
 
 * torchtitan: ``--parallelism.context_parallel_degree C`` with ``data_parallel_shard_degree`` D / C and
   the plan's resharding (torchtitan runs FSDP2 over ``dp_shard x cp`` whenever CP is on: ZeRO 3 only);
-* Megatron: ``--context-parallel-size C``; its data-parallel size is the world size over TP x PP x CP."""
+* Megatron: ``--context-parallel-size C``; its data-parallel size is the world size over TP x PP x CP.
+
+And expert parallelism (``profile.expert_parallel``: ranks taken from the data x context ranks): Megatron's
+``--expert-model-parallel-size``, torchtitan's ``--parallelism.expert_parallel_degree`` (ZeRO 3 only: torchtitan
+borrows them from its FSDP2 shards)."""
 
 from __future__ import annotations
 
@@ -119,3 +123,66 @@ def test_megatron_core_s_config_takes_context_parallelism(capsys, tmp_path):
                                pipeline_model_parallel_size=int(line[line.index("--pipeline-model-parallel-size") + 1]))
     assert (config.tensor_model_parallel_size, config.context_parallel_size, config.pipeline_model_parallel_size) == \
         (2, 2, 2)
+
+
+# ---- expert parallelism: --expert-model-parallel-size, --parallelism.expert_parallel_degree --------------
+
+
+def _ep_plan(tmp_path, ep: int = 2, dp: int = 4, zero: int = 0):
+    path = _plan(tmp_path, cp=1, dp=dp, zero=zero)
+    document = json.loads(path.read_text())
+    document["profile"]["expert_parallel"] = ep
+    path.write_text(json.dumps(document))
+    return path
+
+
+def test_megatron_arguments_carry_expert_parallelism(capsys, tmp_path):
+    """Megatron carves its expert groups from the data-parallel ranks: the launch is still pipeline x
+    tensor x data."""
+    text = _export(capsys, _ep_plan(tmp_path, ep=2, dp=4, zero=1), "megatron")
+    line = _argument_line(text)
+    words = ["--expert-model-parallel-size", "2", "--use-distributed-optimizer"]
+    assert line[:len(words)] == words and line[len(words)] == "--num-layers"
+    assert "# launch 2 x 1 x 4 = 8 processes (pipeline x tensor x data parallel)" in text
+
+
+def test_torchtitan_words_carry_expert_parallelism(capsys, tmp_path):
+    line = _argument_line(_export(capsys, _ep_plan(tmp_path, ep=2, dp=4, zero=3), "torchtitan"))
+    words = ["--parallelism.data_parallel_shard_degree", "4", "--parallelism.fsdp_reshard_after_forward", "always",
+             "--parallelism.expert_parallel_degree", "2"]
+    assert line[:len(words)] == words and line[len(words)] == "--parallelism.pipeline_parallel_degree"
+
+
+def test_torchtitan_refuses_expert_parallelism_without_fsdp(capsys, tmp_path):
+    path = _ep_plan(tmp_path, ep=2, dp=4, zero=0)
+    capsys.readouterr()
+    assert main(["export", str(path), "--to", "torchtitan"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "torchtitan takes its expert-parallel ranks from its FSDP2 shards" in err
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_torchtitan_s_config_manager_reads_expert_parallelism(monkeypatch, capsys, tmp_path):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    import test_export_torchtitan as titan
+    titan._without_triton_kernels(monkeypatch)
+    from torchtitan.config.manager import ConfigManager
+    words = shlex.split(_export(capsys, _ep_plan(tmp_path, ep=2, dp=4, zero=3), "torchtitan"), comments=True)
+    p = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words]).parallelism
+    assert (p.expert_parallel_degree, p.data_parallel_shard_degree, p.pipeline_parallel_degree) == (2, 4, 2)
+
+
+@pytest.mark.filterwarnings("ignore")
+def test_megatron_core_s_config_takes_expert_parallelism(capsys, tmp_path):
+    pytest.importorskip("megatron.core", reason="megatron-core is not installed here")
+    import torch
+    from megatron.core.transformer.transformer_config import TransformerConfig
+    line = _argument_line(_export(capsys, _ep_plan(tmp_path, ep=2, dp=4, zero=1), "megatron"))
+    config = TransformerConfig(num_layers=int(line[line.index("--num-layers") + 1]), hidden_size=16,
+                               num_attention_heads=2, pipeline_dtype=torch.float32, use_cpu_initialization=True,
+                               num_moe_experts=4,
+                               expert_model_parallel_size=int(line[line.index("--expert-model-parallel-size") + 1]),
+                               pipeline_model_parallel_size=int(line[line.index("--pipeline-model-parallel-size") + 1]))
+    assert (config.expert_model_parallel_size, config.pipeline_model_parallel_size) == (2, 2)
