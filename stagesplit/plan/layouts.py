@@ -275,7 +275,7 @@ def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[
     ops = analysis.profile.operations
     unit = target.seconds_per_unit(analysis.profile.compute_unit) or 0.0
     phase = np.asarray(ops.phase)
-    names = analysis.profile.names
+    names = ops.name
     attention = sum(float(ops.compute[i]) for i in range(len(phase)) if phase[i] != Phase.OPTIMIZER
                     and "scaled_dot_product" in names[i] and "attention" in names[i])
     attention *= unit

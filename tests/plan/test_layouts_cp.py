@@ -71,12 +71,12 @@ def test_the_ring_exchange_hides_under_the_attention_by_hand():
     coll += [SimpleNamespace(kind="all_reduce", bytes=10**9, group_size=2, phase="forward", group="tp")]
     for attention_s in (comm / 4, 2 * comm):
         flops = attention_s * h100.flops_per_s
-        ops = SimpleNamespace(phase=np.array([Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.FORWARD]),
-                              compute=np.array([flops / 2, flops / 2, 1e12]))
         names = ["attn/aten._scaled_dot_product_flash_attention", "attn/backward/aten._scaled_dot_product_"
                  "flash_attention_backward", "mlp/aten.mm"]
+        ops = SimpleNamespace(phase=np.array([Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.FORWARD]),
+                              compute=np.array([flops / 2, flops / 2, 1e12]), name=names)
         layout = SimpleNamespace(collectives=coll, context_parallel=2, tensor_parallel=1)
-        profile = SimpleNamespace(info=SimpleNamespace(parallel_layout=layout), operations=ops, names=names,
+        profile = SimpleNamespace(info=SimpleNamespace(parallel_layout=layout), operations=ops,
                                   compute_unit="flops")
         got = cp_seconds(SimpleNamespace(profile=profile, source=None), H100, h100)
         assert got == pytest.approx((comm, attention_s, max(0.0, comm - attention_s)))
@@ -158,3 +158,28 @@ def test_command_line_refusals_exit_2(stack, tmp_path, capsys):
                  "--micro-batch-size", "8", "--target", "h100-80gb", "--cp", "2", "--zero", "0"]) == 0
     out = capsys.readouterr().out
     assert "TP 1 x CP 2 x PP 1 x DP 1" in out
+
+
+@pytest.mark.slow
+def test_a_captured_cp_rank_end_to_end():
+    """capture --cp 2 of the tests' Llama (2 blocks, batch 2 x 32) given to the search: its recorded ring
+    collectives priced on the node's links against its flash attention's FLOPs (cp_seconds), the CP 2
+    rows lengthened by that exposure (a row per combination of 2 GPUs, CP 1 and 2)."""
+    pytest.importorskip("transformers", reason="the Llama case builds a Hugging Face model from a config")
+    import tp_harness
+
+    from stagesplit.capturing.pytorch import capture_model
+    from stagesplit.io.targets import load_target
+    from stagesplit.plan.layouts import cp_seconds
+
+    def rank(cp):
+        return capture_model(tp_harness.build("llama", "meta"), tp_harness.inputs("llama", "meta"), dtype="bfloat16",
+                             allocator_round=1, kernels="cuda", cp=cp, target="h100-80gb")
+    one, two = rank(1), rank(2)
+    comm, attention, exposed = cp_seconds(api.analyze(two), H100, load_target("h100-80gb"))
+    assert comm > 0 and attention > 0 and exposed == max(0.0, comm - attention)
+    lp = api.layouts(one, cp_profiles={2: two}, target="h100-80gb", gpus=2, global_batch=2, micro_batch_size=2,
+                     time_limit=60)
+    assert {r.layout.cp for r in lp.rows} == {1, 2}
+    rows = [r for r in lp.rows if r.layout.cp == 2 and r.step_s is not None]
+    assert rows and all(r.cp_comm_s > 0 for r in rows)
