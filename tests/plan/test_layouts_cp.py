@@ -167,7 +167,6 @@ def test_a_captured_cp_rank_end_to_end():
     rows lengthened by that exposure (a row per combination of 2 GPUs, CP 1 and 2)."""
     pytest.importorskip("transformers", reason="the Llama case builds a Hugging Face model from a config")
     import tp_harness
-
     from stagesplit.capturing.pytorch import capture_model
     from stagesplit.io.targets import load_target
     from stagesplit.plan.layouts import cp_seconds
