@@ -100,6 +100,12 @@ def test_a_cp_rank_in_the_search_by_hand(stack):
     assert (b.layout.cp, b.layout.dp, b.layout.pp) == (2, 1, 1)
     # the plan says its rank is one of 2 context-parallel ranks, its gradients shared over dp x cp = 2
     assert (lp.plan.profile.context_parallel, lp.plan.inputs.request.dp) == (2, 2)
+    from stagesplit.reporting.summary import layout_lines
+    assert layout_lines(lp.plan)[0] == (
+        "context parallel: the profile is one of 2 context-parallel ranks (each holds 1/2 of every sequence, "
+        "attention as torch's ring); the data-parallel ranks are data x context parallel (the gradients are shared "
+        "over both)")
+    assert layout_lines(lp.plan)[1].startswith("data parallel: 2 data-parallel ranks")
     one = api.solve(rank, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
     compute = sum(f + bb + w for f, bb, w in one.schedule.chunk_times)
     a = H100.intra

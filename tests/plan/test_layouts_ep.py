@@ -70,6 +70,9 @@ def test_an_ep_rank_in_the_search_by_hand(stack):
     b = lp.best
     assert (b.layout.ep, b.layout.dp, b.layout.pp, b.layout.zero) == (2, 2, 1, 0)
     assert lp.plan.profile.expert_parallel == 2
+    from stagesplit.reporting.summary import layout_lines
+    assert layout_lines(lp.plan)[0] == ("expert parallel: each rank holds 1/2 of the routed experts (composed from "
+                                        "rules); the 2 expert-parallel ranks are taken from the data-parallel ones")
     one = api.solve(rank, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
     compute = sum(f + bb + w for f, bb, w in one.schedule.chunk_times)
     a = H100.intra
