@@ -281,12 +281,18 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int = 1,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
-            time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto"):
+            time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
+            cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+            ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
     ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
-    ``zero`` fix a degree (None: searched); ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
+    ``zero`` fix a degree (None: searched); ``cp_profiles`` one rank's at each context-parallel
+    degree (as ``capture(cp=...)`` writes it, at the tensor-parallel degree it records), ``cp``
+    fixes that degree; ``ep_profiles`` one rank's at each expert-parallel degree (``capture(ep=...)``;
+    the expert-parallel ranks are taken from the data x context ranks), ``ep`` fixes it;
+    ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -295,7 +301,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve)
+        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
+        ep=ep, ep_profiles=ep_profiles)
     return search(rank, degrees, req, deadline, events)
 
 
@@ -304,7 +311,9 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  micro_batch_size: int = 1, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
-                 events: Events | None = None, runtime_reserve: str | int = "auto"):
+                 events: Events | None = None, runtime_reserve: str | int = "auto", cp: int | None = None,
+                 cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
+                 ep_profiles: Mapping[int, ProfileLike] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -322,14 +331,17 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve)
+        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
+        ep=ep, ep_profiles=ep_profiles)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
                    tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
-                   schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto"):
+                   schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto",
+                   cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+                   ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -342,7 +354,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
     fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
-             (("tp", tp), ("pp", pp), ("dp", dp))}
+             (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
@@ -355,7 +367,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     if gpus_per_node is not None:
         node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
     deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
-    sources = _by_degree(profile, events)
+    sources: dict[Any, Any] = _by_degree(profile, events)
     for degree, other in (tp_profiles or {}).items():
         degree = integer("tp_profiles", degree, 2, MAX_DEVICES)
         if degree in sources:
@@ -365,20 +377,41 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     for t, a in read.items():              # a profile that records its degree (capture --tp) must match
         layout = getattr(a.profile.info, "parallel_layout", None)
         recorded = getattr(layout, "tensor_parallel", t)
-        if recorded != t:
+        if recorded != t or getattr(layout, "context_parallel", 1) != 1:
             where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
-            raise OptionError("tp_profiles" if t > 1 else "profile",
-                              f"{where} is one rank of tensor-parallel degree {recorded}, given as degree {t}")
+            what = (f"of context-parallel degree {getattr(layout, 'context_parallel', 1)} (give it as a "
+                    "context-parallel profile)"
+                    if recorded == t else f"of tensor-parallel degree {recorded}, given as degree {t}")
+            raise OptionError("tp_profiles" if t > 1 else "profile", f"{where} is one rank {what}")
+    for degree, other in (cp_profiles or {}).items():   # keyed (tp, cp) by what the capture recorded
+        c = integer("cp_profiles", degree, 2, MAX_DEVICES)
+        a = analyze(other, events=events)
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        if layout is None or layout.context_parallel != c:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("cp_profiles", f"{where} is not one rank of context-parallel degree {c} (capture it "
+                              f"with cp={c})")
+        read[(layout.tensor_parallel, c)] = a
+    for degree, other in (ep_profiles or {}).items():   # keyed (tp, cp, ep) by what the capture recorded
+        e = integer("ep_profiles", degree, 2, MAX_DEVICES)
+        a = analyze(other, events=events)
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        if layout is None or layout.expert_parallel != e:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("ep_profiles", f"{where} is not one rank of expert-parallel degree {e} (capture it "
+                              f"with ep={e})")
+        read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
-    def rank(t: int, layout: DataLayout):
+    def rank(t, layout: DataLayout):
         # each combination's rank made when the search needs it, not kept (a 70B profile is large)
         return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
-                        pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
+                        pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
+                        reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve))
-    return rank, sorted(sources), req, deadline, events
+    return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 
 def _by_degree(profile: Any, events: Events) -> dict[int, Any]:
@@ -804,7 +837,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
             tp: int | Sequence[int] = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-            events: Events | None = None, kernels: str = "cpu") -> Profile | ParallelVariants:
+            events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1
+            ) -> Profile | ParallelVariants:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -819,7 +853,11 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     rank at each, in one ``ParallelVariants`` written as one file (``sequence_parallel`` and
     ``tp_plan`` for the degrees of 2 or more). ``kernels``: cpu (what the CPU
     kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
-    docs/gpu.md)."""
+    docs/gpu.md). ``cp``: capture rank 0 of this many context-parallel ranks (the sequence sharded,
+    attention as torch's ring attention on the GPU's kernels: ``stagesplit.capturing.contextparallel``,
+    docs/layouts.md). ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts
+    model (its routed experts split, the tokens' all-to-alls added: composed from rules,
+    ``stagesplit.capturing.expertparallel``)."""
     from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
@@ -836,6 +874,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
         tp = list(check_degrees(tp)) if len(tp) > 1 else tp[0]
     else:
         tp = integer("tp", tp, 1, 4096)
+    cp = integer("cp", cp, 1, 4096)
+    ep = integer("ep", ep, 1, 4096)
     tp_plan = _path("tp_plan", tp_plan, optional=True)
     if output is not None:
         where = model.rpartition(":")[0]
@@ -849,7 +889,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     events.start(f"capturing one training step of {show(model)}{degrees}")
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
-                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels)
+                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels,
+                           cp=cp, ep=ep)
     events.done()
     for message in dict.fromkeys(m for p in _profiles_of(profile) for m in p.info.warnings):
         events.warn(message)

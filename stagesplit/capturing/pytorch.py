@@ -34,6 +34,8 @@ from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions
+from .contextparallel import ContextParallel, check_degree, fake_meshes, ring_attention, shard_inputs
+from .expertparallel import ExpertParallel, apply_expert_parallel, exchange_shape, expert_modules
 from .factory import call_factory, check_model, load_factory
 from .kernels import check_kernels, cuda_attention, kernels_note
 from .modulestacks import module_stacks, sequential_hint
@@ -42,6 +44,8 @@ from .recorder import (
     LOSS,
     ROOT,
     FakeOpError,
+    _Collective as Collective,
+    _Storage as Storage,
     hook_gradients,
     make_recorder,
     module_hooks,
@@ -118,7 +122,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
                   tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-                  kernels: str = "cpu") -> Profile:
+                  kernels: str = "cpu", cp: int = 1, ep: int = 1) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -136,17 +140,22 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
     sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
-    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py)."""
+    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py). ``cp``: capture
+    rank 0 of this many context-parallel ranks (``contextparallel``: the sequence sharded,
+    attention as torch's ring attention, which runs the GPU's kernels: ``kernels`` becomes cuda).
+    ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts model, composed
+    from rules on the one-device record (``expertparallel``)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
-                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels)
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp, ep=ep)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
-             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu") -> Profile:
+             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu",
+             cp: int = 1, ep: int = 1) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -157,9 +166,13 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
+    context = None
+    if cp != 1:
+        sequence, balanced = check_degree(torch, inputs, cp)
+        context = ContextParallel(cp, sequence, balanced)
+        kernels = "cuda"                 # torch's ring attention runs the GPU's kernels only (contextparallel)
     check_kernels(kernels, tgt)
     kernels_used: Counter = Counter()
-    attention = cuda_attention(torch, tgt, kernels_used) if kernels == "cuda" else contextlib.nullcontext()
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
@@ -169,6 +182,13 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         autocast_dtype = param_dtype if dtype != "float32" else torch.bfloat16
         param_dtype = torch.float32
     stacks = module_stacks(torch, model)
+    expert = None
+    if isinstance(ep, bool) or not isinstance(ep, int) or not 1 <= ep <= 4096:
+        raise OptionError("ep", f"expected a whole number of ranks in 1..4096, got {ep!r}")
+    if ep > 1:
+        experts = expert_modules(torch, model, ep)          # (a model with none is refused first)
+        tokens, top_k, hidden, itemsize = exchange_shape(torch, model, inputs, autocast_dtype or param_dtype)
+        expert = ExpertParallel(ep, experts, tokens // cp, top_k, hidden, itemsize)
     plan = None
     if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 4096:
         raise OptionError("tp", f"expected a whole number of ranks in 1..4096, got {tp!r}")
@@ -188,15 +208,26 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     layout = None
     group = contextlib.ExitStack()
     tp_hooks: list = []
+    cp_mesh = None
     try:
-        mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        if context is not None:
+            mesh, cp_mesh, groups = group.enter_context(fake_meshes(torch, plan.degree if plan else 1, cp))
+            context = replace(context, groups=groups)
+            group.enter_context(ring_attention(context.load_balanced))
+            group.enter_context(propagation_unrecorded(rec.state))
+        else:
+            mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        attention = cuda_attention(torch, tgt, kernels_used, cp_mesh) if kernels == "cuda" else contextlib.nullcontext()
         with fake:
             params = _fake_parameters(torch, model, param_dtype, restore)
             fake_inputs = _fake_inputs(torch, inputs, None if amp else param_dtype)
+            if context is not None:
+                fake_inputs = shard_inputs(torch, fake_inputs, cp_mesh, context.sequence, context.load_balanced)
             if plan is not None:
                 tp_hooks, extra = parallelize(torch, model, mesh, plan)
                 params = {id(p): p for p in model.parameters()}
-                group.enter_context(propagation_unrecorded(rec.state))
+                if context is None:
+                    group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
             shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype, stacks) \
                 if plan is not None else {}
@@ -275,12 +306,15 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         group.close()
     if opt is not None:
         register_optimizer_state(rec, opt, params)
+    if expert is not None:
+        apply_expert_parallel(rec, expert, Storage, Collective)
     if not rec.ops:
         raise StagesplitError(f"{source}: the training step ran no tensor operation")
     return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
                           autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
-                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
+                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
+                          context=context, expert=expert)
 
 
 def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks=()) -> dict[int, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 
 from .. import api
 from ..errors import StagesplitError, one_line
-from ..reporting.layout import tensor_parallel_line
+from ..reporting.layout import context_parallel_line, expert_parallel_line, tensor_parallel_line
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -337,7 +337,8 @@ def cmd_capture(args: argparse.Namespace) -> int:
     found = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
                         amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
                         layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                        sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
+                        sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp,
+                        ep=args.ep)
     profiles: tuple[Any, ...] = tuple(getattr(found, "profiles", (found,)))    # a ParallelVariants' each
     if len(profiles) > 1:
         degrees = ", ".join(map(str, getattr(found, "degrees", ())))
@@ -352,8 +353,12 @@ def cmd_capture(args: argparse.Namespace) -> int:
               f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
               f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
               file=sys.stderr)
-        if layout is not None:
+        if layout is not None and (layout.tensor_parallel > 1 or len(profiles) > 1):
             print(tensor_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.context_parallel > 1:
+            print(context_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.expert_parallel > 1:
+            print(expert_parallel_line(layout), file=sys.stderr)
     return 0
 
 
@@ -379,7 +384,19 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("tp_profiles", f"expected T=FILE (a tensor-parallel degree and a profile), got '{word}'")
         tp_profiles[int(degree)] = path
-    return dict(global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+    cp_profiles: dict[int, str] = {}
+    for word in args.cp_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("cp_profiles", f"expected C=FILE (a context-parallel degree and a profile), got '{word}'")
+        cp_profiles[int(degree)] = path
+    ep_profiles: dict[int, str] = {}
+    for word in args.ep_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
+        ep_profiles[int(degree)] = path
+    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
@@ -423,7 +440,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
     ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
-    ("tp", "--tp", None), ("pp", "--pp", None))
+    ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
+    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
 
 
 def _no_layout_options(args: argparse.Namespace, what: str) -> None:

@@ -79,6 +79,10 @@ class PlanView:
     sequence_parallel: bool = False
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
     sequence_parallel_additions: tuple[tuple[str, str], ...] = ()
+    #: the profile is one rank of this many context-parallel ranks (the sequence sharded)
+    context_parallel: int = 1
+    #: the profile is one rank of this many expert-parallel ranks (taken from the data x context ranks)
+    expert_parallel: int = 1
     #: data parallelism the plan was priced under: ranks, ZeRO stage, FSDP2's reshard after forward
     data_parallel: int = 1
     zero: int = 0
@@ -252,6 +256,7 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         tensor_parallel=profile.tensor_parallel, sequence_parallel=profile.sequence_parallel,
         tensor_parallel_styles=profile.tensor_parallel_styles,
         sequence_parallel_additions=profile.sequence_parallel_additions, data_parallel=plan.inputs.request.dp,
+        context_parallel=profile.context_parallel, expert_parallel=profile.expert_parallel,
         zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward)
 
 
