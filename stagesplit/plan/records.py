@@ -136,6 +136,14 @@ class PlanProfile:
     sequence_parallel: bool = False
     #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    #: what sequence parallelism added to that plan (module path, what), as the capture recorded it
+    sequence_parallel_additions: tuple[tuple[str, str], ...] = ()
+    #: the profile is one rank of this many context-parallel ranks (each holds a shard of every
+    #: sequence; attention as a ring): with the tensor-parallel ranks, each pipeline device is a
+    #: group of tensor_parallel x context_parallel GPUs
+    context_parallel: int = 1
+    #: the profile is one rank of this many expert-parallel ranks (1/ep of the routed experts)
+    expert_parallel: int = 1
 
     @property
     def one_tile(self) -> bool:

@@ -187,6 +187,13 @@ def layout_lines(plan: Plan) -> list[str]:
     lines = []
     if p.tensor_parallel > 1:
         lines.append(tensor_parallel_text(p.tensor_parallel, p.sequence_parallel, _devices_used(plan), request.dp))
+    if p.context_parallel > 1:
+        lines.append(f"context parallel: the profile is one of {p.context_parallel} context-parallel ranks (each holds "
+                     f"1/{p.context_parallel} of every sequence, attention as torch's ring); the data-parallel ranks "
+                     "are data x context parallel (the gradients are shared over both)")
+    if p.expert_parallel > 1:
+        lines.append(f"expert parallel: each rank holds 1/{p.expert_parallel} of the routed experts (composed from "
+                     f"rules); the {p.expert_parallel} expert-parallel ranks are taken from the data-parallel ones")
     if request.dp > 1:
         lines.append(f"data parallel: {request.data_layout().describe()}")
     return lines
