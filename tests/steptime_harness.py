@@ -29,6 +29,16 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
 The prediction is the plan's ``schedule.step_time`` for the split that ran, solved again (pinned to
 that split) from the blocks timed in step 4: the tool's own model, into which nothing measured of
 the pipeline's steps goes.
+
+``compare_layouts`` does the same for three layouts of the two processes and one global batch: TP 2
+(the model's declared tensor-parallel plan applied by torch's ``parallelize_module`` on a gloo mesh,
+as ``capture --tp 2`` applied it; both ranks' losses recorded), PP 2 (the exported pipeline, as
+above) and DP 2 (torch's DDP), interleaved round by round with the whole model's blocks and one
+tensor-parallel rank's (the same plan over torch's fake process group: the rank's compute, DTensor's
+work included, with collectives that move nothing). Each prediction is the layout search's step for
+that layout (plan/layouts.py: ``solve_request``, the engine's schedule solve, ``step_of``; the
+measured per-layer compute given to the solve as ``--layer-compute`` gives it), the collectives
+priced on the target's node, whose links are fitted to gloo's all-reduces (``Machine.reduce_link``).
 """
 
 from __future__ import annotations
@@ -760,8 +770,7 @@ def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp:
     from stagesplit.io.targets import load_target
     from stagesplit.io.topology import node_of
     from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
-    from stagesplit.plan import engine
-    from stagesplit.plan import layouts as search
+    from stagesplit.plan import engine, layouts as search
     from stagesplit.plan.advise import advise_schedule
     lay = search.Layout(tp, pp, dp, 0, micro_batches // dp)
     req = search.LayoutRequest(gpus=tp * pp * dp, global_batch=BATCH * micro_batches, target=load_target(str(target)),
