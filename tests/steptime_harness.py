@@ -756,9 +756,9 @@ class LayoutRow:
 
 def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp: int, micro_batches: int,
                 split_at: int | None = None):
-    """The layout search's step for one layout (plan/layouts.py, the same calls ``search`` makes for a
-    combination: ``solve_request``, the engine's schedule solve, ``step_of``; its communication priced on
-    the target's node), with each layer's compute measured (``layers``: the ``--layer-compute`` mapping,
+    """The layout search's step for one layout (plan/layouts.py, the calls ``search`` makes for a
+    combination: ``solve_request``, the engine's solve of the schedule's split, ``step_of``; its
+    communication priced on the target's node), with each layer's compute measured (``layers``: the ``--layer-compute`` mapping,
     given to the solve as ``solve --layer-compute`` gives it) and the pipeline's split pinned to start
     its second stage at ``split_at`` where given. ``profile``: one rank's at tensor-parallel degree
     ``tp``; ``micro_batches``: the global batch's, which each data-parallel rank divides. Returns
@@ -767,11 +767,11 @@ def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp:
 
     from stagesplit import api
     from stagesplit.common.deadline import Deadline
+    from stagesplit.common.events import Events
     from stagesplit.io.targets import load_target
     from stagesplit.io.topology import node_of
     from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
     from stagesplit.plan import engine, layouts as search
-    from stagesplit.plan.advise import advise_schedule
     lay = search.Layout(tp, pp, dp, 0, micro_batches // dp)
     req = search.LayoutRequest(gpus=tp * pp * dp, global_batch=BATCH * micro_batches, target=load_target(str(target)),
                                node=node_of(str(target)), micro_batch_size=BATCH, sequence_length=SEQUENCE, tp=tp,
@@ -780,9 +780,7 @@ def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp:
     analysis = api.analyze(str(profile), layout=DataLayout(dp, 0)) if dp > 1 else whole
     request = replace(search.solve_request(lay, req, 60.0), layer_compute=tuple(json.loads(layers.read_text()).items()),
                       layer_compute_source=str(layers), pin_splits=() if split_at is None else (str(split_at),))
-    resolved = engine.resolve(request, analysis)
-    plan = advise_schedule(resolved.model, resolved.inputs, table=resolved.model.phase_table,
-                           deadline=Deadline.after(60.0)).plan
+    plan = engine.solve(analysis, request, Deadline.after(60.0), Events())
     params = parameter_bytes_by_layer(whole.profile, whole.layers)[0]
     return (*search.step_of(lay, plan, analysis, req, params), plan)
 
