@@ -12,8 +12,15 @@ with ``--pin-split``): the plan's step time, the measured step (median of the ro
 range), the error, and each rank's busy time, predicted and measured; then whether the measured
 steps keep the plans' order.
 
-Run: ``python benchmarks/bench_steptime.py`` (12 plans, 7 rounds: about 3 minutes on 2 cores);
-``--tiny``: two plans, two rounds (the same code path, under a minute).
+Then the layouts of the same two processes (issue #32's TP 2 run): TP 2, PP 2 and DP 2 of one global
+batch, each the layout search's step (plan/layouts.py, with the per-layer compute measured: a TP
+rank's blocks for TP 2) against a real run of it (tensor parallelism by torch's ``parallelize_module``
+with the model's declared plan, the exported pipeline, DDP): predicted, of which compute and bubble,
+the collectives, measured, error, and whether the order is kept.
+
+Run: ``python benchmarks/bench_steptime.py`` (12 plans, 7 rounds, then the three layouts: about 4
+minutes on 2 cores); ``--tiny``: two plans, two rounds, no layouts (the same code path for the plans,
+under a minute).
 """
 
 from __future__ import annotations
@@ -82,7 +89,42 @@ def main(argv: list[str] | None = None) -> int:
         print(f"order {schedule}, {count} micro-batches: {'same' if predicted == measured else 'differs'} "
               f"(predicted {', '.join(predicted)}; measured {', '.join(measured)}, fastest first)")
     print(f"\n{len(rows)} plans, {rounds} rounds, in {time.perf_counter() - start:.0f} s")
+    if not args.tiny:                  # not cheap: two more captures and three more runs (about 45 s)
+        _layouts(harness, rounds, repeats)
     return 0
+
+
+def _layouts(harness, rounds: int, repeats: int) -> None:
+    """The layout search's step for TP 2, PP 2 and DP 2 of one global batch (4 micro-batches) against
+    real runs of each on the same two processes (``compare_layouts``)."""
+    start = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="bench-steptime-layouts-") as folder:
+        machine, rows = harness.compare_layouts(Path(folder), micro_batches=4, rounds=rounds, repeats=repeats)
+    latency, bandwidth = machine.reduce_link
+    print()
+    print("Layouts of two processes, a global batch of 4 micro-batches (the layout search's step, plan/layouts.py)")
+    print("all-reduce (8 back to back, mean): " + ", ".join(
+        f"{s // 1024} KiB {_ms(t)} ms" for s, t in sorted(machine.all_reduce.items()))
+        + f"; the node's link fitted to them: latency {latency * 1e6:.0f} us, {bandwidth / 1e9:.2f} GB/s")
+    print("a TP 2 rank's blocks (forward / backward / Adam, ms, with the steps): " + "; ".join(
+        f"{k}: {_ms(f)} / {_ms(b)} / {_ms(o)}"
+        for k, (f, b, o) in enumerate(zip(machine.tp_forward, machine.tp_backward, machine.tp_optimizer))))
+    print()
+    print("| layout | split | predicted | of which compute and bubble | TP collectives | DP exposed | "
+          "measured (median) | range | error |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r.name} | {_blocks(r.split)} | {_ms(r.predicted)} ms | {_ms(r.pipeline)} ms | {_ms(r.tp_comm)} ms | "
+              f"{_ms(r.dp_comm)} ms | {_ms(r.median)} ms | {_ms(min(r.measured))}-{_ms(max(r.measured))} | "
+              f"{100 * r.error:+.1f}% |")
+    tp = rows[0]
+    print(f"\nTP 2's loss on both ranks: {', '.join(f'{x:.6f}' for x in tp.losses)} (the unparallelised model's: "
+          f"{harness.reference_loss(4):.6f})")
+    predicted = [r.name for r in sorted(rows, key=lambda r: r.predicted)]
+    measured = [r.name for r in sorted(rows, key=lambda r: r.median)]
+    print(f"order: {'same' if predicted == measured else 'differs'} (predicted {', '.join(predicted)}; measured "
+          f"{', '.join(measured)}, fastest first)")
+    print(f"{len(rows)} layouts, {rounds} rounds, in {time.perf_counter() - start:.0f} s")
 
 
 if __name__ == "__main__":

@@ -29,6 +29,16 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
 The prediction is the plan's ``schedule.step_time`` for the split that ran, solved again (pinned to
 that split) from the blocks timed in step 4: the tool's own model, into which nothing measured of
 the pipeline's steps goes.
+
+``compare_layouts`` does the same for three layouts of the two processes and one global batch: TP 2
+(the model's declared tensor-parallel plan applied by torch's ``parallelize_module`` on a gloo mesh,
+as ``capture --tp 2`` applied it; both ranks' losses recorded), PP 2 (the exported pipeline, as
+above) and DP 2 (torch's DDP), interleaved round by round with the whole model's blocks and one
+tensor-parallel rank's (the same plan over torch's fake process group: the rank's compute, DTensor's
+work included, with collectives that move nothing). Each prediction is the layout search's step for
+that layout (plan/layouts.py: ``solve_request``, the engine's schedule solve, ``step_of``; the
+measured per-layer compute given to the solve as ``--layer-compute`` gives it), the collectives
+priced on the target's node, whose links are fitted to gloo's all-reduces (``Machine.reduce_link``).
 """
 
 from __future__ import annotations
@@ -47,8 +57,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "stagesplit" / "exporters" / "templates" / "stage_modules.py"
 
-__all__ = ["BATCH", "LAYERS", "SEQUENCE", "Case", "Machine", "Row", "batch", "capture_spec", "compare", "factory",
-           "layer_compute", "model", "solve", "target_mapping", "write_yaml"]
+__all__ = ["BATCH", "LAYERS", "LAYOUTS", "SEQUENCE", "Case", "LayoutRow", "Machine", "Row", "batch", "capture_spec",
+           "compare", "compare_layouts", "factory", "layer_compute", "layout_name", "layout_step", "model", "reference_loss",
+           "solve", "target_mapping", "tp_layer_compute", "write_yaml"]
 
 #: sequences per micro-batch and tokens per sequence; blocks
 BATCH, SEQUENCE, LAYERS = 4, 64, 8
@@ -120,6 +131,13 @@ class Machine:
     memory_bytes_per_s: float
     #: whether each rank had a core of its own, ahead of the machine's other work (``_own_core``)
     own_cores: bool = False
+    #: the link a two-rank ring all-reduce of ``n`` bytes runs at ``2 latency + n / bandwidth`` on
+    #: (model/communication.py's ``ring_time``), fitted to the all-reduces: (latency s, bytes/s)
+    reduce_link: tuple[float, float] = (0.0, 1.0)
+    #: one tensor-parallel rank's blocks (of two), timed as ``forward`` ... are (``compare_layouts``)
+    tp_forward: tuple[float, ...] = ()
+    tp_backward: tuple[float, ...] = ()
+    tp_optimizer: tuple[float, ...] = ()
 
 
 # -- step 1: the machine ---------------------------------------------------------------------------------
@@ -127,12 +145,16 @@ class Machine:
 class _Blocks:
     """Every block of the model as a stage of its own (the export's stage modules, one block each),
     each with its own Adam over the stage's parameters: ``once`` times each block's forward,
-    backward and optimizer step, one after the other."""
+    backward and optimizer step, one after the other. ``mesh``: the blocks of one tensor-parallel
+    rank instead, the model's declared plan applied on that device mesh by torch's
+    ``parallelize_module`` (as the capture applies it), its parameters DTensors."""
 
-    def __init__(self) -> None:
+    def __init__(self, mesh=None) -> None:
         import torch
         torch.manual_seed(0)
         net = model()
+        if mesh is not None:
+            _tensor_parallel(net, mesh)
         self.ids, self.labels = batch(1)
         self.stages = _stage_modules().model_stages(net, "model.layers", list(range(LAYERS)), self.ids)
         self.hidden = torch.randn(BATCH, SEQUENCE, net.config.hidden_size)
@@ -154,6 +176,16 @@ class _Blocks:
             optimizer.zero_grad(set_to_none=False)
             out.append((middle - start, end - middle, time.perf_counter() - end))
         return out
+
+
+def _tensor_parallel(net, mesh) -> None:
+    """The model's declared tensor-parallel plan (its ``_tp_plan``) applied on ``mesh`` by torch's
+    ``parallelize_module``, through the capture's own code (capturing/tensorparallel.py), so that
+    the rank runs what ``stagesplit capture --tp`` recorded."""
+    import torch
+
+    from stagesplit.capturing.tensorparallel import parallelize, resolve_plan
+    parallelize(torch, net, mesh, resolve_plan(torch, net, mesh.size(), False, None))
 
 
 def _memory_rate(repeats: int = 9) -> float:
@@ -203,8 +235,15 @@ def _ping_pong(rank: int, sizes: Sequence[int], repeats: int) -> dict[int, list[
     return out
 
 
+#: all-reduces timed back to back in one run of ``_all_reduce``
+BURST = 8
+
+
 def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
-    """Seconds of an all-reduce (sum) over both ranks per message size."""
+    """Seconds of an all-reduce (sum) over both ranks per message size: each run ``BURST`` of them
+    back to back after a barrier, their mean, as a tensor-parallel rank's collectives follow each
+    other in step (one alone, timed from a barrier, would carry the ranks' skew leaving it, up to
+    a millisecond on a loaded machine)."""
     import torch
     import torch.distributed as dist
     out: dict[int, list[float]] = {}
@@ -213,9 +252,10 @@ def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
         for run in range(repeats + 2):
             dist.barrier()
             start = time.perf_counter()
-            dist.all_reduce(buffer)
+            for _ in range(BURST):
+                dist.all_reduce(buffer)
             if run >= 2:
-                out.setdefault(size, []).append(time.perf_counter() - start)
+                out.setdefault(size, []).append((time.perf_counter() - start) / BURST)
     return out
 
 
@@ -234,24 +274,42 @@ def _fit_link(one_way: dict[int, float]) -> tuple[float, float]:
     return max(float(intercept), 0.0), 1.0 / max(float(slope), 1e-15)
 
 
+def _fit_all_reduce(all_reduce: dict[int, float]) -> tuple[float, float]:
+    """The link whose ring all-reduce over two ranks (``2 latency + bytes / bandwidth``) fits the
+    measured ones best: least squares of the relative error through the medians (each size counts
+    alike, the small ones a tensor-parallel rank sends as much as the large ones data parallelism
+    sends), the latency at least 0."""
+    import numpy as np
+    x = np.array(sorted(all_reduce), float)
+    y = np.array([all_reduce[int(s)] for s in x])
+    slope, intercept = np.polyfit(x, y, 1, w=1 / y)
+    return max(float(intercept), 0.0) / 2, 1.0 / max(float(slope), 1e-15)
+
+
 def _median(records: Sequence[dict], key: str) -> dict[int, float]:
     """Per message size, the median over both ranks' runs."""
     return {int(s): statistics.median(v for r in records for v in r[key][s]) for s in records[0][key]}
 
 
 def _machine(records: Sequence[dict], blocks: Sequence[dict] | None = None) -> Machine:
-    """The figures from both ranks' records (``blocks``: the block times from these instead)."""
+    """The figures from both ranks' records (``blocks``: the block times from these instead; a
+    tensor-parallel rank's from their ``tp_blocks`` where they have them)."""
     one_way = _median(records, "link")
     latency, bandwidth = _fit_link(one_way)
-    runs = [run for r in (blocks or records) for run in r["blocks"]]       # each: per block (f, b, o)
+    all_reduce = _median(records, "all_reduce")
 
-    def per_block(i: int) -> tuple[float, ...]:
-        return tuple(statistics.median(run[i][k] for run in runs) for k in range(LAYERS))
-    return Machine(forward=per_block(0), backward=per_block(1), optimizer=per_block(2), latency_s=latency,
-                   bytes_per_s=bandwidth, one_way=one_way, all_reduce=_median(records, "all_reduce"),
+    def per_block(key: str) -> tuple[tuple[float, ...], ...]:
+        runs = [run for r in (blocks or records) for run in r.get(key, [])]      # each: per block (f, b, o)
+        if not runs:
+            return (), (), ()
+        return tuple(tuple(statistics.median(run[i][k] for run in runs) for k in range(LAYERS)) for i in range(3))
+    whole, tp = per_block("blocks"), per_block("tp_blocks")
+    return Machine(forward=whole[0], backward=whole[1], optimizer=whole[2], latency_s=latency,
+                   bytes_per_s=bandwidth, one_way=one_way, all_reduce=all_reduce,
                    flops_per_s=statistics.median(r["flops"] for r in records),
                    memory_bytes_per_s=statistics.median(r["memory"] for r in records),
-                   own_cores=all(r["own_core"] for r in records))
+                   own_cores=all(r["own_core"] for r in records), reduce_link=_fit_all_reduce(all_reduce),
+                   tp_forward=tp[0], tp_backward=tp[1], tp_optimizer=tp[2])
 
 
 # -- step 2: the target and the layers' compute ----------------------------------------------------------
@@ -260,9 +318,11 @@ def target_mapping(machine: Machine) -> dict:
     """A target file for this CPU: one "tile" of 8 GiB, the measured FLOP and copy rates and link.
     The link (``link_bytes_per_s``, what a pipeline's transfers are priced with: bytes over it) is
     the rate gloo achieves for a message of the size the stages send, the hidden state: its bytes
-    over its one-way time, so that a crossing costs what one measured, latency included (the
-    latency and bandwidth fitted over every size are the node's, for collectives)."""
-    bw, lat = round(machine.bytes_per_s), float(f"{machine.latency_s:.3g}")
+    over its one-way time, so that a crossing costs what one measured, latency included. The
+    node's links (what the layout search prices collectives on: tensor parallelism's all-reduces,
+    data parallelism's gradient all-reduce) are the latency and bandwidth that make the ring
+    all-reduce's time fit gloo's measured all-reduces (``Machine.reduce_link``)."""
+    lat, bw = float(f"{machine.reduce_link[0]:.3g}"), round(machine.reduce_link[1])
     return {"name": "cpu-gloo", "kind": "cpu",
             "description": "this CPU, one thread per process, gloo between processes (measured)",
             "tiles": 1, "bytes_per_tile": 8 * 2**30, "flops_per_s": round(machine.flops_per_s),
@@ -278,9 +338,19 @@ def layer_compute(machine: Machine) -> dict[str, float]:
     micro-batch's forward and backward, the step's optimizer) as FLOPs at the target's rate
     (``target_mapping``); the model shares each layer's figure out over its phases as the roofline
     times its operations (model/phases.py)."""
-    rate = round(machine.flops_per_s)
-    return {str(k): (f + b + o) * rate for k, (f, b, o) in enumerate(zip(machine.forward, machine.backward,
-                                                                       machine.optimizer))}
+    return _layer_compute(machine.forward, machine.backward, machine.optimizer, machine.flops_per_s)
+
+
+def tp_layer_compute(machine: Machine) -> dict[str, float]:
+    """``layer_compute`` of one tensor-parallel rank: its blocks' seconds (``Machine.tp_forward``...:
+    the sharded block's compute, DTensor's dispatch included, its collectives not: the layout search
+    prices those on the node's links)."""
+    return _layer_compute(machine.tp_forward, machine.tp_backward, machine.tp_optimizer, machine.flops_per_s)
+
+
+def _layer_compute(forward, backward, optimizer, flops_per_s: float) -> dict[str, float]:
+    rate = round(flops_per_s)
+    return {str(k): (f + b + o) * rate for k, (f, b, o) in enumerate(zip(forward, backward, optimizer))}
 
 
 def write_yaml(path: Path, mapping: dict) -> Path:
@@ -528,7 +598,262 @@ def compare(folder: Path, cases: Sequence[Case], rounds: int = 5, repeats: int =
     return machine, rows
 
 
-if __name__ == "__main__":      # a quick look: python tests/steptime_harness.py
+# -- the layouts: TP 2, PP 2 and DP 2 of the same batch on the same two processes -------------------------
+
+#: (tensor, pipeline, data) parallel degrees of two processes
+LAYOUTS = ((2, 1, 1), (1, 2, 1), (1, 1, 2))
+
+
+def layout_name(tp: int, pp: int, dp: int) -> str:
+    return f"TP {tp} x PP {pp} x DP {dp}"
+
+
+class _TensorParallelRun:
+    """One rank of a real tensor-parallel run of the whole model: the model's declared plan applied on
+    ``mesh`` (gloo) by torch's ``parallelize_module``, as the capture at ``--tp 2`` applied it; a step
+    is every micro-batch's forward and backward (the gradients accumulated), Adam's step and
+    ``zero_grad``. Both ranks take the whole batch (tensor parallelism shares the layers, not the data)."""
+
+    def __init__(self, mesh, micro_batches: int) -> None:
+        import torch
+        torch.manual_seed(0)
+        self.net = model()
+        _tensor_parallel(self.net, mesh)
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=0.0)
+        self.ids = batch(micro_batches)[0].chunk(micro_batches)
+
+    def step(self) -> float:
+        start = time.perf_counter()
+        for ids in self.ids:
+            loss = self.net(input_ids=ids, labels=ids).loss
+            loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        seconds = time.perf_counter() - start
+        self.loss = float(loss.detach())
+        return seconds
+
+
+class _DataParallelRun:
+    """One rank of a real data-parallel run (torch's ``DistributedDataParallel`` over gloo, its default
+    buckets): this rank's half of the batch, ``micro_batches`` of them, the gradients accumulated
+    under ``no_sync`` until the last micro-batch, whose backward all-reduces them; Adam, ``zero_grad``."""
+
+    def __init__(self, rank: int, micro_batches: int) -> None:
+        import torch
+        from torch.nn.parallel import DistributedDataParallel
+        torch.manual_seed(0)
+        self.net = DistributedDataParallel(model())
+        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=0.0)
+        mine = batch(2 * micro_batches)[0].chunk(2)[rank]
+        self.ids = mine.chunk(micro_batches)
+
+    def step(self) -> float:
+        import contextlib
+        start = time.perf_counter()
+        for i, ids in enumerate(self.ids):
+            with self.net.no_sync() if i < len(self.ids) - 1 else contextlib.nullcontext():
+                self.net(input_ids=ids, labels=ids).loss.backward()
+        self.optimizer.step()
+        self.optimizer.zero_grad()
+        return time.perf_counter() - start
+
+
+def _fake_mesh():
+    """A device mesh of both ranks over torch's fake process group (collectives that move nothing),
+    beside the gloo one: a tensor-parallel rank's blocks timed without their communication."""
+    import torch.distributed as dist
+    import torch.testing._internal.distributed.fake_pg  # noqa: F401  (registers the fake backend)
+    from torch.distributed.device_mesh import DeviceMesh
+    # named apart from the gloo mesh (``_gloo_mesh``): DTensor takes meshes of the same ranks and names for
+    # one, so that the first used would run the other's collectives
+    return DeviceMesh.from_group(dist.new_group(ranks=[0, 1], backend="fake"), "cpu", mesh_dim_names=("fake",))
+
+
+def _gloo_mesh():
+    """The device mesh of both ranks over the default (gloo) group, for the real tensor-parallel run."""
+    import torch.distributed as dist
+    from torch.distributed.device_mesh import DeviceMesh
+    return DeviceMesh.from_group(dist.group.WORLD, "cpu", mesh_dim_names=("tp",))
+
+
+def _layout_worker(rank: int, workdir: str, micro_batches: int, repeats: int, rounds: int, timeout_s: float) -> None:
+    """One rank: the machine (link, all-reduce, the whole model's blocks and a tensor-parallel rank's),
+    then, once the parent has written the pipeline's export, rounds of: both block sets timed once,
+    then one step of each layout (``LAYOUTS``: the real TP run, the export's pipeline, DDP)."""
+    import torch
+    import torch.distributed as dist
+    torch.set_num_threads(1)
+    own = _own_core(rank)
+    dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=2,
+                            timeout=timedelta(seconds=timeout_s))
+    try:
+        tensor_parallel = _TensorParallelRun(_gloo_mesh(), micro_batches)
+        link = _ping_pong(rank, LINK_SIZES, repeats)
+        reduce = _all_reduce(LINK_SIZES, 2 * repeats)       # what the node's links are fitted to: more runs
+        blocks, tp_blocks = _Blocks(), _Blocks(_fake_mesh())
+        dist.barrier()
+        runs = [(blocks.once(), tp_blocks.once()) for _ in range(repeats + 2)][2:]
+        record = {"link": link, "all_reduce": reduce, "blocks": [list(zip(*r[0])) for r in runs],
+                  "tp_blocks": [list(zip(*r[1])) for r in runs], "flops": _flop_rate(), "memory": _memory_rate(),
+                  "own_core": own}
+        Path(workdir, f"machine{rank}.json").write_text(json.dumps(record))
+        cases = _wait_for(Path(workdir, "cases.json"), timeout_s)
+        pipeline = _build(0, cases["code"], micro_batches)
+        steps_of = {(2, 1, 1): tensor_parallel.step,
+                    (1, 2, 1): lambda: _step(pipeline)[0],
+                    (1, 1, 2): _DataParallelRun(rank, micro_batches // 2).step}
+        steps: list[list[float]] = [[] for _ in LAYOUTS]
+        interleaved, tp_interleaved = [], []
+        for round_ in range(rounds + 1):       # the first: warm-up (shapes, buffers, Adam's state)
+            dist.barrier()
+            times = blocks.once()
+            dist.barrier()
+            tp_times = tp_blocks.once()
+            for i, layout in enumerate(LAYOUTS):
+                dist.barrier()
+                seconds = steps_of[layout]()
+                if round_:
+                    steps[i].append(seconds)
+            if round_:
+                interleaved.append(list(zip(*times)))
+                tp_interleaved.append(list(zip(*tp_times)))
+        Path(workdir, f"steps{rank}.json").write_text(json.dumps({"steps": steps, "blocks": interleaved,
+                                                                     "tp_blocks": tp_interleaved,
+                                                                     "tp_loss": tensor_parallel.loss}))
+    finally:
+        dist.destroy_process_group()
+
+
+@dataclass(frozen=True)
+class LayoutRow:
+    tp: int
+    pp: int
+    dp: int
+    split: str                    #: the pipeline's split, as the plan prints it
+    predicted: float              #: the layout search's step, seconds
+    pipeline: float               #: of which the pipeline's step (compute, bubble, transfers), seconds
+    tp_comm: float                #: the tensor-parallel collectives, seconds
+    dp_comm: float                #: the exposed data-parallel communication, seconds
+    measured: tuple[float, ...]   #: the measured steps, seconds (one per round: the slower rank's)
+    #: TP 2: each rank's loss of the last micro-batch (the run's collectives ran: the ranks agree, and
+    #: with the unparallelised model: ``reference_loss``)
+    losses: tuple[float, ...] = ()
+
+    @property
+    def name(self) -> str:
+        return layout_name(self.tp, self.pp, self.dp)
+
+    @property
+    def median(self) -> float:
+        return statistics.median(self.measured)
+
+    @property
+    def error(self) -> float:
+        """(predicted - measured) / measured, the measured step's median."""
+        return (self.predicted - self.median) / self.median
+
+
+def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp: int, micro_batches: int,
+                split_at: int | None = None):
+    """The layout search's step for one layout (plan/layouts.py, the calls ``search`` makes for a
+    combination: ``solve_request``, the engine's solve of the schedule's split, ``step_of``; its
+    communication priced on the target's node), with each layer's compute measured (``layers``: the ``--layer-compute`` mapping,
+    given to the solve as ``solve --layer-compute`` gives it) and the pipeline's split pinned to start
+    its second stage at ``split_at`` where given. ``profile``: one rank's at tensor-parallel degree
+    ``tp``; ``micro_batches``: the global batch's, which each data-parallel rank divides. Returns
+    (step, pipeline, TP seconds, DP seconds, the plan)."""
+    from dataclasses import replace
+
+    from stagesplit import api
+    from stagesplit.common.deadline import Deadline
+    from stagesplit.common.events import Events
+    from stagesplit.io.targets import load_target
+    from stagesplit.io.topology import node_of
+    from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
+    from stagesplit.plan import engine, layouts as search
+    lay = search.Layout(tp, pp, dp, 0, micro_batches // dp)
+    req = search.LayoutRequest(gpus=tp * pp * dp, global_batch=BATCH * micro_batches, target=load_target(str(target)),
+                               node=node_of(str(target)), micro_batch_size=BATCH, sequence_length=SEQUENCE, tp=tp,
+                               pp=pp, dp=dp, zero=0)
+    whole = api.analyze(str(profile))
+    analysis = api.analyze(str(profile), layout=DataLayout(dp, 0)) if dp > 1 else whole
+    request = replace(search.solve_request(lay, req, 60.0), layer_compute=tuple(json.loads(layers.read_text()).items()),
+                      layer_compute_source=str(layers), pin_splits=() if split_at is None else (str(split_at),))
+    plan = engine.solve(analysis, request, Deadline.after(60.0), Events())
+    params = parameter_bytes_by_layer(whole.profile, whole.layers)[0]
+    return (*search.step_of(lay, plan, analysis, req, params), plan)
+
+
+def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repeats: int = 4,
+                    timeout_s: float = 300.0) -> tuple[Machine, list[LayoutRow]]:
+    """Each layout of ``LAYOUTS`` for a global batch of ``micro_batches`` micro-batches, predicted by the
+    layout search (``layout_step``) and run for real on two gloo processes, the layouts interleaved round by
+    round. The pipeline runs the plan of ``stagesplit solve --layer-compute --communication`` (1F1B), exported
+    with ``--to torch-pipelining``, as ``compare`` runs them. Each prediction is made from the blocks timed
+    in the same rounds as the steps (a tensor-parallel rank's blocks for TP 2, from ``capture --tp 2``'s
+    profile), the node's links from gloo's all-reduces; nothing measured of the steps goes into it."""
+    import torch.multiprocessing as mp
+    profiles = {1: folder / "llama.stagesplit", 2: folder / "llama-tp2.stagesplit"}
+    for tp, profile in profiles.items():
+        if not profile.exists():
+            _cli("capture", capture_spec(), *(["--tp", tp] if tp > 1 else []), "-o", profile)
+    case = Case("1f1b", micro_batches)
+    with tempfile.TemporaryDirectory(prefix="steptime-layouts-") as tmp:
+        context = mp.spawn(_layout_worker, args=(tmp, micro_batches, repeats, rounds, timeout_s), nprocs=2,
+                           join=False)
+        try:
+            records = _await_files(context, [Path(tmp, f"machine{r}.json") for r in range(2)], timeout_s)
+            before = _machine(records)
+            target = write_yaml(folder / "cpu-gloo.yaml", target_mapping(before))
+            layers = write_yaml(folder / "layers-before.yaml", layer_compute(before))
+            plan_file = solve(folder, profiles[1], target, layers, case)
+            split_at = json.loads(plan_file.read_text())["stages"][1]["first_layer"]
+            code = folder / "pipeline.py"
+            _cli("export", plan_file, "--to", "torch-pipelining", "-o", code)
+            cases_file = Path(tmp, "cases.json.part")
+            cases_file.write_text(json.dumps({"code": code.read_text()}))
+            cases_file.rename(Path(tmp, "cases.json"))
+            while not context.join():
+                pass
+            measured = [json.loads(Path(tmp, f"steps{r}.json").read_text()) for r in range(2)]
+        finally:                       # a failure here: the workers wait for nothing
+            for process in context.processes:
+                if process.is_alive():
+                    process.terminate()
+    machine = _machine(records, measured)
+    mappings = {1: write_yaml(folder / "layers.yaml", layer_compute(machine)),
+                2: write_yaml(folder / "layers-tp2.yaml", tp_layer_compute(machine))}
+    rows = []
+    for i, (tp, pp, dp) in enumerate(LAYOUTS):
+        step, pipeline, tp_s, dp_s, plan = layout_step(profiles[tp], target, mappings[tp], tp, pp, dp,
+                                                       micro_batches, split_at if pp > 1 else None)
+        steps = tuple(max(a, b) for a, b in zip(measured[0]["steps"][i], measured[1]["steps"][i]))
+        losses = tuple(float(m["tp_loss"]) for m in measured) if tp > 1 else ()
+        rows.append(LayoutRow(tp, pp, dp, plan.split_text, step, pipeline, tp_s, dp_s, steps, losses))
+    return machine, rows
+
+
+def reference_loss(micro_batches: int) -> float:
+    """The unparallelised model's loss of the last micro-batch (the weights as every run starts them;
+    Adam's learning rate 0 keeps them), what the tensor-parallel run's ranks each compute."""
+    import torch
+    torch.manual_seed(0)
+    ids = batch(micro_batches)[0].chunk(micro_batches)[-1]
+    with torch.no_grad():
+        return float(model()(input_ids=ids, labels=ids).loss)
+
+
+if __name__ == "__main__" and sys.argv[1:] == ["layouts"]:    # python tests/steptime_harness.py layouts
+    sys.path.insert(0, str(ROOT))
+    with tempfile.TemporaryDirectory() as folder:
+        found, layout_rows = compare_layouts(Path(folder))
+    print(found.reduce_link, found.all_reduce)
+    for layout_row in layout_rows:
+        print(layout_row.name, layout_row.split, f"{layout_row.predicted * 1e3:.1f} ms (pipeline "
+              f"{layout_row.pipeline * 1e3:.1f}, TP {layout_row.tp_comm * 1e3:.1f}, DP {layout_row.dp_comm * 1e3:.1f})",
+              f"{layout_row.median * 1e3:.1f} ms", f"{layout_row.error:+.1%}", layout_row.losses)
+elif __name__ == "__main__":      # a quick look: python tests/steptime_harness.py
     sys.path.insert(0, str(ROOT))
     with tempfile.TemporaryDirectory() as folder:
         found, table = compare(Path(folder), [Case(s, 4, k) for s in ("1f1b", "gpipe") for k in (None, 2, 1, 6)])
