@@ -45,6 +45,26 @@ def llama3_70b(tiny: bool) -> Path:
     return _cached_capture("llama3-70b-seq8192", build)
 
 
+def llama31_405b(tiny: bool) -> Path:
+    """The Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
+    53,248, vocabulary 128,256, sequence 8192), captured under fake tensors as the 70B is."""
+    def build():
+        import torch
+        import transformers as tf
+
+        from stagesplit.capturing.pytorch import capture_model
+        cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+                             num_attention_heads=128, num_key_value_heads=8, max_position_embeddings=8192)
+        with torch.device("meta"):
+            model = tf.LlamaForCausalLM(cfg)
+        ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                             name="llama-3.1-405b-shape")
+    if tiny:
+        return _cached_capture("layouts-tiny-6", lambda: _tiny_llama(6, 2, "llama-6-blocks"))
+    return _cached_capture("llama31-405b-seq8192", build)
+
+
 def main() -> int:
     from stagesplit import api
     from stagesplit.plan.layouts import seconds

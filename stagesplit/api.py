@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
@@ -273,13 +274,16 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
 
 
 def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, gpus_per_node: int | None = None,
-            tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int = 1,
+            tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int | None = None,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
-            time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto"):
+            time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
+            captured_batch: int | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
-    (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
-    ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
+    (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
+    micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
+    else 1); ``micro_batch_size`` fixes the samples per micro-batch (None: searched, the profiles'
+    activations and work scaled to each size: model/batchscale.py); ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
     ``zero`` fix a degree (None: searched); ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
@@ -290,16 +294,16 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch)
     return search(rank, degrees, req, deadline, events)
 
 
 def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batch: int, target: str,
                  gpus_per_node: int | None = None, tp_profiles: Mapping[int, ProfileLike] | None = None,
-                 micro_batch_size: int = 1, sequence_length: int | None = None, tp: int | None = None,
+                 micro_batch_size: int | None = None, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
-                 events: Events | None = None, runtime_reserve: str | int = "auto"):
+                 events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -317,14 +321,15 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
-                   tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
-                   tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
-                   schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto"):
+                   tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int | None,
+                   sequence_length: int | None, tp: int | None, pp: int | None, dp: int | None, zero: int | None,
+                   reshard_after_forward: bool, schedule: str, time_limit: float, events: Events | None,
+                   runtime_reserve: str | int = "auto", captured_batch: int | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -334,7 +339,10 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     from .solver.request import Schedule
     events = _events(events)
     global_batch = integer("global_batch", global_batch, 1, 2**40)
-    micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
+    micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40, optional=True)
+    captured_batch = integer("captured_batch", captured_batch, 1, 2**40, optional=True)
+    if captured_batch is None:          # a fixed size is the captured one unless told otherwise
+        captured_batch = micro_batch_size if micro_batch_size is not None else 1
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
     fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
              (("tp", tp), ("pp", pp), ("dp", dp))}
@@ -362,14 +370,23 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
             raise OptionError("tp_profiles" if t > 1 else "profile",
                               f"{where} is one rank of tensor-parallel degree {recorded}, given as degree {t}")
 
-    def rank(t: int, layout: DataLayout):
-        # each combination's rank made when the search needs it, not kept (a 70B profile is large)
-        return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+    scaled: dict[tuple[int, Fraction], Any] = {}
+
+    def rank(t: int, layout: DataLayout, ratio: Fraction = Fraction(1)):
+        # each combination's rank made when the search needs it, not kept (a 70B profile is large);
+        # the profile at each micro-batch size scaled once (model/batchscale.py)
+        if ratio == 1:
+            return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+        # (the profile kept, not its analysis: a 70B analysis is large)
+        if (t, ratio) not in scaled:
+            from .model.batchscale import scale_batch
+            scaled[t, ratio] = scale_batch(read[t].profile, ratio)
+        return analyze(scaled[t, ratio], layering=read[t].layers.options, layout=layout, events=Events())
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
-                        runtime_reserve=_checked_runtime_reserve(runtime_reserve))
+                        runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch)
     return rank, sorted(sources), req, deadline, events
 
 

@@ -372,6 +372,7 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         tp_profiles[int(degree)] = path
     return dict(global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
+                captured_batch=args.captured_batch,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
                 time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args),
@@ -413,7 +414,7 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 #: the layout search's own options (cli/parser.py's ``_add_layout_options``) and their values when not given
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
-    ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
+    ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
     ("tp", "--tp", None), ("pp", "--pp", None))
 
 

@@ -234,8 +234,12 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: the target's node)")
     g.add_argument("--global-batch", type=int, required=command == "layouts", metavar="B",
                    help="samples per step: micro-batch size x micro-batches x data-parallel ranks")
-    g.add_argument("--micro-batch-size", type=int, default=1, metavar="S",
-                   help="samples in the micro-batch the profiles were captured with (default 1)")
+    g.add_argument("--micro-batch-size", type=int, metavar="S",
+                   help="fix the samples per micro-batch (default: searched, every divisor of the batch per "
+                        "data-parallel rank that fits)")
+    g.add_argument("--captured-batch", type=int, metavar="S",
+                   help="samples in the micro-batch the profiles were captured with (default: --micro-batch-size "
+                        "where given, else 1); other sizes scale their activations and work")
     g.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
@@ -442,4 +446,4 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile"}
+         "tp_profiles": "--tp-profile", "captured_batch": "--captured-batch"}

@@ -179,6 +179,9 @@ def parallel_words(view: PlanView) -> list[str]:
         words.append("--use-distributed-optimizer")
     if view.data_parallel > 1 and view.zero == 3:
         words.append("--use-torch-fsdp2")
+    if view.micro_batch_size is not None and view.global_batch is not None:
+        # the batch the layout search chose: Megatron derives the micro-batches per step from the two
+        words += ["--micro-batch-size", str(view.micro_batch_size), "--global-batch-size", str(view.global_batch)]
     return words
 
 

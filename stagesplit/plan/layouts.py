@@ -18,6 +18,7 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import numpy as np
 
@@ -45,9 +46,12 @@ class Layout:
     dp: int
     zero: int
     micro_batches: int
+    #: samples per micro-batch (``micro_batches x micro_batch_size x dp`` is the global batch)
+    micro_batch_size: int = 1
 
     def describe(self) -> str:
-        return f"TP {self.tp} x PP {self.pp} x DP {self.dp}, ZeRO {self.zero}, {self.micro_batches} micro-batches"
+        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp}, ZeRO {self.zero}, {self.micro_batches} micro-batches "
+                f"of {self.micro_batch_size}")
 
 
 @dataclass(frozen=True)
@@ -58,7 +62,9 @@ class LayoutRequest:
     global_batch: int
     target: Target
     node: NodeTopology
-    micro_batch_size: int = 1
+    #: samples per micro-batch; None: searched (every divisor of the batch per data-parallel rank
+    #: that fits), the profiles scaled from ``captured_batch`` (model/batchscale.py)
+    micro_batch_size: int | None = 1
     sequence_length: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -69,6 +75,18 @@ class LayoutRequest:
     time_limit: float = 60.0
     #: what each solve keeps back on a device outside the profile (solve's ``runtime_reserve``)
     runtime_reserve: str | int = "auto"
+    #: the micro-batch size the profiles were captured at (their activations and work are scaled
+    #: from it to each size searched)
+    captured_batch: int = 1
+
+    def micro_batch_sizes(self, dp: int) -> list[int]:
+        """The sizes a layout of ``dp`` data-parallel ranks may take: the one fixed, or every
+        divisor of the batch per rank."""
+        if self.global_batch % dp:
+            return []
+        if self.micro_batch_size is not None:
+            return [self.micro_batch_size] if (self.global_batch // dp) % self.micro_batch_size == 0 else []
+        return _divisors(self.global_batch // dp)
 
 
 @dataclass(frozen=True)
@@ -126,14 +144,13 @@ def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[int], layers: int
             dp = req.gpus // (tp * pp)
             if (req.pp is not None and pp != req.pp) or (req.dp is not None and dp != req.dp) or pp > layers:
                 continue
-            if req.global_batch % (req.micro_batch_size * dp):
-                continue
-            M = req.global_batch // (req.micro_batch_size * dp)
             zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
-            for z in zeros:
-                if z > 0 and dp == 1:
-                    continue
-                out.append(Layout(tp, pp, dp, z, M))
+            for mbs in req.micro_batch_sizes(dp):
+                M = req.global_batch // (mbs * dp)
+                for z in zeros:
+                    if z > 0 and dp == 1:
+                        continue
+                    out.append(Layout(tp, pp, dp, z, M, mbs))
     return out
 
 
@@ -151,9 +168,9 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) ->
                           f"{', '.join(map(str, sorted(tp_degrees)))})")
     layouts = enumerate_layouts(req, tp_degrees, layers)
     if not layouts:
+        size = f"micro-batches of {req.micro_batch_size}" if req.micro_batch_size is not None else "micro-batches"
         raise OptionError("global_batch", f"no layout of {req.gpus} GPUs forms a global batch of {req.global_batch} "
-                          f"from micro-batches of {req.micro_batch_size} (it must be micro-batch size x micro-batches "
-                          "x data-parallel ranks)")
+                          f"from {size} (it must be micro-batch size x micro-batches x data-parallel ranks)")
     return layouts
 
 
@@ -236,8 +253,9 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRe
 
 # -- the search ------------------------------------------------------------------------------------
 
-#: builds a rank's analysis for a tensor-parallel degree and a data layout (the API reads and shards)
-Analyze = Callable[[int, DataLayout], Analysis]
+#: builds a rank's analysis for a tensor-parallel degree, a data layout and a micro-batch size (as a
+#: ratio to the captured one: model/batchscale.py); the API reads, scales and shards
+Analyze = Callable[[int, DataLayout, Fraction], Analysis]
 
 
 def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, deadline: Deadline,
@@ -245,9 +263,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
     from .advise import advise_schedule
-    base = {tp: analyze(tp, DataLayout()) for tp in tp_degrees}
+    base = {tp: analyze(tp, DataLayout(), Fraction(1)) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)
+
+    def ratio(lay: Layout) -> Fraction:
+        return Fraction(lay.micro_batch_size, req.captured_batch)
     params = {tp: parameter_bytes_by_layer(a.profile, a.layers) for tp, a in base.items()}
     flops = req.target.flops_per_s
     # one micro-batch of a whole rank's compute at the target's peak, in seconds (the roofline's
@@ -262,18 +283,20 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
         per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
         per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
-    tp_mb = {tp: _tp_seconds(a, req.node)[0] for tp, a in base.items()}
+    tp_mb = {tp: _tp_seconds(a, req.node)[0] for tp, a in base.items()}     # at the captured size
 
     def floor(lay: Layout) -> float:
         """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
         the peak, and the TP collectives, which lengthen it) times the micro-batches over pp."""
-        return (per_mb[lay.tp] + tp_mb[lay.tp]) * lay.micro_batches / lay.pp
-    order = sorted(layouts, key=lambda lay: (floor(lay), lay))
+        return (per_mb[lay.tp] + tp_mb[lay.tp]) * float(ratio(lay)) * lay.micro_batches / lay.pp
+    # the same floor whatever the micro-batch size: the smaller sizes first
+    order = sorted(layouts, key=lambda lay: (floor(lay), lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batch_size))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
-    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
+    roles = {(tp, r): role_bytes(analyze(tp, DataLayout(), r).profile)
+             for tp in base for r in {ratio(lay) for lay in layouts}}
     for lay in order:                    # the memory floor: refuted before anything is solved
-        need = memory_floor(roles[lay.tp], lay)
+        need = memory_floor(roles[lay.tp, ratio(lay)], lay)
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
@@ -299,13 +322,13 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             continue
         started = time.monotonic()
         share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
-        analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward))
+        analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
         # the TP collectives add at least that (the pipeline step is at least M x the work per
         # micro-batch over pp), the data-parallel communication only adds; the engine proves that
         # no split is faster than the cutoff
-        cutoff = best - lay.micro_batches * tp_mb[lay.tp] / lay.pp if math.isfinite(best) else None
+        cutoff = best - lay.micro_batches * tp_mb[lay.tp] * float(ratio(lay)) / lay.pp if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
             if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):
@@ -374,6 +397,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         # a rank's profile given for a degree without recording it (no capture --tp): the plan
         # still says which degree its rank is of, so that its exports lay the model out so
         plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp))
+    # the plan records the batch, so that the exports give each framework its micro-batch size
+    plan = replace(plan, inputs=replace(plan.inputs, micro_batch_size=top.layout.micro_batch_size,
+                                        global_batch=req.global_batch))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
@@ -385,7 +411,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     total = float(np.asarray(ops.compute)[fwd_bwd].sum()) if rank.compute_unit == "flops" else None
     if total is not None and flops:
         # a rank's FLOPs per micro-batch, times tp ranks, times every micro-batch of every replica
-        mfu = total * top.layout.tp * req.global_batch / req.micro_batch_size / top.step_s / (req.gpus * flops)
+        mfu = total * top.layout.tp * req.global_batch / req.captured_batch / top.step_s / (req.gpus * flops)
     proven = all(r.proven for r in out)
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
                       tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))

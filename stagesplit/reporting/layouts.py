@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRow, seconds
+from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
 __all__ = ["gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
@@ -18,10 +18,17 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _sizes(req: LayoutRequest) -> str:
+    """The micro-batch size as the request has it: fixed, or searched from the captured size."""
+    if req.micro_batch_size is not None:
+        return f"micro-batches of {req.micro_batch_size}"
+    return f"micro-batch size searched; profiles captured at {req.captured_batch}"
+
+
 def layouts_text(lp: LayoutPlan) -> str:
     req = lp.request
     lines = [f"layout search: {req.gpus} GPUs ({req.node.gpus_per_node} per node) of {req.target.name}, global batch "
-             f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
+             f"{req.global_batch} ({_sizes(req)}), schedule {req.schedule}"]
     b = lp.best
     refused = sum(1 for r in lp.rows if r.status == "refused")
     if b is None:
@@ -57,7 +64,7 @@ def layouts_text(lp: LayoutPlan) -> str:
         lines.append(f"not proven: the time limit stopped {unknown} combination(s) before a split was found and "
                      f"{open_} before their split was proven optimal")
     lines.append("")
-    lines.append(f"{'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10}  why")
+    lines.append(f"{'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10} {'S':>4}  why")
     for r in lp.rows:
         lines.append(_row(r))
     return "\n".join(lines) + "\n"
@@ -66,13 +73,13 @@ def layouts_text(lp: LayoutPlan) -> str:
 def _row(r: LayoutRow) -> str:
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
-    return f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10}  {r.reason}"
+    return f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} {lay.micro_batch_size:>4}  {r.reason}"
 
 
 def _row_json(r: LayoutRow) -> dict[str, Any]:
     lay = r.layout
     return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero, "micro_batches": lay.micro_batches,
-            "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
+            "micro_batch_size": lay.micro_batch_size, "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
             "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
             "chunks_per_rank": r.chunks_per_rank or None}
@@ -81,7 +88,8 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
     req = lp.request
     return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
-            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size, "schedule": req.schedule,
+            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size, "captured_batch": req.captured_batch,
+            "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
@@ -94,20 +102,20 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
     with no layout says why."""
     t = Table("GPU-count sweep (layouts)", [
         Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
-        Column("zero", "id"), Column("M", "int"), Column("schedule"), Column("step (ms)", "compute"),
+        Column("zero", "id"), Column("M", "int"), Column("S", "int"), Column("schedule"), Column("step (ms)", "compute"),
         Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
         Column("proven", "text", 3), Column("why")])
     for r in sweep.rows:
         lp = r.plan
         proven = "yes" if lp is not None and lp.proven else "no"
         if lp is None or lp.best is None:
-            t.add(r.gpus, "no", *([None] * 10), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
+            t.add(r.gpus, "no", *([None] * 11), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
             continue
         b, lay = lp.best, lp.best.layout
         assert b.step_s is not None and lp.samples_per_s is not None
         tokens = round(lp.tokens_per_s_per_gpu) if lp.tokens_per_s_per_gpu is not None else None
         schedule = b.schedule + (f" x{b.chunks_per_rank}" if b.chunks_per_rank > 1 else "")
-        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, schedule, b.step_s * 1e3,
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, lay.micro_batch_size, schedule, b.step_s * 1e3,
               lp.samples_per_s / r.gpus, tokens, lp.mfu, proven, None)
     return t
 
