@@ -54,7 +54,7 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
-           "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "layout_comparison", "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
            "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "gpu_counts", "is_variant_word",
            "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
@@ -296,6 +296,31 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch)
     return search(rank, degrees, req, deadline, events)
+
+
+def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, **options):
+    """``layouts`` (the same options), then the layouts a user would otherwise take priced with the
+    same model (plan/compare.py: NeMo auto-configurator's grid, torchtitan's preset, pure pipeline,
+    pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
+    compared layout."""
+    from .plan.compare import compare
+    from .plan.layouts import search
+    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    rank, degrees, req, deadline, events = _layout_inputs(profile, gpus, global_batch=global_batch, target=target,
+                                                          **_layout_defaults(options))
+    chosen = search(rank, degrees, req, deadline.part(deadline.left() / 2), events)
+    return compare(rank, degrees, req, chosen, deadline, events)
+
+
+def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``layouts``' keyword options with their defaults, an unknown one refused."""
+    defaults: dict[str, Any] = dict(gpus_per_node=None, tp_profiles=None, micro_batch_size=None, sequence_length=None,
+                                    tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
+                                    time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None)
+    for key in options:
+        if key not in defaults:
+            raise OptionError(key, "not an option of the layout search")
+    return defaults | dict(options)
 
 
 def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batch: int, target: str,

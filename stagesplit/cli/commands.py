@@ -428,7 +428,13 @@ def _no_layout_options(args: argparse.Namespace, what: str) -> None:
 def cmd_layouts(args: argparse.Namespace) -> int:
     import json
 
-    from ..reporting.layouts import layouts_json, layouts_text
+    from ..reporting.layouts import comparison_json, comparison_text, layouts_json, layouts_text
+    if args.compare:
+        cmp = api.layout_comparison(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
+        text = (json.dumps(comparison_json(cmp), indent=2) + "\n" if args.format == "json" else
+                layouts_text(cmp.chosen) + "\n" + comparison_text(cmp))
+        _emit(text, args.out)
+        return 0 if cmp.chosen.best is not None else 1
     lp = api.layouts(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
     _emit(text, args.out)

@@ -94,10 +94,11 @@ def flag_text(text: str) -> str:
     return re.sub(r"\{flag:([a-z-]+)\}", lambda m: "--" + m.group(1), text)
 
 
-def _solve_option(g: Any, name: str) -> None:
-    """The command-line argument of the solve option ``name``, as declared (solver/options.py)."""
+def _solve_option(g: Any, name: str, help: str | None = None) -> None:
+    """The command-line argument of the solve option ``name``, as declared (solver/options.py);
+    ``help``: what it does where a command reads it otherwise (layouts' compare)."""
     o = api.solve_option(name)
-    kw: dict[str, Any] = {"help": flag_text(o.help_text)}
+    kw: dict[str, Any] = {"help": help or flag_text(o.help_text)}
     if o.metavar:
         kw["metavar"] = o.metavar
     if o.parse == "int":
@@ -243,6 +244,8 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
+        _solve_option(g, "compare", help="also price the layouts a user would otherwise take with the same model: "
+                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, pure pipeline, pure FSDP")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
     for flag in ("tp", "pp"):

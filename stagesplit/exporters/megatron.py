@@ -181,7 +181,9 @@ def parallel_words(view: PlanView) -> list[str]:
         words.append("--use-torch-fsdp2")
     if view.micro_batch_size is not None and view.global_batch is not None:
         # the batch the layout search chose: Megatron derives the micro-batches per step from the two
-        words += ["--micro-batch-size", str(view.micro_batch_size), "--global-batch-size", str(view.global_batch)]
+        # (Megatron's argument names, its parser's dests written as flags: micro_batch_size, global_batch_size)
+        for dest, value in (("micro_batch_size", view.micro_batch_size), ("global_batch_size", view.global_batch)):
+            words += ["--" + dest.replace("_", "-"), str(value)]
     return words
 
 

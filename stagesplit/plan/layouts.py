@@ -473,7 +473,7 @@ def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, 
     deadline split across them: each count gets the time left over the counts left. A count on
     which no layout forms the batch (or the node does not divide it) is a row saying so; where
     every count is refused, the first refusal is raised (the request itself is bad)."""
-    layers = min(analyze(tp, DataLayout()).layers.num_layers for tp in tp_degrees)
+    layers = min(analyze(tp, DataLayout(), Fraction(1)).layers.num_layers for tp in tp_degrees)
     rows: list[GpuSweepRow] = []
     first: OptionError | None = None
     for i, g in enumerate(counts):

@@ -8,10 +8,11 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..plan.compare import Comparison
 from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
-__all__ = ["gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
+__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
@@ -102,7 +103,7 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
     with no layout says why."""
     t = Table("GPU-count sweep (layouts)", [
         Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
-        Column("zero", "id"), Column("M", "int"), Column("S", "int"), Column("schedule"), Column("step (ms)", "compute"),
+        Column("zero", "id"), Column("M", "int"), Column("S", "int", 1), Column("schedule"), Column("step (ms)", "compute"),
         Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
         Column("proven", "text", 3), Column("why")])
     for r in sweep.rows:
@@ -133,3 +134,45 @@ def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
     return {"fewest_gpus": sweep.fewest,
             "rows": [{"gpus": r.gpus, "fits": r.fits, "refused": r.refused or None,
                       "layouts": layouts_json(r.plan) if r.plan is not None else None} for r in sweep.rows]}
+
+
+def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: LayoutPlan) -> list[str]:
+    """One compared layout's cells: its layout, step, tokens/s per GPU, step over the chosen one's,
+    and whether it fits (else the first rank that does not, or why it was not laid out)."""
+    if lp is None:
+        return [name, "-", "-", "-", "-", f"not laid out: {refused}"]
+    b = lp.best
+    if b is None:
+        worst = next((r for r in lp.rows if r.status == "memory"), None)
+        why = worst.reason if worst is not None else _none_fits(lp)
+        lay = lp.rows[0].layout.describe() if lp.rows else "-"
+        return [name, lay, "-", "-", "-", f"does not fit: {why}"]
+    assert b.step_s is not None
+    tokens = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu is not None else "-"
+    ratio = "-"
+    if chosen.best is not None and chosen.best.step_s:
+        ratio = f"{b.step_s / chosen.best.step_s:.2f}x"
+    return [name, b.layout.describe(), seconds(b.step_s), tokens, ratio, "fits"]
+
+
+def comparison_text(cmp: Comparison) -> str:
+    """The compared layouts beside the search's choice: a row each (plan/compare.py)."""
+    rows = [["layout", "degrees", "step", "tokens/s per GPU", "vs chosen", "fits"],
+            _compared_cells("stagesplit's choice", cmp.chosen, "", cmp.chosen)]
+    for r in cmp.rows:
+        name = r.name + (f" (best of {r.tried})" if r.tried > 1 else "")
+        rows.append(_compared_cells(name, r.plan, r.refused, cmp.chosen))
+    widths = [max(len(row[k]) for row in rows) for k in range(5)]
+    lines = ["compared layouts (the same model, cluster and global batch):"]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5])
+    lines.append("sources: " + "; ".join(f"{r.name}: {r.source}" for r in cmp.rows))
+    return "\n".join(lines) + "\n"
+
+
+def comparison_json(cmp: Comparison) -> dict[str, Any]:
+    """The search's whole answer and each compared layout's (``layouts_json``), or why it has none."""
+    return {"chosen": layouts_json(cmp.chosen),
+            "compared": [{"name": r.name, "source": r.source, "tried": r.tried, "refused": r.refused or None,
+                          "step_s": r.step_s, "layouts": layouts_json(r.plan) if r.plan is not None else None}
+                         for r in cmp.rows]}
