@@ -289,14 +289,18 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
         the peak, and the TP collectives, which lengthen it) times the micro-batches over pp."""
         return (per_mb[lay.tp] + tp_mb[lay.tp]) * float(ratio(lay)) * lay.micro_batches / lay.pp
-    # the same floor whatever the micro-batch size: the smaller sizes first
-    order = sorted(layouts, key=lambda lay: (floor(lay), lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batch_size))
+    # the same floor whatever the micro-batch size: every combination at the smallest size first (the
+    # search at one size, with no scaling where it is the captured one), then each larger size with
+    # the best step found as its cutoff
+    order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay.tp, lay.pp, lay.dp, lay.zero))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
-    roles = {(tp, r): role_bytes(analyze(tp, DataLayout(), r).profile)
-             for tp in base for r in {ratio(lay) for lay in layouts}}
+    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
     for lay in order:                    # the memory floor: refuted before anything is solved
-        need = memory_floor(roles[lay.tp, ratio(lay)], lay)
+        # at another micro-batch size only the activations (role other) change: at most x the
+        # ratio smaller (model/batchscale.py), never smaller when the size grows
+        at = dict(roles[lay.tp], other=roles[lay.tp]["other"] * min(1.0, float(ratio(lay))))
+        need = memory_floor(at, lay)
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
@@ -321,7 +325,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   capacity=capacity)
             continue
         started = time.monotonic()
-        share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
+        # the time left shared by the combinations left at this micro-batch size, each larger size
+        # counting as one more (the smallest size, searched first, is the one that must be settled)
+        left = [x for x in order[i:] if x not in rows]
+        same = sum(1 for x in left if x.micro_batch_size == lay.micro_batch_size)
+        later = len({x.micro_batch_size for x in left if x.micro_batch_size > lay.micro_batch_size})
+        share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
         analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
