@@ -48,24 +48,36 @@ def llama3_70b(tiny: bool) -> Path:
     return _cached_capture("llama3-70b-seq8192", build)
 
 
-def llama31_405b(tiny: bool) -> Path:
-    """The Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
-    53,248, vocabulary 128,256, sequence 8192), captured under fake tensors as the 70B is."""
-    def build():
+def _llama_405b_like(blocks, hidden, ffn, heads, seq, vocab, tp, name):
+    """A builder of the 405B shape's capture (or its tiny stand-in) at tensor-parallel degree ``tp``
+    (with sequence parallelism above 1, under torch's fake process group)."""
+    def run():
         import torch
         import transformers as tf
 
         from stagesplit.capturing.pytorch import capture_model
-        cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
-                             num_attention_heads=128, num_key_value_heads=8, max_position_embeddings=8192)
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=blocks,
+                             num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=seq)
         with torch.device("meta"):
             model = tf.LlamaForCausalLM(cfg)
-        ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
+        ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        extra = dict(tp=tp, sequence_parallel=True) if tp > 1 else {}
         return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
-                             name="llama-3.1-405b-shape")
+                             name=name, **extra)
+    return run
+
+
+def llama31_405b(tiny: bool, tp: int = 1) -> Path:
+    """The Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
+    53,248, vocabulary 128,256, sequence 8192), one rank at tensor-parallel degree ``tp`` (8:
+    torchtitan's and NeMo's degree for it), captured under fake tensors as the 70B is; ``tiny``: 6
+    blocks 64 wide with 8 heads, sequence 32."""
+    suffix = f"-tp{tp}" if tp > 1 else ""
     if tiny:
-        return _cached_capture("layouts-tiny-6", lambda: _tiny_llama(6, 2, "llama-6-blocks"))
-    return _cached_capture("llama31-405b-seq8192", build)
+        return _cached_capture(f"layouts-tiny-6h8{suffix}", _llama_405b_like(6, 64, 128, 8, 32, 256, tp,
+                                                                            f"llama-6-blocks{suffix}"))
+    return _cached_capture(f"llama31-405b-seq8192{suffix}", _llama_405b_like(126, 16384, 53248, 128, 8192, 128256, tp,
+                                                                            f"llama-3.1-405b-shape{suffix}"))
 
 
 def _fullest(lp) -> str:
@@ -92,17 +104,17 @@ def main() -> int:
     tiny = tiny_mode()
     seq = 32 if tiny else 8192
     # (model, profile, GPU counts, global batches)
-    cases = [("Llama-3-70B", llama3_70b(tiny), (8, 16) if tiny else (64, 512), (64,) if tiny else (1024,)),
-             ("Llama-3.1-405B", llama31_405b(tiny), (16, 32) if tiny else (1024, 16384),
+    cases = [("Llama-3-70B", llama3_70b(tiny), {}, (8, 16) if tiny else (64, 512), (64,) if tiny else (1024,)),
+             ("Llama-3.1-405B", llama31_405b(tiny), {8: llama31_405b(tiny, 8)}, (16, 32) if tiny else (1024, 16384),
               (64,) if tiny else (512, 2048))]
     print(f"{'model':<15} {'GPUs':>6} {'batch':>5}  {'best layout':<56}  {'step':>9}  {'tok/s/GPU':>9}  {'MFU':>6}  "
           f"{'fullest rank':<24}  {'proof':<28}  {'rows':<44}  {'wall':>6}  {'RSS MB':>7}")
-    for model, path, clusters, batches in cases:
+    for model, path, tp_profiles, clusters, batches in cases:
         for gpus in clusters:
             for batch in batches:
                 start = time.perf_counter()
                 lp = api.layouts(path, gpus=gpus, global_batch=batch, target="h100-80gb", sequence_length=seq,
-                                 time_limit=30 if tiny else 60)
+                                 tp_profiles=tp_profiles, time_limit=10 if tiny else 60)
                 wall = time.perf_counter() - start
                 counts = Counter(r.status for r in lp.rows)
                 b = lp.best

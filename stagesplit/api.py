@@ -29,7 +29,7 @@ from .common.layering import (
     DEFAULT_LAST_LAYER_REGEX,
     DEFAULT_LAYER_REGEX,
 )
-from .common.limits import MAX_DEVICES
+from .common.limits import MAX_DEVICES, MAX_GPUS
 from .common.text import short_repr, show
 from .common.validate import choice, integer, number
 from .common.versions import VERSION
@@ -289,7 +289,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
-    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    gpus = integer("gpus", gpus, 1, MAX_GPUS)
     rank, degrees, req, deadline, events = _layout_inputs(
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
@@ -305,7 +305,7 @@ def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, tar
     compared layout."""
     from .plan.compare import compare
     from .plan.layouts import search
-    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    gpus = integer("gpus", gpus, 1, MAX_GPUS)
     rank, degrees, req, deadline, events = _layout_inputs(profile, gpus, global_batch=global_batch, target=target,
                                                           **_layout_defaults(options))
     chosen = search(rank, degrees, req, deadline.part(deadline.left() / 2), events)
@@ -335,9 +335,9 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
     count with its ``LayoutPlan``, and the fewest GPUs that fit."""
     from .plan.layouts import sweep_gpus
     if isinstance(gpus, str):
-        counts = _gpu_counts(gpus, MAX_DEVICES)
+        counts = _gpu_counts(gpus, MAX_GPUS)
     elif isinstance(gpus, Iterable) and not isinstance(gpus, (bytes, Mapping)):
-        counts = [integer("gpus", n, 1, MAX_DEVICES) for n in gpus]
+        counts = [integer("gpus", n, 1, MAX_GPUS) for n in gpus]
     else:
         raise OptionError("gpus", f"expected GPU counts (a list, or '8..64'), got {short_repr(gpus)}")
     if not counts:
@@ -369,8 +369,8 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     if captured_batch is None:          # a fixed size is the captured one unless told otherwise
         captured_batch = micro_batch_size if micro_batch_size is not None else 1
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
-    fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
-             (("tp", tp), ("pp", pp), ("dp", dp))}
+    fixed = {name: integer(name, value, 1, MAX_GPUS if name == "dp" else MAX_DEVICES, optional=True)
+             for name, value in (("tp", tp), ("pp", pp), ("dp", dp))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
@@ -1002,7 +1002,7 @@ def target(name: str | Target) -> Target:
 
 def gpu_counts(text: str) -> list[int]:
     """The command line's GPU counts ("8..64": the powers of two between the bounds; "8,16,24"), checked."""
-    return _gpu_counts(text, MAX_DEVICES)
+    return _gpu_counts(text, MAX_GPUS)
 
 
 def device_counts(text: str) -> list[int]:

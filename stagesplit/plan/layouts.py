@@ -331,6 +331,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         same = sum(1 for x in left if x.micro_batch_size == lay.micro_batch_size)
         later = len({x.micro_batch_size for x in left if x.micro_batch_size > lay.micro_batch_size})
         share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
+        if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
+            share = max(share, deadline.left() / 4)
         analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
@@ -346,6 +348,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
             table = resolved.model.phase_table
             prep = max(prep, time.monotonic() - started)
             share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
+            if not math.isfinite(best):    # the preparation does not eat the first layout's quarter
+                share = max(share, deadline.left() / 4)
             if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
                 plan, slower = engine.solve(analysis, request, deadline.part(share), Events()), False
                 open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]
