@@ -227,7 +227,7 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
     return pipeline + tp_s + worst, pipeline, tp_s, worst
 
 
-def memory_floor(roles: Mapping[str, int], lay: Layout) -> float:
+def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
     """Bytes some rank holds all step at least: the profile's always-live bytes with parameters,
     gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
     (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``

@@ -115,3 +115,22 @@ def test_a_preset_that_cannot_be_laid_out_says_why(stack_file):
     text = comparison_text(replace(cmp, rows=(Compared("torchtitan llama3_70b", "src", None, got),)))
     assert text.splitlines()[3].endswith("not laid out: no profile of tensor-parallel degree 8 was given")
     assert cmp.rows[0].plan is not None and cmp.rows[0].plan.best.layout.tp == 1
+
+
+def test_a_layout_that_does_not_fit_names_its_rank(stack_file, tmp_path):
+    """A compared layout with no fitting split says so with its first memory row's reason."""
+    from stagesplit.plan.compare import Comparison, Compared
+    from stagesplit.reporting.layouts import comparison_text
+    tiny = tmp_path / "tiny.yaml"
+    tiny.write_text("kind: gpu\ntiles: 1\nbytes_per_tile: 200000\nflops_per_s: 1e14\nlink_bytes_per_s: 1e11\n"
+                    "node: {gpus_per_node: 8, intra_bytes_per_s: 1e11, intra_latency_s: 0.000003, "
+                    "inter_bytes_per_s: 1e10, inter_latency_s: 0.000005}\n")
+    lp = api.layouts(str(stack_file), gpus=1, global_batch=8, micro_batch_size=8, target=str(tiny),
+                     runtime_reserve="off")
+    assert lp.best is None
+    memory = next(r for r in lp.rows if r.status == "memory")
+    text = comparison_text(Comparison(lp, (Compared("pure FSDP", "one stage", lp),)))
+    lines = text.splitlines()
+    assert lines[2].startswith("stagesplit's choice") and lines[2].endswith(f"does not fit: {memory.reason}")
+    assert lines[3].startswith("pure FSDP") and memory.layout.describe() in lines[3]
+    assert lines[3].endswith(f"does not fit: {memory.reason}")
