@@ -24,6 +24,7 @@ import numpy as np
 
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
+from ..common.limits import MAX_DEVICES
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Phase, Target
 from ..io.topology import NodeTopology
@@ -301,6 +302,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         # ratio smaller (model/batchscale.py), never smaller when the size grows
         at = dict(roles[lay.tp], other=roles[lay.tp]["other"] * min(1.0, float(ratio(lay))))
         need = memory_floor(at, lay)
+        if lay.dp > MAX_DEVICES:          # one stage's solve prices at most MAX_DEVICES data-parallel ranks
+            rows[lay] = LayoutRow(lay, "refused", f"{lay.dp:,} data-parallel ranks: a stage's solve takes at most "
+                                  f"{MAX_DEVICES:,}", capacity=capacity, proven=True)
+            continue
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)

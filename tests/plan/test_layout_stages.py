@@ -53,3 +53,13 @@ def test_each_stage_synchronises_its_own_parameters_and_the_last_sets_the_step(s
     assert best.step_s == pytest.approx(best.pipeline_s + max(per_stage))
     # the sum of both stages' communication is not what is added: only the slower stage's
     assert best.dp_comm_s < sum(per_stage)
+
+
+def test_more_data_parallel_ranks_than_a_solve_takes_is_refused(stack):
+    from stagesplit.common.limits import MAX_DEVICES
+    dp = 2 * MAX_DEVICES
+    lp = api.layouts(stack, gpus=dp, global_batch=dp, micro_batch_size=1, captured_batch=8, target="h100-80gb",
+                     pp=1, time_limit=30)
+    assert lp.best is None and {r.status for r in lp.rows} == {"refused"}
+    assert all(r.reason == f"{dp:,} data-parallel ranks: a stage's solve takes at most {MAX_DEVICES:,}" and r.proven
+               for r in lp.rows)
