@@ -119,7 +119,7 @@ def test_a_preset_that_cannot_be_laid_out_says_why(stack_file):
 
 def test_a_layout_that_does_not_fit_names_its_rank(stack_file, tmp_path):
     """A compared layout with no fitting split says so with its first memory row's reason."""
-    from stagesplit.plan.compare import Comparison, Compared
+    from stagesplit.plan.compare import Compared, Comparison
     from stagesplit.reporting.layouts import comparison_text
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text("kind: gpu\ntiles: 1\nbytes_per_tile: 200000\nflops_per_s: 1e14\nlink_bytes_per_s: 1e11\n"
