@@ -60,6 +60,8 @@ class Compared:
 
 @dataclass(frozen=True)
 class Comparison:
+    """The layout search's answer (``chosen``) and each compared layout's row, in the order above."""
+
     chosen: LayoutPlan
     rows: tuple[Compared, ...]
 
