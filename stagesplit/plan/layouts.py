@@ -32,6 +32,7 @@ from ..model.analysis import Analysis
 from ..model.communication import dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
 from ..solver.request import Schedule, SolveRequest
+from ..solver.schedule_kinds import check_schedule, traits
 from .records import Plan
 
 __all__ = ["GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
@@ -309,6 +310,15 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
+            continue
+        # torch's rules for the schedule (1F1B: micro-batches >= stages...), as the engine would refuse
+        # it after the combination's preparation: refused before it, in the engine's words
+        fixed = traits(req.schedule).fixed_chunks_per_rank if req.schedule != "auto" else None
+        if fixed is not None and lay.pp > 1:
+            try:
+                check_schedule(req.schedule, lay.pp, lay.micro_batches, fixed)
+            except StagesplitError as exc:
+                rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     best: float = math.inf
     prep = 0.0                         # the longest preparation of a combination so far (seconds)

@@ -63,3 +63,14 @@ def test_more_data_parallel_ranks_than_a_solve_takes_is_refused(stack):
     assert lp.best is None and {r.status for r in lp.rows} == {"refused"}
     assert all(r.reason == f"{dp:,} data-parallel ranks: a stage's solve takes at most {MAX_DEVICES:,}" and r.proven
                for r in lp.rows)
+
+
+def test_a_schedule_torch_refuses_is_refused_before_its_preparation_in_the_engines_words(stack):
+    """4 stages of one micro-batch under 1F1B: refused unsolved, with the words solve itself uses."""
+    from stagesplit.errors import StagesplitError
+    lp = api.layouts(stack, gpus=4, global_batch=8, micro_batch_size=8, target="h100-80gb", pp=4, time_limit=30)
+    (row,) = lp.rows
+    assert row.status == "refused" and row.proven and row.layout.micro_batches == 1
+    with pytest.raises(StagesplitError) as excinfo:
+        api.solve(stack, devices=4, target="h100-80gb", schedule="1f1b", micro_batches=1)
+    assert row.reason == str(excinfo.value)
