@@ -35,7 +35,8 @@ _EXPORTS: dict[str, str] = {
     "Analysis": ".model.analysis", "MemoryBreakdown": ".model.stagememory",
     "Plan": ".plan.records", "StagePlan": ".plan.records", "PlanInputs": ".plan.records",
     "read_plan": ".plan.files", "write_plan": ".plan.files", "SweepResult": ".plan.advise",
-    "LayoutPlan": ".plan.layouts", "LayoutRow": ".plan.layouts", "GpuSweep": ".plan.layouts", "Comparison": ".plan.compare",
+    "LayoutPlan": ".plan.layouts", "LayoutRow": ".plan.layouts", "GpuSweep": ".plan.layouts",
+    "Comparison": ".plan.layout_compare",
     "Breakdown": ".reporting.breakdown", "Diagnosis": ".reporting.diagnosis",
     # the errors
     "StagesplitError": ".errors", "ProfileError": ".errors", "OptionError": ".errors", "LayerRangeError": ".errors",

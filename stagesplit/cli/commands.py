@@ -414,7 +414,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 #: the layout search's own options (cli/parser.py's ``_add_layout_options``) and their values when not given
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
-    ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
+    ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None),
+    ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
     ("tp", "--tp", None), ("pp", "--pp", None))
 
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan.compare import Comparison
+from ..plan.layout_compare import Comparison
 from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
@@ -74,13 +74,15 @@ def layouts_text(lp: LayoutPlan) -> str:
 def _row(r: LayoutRow) -> str:
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
-    return f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} {lay.micro_batch_size:>4}  {r.reason}"
+    return (f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} "
+            f"{lay.micro_batch_size:>4}  {r.reason}")
 
 
 def _row_json(r: LayoutRow) -> dict[str, Any]:
     lay = r.layout
     return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero, "micro_batches": lay.micro_batches,
-            "micro_batch_size": lay.micro_batch_size, "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
+            "micro_batch_size": lay.micro_batch_size, "status": r.status, "reason": r.reason, "step_s": r.step_s,
+            "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
             "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
             "chunks_per_rank": r.chunks_per_rank or None}
@@ -89,7 +91,8 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
     req = lp.request
     return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
-            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size, "captured_batch": req.captured_batch,
+            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size,
+            "captured_batch": req.captured_batch,
             "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
@@ -103,7 +106,8 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
     with no layout says why."""
     t = Table("GPU-count sweep (layouts)", [
         Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
-        Column("zero", "id"), Column("M", "int"), Column("S", "int", 1), Column("schedule"), Column("step (ms)", "compute"),
+        Column("zero", "id"), Column("M", "int"), Column("S", "int", 1), Column("schedule"),
+        Column("step (ms)", "compute"),
         Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
         Column("proven", "text", 3), Column("why")])
     for r in sweep.rows:
@@ -116,7 +120,8 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
         assert b.step_s is not None and lp.samples_per_s is not None
         tokens = round(lp.tokens_per_s_per_gpu) if lp.tokens_per_s_per_gpu is not None else None
         schedule = b.schedule + (f" x{b.chunks_per_rank}" if b.chunks_per_rank > 1 else "")
-        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, lay.micro_batch_size, schedule, b.step_s * 1e3,
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, lay.micro_batch_size, schedule,
+              b.step_s * 1e3,
               lp.samples_per_s / r.gpus, tokens, lp.mfu, proven, None)
     return t
 
@@ -156,7 +161,7 @@ def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: Layo
 
 
 def comparison_text(cmp: Comparison) -> str:
-    """The compared layouts beside the search's choice: a row each (plan/compare.py)."""
+    """The compared layouts beside the search's choice: a row each (plan/layout_compare.py)."""
     rows = [["layout", "degrees", "step", "tokens/s per GPU", "vs chosen", "fits"],
             _compared_cells("stagesplit's choice", cmp.chosen, "", cmp.chosen)]
     for r in cmp.rows:

@@ -1,5 +1,6 @@
-"""The comparison (the layout search's compare option): the layouts a user would otherwise take, priced with the same model and cluster as
-the layout search's choice (docs/layouts.md, "Compared layouts", cites each source):
+"""The comparison (the layout search's compare option): the layouts a user would otherwise take,
+priced with the same model and cluster as the layout search's choice (docs/layouts.md, "Compared
+layouts", cites each source):
 
 * **NeMo auto-configurator's grid**: the tensor-parallel degrees, pipeline stages and micro-batch
   sizes its ``GPT3GridSearch`` (``nemo/collections/llm/tools/auto_configurator/core/training_config.py``)
@@ -7,8 +8,8 @@ the layout search's choice (docs/layouts.md, "Compared layouts", cites each sour
   default); every grid point is priced and the fastest that fits is its row (the auto-configurator
   runs each and keeps the fastest).
 * **torchtitan's Llama-3 preset** for the size (``torchtitan/models/llama3/config_registry.py``:
-  ``llama3_8b``, ``llama3_70b``, ``llama3_405b``, torchtitan 0.3.0): FSDP2 over every GPU left (ZeRO 3), its tensor-parallel
-  degree, no pipeline, its local batch as the micro-batch size.
+  ``llama3_8b``, ``llama3_70b``, ``llama3_405b``, torchtitan 0.3.0): FSDP2 over every GPU left (ZeRO
+  3), its tensor-parallel degree, no pipeline, its local batch as the micro-batch size.
 * **pure pipeline**: the most stages the layers and GPUs allow, DDP across the rest, TP 1.
 * **pure FSDP**: one stage, ZeRO 3 over every GPU, TP 1.
 
@@ -75,9 +76,11 @@ def model_size_b(analysis_profile: Profile) -> float:
 #: NeMo's GPT3GridSearch on 80 GB GPUs at sequence 2048 (its largest table), by model size in
 #: billions: (size at most, TP degrees, PP range, micro-batch sizes)
 _NEMO_80GB: tuple[tuple[float, tuple[int, ...], tuple[int, int], tuple[int, ...]], ...] = (
-    (1.0, (1, 2), (1, 1), (1, 2, 4, 8)), (4.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)), (8.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)),
-    (13.0, (1, 2, 4, 8), (1, 1), (1, 2, 4, 8)), (23.0, (1, 2, 4), (1, 4), (1, 2, 4)), (45.0, (2, 4, 8), (1, 4), (1, 2, 4)),
-    (95.0, (2, 4, 8), (1, 8), (1, 2, 4, 8)), (130.0, (2, 4, 8), (1, 16), (1, 2, 4, 8)), (195.0, (8,), (4, 16), (1, 2, 4)),
+    (1.0, (1, 2), (1, 1), (1, 2, 4, 8)), (4.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)),
+    (8.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)), (13.0, (1, 2, 4, 8), (1, 1), (1, 2, 4, 8)),
+    (23.0, (1, 2, 4), (1, 4), (1, 2, 4)), (45.0, (2, 4, 8), (1, 4), (1, 2, 4)),
+    (95.0, (2, 4, 8), (1, 8), (1, 2, 4, 8)), (130.0, (2, 4, 8), (1, 16), (1, 2, 4, 8)),
+    (195.0, (8,), (4, 16), (1, 2, 4)),
     (395.0, (8,), (8, 32), (1, 2, 4)), (790.0, (8,), (8, 100), (1, 2, 4)), (1100.0, (8,), (16, 130), (1, 2, 4)))
 
 

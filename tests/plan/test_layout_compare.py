@@ -1,4 +1,4 @@
-"""``layouts --compare`` (plan/compare.py): NeMo auto-configurator's grid and the presets by hand,
+"""``layouts --compare`` (plan/layout_compare.py): NeMo auto-configurator's grid and the presets by hand,
 and every figure the comparison prints read back against the searches it ran: each compared row
 is the layout search with its degrees fixed, its step over the chosen one's, its tokens/s per GPU."""
 
@@ -9,7 +9,7 @@ import json
 import pytest
 
 from stagesplit import api
-from stagesplit.plan.compare import nemo_grid, references
+from stagesplit.plan.layout_compare import nemo_grid, references
 from stagesplit.plan.layouts import seconds
 from tests.helpers import run_cli
 
@@ -105,7 +105,7 @@ def test_a_preset_that_cannot_be_laid_out_says_why(stack_file):
     keeps its fastest point that was laid out (its TP 2 points have no profile either)."""
     from dataclasses import replace
 
-    from stagesplit.plan.compare import Compared, _fixed, _price
+    from stagesplit.plan.layout_compare import Compared, _fixed, _price
     from stagesplit.reporting.layouts import comparison_text
     cmp = api.layout_comparison(str(stack_file), gpus=8, global_batch=64, captured_batch=8, sequence_length=1,
                                 target="h100-80gb")
@@ -119,7 +119,7 @@ def test_a_preset_that_cannot_be_laid_out_says_why(stack_file):
 
 def test_a_layout_that_does_not_fit_names_its_rank(stack_file, tmp_path):
     """A compared layout with no fitting split says so with its first memory row's reason."""
-    from stagesplit.plan.compare import Compared, Comparison
+    from stagesplit.plan.layout_compare import Compared, Comparison
     from stagesplit.reporting.layouts import comparison_text
     tiny = tmp_path / "tiny.yaml"
     tiny.write_text("kind: gpu\ntiles: 1\nbytes_per_tile: 200000\nflops_per_s: 1e14\nlink_bytes_per_s: 1e11\n"
