@@ -155,7 +155,8 @@ def read_alone(pop: str, debug: str) -> dict:
 def run_stagesplit(pop: str, debug: str, ipus: str) -> dict:
     from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
-    from stagesplit.plan.advise import advise, price
+    from stagesplit.plan.advise import advise
+    from stagesplit.plan.search import price
     from stagesplit.solver.request import SolveRequest
     phases = {}
     cpu = _cpu_seconds()

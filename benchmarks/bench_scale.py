@@ -70,7 +70,8 @@ def measure_solve(path: str, devices: str) -> None:
     floor = time.perf_counter() - t0
     from stagesplit.api import analyze, resolve
     from stagesplit.io import load_profile
-    from stagesplit.plan.advise import advise, price
+    from stagesplit.plan.advise import advise
+    from stagesplit.plan.search import price
     from stagesplit.solver.request import SolveRequest
     t1 = time.perf_counter()
     profile = load_profile(path)

@@ -69,7 +69,8 @@ def all_options(objective: str, time_limit: float = 60):
 
 
 def measure_all_options(objective: str) -> None:
-    from stagesplit.plan.advise import advise, price
+    from stagesplit.plan.advise import advise
+    from stagesplit.plan.search import price
     from stagesplit.solver.cpsat import solve_split_cpsat
     from stagesplit.solver.problem import build_problem
     t0 = time.perf_counter()
@@ -108,7 +109,8 @@ def option_request(which: str, devices: int):
 
 
 def measure_option(which: str, layers: str, devices: str) -> None:
-    from stagesplit.plan.advise import advise, price
+    from stagesplit.plan.advise import advise
+    from stagesplit.plan.search import price
     t0 = time.perf_counter()
     model = additive_model(int(layers))
     options = option_request(which, int(devices))
@@ -130,7 +132,7 @@ def measure(case: str, path: str) -> None:
         measure_all_options(case.split("@")[1])
         return
     from stagesplit.model.analysis import Analysis
-    from stagesplit.plan.advise import price
+    from stagesplit.plan.search import price
     from stagesplit.solver.cpsat import solve_split_cpsat
     from stagesplit.solver.dp import greedy, uniform
     from stagesplit.solver.problem import SolveOptions, build_problem

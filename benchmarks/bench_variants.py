@@ -91,7 +91,8 @@ def table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], note
 
 
 def main() -> int:
-    from stagesplit.plan.advise import advise, price
+    from stagesplit.plan.advise import advise
+    from stagesplit.plan.search import price
     from stagesplit.plan.variants import advise_variants
     from stagesplit.solver.problem import SolveOptions
     tiny = tiny_mode()

@@ -34,7 +34,7 @@ _EXPORTS: dict[str, str] = {
     "Profile": ".io.profile", "Target": ".io.profile", "load_profile": ".io", "save_profile": ".io",
     "Analysis": ".model.analysis", "MemoryBreakdown": ".model.stagememory",
     "Plan": ".plan.records", "StagePlan": ".plan.records", "PlanInputs": ".plan.records",
-    "read_plan": ".plan.files", "write_plan": ".plan.files", "SweepResult": ".plan.advise",
+    "read_plan": ".plan.files", "write_plan": ".plan.files", "SweepResult": ".plan.sweep",
     "LayoutPlan": ".plan.layouts", "LayoutRow": ".plan.layouts", "GpuSweep": ".plan.layouts",
     "Comparison": ".plan.layout_compare",
     "Breakdown": ".reporting.breakdown", "Diagnosis": ".reporting.diagnosis",

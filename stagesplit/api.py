@@ -38,14 +38,15 @@ from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve
 
 if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
     from .io.profile import Profile, Target
-    from .io.variants import VariantSource
+    from .io.variants import ParallelVariants, VariantSource
     from .layers import LayerOptions
     from .model.analysis import Analysis
     from .model.datasharding import DataLayout
     from .solver.request import SharedPolicy, SolveRequest
 
-    # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources)
-    ProfileLike = str | Path | Profile | Analysis | Sequence[VariantSource]
+    # a profile, its path, an analysis, or profile variants (a variants file's path, or the sources);
+    # the layout search and breakdown also take one rank's profile at each tensor-parallel degree
+    ProfileLike = str | Path | Profile | Analysis | Sequence[VariantSource] | ParallelVariants
 
 
 #: the layer grouping's default patterns (``LayerOptions``'s fields), for the command line's help
@@ -54,7 +55,8 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
-           "layout_comparison", "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "layout_comparison", "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve",
+           "solve_option", "solve_request", "sweep",
            "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "gpu_counts", "is_variant_word",
            "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
@@ -192,7 +194,11 @@ def analyze(profile: ProfileLike, *, layering: LayerOptions | None = None, share
         events.start(f"sharding for {layout.dp} data-parallel ranks (ZeRO {layout.zero})")
         source, profile = profile, shard_profile(profile, layers, layout)
     events.start(f"building the cost model ({len(layers.names):,} layers, {len(profile.variables):,} variables)")
-    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value),
+    kept = None
+    if source is not None:
+        from .model.datasharding import kept_unsharded
+        kept = kept_unsharded(source, layers, layout)
+    analysis = Analysis(profile, layers, StageCostModel(profile, layers, shared=shared.value, kept_unsharded=kept),
                         layout=layout if source is not None else None, source=source)
     events.done()
     for message in list(profile.info.warnings) + list(analysis.layers.warnings):
@@ -278,14 +284,20 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
-            captured_batch: int | None = None):
+            captured_batch: int | None = None, cp: int | None = None,
+            cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
+            ep_profiles: Mapping[int, ProfileLike] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
     micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
     else 1); ``micro_batch_size`` fixes the samples per micro-batch (None: searched, the profiles'
     activations and work scaled to each size: model/batchscale.py); ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
-    ``zero`` fix a degree (None: searched); ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
+    ``zero`` fix a degree (None: searched); ``cp_profiles`` one rank's at each context-parallel
+    degree (as ``capture(cp=...)`` writes it, at the tensor-parallel degree it records), ``cp``
+    fixes that degree; ``ep_profiles`` one rank's at each expert-parallel degree (``capture(ep=...)``;
+    the expert-parallel ranks are taken from the data x context ranks), ``ep`` fixes it;
+    ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -294,7 +306,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
     return search(rank, degrees, req, deadline, events)
 
 
@@ -316,7 +329,8 @@ def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     """``layouts``' keyword options with their defaults, an unknown one refused."""
     defaults: dict[str, Any] = dict(gpus_per_node=None, tp_profiles=None, micro_batch_size=None, sequence_length=None,
                                     tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
-                                    time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None)
+                                    time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None,
+                                    cp=None, cp_profiles=None, ep=None, ep_profiles=None)
     for key in options:
         if key not in defaults:
             raise OptionError(key, "not an option of the layout search")
@@ -328,7 +342,9 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  micro_batch_size: int | None = None, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
-                 events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None):
+                 events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
+                 cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+                 ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -346,7 +362,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
@@ -354,7 +371,9 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int | None,
                    sequence_length: int | None, tp: int | None, pp: int | None, dp: int | None, zero: int | None,
                    reshard_after_forward: bool, schedule: str, time_limit: float, events: Events | None,
-                   runtime_reserve: str | int = "auto", captured_batch: int | None = None):
+                   runtime_reserve: str | int = "auto", captured_batch: int | None = None,
+                   cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+                   ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -370,7 +389,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         captured_batch = micro_batch_size if micro_batch_size is not None else 1
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
     fixed = {name: integer(name, value, 1, MAX_GPUS if name == "dp" else MAX_DEVICES, optional=True)
-             for name, value in (("tp", tp), ("pp", pp), ("dp", dp))}
+             for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
@@ -383,21 +402,44 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     if gpus_per_node is not None:
         node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
     deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
-    sources: dict[int, Any] = {1: profile}
+    sources: dict[Any, Any] = _by_degree(profile, events)
     for degree, other in (tp_profiles or {}).items():
-        sources[integer("tp_profiles", degree, 2, MAX_DEVICES)] = other
+        degree = integer("tp_profiles", degree, 2, MAX_DEVICES)
+        if degree in sources:
+            raise OptionError("tp_profiles", f"degree {degree} is given twice: the profile holds a variant of it")
+        sources[degree] = other
     read = {t: analyze(p, events=events) for t, p in sources.items()}
     for t, a in read.items():              # a profile that records its degree (capture --tp) must match
         layout = getattr(a.profile.info, "parallel_layout", None)
         recorded = getattr(layout, "tensor_parallel", t)
-        if recorded != t:
+        if recorded != t or getattr(layout, "context_parallel", 1) != 1:
             where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
-            raise OptionError("tp_profiles" if t > 1 else "profile",
-                              f"{where} is one rank of tensor-parallel degree {recorded}, given as degree {t}")
+            what = (f"of context-parallel degree {getattr(layout, 'context_parallel', 1)} (give it as a "
+                    "context-parallel profile)"
+                    if recorded == t else f"of tensor-parallel degree {recorded}, given as degree {t}")
+            raise OptionError("tp_profiles" if t > 1 else "profile", f"{where} is one rank {what}")
+    for degree, other in (cp_profiles or {}).items():   # keyed (tp, cp) by what the capture recorded
+        c = integer("cp_profiles", degree, 2, MAX_DEVICES)
+        a = analyze(other, events=events)
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        if layout is None or layout.context_parallel != c:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("cp_profiles", f"{where} is not one rank of context-parallel degree {c} (capture it "
+                              f"with cp={c})")
+        read[(layout.tensor_parallel, c)] = a
+    for degree, other in (ep_profiles or {}).items():   # keyed (tp, cp, ep) by what the capture recorded
+        e = integer("ep_profiles", degree, 2, MAX_DEVICES)
+        a = analyze(other, events=events)
+        layout = getattr(a.profile.info, "parallel_layout", None)
+        if layout is None or layout.expert_parallel != e:
+            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
+            raise OptionError("ep_profiles", f"{where} is not one rank of expert-parallel degree {e} (capture it "
+                              f"with ep={e})")
+        read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
-    scaled: dict[tuple[int, Fraction], Any] = {}
+    scaled: dict[tuple[Any, Fraction], Any] = {}
 
-    def rank(t: int, layout: DataLayout, ratio: Fraction = Fraction(1)):
+    def rank(t, layout: DataLayout, ratio: Fraction = Fraction(1)):
         # each combination's rank made when the search needs it, not kept (a 70B profile is large);
         # the profile at each micro-batch size scaled once (model/batchscale.py)
         if ratio == 1:
@@ -409,10 +451,48 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         return analyze(scaled[t, ratio], layering=read[t].layers.options, layout=layout, events=Events())
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
-                        pp=fixed["pp"], dp=fixed["dp"], zero=zero, reshard_after_forward=bool(reshard_after_forward),
+                        pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
+                        reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch)
-    return rank, sorted(sources), req, deadline, events
+    return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
+
+
+def _by_degree(profile: Any, events: Events) -> dict[int, Any]:
+    """The profiles the layout search's ``profile`` gives, by tensor-parallel degree: each
+    variant of a file (or ``ParallelVariants``) holding one per degree at its degree, else the
+    one profile as degree 1 (read here once where it is a path; ``analyze`` takes it as read)."""
+    from .io import load_variants
+    from .io.variants import ParallelVariants
+    found = profile
+    if isinstance(profile, (str, Path)):
+        path = _path("profile", profile)
+        events.start(f"reading {show(path)}")
+        found = load_variants(path, None, events.update)
+        events.done()
+    if isinstance(found, ParallelVariants):
+        if len(found.profiles) > 1:
+            return dict(zip(found.degrees, found.profiles))
+        found = found.profiles[0]
+    return {1: found}
+
+
+def _degree_of(profile: Any, degree: int, events: Events) -> Any:
+    """A plan's profile given again: from a file holding one rank per tensor-parallel degree (as
+    the layout search takes it), the rank of the plan's degree; anything else as it is."""
+    from .io.variants import ParallelVariants, is_variants_file
+    if isinstance(profile, (str, Path)) and not is_variants_file(profile) and Path(profile).suffix != ".pop":
+        profile = _by_degree(profile, events)
+        if len(profile) == 1:
+            return next(iter(profile.values()))
+    elif isinstance(profile, ParallelVariants):
+        profile = dict(zip(profile.degrees, profile.profiles))
+    else:
+        return profile
+    if degree not in profile:
+        raise StagesplitError(f"the plan is of tensor-parallel degree {degree}; the profile holds a rank at degrees "
+                              f"{', '.join(map(str, profile))} only")
+    return profile[degree]
 
 
 def _checked_runtime_reserve(value: str | int) -> str | int:
@@ -596,7 +676,7 @@ def reproduce(plan_path: str | Path, profile: ProfileLike | None = None, *, even
                         "leads outside the current folder and the plan's: not read (the plan's layer compute "
                         "figures are used; the new plan records no layer-compute file)")
             request = request.overridden(layer_compute_source=None)
-    plan = solve(profile, request=request, events=events)
+    plan = solve(_degree_of(profile, recorded.profile.tensor_parallel, events), request=request, events=events)
     want, got = recorded.profile.sha256, plan.profile.sha256
     matches = None if not want or not got else want == got
     differences = []
@@ -647,7 +727,9 @@ def breakdown(profile: ProfileLike, *, target: str | Target | None = None, effic
     """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``
     (with ``zero`` and ``reshard_after_forward``, as ``solve`` takes them): every figure is one
     of ``dp`` data-parallel ranks', and a table shows what each category becomes on such a rank
-    under each ZeRO stage."""
+    under each ZeRO stage. A file holding one rank at each tensor-parallel degree (or a
+    ``ParallelVariants``): a table shows what each category becomes at each degree, the other
+    tables being the lowest degree's."""
     from .reporting.breakdown import Breakdown
     from .solver.request import SolveRequest
     events = _events(events)
@@ -656,11 +738,25 @@ def breakdown(profile: ProfileLike, *, target: str | Target | None = None, effic
                                                  ("reshard_after_forward", reshard_after_forward)) if v is not None}
     layout: DataLayout = SolveRequest(devices=1, **options).data_layout()     # checked as solve checks them
     target = _target("target", target)
+    degrees: dict[int, Any] = {}
+    if isinstance(profile, (str, Path)) and debug is None or _is_parallel_variants(profile):
+        degrees = _by_degree(profile, events)        # a file of one profile: that profile, read once
+        profile = next(iter(degrees.values()))
     analysis = analyze(profile, layering=layering, shared=shared, debug=debug, events=events, layout=layout)
     compute = _layer_compute(layer_compute)
     model = analysis.model.with_compute(compute, "layer_compute") if compute else analysis.model
     one_device = analysis.source if analysis.source is not None else analysis.profile
-    return Breakdown.of(model.on(target, efficiency), layout.dp if layout.sharded else None, one_device)
+    ranks: tuple = ()
+    if len(degrees) > 1:             # one rank at each tensor-parallel degree: what each category becomes
+        ranks = tuple((d, model if p is profile else analyze(p, layering=layering, shared=shared, events=Events(),
+                                                              layout=layout).model)
+                      for d, p in degrees.items())
+    return Breakdown.of(model.on(target, efficiency), layout.dp if layout.sharded else None, one_device, ranks)
+
+
+def _is_parallel_variants(profile: Any) -> bool:
+    from .io.variants import ParallelVariants
+    return isinstance(profile, ParallelVariants)
 
 
 def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
@@ -784,8 +880,9 @@ def import_onnx(model: str | Path, output: str | Path | None = None, *, target: 
 def capture(model: str, output: str | Path | None = None, *, optimizer: str = "adam", dtype: str = "float32",
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
-            tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-            events: Events | None = None, kernels: str = "cpu") -> Profile:
+            tp: int | Sequence[int] = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
+            events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1
+            ) -> Profile | ParallelVariants:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -796,9 +893,15 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     torch's logging through. ``tp``: capture rank 0 of this many tensor-parallel ranks, the
     plan from ``tp_plan`` (a YAML file: module pattern -> style) or the model's declaration, with
     ``sequence_parallel`` between the blocks (``stagesplit.capturing.tensorparallel``); the
-    profile's ``info.parallel_layout`` says which plan was used. ``kernels``: cpu (what the CPU
+    profile's ``info.parallel_layout`` says which plan was used. ``tp`` a list of degrees: one
+    rank at each, in one ``ParallelVariants`` written as one file (``sequence_parallel`` and
+    ``tp_plan`` for the degrees of 2 or more). ``kernels``: cpu (what the CPU
     kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
-    docs/gpu.md)."""
+    docs/gpu.md). ``cp``: capture rank 0 of this many context-parallel ranks (the sequence sharded,
+    attention as torch's ring attention on the GPU's kernels: ``stagesplit.capturing.contextparallel``,
+    docs/layouts.md). ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts
+    model (its routed experts split, the tokens' all-to-alls added: composed from rules,
+    ``stagesplit.capturing.expertparallel``)."""
     from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
@@ -809,7 +912,14 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     if kernels not in KERNELS:
         raise OptionError("kernels", f"expected one of {', '.join(KERNELS)}, got {short_repr(kernels)}")
     output = _path("output", output, optional=True)
-    tp = integer("tp", tp, 1, 4096)
+    if isinstance(tp, (list, tuple)):
+        from .capturing.pytorch import check_degrees
+        tp = [integer("tp", d, 1, 4096) for d in tp]
+        tp = list(check_degrees(tp)) if len(tp) > 1 else tp[0]
+    else:
+        tp = integer("tp", tp, 1, 4096)
+    cp = integer("cp", cp, 1, 4096)
+    ep = integer("ep", ep, 1, 4096)
     tp_plan = _path("tp_plan", tp_plan, optional=True)
     if output is not None:
         where = model.rpartition(":")[0]
@@ -819,18 +929,26 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
         import torch  # noqa: F401  (the longest part of a capture on a cold start: a phase of its own)
     except ImportError:
         pass                                  # capture_step says how to install it
-    events.start(f"capturing one training step of {show(model)}")
+    degrees = f" at tensor-parallel degrees {', '.join(map(str, sorted(tp)))}" if isinstance(tp, list) else ""
+    events.start(f"capturing one training step of {show(model)}{degrees}")
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
-                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels)
+                           tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels,
+                           cp=cp, ep=ep)
     events.done()
-    for message in profile.info.warnings:
+    for message in dict.fromkeys(m for p in _profiles_of(profile) for m in p.info.warnings):
         events.warn(message)
     if output is not None:
         events.start(f"writing {show(output)}")
         save_profile(profile, output)
         events.done()
     return profile
+
+
+def _profiles_of(found: Any) -> tuple[Profile, ...]:
+    """A profile, or each of a ``ParallelVariants``'s."""
+    from .io.variants import ParallelVariants
+    return found.profiles if isinstance(found, ParallelVariants) else (found,)
 
 
 def synthesize(family: str, output: str | Path | None = None, *, target: str | Target = "ipu-mk2", seed: int = 0,
@@ -916,6 +1034,9 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
     if plan.variants and variants is None:
         raise StagesplitError(f"{show(where or 'plan')}: the plan was solved on {len(plan.variants)} profile "
                               "variants: give them as the profile (a variants file, or a list of them)")
+    named = profile                   # (a path stays the name messages give)
+    if variants is None:
+        profile = _degree_of(profile, plan.profile.tensor_parallel, events)
     if plan.devices > REPORT_RESOLVE_DEVICES and variants is None:
         request = plan.inputs.request
         analysis = analyze(profile, layering=request.layering, shared=request.shared, events=events,
@@ -931,9 +1052,9 @@ def _plan_with_model(plan: Any, profile: ProfileLike | None, events: Events, par
     if fresh.layer_names != plan.layer_names:
         made_for = plan.profile.name or plan.profile.path or "another profile"
         raise StagesplitError(f"{show(where or 'plan')}: the plan was made for {show(made_for)} with "
-                              f"{len(plan.layer_names)} layers, but {show(str(profile))} has {len(fresh.layer_names)}: "
+                              f"{len(plan.layer_names)} layers, but {show(str(named))} has {len(fresh.layer_names)}: "
                               "give the profile the plan was solved on")
-    _warn_other_bytes(where, plan, fresh, profile, events)
+    _warn_other_bytes(where, plan, fresh, named, events)
     return replace(plan, analysis=fresh.analysis, baselines=fresh.baselines, variant_models=fresh.variant_models)
 
 

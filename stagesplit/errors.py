@@ -70,7 +70,7 @@ class OptionError(StagesplitError, ValueError):
 
 
 class FileOptionError(OptionError, ProfileError):
-    """An option whose value came from a file (``--config``'s settings, the request a plan
+    """An option whose value came from a file (a settings file's, the request a plan
     recorded) and cannot be used: named by the file and the field, e.g. ``plan.json:
     request.chunks_per_rank: zbv runs exactly 2 chunks per rank ...``. Both an ``OptionError``
     (``parameter`` is the API's name) and a ``ProfileError`` (``file``, ``field``): a bad file."""
@@ -88,8 +88,8 @@ class FileOptionError(OptionError, ProfileError):
 
 
 class PatternError(OptionError):
-    """A regular expression that cannot be compiled: ``invalid --layer-regex '(': missing ), ...``
-    on the command line and in the Python API (which name the flag, ``shown``), ``plan.json:
+    """A regular expression that cannot be compiled: ``invalid layer_regex '(': missing ), ...``
+    in the Python API (``shown``; the command line names its flag there), ``plan.json:
     request.layering.layer_regex: invalid regular expression '(': ...`` when a file gave it
     (``from_file``)."""
 
@@ -98,7 +98,7 @@ class PatternError(OptionError):
         self.args = (self.render(shown),)
 
     def render(self, name: str) -> str:
-        """``invalid --layer-regex '(': ...``: the flag (or the API's name) inside the sentence."""
+        """``invalid layer_regex '(': ...``: the API's name (or the command line's flag) inside the sentence."""
         return f"invalid {name} {self.detail}"
 
     def detail_in_file(self) -> str:

@@ -5,9 +5,9 @@ the baseline), in this order of rules:
 2. the layer regex's capture group found in the operation name (exactly one distinct layer);
 3. failing that, found in its input tensor names (exactly one distinct layer);
 4. an operation with no layer of its own and no layered inputs whose name marks it as a call
-   or outlined function (``--call-regex``) joins the layer of the operation that follows it;
-5. an operation whose name or inputs match ``--first-layer-regex`` (embeddings, a CNN stem)
-   joins the first layer, and one whose name or inputs match ``--last-layer-regex`` (the head,
+   or outlined function (``call_regex``) joins the layer of the operation that follows it;
+5. an operation whose name or inputs match ``first_layer_regex`` (embeddings, a CNN stem)
+   joins the first layer, and one whose name or inputs match ``last_layer_regex`` (the head,
    the loss) joins the last layer; a match on the name beats a match on the inputs, so a
    head that reads the tied embedding matrix still goes last;
 6. everything else has no layer: it is *shared* (see the cost model for how it is counted).
@@ -116,7 +116,7 @@ class LayerOptions:
         """The four patterns, compiled for linear-time matching (RE2: see stagesplit/regex.py)."""
         out = []
         for name in self.REGEX_FIELDS:
-            out.append(compile_regex(getattr(self, name), "--" + name.replace("_", "-"), name))
+            out.append(compile_regex(getattr(self, name), name, name))
         return out[0], out[1], out[2], out[3]
 
 
@@ -274,7 +274,7 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
         sample = ", ".join(short_repr(s) for s in ops.name[:3])
         raise StagesplitError(
             f"the layer regex '{options.layer_regex}' matched no operation or input name "
-            f"(operations are named like {sample}); pass --layer-regex with a capture group for the layer")
+            f"(operations are named like {sample}); pass `layer_regex` with a capture group for the layer")
     if options.order == "natural":
         names = sorted(distinct, key=_natural_key)
     else:
@@ -304,7 +304,7 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
     share = assignment.share_assigned
     if share < LOW_SHARE:
         assignment.warnings.append(
-            f"only {share:.0%} of operations got a layer: the model may lack layer names, or --layer-regex "
+            f"only {share:.0%} of operations got a layer: the model may lack layer names, or `layer_regex` "
             f"('{options.layer_regex}') does not fit them")
     if assignment.calls_with_multiple_input_layers(profile):
         assignment.warnings.append(

@@ -162,46 +162,88 @@ def _command_line_flags() -> set[str]:
     return flags - {"--help", "--version", "--debug"}
 
 
-def _flag_texts() -> dict[str, int]:
-    """Per module outside cli/, how many string literals name one of stagesplit's own flags (other
-    programs' flags, e.g. Megatron's in the exporters, are not counted)."""
+def _subcommands() -> set[str]:
+    from stagesplit.cli.parser import build_parser
+    return {name for a in build_parser()._actions if isinstance(a.choices, dict) for name in a.choices}
+
+
+def _literals(tree: ast.AST):
+    """Every string literal of a module as the text it holds: an f-string is read whole, its
+    values as ``{}`` (so ``f"stagesplit solve {path} --devices N"`` is one text); the option
+    strings of an ``add_argument`` call are left out (see ``_flag_texts``)."""
+    inside: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.JoinedStr):
+            inside.update(id(v) for v in node.values)
+            yield "".join(v.value if isinstance(v, ast.Constant) and isinstance(v.value, str) else "{}"
+                          for v in node.values)
+        elif isinstance(node, ast.Call) and getattr(node.func, "attr", "") == "add_argument":
+            inside.update(id(a) for a in node.args)
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and id(node) not in inside:
+            yield node.value
+
+
+def _flag_checker():
+    """(whether a module's literal names one of stagesplit's flags, the literals of a module)."""
     import re
     flags = sorted(_command_line_flags(), key=len, reverse=True)
-    pattern = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(f) for f in flags) + r")(?![\w-])")
-    counts = {}
+    pattern = re.compile(r"(?<![\w-])(?:" + "|".join(re.escape(f) for f in flags) + r")(?![\w-]|\.\w)")
+    shown = re.compile(r"stagesplit (?:" + "|".join(sorted(_subcommands())) + r")\b[^;()<>]*")
+
+    def names_a_flag(module: str, text: str) -> bool:
+        if module.startswith("stagesplit.exporters") and text.startswith("# "):
+            return False
+        return bool(pattern.search(shown.sub("", text)))
+    return names_a_flag
+
+
+def _flag_texts() -> dict[str, list[str]]:
+    """Per module outside cli/, the string literals that name one of stagesplit's own flags.
+
+    The library names its parameters (``OptionError(parameter)``; `time_limit` in backquotes in
+    other text a user reads) and cli/naming.py turns them into flags. What is not stagesplit's
+    flag, by these rules and no others:
+
+    - another program's flags: a flag followed by ``.name`` is a dotted option path (torchtitan's
+      ``--training.local_batch_size`` is not stagesplit's ``--training``); the option strings of an
+      ``add_argument`` call are a command line of its own (io/pva_export.py runs alone in the
+      Poplar SDK); in exporters/, a literal that starts ``# `` is a comment line written into the
+      exported file, in the framework's words (torchtitan's ``--module ... --config ...``);
+    - a stagesplit command line shown whole, from ``stagesplit COMMAND`` to the end of its clause
+      (``;``, a bracket or a tag): the line a user types (``make a plan from it with stagesplit
+      solve PROFILE --devices N --out plan.json``) or an export's provenance (``stagesplit export
+      --to megatron``), in the command line's words on purpose.
+    """
+    names_a_flag = _flag_checker()
+    found: dict[str, list[str]] = {}
     for name, path in _modules().items():
         if name.startswith("stagesplit.cli"):
             continue
-        n = sum(1 for node in ast.walk(ast.parse(path.read_text()))
-                if isinstance(node, ast.Constant) and isinstance(node.value, str) and pattern.search(node.value))
-        if n:
-            counts[name] = n
-    return counts
+        texts = [t for t in _literals(ast.parse(path.read_text())) if names_a_flag(name, t)]
+        if texts:
+            found[name] = texts
+    return found
 
 
-#: string literals naming the command line's flags outside cli/ when the front door was cut
-#: (issue #31): the library should raise ``OptionError(parameter)`` and let the CLI name the flag.
-#: These may only go down; a module not listed may have none.
-FLAG_TEXT_LEFT = {
-    "stagesplit.api": 1, "stagesplit.capturing.layering": 3,
-    "stagesplit.capturing.modulestacks": 3, "stagesplit.capturing.pytorch": 5, "stagesplit.common.deadline": 2,
-    "stagesplit.common.guards": 1, "stagesplit.common.regex": 1, "stagesplit.errors": 3,
-    "stagesplit.exporters._plan_view": 1, "stagesplit.exporters.header": 1, "stagesplit.exporters.megatron": 2,
-    "stagesplit.exporters.torch_pipelining": 2, "stagesplit.exporters.torchtitan": 5, "stagesplit.io.onnximport": 3,
-    "stagesplit.io.onnxprofile": 1, "stagesplit.io.onnxshapes": 6,
-    "stagesplit.io.pva_export": 1, "stagesplit.io.synth": 5, "stagesplit.layers": 3, "stagesplit.model.phases": 1,
-    "stagesplit.model.roofline": 2, "stagesplit.plan.advise": 20, "stagesplit.plan.baselines": 1,
-    "stagesplit.plan.engine": 5, "stagesplit.plan.files": 4, "stagesplit.plan.records": 1,
-    "stagesplit.reporting.breakdown": 4, "stagesplit.reporting.diagnosis": 1, "stagesplit.reporting.html": 1,
-    "stagesplit.reporting.progress": 1, "stagesplit.reporting.summary": 4, "stagesplit.reporting.table": 1,
-    "stagesplit.reporting.why": 3, "stagesplit.solver.problem": 3,
-}
+def test_no_flag_text_outside_the_command_line():
+    """The library raises ``OptionError(parameter)`` and writes `parameter` in backquotes where a
+    message tells the user what to change; only cli/ knows the flags (issue #31)."""
+    assert _flag_texts() == {}
 
 
-def test_flag_text_outside_the_command_line_only_goes_down():
-    counts = _flag_texts()
-    grown = {m: (n, FLAG_TEXT_LEFT.get(m, 0)) for m, n in counts.items() if n > FLAG_TEXT_LEFT.get(m, 0)}
-    assert grown == {}, "modules outside cli/ that name more command-line flags than before (now, allowed)"
+def test_the_flag_rules_catch_a_library_flag_and_nothing_else():
+    """The checker itself: a flag the library names is caught in a docstring, a plain string and
+    an f-string; another program's flags and a shown command line are not."""
+    names_a_flag = _flag_checker()
+    source = ('"""Use --devices."""\nx = f"allow more with --time-limit ({n} s)"\ny = "give --exact"\n'
+              'z = "--training.local_batch_size"\nw = f"stagesplit solve {p} --devices N --out plan.json"\n'
+              'p.add_argument("--output")\nc = "# after --module ... --config ..."\n')
+    texts = list(_literals(ast.parse(source)))
+    assert sorted(t for t in texts if names_a_flag("stagesplit.plan.engine", t)) == [
+        "# after --module ... --config ...", "Use --devices.", "allow more with --time-limit ({} s)", "give --exact"]
+    assert sorted(t for t in texts if names_a_flag("stagesplit.exporters.torchtitan", t)) == [
+        "Use --devices.", "allow more with --time-limit ({} s)", "give --exact"]
 
 
 def test_the_option_declarations_name_no_flag():
@@ -278,3 +320,21 @@ def test_building_the_parser_loads_nothing_heavy():
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
                          cwd=PACKAGE.parent, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
     assert out.stdout.strip() == "[]"
+
+
+def test_a_json_profiles_solve_loads_only_what_it_uses(tmp_path):
+    """Issue #31's per-layer solve: the baselines are loaded only for ``compare``, and the shipped
+    targets file is parsed once though the device and its runtime figures both read it."""
+    import os
+    import subprocess
+    import sys
+    code = ("import sys, stagesplit.common.safeinput as s; n = []; f = s.load_yaml\n"
+            "def count(text, name=''):\n    n.append(name); return f(text, name)\n"
+            "s.load_yaml = count\n"
+            "from stagesplit import api\n"
+            "api.solve('profiles/llama-7b-layers.json', 4, schedule='1f1b', micro_batches=8)\n"
+            "print(sorted(m for m in ('stagesplit.plan.comparison',) "
+            "if m in sys.modules), sum(name.endswith('targets.yaml') for name in n))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         cwd=PACKAGE.parent, env={**os.environ, "PYTHONPATH": str(PACKAGE.parent)})
+    assert out.stdout.split() == ["[]", "1"]

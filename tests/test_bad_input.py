@@ -865,8 +865,8 @@ CTRL_C_SCRIPT = textwrap.dedent("""
             marker.write_text(f"{{s.wall_time}} {{s.response_proto.status.name}}")
 
     solver.solve_interruptibly = hard
-    import stagesplit.plan.advise as advise
-    advise.dp_seconds_estimate = lambda problem: float("inf")   # CP-SAT searches (the DP would prove it at once)
+    import stagesplit.plan.search as search
+    search.dp_seconds_estimate = lambda problem: float("inf")   # CP-SAT searches (the DP would prove it at once)
     from stagesplit.cli import main
     sys.exit(main(sys.argv[1:]))
 """)

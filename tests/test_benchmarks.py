@@ -35,6 +35,7 @@ ARGUMENTS = {
     "bench_schedules.py": ["--tiny", "--each"],
     "bench_solver.py": ["--tiny", "--extended"],
     "bench_startup.py": ["--tiny"],
+    "bench_steptime.py": ["--tiny"],
     "bench_synth.py": ["--tiny"],
     "bench_tensor_parallel.py": ["--tiny"],
     "bench_variants.py": ["--tiny"],
@@ -43,7 +44,7 @@ ARGUMENTS = {
 }
 #: the packages a script needs beyond the test command's core (skipped, with the reason, without them)
 NEEDS = {"bench_allocator.py": ("torch", "transformers"), "bench_tensor_parallel.py": ("torch", "transformers"), "bench_capture.py": ("torch",), "bench_exported.py": ("torch", "transformers"), "bench_schedules.py": ("torch", "transformers"), "bench_onnx.py": ("onnx",),
-         "bench_layouts.py": ("torch", "transformers"),
+         "bench_layouts.py": ("torch", "transformers"), "bench_steptime.py": ("torch", "transformers"),
          "validate_gpu.py": ("torch",), "validate_allocator.py": ("torch",)}
 
 
@@ -97,6 +98,15 @@ def check_core(out, rows, tmp_path):
     assert "Core benchmark: 4-layer BERT profile (synthetic; --tiny)" in out
     assert rows["layers / tiles / program steps"].startswith("4 / 1,472 / ")
     assert "price all 10 layer ranges" in rows                   # 4 layers: 4 * 5 / 2 ranges
+
+
+def check_steptime(out, rows, tmp_path):
+    # two plans of the tiny Llama, the solver's and one pinned 2 / 6, both priced and both run; the table's
+    # rows and the order line are the script's (the figures are the machine's: docs/benchmarks.md)
+    lines = [line for line in out.splitlines() if line.startswith("| 1f1b | 4 | ")]
+    assert [line.split(" | ")[2] for line in lines] == ["0-3 / 4-7 (solver)", "0-1 / 2-7 (pinned)"], out
+    assert re.search(r"within 10%: [0-2] of 2", out) and "order 1f1b, 4 micro-batches: " in out
+    assert "2 plans, 2 rounds, in " in out
 
 
 def check_exported(out, rows, tmp_path):
@@ -216,7 +226,7 @@ def check_validate_gpu(out, rows, tmp_path):
         assert measured.stderr.startswith("validate_gpu: no CUDA device here")
 
 
-CHECKS = {"bench_allocator.py": check_allocator, "bench_core.py": check_core, "bench_exported.py": check_exported, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
+CHECKS = {"bench_allocator.py": check_allocator, "bench_core.py": check_core, "bench_exported.py": check_exported, "bench_steptime.py": check_steptime, "bench_scale.py": check_scale, "bench_solver.py": check_solver,
           "bench_popliner.py": check_popliner, "bench_popvision.py": check_popvision,
           "bench_pva_export.py": check_pva_export, "bench_synth.py": check_synth, "bench_onnx.py": check_onnx,
           "bench_capture.py": check_capture, "bench_schedules.py": check_schedules, "bench_startup.py": check_startup,

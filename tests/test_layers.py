@@ -6,6 +6,7 @@ import re
 import pytest
 
 from helpers import load_sample
+from stagesplit.cli.naming import error_text, flags_in
 from stagesplit.errors import StagesplitError
 from stagesplit.io.builder import ProfileBuilder
 from stagesplit.io.profile import Target
@@ -234,7 +235,8 @@ def test_low_share_warning_names_the_option():
     assert la.share_assigned == 0.25
     assert len(la.warnings) == 1
     assert "only 25% of operations got a layer" in la.warnings[0]
-    assert f"--layer-regex ('{DEFAULT_LAYER_REGEX}')" in la.warnings[0]
+    assert f"`layer_regex` ('{DEFAULT_LAYER_REGEX}')" in la.warnings[0]
+    assert f"--layer-regex ('{DEFAULT_LAYER_REGEX}')" in flags_in(la.warnings[0])
 
 
 def test_half_the_operations_is_enough():
@@ -250,7 +252,8 @@ def test_invalid_regex(option, flag):
         group("layer1/a", **{option: "(unclosed"})
     message = str(excinfo.value)
     assert "\n" not in message
-    assert message.startswith(f"invalid {flag} '(unclosed': missing )")
+    assert message.startswith(f"invalid {option} '(unclosed': missing )")       # the Python API's name
+    assert error_text(excinfo.value).startswith(f"invalid {flag} '(unclosed': missing )")   # the command line's
 
 
 def test_regex_that_matches_nothing():
@@ -259,7 +262,7 @@ def test_regex_that_matches_nothing():
     message = str(excinfo.value)
     assert "\n" not in message
     assert message.startswith("the layer regex 'stage(\\d+)' matched no operation or input name")
-    assert "'conv/a', 'relu/b', 'add'" in message and "--layer-regex" in message
+    assert "'conv/a', 'relu/b', 'add'" in message and "--layer-regex" in flags_in(message)
 
 
 def test_names_with_newlines_keep_the_message_on_one_line():

@@ -191,11 +191,14 @@ def _call_of(torch, q, k, v, mask, dropout: float, causal: bool, enable_gqa: boo
 
 
 @contextlib.contextmanager
-def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
+def cuda_attention(torch, target: Target, used: Counter, cp_mesh=None) -> Iterator[None]:
     """While open, ``scaled_dot_product_attention`` on 4-dimensional inputs runs the kernel torch's
     CUDA dispatcher would choose on ``target``; ``used`` counts the calls by kernel (a checkpointed
     block's recomputation runs its kernel again, not counted as another call). Other shapes
-    (nested, 3-dimensional) run as they would on the CPU."""
+    (nested, 3-dimensional) run as they would on the CPU. With ``cp_mesh`` (a context-parallel
+    capture) the fused kernels get their inputs as torch's ring attention takes them
+    (``contextparallel.ring_inputs``) and return the rank's local output; the math kernel, which
+    torch's ring does not run, and an explicit mask, which it does not take, are refused."""
     from torch.overrides import TorchFunctionMode
 
     cc, _known = target_architecture(target)
@@ -213,12 +216,25 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
         kernel = choose_attention_kernel(cc, call)
         if torch._C._current_autograd_node() is None:      # a checkpoint's recomputation is not a call of its own
             used[kernel] += 1
+        if cp_mesh is not None and (kernel == "math" or attn_mask is not None):
+            why = "an explicit attention mask" if attn_mask is not None else "torch's math attention kernel"
+            raise OptionError("cp", f"attention here takes {why} on {target.name}; torch's context-parallel ring "
+                              "attention runs only the fused kernels (flash, memory-efficient) without a mask")
+
+        def ring(*tensors):
+            if cp_mesh is None:
+                return tensors
+            from .contextparallel import ring_inputs
+            return ring_inputs(torch, cp_mesh, tensors)
+
+        def local(t):
+            return t.to_local() if cp_mesh is not None else t
         if kernel == "flash":
             d = q.shape[-1]
             scale = scale if scale is not None else 1.0 / math.sqrt(d)
-            out = aten._scaled_dot_product_flash_attention(_pad_last(torch, q, 8), _pad_last(torch, k, 8),
-                                                           _pad_last(torch, v, 8), float(dropout_p), bool(is_causal),
-                                                           False, scale=scale)[0]
+            out = local(aten._scaled_dot_product_flash_attention(
+                *ring(_pad_last(torch, q, 8), _pad_last(torch, k, 8), _pad_last(torch, v, 8)), float(dropout_p),
+                bool(is_causal), False, scale=scale)[0])
             return out if out.shape[-1] == d else out[..., :d]
         bias = attn_mask
         if bias is not None and bias.dtype == torch.bool:          # convert_boolean_attn_mask
@@ -232,8 +248,9 @@ def cuda_attention(torch, target: Target, used: Counter) -> Iterator[None]:
                     last = bias.shape[-1]
                     bias = torch.nn.functional.pad(bias, (0, 8 - last % 8))[..., :last]
                 bias = bias.expand(q.shape[0], q.shape[1], q.shape[2], k.shape[2])
-            return aten._scaled_dot_product_efficient_attention(q, k, v, bias, call.requires_grad, float(dropout_p),
-                                                                bool(is_causal), scale=scale)[0]
+            return local(aten._scaled_dot_product_efficient_attention(*ring(q, k, v), bias, call.requires_grad,
+                                                                      float(dropout_p), bool(is_causal),
+                                                                      scale=scale)[0])
         return torch.ops.aten._scaled_dot_product_attention_math(q, k, v, bias, dropout_p, is_causal, None,
                                                                   scale=scale, enable_gqa=enable_gqa)[0]
 

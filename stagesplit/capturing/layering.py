@@ -154,11 +154,11 @@ def _collisions(labels: list[str], names: list[str], stacks: list[ModuleStack], 
     if not clashes:
         return []
     key, found = clashes[0]
-    return [f"--layer-regex '{options.layer_regex}' gives blocks of different module paths the same layer name, so "
+    return [f"`layer_regex` '{options.layer_regex}' gives blocks of different module paths the same layer name, so "
             f"they become one layer: {' and '.join(found[:3])} are {'both' if len(found) == 2 else 'all'} "
             f"layer '{key}' "
             f"({len(clashes)} such name(s)); "
-            f"use a regex whose groups tell them apart, e.g. '{tree_regex(stacks)}', or leave --layer-regex out "
+            f"use a regex whose groups tell them apart, e.g. '{tree_regex(stacks)}', or leave `layer_regex` out "
             "to group by the module tree"]
 
 
@@ -175,7 +175,7 @@ def layer_operations(ops, labels: list[str], names: list[str], anchors: list[int
         if layering is not None and stacks:
             warnings_.extend(_collisions(labels, names, stacks, layer_options))
         if layering is None:
-            warnings_.append(f"--layer-regex '{layer_options.layer_regex}' found no block in the module names "
+            warnings_.append(f"`layer_regex` '{layer_options.layer_regex}' found no block in the module names "
                              f"(e.g. {names[0]}){hint}")
     else:
         layering = _tree_layering(ops, labels, names, anchors, list(stacks)) if stacks else None

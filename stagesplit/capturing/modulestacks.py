@@ -142,7 +142,7 @@ def tree_regex(stacks: list[ModuleStack]) -> str:
 
 
 def sequential_hint(torch, model) -> str:
-    """A --layer-regex to suggest when no stack or default-regex block was found: the children
+    """A ``layer_regex`` to suggest when no stack or default-regex block was found: the children
     of the outermost nn.Sequential or nn.ModuleList with several children."""
     for path, module in model.named_modules():
         if isinstance(module, (torch.nn.Sequential, torch.nn.ModuleList)) and len(module) > 1:
@@ -150,6 +150,6 @@ def sequential_hint(torch, model) -> str:
             children = [name for name, _ in module.named_children()]
             group = r"\d+" if all(c.isdigit() for c in children) else r"[^./]+"
             what = f"the {type(module).__name__} {path or '(the model itself)'}"
-            return (f"; pass --layer-regex '^{lead}({group})[./]' to make each of the {len(children)} children "
+            return (f"; pass `layer_regex` '^{lead}({group})[./]' to make each of the {len(children)} children "
                     f"of {what} a layer")
-    return "; pass --layer-regex with a capture group for the block number"
+    return "; pass `layer_regex` with a capture group for the block number"

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import inspect
 from collections.abc import Sequence
+from dataclasses import replace
 
 from ..io.profile import Phase, ProfileInfo
 from ..layers import LayerOptions
@@ -38,13 +39,16 @@ def _round(nbytes: int, unit: int) -> int:
 
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
                   dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
-                  stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = ""):
+                  stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = "",
+                  context=None, expert=None):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
     named and placed in layers (by ``layer_options``, else the module tree's ``stacks``; ``hint``
     ends the warning when neither finds a block), the storages as variables; the rest describes
     the capture in the profile's info; ``layout`` (the tensor-parallel plan, sequence
     parallelism's additions and the heads a rank holds) with the collectives the recorder saw
-    becomes the info's ``parallel_layout``."""
+    becomes the info's ``parallel_layout``; so does ``context`` (a context-parallel capture's
+    ``contextparallel.ContextParallel``), each collective named by the mesh dimension its group
+    spans."""
     from ..io.builder import ProfileBuilder
     from ..io.profile import Collective, ParallelLayout
     ops = rec.ops
@@ -110,13 +114,26 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
     precision = ("amp (" + str(autocast_dtype).replace("torch.", "") + " autocast, float32 parameters)" if amp
                  else dtype)
     parallel = None
+    groups = context.groups if context is not None else {}
+    collectives = tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase,
+                                   groups.get(c.group, "ep" if c.group == "ep" else "tp")) for c in rec.collectives)
     if layout is not None:
         plan, additions, heads = layout
         parallel = ParallelLayout(plan.degree, plan.sequence_parallel, plan.source, plan.styles, tuple(additions),
-                                  tuple(heads), tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase)
-                                                      for c in rec.collectives))
+                                  tuple(heads), collectives)
         precision += (f", rank 0 of {plan.degree} tensor-parallel ranks"
                       f"{' with sequence parallelism' if plan.sequence_parallel else ''} ({plan.source})")
+    if context is not None:
+        parallel = replace(parallel or ParallelLayout(collectives=collectives), context_parallel=context.degree,
+                           cp_load_balanced=context.load_balanced)
+        precision += (f", rank 0 of {context.degree} context-parallel ranks (the sequence of {context.sequence} "
+                      f"{'in head and tail chunks' if context.load_balanced else 'in contiguous shards'}, attention "
+                      "as torch's ring attention)")
+    if expert is not None:
+        from .expertparallel import describe
+        parallel = replace(parallel or ParallelLayout(collectives=collectives), expert_parallel=expert.degree,
+                           experts=expert.experts)
+        precision += ", " + describe(expert)
     b = ProfileBuilder(target, S, compute_unit="flops", info=ProfileInfo(
         name=name, source="pytorch",
         description=(f"one training step captured under torch FakeTensorMode on CPU (torch {torch_version}): "

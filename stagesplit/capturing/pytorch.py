@@ -18,7 +18,7 @@ counted by storage: a tensor passed twice (``labels`` that is ``input_ids``) is 
 A failure of the model, the loss, the backward or the optimizer step is one line naming the
 operation or module where it happened. torch is imported lazily (``runtime``): nothing else in
 stagesplit needs it; its logging and warnings are silenced while a capture runs
-(``torch_logs=True``, the command line's ``--debug``, shows them).
+(``torch_logs=True`` shows them).
 """
 
 from __future__ import annotations
@@ -32,7 +32,10 @@ from typing import Any
 
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
+from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions
+from .contextparallel import ContextParallel, check_degree, fake_meshes, ring_attention, shard_inputs
+from .expertparallel import ExpertParallel, apply_expert_parallel, exchange_shape, expert_modules
 from .factory import call_factory, check_model, load_factory
 from .kernels import check_kernels, cuda_attention, kernels_note
 from .modulestacks import module_stacks, sequential_hint
@@ -41,6 +44,8 @@ from .recorder import (
     LOSS,
     ROOT,
     FakeOpError,
+    _Collective as Collective,
+    _Storage as Storage,
     hook_gradients,
     make_recorder,
     module_hooks,
@@ -50,15 +55,16 @@ from .recorder import (
 from .runtime import as_a_real_run, first_line, load_torch, quiet
 from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
 
-__all__ = ["capture", "capture_model", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
+__all__ = ["capture", "capture_degrees", "capture_model", "check_degrees", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
 OPTIMIZERS = ("adam", "adamw", "sgd", "none")
 DTYPES = ("float32", "bfloat16", "float16")
 DEFAULT_TARGET = "a100-80gb"
 
 
-def capture(spec: str, **options) -> Profile:
-    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``)."""
+def capture(spec: str, **options) -> Profile | ParallelVariants:
+    """Capture the training step of the model the factory ``spec`` names (see ``capture_model``);
+    with ``tp`` a list of degrees, one rank at each (``capture_degrees``)."""
     load_torch()
     factory = load_factory(spec)
     with quiet(bool(options.get("torch_logs"))):
@@ -67,14 +73,56 @@ def capture(spec: str, **options) -> Profile:
         where, _, func = spec.rpartition(":")
         stem = Path(where).stem if where.endswith(".py") else where.rpartition(".")[2]
         options["name"] = stem if func == "build" else f"{stem}.{func}"
+    if isinstance(options.get("tp"), (list, tuple)):
+        return capture_degrees(model, inputs, loss_fn, degrees=options.pop("tp"), source=spec, **options)
     return capture_model(model, inputs, loss_fn, source=spec, **options)
+
+
+def check_degrees(degrees: Any) -> tuple[int, ...]:
+    """A list of tensor-parallel degrees: each a whole number in 1..4096, none twice, at least one."""
+    if isinstance(degrees, (str, bytes)) or not isinstance(degrees, (list, tuple)) or not degrees:
+        raise OptionError("tp", f"expected a list of tensor-parallel degrees, got {degrees!r}")
+    for d in degrees:
+        if isinstance(d, bool) or not isinstance(d, int) or not 1 <= d <= 4096:
+            raise OptionError("tp", f"expected whole numbers of ranks in 1..4096, got {d!r}")
+    if len(set(degrees)) != len(degrees):
+        twice = next(d for d in degrees if list(degrees).count(d) > 1)
+        raise OptionError("tp", f"the degree {twice} is given twice")
+    return tuple(degrees)
+
+
+def capture_degrees(model, inputs, loss_fn=None, *, degrees, sequence_parallel: bool = False,
+                    tp_plan: str | Path | None = None, torch_logs: bool = False, source: str | None = None,
+                    **options) -> ParallelVariants:
+    """One rank at each tensor-parallel degree of ``degrees``: ``capture_model`` once per degree on
+    the same model (which every capture leaves as it came), each variant exactly the profile a
+    capture at that degree alone makes. ``sequence_parallel`` and ``tp_plan`` apply to the degrees
+    of 2 or more (degree 1 is the whole model). Every degree is checked against the plan before
+    any step runs: a degree that does not divide the heads, KV heads or a sharded dimension is
+    refused in one line naming the module and the degree. A list of one degree is that capture
+    alone, in a ParallelVariants of one."""
+    degrees = check_degrees(degrees)
+    torch = load_torch()
+    if any(d > 1 for d in degrees):
+        with quiet(torch_logs):
+            checked, _, _ = check_model((model, inputs, loss_fn), source or "model", torch)
+            for d in sorted(degrees):
+                if d > 1:
+                    resolve_plan(torch, checked, d, bool(sequence_parallel), tp_plan)
+    profiles = []
+    for d in sorted(degrees):
+        extra: dict[str, Any] = {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if d > 1 or \
+            len(degrees) == 1 else {}
+        profiles.append(capture_model(model, inputs, loss_fn, tp=d, torch_logs=torch_logs, source=source,
+                                      **extra, **options))
+    return parallel_variants(profiles, source or "model")
 
 
 def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype: str = "float32",
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
                   tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-                  kernels: str = "cpu") -> Profile:
+                  kernels: str = "cpu", cp: int = 1, ep: int = 1) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -88,34 +136,43 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     many bytes (the CUDA caching allocator's 512; 1 for exact bytes). ``layer_regex``: group by
     this regex instead of the module tree's stacks (every operation's layer is then stored
     explicitly). The grouping is recorded in the profile, so later commands need no
-    --layer-regex. ``torch_logs``: let torch's (and the model's) logging and warnings through.
+    ``layer_regex``. ``torch_logs``: let torch's (and the model's) logging and warnings through.
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
     sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
-    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py)."""
+    (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py). ``cp``: capture
+    rank 0 of this many context-parallel ranks (``contextparallel``: the sequence sharded,
+    attention as torch's ring attention, which runs the GPU's kernels: ``kernels`` becomes cuda).
+    ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts model, composed
+    from rules on the one-device record (``expertparallel``)."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
-                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels)
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp, ep=ep)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
-             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu") -> Profile:
+             sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu",
+             cp: int = 1, ep: int = 1) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
-        raise StagesplitError(f"--optimizer: expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
+        raise OptionError("optimizer", f"expected one of {', '.join(OPTIMIZERS)}, got '{optimizer}'")
     if dtype not in DTYPES:
-        raise StagesplitError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{dtype}'")
+        raise OptionError("dtype", f"expected one of {', '.join(DTYPES)}, got '{dtype}'")
     if int(allocator_round) < 1:
-        raise StagesplitError(f"--allocator-round: expected a whole number of bytes >= 1, got {allocator_round}")
+        raise OptionError("allocator_round", f"expected a whole number of bytes >= 1, got {allocator_round}")
     model, inputs, loss_fn = check_model((model, inputs, loss_fn), source, torch)
     tgt = _resolve_target(target)
+    context = None
+    if cp != 1:
+        sequence, balanced = check_degree(torch, inputs, cp)
+        context = ContextParallel(cp, sequence, balanced)
+        kernels = "cuda"                 # torch's ring attention runs the GPU's kernels only (contextparallel)
     check_kernels(kernels, tgt)
     kernels_used: Counter = Counter()
-    attention = cuda_attention(torch, tgt, kernels_used) if kernels == "cuda" else contextlib.nullcontext()
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
@@ -125,6 +182,13 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         autocast_dtype = param_dtype if dtype != "float32" else torch.bfloat16
         param_dtype = torch.float32
     stacks = module_stacks(torch, model)
+    expert = None
+    if isinstance(ep, bool) or not isinstance(ep, int) or not 1 <= ep <= 4096:
+        raise OptionError("ep", f"expected a whole number of ranks in 1..4096, got {ep!r}")
+    if ep > 1:
+        experts = expert_modules(torch, model, ep)          # (a model with none is refused first)
+        tokens, top_k, hidden, itemsize = exchange_shape(torch, model, inputs, autocast_dtype or param_dtype)
+        expert = ExpertParallel(ep, experts, tokens // cp, top_k, hidden, itemsize)
     plan = None
     if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 4096:
         raise OptionError("tp", f"expected a whole number of ranks in 1..4096, got {tp!r}")
@@ -144,17 +208,29 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     layout = None
     group = contextlib.ExitStack()
     tp_hooks: list = []
+    cp_mesh = None
     try:
-        mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        if context is not None:
+            mesh, cp_mesh, groups = group.enter_context(fake_meshes(torch, plan.degree if plan else 1, cp))
+            context = replace(context, groups=groups)
+            group.enter_context(ring_attention(context.load_balanced))
+            group.enter_context(propagation_unrecorded(rec.state))
+        else:
+            mesh = group.enter_context(fake_process_group(torch, plan.degree)) if plan is not None else None
+        attention = cuda_attention(torch, tgt, kernels_used, cp_mesh) if kernels == "cuda" else contextlib.nullcontext()
         with fake:
             params = _fake_parameters(torch, model, param_dtype, restore)
             fake_inputs = _fake_inputs(torch, inputs, None if amp else param_dtype)
+            if context is not None:
+                fake_inputs = shard_inputs(torch, fake_inputs, cp_mesh, context.sequence, context.load_balanced)
             if plan is not None:
                 tp_hooks, extra = parallelize(torch, model, mesh, plan)
                 params = {id(p): p for p in model.parameters()}
-                group.enter_context(propagation_unrecorded(rec.state))
+                if context is None:
+                    group.enter_context(propagation_unrecorded(rec.state))
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
-            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype) if plan is not None else {}
+            shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype, stacks) \
+                if plan is not None else {}
             for p in params.values():
                 if p.requires_grad:
                     p.grad = torch.zeros_like(shaped.get(id(p), p))
@@ -230,15 +306,18 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         group.close()
     if opt is not None:
         register_optimizer_state(rec, opt, params)
+    if expert is not None:
+        apply_expert_parallel(rec, expert, Storage, Collective)
     if not rec.ops:
         raise StagesplitError(f"{source}: the training step ran no tensor operation")
     return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
                           dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
                           autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
-                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "")
+                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
+                          context=context, expert=expert)
 
 
-def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int, Any]:
+def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks=()) -> dict[int, Any]:
     """Each parameter's gradient as the backward makes it, under tensor parallelism: one
     unrecorded step (forward, loss, backward) with no gradients allocated.
 
@@ -247,21 +326,86 @@ def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype) -> dict[int
     vocabulary-split embedding's gradient is a partial sum over the whole vocabulary (torch's
     masked partial placement), twice the weight's shard at two ranks; allocating it like the
     parameter undercounts a real rank. A failure here is left to the recorded step, which names
-    it."""
+    it.
+
+    The step runs on the model with each stack of blocks cut to its first three
+    (``_cut_gradient_layouts``): the blocks of a stack run the same code on parameters laid out alike, so
+    a later block's gradients are laid out as the third's, once the second's and the third's
+    are found laid out alike (the layout has settled along the stack: the first block may take
+    its input otherwise). Where that does not hold, or the cut model fails, the whole model
+    runs; on an 80-block model the cut step is a few percent of the whole one."""
+    cut = [s for s in stacks if len(s.children) > 3]
+    if cut:
+        found = _cut_gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, cut)
+        if found is not None:
+            return found
+    return _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype)[0]
+
+
+def _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype) -> tuple[dict[int, Any], bool]:
+    """Forward, loss and backward, unrecorded: each parameter's gradient, taken off it, and
+    whether the step ran to its end."""
     model.train()
+    ok = True
     try:
         with as_a_real_run(), (torch.autocast("cpu", dtype=autocast_dtype) if autocast_dtype is not None
                                else contextlib.nullcontext()):
             loss = _loss(torch, _call(model, inputs), loss_fn, "model")
         loss.backward()
     except (Exception, SystemExit):
-        pass
+        ok = False
     loss = None
     found = {}
     for p in model.parameters():
         if p.grad is not None:
             found[id(p)] = p.grad
             p.grad = None
+    return found, ok
+
+
+def _layout_key(t) -> tuple:
+    """What a gradient allocated like ``t`` depends on: its placements, local shape, strides,
+    dtype (None: no tensor)."""
+    if t is None:
+        return ()
+    local = t.to_local() if hasattr(t, "to_local") else t
+    return (tuple(getattr(t, "placements", ())), tuple(local.shape), tuple(local.stride()), local.dtype,
+            type(t).__name__)
+
+
+def _cut_gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks) -> dict[int, Any] | None:
+    """``_gradient_layouts`` from a step of the model with each stack in ``stacks`` cut to its
+    first three blocks; None where the cut step failed or a stack's layout has not settled by
+    its third block (the caller then runs the whole model)."""
+    modules = dict(model.named_modules())
+    held = []
+    try:
+        for stack in stacks:
+            container = modules[stack.path] if stack.path else model
+            held.append((container, container._modules))
+            container._modules = {k: v for k, v in list(container._modules.items())[:3]}
+        found, ok = _unrecorded_step(torch, model, inputs, loss_fn, autocast_dtype)
+    finally:
+        for container, kept in held:
+            container._modules = kept
+    if not ok:
+        return None
+    ran = set(found)
+    for stack in stacks:
+        second, third = stack.blocks[1], stack.blocks[2]
+        named = {n: p for n, p in modules[third].named_parameters()}
+        for name, p in modules[second].named_parameters():
+            q = named.get(name)
+            if q is None or _layout_key(p) != _layout_key(q) or \
+                    _layout_key(found.get(id(p))) != _layout_key(found.get(id(q))):
+                return None
+        for block in stack.blocks[3:]:
+            for name, p in modules[block].named_parameters():
+                q = named.get(name)
+                if q is None or _layout_key(p) != _layout_key(q):
+                    return None
+                if id(q) in found and id(p) not in ran:      # (a parameter shared with a block that ran: its own)
+                    found[id(p)] = found[id(q)]
     return found
 
 
@@ -276,7 +420,7 @@ def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:
     text = f"{first_line(exc)} (operation {failure.func} in {failure.label})"
     if failure.func.endswith("grouped_mm") and "float32" in failure.dtypes:
         text = (f"{first_line(exc)} (operation {failure.func} in {failure.label}: torch's fake kernel for "
-                f"grouped matrix products takes bfloat16 inputs only; capture with --dtype bfloat16)")
+                f"grouped matrix products takes bfloat16 inputs only; capture with `dtype='bfloat16'`)")
     return text
 
 

@@ -75,6 +75,7 @@ class _Collective:
     nbytes: int
     group_size: int
     phase: str
+    group: str = ""                #: the process group's name (which mesh dimension: the capture maps it)
 
 
 class FakeOpError(Exception):
@@ -313,7 +314,7 @@ def _collective(torch, index: int, func, phase: str, flat_in: list, flat_out: li
             size = 1
     tin = sum(_tensor_bytes(t) for t in flat_in if isinstance(t, torch.Tensor))
     tout = sum(_tensor_bytes(t) for t in flat_out if isinstance(t, torch.Tensor))
-    return _Collective(index, func._overloadpacket.__name__, max(tin, tout), size, phase)
+    return _Collective(index, func._overloadpacket.__name__, max(tin, tout), size, phase, names[-1] if names else "")
 
 
 def _tensor_bytes(t) -> int:

@@ -9,7 +9,7 @@ import sys
 import traceback
 from collections.abc import Sequence
 
-from ..errors import OptionError, StagesplitError, one_line
+from ..errors import StagesplitError, one_line
 
 __all__ = ["main"]
 
@@ -38,10 +38,8 @@ def _safe_stdout() -> None:
 
 def _message(exc: StagesplitError) -> str:
     """The error as the user should read it: an API parameter named by its flag."""
-    from .parser import FLAGS
-    if isinstance(exc, OptionError):
-        return exc.render(FLAGS.get(exc.parameter, exc.parameter))
-    return str(exc)
+    from .naming import error_text
+    return error_text(exc)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

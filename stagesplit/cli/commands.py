@@ -7,10 +7,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from typing import Any
 
 from .. import api
 from ..errors import StagesplitError, one_line
-from ..reporting.layout import tensor_parallel_line
+from ..reporting.layout import context_parallel_line, expert_parallel_line, tensor_parallel_line
+from .naming import flags_in
 
 __all__ = ["COMMANDS", "TerminalEvents", "end_progress"]
 
@@ -31,7 +33,7 @@ class TerminalEvents(api.Events):
 
     def warn(self, message: str) -> None:
         super().warn(message)
-        self.progress.write(f"stagesplit: warning: {one_line(str(message))}")
+        self.progress.write(f"stagesplit: warning: {one_line(flags_in(str(message)))}")
 
     def start(self, label: str, unit: str = "") -> None:
         self.progress.start(label, unit)
@@ -148,7 +150,7 @@ def cmd_breakdown(args: argparse.Namespace) -> int:
     tables = result.tables(sections, top_tiles=args.top_tiles)
     if gpu:
         tables = [gpu_view(t) for t in tables]
-    _emit(render(tables, args.format, width=_width(args)), args.out)
+    _emit(render(tables, args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -192,15 +194,15 @@ def cmd_solve(args: argparse.Namespace) -> int:
         doc = api.plan_document(plan)
         if plan.baselines:
             doc["compare"] = [api.plan_document(b) for b in plan.baselines]
-        sys.stdout.write(json.dumps(doc, indent=1) + "\n")
+        sys.stdout.write(flags_in(json.dumps(doc, indent=1)) + "\n")
     else:
         p = plan.profile
         gpu = _gpu_view(args, plan.inputs.targets[0].kind if plan.inputs.targets else "ipu", p.tiles)
         text = solve_text(plan, profile if isinstance(profile, str) else None, gpu,
-                          width=_width(args, to_file=False))           # --out is the plan file, not this text
+                          width=_width(args, to_file=False), naming=flags_in)  # --out is the plan file, not this text
         if reproduction is not None:
             text += "\n" + reproduction.text(args.from_plan) + "\n"
-        sys.stdout.write(text)
+        sys.stdout.write(flags_in(text))
     if reproduction is not None and not reproduction.identical:
         return 1
     return 0 if plan.feasible else 1
@@ -247,12 +249,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         plot_sweep(rows, args.plot, title=f"{name}: devices sweep")
         print(f"wrote {args.plot}", file=sys.stderr)
     if args.format == "json":
-        text = json.dumps([{"devices": r.devices, "fits": r.fits, "plan": api.plan_document(r.plan)} for r in rows],
-                          indent=1) + "\n"
+        text = flags_in(json.dumps([{"devices": r.devices, "fits": r.fits, "plan": api.plan_document(r.plan)}
+                                    for r in rows], indent=1)) + "\n"
     else:
         p = rows[0].plan.profile if len(rows) else None
         gpu = p is not None and _gpu_view(args, "gpu" if p.one_tile else "ipu", p.tiles)
-        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args))
+        text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args), naming=flags_in)
     fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
         text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")
@@ -281,7 +283,7 @@ def cmd_diagnose(args: argparse.Namespace) -> int:
         print(f"wrote {args.plot}", file=sys.stderr)
     target = result.model.profile.target
     gpu = _gpu_view(args, target.kind, target.tiles)
-    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args)), args.out)
+    _emit(render(diagnosis_tables(result, gpu=gpu), args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -333,18 +335,31 @@ def cmd_export(args: argparse.Namespace) -> int:
 
 
 def cmd_capture(args: argparse.Namespace) -> int:
-    profile = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
-                          amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
-                          layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
-                          sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels)
-    v = profile.variables
-    print(f"wrote {args.output}: {profile.info.name}, {len(profile.operations):,} operations (program steps), "
-          f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
-          f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
-          file=sys.stderr)
-    layout = profile.info.parallel_layout
-    if layout is not None:
-        print(tensor_parallel_line(layout), file=sys.stderr)
+    found = api.capture(args.model, args.output, events=_events(args), optimizer=args.optimizer, dtype=args.dtype,
+                        amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
+                        layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
+                        sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp,
+                        ep=args.ep)
+    profiles: tuple[Any, ...] = tuple(getattr(found, "profiles", (found,)))    # a ParallelVariants' each
+    if len(profiles) > 1:
+        degrees = ", ".join(map(str, getattr(found, "degrees", ())))
+        print(f"wrote {args.output}: {profiles[0].info.name}, one rank at each of {len(profiles)} tensor-parallel "
+              f"degrees ({degrees})", file=sys.stderr)
+    for profile in profiles:
+        v = profile.variables
+        layout = profile.info.parallel_layout
+        what = f"TP {layout.tensor_parallel if layout is not None else 1}" if len(profiles) > 1 else \
+            f"wrote {args.output}: {profile.info.name}"
+        print(f"{what}, {len(profile.operations):,} operations (program steps), "
+              f"{len(v):,} tensor storages; parameters, gradients and optimizer state "
+              f"{v.bytes[v.always_live].sum() / 2**30:.3f} GiB; {profile.operations.compute.sum():.3g} FLOPs",
+              file=sys.stderr)
+        if layout is not None and (layout.tensor_parallel > 1 or len(profiles) > 1):
+            print(tensor_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.context_parallel > 1:
+            print(context_parallel_line(layout), file=sys.stderr)
+        if layout is not None and layout.expert_parallel > 1:
+            print(expert_parallel_line(layout), file=sys.stderr)
     return 0
 
 
@@ -356,7 +371,7 @@ def cmd_targets(args: argparse.Namespace) -> int:
     for name, target in api.targets().items():
         t.add(name, target.kind, target.tiles, target.bytes_per_tile, target.device_bytes, target.description)
     t.note = "GiB: 2**30 bytes, as in every command (solve's capacities, breakdown, diagnose, plots)"
-    _emit(render([t], args.format, width=_width(args)), args.out)
+    _emit(render([t], args.format, width=_width(args), naming=flags_in), args.out)
     return 0
 
 
@@ -370,7 +385,20 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("tp_profiles", f"expected T=FILE (a tensor-parallel degree and a profile), got '{word}'")
         tp_profiles[int(degree)] = path
-    return dict(global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+    cp_profiles: dict[int, str] = {}
+    for word in args.cp_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("cp_profiles", f"expected C=FILE (a context-parallel degree and a profile), got '{word}'")
+        cp_profiles[int(degree)] = path
+    ep_profiles: dict[int, str] = {}
+    for word in args.ep_profile:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
+        ep_profiles[int(degree)] = path
+    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,
+                global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 captured_batch=args.captured_batch,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
@@ -416,7 +444,8 @@ _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
     ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None),
     ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
-    ("tp", "--tp", None), ("pp", "--pp", None))
+    ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
+    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
 
 
 def _no_layout_options(args: argparse.Namespace, what: str) -> None:
@@ -434,11 +463,11 @@ def cmd_layouts(args: argparse.Namespace) -> int:
         cmp = api.layout_comparison(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
         text = (json.dumps(comparison_json(cmp), indent=2) + "\n" if args.format == "json" else
                 layouts_text(cmp.chosen) + "\n" + comparison_text(cmp))
-        _emit(text, args.out)
+        _emit(flags_in(text), args.out)
         return 0 if cmp.chosen.best is not None else 1
     lp = api.layouts(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
-    _emit(text, args.out)
+    _emit(flags_in(text), args.out)
     return 0 if lp.best is not None else 1           # as solve: 1 when nothing fits, having said why
 
 
@@ -454,8 +483,9 @@ def _solve_layout(args: argparse.Namespace) -> int:
         raise StagesplitError("--devices: the layout search chooses the pipeline stages (--pp fixes them)")
     profile, debug = _solve_profile(args)
     if profile is None or not isinstance(profile, str) or debug is not None:
-        raise StagesplitError("--layout auto: expected one profile (a rank's at tensor-parallel degree 1; "
-                              "--tp-profile T=FILE for the others)")
+        raise StagesplitError("--layout auto: expected one profile file (a rank's at tensor-parallel degree 1, "
+                              "--tp-profile T=FILE for the others; or one holding a rank at each degree, as "
+                              "capture --tp 1,2,4,8 writes)")
     target = _layout_mode(args, "--layout auto")
     arguments = _layout_arguments(args, target)
     lp = api.layouts(profile, gpus=args.gpus, **arguments)
@@ -470,8 +500,9 @@ def _solve_layout(args: argparse.Namespace) -> int:
         sys.stdout.write(json.dumps(doc, indent=1) + "\n")
     else:
         gpu = not args.ipu_columns                       # the layout search's targets are GPUs
-        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False)) + "\n" if plan is not None else ""
-        sys.stdout.write(text + layouts_text(lp))
+        text = solve_text(plan, profile, gpu, width=_width(args, to_file=False), naming=flags_in) + "\n" \
+            if plan is not None else ""
+        sys.stdout.write(flags_in(text + layouts_text(lp)))
     return 0 if lp.best is not None else 1
 
 
@@ -488,7 +519,7 @@ def _sweep_layouts(args: argparse.Namespace) -> int:
     if args.format == "json":
         text = json.dumps(gpu_sweep_json(result), indent=1) + "\n"
     else:
-        text = render([gpu_sweep_table(result)], args.format, width=_width(args))
+        text = render([gpu_sweep_table(result)], args.format, width=_width(args), naming=flags_in)
     if args.format == "text":
         fewest = result.fewest
         text += f"fewest GPUs that fit: {fewest}\n" if fewest is not None else "no GPU count in the range fits\n"

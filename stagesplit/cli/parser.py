@@ -55,6 +55,17 @@ class _Later:
         return len(self._all())
 
 
+def degrees(text: str) -> int | list[int]:
+    """An argparse type: one tensor-parallel degree, or a comma-separated list of them (1..4096)."""
+    one = int_in(1, 4096)
+    parts = text.split(",")
+    if len(parts) == 1:
+        return one(text)
+    if len(parts) > 64:
+        raise argparse.ArgumentTypeError(f"expected at most 64 degrees, got {len(parts)}")
+    return [one(part) for part in parts]
+
+
 def int_in(lo: int, hi: int) -> Callable[[str], int]:
     """An argparse type: a whole number in lo..hi."""
     def parse(text: str) -> int:
@@ -247,8 +258,15 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
         _solve_option(g, "compare", help="also price the layouts a user would otherwise take with the same model: "
                       "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, pure pipeline, pure FSDP")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
-                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1); repeatable")
-    for flag in ("tp", "pp"):
+                   help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1, or holds a rank at each "
+                        "degree as capture --tp 1,2,4,8 writes); repeatable")
+    g.add_argument("--cp-profile", action="append", default=[], metavar="C=FILE",
+                   help="one rank's profile at context-parallel degree C (capture --cp C, at the tensor-parallel "
+                        "degree it records); repeatable")
+    g.add_argument("--ep-profile", action="append", default=[], metavar="E=FILE",
+                   help="one rank's profile at expert-parallel degree E (capture --ep E); the expert-parallel ranks "
+                        "are taken from the data x context-parallel ranks, as Megatron does; repeatable")
+    for flag in ("tp", "cp", "ep", "pp"):
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
 
@@ -399,10 +417,11 @@ def build_parser() -> argparse.ArgumentParser:
                    help="round every storage up to a multiple of BYTES, as the CUDA caching allocator does "
                         "(default: %(default)s; 1 for exact bytes)")
     p.add_argument("--name", metavar="NAME", help="profile name shown in reports (default: from MODEL)")
-    p.add_argument("--tp", type=int_in(1, 4096), default=1, metavar="N",
+    p.add_argument("--tp", type=degrees, default=1, metavar="N[,N...]",
                    help="capture rank 0 of N tensor-parallel ranks: torch's parallelize_module applies the plan under "
-                        "a fake process group of N ranks; parameters, activations and collectives are one rank's "
-                        "(default: %(default)s, no tensor parallelism)")
+                        "a fake process group of N ranks; parameters, activations and collectives are one rank's. A "
+                        "list (1,2,4,8) captures one rank at each degree into one file, for the layout search and "
+                        "breakdown (default: %(default)s, no tensor parallelism)")
     p.add_argument("--sp", action="store_true",
                    help="with --tp: sequence parallelism between the blocks (norms under SequenceParallel, the "
                         "stream sharded on the sequence dimension)")
@@ -413,6 +432,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="whose kernels' saved tensors to record: cpu (the kernels the capture runs) or cuda (the "
                         "attention kernel the GPU target's CUDA dispatcher would choose: flash, memory-efficient or "
                         "math; docs/gpu.md) (default: %(default)s)")
+    p.add_argument("--cp", type=int_in(1, 4096), default=1, metavar="N",
+                   help="capture rank 0 of N context-parallel ranks: the sequence sharded N ways and attention run as "
+                        "torch's ring attention (on the GPU target's attention kernels) under a fake process group; "
+                        "N must divide the sequence (default: %(default)s)")
+    p.add_argument("--ep", type=int_in(1, 4096), default=1, metavar="N",
+                   help="capture rank 0 of N expert-parallel ranks of a mixture-of-experts model: each rank holds "
+                        "E/N of every experts module's experts, the tokens' all-to-alls added (composed from rules; "
+                        "docs/layouts.md); N must divide the experts (default: %(default)s)")
 
     p = command("report", help="write a plan as one self-contained HTML page to share (figures, schedule, snippets)")
     p.add_argument("plan", metavar="PLAN", help="plan file from solve --out (.json or .yaml)")
@@ -447,6 +474,9 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
          "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
+         "cp": "--cp", "ep": "--ep",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile", "captured_batch": "--captured-batch"}
+         "tp_profiles": "--tp-profile", "captured_batch": "--captured-batch", "cp_profiles": "--cp-profile",
+         "ep_profiles": "--ep-profile", "optimizer": "--optimizer", "allocator_round": "--allocator-round",
+         "fmt": "--to", "sections": "--sections", "wide": "--wide"}

@@ -1,6 +1,6 @@
 """The search's deadline, seen by the long loops many calls below it.
 
-``--time-limit`` bounds the whole search, but much of a schedule search's time goes in loops
+``time_limit`` bounds the whole search, but much of a schedule search's time goes in loops
 several calls below the solver: generating a schedule's actions, its dependency graph, the
 simulation of a step, each rank's memory action by action, the memory signatures CP-SAT's model
 is built from. With 4,096 micro-batches and 16 chunks per device these are millions of actions
@@ -12,7 +12,7 @@ keeps the earlier deadline, so a part of the search given a share of the time ne
 whole. What reaches the deadline raises ``TimeLimitReached``; each search catches it where it has
 a best-so-far to return (marked not proven), and where nothing was found it is the one-line error.
 
-The searches themselves (the exact DP, CP-SAT, the schedules' chunk search, ``--schedule auto``)
+The searches themselves (the exact DP, CP-SAT, the schedules' chunk search, ``schedule='auto'``)
 take a ``Deadline``: made once from the time limit where the solve starts (the API) and passed
 down, each phase asking it what is left instead of re-splitting seconds by hand, and a phase
 given a share of the time gets a ``part`` of it that never outlives the whole.
@@ -123,4 +123,4 @@ def check_deadline(doing: str = "") -> None:
         limit = f" ({current[1]:g} s)" if current[1] is not None else ""
         raise TimeLimitReached(f"no split was found within the time limit{limit}"
                                + (f": it was reached while {doing}" if doing else "")
-                               + "; allow more with --time-limit")
+                               + "; allow more with `time_limit`")

@@ -125,7 +125,7 @@ def check_outputs(outputs: Iterable[tuple[str, str | None, tuple[str, ...] | Non
                   inputs: Iterable[str | Path | None]) -> None:
     """Refuse, before anything is read or written: an output in a missing folder, one that is
     a folder or a device, one with a suffix its writer cannot make, one that is also an input
-    (``--out`` equal to the profile would destroy it: same device and inode, through symlinks
+    (``out`` equal to the profile would destroy it: same device and inode, through symlinks
     and hard links, or the same resolved path for a file not made yet), and two outputs to the
     same file."""
     seen: list[tuple[str, str]] = []

@@ -1,7 +1,7 @@
 """User regular expressions, matched in linear time with RE2 (the ``google-re2`` package).
 
 Python's ``re`` backtracks: a pattern like ``(a+)+$`` on a long operation name takes
-exponential time, and ``--layer-regex`` and friends come from the user (or from a plan file).
+exponential time, and ``layer_regex`` and friends come from the user (or from a plan file).
 RE2 guarantees time linear in the text. It accepts Python's syntax for everything the default
 patterns use (``(?i)``, ``\\b``, groups, named groups, classes); lookaround and backreferences
 have no linear-time algorithm, so patterns using them are refused with a one-line message.

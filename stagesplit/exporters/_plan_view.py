@@ -78,6 +78,11 @@ class PlanView:
     tensor_parallel: int = 1
     sequence_parallel: bool = False
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    sequence_parallel_additions: tuple[tuple[str, str], ...] = ()
+    #: the profile is one rank of this many context-parallel ranks (the sequence sharded)
+    context_parallel: int = 1
+    #: the profile is one rank of this many expert-parallel ranks (taken from the data x context ranks)
+    expert_parallel: int = 1
     #: data parallelism the plan was priced under: ranks, ZeRO stage, FSDP2's reshard after forward
     data_parallel: int = 1
     zero: int = 0
@@ -135,7 +140,7 @@ class PlanView:
             raise self.error(f"{fmt} runs one stage per device with its own pipelining; this plan runs "
                              f"{self.schedule}" + (f" with {self.chunks_per_rank} chunks per device"
                                                    if self.chunks_per_rank > 1 else "")
-                             + ": solve with --schedule 1f1b (or gpipe) for it")
+                             + ": solve with `schedule='1f1b'` (or gpipe) for it")
 
     @property
     def stage_layers(self) -> tuple[tuple[int, ...], ...]:
@@ -258,7 +263,9 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         return_outputs=schedule.runtime.return_outputs if schedule is not None else False,
         gradients_set_to_none=schedule.runtime.gradients_set_to_none if schedule is not None else False,
         tensor_parallel=profile.tensor_parallel, sequence_parallel=profile.sequence_parallel,
-        tensor_parallel_styles=profile.tensor_parallel_styles, data_parallel=plan.inputs.request.dp,
+        tensor_parallel_styles=profile.tensor_parallel_styles,
+        sequence_parallel_additions=profile.sequence_parallel_additions, data_parallel=plan.inputs.request.dp,
+        context_parallel=profile.context_parallel, expert_parallel=profile.expert_parallel,
         zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward,
         micro_batch_size=getattr(inputs, "micro_batch_size", None), global_batch=getattr(inputs, "global_batch", None))
 

@@ -169,12 +169,18 @@ def parallel_words(view: PlanView) -> list[str]:
     """The degrees beside the pipeline the plan was priced under, as Megatron's arguments: the tensor-parallel
     size (with ``--sequence-parallel`` where the capture had it), and data parallelism (its size is the world
     size over TP x PP) as Megatron's distributed optimizer (ZeRO 1) or torch's FSDP2 (ZeRO 3); none for a
-    pipeline alone."""
+    pipeline alone. With context parallelism, ``--context-parallel-size``: the plan's data-parallel ranks
+    are the ranks its gradients are shared over, data x context parallel, as Megatron's distributed
+    optimizer and FSDP2 shard over its data-parallel-with-context group."""
     words: list[str] = []
     if view.tensor_parallel > 1:
         words += ["--tensor-model-parallel-size", str(view.tensor_parallel)]
         if view.sequence_parallel:
             words.append("--sequence-parallel")
+    if view.context_parallel > 1:
+        words += ["--context-parallel-size", str(view.context_parallel)]
+    if view.expert_parallel > 1:                  # carved from the data x context ranks, not added to the world
+        words += ["--expert-model-parallel-size", str(view.expert_parallel)]
     if view.data_parallel > 1 and view.zero == 1:
         words.append("--use-distributed-optimizer")
     if view.data_parallel > 1 and view.zero == 3:
@@ -197,7 +203,7 @@ def _layout_words(counts: list[int], ranks: int, virtual: int) -> list[str]:
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     if view.schedule not in MEGATRON_SCHEDULES:
         raise view.error(f"megatron runs 1F1B, interleaved with virtual stages; this plan runs {view.schedule}: "
-                         "solve with --schedule 1f1b or interleaved-1f1b for Megatron")
+                         "solve with `schedule='1f1b'` or interleaved-1f1b for Megatron")
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
@@ -206,7 +212,12 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     parallel = parallel_words(view)
     lines = [f"# megatron-core >= {MEGATRON_VERSION} (Megatron-LM's pretrain_*.py arguments):",
              f"# {_roles_note(view)}"]
-    if view.tensor_parallel > 1 or view.data_parallel > 1:
+    if view.context_parallel > 1:
+        dp = view.data_parallel // view.context_parallel
+        lines.append(f"# launch {view.ranks} x {view.tensor_parallel} x {view.context_parallel} x {dp} = "
+                     f"{view.ranks * view.tensor_parallel * view.data_parallel} processes (pipeline x tensor x context "
+                     "x data parallel): Megatron's data-parallel size is the world size over TP x PP x CP")
+    elif view.tensor_parallel > 1 or view.data_parallel > 1:
         lines.append(f"# launch {view.ranks} x {view.tensor_parallel} x {view.data_parallel} = "
                      f"{view.ranks * view.tensor_parallel * view.data_parallel} processes (pipeline x tensor x data "
                      "parallel): Megatron's data-parallel size is the world size over TP x PP")
@@ -235,7 +246,7 @@ def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
     counts = _counts(view, UNEVEN_NAME)
     uneven = megatron_uneven(counts)
     if isinstance(uneven, str):
-        raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use --to megatron (the layout flag)")
+        raise view.error(f"megatron-uneven cannot express this plan: {uneven}; use `fmt='megatron'` (the layout flag)")
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")

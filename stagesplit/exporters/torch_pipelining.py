@@ -59,8 +59,8 @@ def schedule_class(view: PlanView, training: bool, fmt: str = NAME) -> str:
                          f"equivalent here (expected one of {', '.join(SCHEDULE_CLASSES)})")
     if name == "Schedule1F1B" and view.micro_batches < len(view.stages):
         raise view.error(f"{fmt}: torch's Schedule1F1B needs at least as many micro-batches as stages; the plan has "
-                         f"{view.micro_batches} for {len(view.stages)} stages (solve with --micro-batches "
-                         f"{len(view.stages)} or more)")
+                         f"{view.micro_batches} for {len(view.stages)} stages (solve with `micro_batches="
+                         f"{len(view.stages)}` or more)")
     return name
 
 
@@ -73,7 +73,7 @@ def recompute_map(view: PlanView, fmt: str = NAME) -> dict[str, str]:
     chosen = [i for i, r in enumerate(view.recompute) if r != "none"]
     if any(view.recompute[i] == "selective" for i in chosen) and view.schedule in _SPLIT_BACKWARD:
         raise view.error(f"{fmt}: torch refuses selective activation checkpointing under {view.schedule}'s split "
-                         "backward (it allows one backward per checkpointed region); solve with --recompute full or "
+                         "backward (it allows one backward per checkpointed region); solve with `recompute='full'` or "
                          "auto, or another schedule")
     return dict(zip(layer_fqns(view, fmt, chosen), (view.recompute[i] for i in chosen)))
 
@@ -142,19 +142,26 @@ def _stage_modules_source() -> list[str]:
     return [line for line in text.splitlines() if line != "import torch" and not line.startswith("__all__")]
 
 
-#: the tensor-parallel styles an export writes (capturing/tensorparallel.py's, without sequence parallelism):
-#: style -> the torch ParallelStyle made for it (None: the module is left whole)
-_TP_STYLES = {"colwise": "ColwiseParallel()", "colwise_gather_output": "ColwiseParallel(output_layouts=Replicate())",
-              "rowwise": "RowwiseParallel()", "embedding_rowwise": "RowwiseParallel(input_layouts=Replicate())",
-              "rowwise_split_input": "RowwiseParallel(input_layouts=Replicate())", "sequence": None,
+#: the tensor-parallel styles an export writes (capturing/tensorparallel.py's): style -> the torch ParallelStyle
+#: made for it (None: the module is left whole); ``setup_parallel`` adds the layouts sequence parallelism changes
+_TP_STYLES = {"colwise": "ColwiseParallel", "colwise_gather_output": "ColwiseParallel",
+              "rowwise": "RowwiseParallel", "embedding_rowwise": "RowwiseParallel",
+              "rowwise_split_input": "RowwiseParallel", "sequence": None,
               "sequence_parallel": None, "replicate": None, "replicated_with_grad_allreduce": None}
+
+#: what sequence parallelism adds to a plan, as a capture records it (``ParallelLayout.additions``): the
+#: stream is split on the sequence at the first block, norms run under ``SequenceParallel``, a module left
+#: whole inside a block gathers its input and splits its output, a final norm before a whole head gathers
+_SP_ADDITIONS = ("input split on the sequence", "SequenceParallel", "input gathered, output split on the sequence",
+                 "input gathered")
 
 
 def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
     """Where the plan was priced for a tensor-parallel rank (the capture's plan, applied again by torch's
-    ``parallelize_module``) or a data-parallel one (FSDP2's ``fully_shard`` on each block and the rest of
-    each stage): ``setup_parallel`` makes the (pipeline, data, tensor) device mesh and applies the former;
-    ``build_pipeline`` applies the latter to the stages it builds (``shard_stages``)."""
+    ``parallelize_module``, with sequence parallelism's additions where it was captured with them) or a
+    data-parallel one (FSDP2's ``fully_shard`` on each block and the rest of each stage): ``setup_parallel``
+    makes the (pipeline, data, tensor) device mesh and applies the former; ``build_pipeline`` applies the
+    latter to the stages it builds (``shard_stages``)."""
     tp, dp = view.tensor_parallel, view.data_parallel
     if tp <= 1 and dp <= 1:
         return []
@@ -165,9 +172,14 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
                              f"of {', '.join(_TP_STYLES)}")
         if _TP_STYLES[style] is not None:
             plan.append([path, style])
-    if view.sequence_parallel:
-        raise view.error(f"{NAME}: the profile was captured with sequence parallelism, whose layouts between "
-                         "the blocks this export does not write yet: capture without sequence parallelism")
+    added = [[path, what] for path, what in view.sequence_parallel_additions]
+    for path, what in added:
+        if what not in _SP_ADDITIONS:
+            raise view.error(f"{NAME}: sequence parallelism's addition '{show(what)}' to module '{show(path)}': "
+                             f"expected one of {', '.join(_SP_ADDITIONS)}")
+    if view.sequence_parallel and not added:
+        raise view.error(f"{NAME}: the plan was captured with sequence parallelism but records none of the layouts it "
+                         "adds between the blocks (a plan from an older stagesplit): capture and solve it again")
     if dp > 1 and view.zero != 3:
         raise view.error(f"{NAME}: data parallelism is written as FSDP2 (ZeRO 3, fully_shard); the plan was priced "
                          f"under ZeRO {view.zero}: solve it with ZeRO 3 to export it")
@@ -182,29 +194,72 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
         "# build_pipeline the group it returns. Every process of a pipeline rank gets its own share of the batch.",
         f"TENSOR_PARALLEL = {tp}   # ranks sharing every layer (the capture's rank is one of them)",
         f"TP_PLAN = {py_literal(plan)}   # [module path, style], as the capture applied it",
+        f"SEQUENCE_PARALLEL = {bool(view.sequence_parallel)}   # the stream between the blocks split on the sequence",
+        f"SP_ADDED = {py_literal(added)}   # [module path, what sequence parallelism adds there]",
         f"DATA_PARALLEL = {dp}   # FSDP2 ranks (ZeRO 3): each block, and the rest of each stage, sharded",
         f"RESHARD_AFTER_FORWARD = {view.reshard_after_forward}",
         "_MESH = {}",
         "",
         "",
+        "def tensor_parallel_styles(model):",
+        '    """TP_PLAN and SP_ADDED as torch ParallelStyles, module path -> style, as the capture made them: with',
+        "    sequence parallelism a colwise layer in a block gathers its input from the sequence split, a rowwise one",
+        '    reduce-scatters its output to it; an embedding takes its token ids whole."""',
+        "    from torch.distributed.tensor import Replicate, Shard",
+        "    from torch.distributed.tensor.parallel import (ColwiseParallel, ParallelStyle, PrepareModuleInput,",
+        "                                                   PrepareModuleOutput, RowwiseParallel, SequenceParallel)",
+        "",
+        "    class Gathered(ParallelStyle):",
+        '        """A module left whole inside a sequence-parallel block: its input gathered, its output split."""',
+        "        def _apply(self, module, device_mesh):",
+        "            PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),),",
+        "                               use_local_output=True)._apply(module, device_mesh)",
+        "            return PrepareModuleOutput(output_layouts=(Replicate(),), desired_output_layouts=(Shard(1),),",
+        "                                       use_local_output=True)._apply(module, device_mesh)",
+        "",
+        "    styles = {}",
+        "    for path, style in TP_PLAN:",
+        "        in_blocks = SEQUENCE_PARALLEL and path.startswith(BLOCKS + '.')",
+        "        kwargs = {}",
+        "        if style.startswith('colwise'):",
+        "            if style == 'colwise_gather_output':",
+        "                kwargs['output_layouts'] = Replicate()",
+        "            if in_blocks or (SEQUENCE_PARALLEL and style == 'colwise_gather_output'):",
+        "                kwargs['input_layouts'] = Shard(1)",
+        "            styles[path] = ColwiseParallel(**kwargs)",
+        "        else:",
+        "            if style == 'rowwise_split_input' or isinstance(model.get_submodule(path), torch.nn.Embedding):",
+        "                kwargs['input_layouts'] = Replicate()   # token ids come whole",
+        "            if in_blocks:",
+        "                kwargs['output_layouts'] = Shard(1)",
+        "            styles[path] = RowwiseParallel(**kwargs)",
+        "    made = {",
+        f"        {py_literal(_SP_ADDITIONS[0])}: lambda: PrepareModuleInput(",
+        "            input_layouts=(Replicate(),), desired_input_layouts=(Shard(1),), use_local_output=True),",
+        f"        {py_literal(_SP_ADDITIONS[1])}: SequenceParallel,",
+        f"        {py_literal(_SP_ADDITIONS[2])}: Gathered,",
+        f"        {py_literal(_SP_ADDITIONS[3])}: lambda: PrepareModuleInput(",
+        "            input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),), use_local_output=True),",
+        "    }",
+        "    for path, what in SP_ADDED:",
+        "        styles[path] = made[what]()",
+        "    return styles",
+        "",
+        "",
         "def setup_parallel(model, device):",
-        '    """Make the (pipeline, data, tensor) device mesh, apply TP_PLAN to `model` with torch\'s own styles, and',
-        '    return the pipeline\'s process group (build_pipeline\'s `group`)."""',
+        '    """Make the (pipeline, data, tensor) device mesh, apply TP_PLAN (and SP_ADDED) to `model` with torch\'s',
+        '    own styles, and return the pipeline\'s process group (build_pipeline\'s `group`)."""',
         "    if not builds_from_modules(model):",
         "        raise ValueError('a tensor- or data-parallel plan runs on stages built from a Hugging Face causal '",
         "                         \"language model's modules (build_pipeline); torch's tracer does not take parallel \"",
         "                         'modules')",
         "    from torch.distributed.device_mesh import init_device_mesh",
-        "    from torch.distributed.tensor import Replicate",
-        "    from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel, parallelize_module",
+        "    from torch.distributed.tensor.parallel import parallelize_module",
         "    mesh = init_device_mesh(device.type, (len(STAGES_OF_RANK), DATA_PARALLEL, TENSOR_PARALLEL),",
         "                            mesh_dim_names=('pp', 'dp', 'tp'))",
         "    _MESH['mesh'] = mesh",
         "    if TENSOR_PARALLEL > 1:",
-        "        made = {",
-        *(f"            {py_literal(k)}: lambda: {v}," for k, v in _TP_STYLES.items() if v is not None),
-        "        }",
-        "        parallelize_module(model, mesh['tp'], {path: made[style]() for path, style in TP_PLAN})",
+        "        parallelize_module(model, mesh['tp'], tensor_parallel_styles(model))",
         "    return mesh['pp'].get_group()",
         "",
         "",
@@ -319,8 +374,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              "    mine = STAGES_OF_RANK[rank]"]
     if stack:
         wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
+        shards = ", sequence_shards=TENSOR_PARALLEL" if tensor_parallel and view.sequence_parallel else ""
         lines += ["    if builds_from_modules(model):",
-                  f"        modules = model_stages(model, BLOCKS, STAGE_STARTS, example_microbatch{wrap})",
+                  f"        modules = model_stages(model, BLOCKS, STAGE_STARTS, example_microbatch{wrap}{shards})",
                   *(["        shard_stages(modules, mine)"] if tensor_parallel and view.data_parallel > 1 else []),
                   "        stages = [PipelineStage(modules[k], k, NUM_STAGES, device, group=group) for k in mine]",
                   "        loss_fn = stage_loss(modules[-1], loss_fn)",

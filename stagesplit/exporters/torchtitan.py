@@ -1,5 +1,5 @@
 """torchtitan 0.3: command-line overrides its ``ConfigManager`` parses (tyro), as an argument
-file to append after ``--module ... --config ...``.
+file to append after the trainer's own module and config arguments.
 
 - ``--parallelism.pipeline_parallel_degree P`` and ``--parallelism.pipeline_parallel_schedule``
   (``GPipe``/``1F1B``: single-stage-per-rank schedules, one plan stage per rank);
@@ -87,25 +87,35 @@ def module_groups(view: PlanView) -> list[list[str]]:
 
 #: the flags ``layout_words`` writes (their last dotted part)
 _LAYOUT_FIELDS = ("tensor_parallel_degree", "no-enable-sequence-parallel", "data_parallel_shard_degree",
-                  "fsdp_reshard_after_forward", "data_parallel_replicate_degree")
+                  "fsdp_reshard_after_forward", "data_parallel_replicate_degree", "context_parallel_degree",
+                  "expert_parallel_degree")
 
 
 def layout_words(view: PlanView) -> list[str]:
     """The degrees beside the pipeline the plan was priced under: tensor parallelism (with or without
     sequence parallelism: torchtitan's default is with), and data parallelism as FSDP2 shards (ZeRO 3,
-    with the plan's resharding after forward) or DDP replicas (ZeRO 0); none for a pipeline alone."""
+    with the plan's resharding after forward) or DDP replicas (ZeRO 0); none for a pipeline alone. With
+    context parallelism, ``context_parallel_degree``: torchtitan shards with FSDP2 over the data x
+    context-parallel ranks (``dp_shard x cp``), the plan's data-parallel ranks, so the shard degree is
+    those over the context-parallel ones."""
     words: list[str] = []
     if view.tensor_parallel > 1:
         words += ["--parallelism.tensor_parallel_degree", str(view.tensor_parallel)]
         if not view.sequence_parallel:
             words += ["--parallelism.no-enable-sequence-parallel"]
-    if view.data_parallel > 1:
+    if view.context_parallel > 1:
+        words += ["--parallelism.context_parallel_degree", str(view.context_parallel),
+                  "--parallelism.data_parallel_shard_degree", str(view.data_parallel // view.context_parallel),
+                  "--parallelism.fsdp_reshard_after_forward", "always" if view.reshard_after_forward else "never"]
+    elif view.data_parallel > 1:
         if view.zero == 3:
             words += ["--parallelism.data_parallel_shard_degree", str(view.data_parallel),
                       "--parallelism.fsdp_reshard_after_forward", "always" if view.reshard_after_forward else "never"]
         else:
             words += ["--parallelism.data_parallel_replicate_degree", str(view.data_parallel),
                       "--parallelism.data_parallel_shard_degree", "1"]
+    if view.expert_parallel > 1:              # borrowed from dp_shard x cp x tp: torchtitan's own rule
+        words += ["--parallelism.expert_parallel_degree", str(view.expert_parallel)]
     return words
 
 
@@ -131,6 +141,13 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                          f"{', '.join(map(str, options.tied[0].stages))}; untie it or do not pipeline")
     if sum(view.decoder_counts()) < 1:
         raise view.error("torchtitan: the plan has no decoder layer besides the embedding and the head")
+    if view.expert_parallel > 1 and view.zero != 3:
+        raise view.error(f"torchtitan takes its expert-parallel ranks from its FSDP2 shards (dp_shard x cp x tp); "
+                         f"the plan was priced under ZeRO {view.zero}: export it to Megatron, or price it under ZeRO 3")
+    if view.context_parallel > 1 and view.zero != 3:
+        raise view.error(f"torchtitan shards the parameters over the context-parallel ranks (FSDP2 over data x "
+                         f"context parallel); the plan was priced under ZeRO {view.zero}: solve it with ZeRO 3 for "
+                         "torchtitan")
     if view.data_parallel > 1 and view.zero in (1, 2):
         raise view.error(f"torchtitan shards data parallelism with FSDP2 (ZeRO 3) or replicates it (DDP, ZeRO 0); "
                          f"the plan was priced under ZeRO {view.zero}: solve it with ZeRO 3 or 0 for torchtitan")

@@ -8,7 +8,16 @@ from typing import Any
 
 from ..common.fields import FieldReader
 from ..common.limits import MAX_BYTES, MAX_COMPUTE
-from .profile import COLLECTIVE_KINDS, PHASE_LABELS, Collective, LayerGrouping, ParallelLayout, ProfileInfo, Target
+from .profile import (
+    COLLECTIVE_GROUPS,
+    COLLECTIVE_KINDS,
+    PHASE_LABELS,
+    Collective,
+    LayerGrouping,
+    ParallelLayout,
+    ProfileInfo,
+    Target,
+)
 from .targets import known_targets, target_from_mapping
 
 __all__ = ["byte_count", "compute_figure", "grouping_from_record", "grouping_record", "layout_from_record",
@@ -83,20 +92,29 @@ def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping
     return LayerGrouping(order=order, layers=tuple(names), module_paths=tuple(paths), **strings)
 
 
-_LAYOUT_KEYS = {"tensor_parallel", "sequence_parallel", "plan", "styles", "additions", "heads", "collectives"}
+_LAYOUT_KEYS = {"tensor_parallel", "sequence_parallel", "plan", "styles", "additions", "heads", "collectives",
+                "context_parallel", "cp_load_balanced", "expert_parallel", "experts"}
 #: the phases a collective may run in (the capture's names: forward, loss, backward, recompute, optimizer)
 _COLLECTIVE_PHASES = ("forward", "loss", "backward", "recompute", "optimizer", "setup", *PHASE_LABELS)
 
 
 def layout_record(layout: ParallelLayout) -> dict[str, Any]:
     """``ParallelLayout`` as the JSON object both file formats store (the info's ``parallel_layout``)."""
-    return {"tensor_parallel": layout.tensor_parallel, "sequence_parallel": layout.sequence_parallel,
-            "plan": layout.plan,
-            "styles": [{"module": m, "style": s} for m, s in layout.styles],
-            "additions": [{"module": m, "what": w} for m, w in layout.additions],
-            "heads": [{"module": m, "heads": h, "kv_heads": kv} for m, h, kv in layout.heads],
-            "collectives": [{"step": c.step, "kind": c.kind, "bytes": c.bytes, "group_size": c.group_size,
-                             "phase": c.phase} for c in layout.collectives]}
+    doc = {"tensor_parallel": layout.tensor_parallel, "sequence_parallel": layout.sequence_parallel,
+           "plan": layout.plan,
+           "styles": [{"module": m, "style": s} for m, s in layout.styles],
+           "additions": [{"module": m, "what": w} for m, w in layout.additions],
+           "heads": [{"module": m, "heads": h, "kv_heads": kv} for m, h, kv in layout.heads],
+           "collectives": [{"step": c.step, "kind": c.kind, "bytes": c.bytes, "group_size": c.group_size,
+                            "phase": c.phase, **({"group": c.group} if c.group != "tp" else {})}
+                           for c in layout.collectives]}
+    if layout.context_parallel != 1:          # written only where set: files of other layouts unchanged
+        doc["context_parallel"] = layout.context_parallel
+        doc["cp_load_balanced"] = layout.cp_load_balanced
+    if layout.expert_parallel != 1:
+        doc["expert_parallel"] = layout.expert_parallel
+        doc["experts"] = [{"module": m, "experts": e} for m, e in layout.experts]
+    return doc
 
 
 def layout_from_record(value: Any, r: FieldReader, path: str) -> ParallelLayout:
@@ -109,13 +127,15 @@ def layout_from_record(value: Any, r: FieldReader, path: str) -> ParallelLayout:
         for i, item in enumerate(r.list(value.get(key, []), f"{path}.{key}")):
             p = f"{path}.{key}[{i}]"
             r.mapping(item, p)
-            r.known_keys(item, p, set(fields))
+            r.known_keys(item, p, set(fields) | ({"group"} if key == "collectives" else set()))
             out.append(tuple(r.string(r.get(item, k, p), f"{p}.{k}") if kind == "str"
                              else byte_count(r, r.get(item, k, p), f"{p}.{k}") if kind == "bytes"
                              else r.choice(r.get(item, k, p), f"{p}.{k}", COLLECTIVE_KINDS) if kind == "kind"
                              else r.choice(r.get(item, k, p), f"{p}.{k}", _COLLECTIVE_PHASES) if kind == "phase"
                              else r.integer(r.get(item, k, p), f"{p}.{k}", 1 if kind == "positive" else 0)
-                             for k, kind in fields.items()))
+                             for k, kind in fields.items())
+                       + ((r.choice(item.get("group", "tp"), f"{p}.group", COLLECTIVE_GROUPS),)
+                          if key == "collectives" else ()))
         return out
 
     collectives = tuple(Collective(*row) for row in rows(
@@ -127,4 +147,8 @@ def layout_from_record(value: Any, r: FieldReader, path: str) -> ParallelLayout:
         styles=tuple(rows("styles", {"module": "str", "style": "str"})),
         additions=tuple(rows("additions", {"module": "str", "what": "str"})),
         heads=tuple(rows("heads", {"module": "str", "heads": "int", "kv_heads": "int"})),
-        collectives=collectives)
+        collectives=collectives,
+        context_parallel=r.integer(value.get("context_parallel", 1), f"{path}.context_parallel", 1),
+        cp_load_balanced=r.boolean(value.get("cp_load_balanced", False), f"{path}.cp_load_balanced"),
+        expert_parallel=r.integer(value.get("expert_parallel", 1), f"{path}.expert_parallel", 1),
+        experts=tuple(rows("experts", {"module": "str", "experts": "positive"})))

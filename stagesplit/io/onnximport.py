@@ -2,10 +2,10 @@
 
 This module runs the import; each step is a module of its own. The file is read once and
 parsed within bounded memory (``onnxread``); the graph is checked before anything else reads it
-(``onnxcheck``); symbolic dimensions are bound by ``--dim NAME=VALUE`` and ``--batch N`` and the
+(``onnxcheck``); symbolic dimensions are bound by ``dims`` and ``batch`` and the
 shapes inferred, shape arithmetic folded where inference cannot follow it (``onnxshapes``); each
 node's FLOPs come from its operator and shapes (``onnxflops``); and the profile is built, with
-training's gradients, optimizer state and backward steps (``--training adam|sgd|none``), from the
+training's gradients, optimizer state and backward steps (``training``: adam, sgd or none), from the
 tensors' liveness (``onnxprofile``).
 """
 
@@ -14,7 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..common.text import one_line
-from ..errors import StagesplitError
+from ..errors import OptionError, StagesplitError
 from .onnxcheck import check_graph
 from .onnxprofile import DTYPES, OnnxImport, build_profile
 from .onnxread import load_model
@@ -41,9 +41,9 @@ def import_onnx(path: str | Path, target: Target, *, batch: int | None = None, d
     """Read ``path`` and build its profile on ``target`` (see the module docstring)."""
     onnx = _onnx()
     if training not in TRAINING:
-        raise StagesplitError(f"--training: expected one of {', '.join(TRAINING)}, got '{one_line(str(training))}'")
+        raise OptionError("training", f"expected one of {', '.join(TRAINING)}, got '{one_line(str(training))}'")
     if dtype is not None and dtype not in DTYPES:
-        raise StagesplitError(f"--dtype: expected one of {', '.join(DTYPES)}, got '{one_line(str(dtype))}'")
+        raise OptionError("dtype", f"expected one of {', '.join(DTYPES)}, got '{one_line(str(dtype))}'")
     dims = checked_dims(dims, batch)
     path = Path(path)
     src = str(path)

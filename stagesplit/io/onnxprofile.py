@@ -170,8 +170,8 @@ def build_profile(onnx, model, target: Target, training: str, dtype: str | None,
                 continue
             entry = shapes.get(o)
             if entry is not None and any(d is None for d in entry[0]):
-                raise ProfileError(src, f"graph.node[{n.name or i}]", "shapes that bind (pass --dim NAME=VALUE or "
-                                   "--batch N for the model's symbolic dimensions)",
+                raise ProfileError(src, f"graph.node[{n.name or i}]", "shapes that bind (pass `dims` NAME=VALUE or "
+                                   "`batch` N for the model's symbolic dimensions)",
                                    f"output '{o}' has a dimension that never binds")
             if entry is not None:
                 tensor_bytes(entry[0], 8 * entry[1], f"graph.node[{n.name or i}].output[{k}]", src)

@@ -1,6 +1,6 @@
 """The shapes of an ONNX graph's tensors, bound and inferred.
 
-Symbolic input dimensions are bound by ``--dim NAME=VALUE`` and ``--batch N`` (a symbolic first
+Symbolic input dimensions are bound by ``dims`` (name to size) and ``batch`` (a symbolic first
 dimension), each a whole number up to ``MAX_DIM``. ONNX shape inference (``data_prop=True``, within
 bounded memory) then gives every tensor its shape; shape arithmetic an export does at run time
 (``Shape -> Gather -> Range``), which inference cannot always follow, is evaluated once and folded
@@ -11,33 +11,19 @@ element size.
 from __future__ import annotations
 
 import math
-import re
 from typing import Any
 
 import numpy as np
 
-from ..common.text import one_line, short_repr
-from ..errors import OptionError, ProfileError, StagesplitError
+from ..common.text import short_repr
+from ..errors import OptionError, ProfileError
 from .onnxread import PARSE_BYTES_PER_BYTE, PARSE_MEMORY_BASE, address_space_limit
 
-__all__ = ["MAX_DIM", "parse_dims", "checked_dims", "bind_dims", "infer_shapes", "fold_shape_computations",
+__all__ = ["MAX_DIM", "checked_dims", "bind_dims", "infer_shapes", "fold_shape_computations",
            "shape_table", "numel"]
 
-#: --batch and --dim values (and any dimension bound from them) are at most this
+#: ``batch`` and ``dims`` values (and any dimension bound from them) are at most this
 MAX_DIM = 1 << 40
-
-
-def parse_dims(items: list[str]) -> dict[str, int]:
-    """--dim NAME=VALUE items."""
-    out = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        value = value.strip()
-        if not sep or not key.strip() or not re.fullmatch(r"[0-9]{1,20}", value) or not 1 <= int(value) <= MAX_DIM:
-            raise StagesplitError(f"--dim: expected NAME=VALUE with VALUE a whole number in 1..{MAX_DIM:,}, "
-                                  f"got '{one_line(item)[:80]}'")
-        out[key.strip()] = int(value)
-    return out
 
 
 def checked_dims(dims: dict[str, int] | None, batch: int | None) -> dict[str, int]:
@@ -58,7 +44,7 @@ def checked_dims(dims: dict[str, int] | None, batch: int | None) -> dict[str, in
 
 
 def bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None:
-    """Bind symbolic input dimensions: --dim NAME=VALUE, then --batch for a symbolic first dimension."""
+    """Bind symbolic input dimensions: ``dims`` by name, then ``batch`` for a symbolic first dimension."""
     initializers = {t.name for t in model.graph.initializer}
     for inp in model.graph.input:
         if inp.name in initializers or not inp.type.HasField("tensor_type"):
@@ -73,7 +59,7 @@ def bind_dims(model, dims: dict[str, int], batch: int | None, src: str) -> None:
                 d.dim_value = int(batch)
             else:
                 label = f"'{symbol}'" if symbol else f"axis {axis} (unnamed)"
-                hint = f"--dim {symbol}=VALUE" if symbol else "--batch N" if axis == 0 else "a model with a fixed shape"
+                hint = f"`dims` {symbol}=VALUE" if symbol else "`batch` N" if axis == 0 else "a model with a fixed shape"
                 raise ProfileError(src, f"graph.input[{inp.name}]", f"every dimension bound (pass {hint})",
                                    f"dimension {label} of input '{inp.name}' is not bound")
 

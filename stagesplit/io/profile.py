@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ProfileError
 
-__all__ = ["COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
+__all__ = ["COLLECTIVE_GROUPS", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
            "Liveness", "Operations", "PHASE_LABELS", "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs",
            "ROLES", "Ragged", "Target", "TileCosts", "Variables", "VertexCode", "narrowest_int"]
 
@@ -336,13 +336,16 @@ class Collective:
     """One collective one rank runs in the step: at operation ``step`` (its index), of ``kind``
     (``COLLECTIVE_KINDS``), moving a buffer of ``bytes`` (the whole buffer: an all-gather's
     output, a reduction's input), in a group of ``group_size`` ranks, in ``phase`` (forward,
-    loss, backward, recompute, optimizer), so that the step's time can price it."""
+    loss, backward, recompute, optimizer), so that the step's time can price it. ``group``: the
+    mesh dimension the group spans, ``tp`` (tensor parallelism: on every layer's critical path) or
+    ``cp`` (context parallelism's ring exchange: overlapped with the attention)."""
 
     step: int
     kind: str
     bytes: int
     group_size: int
     phase: str
+    group: str = "tp"
 
 
 @dataclass(frozen=True)
@@ -353,7 +356,9 @@ class ParallelLayout:
     ``plan`` says where the plan came from, ``styles`` each planned module's style and
     ``additions`` what sequence parallelism added (module, what); ``heads`` the heads and
     key/value heads a rank really holds per sharded attention; ``collectives`` what the rank
-    communicates."""
+    communicates. ``context_parallel`` ranks share each sequence (the rank holds one shard of
+    it, attention runs as a ring over the ranks' key/value blocks), ``cp_load_balanced`` where the
+    shards are torch's head and tail chunks."""
 
     tensor_parallel: int = 1
     sequence_parallel: bool = False
@@ -362,6 +367,15 @@ class ParallelLayout:
     additions: tuple[tuple[str, str], ...] = ()
     heads: tuple[tuple[str, int, int], ...] = ()
     collectives: tuple[Collective, ...] = ()
+    context_parallel: int = 1
+    cp_load_balanced: bool = False
+    #: ranks the routed experts are split over, and each experts module with its expert count
+    expert_parallel: int = 1
+    experts: tuple[tuple[str, int], ...] = ()
+
+
+#: the mesh dimensions a recorded collective may span
+COLLECTIVE_GROUPS = ("tp", "cp", "ep")
 
 
 @dataclass
@@ -584,6 +598,10 @@ def _validate_layout(layout: ParallelLayout, steps: int, source: str | None) -> 
     where = "parallel_layout"
     if layout.tensor_parallel < 1:
         raise ProfileError(source, f"{where}.tensor_parallel", "a whole number >= 1", layout.tensor_parallel)
+    if layout.expert_parallel < 1:
+        raise ProfileError(source, f"{where}.expert_parallel", "a whole number >= 1", layout.expert_parallel)
+    if layout.context_parallel < 1:
+        raise ProfileError(source, f"{where}.context_parallel", "a whole number >= 1", layout.context_parallel)
     for k, c in enumerate(layout.collectives):
         path = f"{where}.collectives[{k}]"
         if not 0 <= c.step < steps:
@@ -594,3 +612,5 @@ def _validate_layout(layout: ParallelLayout, steps: int, source: str | None) -> 
             raise ProfileError(source, f"{path}.bytes", "a byte count >= 0", c.bytes)
         if c.group_size < 1:
             raise ProfileError(source, f"{path}.group_size", "a whole number >= 1", c.group_size)
+        if c.group not in COLLECTIVE_GROUPS:
+            raise ProfileError(source, f"{path}.group", "one of " + ", ".join(COLLECTIVE_GROUPS), c.group)

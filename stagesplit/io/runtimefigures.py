@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_BYTES
-from .targets import _number, config_dir, exact_fields, read_yaml
+from .targets import _number, exact_fields, file_field, shipped_targets_document
 
 __all__ = ["DEFAULT_RUNTIME", "RuntimeFigures", "known_runtimes", "runtime_from_mapping", "runtime_of"]
 
@@ -48,8 +48,7 @@ def runtime_from_mapping(spec: Any, path: Path | str | None, prefix: str, source
 
 def known_runtimes() -> dict[str, RuntimeFigures]:
     """The shipped GPU targets' runtime figures, by target name (targets without one are left out)."""
-    path = config_dir() / "targets.yaml"
-    data = read_yaml(path)
+    path, data = shipped_targets_document()
     targets = data.get("targets", {}) if isinstance(data, dict) else {}
     return {name: runtime_from_mapping(spec["runtime"], path, f"targets.{name}.runtime", name)
             for name, spec in targets.items() if isinstance(spec, dict) and "runtime" in spec}
@@ -61,9 +60,8 @@ def runtime_of(name_or_path: str) -> RuntimeFigures:
     known = known_runtimes()
     if name_or_path in known:
         return known[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.is_file():
-        data = read_yaml(path)
-        if isinstance(data, dict) and "runtime" in data:
-            return runtime_from_mapping(data["runtime"], path, "runtime", str(path))
+    found = file_field(name_or_path, "runtime")
+    if found is not None:
+        path, spec = found
+        return runtime_from_mapping(spec, path, "runtime", str(path))
     return DEFAULT_RUNTIME

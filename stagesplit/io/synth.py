@@ -635,11 +635,11 @@ def _model(family: str, target: Target, seed: int, piece_bytes: int | None, prog
            params: dict) -> SynthModel:
     if family not in FAMILIES:
         raise KeyError(family)
-    for flag, value in (("--seed", seed), ("--piece-bytes", piece_bytes), ("--programs-per-op", programs_per_op),
-                        ("--layers", params.get("layers"))):
-        least = 0 if flag == "--seed" else 1
+    for parameter, value in (("seed", seed), ("piece_bytes", piece_bytes), ("programs_per_op", programs_per_op),
+                             ("layers", params.get("layers"))):
+        least = 0 if parameter == "seed" else 1
         if value is not None and value < least:
-            raise StagesplitError(f"invalid {flag} {value}: expected an integer >= {least}")
+            raise StagesplitError(f"invalid `{parameter}` {value}: expected an integer >= {least}")
     model = FAMILIES[family](tiles=target.tiles, **params)
     opt = replace(model.options, seed=seed)
     if piece_bytes is not None:

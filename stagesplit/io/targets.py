@@ -14,7 +14,8 @@ from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target
 
-__all__ = ["config_dir", "exact_fields", "known_targets", "load_layer_compute", "load_target", "read_yaml", "target_from_mapping",
+__all__ = ["config_dir", "exact_fields", "file_field", "known_targets", "load_layer_compute", "load_target",
+           "read_yaml", "shipped_targets_document", "target_from_mapping",
            "target_record", "yaml_number"]
 
 INT64_MAX = 2**63 - 1
@@ -39,6 +40,27 @@ def read_yaml(path: Path, what: str = "YAML file") -> Any:
     """Parse a YAML (or JSON) file safely: opened once, at most MAX_CONFIG_BYTES, no deep
     nesting, alias bombs or duplicate keys (see stagesplit/safeinput.py)."""
     return read_yaml_file(path, what)
+
+
+#: the shipped targets file as last parsed, with the (size, modification time) it had: a solve
+#: reads it for the profile's device and again for its runtime figures; parsing YAML in pure
+#: Python once per process is enough while the file is unchanged
+_SHIPPED: dict[Path, tuple[tuple[int, int], Any]] = {}
+
+
+def shipped_targets_document() -> tuple[Path, Any]:
+    """configs/targets.yaml (its path, its parsed document), parsed again only when it changed.
+    The document is shared: callers read it and build their own records from it."""
+    path = config_dir() / "targets.yaml"
+    try:
+        st = path.stat()
+        stamp = (st.st_size, st.st_mtime_ns)
+    except OSError:
+        return path, read_yaml(path)                 # read_yaml says why it cannot be read
+    cached = _SHIPPED.get(path)
+    if cached is None or cached[0] != stamp:
+        cached = _SHIPPED[path] = (stamp, read_yaml(path))
+    return path, cached[1]
 
 
 def yaml_number(value: Any) -> Any:
@@ -86,6 +108,18 @@ def exact_fields(spec: Any, fields: tuple[str, ...], path: Path | str | None, pr
     return spec
 
 
+def file_field(name_or_path: str, key: str) -> tuple[Path, Any] | None:
+    """A YAML target file's ``key`` field (its path and value), for the readers of a target's other
+    mappings (node, runtime); None where ``name_or_path`` names no such file or the file no such field."""
+    path = Path(name_or_path)
+    if path.suffix not in (".yaml", ".yml") or not path.is_file():
+        return None
+    data = read_yaml(path)
+    if isinstance(data, dict) and key in data:
+        return path, data[key]
+    return None
+
+
 def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: str = "") -> Target:
     """Build a Target from a YAML/JSON mapping, naming the file and field on bad input."""
     def at(key: str) -> str:      # field paths inside the file ("" prefix: the file is the target)
@@ -118,8 +152,7 @@ def target_from_mapping(name: str, spec: Any, path: Path | str | None, prefix: s
 
 def known_targets() -> dict[str, Target]:
     """The shipped device targets by name (configs/targets.yaml)."""
-    path = config_dir() / "targets.yaml"
-    data = read_yaml(path)
+    path, data = shipped_targets_document()
     if not isinstance(data, dict) or not isinstance(data.get("targets"), dict):
         raise ProfileError(path, "targets", "a mapping of target names to targets")
     return {name: target_from_mapping(name, spec, path, f"targets.{name}") for name, spec in data["targets"].items()}

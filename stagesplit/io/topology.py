@@ -11,7 +11,7 @@ from typing import Any
 
 from ..common.limits import MAX_DEVICES
 from ..errors import StagesplitError
-from .targets import _number, config_dir, exact_fields, read_yaml
+from .targets import _number, config_dir, exact_fields, file_field, read_yaml
 
 __all__ = ["Link", "NodeTopology", "known_nodes", "node_of", "node_from_mapping"]
 
@@ -68,11 +68,9 @@ def node_of(name_or_path: str) -> NodeTopology:
     nodes = known_nodes()
     if name_or_path in nodes:
         return nodes[name_or_path]
-    path = Path(name_or_path)
-    if path.suffix in (".yaml", ".yml") and path.exists():
-        data = read_yaml(path)
-        if isinstance(data, dict) and "node" in data:
-            return node_from_mapping(data["node"], path, "node")
+    found = file_field(name_or_path, "node")
+    if found is not None:
+        return node_from_mapping(found[1], found[0], "node")
     raise StagesplitError(f"target '{name_or_path}' has no node topology: expected one of {', '.join(nodes)} "
                           "or a YAML target file with a node field (gpus_per_node, intra_bytes_per_s, "
                           "intra_latency_s, inter_bytes_per_s, inter_latency_s)")

@@ -18,6 +18,11 @@ Two forms name them:
 Each proportion is in (0, 1] and differs from the others; no profile is named twice.
 Whether the profiles are variants of one model (the same layers) is checked once they are
 grouped into layers (``check_same_layers``).
+
+Variants of another kind live in one file: ``ParallelVariants``, one rank's profile at each of
+several tensor-parallel degrees (a capture given a list of degrees writes them; io/variantfile.py reads and
+writes the file). They are not chosen per stage: each degree is a layout of its own, which the
+layout search (plan/layouts.py) prices.
 """
 
 from __future__ import annotations
@@ -34,8 +39,9 @@ from ..common.text import show
 from ..errors import OptionError, StagesplitError
 from .profile import Profile
 
-__all__ = ["VARIANT_FILE_SUFFIXES", "VariantSource", "check_same_layers", "check_variants", "input_files",
-           "is_variants_file", "read_variants_file", "variant_argument", "variants_from_arguments"]
+__all__ = ["VARIANT_FILE_SUFFIXES", "ParallelVariants", "VariantSource", "check_same_layers", "check_variants",
+           "input_files", "is_variants_file", "parallel_degree", "parallel_variants", "read_variants_file",
+           "variant_argument", "variants_from_arguments"]
 
 #: a profile argument with one of these suffixes is a variants file
 VARIANT_FILE_SUFFIXES = (".yaml", ".yml")
@@ -189,3 +195,51 @@ def check_same_layers(names: Sequence[str], layers: Sequence[Sequence[str]]) -> 
         raise StagesplitError(f"variant {show(name)}: layer {i} is '{show(other[i])}', in the first variant "
                               f"({show(names[0])}) '{show(first[i])}': variants must be profiles of the same model "
                               "(the same layer names in the same order)")
+
+
+def parallel_degree(profile: Profile) -> int:
+    """The tensor-parallel degree a profile is one rank of: its recorded layout's, else 1 (a
+    profile of the whole model on one device)."""
+    layout = profile.info.parallel_layout
+    return layout.tensor_parallel if layout is not None else 1
+
+
+@dataclass(frozen=True)
+class ParallelVariants:
+    """One model captured as one rank at each of several tensor-parallel degrees: one profile per
+    degree, in ascending degree (made by ``parallel_variants``, which checks them). A file of one
+    plain profile reads as one variant."""
+
+    profiles: tuple[Profile, ...]
+
+    @property
+    def degrees(self) -> tuple[int, ...]:
+        return tuple(parallel_degree(p) for p in self.profiles)
+
+    def of(self, degree: int) -> Profile:
+        """The profile of ``degree`` (KeyError: none of that degree)."""
+        for p in self.profiles:
+            if parallel_degree(p) == degree:
+                return p
+        raise KeyError(degree)
+
+
+def parallel_variants(profiles: Sequence[Profile], where: str) -> ParallelVariants:
+    """The profiles as ``ParallelVariants``, sorted by degree; refused in one line naming ``where``
+    (a file) where two are of one degree, or where their recorded layers differ (the capture
+    groups every degree by the same module tree, so they are one model's only if they match)."""
+    if not profiles:
+        raise StagesplitError(f"{where}: expected at least one profile variant")
+    ordered = sorted(profiles, key=parallel_degree)
+    for a, b in zip(ordered, ordered[1:]):
+        if parallel_degree(a) == parallel_degree(b):
+            raise StagesplitError(f"{where}: two variants are rank profiles of tensor-parallel degree "
+                                  f"{parallel_degree(a)}: expected one per degree")
+    first = ordered[0].info.layer_grouping
+    for p in ordered[1:]:
+        grouping = p.info.layer_grouping
+        if first is not None and grouping is not None and grouping.layers != first.layers:
+            raise StagesplitError(f"{where}: the variant of tensor-parallel degree {parallel_degree(p)} has "
+                                  f"{len(grouping.layers)} layers recorded, degree {parallel_degree(ordered[0])} "
+                                  f"{len(first.layers)} (or other names): the variants must be one model's")
+    return ParallelVariants(tuple(ordered))

@@ -10,7 +10,7 @@ from ..io import load_profile
 from ..io.profile import Profile
 from ..layers import LayerAssignment, LayerOptions, group_layers
 from .costmodel import StageCostModel
-from .datasharding import DataLayout, shard_profile
+from .datasharding import DataLayout, kept_unsharded, shard_profile
 
 __all__ = ["Analysis"]
 
@@ -32,7 +32,8 @@ class Analysis:
         layers = group_layers(profile, layer_options)
         if layout is not None and layout.sharded:
             rank = shard_profile(profile, layers, layout)
-            return cls(rank, layers, StageCostModel(rank, layers, shared=shared), layout, profile)
+            model = StageCostModel(rank, layers, shared=shared, kept_unsharded=kept_unsharded(profile, layers, layout))
+            return cls(rank, layers, model, layout, profile)
         return cls(profile, layers, StageCostModel(profile, layers, shared=shared))
 
     @classmethod

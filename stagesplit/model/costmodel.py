@@ -58,12 +58,16 @@ class StageCostModel:
     """
 
     def __init__(self, profile: Profile, layers: LayerAssignment, shared: str = "every",
-                 compute: Mapping[str, float] | None = None, compute_source: str = "compute"):
+                 compute: Mapping[str, float] | None = None, compute_source: str = "compute",
+                 kept_unsharded: np.ndarray | None = None):
         if shared not in SHARED_POLICIES:
             raise OptionError("shared", f"expected one of {', '.join(SHARED_POLICIES)}, got {shared!r}")
         self.profile = profile
         self.layers = layers
         self.shared = shared
+        #: (L,) bytes FSDP2 leaves unsharded after each backward of a layer under a pipeline schedule
+        #: (model/datasharding.py's ``kept_unsharded``; None: none)
+        self.kept_unsharded = kept_unsharded
         self._stage_memory: dict[tuple[int, int], StageMemory] = {}
         L = layers.num_layers
         self.num_layers = L

@@ -44,7 +44,8 @@ from ..errors import OptionError, ProfileError
 from ..io.profile import ROLES, Liveness, Operations, Phase, Profile, Ragged, Variables
 from ..layers import LayerAssignment
 
-__all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "parameter_bytes_by_layer", "role_bytes", "shard_profile"]
+__all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "kept_unsharded", "parameter_bytes_by_layer", "role_bytes",
+           "shard_profile"]
 
 #: what each ZeRO stage shards, in words (the plan's text uses these)
 ZERO_STAGES = {0: "DDP: parameters, gradients and optimizer state replicated, gradient buckets",
@@ -161,9 +162,11 @@ def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
     return out
 
 
-def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray) -> np.ndarray:
+def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray, pipelined: bool = False) -> np.ndarray:
     """Each variable's FSDP group: the one layer whose operations use it, _ROOT for several (and
-    for parameters of a layer named outside its module), -1 for none."""
+    for parameters of a layer named outside its module, but under a pipeline, where each stage is a
+    root of its own and the export shards every module holding parameters on its own: there they
+    go with their layer), -1 for none."""
     v, ops = profile.variables, profile.operations
     op_of = ops.vars.row_ids()
     var_ids = ops.vars.values.astype(np.int64)
@@ -175,7 +178,8 @@ def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray
     np.minimum.at(low, var_ids[has], used_layer[has])
     np.maximum.at(high, var_ids[has], used_layer[has])
     group: np.ndarray = np.where(high < 0, -1, np.where(low == high, high, _ROOT))
-    _outside_to_root(profile, layers, role, group)
+    if not pipelined:
+        _outside_to_root(profile, layers, role, group)
     return group
 
 
@@ -217,7 +221,7 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
     nbytes = v.bytes.astype(np.int64).copy()
     add = _Additions()
 
-    group = _variable_groups(profile, layers, role)
+    group = _variable_groups(profile, layers, role, layout.pipelined)
     op_of = ops.vars.row_ids()
     var_ids = ops.vars.values.astype(np.int64)
 
@@ -430,6 +434,30 @@ def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout,
         if b1 >= 0:
             until = int(bounds.b1[prev]) + 1 if prev is not None and bounds.b1[prev] >= 0 else bounds.backward_end
             add.add(P, [(b1 + 1, until)], f"fsdp/reduce-scatter/{name}", ops_k)
+
+
+def kept_unsharded(profile: Profile, layers: LayerAssignment, layout: DataLayout | None) -> np.ndarray | None:
+    """Per layer, the parameter bytes FSDP2 leaves unsharded after each backward under a pipeline
+    schedule, until the layer's next forward reshards them (None where nothing is so kept).
+
+    torch's pipeline runtime turns ``reshard_after_backward`` off for every backward of a stage
+    (``stage.py``, ``backward_maybe_with_nosync``), and reshards only once the last micro-batch is
+    done; a forward's ``post_forward`` still reshards each group after it (``reshard_after_forward``).
+    So a chunk's groups stay whole from the end of its backward to its next forward: measured on the
+    exported pipeline (tests/exporters/test_export_tensor_parallel.py). ``profile`` is the
+    one-device profile (whole parameter bytes); without resharding after the forward the
+    parameters are held whole all step already."""
+    if layout is None or not (layout.pipelined and layout.zero == 3 and layout.reshard_after_forward):
+        return None
+    v = profile.variables
+    if v.role is None:
+        return None
+    role = np.asarray(v.role)
+    group = _variable_groups(profile, layers, role, pipelined=True)
+    out = np.zeros(layers.num_layers, np.int64)
+    pl = (role == _PARAM) & (group >= 0)
+    np.add.at(out, group[pl], v.bytes[pl].astype(np.int64))
+    return out
 
 
 def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:

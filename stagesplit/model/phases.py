@@ -81,6 +81,9 @@ class ChunkCosts:
     #: what a split backward's B frees when it ends (already taken off ``weight_stash``; still held
     #: at B's peak)
     input_backward_frees: np.ndarray
+    #: parameter bytes a backward leaves unsharded until the chunk's next forward (FSDP2 under a
+    #: pipeline schedule: model/datasharding.py's ``kept_unsharded``)
+    unsharded_after_backward: np.ndarray
     forward_time: np.ndarray
     backward_input_time: np.ndarray
     backward_weight_time: np.ndarray
@@ -115,6 +118,9 @@ class PhaseTable:
     #: norm saves a float32 copy of a bfloat16 input keeps neither its input nor its output for the
     #: backward, so a chunk's stash holds neither (None: every crossing tensor is stashed)
     forward_cut_unstashed: np.ndarray | None = None
+    #: (L,) per layer, the parameter bytes FSDP2 leaves unsharded after its backward under a pipeline
+    #: schedule, until its next forward (None: none)
+    unsharded_after_backward: np.ndarray | None = None
 
     @property
     def num_layers(self) -> int:
@@ -128,6 +134,10 @@ class PhaseTable:
             raise ValueError("every chunk needs at least one layer")
         prefix = np.vstack([np.zeros((1, 4)), np.cumsum(self.layer_times, axis=0)])
         times = prefix[b[1:]] - prefix[b[:-1]]
+        kept = np.zeros(len(a), np.int64)
+        if self.unsharded_after_backward is not None:
+            summed = np.concatenate([[0], np.cumsum(np.asarray(self.unsharded_after_backward, np.int64))])
+            kept = (summed[b[1:]] - summed[b[:-1]]).astype(np.int64)
         first_chunk, last_chunk = a == 0, b[1:] == self.num_layers
         return ChunkCosts(
             resident=self.resident[a, last], stash=self.stash[a, last], weight_stash=self.weight_stash[a, last],
@@ -142,7 +152,7 @@ class PhaseTable:
             .astype(np.int64),
             input_backward_frees=(np.zeros(len(a), np.int64) if self.input_backward_frees is None
                                   else self.input_backward_frees[last]),
-            forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
+            unsharded_after_backward=kept, forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
             optimizer_time=times[:, 3], time_unit=self.time_unit)
 
 
@@ -161,7 +171,7 @@ def _masked(model: _Model, columns: np.ndarray) -> _Model:
 _SPLIT_KINDS = ("backward_input", "backward_weight")
 
 
-def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -> ModelView | None:
+def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray], entries: _Entries) -> ModelView | None:
     """A view of ``model`` whose stash (variables a forward operation made that a backward one reads)
     and output gradients W reads (made by B, read by W) live on to the backward's end: torch's
     ``stage_backward_input`` runs the autograd graph with ``retain_graph=True``, so no saved tensor is
@@ -176,14 +186,12 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray]) -
     end_col = int(len(backward_cols) - np.argmax(backward_cols[::-1]))
     p = model.profile
     ops = p.operations
-    producer = _producers(model)
-    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
-    entry_var = ops.vars.values
+    producer, entry_op, entry_var = entries.producer, entries.entry_op, entries.entry_var
     phase_of_entry = ops.phase[entry_op]
     read_back = np.zeros(len(p.variables.bytes), bool)
     read_back[entry_var[(phase_of_entry == Phase.BACKWARD_INPUT) | (phase_of_entry == Phase.BACKWARD_WEIGHT)]] = True
     read_by_w = np.zeros(len(p.variables.bytes), bool)
-    read_by_w[entry_var[_weight_reads(model, producer, entry_op, entry_var)]] = True
+    read_by_w[entry_var[entries.weight_reads]] = True
     made = np.full(len(p.variables.bytes), -1, np.int64)
     known = producer >= 0
     made[known] = ops.phase[producer[known]]
@@ -225,7 +233,8 @@ def phase_table(model: ModelView) -> PhaseTable:
     stash = base.worst_bytes[base.k_index(2)] - plain
     peaks = {}
     forward_cut, backward_cut, unstashed = _cut_directions(model)
-    held = _held_through_backward(model, columns)
+    entries = _Entries.of(model)
+    held = _held_through_backward(model, columns, entries)
     # the held view keeps a range's output (read back only by the next layer) through its B and W: not
     # the chunk's, which the runtime detaches (held_output, the receive buffers count it)
     sent_on = np.maximum(forward_cut[1:] - unstashed[1:], 0)
@@ -237,17 +246,18 @@ def phase_table(model: ModelView) -> PhaseTable:
         table = price_all_ranges(_masked(view, mask), (1,))
         peaks[kind] = np.triu(table.worst_bytes[0] - plain - (sent_on[None, :] if split else 0))
     frees = _freed_at_input_backward(model)
-    weight_extra = _weight_gradients(model, columns) - frees[None, :]
+    weight_extra = _weight_gradients(model, entries) - frees[None, :]
     per_op, unit = _op_times(model)
     times = _layer_phase_times(model, per_op)
     diagonal = np.arange(L)
-    recompute = recompute_table(model, _producers(model), peaks["forward"][diagonal, diagonal],
+    recompute = recompute_table(model, entries.producer, peaks["forward"][diagonal, diagonal],
                                 peaks["full_backward"][diagonal, diagonal], per_op, unit)
     return PhaseTable(resident=np.triu(plain), stash=np.triu(stash), weight_stash=np.triu(stash + weight_extra),
                       peaks=peaks, model_output=_model_output(model), forward_cut=forward_cut,
                       backward_cut=backward_cut, layer_times=times, time_unit=unit, recompute=recompute,
                       input_backward_frees=frees, tied_with_first=_tied_with_first(model),
-                      forward_cut_unstashed=unstashed)
+                      forward_cut_unstashed=unstashed,
+                      unsharded_after_backward=getattr(model, "kept_unsharded", None))
 
 
 #: how a capture names the loss's operations (``capturing/profilebuild.py``: "loss/aten.sum")
@@ -268,6 +278,26 @@ def _model_output(model: ModelView) -> int:
     read = read[model.var_nal[read] & (producer[read] >= 0)]
     read = read[~loss[producer[read]]]
     return int(p.variables.bytes[read].sum())
+
+
+@dataclass(frozen=True)
+class _Entries:
+    """What the backward rules read of the capture, worked out once per phase table: each
+    variable's producer, and per (operation, variable) entry its operation, its variable and whether
+    W reads it under torch's split backward (``_weight_reads``)."""
+
+    producer: np.ndarray
+    entry_op: np.ndarray
+    entry_var: np.ndarray
+    weight_reads: np.ndarray
+
+    @classmethod
+    def of(cls, model: ModelView) -> _Entries:
+        ops = model.profile.operations
+        producer = _producers(model)
+        entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
+        entry_var = ops.vars.values
+        return cls(producer, entry_op, entry_var, _weight_reads(model, producer, entry_op, entry_var))
 
 
 def _producers(model: ModelView) -> np.ndarray:
@@ -299,7 +329,7 @@ def producers(model: ModelView) -> np.ndarray:
     return _producers(model)
 
 
-def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.ndarray:
+def _weight_gradients(model: ModelView, entries: _Entries) -> np.ndarray:
     """Per range, the bytes of output gradients a split backward's B makes and its W reads:
     not-always-live variables allocated by a B operation of the range and used by a W
     operation of the range (torch's split backward keeps them from B to W). (Counting the gradient
@@ -309,11 +339,8 @@ def _weight_gradients(model: ModelView, columns: dict[Phase, np.ndarray]) -> np.
     L = model.num_layers
     p = model.profile
     ops = p.operations
-    producer = _producers(model)
     op_layer = model.layers.op_layer
-    entry_op = np.repeat(np.arange(len(ops)), ops.vars.lengths())
-    entry_var = ops.vars.values
-    w_entry = _weight_reads(model, producer, entry_op, entry_var)
+    producer, entry_op, entry_var, w_entry = entries.producer, entries.entry_op, entries.entry_var, entries.weight_reads
     nal = model.var_nal
     out = np.zeros((L, L), np.int64)
     cand = np.unique(entry_var[w_entry])
@@ -502,7 +529,7 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarra
 def _op_times(model: ModelView) -> tuple[np.ndarray, str]:
     """Every operation's time: seconds on the chosen target where the roofline gives them, else
     the profile's compute unit; each layer's operations scaled to the layer's total (a layer
-    whose compute was given by hand, ``--layer-compute``, keeps its operations' shares)."""
+    whose compute was given by hand, ``layer_compute``, keeps its operations' shares)."""
     L = model.num_layers
     r = getattr(model, "roofline", None)
     if r is not None:

@@ -6,7 +6,7 @@ on the target (the roofline): the slower of doing its arithmetic at the achieved
 moving its bytes at the memory bandwidth. Cycles convert with ``clock_hz``; seconds are used as
 given. An operation whose bytes are unknown (NaN), or a target without a bandwidth, has only the
 compute term. Layer and stage times are sums of operation times. The target is the one chosen
-with ``--target``; the profile's own device is only the default.
+as ``target``; the profile's own device is only the default.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def compute_seconds_per_unit(target: Target, unit: str, efficiency: float = 1.0)
     """Seconds per unit of compute on ``target``; ``efficiency`` (achieved over peak) applies to
     FLOP rates only. None when the target cannot convert ``unit``."""
     if not 0 < efficiency <= 1:
-        raise StagesplitError(f"--efficiency must be in (0, 1], got {efficiency}")
+        raise StagesplitError(f"`efficiency` must be in (0, 1], got {efficiency}")
     seconds = target.seconds_per_unit(unit)
     if seconds is None:
         return None

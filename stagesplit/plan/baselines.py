@@ -1,5 +1,5 @@
 """What the user would do otherwise: each training framework's default split, as its own code
-computes it, so that ``solve --compare`` can price it under the same cost model as the optimal
+computes it, so that a solve's ``compare`` can price it under the same cost model as the optimal
 plan.
 
 The rules (each tested against the framework's own code where it installs:

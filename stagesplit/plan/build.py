@@ -52,7 +52,10 @@ def plan_profile(model: StageCostModel) -> PlanProfile:
                        path=None if p.info.path is None else str(p.info.path), sha256=sha,
                        tensor_parallel=layout.tensor_parallel if layout is not None else 1,
                        sequence_parallel=layout.sequence_parallel if layout is not None else False,
-                       tensor_parallel_styles=tuple(layout.styles) if layout is not None else ())
+                       tensor_parallel_styles=tuple(layout.styles) if layout is not None else (),
+                       sequence_parallel_additions=tuple(layout.additions) if layout is not None else (),
+                       context_parallel=layout.context_parallel if layout is not None else 1,
+                       expert_parallel=layout.expert_parallel if layout is not None else 1)
 
 
 def _rounded(seconds: float | None) -> float | None:

@@ -27,10 +27,11 @@ from .records import Plan, PlanInputs
 if TYPE_CHECKING:
     from ..model.costmodel import RangeTable, StageCostModel
     from ..model.phases import PhaseTable
-    from .advise import Advice, SweepResult, SweepRow
+    from .advise import Advice
     from .records import ScheduleCandidate
+    from .sweep import SweepResult, SweepRow
 
-#: a schedule ``--schedule auto`` solved: (schedule, chunks per device, its advice or None, why none)
+#: a schedule ``schedule='auto'`` solved: (schedule, chunks per device, its advice or None, why none)
 _Solved = tuple[str, int, "Advice | None", str]
 #: a schedule ranked by the quick search: ((rank, share or step), schedule, chunks per device, micro-batches)
 _Ranked = tuple[tuple[int, float], str, int, int]
@@ -117,7 +118,7 @@ def resolve(request: SolveRequest, analysis: Analysis, retry_bytes: tuple[int, .
 
 def price(resolved: Resolved, events: Events, max_devices: int | None = None) -> RangeTable:
     """Every layer range priced once, for every in-flight count the request can need."""
-    from .advise import price as price_ranges
+    from .search import price as price_ranges
     L = resolved.model.num_layers
     events.start(f"pricing the ranges of {L:,} layers that can fit a device")
     table = price_ranges(resolved.model, resolved.inputs.options, max_devices=max_devices, progress=events.update)
@@ -134,8 +135,8 @@ def scheduled(request: SolveRequest, model: StageCostModel) -> bool:
                       or model.profile.target.tiles != 1):
         assert request.recompute is not None
         raise OptionError("recompute", f"{request.recompute.value} needs a profile of one device that records each "
-                          "operation's phase (as stagesplit capture writes) and a pipeline schedule (--schedule 1f1b, "
-                          "zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
+                          "operation's phase (as stagesplit capture writes) and a pipeline schedule "
+                          "(`schedule='1f1b'`, zbv, ...); on IPUs, solve profile variants compiled at several memory proportions")
     if request.schedule is Schedule.NONE:
         return False
     ok = model.phase_cols is not None and model.profile.target.tiles == 1
@@ -163,8 +164,9 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
     """The plan of ``request`` on ``analysis``, searched until ``deadline``: under the schedule's
     own actions where the profile records phases (``scheduled``), each schedule in turn for
     the ``auto`` schedule, else on the stage-level model."""
-    from .advise import advise, advise_schedule
+    from .advise import advise
     from .build import with_reserved
+    from .scheduled import advise_schedule
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
         return _refit(with_reserved(_solve_auto(request, analysis, deadline, events), deadline), analysis, deadline,
@@ -209,8 +211,8 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
     each such device's excess back too, up to ``REFIT_ROUNDS`` times while the deadline leaves
     ``REFIT_MIN_SECONDS``; the plan says what was done in a note, and whether it fits then. A second
     solve that finds no split keeps the first plan."""
-    from .advise import advise_schedule
     from .build import with_reserved
+    from .scheduled import advise_schedule
     excess = _excess(plan)
     kept = plan.inputs.runtime_reserve
     if not any(excess) or kept is None:
@@ -262,7 +264,7 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
 def check_variants_request(request: SolveRequest) -> None:
     """Refuse what profile variants cannot be solved with (the API asks before reading them)."""
     if not request.schedule.one_stage_per_device:
-        raise OptionError("schedule", f"profile variants are solved with the stage-level model: --schedule none, "
+        raise OptionError("schedule", f"profile variants are solved with the stage-level model: `schedule='none'`, "
                           f"gpipe or 1f1b, not {request.schedule.value}")
     if request.recompute not in (None, RecomputeMode.NONE):
         raise OptionError("recompute", "profile variants already trade memory for time per stage (the memory "
@@ -288,9 +290,9 @@ def solve_variants(analyses: Sequence[Analysis], names: Sequence[str], proportio
                    variant_models={name: r.model for name, r in zip(names, resolved)})
 
 
-# -- --schedule auto ------------------------------------------------------------------------------
+# -- schedule='auto' --------------------------------------------------------------------------------
 
-#: the most chunks per device ``--schedule auto`` tries (each schedule that takes several: 1 to this)
+#: the most chunks per device ``schedule='auto'`` tries (each schedule that takes several: 1 to this)
 AUTO_MAX_CHUNKS_PER_RANK = 4
 
 
@@ -320,7 +322,7 @@ def _step(advice: Advice | None) -> float:
     return schedule.step_time
 
 
-#: a schedule ``--schedule auto``'s time limit stopped before any split of it was found
+#: a schedule ``schedule='auto'``'s time limit stopped before any split of it was found
 _NOT_SEARCHED = "the time limit was reached before a split of this schedule was found"
 
 
@@ -339,8 +341,8 @@ def _solve_auto(req: SolveRequest, analysis: Analysis, deadline: Deadline, event
 
 def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events) -> Plan:
     from ..solver.chunk_search import local_search
-    from .advise import advise_schedule, schedule_problem
     from .records import ScheduleCandidate
+    from .scheduled import advise_schedule, schedule_problem
     candidates = auto_candidates(req)
     if not candidates:
         raise OptionError("schedule", f"no schedule is valid for {req.devices} devices and {req.micro_batches} "
@@ -427,7 +429,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
         best = next((a for _, _, a, _ in plans if a is not None), None)
         if best is None and all(e == _NOT_SEARCHED for _, _, _, e in plans):
             raise TimeLimitReached(f"no split was found within the time limit ({req.time_limit:g} s); allow more "
-                                   "with --time-limit")
+                                   "with `time_limit`")
         if best is None:
             raise StagesplitError("no schedule could be solved: " + "; ".join(f"{k} (v={v}): {e}"
                                                                                for k, v, _, e in plans))
@@ -435,11 +437,11 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
     proven = plan.status == "optimal" and all(r.status in ("optimal", "slower", "infeasible", "refused") for r in rows)
     if plan.feasible:
         assert plan.schedule is not None          # a schedule solve's plan records its schedule
-        note = (f"--schedule auto: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
+        note = (f"`schedule='auto'`: {plan.schedule.kind} with {plan.schedule.chunks_per_rank} chunk(s) per device "
                 f"is the {'emptiest' if memory else 'fastest'} that fits of {len(rows)} tried"
                 + (" (proven: no other schedule has a faster split)" if proven and not memory else ""))
     else:
-        note = f"--schedule auto: none of the {len(rows)} schedules tried fits"
+        note = f"`schedule='auto'`: none of the {len(rows)} schedules tried fits"
     for message in best.warnings:
         events.warn(message)
     # the model the plans were solved on (the target's roofline applied, the phase table kept)
@@ -454,7 +456,7 @@ def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table: PhaseTable
     limit stopped with a lower bound below the fastest plan found (it might still beat it) is
     searched again, with all of that time and the fastest plan's step to beat, the one with the
     lowest bound first; its plan is replaced where the new one is faster."""
-    from .advise import advise_schedule
+    from .scheduled import advise_schedule
 
     retried: set[int] = set()
     while True:
@@ -495,12 +497,12 @@ def sweep(analysis: Analysis, request: SolveRequest, counts: list[int], events: 
           on_row: Callable[[SweepRow], None] | None = None) -> SweepResult:
     """Solve ``request`` for each device count in ``counts`` (each within the request's time
     limit), pricing every layer range once; a ``SweepResult``."""
-    from .advise import sweep as sweep_counts
+    from .sweep import sweep as sweep_counts
     resolved = resolve(request, analysis)
     is_scheduled = scheduled(request, resolved.model)
     table = None
     if not is_scheduled:               # priced for the least any count keeps back (the largest capacity)
-        from .advise import sweep_options
+        from .sweep import sweep_options
         widest = replace(resolved, inputs=replace(resolved.inputs, options=sweep_options(resolved.inputs, counts)))
         table = price(widest, events, max_devices=max(counts))
     phases = resolved.model.phase_table if is_scheduled else None

@@ -164,6 +164,14 @@ def _profile_document(profile: PlanProfile) -> dict[str, Any]:
         del doc["tensor_parallel"], doc["sequence_parallel"], doc["tensor_parallel_styles"]
     else:
         doc["tensor_parallel_styles"] = [list(pair) for pair in profile.tensor_parallel_styles]
+    if profile.sequence_parallel_additions:
+        doc["sequence_parallel_additions"] = [list(pair) for pair in profile.sequence_parallel_additions]
+    else:                                            # written only where sequence parallelism added something
+        del doc["sequence_parallel_additions"]
+    if profile.context_parallel == 1:                # written only where set: other plans' files unchanged
+        del doc["context_parallel"]
+    if profile.expert_parallel == 1:
+        del doc["expert_parallel"]
     if profile.one_tile:
         doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
     return doc
@@ -272,7 +280,7 @@ def read_plan(path: str | Path) -> Plan:
 
 
 def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
-    """``--schedule auto``'s table of every schedule tried."""
+    """``schedule='auto'``'s table of every schedule tried."""
     out = []
     for i, item in enumerate(r.list(value, "schedule_candidates")):
         p = f"schedule_candidates[{i}]"
@@ -431,7 +439,11 @@ def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
                        tensor_parallel=r.integer(p.get("tensor_parallel", 1), "profile.tensor_parallel", minimum=1),
                        sequence_parallel=r.boolean(p.get("sequence_parallel", False), "profile.sequence_parallel"),
                        tensor_parallel_styles=_styles(r, p.get("tensor_parallel_styles", []),
-                                                      "profile.tensor_parallel_styles"))
+                                                      "profile.tensor_parallel_styles"),
+                       sequence_parallel_additions=_styles(r, p.get("sequence_parallel_additions", []),
+                                                           "profile.sequence_parallel_additions"),
+                       context_parallel=r.integer(p.get("context_parallel", 1), "profile.context_parallel", minimum=1),
+                       expert_parallel=r.integer(p.get("expert_parallel", 1), "profile.expert_parallel", minimum=1))
 
 
 def _styles(r: FieldReader, value: Any, path: str) -> tuple[tuple[str, str], ...]:

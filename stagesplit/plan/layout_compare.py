@@ -26,7 +26,7 @@ from ..common.events import Events
 from ..errors import StagesplitError
 from ..io.profile import Profile
 from ..model.datasharding import DataLayout, role_bytes
-from .layouts import Analyze, LayoutPlan, LayoutRequest, search
+from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
 
 __all__ = ["Compared", "Comparison", "Reference", "compare", "model_size_b", "nemo_grid", "references"]
 
@@ -112,13 +112,14 @@ def references(size_b: float, gpus: int, layers: int, global_batch: int) -> list
 
 def _fixed(req: LayoutRequest, tp: int, pp: int, zero: int, size: int, time_limit: float) -> LayoutRequest:
     dp = req.gpus // (tp * pp)
-    return replace(req, tp=tp, pp=pp, dp=dp, zero=zero if dp > 1 else 0, micro_batch_size=size,
+    # (the compared layouts use neither context nor expert parallelism)
+    return replace(req, tp=tp, pp=pp, dp=dp, cp=1, ep=1, zero=zero if dp > 1 else 0, micro_batch_size=size,
                    time_limit=time_limit)
 
 
-def _price(analyze: Analyze, degrees: Sequence[int], req: LayoutRequest, deadline: Deadline) -> LayoutPlan | str:
+def _price(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, deadline: Deadline) -> LayoutPlan | str:
     """The search with every degree fixed, or why it cannot be laid out (one line)."""
-    if req.tp not in degrees:
+    if req.tp not in degrees:                # (a rank of CP or EP 1 is keyed by its TP degree alone)
         return f"no profile of tensor-parallel degree {req.tp} was given"
     if req.gpus % (req.tp or 1) or req.global_batch % ((req.dp or 1) * (req.micro_batch_size or 1)):
         return (f"the global batch {req.global_batch} is no multiple of micro-batches of {req.micro_batch_size} on "
@@ -136,11 +137,11 @@ def _faster(a: LayoutPlan, b: LayoutPlan) -> bool:
     return b.best is None or b.best.step_s is None or a.best.step_s < b.best.step_s
 
 
-def compare(analyze: Analyze, degrees: Sequence[int], req: LayoutRequest, chosen: LayoutPlan, deadline: Deadline,
+def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, chosen: LayoutPlan, deadline: Deadline,
             events: Events) -> Comparison:
     """Each compared layout priced as the search prices its own (module docstring)."""
     from fractions import Fraction
-    base = analyze(1 if 1 in degrees else min(degrees), DataLayout(), Fraction(1))
+    base = analyze(min(degrees, key=degrees_of), DataLayout(), Fraction(1))
     size = model_size_b(base.profile)
     layers = base.layers.num_layers
     rows: list[Compared] = []

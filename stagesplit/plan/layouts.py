@@ -26,7 +26,7 @@ from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
 from ..common.limits import MAX_DEVICES
 from ..errors import OptionError, StagesplitError
-from ..io.profile import Phase, Target
+from ..io.profile import ParallelLayout, Phase, Target
 from ..io.topology import NodeTopology
 from ..model.analysis import Analysis
 from ..model.communication import dp_exposed, ring_time
@@ -35,25 +35,61 @@ from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
 from .records import Plan
 
-__all__ = ["GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
-           "enumerate_layouts", "memory_floor", "search", "seconds", "solve_request", "step_of", "sweep_gpus"]
+__all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
+           "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search",
+           "seconds", "solve_request", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
 class Layout:
-    """One degree combination: ``tp * pp * dp`` GPUs, ZeRO ``zero``, ``micro_batches`` per step."""
+    """One degree combination: ``tp * cp * pp * dp`` GPUs, ZeRO ``zero``, ``micro_batches`` per step.
+
+    ``cp`` context-parallel ranks share each sample's sequence; as in Megatron and torchtitan they
+    share its gradients with the data-parallel ranks: gradients are reduced, and ZeRO shards,
+    over the ``dp x cp`` ranks of one tensor-parallel position and stage (``sync``)."""
 
     tp: int
     pp: int
     dp: int
     zero: int
     micro_batches: int
-    #: samples per micro-batch (``micro_batches x micro_batch_size x dp`` is the global batch)
+    cp: int = 1
+    #: expert-parallel ranks: as in Megatron, taken from the dp x cp ranks (``ep`` divides ``sync``),
+    #: not multiplied into the GPUs; each holds 1/ep of the routed experts
+    ep: int = 1
+    #: samples per micro-batch (``micro_batches x micro_batch_size x dp`` is the global batch;
+    #: context-parallel ranks share their samples)
     micro_batch_size: int = 1
 
+    @property
+    def sync(self) -> int:
+        """The ranks gradients are reduced (and ZeRO shards) across: data x context parallel."""
+        return self.dp * self.cp
+
     def describe(self) -> str:
-        return (f"TP {self.tp} x PP {self.pp} x DP {self.dp}, ZeRO {self.zero}, {self.micro_batches} micro-batches "
-                f"of {self.micro_batch_size}")
+        cp = f" x CP {self.cp}" if self.cp > 1 else ""
+        ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
+        return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
+                f"{self.micro_batches} micro-batches of {self.micro_batch_size}")
+
+
+#: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees, or
+#: (tensor-parallel, context-parallel, expert-parallel) degrees
+Degree = int | tuple[int, int] | tuple[int, int, int]
+
+
+def degrees_of(key: Degree) -> tuple[int, int, int]:
+    """(tp, cp, ep) of a rank's key (the degrees it leaves out are 1)."""
+    if isinstance(key, int):
+        return key, 1, 1
+    return int(key[0]), int(key[1]), int(key[2]) if len(key) > 2 else 1
+
+
+def key_of(lay: Layout) -> Degree:
+    """The key of the rank's profile a combination runs (the shortest that says its degrees)."""
+    if lay.ep > 1:
+        return lay.tp, lay.cp, lay.ep
+    return lay.tp if lay.cp == 1 else (lay.tp, lay.cp)
 
 
 @dataclass(frozen=True)
@@ -73,6 +109,10 @@ class LayoutRequest:
     dp: int | None = None
     zero: int | None = None
     reshard_after_forward: bool = True
+    #: the context-parallel degree fixed (None: every degree a profile was given for)
+    cp: int | None = None
+    #: the expert-parallel degree fixed (None: every degree a profile was given for, inside a node)
+    ep: int | None = None
     schedule: str = "1f1b"
     time_limit: float = 60.0
     #: what each solve keeps back on a device outside the profile (solve's ``runtime_reserve``)
@@ -112,6 +152,10 @@ class LayoutRow:
     #: one ``auto`` chose); empty where nothing was solved
     schedule: str = ""
     chunks_per_rank: int = 0
+    #: context parallelism's ring exchange left exposed after the attention it overlaps
+    cp_comm_s: float = 0.0
+    #: expert parallelism's all-to-alls (not overlapped)
+    ep_comm_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -134,40 +178,63 @@ def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) -> list[Layout]:
-    """Every combination the request allows: ``tp`` from the profiles given (at most one node),
-    ``pp`` at most the layers, ``dp`` the rest, micro-batches ``global_batch / (micro_batch_size
-    * dp)`` whole, ZeRO 0 to 3 with two or more data-parallel ranks (0 with one)."""
+def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: int) -> list[Layout]:
+    """Every combination the request allows: ``tp`` and ``cp`` from the profiles given (``tp`` at
+    most one node), ``pp`` at most the layers, ``dp`` the rest (``tp x cp x pp x dp = G``),
+    micro-batches ``global_batch / (micro_batch_size * dp)`` whole (context-parallel ranks share
+    their samples), ZeRO 0 to 3 where two or more ranks share the gradients (``dp x cp``; 0 with
+    one). An expert-parallel rank (``ep > 1``) runs where ``ep`` divides ``dp x cp`` (Megatron's
+    expert groups are carved from those ranks), inside a node unless ``ep`` is fixed (``tp x ep`` at
+    most the node's GPUs), under ZeRO 0 only (the distributed optimizer shards experts over the
+    expert-data-parallel ranks, which the rank's sharding does not yet tell apart)."""
     out = []
-    for tp in sorted(set(tp_degrees)):
-        if (req.tp is not None and tp != req.tp) or tp > req.node.gpus_per_node or req.gpus % tp:
+    for tp, cp, ep in sorted({degrees_of(d) for d in tp_degrees}):
+        if (req.tp is not None and tp != req.tp) or (req.cp is not None and cp != req.cp):
             continue
-        for pp in _divisors(req.gpus // tp):
-            dp = req.gpus // (tp * pp)
+        if (req.ep is not None and ep != req.ep) or (req.ep is None and tp * ep > req.node.gpus_per_node):
+            continue
+        if tp > req.node.gpus_per_node or req.gpus % (tp * cp):
+            continue
+        for pp in _divisors(req.gpus // (tp * cp)):
+            dp = req.gpus // (tp * cp * pp)
             if (req.pp is not None and pp != req.pp) or (req.dp is not None and dp != req.dp) or pp > layers:
                 continue
-            zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp > 1 else [0])
+            if (dp * cp) % ep:
+                continue
+            zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 and ep == 1 else [0])
             for mbs in req.micro_batch_sizes(dp):
                 M = req.global_batch // (mbs * dp)
                 for z in zeros:
-                    if z > 0 and dp == 1:
+                    if z > 0 and (dp * cp == 1 or ep > 1):
                         continue
-                    out.append(Layout(tp, pp, dp, z, M, mbs))
+                    out.append(Layout(tp, pp, dp, z, M, cp, ep, mbs))
     return out
 
 
-def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) -> list[Layout]:
+def check_request(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: int) -> list[Layout]:
     """The combinations, or one line naming the option that leaves none."""
     if req.gpus % req.node.gpus_per_node and req.gpus > req.node.gpus_per_node:
         raise OptionError("gpus_per_node", f"{req.node.gpus_per_node} GPUs per node does not divide {req.gpus} GPUs")
-    fixed = [(n, v) for n, v in (("tp", req.tp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
+    fixed = [(n, v) for n, v in (("tp", req.tp), ("cp", req.cp), ("pp", req.pp), ("dp", req.dp)) if v is not None]
+    if req.ep is not None and req.gpus % req.ep:
+        raise OptionError("ep", f"ep {req.ep} does not divide {req.gpus} GPUs")
     product = math.prod(v for _, v in fixed)
     if fixed and req.gpus % product:
         degrees = " x ".join(f"{n} {v}" for n, v in fixed) + (f" = {product}" if len(fixed) > 1 else "")
         raise OptionError(fixed[0][0], f"{degrees} does not divide {req.gpus} GPUs")
-    if req.tp is not None and req.tp not in tp_degrees:
+    pairs = sorted({degrees_of(d) for d in tp_degrees})
+    if req.tp is not None and req.tp not in {t for t, _, _ in pairs}:
         raise OptionError("tp", f"no profile of tensor-parallel degree {req.tp} was given (degrees: "
-                          f"{', '.join(map(str, sorted(tp_degrees)))})")
+                          f"{', '.join(map(str, sorted({t for t, _, _ in pairs})))})")
+    if req.cp is not None and req.cp not in {c for t, c, _ in pairs if req.tp is None or t == req.tp}:
+        raise OptionError("cp", f"no profile of context-parallel degree {req.cp} was given (degrees: "
+                          f"{', '.join(map(str, sorted({c for _, c, _ in pairs})))}: capture a rank at that degree)")
+    if req.ep is not None and req.ep not in {e for _, _, e in pairs}:
+        raise OptionError("ep", f"no profile of expert-parallel degree {req.ep} was given (degrees: "
+                          f"{', '.join(map(str, sorted({e for _, _, e in pairs})))}: capture a rank at that degree)")
+    if req.ep is not None and req.ep > 1 and req.zero not in (None, 0):
+        raise OptionError("ep", f"expert parallelism is laid out under ZeRO 0 only (the experts' optimizer state is "
+                          f"sharded over other ranks than the rest's), not ZeRO {req.zero}")
     layouts = enumerate_layouts(req, tp_degrees, layers)
     if not layouts:
         size = f"micro-batches of {req.micro_batch_size}" if req.micro_batch_size is not None else "micro-batches"
@@ -178,18 +245,29 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[int], layers: int) ->
 
 # -- pricing one solved combination ----------------------------------------------------------------
 
-def _tp_seconds(analysis: Analysis, node: NodeTopology) -> tuple[float, float]:
-    """A rank's tensor-parallel collectives from its profile's recorded layout (none recorded:
-    none priced): seconds per micro-batch, and seconds once per step (the optimizer's)."""
+def _recorded_layout(analysis: Analysis) -> ParallelLayout | None:
     layout = getattr(analysis.profile.info, "parallel_layout", None)
     if layout is None and analysis.source is not None:
         layout = getattr(analysis.source.info, "parallel_layout", None)
+    return layout
+
+
+def _tp_seconds(analysis: Analysis, node: NodeTopology, group: str = "tp") -> tuple[float, float]:
+    """A rank's tensor-parallel collectives from its profile's recorded layout (none recorded:
+    none priced): seconds per micro-batch, and seconds once per step (the optimizer's). With
+    ``group="ep"`` its expert-parallel all-to-alls, on the links of ranks ``tp x cp`` apart (Megatron
+    orders the ranks tp, cp, ep, dp, pp)."""
+    layout = _recorded_layout(analysis)
     if layout is None:
         return 0.0, 0.0
+    stride = 1 if group == "tp" else max(1, getattr(layout, "tensor_parallel", 1)) * \
+        max(1, getattr(layout, "context_parallel", 1))
     per_mb = once = 0.0
     for c in layout.collectives:
+        if getattr(c, "group", "tp") != group:      # (a record without groups: every collective TP's)
+            continue
         kind = "all_reduce" if c.kind.startswith("all_reduce") else c.kind
-        link = node.link(c.group_size)
+        link = node.link(c.group_size, stride)
         t = ring_time(kind, c.bytes, c.group_size, link.bytes_per_s, link.latency_s)
         if c.phase == "optimizer":
             once += t
@@ -198,21 +276,52 @@ def _tp_seconds(analysis: Analysis, node: NodeTopology) -> tuple[float, float]:
     return per_mb, once
 
 
+def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[float, float, float]:
+    """A rank's context-parallel ring exchange per micro-batch (its recorded ``cp`` collectives on
+    the ring's link), the attention it overlaps (the attention kernels' forward and backward
+    FLOPs at the target's peak: a lower bound on their time, so the exposure is not under-stated),
+    and what is left exposed: ``max(0, exchange - attention)``. torch and Megatron start each key/
+    value exchange before the attention of the blocks already held and wait for it only at the
+    next block, so the exchange hides under the attention up to its length (docs/layouts.md)."""
+    layout = _recorded_layout(analysis)
+    if layout is None or getattr(layout, "context_parallel", 1) <= 1:
+        return 0.0, 0.0, 0.0
+    comm = 0.0
+    for c in layout.collectives:
+        if c.group == "cp" and c.phase != "optimizer":
+            link = node.link(c.group_size, max(1, layout.tensor_parallel))
+            comm += ring_time(c.kind, c.bytes, c.group_size, link.bytes_per_s, link.latency_s)
+    ops = analysis.profile.operations
+    unit = target.seconds_per_unit(analysis.profile.compute_unit) or 0.0
+    phase = np.asarray(ops.phase)
+    names = ops.name
+    attention = sum(float(ops.compute[i]) for i in range(len(phase)) if phase[i] != Phase.OPTIMIZER
+                    and "scaled_dot_product" in names[i] and "attention" in names[i])
+    attention *= unit
+    return comm, attention, max(0.0, comm - attention)
+
+
 def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
             params: Sequence[int] | np.ndarray) -> tuple[float, float, float, float]:
     """(step, pipeline step, tensor-parallel seconds, data-parallel seconds) of a solved plan:
-    the pipeline's step lengthened by the tensor-parallel collectives in proportion (each
-    layer's work grows by the rank's collective time over its compute: exact for a stack of
-    identical blocks), then the slowest stage's exposed data-parallel communication added."""
+    the pipeline's step lengthened by the tensor-parallel collectives and context parallelism's
+    exposed ring exchange in proportion (each layer's work grows by the rank's collective time
+    over its compute: exact for a stack of identical blocks), then the slowest stage's exposed
+    data-parallel communication added (``step`` includes the context-parallel share,
+    ``cp_share`` gives it alone)."""
     s = plan.schedule
     assert s is not None                       # a schedule solve's plan records its schedule
     compute = sum(f + b + w for f, b, w in s.chunk_times)
     tp_mb, tp_once = _tp_seconds(analysis, req.node)
-    ratio = tp_mb / compute if compute > 0 else 0.0
+    ep_mb = _tp_seconds(analysis, req.node, "ep")[0]
+    cp_s = cp_share(plan, analysis, req)
+    ratio = (tp_mb + ep_mb + cp_seconds(analysis, req.node, req.target)[2]) / compute if compute > 0 else 0.0
     pipeline = s.step_time
-    tp_s = pipeline * ratio + tp_once
-    # the data-parallel group: ranks tp apart (tp fastest, then dp, then pp, as Megatron orders them)
-    link = req.node.link(layout.dp, layout.tp)
+    tp_s = pipeline * (tp_mb / compute if compute > 0 else 0.0) + tp_once
+    ep_s = pipeline * (ep_mb / compute if compute > 0 else 0.0)
+    # the gradients' group: the dp x cp ranks tp apart (tp fastest, then cp, then dp, then pp, as
+    # Megatron orders them)
+    link = req.node.link(layout.sync, layout.tp)
     ranks = s.chunk_ranks
     worst = 0.0
     for r in range(layout.pp):
@@ -223,10 +332,30 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
             layer_params.extend(int(params[k]) for k in range(st.first_layer, st.last_layer + 1))
         fwd = sum(s.chunk_times[c][0] for c in chunks) * (1 + ratio)
         bwd = sum(s.chunk_times[c][1] + s.chunk_times[c][2] for c in chunks) * (1 + ratio)
-        e = dp_exposed(layout.zero, layout.dp, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
+        e = dp_exposed(layout.zero, layout.sync, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
                        link.latency_s, req.reshard_after_forward)
         worst = max(worst, e.total)
-    return pipeline + tp_s + worst, pipeline, tp_s, worst
+    return pipeline + tp_s + cp_s + ep_s + worst, pipeline, tp_s, worst
+
+
+def ep_share(plan: Plan, analysis: Analysis, req: LayoutRequest) -> float:
+    """Expert parallelism's all-to-alls over the step: on every MoE layer's critical path (the
+    experts wait for their tokens), the pipeline's step times their seconds per micro-batch over a
+    micro-batch's compute, as the TP collectives."""
+    s = plan.schedule
+    assert s is not None
+    compute = sum(f + b + w for f, b, w in s.chunk_times)
+    return s.step_time * _tp_seconds(analysis, req.node, "ep")[0] / compute if compute > 0 else 0.0
+
+
+def cp_share(plan: Plan, analysis: Analysis, req: LayoutRequest) -> float:
+    """Context parallelism's exposed ring exchange over the step: the pipeline's step times the
+    exposed seconds per micro-batch over a micro-batch's compute (as the TP collectives)."""
+    s = plan.schedule
+    assert s is not None
+    compute = sum(f + b + w for f, b, w in s.chunk_times)
+    exposed = cp_seconds(analysis, req.node, req.target)[2]
+    return s.step_time * exposed / compute if compute > 0 else 0.0
 
 
 def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
@@ -234,7 +363,7 @@ def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
     gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
     (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``
     stages (the fullest holds at least the mean)."""
-    d = lay.dp
+    d = lay.sync
     sharded = (roles["param"] / (d if lay.zero >= 3 else 1) + roles["grad"] / (d if lay.zero >= 2 else 1)
                + roles["state"] / (d if lay.zero >= 1 else 1))
     rest = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
@@ -247,24 +376,25 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRe
     the link the pipeline's neighbours share (ranks ``tp * dp`` apart: inside a node only where
     the whole pipeline is)."""
     return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
-                        micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero,
+                        micro_batches=lay.micro_batches, dp=lay.sync, zero=lay.zero,
                         reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
-                        link_bandwidth=req.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s,
+                        link_bandwidth=req.node.link(lay.pp, lay.tp * lay.cp * lay.dp).bytes_per_s,
                         time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve)
 
 
 # -- the search ------------------------------------------------------------------------------------
 
-#: builds a rank's analysis for a tensor-parallel degree, a data layout and a micro-batch size (as a
-#: ratio to the captured one: model/batchscale.py); the API reads, scales and shards
-Analyze = Callable[[int, DataLayout, Fraction], Analysis]
+#: builds a rank's analysis for a rank's degrees (tp, or (tp, cp), or (tp, cp, ep)), a data layout
+#: and a micro-batch size (as a ratio to the captured one: model/batchscale.py); the API reads,
+#: scales and shards
+Analyze = Callable[[Degree, DataLayout, Fraction], Analysis]
 
 
-def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, deadline: Deadline,
+def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, deadline: Deadline,
            events: Events) -> LayoutPlan:
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
-    from .advise import advise_schedule
+    from .scheduled import advise_schedule
     base = {tp: analyze(tp, DataLayout(), Fraction(1)) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)
@@ -285,27 +415,31 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
         per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
         per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
-    tp_mb = {tp: _tp_seconds(a, req.node)[0] for tp, a in base.items()}     # at the captured size
+    tp_mb = {tp: _tp_seconds(a, req.node)[0] + _tp_seconds(a, req.node, "ep")[0]
+             + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}     # at the captured size
 
     def floor(lay: Layout) -> float:
         """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
-        the peak, and the TP collectives, which lengthen it) times the micro-batches over pp."""
-        return (per_mb[lay.tp] + tp_mb[lay.tp]) * float(ratio(lay)) * lay.micro_batches / lay.pp
+        the peak, and the TP collectives and CP's exposed exchange, which lengthen it) times the
+        micro-batches over pp."""
+        return (per_mb[key_of(lay)] + tp_mb[key_of(lay)]) * float(ratio(lay)) * lay.micro_batches / lay.pp
     # the same floor whatever the micro-batch size: every combination at the smallest size first (the
     # search at one size, with no scaling where it is the captured one), then each larger size with
     # the best step found as its cutoff
-    order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay.tp, lay.pp, lay.dp, lay.zero))
+    order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
     roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
     for lay in order:                    # the memory floor: refuted before anything is solved
         # at another micro-batch size only the activations (role other) change: at most x the
         # ratio smaller (model/batchscale.py), never smaller when the size grows
-        at = dict(roles[lay.tp], other=roles[lay.tp]["other"] * min(1.0, float(ratio(lay))))
+        key = key_of(lay)
+        at = dict(roles[key], other=roles[key]["other"] * min(1.0, float(ratio(lay))))
         need = memory_floor(at, lay)
-        if lay.dp > MAX_DEVICES:          # one stage's solve prices at most MAX_DEVICES data-parallel ranks
-            rows[lay] = LayoutRow(lay, "refused", f"{lay.dp:,} data-parallel ranks: a stage's solve takes at most "
-                                  f"{MAX_DEVICES:,}", capacity=capacity, proven=True)
+        if lay.sync > MAX_DEVICES:        # one stage's solve prices at most MAX_DEVICES data-parallel ranks
+            ranks = f"{lay.sync:,} data-parallel ranks" + (" (data x context)" if lay.cp > 1 else "")
+            rows[lay] = LayoutRow(lay, "refused", f"{ranks}: a stage's solve takes at most {MAX_DEVICES:,}",
+                                  capacity=capacity, proven=True)
             continue
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
@@ -348,13 +482,14 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
         share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
         if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
             share = max(share, deadline.left() / 4)
-        analysis = analyze(lay.tp, DataLayout(lay.dp, lay.zero, req.reshard_after_forward), ratio(lay))
+        analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
         # the TP collectives add at least that (the pipeline step is at least M x the work per
         # micro-batch over pp), the data-parallel communication only adds; the engine proves that
         # no split is faster than the cutoff
-        cutoff = best - lay.micro_batches * tp_mb[lay.tp] * float(ratio(lay)) / lay.pp if math.isfinite(best) else None
+        cutoff = best - lay.micro_batches * tp_mb[key_of(lay)] * float(ratio(lay)) / lay.pp \
+            if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
             if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):
@@ -398,9 +533,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
                                   f"{s.ranks[worst].capacity_bytes / 2**30:.1f} GiB", rank_peaks=peaks,
                                   capacity=capacity, proven=plan.status == "infeasible")
             continue
-        step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[lay.tp][0])
+        step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[key_of(lay)][0])
         rows[lay] = LayoutRow(lay, "solved", "", step, pipeline, tp_s, dp_s, s.bubble, peaks, capacity,
-                              proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank)
+                              proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank,
+                              cp_comm_s=cp_share(plan, analysis, req), ep_comm_s=ep_share(plan, analysis, req))
         plans[lay] = (plan, analysis)
         best = min(best, step)
     events.done()
@@ -421,10 +557,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     if top is None:
         return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
-    if plan.profile.tensor_parallel != top.layout.tp:
+    if (plan.profile.tensor_parallel, plan.profile.context_parallel, plan.profile.expert_parallel) != \
+            (top.layout.tp, top.layout.cp, top.layout.ep):
         # a rank's profile given for a degree without recording it (no capture --tp): the plan
         # still says which degree its rank is of, so that its exports lay the model out so
-        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp))
+        plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp,
+                                             context_parallel=top.layout.cp, expert_parallel=top.layout.ep))
     # the plan records the batch, so that the exports give each framework its micro-batch size
     plan = replace(plan, inputs=replace(plan.inputs, micro_batch_size=top.layout.micro_batch_size,
                                         global_batch=req.global_batch))
@@ -432,14 +570,15 @@ def search(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, dead
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
     mfu = None
-    rank = base[top.layout.tp].profile
+    rank = base[key_of(top.layout)].profile
     # model FLOPs: the forward and backward (recompute and the optimizer's step are not counted)
     ops = rank.operations
     fwd_bwd = np.isin(np.asarray(ops.phase), (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT))
     total = float(np.asarray(ops.compute)[fwd_bwd].sum()) if rank.compute_unit == "flops" else None
     if total is not None and flops:
-        # a rank's FLOPs per micro-batch, times tp ranks, times every micro-batch of every replica
-        mfu = total * top.layout.tp * req.global_batch / req.captured_batch / top.step_s / (req.gpus * flops)
+        # a rank's FLOPs per captured micro-batch, times tp x cp ranks, times every captured batch
+        mfu = (total * top.layout.tp * top.layout.cp * req.global_batch / req.captured_batch / top.step_s
+               / (req.gpus * flops))
     proven = all(r.proven for r in out)
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
                       tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))
@@ -454,7 +593,8 @@ def seconds(x: float) -> str:
 def _why_slower(r: LayoutRow, top: LayoutRow) -> str:
     """Which part of its step makes a fitting combination lose to the best: bubble or communication."""
     assert r.step_s is not None and top.step_s is not None and r.pipeline_s is not None and top.pipeline_s is not None
-    comm, top_comm = r.tp_comm_s + r.dp_comm_s, top.tp_comm_s + top.dp_comm_s
+    comm = r.tp_comm_s + r.cp_comm_s + r.ep_comm_s + r.dp_comm_s
+    top_comm = top.tp_comm_s + top.cp_comm_s + top.ep_comm_s + top.dp_comm_s
     if r.step_s <= top.step_s * (1 + 1e-9):
         if max(r.rank_peaks, default=0) > max(top.rank_peaks, default=0):
             return (f"memory: as fast as the best ({seconds(r.step_s)}), its fullest rank holds "
@@ -495,7 +635,7 @@ class GpuSweep:
         return min(fits) if fits else None
 
 
-def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, counts: Sequence[int],
+def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, counts: Sequence[int],
                deadline: Deadline, events: Events) -> GpuSweep:
     """``search`` for each GPU count in ``counts`` (``req`` with its ``gpus`` replaced), the one
     deadline split across them: each count gets the time left over the counts left. A count on
@@ -509,7 +649,7 @@ def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[int], req: LayoutRequest, 
         try:
             check_request(one, tp_degrees, layers)
         except OptionError as exc:
-            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "pp", "dp"):
+            if exc.parameter not in ("global_batch", "gpus_per_node", "tp", "cp", "ep", "pp", "dp"):
                 raise
             first = first or exc
             rows.append(GpuSweepRow(g, None, exc.detail))

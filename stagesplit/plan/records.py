@@ -57,7 +57,7 @@ class StagePlan:
     bytes_received: int
     bytes_sent: int
     #: stage time in the plan's compute unit with transfers in and out included (== compute
-    #: without --communication); None in plans written before it was recorded
+    #: without ``communication``); None in plans written before it was recorded
     time: float | None = None
     #: each of the stage's layers' activation recompute (none / selective / full); empty: none
     recompute: tuple[str, ...] = ()
@@ -136,6 +136,14 @@ class PlanProfile:
     sequence_parallel: bool = False
     #: the tensor-parallel plan torch applied (module path, style), as the capture recorded it
     tensor_parallel_styles: tuple[tuple[str, str], ...] = ()
+    #: what sequence parallelism added to that plan (module path, what), as the capture recorded it
+    sequence_parallel_additions: tuple[tuple[str, str], ...] = ()
+    #: the profile is one rank of this many context-parallel ranks (each holds a shard of every
+    #: sequence; attention as a ring): with the tensor-parallel ranks, each pipeline device is a
+    #: group of tensor_parallel x context_parallel GPUs
+    context_parallel: int = 1
+    #: the profile is one rank of this many expert-parallel ranks (1/ep of the routed experts)
+    expert_parallel: int = 1
 
     @property
     def one_tile(self) -> bool:
@@ -294,7 +302,7 @@ class ScheduleRecord:
 
 @dataclass(frozen=True)
 class ScheduleCandidate:
-    """One schedule ``--schedule auto`` tried, and what it gave."""
+    """One schedule ``schedule='auto'`` tried, and what it gave."""
 
     schedule: str
     chunks_per_rank: int
@@ -354,7 +362,7 @@ class Plan:
     #: how the plan runs under a pipeline schedule's own actions (None: a stage-level plan, one
     #: stage per device with its in-flight micro-batches)
     schedule: ScheduleRecord | None = None
-    #: with ``--schedule auto``: every schedule tried (the plan is the best of them)
+    #: with ``schedule='auto'``: every schedule tried (the plan is the best of them)
     candidates: tuple[ScheduleCandidate, ...] = ()
     #: the profile variants it was solved with (each stage records the one it takes); empty: one
     #: profile (``profile``, which with variants is the first variant's)

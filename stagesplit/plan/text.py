@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["seconds_text", "split_text", "step_text"]
+__all__ = ["joined", "seconds_text", "split_text", "step_text"]
 
 
 def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
@@ -33,3 +33,8 @@ def seconds_text(seconds: float) -> str:
     if abs(seconds) >= 1e-6:
         return f"{seconds / 1e-6:.3g} us"
     return f"{seconds / 1e-9:.3g} ns"
+
+
+def joined(items: list[str], word: str) -> str:
+    """``a, b and c`` (``word`` before the last item)."""
+    return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {word} {items[-1]}"

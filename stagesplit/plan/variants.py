@@ -29,9 +29,11 @@ from ..model.rangetable import OVER
 from ..model.traffic import layer_traffic
 from ..solver.dp import greedy
 from ..solver.problem import SolveOptions, SplitProblem, build_variant_problem
-from .advise import Advice, _tied_warnings, advise, explain_infeasible, inputs_of, price, result_message, search
+from .advise import Advice, advise, inputs_of, tied_warnings
 from .build import make_plan, plan_profile
+from .explain import explain_infeasible, result_message
 from .records import PlanInputs, PlanVariant
+from .search import price, search
 
 __all__ = ["advise_variants", "fit_table"]
 
@@ -81,7 +83,7 @@ def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], prop
                                    sha256=recorded.sha256))
     plan = make_plan(model, problem, result.split, inputs, method="cp-sat", traffic=traffic, result=result,
                      message=message, variant_models=models, variants=tuple(records))
-    warnings += _tied_warnings(plan)
+    warnings += tied_warnings(plan)
     advice = Advice(plan=plan, result=result, problem=problem, warnings=warnings)
     if inputs.request.compare:
         alone = replace(inputs, request=replace(inputs.request, compare=False))

@@ -40,12 +40,15 @@ class Breakdown:
     data_parallel: int | None = None
     #: the one-device profile ``model``'s was sharded from (None: ``model``'s own)
     one_device: Profile | None = None
+    #: one rank's cost model at each tensor-parallel degree of a file holding one per degree,
+    #: ``model`` being the first's (empty: a profile of one degree)
+    tensor_parallel: tuple[tuple[int, StageCostModel], ...] = ()
 
     @classmethod
-    def of(cls, model: StageCostModel, data_parallel: int | None = None, one_device: Profile | None = None
-           ) -> Breakdown:
+    def of(cls, model: StageCostModel, data_parallel: int | None = None, one_device: Profile | None = None,
+           tensor_parallel: tuple[tuple[int, StageCostModel], ...] = ()) -> Breakdown:
         return cls(model, layer_traffic(model), model.stage_memory(0, model.num_layers - 1), model.shared_memory(),
-                   data_parallel, one_device)
+                   data_parallel, one_device, tensor_parallel)
 
     def tables(self, sections: tuple[str, ...] = DEFAULT_SECTIONS, top_tiles: int = 10) -> list[Table]:
         """The text tables of the given sections, in order (default: the summary and the layers),
@@ -54,9 +57,41 @@ class Breakdown:
                     "totals": self.totals_table, "tiles": lambda: self.tiles_table(top_tiles),
                     "affinity": self.affinity_table, "communication": self.communication_table}
         out = [builders[s]() for s in sections]
+        if self.tensor_parallel:
+            out.append(self.tensor_parallel_table())
         if self.data_parallel is not None:
             out.append(self.data_parallel_table(self.data_parallel))
         return out
+
+    def tensor_parallel_rows(self) -> list[tuple[int, dict[str, int], int, int, int]]:
+        """Per tensor-parallel degree: the degree, one rank's always-live bytes by role
+        (``role_bytes``), its not-always-live bytes at its peak and the peak (the whole profile
+        as one stage, on its worst tile), and the bytes its collectives move per step."""
+        rows = []
+        for degree, model in self.tensor_parallel:
+            whole = model.stage_memory(0, model.num_layers - 1)
+            tile = whole.worst_tile()
+            layout = model.profile.info.parallel_layout
+            moved = sum(c.bytes for c in layout.collectives) if layout is not None else 0
+            rows.append((degree, role_bytes(model.profile), int(whole.not_always_live[tile]), whole.worst_bytes(),
+                         moved))
+        return rows
+
+    def tensor_parallel_table(self) -> Table:
+        """What each category becomes on one rank at each tensor-parallel degree."""
+        t = Table("One rank at each tensor-parallel degree (whole profile as one stage)",
+                  [Column("TP", "int"), Column("parameters", "bytes"), Column("gradients", "bytes"),
+                   Column("optimizer state", "bytes"), Column("other always-live", "bytes"),
+                   Column("activations at the peak", "bytes"), Column("peak", "bytes"),
+                   Column("collectives per step", "bytes")])
+        for degree, roles, transient, peak, moved in self.tensor_parallel_rows():
+            other = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
+            t.add(degree, roles["param"], roles["grad"], roles["state"], other, transient, peak, moved)
+        first = self.tensor_parallel[0][0]
+        t.note = (f"activations at the peak: the not-always-live bytes live at the rank's peak; collectives: the bytes "
+                  f"of every buffer the rank's collectives move in one step; the other tables are the TP {first} "
+                  "rank's")
+        return t
 
     def data_parallel_rows(self, dp: int) -> list[tuple[str, dict[str, int], int]]:
         """Per layout (one device, then ZeRO 0 to 3 on ``dp`` ranks, 3 with and without resharding
@@ -121,7 +156,7 @@ class Breakdown:
               self._bytes(whole.always_live.sum()))
         shared = self.shared.total().sum()
         t.add("used by no layer", f"{self._bytes(shared)}, counted on "
-              f"{'every stage' if m.shared == 'every' else 'no stage'} (--shared {m.shared})")
+              f"{'every stage' if m.shared == 'every' else 'no stage'} (`shared='{m.shared}'`)")
         roof = _roofline(m)
         compute = f"{m.layer_compute.sum() + m.shared_compute:.4g} {p.compute_unit}"
         if roof is not None:
@@ -135,7 +170,7 @@ class Breakdown:
                   + ("" if words.one_tile else " on its worst tile"))
             t.add("heaviest layer (compute)", f"{show(la.names[heavy])}: {m.layer_compute[heavy]:.4g} {p.compute_unit}")
         rest = [s for s in SECTIONS if s not in DEFAULT_SECTIONS and not (words.one_tile and s == "tiles")]
-        t.note = f"more: --sections {','.join(rest)}"
+        t.note = f"more: `sections={','.join(rest)}`"
         return t
 
     def grouping_table(self) -> Table:
@@ -149,7 +184,7 @@ class Breakdown:
                 t.add(rule.label, count, count / n)
         notes = [f"{len(la.names)} layers in {la.options.order.value} order: {', '.join(la.names)}",
                  f"{la.share_assigned:.0%} of operations have a layer; shared items are counted on "
-                 f"{'every stage' if self.model.shared == 'every' else 'no stage'} (--shared {self.model.shared})"]
+                 f"{'every stage' if self.model.shared == 'every' else 'no stage'} (`shared='{self.model.shared}'`)"]
         t.note = "\n".join(one_line(line) for line in notes + [f"warning: {w}" for w in la.warnings])
         return t
 
@@ -197,7 +232,7 @@ class Breakdown:
                   *(int(sm.category(k).sum()) for k in CODE), int(sm.total().sum()), sm.worst_tile(),
                   sm.worst_bytes(), int(sm.stash.sum()), float(m.layer_compute[l]), *extra)
         t.note = (f"shared items (used by no layer) on every layer: {self._bytes(self.shared.total().sum())}"
-                  if m.shared == "every" else "shared items are not counted (--shared none)")
+                  if m.shared == "every" else "shared items are not counted (`shared='none'`)")
         return t
 
     def totals_table(self) -> Table:

@@ -321,7 +321,7 @@ def diagnosis_tables(d: Diagnosis, gpu: bool | None = None) -> list[Table]:
                 for x in g.unattributed:
                     u.add(x.name, x.bytes, "always live" if x.always_live else "not always live",
                           "; ".join(x.operations) or "(no operation)")
-                u.note = "counted on every stage with --shared every (the default), on none with --shared none"
+                u.note = "counted on every stage with `shared='every'` (the default), on none with `shared='none'`"
                 tables.append(u)
     h = d.grouping
     t = Table("Layer grouping health", [Column("check"), Column("result")])

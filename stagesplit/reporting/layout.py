@@ -10,7 +10,7 @@ from collections import Counter
 
 from ..io.profile import ParallelLayout
 
-__all__ = ["tensor_parallel_line"]
+__all__ = ["context_parallel_line", "expert_parallel_line", "tensor_parallel_line"]
 
 
 def _bytes_text(nbytes: int) -> str:
@@ -31,10 +31,35 @@ def tensor_parallel_line(layout: ParallelLayout) -> str:
     if heads:
         text += "; per rank " + ", ".join(f"{h} attention head{'s' if h != 1 else ''} and {kv} KV head"
                                           f"{'s' if kv != 1 else ''}" for h, kv in heads)
-    kinds = Counter(c.kind for c in layout.collectives)
-    total = sum(c.bytes for c in layout.collectives)
-    count = len(layout.collectives)
-    text += f"; {count} collective{'s' if count != 1 else ''} per step"
+    return text + _collectives_text([c for c in layout.collectives if c.group == "tp"])
+
+
+def _collectives_text(collectives) -> str:
+    kinds = Counter(c.kind for c in collectives)
+    total = sum(c.bytes for c in collectives)
+    count = len(collectives)
+    text = f"; {count} collective{'s' if count != 1 else ''} per step"
     if kinds:
         text += " (" + ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) + f"), {_bytes_text(total)}"
     return text
+
+
+def context_parallel_line(layout: ParallelLayout) -> str:
+    """``rank 0 of 2 context-parallel ranks, the sequence in head and tail chunks; ring attention:
+    6 collectives per step (2 all_gather_into_tensor, 4 all_to_all_single), 48.0 KiB``."""
+    chunks = "in head and tail chunks" if layout.cp_load_balanced else "in contiguous shards"
+    return (f"rank 0 of {layout.context_parallel} context-parallel ranks, the sequence {chunks}; ring attention"
+            + _collectives_text([c for c in layout.collectives if c.group == "cp"]).replace("; ", ": ", 1))
+
+
+def expert_parallel_line(layout: ParallelLayout) -> str:
+    """``rank 0 of 2 expert-parallel ranks: 2 of 4 experts in each of 2 experts modules; 8 all-to-alls per
+    step, 128.0 KiB (composed from rules)``."""
+    counts = sorted({e for _, e in layout.experts})
+    per = "/".join(str(e // layout.expert_parallel) for e in counts)
+    modules = len(layout.experts)
+    exchanges = [c for c in layout.collectives if c.group == "ep"]
+    return (f"rank 0 of {layout.expert_parallel} expert-parallel ranks: {per} of {'/'.join(map(str, counts))} "
+            f"experts in each of {modules} experts module{'s' if modules != 1 else ''}; {len(exchanges)} "
+            f"all-to-all{'s' if len(exchanges) != 1 else ''} per step, {_bytes_text(sum(c.bytes for c in exchanges))} "
+            "(composed from rules)")

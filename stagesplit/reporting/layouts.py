@@ -42,8 +42,10 @@ def layouts_text(lp: LayoutPlan) -> str:
         assert b.step_s is not None
         lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
         lines.append(f"step: {seconds(b.step_s)} (pipeline {seconds(b.pipeline_s or 0.0)}, tensor-parallel "
-                     f"communication {seconds(b.tp_comm_s)}, data-parallel communication exposed "
-                     f"{seconds(b.dp_comm_s)})")
+                     f"communication {seconds(b.tp_comm_s)}, "
+                     + (f"context-parallel exchange exposed {seconds(b.cp_comm_s)}, " if b.layout.cp > 1 else "")
+                     + (f"expert-parallel all-to-all {seconds(b.ep_comm_s)}, " if b.layout.ep > 1 else "")
+                     + f"data-parallel communication exposed {seconds(b.dp_comm_s)})")
         rate = f"{lp.samples_per_s:,.1f} samples/s" if lp.samples_per_s is not None else ""
         if lp.tokens_per_s_per_gpu is not None:
             rate += f", {lp.tokens_per_s_per_gpu:,.0f} tokens/s per GPU"
@@ -65,16 +67,20 @@ def layouts_text(lp: LayoutPlan) -> str:
         lines.append(f"not proven: the time limit stopped {unknown} combination(s) before a split was found and "
                      f"{open_} before their split was proven optimal")
     lines.append("")
-    lines.append(f"{'tp':>3} {'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10} {'S':>4}  why")
+    # cp and ep columns only where some row has context or expert parallelism
+    cp, ep = any(r.layout.cp > 1 for r in lp.rows), any(r.layout.ep > 1 for r in lp.rows)
+    lines.append(f"{'tp':>3} " + f"{'cp':>3} " * cp + f"{'ep':>3} " * ep
+                 + f"{'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10} {'S':>4}  why")
     for r in lp.rows:
-        lines.append(_row(r))
+        lines.append(_row(r, cp, ep))
     return "\n".join(lines) + "\n"
 
 
-def _row(r: LayoutRow) -> str:
+def _row(r: LayoutRow, cp: bool = False, ep: bool = False) -> str:
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
-    return (f"{lay.tp:>3} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} "
+    degrees = f"{lay.tp:>3}" + f" {lay.cp:>3}" * cp + f" {lay.ep:>3}" * ep
+    return (f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} "
             f"{lay.micro_batch_size:>4}  {r.reason}")
 
 
@@ -85,7 +91,8 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
             "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
             "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
-            "chunks_per_rank": r.chunks_per_rank or None}
+            "chunks_per_rank": r.chunks_per_rank or None, "cp": lay.cp, "cp_comm_s": r.cp_comm_s,
+            "ep": lay.ep, "ep_comm_s": r.ep_comm_s}
 
 
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:

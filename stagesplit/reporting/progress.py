@@ -3,8 +3,8 @@
 In a terminal each phase is one live line (a spinner, the phase, a bar and count when the
 phase reports its size, the elapsed time) that is cleared when the phase ends, so nothing is
 left glued to the output that follows. When stderr is not a terminal nothing is shown, unless
-forced (``--progress``): then each phase prints one plain line when it ends, with its count and
-duration, for logs.
+forced (``Progress(enabled=True)``): then each phase prints one plain line when it ends, with its
+count and duration, for logs.
 """
 
 from __future__ import annotations

@@ -3,7 +3,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from ..common.text import one_line
 from ..plan.records import Plan
@@ -109,7 +109,7 @@ def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
               w.worst_tile_bytes / w.capacity_bytes, *([w.worst_tile_bytes] if gpu else []), p.status,
               p.short_split_text())
     if rows and rows[0].plan.inputs.micro_batches_auto:
-        t.note = (f"--micro-batches not given: each row uses as many micro-batches as devices (the fewest that "
+        t.note = (f"`micro_batches` not given: each row uses as many micro-batches as devices (the fewest that "
                   f"fill its {rows[0].plan.inputs.schedule.value} pipeline)")
     elif rows and rows[0].plan.notes:
         t.note = rows[0].plan.notes[0]
@@ -136,15 +136,15 @@ def _schedule_sweep_table(rows: Sequence, gpu: bool) -> Table:
               *([fullest.peak_bytes] if gpu else []), sum(st.recomputed_layers for st in p.stages), p.status,
               p.short_split_text())
     if rows and rows[0].plan.inputs.micro_batches_auto:
-        t.note = "--micro-batches not given: each row uses as many micro-batches as chunks (devices x chunks per device)"
+        t.note = "`micro_batches` not given: each row uses as many micro-batches as chunks (devices x chunks per device)"
     return t
 
 
 def candidates_table(plan: Plan) -> Table:
-    """``--schedule auto``: every schedule tried, fastest first, the plan's marked."""
+    """``schedule='auto'``: every schedule tried, fastest first, the plan's marked."""
     unit = plan.schedule.time_unit if plan.schedule else "seconds"
     step = Column("step (ms)" if unit == "seconds" else f"step ({unit})", "float")
-    t = Table("Schedules tried (--schedule auto)", [Column("schedule"), Column("chunks per device", "int"),
+    t = Table("Schedules tried (`schedule='auto'`)", [Column("schedule"), Column("chunks per device", "int"),
                                                    Column("status"), step, Column("bubble", "percent"),
                                                    Column("fullest device", "percent"), Column("solve (s)", "float", 2),
                                                    Column("note", "text", 3)])
@@ -187,6 +187,13 @@ def layout_lines(plan: Plan) -> list[str]:
     lines = []
     if p.tensor_parallel > 1:
         lines.append(tensor_parallel_text(p.tensor_parallel, p.sequence_parallel, _devices_used(plan), request.dp))
+    if p.context_parallel > 1:
+        lines.append(f"context parallel: the profile is one of {p.context_parallel} context-parallel ranks (each holds "
+                     f"1/{p.context_parallel} of every sequence, attention as torch's ring); the data-parallel ranks "
+                     "are data x context parallel (the gradients are shared over both)")
+    if p.expert_parallel > 1:
+        lines.append(f"expert parallel: each rank holds 1/{p.expert_parallel} of the routed experts (composed from "
+                     f"rules); the {p.expert_parallel} expert-parallel ranks are taken from the data-parallel ones")
     if request.dp > 1:
         lines.append(f"data parallel: {request.data_layout().describe()}")
     return lines
@@ -225,11 +232,13 @@ def kept_back_line(plan: Plan) -> str | None:
     return text
 
 
-def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None) -> str:
+def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = None,
+               naming: Callable[[str], str] | None = None) -> str:
     """What ``solve`` prints: what was asked (the profile, named by ``profile`` where it has no
     name of its own, the devices and their memory, the objective and schedule), the summary and
     why, the comparison with what the user would do otherwise, and the tables, fitted to
-    ``width`` columns (None: no limit); on a GPU (``gpu``) in GiB without the IPU-only columns."""
+    ``width`` columns (None: no limit); on a GPU (``gpu``) in GiB without the IPU-only columns.
+    ``naming``: how the caller names things in the tables (reporting/table.py's ``worded``)."""
     inputs, o, p = plan.inputs, plan.inputs.options, plan.profile
     cap = o.capacities[0] if o.capacities else p.bytes_per_tile
     size = f"{cap / 2**30:,.2f} GiB each" if gpu else f"{p.tiles:,} tiles x {cap:,} bytes"
@@ -257,9 +266,9 @@ def solve_text(plan: Plan, profile: str | None, gpu: bool, width: int | None = N
         text += "".join(f"  {one_line(compare_line(c))}\n" for c in comparisons(plan, plan.baselines, words))
     if plan.stages:
         table = stages_table(plan)
-        text += "\n" + render([gpu_view(table) if gpu else table], width=width)
+        text += "\n" + render([gpu_view(table) if gpu else table], width=width, naming=naming)
     if plan.baselines:
-        text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width)
+        text += "\n" + render([comparison_table([plan] + plan.baselines, gpu=gpu)], width=width, naming=naming)
     if plan.candidates:
-        text += "\n" + render([candidates_table(plan)], width=width)
+        text += "\n" + render([candidates_table(plan)], width=width, naming=naming)
     return text

@@ -8,14 +8,14 @@ import json
 import math
 import numbers
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from ..common.text import one_line
 
 __all__ = ["BYTE_COUNT_COLUMNS", "Column", "FORMATS", "IPU_ONLY_COLUMNS", "Table", "formatted", "gpu_view", "render",
-           "render_text"]
+           "render_text", "worded"]
 
 FORMATS = ("text", "csv", "tsv", "json")
 
@@ -120,10 +120,22 @@ def formatted(table: Table) -> tuple[list[str], list[list[str]]]:
     return headers, cells
 
 
-def render_text(table: Table, width: int | None = None) -> str:
+def worded(table: Table, naming: Callable[[str], str] | None) -> Table:
+    """The table with ``naming`` applied to its title, note and text cells: how a caller that
+    names things differently (the command line names parameters by their flags) has them laid
+    out in its own words, before the columns are measured."""
+    if naming is None:
+        return table
+    rows = [[naming(v) if isinstance(v, str) else v for v in row] for row in table.rows]
+    return Table(naming(table.title), table.columns, rows, naming(table.note))
+
+
+def render_text(table: Table, width: int | None = None, naming: Callable[[str], str] | None = None) -> str:
     """The table as aligned text. With ``width`` (a terminal's columns), columns are left out,
     those with the highest ``drop`` first (never those with ``drop`` 0), then the widest text
-    column's cells are cut, until every line fits; a last line names what was left out."""
+    column's cells are cut, until every line fits; a last line names what was left out.
+    ``naming``: see ``worded``."""
+    table = worded(table, naming)
     headers, cells = formatted(table)
     shown = list(range(len(table.columns)))
     widths = [max([len(h)] + [len(c) for c in col]) for h, col in zip(headers, cells)]
@@ -158,8 +170,9 @@ def render_text(table: Table, width: int | None = None) -> str:
     if table.note:
         out.append(table.note)
     if hidden:
-        out.append(f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} characters: "
-                   f"{', '.join(hidden)}; --wide shows them)")
+        left_out = (f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} characters: "
+                    f"{', '.join(hidden)}; `wide` shows them)")
+        out.append(naming(left_out) if naming is not None else left_out)
     return "\n".join(out)
 
 
@@ -171,11 +184,13 @@ def _plain(value: Any) -> Any:
     return value
 
 
-def render(tables: Sequence[Table], fmt: str = "text", width: int | None = None) -> str:
+def render(tables: Sequence[Table], fmt: str = "text", width: int | None = None,
+           naming: Callable[[str], str] | None = None) -> str:
     """All tables in one of FORMATS (text fitted to ``width`` characters when given). CSV/TSV
-    put a ``# title`` line before each table."""
+    put a ``# title`` line before each table. ``naming``: see ``worded``."""
     if fmt == "text":
-        return "\n\n".join(render_text(t, width) for t in tables) + "\n"
+        return "\n\n".join(render_text(t, width, naming) for t in tables) + "\n"
+    tables = [worded(t, naming) for t in tables]
     if fmt == "json":
         doc = [{"title": t.title, "columns": [c.name for c in t.columns],
                 "rows": [{c.name: _plain(v) for c, v in zip(t.columns, row)} for row in t.rows],

@@ -324,7 +324,7 @@ def _stage_model_why(plan: Plan, model, words: DeviceWords, headroom: str) -> st
     floor = float(figures.layers[slowest])
     if float(own.sum()) <= floor * (1 + SAME):
         return (f"why: the compute of layer {plan.layer_names[slowest]} alone binds stage {stage.stage}: more "
-                f"devices cannot help below {text(floor)} per micro-batch (a finer --layer-regex, or tensor "
+                f"devices cannot help below {text(floor)} per micro-batch (a finer `layer_regex`, or tensor "
                 f"parallelism inside that layer, would); {headroom}")
     lower = next((n for n in range(plan.devices + 1, len(values) + 1) if values[n - 1] < have * (1 - TOLERANCE)),
                  None)
@@ -443,9 +443,9 @@ def _schedule_why(plan: Plan, model, words: DeviceWords, headroom: str) -> str:
 
 
 def _schedule_problem(plan: Plan, model):
-    """The chunk-split problem ``plan`` was solved as (plan/advise.py), or None where ``model``
+    """The chunk-split problem ``plan`` was solved as (plan/scheduled.py), or None where ``model``
     cannot give it (no phases, another model)."""
-    from ..plan.advise import schedule_problem
+    from ..plan.scheduled import schedule_problem
     table = _table(model)
     if table is None or table.num_layers != len(plan.layer_names):
         return None
@@ -528,14 +528,14 @@ def why_line(plan: Plan, model, words: DeviceWords) -> str:
     headroom = headroom_text(plan, words)
     if plan.status != "optimal":
         return ("why: the search stopped at its time limit, so what binds this split is not known; allow more "
-                f"--time-limit for a proven split; {headroom}")
+                f"`time_limit` for a proven split; {headroom}")
     o = plan.inputs.options
     if o.objective == "memory":
         kind = "device" if plan.schedule is not None else "stage"
         return (f"why: the objective is memory: no split on {plan.devices} devices leaves its fullest {kind} "
                 f"emptier (more devices, fewer micro-batches in flight or recompute may); {headroom}")
     if o.objective == "devices" and o.exact:
-        return f"why: --exact uses all {plan.devices} devices, so the device count was given, not searched; {headroom}"
+        return f"why: `exact` uses all {plan.devices} devices, so the device count was given, not searched; {headroom}"
     if o.objective == "devices":
         used = len(plan.schedule.ranks) if plan.schedule is not None else len(plan.stages)
         are = "device is the fewest that holds" if used == 1 else "devices are the fewest that hold"

@@ -160,7 +160,9 @@ def _start(search: _Search, hint: ChunkResult | None, deadline: Deadline) -> Mod
         hint = local_search(problem, budget_s=min(2.0, deadline.left() / 4), seen=seen)
     seen.append(hint)
     search.best = hint if hint.feasible else None
-    signatures = memory_signatures(problem.schedule)    # after the hint: a split to return if time runs out
+    kept = problem.table.unsharded_after_backward       # FSDP2 under a schedule: parameters left unsharded
+    signatures = memory_signatures(problem.schedule, unsharded=kept is not None and bool(np.any(kept)))
+    # (after the hint: a split to return if time runs out)
     for r in sorted(seen, key=lambda r: r.key(problem))[:MAX_SEED_PATHS]:
         search.add_path(search.path_of(r))
     return model_tables(problem, signatures, search.scale)

@@ -464,8 +464,8 @@ def _rank_forms(sig: tuple[RankSignatures, ...], q: _Figures, C: int) -> list[li
             terms = [q["resident"][c] for c in chunks]
             for c in range(C):
                 for name, counts in (("stash", rs.stash_counts), ("weight_stash", rs.weight_stash_counts),
-                                     ("retained", rs.retained_counts)):
-                    if counts[k, c]:
+                                     ("retained", rs.retained_counts), ("unsharded", rs.unsharded_counts)):
+                    if counts[k, c] and name in q:
                         terms.append(int(counts[k, c]) * q[name][c])
             if signature.op is None:
                 terms += [q["optimizer"][c] for c in chunks]

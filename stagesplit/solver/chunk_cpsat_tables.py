@@ -51,7 +51,8 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
                 for k, signature in enumerate(rs.signatures):
                     check_deadline(_BUILDING)
                     term = (int(rs.stash_counts[k, c]) * stash[c] + int(rs.weight_stash_counts[k, c])
-                            * weight_stash[c] + int(rs.retained_counts[k, c]) * retained[c])
+                            * weight_stash[c] + int(rs.retained_counts[k, c]) * retained[c]
+                            + int(rs.unsharded_counts[k, c]) * mem.get("unsharded", 0))
                     if signature.op is None:
                         term = term + mem["optimizer"]
                     elif signature.chunk == c:
@@ -82,7 +83,7 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
     # what a backward leaves until the step's end, by link: the real placement says which are remote
     names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
-             "full_backward", "optimizer", "stash_handed", "weight_stash_handed")
+             "full_backward", "optimizer", "stash_handed", "weight_stash_handed", "unsharded")
     out = {n: np.zeros((L, L), np.int64) for n in names}
     # chunk position matters only through "first" (a == 0) and "last" (b == L - 1); a range's
     # figures as the only chunk of a one-chunk split would mix both, so build each from a split
@@ -108,8 +109,10 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
                            ("retained_on", cc.sent_forward), ("retained_back", cc.sent_backward),
                            ("forward", cm.forward_peak), ("backward", cm.backward_peak),
                            ("weight", cm.weight_peak), ("full_backward", cm.full_backward_peak),
-                           ("optimizer", cm.optimizer_peak)):
+                           ("optimizer", cm.optimizer_peak), ("unsharded", cm.unsharded)):
                 out[n][a, b] = arr[i]
+    if not out["unsharded"].any():       # only FSDP2 under a schedule keeps any: no lookups for it otherwise
+        del out["unsharded"]
     return out
 
 

@@ -99,7 +99,9 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     * where the backward is not split: a chunk's transient figures (taken from the whole
       model) count its input, which is the receive buffer already resident, so it is taken off
       them; the last of several chunks holds its output (the loss's input, which a whole-model
-      step frees after the loss) through its backward.
+      step frees after the loss) through its backward;
+    * FSDP2 under a schedule (ZeRO 3, resharding after the forward): a backward leaves the chunk's
+      parameters unsharded until its next forward reshards them (``unsharded``).
 
     ``choice``: each layer's recompute option (model/recompute.py; None: none)."""
     cc = table.chunks(bounds)
@@ -175,7 +177,8 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
         resident[-1] -= table.tied_with_first[b[-2]]
     return ChunkMemory(resident=resident, stash=stash, weight_stash=weight_stash, forward_peak=forward,
                        backward_peak=backward, weight_peak=weight, full_backward_peak=full,
-                       optimizer_peak=cc.optimizer_peak, retained=retained.astype(np.int64))
+                       optimizer_peak=cc.optimizer_peak, retained=retained.astype(np.int64),
+                       unsharded=cc.unsharded_after_backward)
 
 
 def _ends_share_rank(schedule: object) -> bool:

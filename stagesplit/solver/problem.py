@@ -525,11 +525,11 @@ def schedule_note(options: SolveOptions) -> str:
     if o.schedule == "none":
         return ""
     if o.micro_batches_auto:
-        return (f"--micro-batches not given: using {o.micro_batches}, the number of devices (the fewest "
+        return (f"`micro_batches` not given: using {o.micro_batches}, the number of devices (the fewest "
                 f"micro-batches that fill a {o.micro_batches}-stage {o.schedule.value} pipeline)")
     if o.micro_batches == 1:
-        return (f"--schedule {o.schedule.value} with 1 micro-batch holds one micro-batch per stage, the same as "
-                f"--schedule none: give --micro-batches M (at least the number of stages) to model the pipeline")
+        return (f"`schedule='{o.schedule.value}'` with 1 micro-batch holds one micro-batch per stage, the same as "
+                "`schedule='none'`: give `micro_batches=M` (at least the number of stages) to model the pipeline")
     return ""
 
 

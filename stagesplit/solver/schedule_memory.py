@@ -46,7 +46,10 @@ class ChunkMemory:
     0) is what a micro-batch's backward on the chunk leaves allocated until the step ends where
     the runtime keeps sent tensors: the chunk's output it sent on (unless it is the last chunk)
     and the input gradient it sent back (unless it is the first); docs/schedules.md has what
-    torch's runtime was measured to keep."""
+    torch's runtime was measured to keep. ``unsharded`` (default 0) is what each backward on the
+    chunk leaves allocated until the chunk's next forward starts, or the step ends: FSDP2's
+    parameters, which torch's pipeline runtime does not reshard after a backward (the forward's
+    end reshards them; its peak, at the end, holds them no longer)."""
 
     resident: np.ndarray
     stash: np.ndarray
@@ -58,12 +61,13 @@ class ChunkMemory:
     # None given: __post_init__ fills them in (always arrays after construction)
     full_backward_peak: np.ndarray = field(default=None)  # type: ignore[arg-type]
     retained: np.ndarray = field(default=None)  # type: ignore[arg-type]
+    unsharded: np.ndarray = field(default=None)  # type: ignore[arg-type]
 
     def __post_init__(self) -> None:
         names = ("resident", "stash", "weight_stash", "forward_peak", "backward_peak", "weight_peak",
                  "optimizer_peak")
         size = len(np.atleast_1d(self.resident))
-        for name in names + ("full_backward_peak", "retained"):
+        for name in names + ("full_backward_peak", "retained", "unsharded"):
             value = getattr(self, name)
             if value is None and name == "full_backward_peak":
                 value = np.maximum(self.backward_peak, self.weight_peak)
@@ -119,6 +123,7 @@ def rank_memory(schedule: ScheduleInstance, memory: ChunkMemory) -> tuple[RankMe
         resident = int(memory.resident[local].sum())
         held = 0                                   # in-flight stash bytes after the last action
         holding: dict[tuple[int, int], int] = {}   # (chunk, micro-batch) -> bytes it holds now
+        whole: set[int] = set()                    # chunks whose parameters a backward left unsharded
         during = np.zeros(len(leaves), np.int64)
         after = np.zeros(len(leaves), np.int64)
         for i, a in enumerate(leaves):
@@ -126,6 +131,9 @@ def rank_memory(schedule: ScheduleInstance, memory: ChunkMemory) -> tuple[RankMe
                 check_deadline(_MEMORY)
             c, key = a.chunk, (a.chunk, a.micro_batch)
             own = holding.get(key, 0)
+            if a.op is Op.FORWARD and c in whole:
+                whole.discard(c)
+                held -= int(memory.unsharded[c])
             during[i] = resident + held - own + int(memory.transient(a.op)[c])
             if a.op is Op.FORWARD:
                 new = int(memory.stash[c])
@@ -136,11 +144,15 @@ def rank_memory(schedule: ScheduleInstance, memory: ChunkMemory) -> tuple[RankMe
             held += new - own
             if keeps and a.op in BACKWARD_OPS:
                 held += int(memory.retained[c])
+            if a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD) and c not in whole:
+                whole.add(c)
+                held += int(memory.unsharded[c])
             if new:
                 holding[key] = new
             else:
                 holding.pop(key, None)
             after[i] = resident + held
+        # the last backward's post-backward reshards every chunk before the optimizer step
         optimizer = resident + int(memory.optimizer_peak[local].sum())
         candidates = np.append(during, optimizer)
         at = int(np.argmax(candidates))
@@ -152,7 +164,8 @@ def rank_memory(schedule: ScheduleInstance, memory: ChunkMemory) -> tuple[RankMe
 @dataclass(frozen=True)
 class MemorySignature:
     """A linear form of a rank's memory at some action: resident + sum_c stashes[c] x S_c +
-    sum_c weight_stashes[c] x S^W_c + sum_c retained[c] x retained_c + the transient of ``op``
+    sum_c weight_stashes[c] x S^W_c + sum_c retained[c] x retained_c + sum_c unsharded[c] x
+    unsharded_c + the transient of ``op``
     on ``chunk`` (``op`` None: the optimizer step, whose transient is the rank's summed
     optimizer peaks; chunk -1)."""
 
@@ -161,13 +174,15 @@ class MemorySignature:
     stashes: tuple[int, ...]         #: other micro-batches' full stashes in flight, per chunk
     weight_stashes: tuple[int, ...]  #: other micro-batches' W-pending stashes, per chunk
     retained: tuple[int, ...]        #: backwards done in this step whose sends are kept, per chunk
+    unsharded: tuple[int, ...] = ()  #: 1 where a backward left the chunk's parameters unsharded
 
     def dominates(self, other: MemorySignature) -> bool:
         """Whether this one is >= ``other`` for every choice of non-negative quantities."""
         return (self.op is other.op and self.chunk == other.chunk
                 and all(a >= b for a, b in zip(self.stashes, other.stashes))
                 and all(a >= b for a, b in zip(self.weight_stashes, other.weight_stashes))
-                and all(a >= b for a, b in zip(self.retained, other.retained)))
+                and all(a >= b for a, b in zip(self.retained, other.retained))
+                and all(a >= b for a, b in zip(self.unsharded, other.unsharded)))
 
 
 @dataclass(frozen=True)
@@ -194,13 +209,19 @@ class RankSignatures:
         """(signatures x chunks) coefficients of ``retained``."""
         return np.array([s.retained for s in self.signatures], np.int64).reshape(len(self.signatures), -1)
 
+    @cached_property
+    def unsharded_counts(self) -> np.ndarray:
+        """(signatures x chunks) coefficients of ``unsharded`` (0 or 1)."""
+        return np.array([s.unsharded for s in self.signatures], np.int64).reshape(len(self.signatures), -1)
+
     def values(self, memory: ChunkMemory) -> np.ndarray:
         """Each signature's bytes (resident included)."""
         resident = int(memory.resident[list(self.chunks)].sum())
         transient = np.array([int(memory.optimizer_peak[list(self.chunks)].sum()) if s.op is None
                               else int(memory.transient(s.op)[s.chunk]) for s in self.signatures], np.int64)
         out: np.ndarray = (resident + self.stash_counts @ memory.stash + self.weight_stash_counts @ memory.weight_stash
-                           + self.retained_counts @ memory.retained + transient)
+                           + self.retained_counts @ memory.retained + self.unsharded_counts @ memory.unsharded
+                           + transient)
         return out
 
     def peak(self, memory: ChunkMemory) -> int:
@@ -208,11 +229,14 @@ class RankSignatures:
         return int(self.values(memory).max())
 
 
-def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
+def memory_signatures(schedule: ScheduleInstance, unsharded: bool = False) -> tuple[RankSignatures, ...]:
     """Per rank, the distinct memory signatures of its actions and its optimizer step, with
     dominated ones removed: ``rank_memory(...)[r].peak == memory_signatures(...)[r].peak(memory)``
-    for every ``ChunkMemory``. Kept on the schedule (each search of it reads them)."""
-    cached: tuple[RankSignatures, ...] | None = schedule.__dict__.get("_signatures_cache")
+    for every ``ChunkMemory`` (whose ``unsharded`` is zero unless ``unsharded``: tracking the
+    parameters backwards leave unsharded makes more forms, so only where some are). Kept on the
+    schedule (each search of it reads them)."""
+    cache = "_signatures_cache_unsharded" if unsharded else "_signatures_cache"
+    cached: tuple[RankSignatures, ...] | None = schedule.__dict__.get(cache)
     if cached is not None:
         return cached
     C = schedule.chunks
@@ -222,20 +246,23 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
         full = np.zeros(C, np.int64)       # in-flight counts after the last action
         pending = np.zeros(C, np.int64)
         kept = np.zeros(C, np.int64)
+        whole = np.zeros(C, np.int64)
         state: dict[tuple[int, int], str] = {}
-        seen: set[MemorySignature] = {MemorySignature(None, -1, (0,) * C, (0,) * C, (0,) * C)}
+        seen: set[MemorySignature] = {MemorySignature(None, -1, (0,) * C, (0,) * C, (0,) * C, (0,) * C)}
         for i, a in enumerate(leaves):
             if not i & _EVERY_SIGNATURE:
                 check_deadline(_SIGNATURES)
             c, key = a.chunk, (a.chunk, a.micro_batch)
             own = state.get(key)
+            if a.op is Op.FORWARD:
+                whole[c] = 0
             n, w = full.copy(), pending.copy()
             if own == "S":
                 n[c] -= 1
             elif own == "W":
                 w[c] -= 1
             seen.add(MemorySignature(a.op, c, tuple(int(x) for x in n), tuple(int(x) for x in w),
-                                     tuple(int(x) for x in kept)))
+                                     tuple(int(x) for x in kept), tuple(int(x) for x in whole)))
             if own == "S":
                 full[c] -= 1
             elif own == "W":
@@ -250,6 +277,8 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
                 state.pop(key, None)
             if keeps and a.op in BACKWARD_OPS:
                 kept[c] += 1
+            if unsharded and a.op in (Op.BACKWARD_INPUT, Op.FULL_BACKWARD):
+                whole[c] = 1
         # one signature dominates another only at the same action (op and chunk): compare within those
         same_action: dict[tuple[Op | None, int], list[MemorySignature]] = defaultdict(list)
         for sig in seen:
@@ -261,9 +290,9 @@ def memory_signatures(schedule: ScheduleInstance) -> tuple[RankSignatures, ...]:
                 if not any(o != sig and o.dominates(sig) for o in group):
                     best.append(sig)
         best.sort(key=lambda s: (s.op is not None, s.op.value if s.op else "", s.chunk, s.stashes,
-                                 s.weight_stashes, s.retained))
+                                 s.weight_stashes, s.retained, s.unsharded))
         out.append(RankSignatures(r, schedule.rank_chunks(r), tuple(best)))
-    object.__setattr__(schedule, "_signatures_cache", tuple(out))
+    object.__setattr__(schedule, cache, tuple(out))
     return tuple(out)
 
 

@@ -20,6 +20,7 @@ torch = pytest.importorskip("torch")
 from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
 from stagesplit.capturing.pytorch import capture, capture_model  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
+from stagesplit.cli.naming import flags_in  # noqa: E402
 from stagesplit.errors import StagesplitError  # noqa: E402
 from stagesplit.layers import Rule  # noqa: E402
 from stagesplit.model.analysis import Analysis  # noqa: E402
@@ -867,7 +868,7 @@ def test_sequential_without_repeated_blocks_warns_with_a_regex_that_works():
     profile = capture_model(model, torch.zeros(4, 8))
     assert len(profile.info.warnings) == 1
     warning = profile.info.warnings[0]
-    assert r"pass --layer-regex '^(\d+)[./]'" in warning and "5 children of the Sequential" in warning
+    assert r"pass --layer-regex '^(\d+)[./]'" in flags_in(warning) and "5 children of the Sequential" in warning
     assert profile.info.layer_grouping is None
     suggested = capture_model(model, torch.zeros(4, 8), layer_regex=r"^(\d+)[./]")
     assert not suggested.info.warnings

@@ -241,7 +241,7 @@ def test_mixture_of_experts_in_float32_is_one_line_suggesting_bfloat16(tmp_path,
     assert "aten._grouped_mm in model.layers.0.mlp.experts" in lines[0]
     assert "--dtype bfloat16" in lines[0]
     assert not (tmp_path / "moe.stagesplit").exists()
-    with pytest.raises(StagesplitError, match="capture with --dtype bfloat16"):
+    with pytest.raises(StagesplitError, match="capture with `dtype='bfloat16'`"):
         capture_model(*zoo.build("qwen2_moe"))
 
 

@@ -362,3 +362,58 @@ def test_a_plan_of_a_tensor_parallel_rank_says_what_a_device_is(tmp_path, capsys
     assert tensor_parallel_text(4, True, 3, 1) == (
         "tensor parallel: every pipeline device is 4 GPUs with sequence parallelism (the profile is one of them); "
         "figures are one GPU's; 3 pipeline x 4 tensor-parallel = 12 GPUs in all")
+
+
+def _deep(model: str, layers: int = 5):
+    """The harness's models with ``layers`` blocks (the gradient layouts' cut applies from 4 on)."""
+    import dataclasses
+    torch.manual_seed(0)
+    with torch.device("meta"):
+        if model == "llama":
+            transformers = pytest.importorskip("transformers", reason="the Llama case builds a Hugging Face model")
+            config = tp_harness.llama_config()
+            config.num_hidden_layers = layers
+            return transformers.LlamaForCausalLM(config), tp_harness.inputs("llama", "meta")
+        gpt = tp_harness._gpt_module()
+        return gpt.GPT(dataclasses.replace(tp_harness.gpt_config(), layers=layers)), tp_harness.inputs("gpt", "meta")
+
+
+@pytest.mark.parametrize("model, sequence_parallel", [
+    pytest.param("llama", True, id="llama-tp2-sp"),     # the embedding's masked partial, the norms' partial sums
+    pytest.param("llama", False, id="llama-tp2", marks=pytest.mark.slow),
+    pytest.param("gpt", False, id="gpt-tp2", marks=pytest.mark.slow),
+    pytest.param("gpt", True, id="gpt-tp2-sp", marks=pytest.mark.slow)])
+def test_gradient_layouts_from_the_cut_stack_equal_the_whole_step(monkeypatch, model, sequence_parallel):
+    """The gradients' layouts learnt from the model with its stack cut to three blocks give the
+    profile the whole model's unrecorded step gives, byte for byte (the JSON form), and each
+    parameter's gradient layout (placements, local shape, strides, dtype) is the whole step's."""
+    from stagesplit.capturing import pytorch as capturing
+    from stagesplit.io.jsonprofile import dumps_profile
+    plan = tp_harness.TPCase(model, 2, sequence_parallel).plan_file
+    layouts: dict[str, dict] = {}
+    original = capturing._gradient_layouts
+
+    def spy(torch_, net, inputs, loss_fn, autocast_dtype, stacks=()):
+        found = original(torch_, net, inputs, loss_fn, autocast_dtype, stacks)
+        layouts[mode] = {n: capturing._layout_key(found.get(id(p))) for n, p in net.named_parameters()}
+        return found
+
+    cut_calls = []
+    cut = capturing._cut_gradient_layouts
+
+    def counted(*args):
+        found = cut(*args)
+        cut_calls.append(found is not None)          # the cut step ran and its layout had settled
+        return found
+
+    monkeypatch.setattr(capturing, "_gradient_layouts", spy)
+    monkeypatch.setattr(capturing, "_cut_gradient_layouts", counted)
+    mode = "cut"
+    fast = capture_model(*_deep(model), tp=2, sequence_parallel=sequence_parallel, tp_plan=plan, allocator_round=1)
+    assert cut_calls == [True]
+    monkeypatch.setattr(capturing, "_cut_gradient_layouts", lambda *a: None)     # the whole model's step
+    mode = "whole"
+    whole = capture_model(*_deep(model), tp=2, sequence_parallel=sequence_parallel, tp_plan=plan, allocator_round=1)
+    assert layouts["cut"] == layouts["whole"]
+    assert len(layouts["whole"]) > 5 * 4 and all(layouts["whole"].values())
+    assert dumps_profile(fast) == dumps_profile(whole)

@@ -14,6 +14,7 @@ import pytest
 
 from helpers import ROOT, assert_profiles_equal, load_sample, sample_path, tiny_profile
 from stagesplit.cli import main
+from stagesplit.cli.naming import flags_in
 from stagesplit.io import load_profile, save_profile
 from stagesplit.io.synth import synthesize
 from stagesplit.io.targets import known_targets
@@ -51,9 +52,11 @@ def bert():
 # breakdown
 
 def test_breakdown_text_is_the_librarys(capsys, bert):
+    """The command line prints the library's tables, their parameters named by its flags."""
     code, out, err = run(capsys, "breakdown", BERT)
     assert code == 0 and err == ""
-    assert out == render(Breakdown.of(bert.model).tables(), "text")
+    assert out == render(Breakdown.of(bert.model).tables(), "text", naming=flags_in)
+    assert "(--shared every)" in out and "`shared" not in out
 
 
 def test_breakdown_totals_carry_the_real_numbers(capsys, bert):

@@ -35,7 +35,7 @@ def test_a_passed_deadline_raises_a_one_line_error_naming_the_limit_and_the_work
             check_deadline("generating the schedule's actions")
     assert isinstance(info.value, StagesplitError)
     assert str(info.value) == ("no split was found within the time limit (3 s): it was reached while generating the "
-                               "schedule's actions; allow more with --time-limit")
+                               "schedule's actions; allow more with `time_limit`")
     check_deadline()                                 # the block has ended
 
 

@@ -16,8 +16,8 @@ from stagesplit.io.profile import ProfileInfo
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
 from stagesplit.plan import read_plan, write_plan
-from stagesplit.plan.advise import SweepResult, SweepRow, sweep
 from stagesplit.plan.records import MEMORY_KEYS
+from stagesplit.plan.sweep import SweepResult, SweepRow, sweep
 from stagesplit.reporting.breakdown import Breakdown
 from stagesplit.reporting.summary import stages_table
 from stagesplit.solver.problem import SolveOptions

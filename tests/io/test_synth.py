@@ -9,6 +9,7 @@ import pytest
 
 from helpers import SAMPLE_NAMES, assert_profiles_equal, load_sample, sample_path
 from stagesplit.cli import main
+from stagesplit.cli.naming import flags_in
 from stagesplit.errors import StagesplitError
 from stagesplit.io import load_profile, synth
 from stagesplit.io.builder import ProfileBuilder
@@ -69,7 +70,9 @@ def test_unknown_family():
 def test_bad_parameters(kw, message):
     with pytest.raises(StagesplitError) as excinfo:
         small(**kw)
-    assert str(excinfo.value) == message
+    parameter = next(iter(kw))
+    assert str(excinfo.value).startswith(f"invalid `{parameter}` ")      # the Python API's name
+    assert flags_in(str(excinfo.value)) == message                     # the command line's words
 
 
 def _first_start(p):

@@ -1,4 +1,4 @@
-"""The pure helpers of stagesplit/advise.py on tiny hand-made range tables:
+"""The pure helpers of plan/search.py and plan/explain.py on tiny hand-made range tables:
 ``fewest_stages_that_fit`` (against hand-worked first-fit runs and a brute force over every split)
 and ``explain_infeasible`` (each of its messages; the rule that binds, on priced models). The DP's
 time budget is tested in test_search.py."""
@@ -12,7 +12,8 @@ from hypothesis import given, strategies as st
 
 from helpers import UNIT, layer_model, options
 from stagesplit.model.costmodel import RangeTable
-from stagesplit.plan.advise import explain_infeasible, fewest_stages_that_fit
+from stagesplit.plan.explain import explain_infeasible
+from stagesplit.plan.search import fewest_stages_that_fit
 from stagesplit.solver.problem import SolveOptions, build_problem, in_flight
 
 
@@ -135,7 +136,7 @@ def test_explain_a_layer_too_big_names_the_biggest_and_its_tile():
     table = range_table([2, 9, 7], tiles=[0, 3, 1])
     assert explain(table, ["a", "b", "c"], [5, 5], devices=2) == (
         "layer 'b' alone needs 9 bytes on tile 3, more than a device holds (5 bytes per tile after headroom), "
-        "so no number of devices fits; split that layer (a finer --layer-regex) or free memory on that tile")
+        "so no number of devices fits; split that layer (a finer `layer_regex`) or free memory on that tile")
 
 
 def test_explain_a_layer_too_big_for_every_device_of_a_mixed_set():
@@ -215,7 +216,7 @@ def test_explain_on_a_priced_model():
     problem = build_problem(model, o, table=table)
     assert explain_infeasible(model, problem, table) == (
         f"layer 'l1' alone needs {9 * UNIT:,} bytes on tile 0, more than a device holds ({5 * UNIT:,} bytes per "
-        "tile after headroom), so no number of devices fits; split that layer (a finer --layer-regex) or free "
+        "tile after headroom), so no number of devices fits; split that layer (a finer `layer_regex`) or free "
         "memory on that tile")
     model = layer_model([3, 3, 3, 3], [1, 1, 1, 1])
     problem = build_problem(model, options(1, 7), table=model.price_ranges((1,)))

@@ -212,7 +212,7 @@ def test_an_ipu_profile_still_compares_with_popliners_greedy():
 def test_parameter_weights_are_the_layers_own_always_live_bytes():
     from helpers import PROFILES
     from stagesplit.model.analysis import Analysis
-    from stagesplit.plan.advise import layer_parameter_bytes
+    from stagesplit.plan.comparison import layer_parameter_bytes
     model = Analysis.load(PROFILES / "llama-7b-layers.json").model
     weights = layer_parameter_bytes(model)
     assert len(weights) == 34

@@ -40,8 +40,8 @@ def test_more_exact_devices_than_layers_says_so_and_what_holds_the_model():
     device(s), nor on any number of such devices" although two devices hold it."""
     plan = _solve(1024, exact=True, schedule="gpipe")
     assert not plan.feasible
-    assert plan.message == ("34 layers cannot fill exactly 1,024 devices: --exact puts at least one layer on each; use "
-                            "--devices 34 or fewer, or drop --exact; the fewest --devices that hold the model is 2 (so "
+    assert plan.message == ("34 layers cannot fill exactly 1,024 devices: `exact` puts at least one layer on each; use "
+                            "`devices=34` or fewer, or drop `exact`; the fewest `devices` that hold the model is 2 (so "
                             "2 micro-batches), on 2 devices")
     # 34 exact devices (34 micro-batches) do hold it; 2 devices with 2 micro-batches do, 1 with 1 does not
     assert _solve(LAYERS, exact=True, schedule="gpipe").feasible
@@ -56,8 +56,8 @@ def test_micro_batches_that_follow_the_devices_are_named_as_the_reason():
     plan = _solve(1024, schedule="gpipe")
     assert not plan.feasible
     assert plan.message == ("no split of the 34 layers fits on 1,024 device(s) with 1,024 micro-batches in flight on "
-                            "every stage under gpipe (--micro-batches not given: one per device), nor on fewer devices "
-                            "with that many; the fewest --devices that hold the model is 2 (so 2 micro-batches), on 2 "
+                            "every stage under gpipe (`micro_batches` not given: one per device), nor on fewer devices "
+                            "with that many; the fewest `devices` that hold the model is 2 (so 2 micro-batches), on 2 "
                             "devices")
     # with 1,024 micro-batches no number of stages holds it (34 is the most the layers allow)
     assert not _solve(LAYERS, schedule="gpipe", micro_batches=1024).feasible
@@ -65,8 +65,8 @@ def test_micro_batches_that_follow_the_devices_are_named_as_the_reason():
 
 def test_more_exact_devices_than_layers_with_micro_batches_given():
     plan = _solve(1024, exact=True, schedule="gpipe", micro_batches=4)
-    assert plan.message == ("34 layers cannot fill exactly 1,024 devices: --exact puts at least one layer on each; use "
-                            "--devices 34 or fewer, or drop --exact; 3 devices are the fewest that hold the model with "
+    assert plan.message == ("34 layers cannot fill exactly 1,024 devices: `exact` puts at least one layer on each; use "
+                            "`devices=34` or fewer, or drop `exact`; 3 devices are the fewest that hold the model with "
                             "4 micro-batches")
     assert _solve(3, exact=True, schedule="gpipe", micro_batches=4).feasible
     assert not _solve(2, schedule="gpipe", micro_batches=4).feasible

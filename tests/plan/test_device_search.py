@@ -1,4 +1,4 @@
-"""``--objective devices`` under a pipeline schedule (plan/advise.py
+"""``--objective devices`` under a pipeline schedule (plan/scheduled.py
 ``_fewest_devices_under_schedule``): the search tries the device counts the schedule can run with
 the given micro-batches (not only the request's count, which 1F1B cannot run with fewer
 micro-batches than devices), finds the fewest that fit, and says what it proved about fewer; each
@@ -13,7 +13,7 @@ import pytest
 from helpers import plan_inputs
 from stagesplit import api
 from stagesplit.errors import OptionError
-from stagesplit.plan.advise import runnable_device_counts
+from stagesplit.plan.scheduled import runnable_device_counts
 from stagesplit.solver.schedule_kinds import check_schedule
 
 CAPTURED = Path(__file__).resolve().parents[2] / "profiles" / "gpt-captured.stagesplit"
@@ -71,7 +71,7 @@ def test_issue_34_more_devices_than_micro_batches_finds_the_fewest():
     32 can run the schedule"; one device holds the capture (0.32 GiB of 80)."""
     plan = _solve(32, micro_batches=4, objective="devices")
     assert plan.feasible and plan.devices == 1 and len(plan.stages) == 1
-    assert "--objective devices: 1 device holds the model" in plan.notes
+    assert "`objective='devices'`: 1 device holds the model" in plan.notes
     assert _fits_exactly(1, 4)
 
 
@@ -81,7 +81,7 @@ def test_the_fewest_of_several_with_the_fewer_proven_not_to_fit():
     reserve = DEVICE_BYTES - 200 * MIB
     plan = _solve(32, micro_batches=4, objective="devices", reserve=reserve)
     assert plan.feasible and plan.devices == 3 and plan.status == "optimal"
-    assert "--objective devices: 3 devices hold the model; 1 and 2 do not fit (proven by CP-SAT)" in plan.notes
+    assert "`objective='devices'`: 3 devices hold the model; 1 and 2 do not fit (proven by CP-SAT)" in plan.notes
     assert _fits_exactly(3, 4, reserve=reserve)
     assert not _fits_exactly(2, 4, reserve=reserve)
     assert not _fits_exactly(1, 4, reserve=reserve)
@@ -98,7 +98,7 @@ def test_where_no_count_fits_the_message_names_the_counts_tried_and_the_micro_ba
     assert not plan.feasible
     assert plan.message == ("no split fits on any number of devices up to 32 that 1f1b can run with 4 micro-batches "
                             "(1..4: proven not to fit by CP-SAT); 1f1b runs on at most 4 of them with 4 micro-batches: "
-                            "try more micro-batches (to allow more devices), recompute (--recompute auto), another "
+                            "try more micro-batches (to allow more devices), recompute (`recompute='auto'`), another "
                             "schedule or devices with more memory")
     for n in (1, 2, 3, 4):
         assert not _fits_exactly(n, 4, reserve=reserve)

@@ -34,7 +34,7 @@ def test_each_stage_synchronises_its_own_parameters_and_the_last_sets_the_step(s
     lp = api.layouts(stack, gpus=4, global_batch=32, micro_batch_size=8, target="h100-80gb", tp=1, pp=2, dp=2,
                      zero=zero, time_limit=30)
     best = lp.best
-    assert best is not None and best.layout == type(best.layout)(1, 2, 2, zero, 2, 8)
+    assert best is not None and best.layout == type(best.layout)(1, 2, 2, zero, 2, micro_batch_size=8)
     plan = lp.plan
     link = H100.intra                                    # 2 ranks 1 apart: inside the node
     per_stage = []

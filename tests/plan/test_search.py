@@ -1,4 +1,4 @@
-"""The search within the time limit (plan/advise.py ``search``): the exact DP's work estimate and
+"""The search within the time limit (plan/search.py ``search``): the exact DP's work estimate and
 its deadline, CP-SAT only for what the DP did not prove, and what the plan says proved each
 phase. Time is a fake clock that advances with the work done, so the tests bound work, not wall
 seconds."""
@@ -14,14 +14,9 @@ from helpers import layer_model, options
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
-from stagesplit.plan import advise as advise_module
-from stagesplit.plan.advise import (
-    DP_CELLS_PER_SECOND,
-    DP_CELLS_PER_SECOND_ONE_COUNT,
-    advise,
-    dp_seconds_estimate,
-    search,
-)
+from stagesplit.plan import search as search_module
+from stagesplit.plan.advise import advise
+from stagesplit.plan.search import DP_CELLS_PER_SECOND, DP_CELLS_PER_SECOND_ONE_COUNT, dp_seconds_estimate, search
 from stagesplit.solver import cpsat
 from stagesplit.solver.dp import dp_cells, dp_mode, exact_optimum
 from stagesplit.solver.problem import SolveOptions, build_problem
@@ -90,7 +85,7 @@ def test_a_dp_stopped_at_the_limit_keeps_what_it_proved(monkeypatch):
     time; no time is left for CP-SAT, so the memory phase is given as found, not proven."""
     model = layer_model([1] * 8, [1, 2, 3, 4, 5, 6, 7, 8])
     problem = build_problem(model, replace(options(4, 100), time_limit=9.0))
-    monkeypatch.setattr(advise_module, "dp_seconds_estimate", lambda p: 0.0)
+    monkeypatch.setattr(search_module, "dp_seconds_estimate", lambda p: 0.0)
     monkeypatch.setattr(cpsat, "_Feasibility", None)           # no CP-SAT model is built
     result = search(problem, clock=TickClock())
     assert [(p.status, p.proof) for p in result.phases] == [("OPTIMAL", "dp"), ("FEASIBLE", "")]
@@ -117,7 +112,7 @@ def test_the_status_line_says_which_solver_proved_which_phase(monkeypatch):
     assert [p.proof for p in plan.phases] == ["dp", "dp"] and plan.run.cpsat_seconds is None
     assert plan.status_line().startswith("status: optimal, proven optimal by the exact DP in ")
     # with the DP out of the time limit CP-SAT proves both, and the line says so
-    monkeypatch.setattr(advise_module, "dp_seconds_estimate", lambda p: 1e9)
+    monkeypatch.setattr(search_module, "dp_seconds_estimate", lambda p: 1e9)
     plan = advise(model, options(4, 100)).plan
     assert [p.proof for p in plan.phases] == ["cp-sat", "cp-sat"] and plan.run.dp_seconds is None
     assert plan.status_line().startswith("status: optimal, proven optimal by CP-SAT in ")
@@ -157,7 +152,7 @@ def test_issue_18_when_the_dp_does_not_fit_the_limit_no_phase_runs_past_it(model
     assert dp_mode(problem) == "position-count" and dp_seconds_estimate(problem) > 2.0
     assert cpsat.model_seconds_estimate(problem) > 2.0
     monkeypatch.setattr(cpsat, "_Feasibility", None)           # no CP-SAT model is built
-    monkeypatch.setattr(advise_module, "exact_optimum", None)  # nor the exact DP run
+    monkeypatch.setattr(search_module, "exact_optimum", None)  # nor the exact DP run
     result = search(problem)
     assert result.status == "feasible" and result.evaluation.feasible
     assert [p.status for p in result.phases] == ["FEASIBLE", "FEASIBLE"]

@@ -43,8 +43,8 @@ def test_summary_of_a_tiled_profile():
     assert got["device"] == ["tiny: 2 tiles x 1,000 bytes"]
     assert got["whole model on one device"] == ["290 of 1,000 bytes on its worst tile (tile 0): 29%"]
     assert got["compute per step"] == ["317 cycles"]
-    assert got["used by no layer"] == ["0.00 MiB summed over tiles, counted on every stage (--shared every)"]
-    assert t.note == "more: --sections grouping,operations,totals,tiles,affinity,communication"
+    assert got["used by no layer"] == ["0.00 MiB summed over tiles, counted on every stage (`shared='every'`)"]
+    assert t.note == "more: `sections=grouping,operations,totals,tiles,affinity,communication`"
 
 
 def test_grouping_table():
@@ -52,7 +52,7 @@ def test_grouping_table():
     assert rows(t) == [["name", 3, 0.75], ["no layer", 1, 0.25]]
     assert t.note.splitlines() == [
         "2 layers in steps order: 0, 1",
-        "75% of operations have a layer; shared items are counted on every stage (--shared every)"]
+        "75% of operations have a layer; shared items are counted on every stage (`shared='every'`)"]
 
 
 def test_grouping_table_shows_warnings():
@@ -91,7 +91,7 @@ def test_layers_table():
 def test_layers_table_without_shared_items():
     t = breakdown(shared="none").layers_table()
     assert rows(t)[0][:9] == ["0", 2, 100, 70, 140, 20, 12, 4, 278 + 68]
-    assert t.note == "shared items are not counted (--shared none)"
+    assert t.note == "shared items are not counted (`shared='none'`)"
 
 
 def test_totals_table():

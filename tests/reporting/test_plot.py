@@ -5,7 +5,8 @@ import pytest
 
 from helpers import layer_model
 from stagesplit.errors import StagesplitError
-from stagesplit.plan.advise import advise, sweep
+from stagesplit.plan.advise import advise
+from stagesplit.plan.sweep import sweep
 from stagesplit.reporting.plot import plan_figure, plot_liveness, plot_plan, plot_sweep
 from stagesplit.solver.problem import SolveOptions
 

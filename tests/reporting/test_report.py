@@ -5,8 +5,8 @@ import pytest
 
 from helpers import plan_inputs
 from stagesplit.model.stagememory import MemoryBreakdown
-from stagesplit.plan.advise import SweepRow
 from stagesplit.plan.records import PhaseRecord, Plan, PlanProfile, PlanRun, StagePlan
+from stagesplit.plan.sweep import SweepRow
 from stagesplit.plan.text import seconds_text
 from stagesplit.reporting.summary import comparison_table, stages_table, sweep_table
 from stagesplit.reporting.table import render
@@ -260,7 +260,7 @@ def test_sweep_table_note_for_defaulted_micro_batches():
     inputs = {"micro_batches_auto": True, "schedule": "1f1b"}
     rows = [SweepRow(n, two_stage_plan(devices=n, inputs=inputs, notes=["ignored"]), n) for n in (2, 3)]
     t = sweep_table(rows)
-    assert t.note == ("--micro-batches not given: each row uses as many micro-batches as devices (the fewest that "
+    assert t.note == ("`micro_batches` not given: each row uses as many micro-batches as devices (the fewest that "
                       "fill its 1f1b pipeline)")
     # efficiency with M = 3: bubble 1/4, 2/3 x 3/4 = 1/2
     assert t.rows[1][5:7] == [pytest.approx(0.5), pytest.approx(0.25)]

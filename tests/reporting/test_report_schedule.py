@@ -222,8 +222,8 @@ def written_plan(profile: Path, devices: int, micro_batches: int, out: Path) -> 
     the solver's own plan builder (the search itself takes minutes at this size)."""
     from stagesplit.api import resolve
     from stagesplit.model.traffic import layer_traffic
-    from stagesplit.plan.advise import price
     from stagesplit.plan.build import make_plan
+    from stagesplit.plan.search import price
     from stagesplit.solver.problem import Split, build_problem
     from stagesplit.solver.request import SolveRequest
     resolved = resolve(SolveRequest(devices=devices, schedule="1f1b", micro_batches=micro_batches),

@@ -191,7 +191,7 @@ def test_a_narrow_width_leaves_out_columns_by_drop_order_then_cuts_text(width, s
     assert all(len(line) <= width for line in lines if not line.startswith("("))
     if hidden:
         assert lines[-1] == (f"({len(hidden)} column{'s' if len(hidden) > 1 else ''} left out to fit {width} "
-                             f"characters: {', '.join(hidden)}; --wide shows them)")
+                             f"characters: {', '.join(hidden)}; `wide` shows them)")
     else:
         assert not lines[-1].startswith("(")
     if width == 40:

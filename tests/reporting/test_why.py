@@ -60,7 +60,7 @@ def test_one_layer_alone_binds():
     stage = next(s.stage for s in plan.stages if s.first_layer <= 2 <= s.last_layer)
     assert why_line(plan, model, GPU) == (
         f"why: the compute of layer l2 alone binds stage {stage}: more devices cannot help below {seconds(10)} per "
-        "micro-batch (a finer --layer-regex, or tensor parallelism inside that layer, would); headroom: stage 0, the "
+        "micro-batch (a finer `layer_regex`, or tensor parallelism inside that layer, would); headroom: stage 0, the "
         "fullest, uses 0.00 of 0.00 GiB (2.0%), 0.00 GiB free")          # [ l0 l1 | l2 | l3 ]: 2 of 100 units
 
 
@@ -277,7 +277,7 @@ def check_stage_model(plan, model, problem, line: str) -> None:
         return near(text, value * per_s) if per_s else near(text, value, plan.compute_unit)
     if plan.status != "optimal":
         assert head == ["why: the search stopped at its time limit, so what binds this split is not known",
-                        "allow more --time-limit for a proven split"]
+                        "allow more `time_limit` for a proven split"]
         return
     if o.objective == "memory":
         kind = "device" if plan.schedule is not None else "stage"
@@ -311,7 +311,7 @@ def check_stage_model(plan, model, problem, line: str) -> None:
         return
     assert not worst > free * (1 + 1e-4), (line, free, worst)      # memory binds, and the line does not say so
     m = re.fullmatch(rf"why: the compute of layer (\S+) alone binds stage (\d+): more devices cannot help below "
-                     rf"({FIGURE}) per micro-batch \(a finer --layer-regex, or tensor parallelism inside that layer, "
+                     rf"({FIGURE}) per micro-batch \(a finer `layer_regex`, or tensor parallelism inside that layer, "
                      r"would\)", head[0])
     if m:
         assert len(head) == 1
@@ -344,7 +344,7 @@ def check_schedule(plan, model, line: str) -> None:
     """Each clause of a scheduled plan's line against its schedule record: the critical path
     recomputed from the record's own times, every split of the layers into its chunks, and the
     splits the line names evaluated."""
-    from stagesplit.plan.advise import schedule_problem
+    from stagesplit.plan.scheduled import schedule_problem
     from stagesplit.solver.chunk_evaluation import evaluate_chunk_split
     s = plan.schedule
     unit = "" if s.time_unit == "seconds" else s.time_unit
@@ -376,7 +376,7 @@ def check_schedule(plan, model, line: str) -> None:
     optimizer = [r.busy - s.micro_batches * sum(chunk[c] for c in r.chunks) for r in s.ranks]
     transfer = None
     if o.communication:         # each boundary's cut, forward and back, once a micro-batch over the link
-        from stagesplit.plan.advise import schedule_problem as problem_of
+        from stagesplit.plan.scheduled import schedule_problem as problem_of
         table = problem_of(model, plan.inputs).table
         cuts = [x.first_layer for x in plan.stages[1:]]
         transfer = (table.forward_cut[cuts] + table.backward_cut[cuts]) / 2 / o.link_bytes_per_s
@@ -585,7 +585,7 @@ def scheduled(draw):
 @settings(max_examples=20, deadline=None)
 def test_every_claim_of_a_scheduled_line_is_the_plan_s(case):
     from stagesplit.errors import StagesplitError
-    from stagesplit.plan.advise import advise_schedule
+    from stagesplit.plan.scheduled import advise_schedule
     from stagesplit.solver.request import SolveRequest
     kind, v, devices, micro, capacity, communication = case
     model = gpt_model()

@@ -342,20 +342,20 @@ def test_a_step_to_beat_without_memory_limits_or_recompute_is_refuted_before_rec
     the solve ends "slower" without the recompute model; given 25, recompute is chosen and the
     optimum proven as without a step to beat; given one between the split's best without memory
     limits and 23, "slower" again, now from the recompute model (with the split it found, 23)."""
-    from stagesplit.plan.advise import _solve_chunks
+    from stagesplit.plan.scheduled import solve_chunks
     rc = recompute_of([0, 0, 0], [8, 10, 14], [0, 0, 0], [1, 1.5, 2])
     table = _stash_only_table([10, 12, 16], [1, 1.5, 2], rc)
     problem = ChunkProblem(table, build_schedule("gpipe", 2, 2), np.full(2, 36))
     unlimited = exhaustive(replace(problem, capacities=np.full(2, 10**12)))
     assert unlimited.step_time < 23 * 0.99
-    used, solved = _solve_chunks(replace(problem, cutoff=unlimited.step_time * 0.99), None, True)
+    used, solved = solve_chunks(replace(problem, cutoff=unlimited.step_time * 0.99), None, True)
     assert solved.status == "slower" and used.recompute is RecomputeMode.NONE and solved.result is None
-    used, solved = _solve_chunks(replace(problem, cutoff=25.0), None, True)
+    used, solved = solve_chunks(replace(problem, cutoff=25.0), None, True)
     assert used.recompute is RecomputeMode.AUTO and solved.optimal
     assert solved.result.bounds == (0, 2, 3) and solved.result.choice == (2, 0, 0)
     assert solved.result.step_time == pytest.approx(23)
     cutoff = (unlimited.step_time + 23) / 2
-    used, solved = _solve_chunks(replace(problem, cutoff=cutoff), None, True)
+    used, solved = solve_chunks(replace(problem, cutoff=cutoff), None, True)
     assert solved.status == "slower" and not solved.optimal and solved.bound >= cutoff * (1 - 1e-4)
     # what it found on the way (the quick search's split with recompute) is kept, slower than the cutoff
     assert used.recompute is RecomputeMode.AUTO and solved.result.feasible and solved.result.step_time >= cutoff

@@ -112,7 +112,7 @@ def test_property_greedy_with_unlayered_first_matches_popliner():
     from helpers import random_block_profile
     from stagesplit.model.analysis import Analysis
     from stagesplit.model.costmodel import StageCostModel
-    from stagesplit.plan.advise import popliner_tables
+    from stagesplit.plan.comparison import popliner_tables
     from stagesplit.solver.dp import greedy
     from stagesplit.solver.problem import SolveOptions
     checked = 0

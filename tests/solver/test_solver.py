@@ -6,8 +6,9 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from helpers import UNIT, layer_model, options, random_problems, stage_ranges
-from stagesplit.plan.advise import advise, fewest_stages_that_fit, price
+from stagesplit.plan.advise import advise
 from stagesplit.plan.files import plan_document
+from stagesplit.plan.search import fewest_stages_that_fit, price
 from stagesplit.solver.cpsat import solve_split_cpsat
 from stagesplit.solver.dp import exact_optimum, greedy, uniform
 from stagesplit.solver.problem import SolveOptions, Split, build_problem, evaluate_split, in_flight

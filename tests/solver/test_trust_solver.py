@@ -121,7 +121,7 @@ class TestMicroBatches:
 
     def test_sweep_rows_follow_the_device_count(self):
         from stagesplit.model.analysis import Analysis
-        from stagesplit.plan.advise import sweep
+        from stagesplit.plan.sweep import sweep
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
         opts = SolveOptions(devices=9, schedule="gpipe", micro_batches=9, micro_batches_auto=True, time_limit=30)
@@ -182,10 +182,9 @@ def test_a_wrong_dp_optimum_is_caught_not_proven():
     one: the solver must take that split, say so, and search on; never report the DP's worse
     answer as proven optimal."""
     from helpers import layer_model, options
-    from stagesplit.plan.advise import build_problem
     from stagesplit.solver.cpsat import solve_split_cpsat
     from stagesplit.solver.dp import Solution, exact_optimum, uniform
-    from stagesplit.solver.problem import evaluate_split
+    from stagesplit.solver.problem import build_problem, evaluate_split
     # six layers, compute 1 2 3 4 5 6 on 3 roomy devices: the optimum bottleneck is 9 (1+2+3+4 | 5 | 6
     # would be 10; 1 2 3 | 4 5 | 6 gives 6, 9, 6), the uniform split 1 2 | 3 4 | 5 6 gives 11
     model = layer_model([1] * 6, [1, 2, 3, 4, 5, 6])

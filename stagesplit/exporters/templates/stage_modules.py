@@ -136,8 +136,9 @@ class ModelStage(torch.nn.Module):
     are the model's own (not copies). Input: the token ids (first stage) or the hidden state; output: the
     hidden state (the last stage's after the final norm, which ``stage_loss`` turns into the loss)."""
 
-    def __init__(self, model, blocks, start, stop, sides, wrap=None):
+    def __init__(self, model, blocks, start, stop, sides, wrap=None, sequence_shards=1):
         super().__init__()
+        self.sequence_shards = sequence_shards   # sequence parallelism: the received stream is 1/N of the sequence
         decoder, stack_name, path = _find_stack(model, blocks)
         stack = getattr(decoder, stack_name)
         self.is_first, self.is_last = start == 0, stop == len(stack)
@@ -172,7 +173,9 @@ class ModelStage(torch.nn.Module):
             out = self._decoder(input_ids=x, use_cache=False)
         else:
             self._runner.received = x
-            out = self._decoder(inputs_embeds=x.new_zeros(()).expand(x.shape), use_cache=False)
+            # the decoder sizes positions, rotary tables and the mask by the whole sequence
+            shape = (x.shape[0], x.shape[1] * self.sequence_shards, *x.shape[2:])
+            out = self._decoder(inputs_embeds=x.new_zeros(()).expand(shape), use_cache=False)
         result, self._runner.result = self._runner.result, None
         if self.is_last:
             result = out[0]
@@ -188,16 +191,17 @@ class ModelStage(torch.nn.Module):
         return self._model(inputs_embeds=hidden, labels=labels, use_cache=False).loss
 
 
-def model_stages(model, blocks, starts, example_ids, wrap=None):
+def model_stages(model, blocks, starts, example_ids, wrap=None, sequence_shards=1):
     """Every stage of ``model`` (a ``ModelStage`` per entry of ``starts``, the first block of each stage),
     sharing the model's modules: build them all on every rank (cheap: nothing is copied) and hand each rank
     its own. A parameter the model ties (GPT-2's embedding and head) is one tensor in two stages: on one rank
     (a V's first and last stage) its gradients add up in it, so the schedule must not scale each stage's
-    gradients by the micro-batches on its own (the export's ``train_step`` does it once per tensor)."""
+    gradients by the micro-batches on its own (the export's ``train_step`` does it once per tensor).
+    ``sequence_shards``: the tensor-parallel ranks a sequence-parallel stream is split over (1: none)."""
     decoder, stack_name, _ = _find_stack(model, blocks)
     sides = _sides(decoder, stack_name, example_ids)
     bounds = [*starts, len(getattr(decoder, stack_name))]
-    return [ModelStage(model, blocks, a, b, sides, wrap) for a, b in zip(bounds, bounds[1:])]
+    return [ModelStage(model, blocks, a, b, sides, wrap, sequence_shards) for a, b in zip(bounds, bounds[1:])]
 
 
 def stage_loss(stage, loss_fn=None):
