@@ -1,15 +1,18 @@
 """The layout search at cluster scale (issue #32): a Llama-3-70B-shaped model (80 blocks, hidden
-8192, 64 heads, 8 key-value heads, vocabulary 128,256, sequence 8192, batch 1 per micro-batch,
-bfloat16 autocast with float32 weights and Adam) captured once, laid out on 64 and on 512
-h100-80gb (8 per node) for a global batch of 1,024 sequences with 1F1B: every TP 1 combination
-of pipeline stages, data-parallel ranks and ZeRO stage. Printed per cluster: the best layout,
-its step, tokens/s per GPU and MFU, how many combinations were solved, cut off by a lower bound,
-refuted by the engine's cutoff or did not fit, the wall time and the peak memory (target: under
-60 s and 1 GB on 2 cores each).
+8192, 64 heads, 8 key-value heads, vocabulary 128,256, sequence 8192, one sequence per capture,
+bfloat16 autocast with float32 weights and Adam) laid out on 64 and on 512 h100-80gb (8 per node)
+for a global batch of 1,024 sequences, and the Llama-3.1-405B shape (126 blocks, hidden 16,384,
+128 query and 8 key-value heads, FFN 53,248, the same vocabulary and sequence) on 1,024 and 16,384
+for global batches of 512 and 2,048, each captured once under fake tensors, with 1F1B: every TP 1
+combination of pipeline stages, data-parallel ranks, ZeRO stage and micro-batch size (the capture
+scaled to each size). Printed per search: the best layout, its step, tokens/s per GPU and MFU, its
+fullest rank, what was proven, how many combinations were solved, cut off by a lower bound, refuted
+by the engine's cutoff or did not fit, the wall time and the peak memory (target: under 60 s and
+1 GB on 2 cores each; the peak is the process's, cumulative over the searches before it).
 
 Run: ``python benchmarks/bench_layouts.py`` (the capture takes minutes the first time and is
-cached in the temp folder; ``--tiny``: a Llama 4 blocks deep and 64 wide, sequence 32, on 8 and
-16 GPUs, in seconds).
+cached in the temp folder; ``--tiny``: Llamas 4 and 6 blocks deep and 64 wide, sequence 32, on 8 to
+32 GPUs, in seconds).
 """
 
 from __future__ import annotations
@@ -45,29 +48,84 @@ def llama3_70b(tiny: bool) -> Path:
     return _cached_capture("llama3-70b-seq8192", build)
 
 
+def _llama_405b_like(blocks, hidden, ffn, heads, seq, vocab, tp, name):
+    """A builder of the 405B shape's capture (or its tiny stand-in) at tensor-parallel degree ``tp``
+    (with sequence parallelism above 1, under torch's fake process group)."""
+    def run():
+        import torch
+        import transformers as tf
+
+        from stagesplit.capturing.pytorch import capture_model
+        cfg = tf.LlamaConfig(vocab_size=vocab, hidden_size=hidden, intermediate_size=ffn, num_hidden_layers=blocks,
+                             num_attention_heads=heads, num_key_value_heads=8, max_position_embeddings=seq)
+        with torch.device("meta"):
+            model = tf.LlamaForCausalLM(cfg)
+        ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
+        extra = dict(tp=tp, sequence_parallel=True) if tp > 1 else {}
+        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                             name=name, **extra)
+    return run
+
+
+def llama31_405b(tiny: bool, tp: int = 1) -> Path:
+    """The Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
+    53,248, vocabulary 128,256, sequence 8192), one rank at tensor-parallel degree ``tp`` (8:
+    torchtitan's and NeMo's degree for it), captured under fake tensors as the 70B is; ``tiny``: 6
+    blocks 64 wide with 8 heads, sequence 32."""
+    suffix = f"-tp{tp}" if tp > 1 else ""
+    if tiny:
+        return _cached_capture(f"layouts-tiny-6h8{suffix}", _llama_405b_like(6, 64, 128, 8, 32, 256, tp,
+                                                                            f"llama-6-blocks{suffix}"))
+    return _cached_capture(f"llama31-405b-seq8192{suffix}", _llama_405b_like(126, 16384, 53248, 128, 8192, 128256, tp,
+                                                                            f"llama-3.1-405b-shape{suffix}"))
+
+
+def _fullest(lp) -> str:
+    """The fullest rank of the best layout: its peak over the device."""
+    b = lp.best
+    if b is None or not b.rank_peaks:
+        return "-"
+    r = max(range(len(b.rank_peaks)), key=lambda k: b.rank_peaks[k])
+    return f"rank {r}: {b.rank_peaks[r] / 2**30:.1f}/{b.capacity / 2**30:.0f} GiB"
+
+
+def _proven(lp) -> str:
+    """What the search proved: every row settled, or how many the time limit left open."""
+    if lp.proven:
+        return "proven"
+    unknown = sum(1 for r in lp.rows if r.status == "unknown")
+    open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
+    return f"open: {unknown} unsearched, {open_} unproven"
+
+
 def main() -> int:
     from stagesplit import api
     from stagesplit.plan.layouts import seconds
     tiny = tiny_mode()
-    path = llama3_70b(tiny)
     seq = 32 if tiny else 8192
-    clusters = (8, 16) if tiny else (64, 512)
-    batch = 64 if tiny else 1024
-    print(f"{'GPUs':>5}  {'best layout':<44}  {'step':>10}  {'tok/s/GPU':>9}  {'MFU':>6}  {'rows':<40}  "
-          f"{'wall':>6}  {'RSS MB':>7}")
-    for gpus in clusters:
-        start = time.perf_counter()
-        lp = api.layouts(path, gpus=gpus, global_batch=batch, target="h100-80gb", sequence_length=seq,
-                         time_limit=30 if tiny else 60)
-        wall = time.perf_counter() - start
-        counts = Counter(r.status for r in lp.rows)
-        b = lp.best
-        best = b.layout.describe() if b else "none fits"
-        step = seconds(b.step_s) if b and b.step_s else "-"
-        tok = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu else "-"
-        mfu = f"{lp.mfu:.1%}" if lp.mfu is not None else "-"
-        rows = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        print(f"{gpus:>5}  {best:<44}  {step:>10}  {tok:>9}  {mfu:>6}  {rows:<40}  {wall:5.1f}s  {peak_rss_mb():7.0f}")
+    # (model, profile, GPU counts, global batches)
+    cases = [("Llama-3-70B", llama3_70b(tiny), {}, (8, 16) if tiny else (64, 512), (64,) if tiny else (1024,)),
+             ("Llama-3.1-405B", llama31_405b(tiny), {8: llama31_405b(tiny, 8)}, (16, 32) if tiny else (1024, 16384),
+              (64,) if tiny else (512, 2048))]
+    print(f"{'model':<15} {'GPUs':>6} {'batch':>5}  {'best layout':<56}  {'step':>9}  {'tok/s/GPU':>9}  {'MFU':>6}  "
+          f"{'fullest rank':<24}  {'proof':<28}  {'rows':<44}  {'wall':>6}  {'RSS MB':>7}")
+    for model, path, tp_profiles, clusters, batches in cases:
+        for gpus in clusters:
+            for batch in batches:
+                start = time.perf_counter()
+                lp = api.layouts(path, gpus=gpus, global_batch=batch, target="h100-80gb", sequence_length=seq,
+                                 tp_profiles=tp_profiles, time_limit=10 if tiny else 60)
+                wall = time.perf_counter() - start
+                counts = Counter(r.status for r in lp.rows)
+                b = lp.best
+                best = b.layout.describe() if b else "none fits"
+                step = seconds(b.step_s) if b and b.step_s else "-"
+                tok = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu else "-"
+                mfu = f"{lp.mfu:.1%}" if lp.mfu is not None else "-"
+                rows = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+                print(f"{model:<15} {gpus:>6} {batch:>5}  {best:<56}  {step:>9}  {tok:>9}  {mfu:>6}  "
+                      f"{_fullest(lp):<24}  {_proven(lp):<28}  {rows:<44}  {wall:5.1f}s  {peak_rss_mb():7.0f}",
+                      flush=True)
     return 0
 
 

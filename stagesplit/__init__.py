@@ -27,7 +27,7 @@ _EXPORTS: dict[str, str] = {
     "solve": ".api", "sweep": ".api", "reproduce": ".api", "breakdown": ".api", "diagnose": ".api",
     "analyze": ".api", "convert": ".api", "import_onnx": ".api", "capture": ".api", "synthesize": ".api",
     "export": ".api", "targets": ".api", "report": ".api", "plot": ".api", "Events": ".api", "Reproduction": ".api",
-    "layouts": ".api", "layout_sweep": ".api",
+    "layouts": ".api", "layout_sweep": ".api", "layout_comparison": ".api",
     # the records they take and return
     "SolveRequest": ".solver.request", "Objective": ".solver.request", "Schedule": ".solver.request",
     "SharedPolicy": ".solver.request", "LayerOptions": ".layers",
@@ -36,6 +36,7 @@ _EXPORTS: dict[str, str] = {
     "Plan": ".plan.records", "StagePlan": ".plan.records", "PlanInputs": ".plan.records",
     "read_plan": ".plan.files", "write_plan": ".plan.files", "SweepResult": ".plan.sweep",
     "LayoutPlan": ".plan.layouts", "LayoutRow": ".plan.layouts", "GpuSweep": ".plan.layouts",
+    "Comparison": ".plan.layout_compare",
     "Breakdown": ".reporting.breakdown", "Diagnosis": ".reporting.diagnosis",
     # the errors
     "StagesplitError": ".errors", "ProfileError": ".errors", "OptionError": ".errors", "LayerRangeError": ".errors",

@@ -16,6 +16,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, cast, overload
 
@@ -28,7 +29,7 @@ from .common.layering import (
     DEFAULT_LAST_LAYER_REGEX,
     DEFAULT_LAYER_REGEX,
 )
-from .common.limits import MAX_DEVICES
+from .common.limits import MAX_DEVICES, MAX_GPUS
 from .common.text import short_repr, show
 from .common.validate import choice, integer, number
 from .common.versions import VERSION
@@ -54,7 +55,8 @@ LAYER_DEFAULTS = {"layer_regex": DEFAULT_LAYER_REGEX, "first_layer_regex": DEFAU
 
 __all__ = ["Events", "LAYER_DEFAULTS", "Reproduction", "SCHEDULE_NAMES", "SOLVE_OPTIONS", "VERSION", "analyze",
            "breakdown", "capture", "convert", "diagnose", "export", "export_formats", "import_onnx", "layer_options",
-           "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve", "solve_option", "solve_request", "sweep",
+           "layout_comparison", "layout_sweep", "layouts", "load_layer_compute", "plot", "report", "reproduce", "solve",
+           "solve_option", "solve_request", "sweep",
            "synthesize", "targets", "capture_inputs", "check_outputs", "device_counts", "gpu_counts", "is_variant_word",
            "is_variants_file", "plan_document", "profile_variants", "target", "write_plan", "write_text"]
 
@@ -278,15 +280,18 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
 
 
 def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, gpus_per_node: int | None = None,
-            tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int = 1,
+            tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int | None = None,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
             zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
-            cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
-            ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
+            captured_batch: int | None = None, cp: int | None = None,
+            cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
+            ep_profiles: Mapping[int, ProfileLike] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
-    (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1 (the micro-batch of
-    ``micro_batch_size`` samples it was captured with), ``tp_profiles`` one rank's at each other
+    (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
+    micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
+    else 1); ``micro_batch_size`` fixes the samples per micro-batch (None: searched, the profiles'
+    activations and work scaled to each size: model/batchscale.py); ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
     ``zero`` fix a degree (None: searched); ``cp_profiles`` one rank's at each context-parallel
     degree (as ``capture(cp=...)`` writes it, at the tensor-parallel degree it records), ``cp``
@@ -296,33 +301,59 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
-    gpus = integer("gpus", gpus, 1, MAX_DEVICES)
+    gpus = integer("gpus", gpus, 1, MAX_GPUS)
     rank, degrees, req, deadline, events = _layout_inputs(
         profile, gpus, global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
-        ep=ep, ep_profiles=ep_profiles)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
     return search(rank, degrees, req, deadline, events)
+
+
+def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, **options):
+    """``layouts`` (the same options), then the layouts a user would otherwise take priced with the
+    same model (plan/layout_compare.py: NeMo auto-configurator's grid, torchtitan's preset, pure pipeline,
+    pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
+    compared layout."""
+    from .plan.layout_compare import compare
+    from .plan.layouts import search
+    gpus = integer("gpus", gpus, 1, MAX_GPUS)
+    rank, degrees, req, deadline, events = _layout_inputs(profile, gpus, global_batch=global_batch, target=target,
+                                                          **_layout_defaults(options))
+    chosen = search(rank, degrees, req, deadline.part(deadline.left() / 2), events)
+    return compare(rank, degrees, req, chosen, deadline, events)
+
+
+def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
+    """``layouts``' keyword options with their defaults, an unknown one refused."""
+    defaults: dict[str, Any] = dict(gpus_per_node=None, tp_profiles=None, micro_batch_size=None, sequence_length=None,
+                                    tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
+                                    time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None,
+                                    cp=None, cp_profiles=None, ep=None, ep_profiles=None)
+    for key in options:
+        if key not in defaults:
+            raise OptionError(key, "not an option of the layout search")
+    return defaults | dict(options)
 
 
 def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batch: int, target: str,
                  gpus_per_node: int | None = None, tp_profiles: Mapping[int, ProfileLike] | None = None,
-                 micro_batch_size: int = 1, sequence_length: int | None = None, tp: int | None = None,
+                 micro_batch_size: int | None = None, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
-                 events: Events | None = None, runtime_reserve: str | int = "auto", cp: int | None = None,
-                 cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
-                 ep_profiles: Mapping[int, ProfileLike] | None = None):
+                 events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
+                 cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
+                 ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
     count with its ``LayoutPlan``, and the fewest GPUs that fit."""
     from .plan.layouts import sweep_gpus
     if isinstance(gpus, str):
-        counts = _gpu_counts(gpus, MAX_DEVICES)
+        counts = _gpu_counts(gpus, MAX_GPUS)
     elif isinstance(gpus, Iterable) and not isinstance(gpus, (bytes, Mapping)):
-        counts = [integer("gpus", n, 1, MAX_DEVICES) for n in gpus]
+        counts = [integer("gpus", n, 1, MAX_GPUS) for n in gpus]
     else:
         raise OptionError("gpus", f"expected GPU counts (a list, or '8..64'), got {short_repr(gpus)}")
     if not counts:
@@ -331,15 +362,16 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         profile, max(counts), global_batch=global_batch, target=target, gpus_per_node=gpus_per_node,
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
-        events=events, runtime_reserve=runtime_reserve, cp=cp, cp_profiles=cp_profiles,
-        ep=ep, ep_profiles=ep_profiles)
+        events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
-                   tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int, sequence_length: int | None,
-                   tp: int | None, pp: int | None, dp: int | None, zero: int | None, reshard_after_forward: bool,
-                   schedule: str, time_limit: float, events: Events | None, runtime_reserve: str | int = "auto",
+                   tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int | None,
+                   sequence_length: int | None, tp: int | None, pp: int | None, dp: int | None, zero: int | None,
+                   reshard_after_forward: bool, schedule: str, time_limit: float, events: Events | None,
+                   runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                    ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
@@ -351,10 +383,13 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     from .solver.request import Schedule
     events = _events(events)
     global_batch = integer("global_batch", global_batch, 1, 2**40)
-    micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40)
+    micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40, optional=True)
+    captured_batch = integer("captured_batch", captured_batch, 1, 2**40, optional=True)
+    if captured_batch is None:          # a fixed size is the captured one unless told otherwise
+        captured_batch = micro_batch_size if micro_batch_size is not None else 1
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
-    fixed = {name: integer(name, value, 1, MAX_DEVICES, optional=True) for name, value in
-             (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
+    fixed = {name: integer(name, value, 1, MAX_GPUS if name == "dp" else MAX_DEVICES, optional=True)
+             for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
     schedule = choice(Schedule, "schedule", schedule).value
@@ -402,15 +437,24 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                               f"with ep={e})")
         read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
-    def rank(t, layout: DataLayout):
-        # each combination's rank made when the search needs it, not kept (a 70B profile is large)
-        return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+    scaled: dict[tuple[Any, Fraction], Any] = {}
+
+    def rank(t, layout: DataLayout, ratio: Fraction = Fraction(1)):
+        # each combination's rank made when the search needs it, not kept (a 70B profile is large);
+        # the profile at each micro-batch size scaled once (model/batchscale.py)
+        if ratio == 1:
+            return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+        # (the profile kept, not its analysis: a 70B analysis is large)
+        if (t, ratio) not in scaled:
+            from .model.batchscale import scale_batch
+            scaled[t, ratio] = scale_batch(read[t].profile, ratio)
+        return analyze(scaled[t, ratio], layering=read[t].layers.options, layout=layout, events=Events())
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
-                        runtime_reserve=_checked_runtime_reserve(runtime_reserve))
+                        runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 
@@ -1079,7 +1123,7 @@ def target(name: str | Target) -> Target:
 
 def gpu_counts(text: str) -> list[int]:
     """The command line's GPU counts ("8..64": the powers of two between the bounds; "8,16,24"), checked."""
-    return _gpu_counts(text, MAX_DEVICES)
+    return _gpu_counts(text, MAX_GPUS)
 
 
 def device_counts(text: str) -> list[int]:

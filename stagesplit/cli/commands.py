@@ -397,8 +397,10 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
         ep_profiles[int(degree)] = path
-    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
+    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,
+                global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
+                captured_batch=args.captured_batch,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
                 reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
                 time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args),
@@ -440,7 +442,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
 #: the layout search's own options (cli/parser.py's ``_add_layout_options``) and their values when not given
 _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("gpus_per_node", "--gpus-per-node", None), ("global_batch", "--global-batch", None),
-    ("micro_batch_size", "--micro-batch-size", 1), ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
+    ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None),
+    ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
     ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
     ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
 
@@ -455,7 +458,13 @@ def _no_layout_options(args: argparse.Namespace, what: str) -> None:
 def cmd_layouts(args: argparse.Namespace) -> int:
     import json
 
-    from ..reporting.layouts import layouts_json, layouts_text
+    from ..reporting.layouts import comparison_json, comparison_text, layouts_json, layouts_text
+    if args.compare:
+        cmp = api.layout_comparison(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
+        text = (json.dumps(comparison_json(cmp), indent=2) + "\n" if args.format == "json" else
+                layouts_text(cmp.chosen) + "\n" + comparison_text(cmp))
+        _emit(flags_in(text), args.out)
+        return 0 if cmp.chosen.best is not None else 1
     lp = api.layouts(args.profile, gpus=args.gpus, **_layout_arguments(args, args.target))
     text = json.dumps(layouts_json(lp), indent=2) + "\n" if args.format == "json" else layouts_text(lp)
     _emit(flags_in(text), args.out)

@@ -105,10 +105,11 @@ def flag_text(text: str) -> str:
     return re.sub(r"\{flag:([a-z-]+)\}", lambda m: "--" + m.group(1), text)
 
 
-def _solve_option(g: Any, name: str) -> None:
-    """The command-line argument of the solve option ``name``, as declared (solver/options.py)."""
+def _solve_option(g: Any, name: str, help: str | None = None) -> None:
+    """The command-line argument of the solve option ``name``, as declared (solver/options.py);
+    ``help``: what it does where a command reads it otherwise (layouts' compare)."""
     o = api.solve_option(name)
-    kw: dict[str, Any] = {"help": flag_text(o.help_text)}
+    kw: dict[str, Any] = {"help": help or flag_text(o.help_text)}
     if o.metavar:
         kw["metavar"] = o.metavar
     if o.parse == "int":
@@ -245,11 +246,17 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--gpus-per-node", type=int, metavar="K", help="GPUs per node (default: the target's node)")
     g.add_argument("--global-batch", type=int, required=command == "layouts", metavar="B",
                    help="samples per step: micro-batch size x micro-batches x data-parallel ranks")
-    g.add_argument("--micro-batch-size", type=int, default=1, metavar="S",
-                   help="samples in the micro-batch the profiles were captured with (default 1)")
+    g.add_argument("--micro-batch-size", type=int, metavar="S",
+                   help="fix the samples per micro-batch (default: searched, every divisor of the batch per "
+                        "data-parallel rank that fits)")
+    g.add_argument("--captured-batch", type=int, metavar="S",
+                   help="samples in the micro-batch the profiles were captured with (default: --micro-batch-size "
+                        "where given, else 1); other sizes scale their activations and work")
     g.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
+        _solve_option(g, "compare", help="also price the layouts a user would otherwise take with the same model: "
+                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, pure pipeline, pure FSDP")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1, or holds a rank at each "
                         "degree as capture --tp 1,2,4,8 writes); repeatable")
@@ -466,9 +473,10 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels", "cp": "--cp", "ep": "--ep",
+         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
+         "cp": "--cp", "ep": "--ep",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
-         "tp_profiles": "--tp-profile", "cp_profiles": "--cp-profile", "ep_profiles": "--ep-profile",
-         "optimizer": "--optimizer", "allocator_round": "--allocator-round", "fmt": "--to", "sections": "--sections",
-         "wide": "--wide"}
+         "tp_profiles": "--tp-profile", "captured_batch": "--captured-batch", "cp_profiles": "--cp-profile",
+         "ep_profiles": "--ep-profile", "optimizer": "--optimizer", "allocator_round": "--allocator-round",
+         "fmt": "--to", "sections": "--sections", "wide": "--wide"}

@@ -29,6 +29,8 @@ MAX_PLAN_FIGURE = 1e100
 MAX_TILES = 1 << 20
 #: device counts, micro-batches and solver workers accepted on the command line
 MAX_DEVICES = 1024
+#: GPUs of a cluster the layout search lays out (its pipelines stay within MAX_DEVICES stages)
+MAX_GPUS = 1 << 20
 MAX_MICRO_BATCHES = 4096
 #: chunks (virtual stages) per device
 MAX_CHUNKS_PER_RANK = 64
@@ -40,5 +42,6 @@ MIN_EXPANDED_BYTES = 512 << 20
 EXPANSION_RATIO = 100
 
 __all__ = ["EXPANSION_RATIO", "FIFO_WAIT_S", "MAX_BYTES", "MAX_CHUNKS_PER_RANK", "MAX_COMPUTE", "MAX_CONFIG_BYTES",
-           "MAX_DEPTH", "MAX_DEVICES", "MAX_MICRO_BATCHES", "MAX_PLAN_FIGURE", "MAX_STEPS", "MAX_STREAM_BYTES",
+           "MAX_DEPTH", "MAX_DEVICES", "MAX_GPUS", "MAX_MICRO_BATCHES", "MAX_PLAN_FIGURE", "MAX_STEPS",
+           "MAX_STREAM_BYTES",
            "MAX_TILES", "MAX_TIME_LIMIT", "MAX_WORKERS", "MAX_YAML_ALIASES", "MAX_YAML_NODES", "MIN_EXPANDED_BYTES"]

@@ -87,6 +87,15 @@ class PlanView:
     data_parallel: int = 1
     zero: int = 0
     reshard_after_forward: bool = True
+    #: samples per micro-batch and per step where the plan records them (a layout search's plan);
+    #: None: the micro-batch is the profile's own, the global batch unrecorded
+    micro_batch_size: int | None = None
+    global_batch: int | None = None
+
+    @property
+    def samples_per_micro_batch(self) -> int:
+        """The micro-batch size the exports write: the plan's, else 1 (the profile's batch)."""
+        return self.micro_batch_size or 1
 
     def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
         """The first wide tensor a traced pipeline of this split would send past a stage, with the
@@ -257,7 +266,8 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         tensor_parallel_styles=profile.tensor_parallel_styles,
         sequence_parallel_additions=profile.sequence_parallel_additions, data_parallel=plan.inputs.request.dp,
         context_parallel=profile.context_parallel, expert_parallel=profile.expert_parallel,
-        zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward)
+        zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward,
+        micro_batch_size=getattr(inputs, "micro_batch_size", None), global_batch=getattr(inputs, "global_batch", None))
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

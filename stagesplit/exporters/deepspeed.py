@@ -115,12 +115,26 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             "micro-batches of one train_batch(), as the plan was solved",
             f"ZERO_STAGE = {zero_stage}   # ds_config \"zero_optimization\": {{\"stage\": ZERO_STAGE}}, as the plan was "
             f"priced ({view.data_parallel} data-parallel rank{'s' if view.data_parallel != 1 else ''})",
+            *_batch_lines(view),
             *recompute,
             "", "", *_CLASS, "", "", usage]
 
 
+def _batch_lines(view: PlanView) -> list[str]:
+    """The batch a layout search chose, as ds_config's two batch keys (none where the plan has none)."""
+    if view.micro_batch_size is None or view.global_batch is None:
+        return []
+    return [f"TRAIN_MICRO_BATCH_SIZE_PER_GPU = {view.micro_batch_size}   # ds_config "
+            "\"train_micro_batch_size_per_gpu\": samples per micro-batch, as the layout search chose",
+            f"TRAIN_BATCH_SIZE = {view.global_batch}   # ds_config \"train_batch_size\": micro-batch size x "
+            "GRADIENT_ACCUMULATION_STEPS x data-parallel ranks"]
+
+
 def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decoded:
     data = literal_assignments(tree)
+    if view.micro_batch_size is not None and (data.get("TRAIN_MICRO_BATCH_SIZE_PER_GPU"), data.get(
+            "TRAIN_BATCH_SIZE")) != (view.micro_batch_size, view.global_batch):
+        raise RenderCheckError("the batch sizes differ from the plan's")
     bounds, blocks = data.get("BOUNDARIES"), data.get("BLOCKS")
     n = len(view.layer_names)
     if not isinstance(bounds, list) or len(bounds) < 2 or bounds[-1] != n or bounds[0] != 0:

@@ -185,6 +185,11 @@ def parallel_words(view: PlanView) -> list[str]:
         words.append("--use-distributed-optimizer")
     if view.data_parallel > 1 and view.zero == 3:
         words.append("--use-torch-fsdp2")
+    if view.micro_batch_size is not None and view.global_batch is not None:
+        # the batch the layout search chose: Megatron derives the micro-batches per step from the two
+        # (Megatron's argument names, its parser's dests written as flags: micro_batch_size, global_batch_size)
+        for dest, value in (("micro_batch_size", view.micro_batch_size), ("global_batch_size", view.global_batch)):
+            words += ["--" + dest.replace("_", "-"), str(value)]
     return words
 
 

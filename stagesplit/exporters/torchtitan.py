@@ -48,6 +48,9 @@ EMBEDDING_FQN = "tok_embeddings"
 HEAD_FQNS = ("norm", "lm_head")
 #: torchtitan's activation checkpointing subcommand (``Trainer.Config.activation_checkpoint``)
 AC_SUBCOMMAND = "activation-checkpoint"
+#: torchtitan's batch flags: samples per data-parallel rank and step, and per step in all
+LOCAL_BATCH = "--training.local_batch_size"
+GLOBAL_BATCH = "--training.global_batch_size"
 
 
 def activation_checkpoint(view: PlanView) -> tuple[str | None, str]:
@@ -122,8 +125,9 @@ def _words(view: PlanView, options: ExportOptions) -> list[str]:
     return [*layout_words(view), "--parallelism.pipeline_parallel_degree", str(view.ranks),
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
-            "--parallelism.pipeline_parallel_microbatch_size", "1",
-            "--training.local_batch_size", str(view.micro_batches),
+            "--parallelism.pipeline_parallel_microbatch_size", str(view.samples_per_micro_batch),
+            LOCAL_BATCH, str(view.samples_per_micro_batch * view.micro_batches),
+            *([GLOBAL_BATCH, str(view.global_batch)] if view.global_batch is not None else []),
             "--training.disable_cuda_graphs", *([f"{AC_SUBCOMMAND}:{mode}"] if mode else [])]
 
 
@@ -205,9 +209,13 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
     names = {v: k for k, v in SCHEDULES.items()}
     if names.get(flags.get("--parallelism.pipeline_parallel_schedule", [""])[0]) != schedule_class(view, True, NAME):
         raise RenderCheckError("the schedule differs from the plan's")
-    micro = int(flags["--training.local_batch_size"][0]) // int(flags["--parallelism.pipeline_parallel_microbatch_size"][0])
+    micro = int(flags[LOCAL_BATCH][0]) // int(flags["--parallelism.pipeline_parallel_microbatch_size"][0])
     if micro != view.micro_batches:
         raise RenderCheckError("local_batch_size / microbatch_size differs from the plan's micro-batches")
+    if int(flags["--parallelism.pipeline_parallel_microbatch_size"][0]) != view.samples_per_micro_batch or \
+            [int(x) for x in flags.get(GLOBAL_BATCH, [])] != \
+            ([view.global_batch] if view.global_batch is not None else []):
+        raise RenderCheckError("the micro-batch size or the global batch differs from the plan's")
     counts, expected = [], 0
     for k, group in enumerate(groups):
         body = [f for f in group if f not in (EMBEDDING_FQN, *HEAD_FQNS)]

@@ -109,6 +109,9 @@ def plan_document(plan: Plan) -> dict[str, Any]:
                                  "versions": dict(plan.run.versions)}}
     if plan.inputs.runtime_reserve is not None:
         doc["resolved"]["runtime_reserve"] = _reserve_document(plan.inputs.runtime_reserve)
+    if plan.inputs.micro_batch_size is not None:
+        doc["resolved"]["micro_batch_size"] = plan.inputs.micro_batch_size
+        doc["resolved"]["global_batch"] = plan.inputs.global_batch
     for s in plan.stages:
         rec = asdict(s)
         rec["recompute"] = list(s.recompute)
@@ -518,7 +521,7 @@ def _inputs_v2(r: FieldReader, doc: dict[str, Any], names: list[str]) -> PlanInp
     resolved = r.mapping(r.get(doc, "resolved", ""), "resolved")
     r.known_keys(resolved, "resolved", {"micro_batches", "micro_batches_auto", "capacities", "pinned_splits",
                                         "pinned_layers", "link_bytes_per_s", "targets", "layer_compute_sha256",
-                                        "runtime_reserve"})
+                                        "runtime_reserve", "micro_batch_size", "global_batch"})
     options = _options(r, request, resolved, names, "resolved")
     targets = _targets(r, resolved.get("targets", []), "resolved.targets")
     if targets and len(targets) != request.devices:
@@ -527,9 +530,18 @@ def _inputs_v2(r: FieldReader, doc: dict[str, Any], names: list[str]) -> PlanInp
     if resolved.get("runtime_reserve") is not None:
         kept = _reserve(r, resolved["runtime_reserve"], "resolved.runtime_reserve", request.devices)
         options = replace(options, kept_back=kept.per_device(request.devices))
+    size = batch = None             # recorded by a layout search only
+    if resolved.get("micro_batch_size") is not None:
+        size = r.integer(resolved["micro_batch_size"], "resolved.micro_batch_size", 1)
+        batch = r.integer(resolved.get("global_batch"), "resolved.global_batch", 1)
+        per_step = size * options.micro_batches * request.dp
+        if batch != per_step:
+            r.fail("resolved.global_batch", f"micro_batch_size x micro-batches x dp = {per_step}", str(batch))
     return PlanInputs(request=request, options=options, targets=targets,
                       layer_compute_sha256=_sha256(r, resolved.get("layer_compute_sha256"),
-                                                   "resolved.layer_compute_sha256"), runtime_reserve=kept)
+                                                   "resolved.layer_compute_sha256"), runtime_reserve=kept,
+                      micro_batch_size=size, global_batch=batch)
+
 
 
 def _inputs_v1(r: FieldReader, value: Any, names: list[str], devices: int, profile: PlanProfile) -> PlanInputs:

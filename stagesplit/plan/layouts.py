@@ -18,11 +18,13 @@ import math
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
+from fractions import Fraction
 
 import numpy as np
 
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
+from ..common.limits import MAX_DEVICES
 from ..errors import OptionError, StagesplitError
 from ..io.profile import ParallelLayout, Phase, Target
 from ..io.topology import NodeTopology
@@ -30,11 +32,12 @@ from ..model.analysis import Analysis
 from ..model.communication import dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
 from ..solver.request import Schedule, SolveRequest
+from ..solver.schedule_kinds import check_schedule, traits
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
-           "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search", "seconds",
-           "solve_request", "step_of", "sweep_gpus"]
+           "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search",
+           "seconds", "solve_request", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
@@ -54,6 +57,9 @@ class Layout:
     #: expert-parallel ranks: as in Megatron, taken from the dp x cp ranks (``ep`` divides ``sync``),
     #: not multiplied into the GPUs; each holds 1/ep of the routed experts
     ep: int = 1
+    #: samples per micro-batch (``micro_batches x micro_batch_size x dp`` is the global batch;
+    #: context-parallel ranks share their samples)
+    micro_batch_size: int = 1
 
     @property
     def sync(self) -> int:
@@ -64,7 +70,7 @@ class Layout:
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
         ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
         return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
-                f"{self.micro_batches} micro-batches")
+                f"{self.micro_batches} micro-batches of {self.micro_batch_size}")
 
 
 #: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees, or
@@ -94,7 +100,9 @@ class LayoutRequest:
     global_batch: int
     target: Target
     node: NodeTopology
-    micro_batch_size: int = 1
+    #: samples per micro-batch; None: searched (every divisor of the batch per data-parallel rank
+    #: that fits), the profiles scaled from ``captured_batch`` (model/batchscale.py)
+    micro_batch_size: int | None = 1
     sequence_length: int | None = None
     tp: int | None = None
     pp: int | None = None
@@ -109,6 +117,18 @@ class LayoutRequest:
     time_limit: float = 60.0
     #: what each solve keeps back on a device outside the profile (solve's ``runtime_reserve``)
     runtime_reserve: str | int = "auto"
+    #: the micro-batch size the profiles were captured at (their activations and work are scaled
+    #: from it to each size searched)
+    captured_batch: int = 1
+
+    def micro_batch_sizes(self, dp: int) -> list[int]:
+        """The sizes a layout of ``dp`` data-parallel ranks may take: the one fixed, or every
+        divisor of the batch per rank."""
+        if self.global_batch % dp:
+            return []
+        if self.micro_batch_size is not None:
+            return [self.micro_batch_size] if (self.global_batch // dp) % self.micro_batch_size == 0 else []
+        return _divisors(self.global_batch // dp)
 
 
 @dataclass(frozen=True)
@@ -179,16 +199,15 @@ def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: 
             dp = req.gpus // (tp * cp * pp)
             if (req.pp is not None and pp != req.pp) or (req.dp is not None and dp != req.dp) or pp > layers:
                 continue
-            if req.global_batch % (req.micro_batch_size * dp):
-                continue
-            M = req.global_batch // (req.micro_batch_size * dp)
             if (dp * cp) % ep:
                 continue
             zeros = [req.zero] if req.zero is not None else ([0, 1, 2, 3] if dp * cp > 1 and ep == 1 else [0])
-            for z in zeros:
-                if z > 0 and (dp * cp == 1 or ep > 1):
-                    continue
-                out.append(Layout(tp, pp, dp, z, M, cp, ep))
+            for mbs in req.micro_batch_sizes(dp):
+                M = req.global_batch // (mbs * dp)
+                for z in zeros:
+                    if z > 0 and (dp * cp == 1 or ep > 1):
+                        continue
+                    out.append(Layout(tp, pp, dp, z, M, cp, ep, mbs))
     return out
 
 
@@ -218,9 +237,9 @@ def check_request(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: int)
                           f"sharded over other ranks than the rest's), not ZeRO {req.zero}")
     layouts = enumerate_layouts(req, tp_degrees, layers)
     if not layouts:
+        size = f"micro-batches of {req.micro_batch_size}" if req.micro_batch_size is not None else "micro-batches"
         raise OptionError("global_batch", f"no layout of {req.gpus} GPUs forms a global batch of {req.global_batch} "
-                          f"from micro-batches of {req.micro_batch_size} (it must be micro-batch size x micro-batches "
-                          "x data-parallel ranks)")
+                          f"from {size} (it must be micro-batch size x micro-batches x data-parallel ranks)")
     return layouts
 
 
@@ -339,7 +358,7 @@ def cp_share(plan: Plan, analysis: Analysis, req: LayoutRequest) -> float:
     return s.step_time * exposed / compute if compute > 0 else 0.0
 
 
-def memory_floor(roles: Mapping[str, int], lay: Layout) -> float:
+def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
     """Bytes some rank holds all step at least: the profile's always-live bytes with parameters,
     gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
     (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``
@@ -365,8 +384,10 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRe
 
 # -- the search ------------------------------------------------------------------------------------
 
-#: builds a rank's analysis for a tensor-parallel degree and a data layout (the API reads and shards)
-Analyze = Callable[[Degree, DataLayout], Analysis]
+#: builds a rank's analysis for a rank's degrees (tp, or (tp, cp), or (tp, cp, ep)), a data layout
+#: and a micro-batch size (as a ratio to the captured one: model/batchscale.py); the API reads,
+#: scales and shards
+Analyze = Callable[[Degree, DataLayout, Fraction], Analysis]
 
 
 def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, deadline: Deadline,
@@ -374,9 +395,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
     from .scheduled import advise_schedule
-    base = {tp: analyze(tp, DataLayout()) for tp in tp_degrees}
+    base = {tp: analyze(tp, DataLayout(), Fraction(1)) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)
+
+    def ratio(lay: Layout) -> Fraction:
+        return Fraction(lay.micro_batch_size, req.captured_batch)
     params = {tp: parameter_bytes_by_layer(a.profile, a.layers) for tp, a in base.items()}
     flops = req.target.flops_per_s
     # one micro-batch of a whole rank's compute at the target's peak, in seconds (the roofline's
@@ -392,22 +416,43 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
         per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
     tp_mb = {tp: _tp_seconds(a, req.node)[0] + _tp_seconds(a, req.node, "ep")[0]
-             + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}
+             + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}     # at the captured size
 
     def floor(lay: Layout) -> float:
         """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
         the peak, and the TP collectives and CP's exposed exchange, which lengthen it) times the
         micro-batches over pp."""
-        return (per_mb[key_of(lay)] + tp_mb[key_of(lay)]) * lay.micro_batches / lay.pp
-    order = sorted(layouts, key=lambda lay: (floor(lay), lay))
+        return (per_mb[key_of(lay)] + tp_mb[key_of(lay)]) * float(ratio(lay)) * lay.micro_batches / lay.pp
+    # the same floor whatever the micro-batch size: every combination at the smallest size first (the
+    # search at one size, with no scaling where it is the captured one), then each larger size with
+    # the best step found as its cutoff
+    order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
     roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
     for lay in order:                    # the memory floor: refuted before anything is solved
-        need = memory_floor(roles[key_of(lay)], lay)
+        # at another micro-batch size only the activations (role other) change: at most x the
+        # ratio smaller (model/batchscale.py), never smaller when the size grows
+        key = key_of(lay)
+        at = dict(roles[key], other=roles[key]["other"] * min(1.0, float(ratio(lay))))
+        need = memory_floor(at, lay)
+        if lay.sync > MAX_DEVICES:        # one stage's solve prices at most MAX_DEVICES data-parallel ranks
+            ranks = f"{lay.sync:,} data-parallel ranks" + (" (data x context)" if lay.cp > 1 else "")
+            rows[lay] = LayoutRow(lay, "refused", f"{ranks}: a stage's solve takes at most {MAX_DEVICES:,}",
+                                  capacity=capacity, proven=True)
+            continue
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
+            continue
+        # torch's rules for the schedule (1F1B: micro-batches >= stages...), as the engine would refuse
+        # it after the combination's preparation: refused before it, in the engine's words
+        fixed = traits(req.schedule).fixed_chunks_per_rank if req.schedule != "auto" else None
+        if fixed is not None and lay.pp > 1:
+            try:
+                check_schedule(req.schedule, lay.pp, lay.micro_batches, fixed)
+            except StagesplitError as exc:
+                rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     best: float = math.inf
     prep = 0.0                         # the longest preparation of a combination so far (seconds)
@@ -429,14 +474,22 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                                   capacity=capacity)
             continue
         started = time.monotonic()
-        share = max(deadline.left() / max(1, sum(1 for x in order[i:] if x not in rows)), min(deadline.left(), 1.0))
-        analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward))
+        # the time left shared by the combinations left at this micro-batch size, each larger size
+        # counting as one more (the smallest size, searched first, is the one that must be settled)
+        left = [x for x in order[i:] if x not in rows]
+        same = sum(1 for x in left if x.micro_batch_size == lay.micro_batch_size)
+        later = len({x.micro_batch_size for x in left if x.micro_batch_size > lay.micro_batch_size})
+        share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
+        if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
+            share = max(share, deadline.left() / 4)
+        analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
         # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
         # the TP collectives add at least that (the pipeline step is at least M x the work per
         # micro-batch over pp), the data-parallel communication only adds; the engine proves that
         # no split is faster than the cutoff
-        cutoff = best - lay.micro_batches * tp_mb[key_of(lay)] / lay.pp if math.isfinite(best) else None
+        cutoff = best - lay.micro_batches * tp_mb[key_of(lay)] * float(ratio(lay)) / lay.pp \
+            if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
             if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):
@@ -445,6 +498,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             table = resolved.model.phase_table
             prep = max(prep, time.monotonic() - started)
             share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
+            if not math.isfinite(best):    # the preparation does not eat the first layout's quarter
+                share = max(share, deadline.left() / 4)
             if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
                 plan, slower = engine.solve(analysis, request, deadline.part(share), Events()), False
                 open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]
@@ -508,6 +563,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         # still says which degree its rank is of, so that its exports lay the model out so
         plan = replace(plan, profile=replace(plan.profile, tensor_parallel=top.layout.tp,
                                              context_parallel=top.layout.cp, expert_parallel=top.layout.ep))
+    # the plan records the batch, so that the exports give each framework its micro-batch size
+    plan = replace(plan, inputs=replace(plan.inputs, micro_batch_size=top.layout.micro_batch_size,
+                                        global_batch=req.global_batch))
     assert top.step_s is not None
     samples = req.global_batch / top.step_s
     tokens = samples * req.sequence_length / req.gpus if req.sequence_length else None
@@ -518,8 +576,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     fwd_bwd = np.isin(np.asarray(ops.phase), (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT))
     total = float(np.asarray(ops.compute)[fwd_bwd].sum()) if rank.compute_unit == "flops" else None
     if total is not None and flops:
-        # a rank's FLOPs per micro-batch, times tp x cp ranks, times every micro-batch of every replica
-        mfu = total * top.layout.tp * top.layout.cp * req.global_batch / req.micro_batch_size / top.step_s / (req.gpus * flops)
+        # a rank's FLOPs per captured micro-batch, times tp x cp ranks, times every captured batch
+        mfu = (total * top.layout.tp * top.layout.cp * req.global_batch / req.captured_batch / top.step_s
+               / (req.gpus * flops))
     proven = all(r.proven for r in out)
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
                       tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))
@@ -582,7 +641,7 @@ def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutReques
     deadline split across them: each count gets the time left over the counts left. A count on
     which no layout forms the batch (or the node does not divide it) is a row saying so; where
     every count is refused, the first refusal is raised (the request itself is bad)."""
-    layers = min(analyze(tp, DataLayout()).layers.num_layers for tp in tp_degrees)
+    layers = min(analyze(tp, DataLayout(), Fraction(1)).layers.num_layers for tp in tp_degrees)
     rows: list[GpuSweepRow] = []
     first: OptionError | None = None
     for i, g in enumerate(counts):

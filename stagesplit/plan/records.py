@@ -179,6 +179,10 @@ class PlanInputs:
     #: context, NCCL's buffers: solver/runtime_reserve.py), itemised; ``options.kept_back`` holds its
     #: bytes per device. None: not a GPU, or a plan written before it was recorded
     runtime_reserve: RuntimeReserve | None = None
+    #: samples per micro-batch and per step where a layout search chose them (None: not recorded,
+    #: the micro-batch is the profile's own)
+    micro_batch_size: int | None = None
+    global_batch: int | None = None
 
     # the fields readers of a plan use, by name
     @property

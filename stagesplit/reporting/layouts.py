@@ -8,20 +8,28 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRow, seconds
+from ..plan.layout_compare import Comparison
+from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
-__all__ = ["gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
+__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+def _sizes(req: LayoutRequest) -> str:
+    """The micro-batch size as the request has it: fixed, or searched from the captured size."""
+    if req.micro_batch_size is not None:
+        return f"micro-batches of {req.micro_batch_size}"
+    return f"micro-batch size searched; profiles captured at {req.captured_batch}"
+
+
 def layouts_text(lp: LayoutPlan) -> str:
     req = lp.request
     lines = [f"layout search: {req.gpus} GPUs ({req.node.gpus_per_node} per node) of {req.target.name}, global batch "
-             f"{req.global_batch} (micro-batches of {req.micro_batch_size}), schedule {req.schedule}"]
+             f"{req.global_batch} ({_sizes(req)}), schedule {req.schedule}"]
     b = lp.best
     refused = sum(1 for r in lp.rows if r.status == "refused")
     if b is None:
@@ -62,7 +70,7 @@ def layouts_text(lp: LayoutPlan) -> str:
     # cp and ep columns only where some row has context or expert parallelism
     cp, ep = any(r.layout.cp > 1 for r in lp.rows), any(r.layout.ep > 1 for r in lp.rows)
     lines.append(f"{'tp':>3} " + f"{'cp':>3} " * cp + f"{'ep':>3} " * ep
-                 + f"{'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10}  why")
+                 + f"{'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10} {'S':>4}  why")
     for r in lp.rows:
         lines.append(_row(r, cp, ep))
     return "\n".join(lines) + "\n"
@@ -72,13 +80,15 @@ def _row(r: LayoutRow, cp: bool = False, ep: bool = False) -> str:
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
     degrees = f"{lay.tp:>3}" + f" {lay.cp:>3}" * cp + f" {lay.ep:>3}" * ep
-    return f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10}  {r.reason}"
+    return (f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} "
+            f"{lay.micro_batch_size:>4}  {r.reason}")
 
 
 def _row_json(r: LayoutRow) -> dict[str, Any]:
     lay = r.layout
     return {"tp": lay.tp, "pp": lay.pp, "dp": lay.dp, "zero": lay.zero, "micro_batches": lay.micro_batches,
-            "status": r.status, "reason": r.reason, "step_s": r.step_s, "pipeline_s": r.pipeline_s,
+            "micro_batch_size": lay.micro_batch_size, "status": r.status, "reason": r.reason, "step_s": r.step_s,
+            "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
             "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
             "chunks_per_rank": r.chunks_per_rank or None, "cp": lay.cp, "cp_comm_s": r.cp_comm_s,
@@ -88,7 +98,9 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
     req = lp.request
     return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
-            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size, "schedule": req.schedule,
+            "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size,
+            "captured_batch": req.captured_batch,
+            "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
@@ -101,20 +113,22 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
     with no layout says why."""
     t = Table("GPU-count sweep (layouts)", [
         Column("gpus", "id"), Column("fits"), Column("tp", "id"), Column("pp", "id"), Column("dp", "id"),
-        Column("zero", "id"), Column("M", "int"), Column("schedule"), Column("step (ms)", "compute"),
+        Column("zero", "id"), Column("M", "int"), Column("S", "int", 1), Column("schedule"),
+        Column("step (ms)", "compute"),
         Column("samples/s per GPU", "float", 2), Column("tokens/s per GPU", "int"), Column("MFU", "percent"),
         Column("proven", "text", 3), Column("why")])
     for r in sweep.rows:
         lp = r.plan
         proven = "yes" if lp is not None and lp.proven else "no"
         if lp is None or lp.best is None:
-            t.add(r.gpus, "no", *([None] * 10), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
+            t.add(r.gpus, "no", *([None] * 11), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
             continue
         b, lay = lp.best, lp.best.layout
         assert b.step_s is not None and lp.samples_per_s is not None
         tokens = round(lp.tokens_per_s_per_gpu) if lp.tokens_per_s_per_gpu is not None else None
         schedule = b.schedule + (f" x{b.chunks_per_rank}" if b.chunks_per_rank > 1 else "")
-        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, schedule, b.step_s * 1e3,
+        t.add(r.gpus, "yes", lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, lay.micro_batch_size, schedule,
+              b.step_s * 1e3,
               lp.samples_per_s / r.gpus, tokens, lp.mfu, proven, None)
     return t
 
@@ -132,3 +146,45 @@ def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
     return {"fewest_gpus": sweep.fewest,
             "rows": [{"gpus": r.gpus, "fits": r.fits, "refused": r.refused or None,
                       "layouts": layouts_json(r.plan) if r.plan is not None else None} for r in sweep.rows]}
+
+
+def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: LayoutPlan) -> list[str]:
+    """One compared layout's cells: its layout, step, tokens/s per GPU, step over the chosen one's,
+    and whether it fits (else the first rank that does not, or why it was not laid out)."""
+    if lp is None:
+        return [name, "-", "-", "-", "-", f"not laid out: {refused}"]
+    b = lp.best
+    if b is None:
+        worst = next((r for r in lp.rows if r.status == "memory"), None)
+        why = worst.reason if worst is not None else _none_fits(lp)
+        lay = lp.rows[0].layout.describe() if lp.rows else "-"
+        return [name, lay, "-", "-", "-", f"does not fit: {why}"]
+    assert b.step_s is not None
+    tokens = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu is not None else "-"
+    ratio = "-"
+    if chosen.best is not None and chosen.best.step_s:
+        ratio = f"{b.step_s / chosen.best.step_s:.2f}x"
+    return [name, b.layout.describe(), seconds(b.step_s), tokens, ratio, "fits"]
+
+
+def comparison_text(cmp: Comparison) -> str:
+    """The compared layouts beside the search's choice: a row each (plan/layout_compare.py)."""
+    rows = [["layout", "degrees", "step", "tokens/s per GPU", "vs chosen", "fits"],
+            _compared_cells("stagesplit's choice", cmp.chosen, "", cmp.chosen)]
+    for r in cmp.rows:
+        name = r.name + (f" (best of {r.tried})" if r.tried > 1 else "")
+        rows.append(_compared_cells(name, r.plan, r.refused, cmp.chosen))
+    widths = [max(len(row[k]) for row in rows) for k in range(5)]
+    lines = ["compared layouts (the same model, cluster and global batch):"]
+    for row in rows:
+        lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5])
+    lines.append("sources: " + "; ".join(f"{r.name}: {r.source}" for r in cmp.rows))
+    return "\n".join(lines) + "\n"
+
+
+def comparison_json(cmp: Comparison) -> dict[str, Any]:
+    """The search's whole answer and each compared layout's (``layouts_json``), or why it has none."""
+    return {"chosen": layouts_json(cmp.chosen),
+            "compared": [{"name": r.name, "source": r.source, "tried": r.tried, "refused": r.refused or None,
+                          "step_s": r.step_s, "layouts": layouts_json(r.plan) if r.plan is not None else None}
+                         for r in cmp.rows]}

@@ -99,10 +99,11 @@ def test_the_export_carries_the_layout(files, tmp_path, capsys):
                          "--parallelism.data_parallel_shard_degree", "2", "--parallelism.fsdp_reshard_after_forward",
                          "always", "--parallelism.pipeline_parallel_degree"] and words[8] == "2"
     # global batch 32 = 2 replicas x 2 micro-batches x 8 samples: the export runs the layout's 2
-    # micro-batches per replica (torchtitan's local batch over its micro-batch size, which it sets to 1)
-    assert plan.inputs.request.micro_batches == 2
-    assert words[words.index("--training.local_batch_size") + 1] == "2"
-    assert words[words.index("--parallelism.pipeline_parallel_microbatch_size") + 1] == "1"
+    # micro-batches of 8 per replica (torchtitan's local batch over its micro-batch size, the plan's)
+    assert plan.inputs.request.micro_batches == 2 and plan.inputs.micro_batch_size == 8
+    assert words[words.index("--training.local_batch_size") + 1] == "16"
+    assert words[words.index("--parallelism.pipeline_parallel_microbatch_size") + 1] == "8"
+    assert words[words.index("--training.global_batch_size") + 1] == "32"
     assert first in (0, 1, 2)
     code, text, _ = run_cli(capsys, "export", out, "--to", "megatron")
     assert code == 0
@@ -212,14 +213,14 @@ def test_sweep_rows_are_each_counts_search_and_the_fewest_that_fit(files, capsys
             continue
         b, lay = lp.best, lp.best.layout
         assert row["layouts"]["best"]["step_s"] == pytest.approx(b.step_s)
-        assert cells[1:8] == ["yes", str(lay.tp), str(lay.pp), str(lay.dp), str(lay.zero), str(lay.micro_batches),
-                              b.schedule]
-        assert b.chunks_per_rank == 1
-        assert cells[8] == f"{b.step_s * 1e3:.3g}"
-        assert cells[9] == f"{32 / b.step_s / g:,.3f}"
-        assert cells[10] == f"{round(32 * 4 / b.step_s / g):,}"
-        assert cells[11] == f"{100 * lp.mfu:.1f}%"
-        assert cells[12:] == [("yes" if lp.proven else "no"), "-"]
+        assert cells[1:9] == ["yes", str(lay.tp), str(lay.pp), str(lay.dp), str(lay.zero), str(lay.micro_batches),
+                              str(lay.micro_batch_size), b.schedule]
+        assert b.chunks_per_rank == 1 and lay.micro_batch_size == 8
+        assert cells[9] == f"{b.step_s * 1e3:.3g}"
+        assert cells[10] == f"{32 / b.step_s / g:,.3f}"
+        assert cells[11] == f"{round(32 * 4 / b.step_s / g):,}"
+        assert cells[12] == f"{100 * lp.mfu:.1f}%"
+        assert cells[13:] == [("yes" if lp.proven else "no"), "-"]
     assert [r["fits"] for r in doc["rows"]] == [False, True, True, False]
     assert doc["fewest_gpus"] == 2
     assert lines[-1] == "fewest GPUs that fit: 2"
@@ -290,3 +291,115 @@ def test_the_sweep_splits_one_deadline_across_the_counts(files, monkeypatch):
     assert [r.gpus for r in sweep.rows] == [2, 4, 12, 8] and sweep.rows[2].plan is None
     assert sweep.rows[2].refused == "8 GPUs per node does not divide 12 GPUs"
     assert sweep.fewest is None                 # no search here found a best
+
+
+def test_the_micro_batch_size_is_searched_when_not_given(files):
+    """Without --micro-batch-size every divisor of the batch per data-parallel rank is a layout of
+    its own (the stack captured at 8 samples, scaled to each size); the best is the fastest of the
+    searches at each size fixed, and the plan records its size and the global batch."""
+    stack = str(files / "stack.json")
+    lp = api.layouts(stack, gpus=4, global_batch=32, captured_batch=8, sequence_length=1, target="h100-80gb")
+    sizes = {(r.layout.dp, r.layout.micro_batch_size) for r in lp.rows}
+    assert sizes == {(dp, s) for dp in (1, 2, 4) for s in range(1, 32 // dp + 1) if (32 // dp) % s == 0}
+    assert all(r.layout.micro_batch_size * r.layout.micro_batches * r.layout.dp == 32 for r in lp.rows)
+    fixed = {}
+    for s in (1, 2, 4, 8):
+        one = api.layouts(stack, gpus=4, global_batch=32, micro_batch_size=s, captured_batch=8, sequence_length=1,
+                          target="h100-80gb")
+        if one.best is not None:
+            fixed[s] = one.best.step_s
+    assert lp.best is not None and lp.best.step_s <= min(fixed.values()) * (1 + 1e-9)
+    if lp.best.layout.micro_batch_size in fixed:
+        assert lp.best.step_s == pytest.approx(fixed[lp.best.layout.micro_batch_size])
+    inputs = lp.plan.inputs
+    assert (inputs.micro_batch_size, inputs.global_batch) == (lp.best.layout.micro_batch_size, 32)
+    assert inputs.micro_batch_size * inputs.micro_batches * inputs.request.dp == 32
+    # at the captured size the profile is used as captured: the search at 8 fixed is the old one's
+    at8 = api.layouts(stack, gpus=4, global_batch=32, micro_batch_size=8, sequence_length=1, target="h100-80gb")
+    assert at8.best.step_s == pytest.approx(fixed[8])
+
+
+def _layout_plan(files, tmp_path, capsys, *extra):
+    out = tmp_path / "plan.json"
+    code, _, err = run_cli(capsys, "solve", str(files / "stack.json"), "--layout", "auto", "--gpus", 8, "--pp", 2,
+                           "--global-batch", 64, "--captured-batch", 8, "--seq-len", 1, "--target", "h100-80gb",
+                           *extra, "--out", out)
+    assert code == 0, err
+    from stagesplit.plan.files import read_plan
+    return out, read_plan(out)
+
+
+def test_the_exports_carry_the_micro_batch_size_and_the_global_batch(files, tmp_path, capsys):
+    """Megatron's --micro-batch-size/--global-batch-size give its micro-batch calculator the plan's
+    micro-batches; DeepSpeed's batch keys pass its own config's batch check; torchtitan's local batch
+    over its micro-batch size is the plan's micro-batches."""
+    out, plan = _layout_plan(files, tmp_path, capsys, "--zero", 1, "--micro-batch-size", 4)
+    i = plan.inputs
+    assert (i.micro_batch_size, i.global_batch) == (4, 64) and i.request.dp == 4 and i.micro_batches == 4
+    code, text, _ = run_cli(capsys, "export", out, "--to", "megatron")
+    assert code == 0
+    line = shlex.split(next(x for x in text.splitlines() if x.startswith("--")))
+    mbs, gbs = int(line[line.index("--micro-batch-size") + 1]), int(line[line.index("--global-batch-size") + 1])
+    assert (mbs, gbs) == (4, 64)
+    core = pytest.importorskip("megatron.core.num_microbatches_calculator")
+    core.init_num_microbatches_calculator(0, None, gbs, mbs, i.request.dp)
+    try:
+        assert core.get_num_microbatches() == i.micro_batches
+    finally:
+        core.destroy_num_microbatches_calculator()
+    code, text, _ = run_cli(capsys, "export", out, "--to", "deepspeed")
+    assert code == 0
+    import ast
+    values = {node.targets[0].id: node.value.value for node in ast.parse(text).body
+              if isinstance(node, ast.Assign) and isinstance(node.value, ast.Constant)}
+    assert (values["TRAIN_MICRO_BATCH_SIZE_PER_GPU"], values["TRAIN_BATCH_SIZE"]) == (4, 64)
+    assert values["GRADIENT_ACCUMULATION_STEPS"] == i.micro_batches
+    pytest.importorskip("deepspeed", reason="DeepSpeed is not installed here")
+    from types import SimpleNamespace
+
+    from deepspeed.runtime.config import DeepSpeedConfig
+    mpu = SimpleNamespace(get_data_parallel_world_size=lambda: i.request.dp)
+    import deepspeed.comm as dist
+    rank = dist.get_rank
+    dist.get_rank = lambda *a, **k: 0
+    try:
+        config = DeepSpeedConfig({"train_batch_size": values["TRAIN_BATCH_SIZE"],
+                                  "train_micro_batch_size_per_gpu": values["TRAIN_MICRO_BATCH_SIZE_PER_GPU"],
+                                  "gradient_accumulation_steps": values["GRADIENT_ACCUMULATION_STEPS"]}, mpu=mpu)
+    finally:
+        dist.get_rank = rank
+    assert (config.train_batch_size, config.train_micro_batch_size_per_gpu, config.gradient_accumulation_steps) \
+        == (64, 4, 4)
+
+
+def test_torchtitan_words_carry_the_batch(files, tmp_path, capsys):
+    out, plan = _layout_plan(files, tmp_path, capsys, "--zero", 3, "--micro-batch-size", 2)
+    i = plan.inputs
+    code, text, _ = run_cli(capsys, "export", out, "--to", "torchtitan")
+    assert code == 0
+    words = shlex.split(text, comments=True)
+    flag = {w: words[k + 1] for k, w in enumerate(words) if w.startswith("--") and k + 1 < len(words)}
+    assert int(flag["--parallelism.pipeline_parallel_microbatch_size"]) == 2
+    assert int(flag["--training.local_batch_size"]) == 2 * i.micro_batches
+    assert int(flag["--training.global_batch_size"]) == 64 == 2 * i.micro_batches * i.request.dp
+
+
+@pytest.mark.slow
+@pytest.mark.filterwarnings("ignore")
+def test_torchtitan_s_config_manager_reads_the_batch(files, tmp_path, capsys, monkeypatch):
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "exporters"))
+    import test_export_torchtitan as titan
+    titan._without_triton_kernels(monkeypatch)
+    from torchtitan.config.manager import ConfigManager
+    out, plan = _layout_plan(files, tmp_path, capsys, "--zero", 3, "--micro-batch-size", 2)
+    code, text, _ = run_cli(capsys, "export", out, "--to", "torchtitan")
+    words = shlex.split(text, comments=True)
+    config = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words])
+    t, p = config.training, config.parallelism
+    assert (p.pipeline_parallel_microbatch_size, t.local_batch_size, t.global_batch_size) == \
+        (2, 2 * plan.inputs.micro_batches, 64)
+    assert t.global_batch_size == t.local_batch_size * p.data_parallel_shard_degree

@@ -319,7 +319,7 @@ def test_one_profile_per_tensor_parallel_degree(stack):
     lp = api.layouts(stack, tp_profiles={2: half}, target="h100-80gb", gpus=2, global_batch=8,
                      micro_batch_size=8, tp=2, time_limit=60)
     one = api.solve(half, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
-    assert lp.best.layout == type(lp.best.layout)(2, 1, 1, 0, 1)
+    assert lp.best.layout == type(lp.best.layout)(2, 1, 1, 0, 1, micro_batch_size=8)
     assert lp.best.step_s == pytest.approx(one.schedule.step_time)
     assert "tp_profiles" == _refused(stack, tp_profiles={1: half})
 
@@ -383,13 +383,14 @@ def test_the_combinations_by_hand():
     from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts
     req = LayoutRequest(gpus=8, global_batch=32, target=load_target("h100-80gb"), node=H100, micro_batch_size=2)
     got = enumerate_layouts(req, [1, 2], layers=8)
-    want = [Layout(tp, pp, 8 // (tp * pp), z, 32 // (2 * (8 // (tp * pp))))
+    want = [Layout(tp, pp, 8 // (tp * pp), z, 32 // (2 * (8 // (tp * pp))), micro_batch_size=2)
             for tp in (1, 2) for pp in (1, 2, 4, 8) if 8 % (tp * pp) == 0
             for z in ((0, 1, 2, 3) if 8 // (tp * pp) > 1 else (0,))]
     assert got == want and len(got) == 4 * 3 + 1 + 4 * 2 + 1
     from dataclasses import replace
     assert {lay.pp for lay in enumerate_layouts(replace(req, tp=2, zero=3), [1, 2], 8)} == {1, 2}
-    assert enumerate_layouts(replace(req, dp=8), [1, 2], 8) == [Layout(1, 1, 8, z, 2) for z in range(4)]
+    assert enumerate_layouts(replace(req, dp=8), [1, 2], 8) == [Layout(1, 1, 8, z, 2, micro_batch_size=2)
+                                                                for z in range(4)]
     # only 3 layers: no more than 3 stages; a batch of 6: dp must divide 3 micro-batch slots
     assert {lay.pp for lay in enumerate_layouts(req, [1], 3)} == {1, 2}
     assert {lay.dp for lay in enumerate_layouts(replace(req, global_batch=6), [1, 2], 8)} == {1}

@@ -45,15 +45,16 @@ def test_the_combinations_by_hand():
     from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts
     req = LayoutRequest(gpus=8, global_batch=32, target=load_target("h100-80gb"), node=H100, micro_batch_size=2)
     got = enumerate_layouts(req, [1, (1, 2)], layers=8)
-    want = [Layout(1, pp, 8 // pp, z, 32 // (2 * (8 // pp)), 1) for pp in (1, 2, 4, 8)
+    want = [Layout(1, pp, 8 // pp, z, 32 // (2 * (8 // pp)), 1, micro_batch_size=2) for pp in (1, 2, 4, 8)
             for z in ((0, 1, 2, 3) if 8 // pp > 1 else (0,))]
-    want += [Layout(1, pp, 4 // pp, z, 32 // (2 * (4 // pp)), 2) for pp in (1, 2, 4) for z in (0, 1, 2, 3)]
+    want += [Layout(1, pp, 4 // pp, z, 32 // (2 * (4 // pp)), 2, micro_batch_size=2)
+             for pp in (1, 2, 4) for z in (0, 1, 2, 3)]
     assert sorted(got) == sorted(want)
     assert all(lay.tp * lay.cp * lay.pp * lay.dp == 8 for lay in got)
     assert {lay.cp for lay in enumerate_layouts(replace(req, cp=2), [1, (1, 2)], 8)} == {2}
     assert Layout(1, 4, 1, 3, 16, 2).sync == 2
-    assert Layout(2, 1, 2, 0, 8, 2).describe() == "TP 2 x CP 2 x PP 1 x DP 2, ZeRO 0, 8 micro-batches"
-    assert Layout(2, 1, 2, 0, 8).describe() == "TP 2 x PP 1 x DP 2, ZeRO 0, 8 micro-batches"
+    assert Layout(2, 1, 2, 0, 8, 2).describe() == "TP 2 x CP 2 x PP 1 x DP 2, ZeRO 0, 8 micro-batches of 1"
+    assert Layout(2, 1, 2, 0, 8).describe() == "TP 2 x PP 1 x DP 2, ZeRO 0, 8 micro-batches of 1"
 
 
 def test_the_ring_exchange_hides_under_the_attention_by_hand():
@@ -121,7 +122,7 @@ def test_a_cp_rank_in_the_search_by_hand(stack):
     text = layouts_text(lp)
     assert f"context-parallel exchange exposed {seconds(b.cp_comm_s)}, data-parallel" in text
     assert " tp  cp  pp   dp zero     M status" in text
-    assert f"  1   2   1    1    0     1 best     {seconds(b.step_s):>10}  fastest that fits" in text
+    assert f"  1   2   1    1    0     1 best     {seconds(b.step_s):>10}    8  fastest that fits" in text
     rows = layouts_json(lp)["rows"]
     assert [(r["cp"], r["cp_comm_s"]) for r in rows if r["status"] == "best"] == [(2, b.cp_comm_s)]
 
@@ -188,3 +189,20 @@ def test_a_captured_cp_rank_end_to_end():
     assert {r.layout.cp for r in lp.rows} == {1, 2}
     rows = [r for r in lp.rows if r.layout.cp == 2 and r.step_s is not None]
     assert rows and all(r.cp_comm_s > 0 for r in rows)
+
+
+def test_the_micro_batch_size_searched_with_cp_and_ep_by_hand():
+    """4 GPUs, one layer (PP 1), batch 8, the micro-batch size searched: CP 1 leaves DP 4 (2 samples
+    a replica: sizes 1 and 2), CP 2 leaves DP 2 (4 samples: sizes 1, 2 and 4; the context-parallel
+    ranks share theirs), each with ZeRO 0 to 3; EP 2 (of the DP 4 ranks) sizes 1 and 2 under ZeRO 0
+    alone. The micro-batches are 8 / (size x dp)."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts
+    req = LayoutRequest(gpus=4, global_batch=8, target=load_target("h100-80gb"), node=H100, micro_batch_size=None)
+    got = enumerate_layouts(req, [1, (1, 2), (1, 1, 2)], layers=1)
+    want = [Layout(1, 1, 4, z, 8 // (s * 4), micro_batch_size=s) for s in (1, 2) for z in range(4)]
+    want += [Layout(1, 1, 2, z, 8 // (s * 2), 2, micro_batch_size=s) for s in (1, 2, 4) for z in range(4)]
+    want += [Layout(1, 1, 4, 0, 8 // (s * 4), 1, 2, micro_batch_size=s) for s in (1, 2)]
+    assert sorted(got) == sorted(want) and len(got) == 8 + 12 + 2
+    assert Layout(1, 1, 2, 0, 1, 2, micro_batch_size=4).describe() == \
+        "TP 1 x CP 2 x PP 1 x DP 2, ZeRO 0, 1 micro-batches of 4"

@@ -44,13 +44,13 @@ def test_the_combinations_by_hand():
     from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts, key_of
     req = LayoutRequest(gpus=8, global_batch=32, target=load_target("h100-80gb"), node=H100, micro_batch_size=2)
     got = [lay for lay in enumerate_layouts(req, [1, (1, 1, 2)], layers=8) if lay.ep > 1]
-    assert got == [Layout(1, pp, 8 // pp, 0, 32 // (2 * (8 // pp)), 1, 2) for pp in (1, 2, 4)]
+    assert got == [Layout(1, pp, 8 // pp, 0, 32 // (2 * (8 // pp)), 1, 2, micro_batch_size=2) for pp in (1, 2, 4)]
     assert key_of(got[0]) == (1, 1, 2)
     four = replace(req, node=replace(H100, gpus_per_node=4))
     assert [lay for lay in enumerate_layouts(four, [1, (1, 1, 8)], 8) if lay.ep > 1] == []
     assert {lay.ep for lay in enumerate_layouts(replace(four, ep=8), [1, (1, 1, 8)], 8)} == {8}
     assert Layout(1, 1, 4, 0, 4, 1, 2).describe() == "TP 1 x PP 1 x DP 4 (EP 2 of the DP x CP ranks), ZeRO 0, " \
-                                                     "4 micro-batches"
+                                                     "4 micro-batches of 1"
 
 
 def test_an_ep_rank_in_the_search_by_hand(stack):

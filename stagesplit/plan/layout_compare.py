@@ -1,0 +1,179 @@
+"""The comparison (the layout search's compare option): the layouts a user would otherwise take,
+priced with the same model and cluster as the layout search's choice (docs/layouts.md, "Compared
+layouts", cites each source):
+
+* **NeMo auto-configurator's grid**: the tensor-parallel degrees, pipeline stages and micro-batch
+  sizes its ``GPT3GridSearch`` (``nemo/collections/llm/tools/auto_configurator/core/training_config.py``)
+  tries for a model of this size on 80 GB GPUs, with Megatron's distributed optimizer (ZeRO 1, NeMo's
+  default); every grid point is priced and the fastest that fits is its row (the auto-configurator
+  runs each and keeps the fastest).
+* **torchtitan's Llama-3 preset** for the size (``torchtitan/models/llama3/config_registry.py``:
+  ``llama3_8b``, ``llama3_70b``, ``llama3_405b``, torchtitan 0.3.0): FSDP2 over every GPU left (ZeRO
+  3), its tensor-parallel degree, no pipeline, its local batch as the micro-batch size.
+* **pure pipeline**: the most stages the layers and GPUs allow, DDP across the rest, TP 1.
+* **pure FSDP**: one stage, ZeRO 3 over every GPU, TP 1.
+
+Each is the layout search with every degree fixed (plan/layouts.py's ``search``), so its step, its
+ranks' peaks and its refusals are the search's own."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+
+from ..common.deadline import Deadline
+from ..common.events import Events
+from ..errors import StagesplitError
+from ..io.profile import Profile
+from ..model.datasharding import DataLayout, role_bytes
+from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
+
+__all__ = ["Compared", "Comparison", "Reference", "compare", "model_size_b", "nemo_grid", "references"]
+
+
+@dataclass(frozen=True)
+class Reference:
+    """One layout to compare: its degrees (``dp`` the GPUs left), ZeRO stage and micro-batch size."""
+
+    name: str
+    source: str
+    tp: int
+    pp: int
+    zero: int
+    micro_batch_size: int
+
+
+@dataclass(frozen=True)
+class Compared:
+    """One compared layout's outcome: the search with its degrees fixed (``plan``), or why it could
+    not be laid out on this cluster (``refused``). ``tried``: grid points priced (NeMo's row)."""
+
+    name: str
+    source: str
+    plan: LayoutPlan | None
+    refused: str = ""
+    tried: int = 1
+
+    @property
+    def step_s(self) -> float | None:
+        return self.plan.best.step_s if self.plan is not None and self.plan.best is not None else None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """The layout search's answer (``chosen``) and each compared layout's row, in the order above."""
+
+    chosen: LayoutPlan
+    rows: tuple[Compared, ...]
+
+
+def model_size_b(analysis_profile: Profile) -> float:
+    """The model's parameters in billions: its parameters' bytes over 4 (the capture keeps float32
+    weights under autocast, as ``stagesplit capture`` does by default)."""
+    return role_bytes(analysis_profile)["param"] / 4 / 1e9
+
+
+#: NeMo's GPT3GridSearch on 80 GB GPUs at sequence 2048 (its largest table), by model size in
+#: billions: (size at most, TP degrees, PP range, micro-batch sizes)
+_NEMO_80GB: tuple[tuple[float, tuple[int, ...], tuple[int, int], tuple[int, ...]], ...] = (
+    (1.0, (1, 2), (1, 1), (1, 2, 4, 8)), (4.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)),
+    (8.0, (1, 2, 4), (1, 1), (1, 2, 4, 8)), (13.0, (1, 2, 4, 8), (1, 1), (1, 2, 4, 8)),
+    (23.0, (1, 2, 4), (1, 4), (1, 2, 4)), (45.0, (2, 4, 8), (1, 4), (1, 2, 4)),
+    (95.0, (2, 4, 8), (1, 8), (1, 2, 4, 8)), (130.0, (2, 4, 8), (1, 16), (1, 2, 4, 8)),
+    (195.0, (8,), (4, 16), (1, 2, 4)),
+    (395.0, (8,), (8, 32), (1, 2, 4)), (790.0, (8,), (8, 100), (1, 2, 4)), (1100.0, (8,), (16, 130), (1, 2, 4)))
+
+
+def nemo_grid(size_b: float, gpus: int, layers: int) -> list[tuple[int, int, int]]:
+    """NeMo's (TP, PP, micro-batch size) grid for a model of ``size_b`` billion parameters on
+    ``gpus`` GPUs: PP among its range that divides the layers (NeMo's ``valid_pp``) and TP x PP
+    dividing the GPUs."""
+    row = next((r for r in _NEMO_80GB if size_b <= r[0]), _NEMO_80GB[-1])
+    _, tps, (lo, hi), sizes = row
+    return [(tp, pp, s) for tp in tps for pp in range(lo, hi + 1) if layers % pp == 0 and gpus % (tp * pp) == 0
+            for s in sizes]
+
+
+def references(size_b: float, gpus: int, layers: int, global_batch: int) -> list[Reference]:
+    """torchtitan's preset for the size, pure pipeline and pure FSDP (NeMo's grid is apart)."""
+    if size_b < 30:
+        titan = Reference("torchtitan llama3_8b", "torchtitan/models/llama3/config_registry.py (llama3_8b)",
+                          1, 1, 3, 1)
+    elif size_b < 200:
+        titan = Reference("torchtitan llama3_70b", "torchtitan/models/llama3/config_registry.py (llama3_70b)",
+                          8, 1, 3, 8)
+    else:
+        titan = Reference("torchtitan llama3_405b", "torchtitan/models/llama3/config_registry.py (llama3_405b)",
+                          8, 1, 3, 2)
+    pp = max(d for d in range(1, min(gpus, layers) + 1) if gpus % d == 0)
+    return [titan, Reference("pure pipeline", "every stage its own GPU, DDP across the rest", 1, pp, 0, 1),
+            Reference("pure FSDP", "one stage, ZeRO 3 over every GPU", 1, 1, 3, 1)]
+
+
+def _fixed(req: LayoutRequest, tp: int, pp: int, zero: int, size: int, time_limit: float) -> LayoutRequest:
+    dp = req.gpus // (tp * pp)
+    # (the compared layouts use neither context nor expert parallelism)
+    return replace(req, tp=tp, pp=pp, dp=dp, cp=1, ep=1, zero=zero if dp > 1 else 0, micro_batch_size=size,
+                   time_limit=time_limit)
+
+
+def _price(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, deadline: Deadline) -> LayoutPlan | str:
+    """The search with every degree fixed, or why it cannot be laid out (one line)."""
+    if req.tp not in degrees:                # (a rank of CP or EP 1 is keyed by its TP degree alone)
+        return f"no profile of tensor-parallel degree {req.tp} was given"
+    if req.gpus % (req.tp or 1) or req.global_batch % ((req.dp or 1) * (req.micro_batch_size or 1)):
+        return (f"the global batch {req.global_batch} is no multiple of micro-batches of {req.micro_batch_size} on "
+                f"{req.dp} data-parallel ranks")
+    try:
+        return search(analyze, degrees, req, deadline, Events())
+    except StagesplitError as exc:
+        return str(exc)
+
+
+def _faster(a: LayoutPlan, b: LayoutPlan) -> bool:
+    """Whether ``a`` fits and steps faster than ``b`` (or ``b`` does not fit)."""
+    if a.best is None or a.best.step_s is None:
+        return False
+    return b.best is None or b.best.step_s is None or a.best.step_s < b.best.step_s
+
+
+def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, chosen: LayoutPlan, deadline: Deadline,
+            events: Events) -> Comparison:
+    """Each compared layout priced as the search prices its own (module docstring)."""
+    from fractions import Fraction
+    base = analyze(min(degrees, key=degrees_of), DataLayout(), Fraction(1))
+    size = model_size_b(base.profile)
+    layers = base.layers.num_layers
+    rows: list[Compared] = []
+    grid = nemo_grid(size, req.gpus, layers)
+    refs = references(size, req.gpus, layers, req.global_batch)
+    jobs = len(grid) + len(refs)
+    events.start("pricing the compared layouts", "layouts")
+    done = 0
+    best: LayoutPlan | None = None
+    reasons: list[str] = []
+    for tp, pp, s in grid:
+        share = deadline.left() / max(1, jobs - done)
+        got = _price(analyze, degrees, _fixed(req, tp, pp, 1, s, share), deadline.part(share))
+        done += 1
+        events.update(done, jobs)
+        if isinstance(got, str):
+            reasons.append(got)
+        elif best is None or _faster(got, best):
+            best = got
+    nemo = "nemo/collections/llm/tools/auto_configurator/core/training_config.py (GPT3GridSearch, 80 GB)"
+    if best is None:
+        rows.append(Compared("NeMo auto-configurator grid", nemo, None,
+                             reasons[0] if reasons else "no grid point for this model on this cluster", len(grid)))
+    else:
+        rows.append(Compared("NeMo auto-configurator grid", nemo, best, tried=len(grid)))
+    for ref in refs:
+        share = deadline.left() / max(1, jobs - done)
+        got = _price(analyze, degrees, _fixed(req, ref.tp, ref.pp, ref.zero, ref.micro_batch_size, share),
+                     deadline.part(share))
+        done += 1
+        events.update(done, jobs)
+        rows.append(Compared(ref.name, ref.source, None, got) if isinstance(got, str) else
+                    Compared(ref.name, ref.source, got))
+    events.done()
+    return Comparison(chosen, tuple(rows))

@@ -1,0 +1,86 @@
+"""A capture scaled to another micro-batch size (model/batchscale.py) against captures taken at that
+size: a Llama from a config (4 blocks, hidden 64, sequence 32, bfloat16 autocast, Adam) captured
+at 1, 2 and 4 sequences. The FLOPs are exact; each pipeline rank's peak and the step are within
+2% (the rule overstates a few per-step constants: the loss, 512-byte reductions); the model's state
+is untouched."""
+
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from stagesplit import api
+from stagesplit.errors import OptionError
+from stagesplit.io.profile import ROLES, Phase
+from stagesplit.model.batchscale import per_sample_variables, scale_batch
+
+torch = pytest.importorskip("torch")
+tf = pytest.importorskip("transformers")
+
+
+def _llama(batch: int):
+    from stagesplit.capturing.pytorch import capture_model
+    cfg = tf.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    with torch.device("meta"):
+        model = tf.LlamaForCausalLM(cfg)
+    ids = torch.zeros(batch, 32, dtype=torch.long, device="meta")
+    return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
+                         name=f"llama-b{batch}")
+
+
+@pytest.fixture(scope="module")
+def captures():
+    return {b: _llama(b) for b in (1, 2, 4)}
+
+
+@pytest.mark.parametrize("size", [2, 4])
+def test_scaled_capture_is_the_capture_at_that_size(captures, size):
+    one, real = captures[1], captures[size]
+    scaled = scale_batch(one, size)
+    ops = real.operations
+    assert scaled.operations.compute.sum() == pytest.approx(ops.compute.sum(), rel=1e-12)
+    per_step = scaled.operations.phase != Phase.OPTIMIZER
+    assert scaled.operations.compute[~per_step].sum() == one.operations.compute[~per_step].sum()
+    for role in ("param", "grad", "state", "buffer"):
+        k = ROLES.index(role)
+        assert scaled.variables.bytes[scaled.variables.role == k].sum() == one.variables.bytes[
+            one.variables.role == k].sum()
+    for devices in (1, 2):
+        want = api.solve(real, devices=devices, target="h100-80gb", schedule="1f1b", micro_batches=4)
+        got = api.solve(scaled, devices=devices, target="h100-80gb", schedule="1f1b", micro_batches=4)
+        assert got.split_text == want.split_text
+        for g, w in zip(got.schedule.ranks, want.schedule.ranks):
+            assert w.peak_bytes <= g.peak_bytes <= w.peak_bytes * 1.02      # over, never under, by 2% at most
+        assert got.schedule.step_time == pytest.approx(want.schedule.step_time, rel=0.02)
+
+
+def test_what_grows_with_the_batch_by_hand(captures):
+    """The inputs grow; the bfloat16 copies of the weights (made from parameters alone), the
+    weights' gradients before their accumulation and the optimizer's temporaries do not."""
+    one = captures[1]
+    grows = per_sample_variables(one)
+    names = [one.names[i] if i >= 0 else "" for i in one.variables.name]
+    assert all(grows[i] for i, n in enumerate(names) if n.startswith("input["))
+    role = np.asarray(one.variables.role)
+    assert not grows[role == ROLES.index("param")].any() and not grows[role == ROLES.index("state")].any()
+    # parameters' bfloat16 casts: made by a _to_copy of a parameter, in the forward
+    ops = one.operations
+    casts = [int(x) for o in range(len(ops)) if ops.phase[o] == Phase.FORWARD and "_to_copy" in ops.name[o]
+             for x in ops.vars[o] if role[x] == ROLES.index("other")
+             and any(role[y] == ROLES.index("param") for y in ops.vars[o])]
+    assert casts and not grows[casts].any()
+
+
+def test_ratio_one_is_the_profile_and_a_profile_without_roles_is_refused(captures):
+    one = captures[1]
+    assert scale_batch(one, 1) is one
+    half = scale_batch(captures[2], Fraction(1, 2))
+    assert half.operations.compute.sum() == pytest.approx(one.operations.compute.sum(), rel=1e-12)
+    from dataclasses import replace
+    bare = replace(one, variables=replace(one.variables, role=None))
+    with pytest.raises(OptionError) as excinfo:
+        scale_batch(bare, 2)
+    assert excinfo.value.parameter == "profile" and "roles" in str(excinfo.value)
