@@ -418,23 +418,22 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                     "context-parallel profile)"
                     if recorded == t else f"of tensor-parallel degree {recorded}, given as degree {t}")
             raise OptionError("tp_profiles" if t > 1 else "profile", f"{where} is one rank {what}")
-    for degree, other in (cp_profiles or {}).items():   # keyed (tp, cp) by what the capture recorded
-        c = integer("cp_profiles", degree, 2, MAX_DEVICES)
+    def checked_rank(parameter: str, degree: Any, other: Any, kind: str, short: str) -> tuple[int, Any, Any]:
+        """A rank's profile given at ``degree`` of ``kind`` parallelism, read and checked against what
+        its capture recorded."""
+        n = integer(parameter, degree, 2, MAX_DEVICES)
         a = analyze(other, events=events)
         layout = getattr(a.profile.info, "parallel_layout", None)
-        if layout is None or layout.context_parallel != c:
+        if layout is None or getattr(layout, f"{kind}_parallel") != n:
             where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
-            raise OptionError("cp_profiles", f"{where} is not one rank of context-parallel degree {c} (capture it "
-                              f"with cp={c})")
+            raise OptionError(parameter, f"{where} is not one rank of {kind}-parallel degree {n} (capture it "
+                              f"with {short}={n})")
+        return n, a, layout
+    for degree, other in (cp_profiles or {}).items():   # keyed (tp, cp) by what the capture recorded
+        c, a, layout = checked_rank("cp_profiles", degree, other, "context", "cp")
         read[(layout.tensor_parallel, c)] = a
     for degree, other in (ep_profiles or {}).items():   # keyed (tp, cp, ep) by what the capture recorded
-        e = integer("ep_profiles", degree, 2, MAX_DEVICES)
-        a = analyze(other, events=events)
-        layout = getattr(a.profile.info, "parallel_layout", None)
-        if layout is None or layout.expert_parallel != e:
-            where = show(str(a.profile.info.path or a.profile.info.name or "the profile"))
-            raise OptionError("ep_profiles", f"{where} is not one rank of expert-parallel degree {e} (capture it "
-                              f"with ep={e})")
+        e, a, layout = checked_rank("ep_profiles", degree, other, "expert", "ep")
         read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
     scaled: dict[tuple[Any, Fraction], Any] = {}

@@ -32,6 +32,7 @@ import math
 from dataclasses import dataclass
 
 from ..errors import OptionError
+from .tensorparallel import configured_count
 
 __all__ = ["ExpertParallel", "apply_expert_parallel", "describe", "exchange_shape", "expert_modules"]
 
@@ -54,15 +55,6 @@ class ExpertParallel:
         return self.tokens * self.top_k * self.hidden * self.itemsize
 
 
-def _count(module, names: tuple[str, ...]) -> int | None:
-    for holder in (module, getattr(module, "config", None)):
-        for name in names:
-            value = getattr(holder, name, None) if holder is not None else None
-            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
-                return value
-    return None
-
-
 def expert_modules(torch, model, degree: int) -> tuple[tuple[str, int], ...]:
     """(module path, experts) of every routed-experts module, each count checked against ``degree``."""
     found = []
@@ -70,11 +62,11 @@ def expert_modules(torch, model, degree: int) -> tuple[tuple[str, int], ...]:
     for path, module in model.named_modules():
         if path.rpartition(".")[2] != "experts" or not any(True for _ in module.parameters()):
             continue
-        count = _count(module, ("num_experts", "num_local_experts"))
+        count = configured_count(module, ("num_experts", "num_local_experts"))
         if count is None and isinstance(module, torch.nn.ModuleList):
             count = len(module)
         if count is None and config is not None:
-            count = _count(config, ("num_local_experts", "num_experts"))
+            count = configured_count(config, ("num_local_experts", "num_experts"))
         if count is None:
             raise OptionError("ep", f"{path}: cannot tell how many experts it holds (no num_experts)")
         if count % degree:
@@ -90,8 +82,8 @@ def exchange_shape(torch, model, inputs, dtype) -> tuple[int, int, int, int]:
     """(tokens, top-k, hidden size, bytes per element) of the router's exchange: the tokens are
     the inputs' first two dimensions (batch x sequence), the rest from the model's config."""
     config = getattr(model, "config", None)
-    top_k = _count(config, ("num_experts_per_tok", "top_k", "moe_topk")) if config is not None else None
-    hidden = _count(config, ("hidden_size", "d_model", "n_embd")) if config is not None else None
+    top_k = configured_count(config, ("num_experts_per_tok", "top_k", "moe_topk")) if config is not None else None
+    hidden = configured_count(config, ("hidden_size", "d_model", "n_embd")) if config is not None else None
     if top_k is None or hidden is None:
         raise OptionError("ep", f"{type(model).__name__}'s config says no num_experts_per_tok and hidden_size: the "
                           "exchange's size is not known")

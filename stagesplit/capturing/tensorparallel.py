@@ -51,7 +51,7 @@ from typing import Any
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
 
-__all__ = ["STYLES", "TensorParallelPlan", "read_plan_file", "resolve_plan", "fake_process_group",
+__all__ = ["STYLES", "TensorParallelPlan", "configured_count", "read_plan_file", "resolve_plan", "fake_process_group",
            "parallelize", "heads_per_rank", "propagation_unrecorded"]
 
 #: the styles a plan may name (transformers' names for the same torch styles included)
@@ -158,9 +158,9 @@ def _check_divisible(torch, modules: dict[str, Any], styles: tuple[tuple[str, st
         parent = path.rpartition(".")[0]
         attention = modules.get(parent)
         if style in _COLWISE and parent and _is_attention(parent) and attention is not None and parent not in heads:
-            n_heads = _attention_count(attention, ("num_heads", "num_attention_heads", "n_head", "heads"))
+            n_heads = configured_count(attention, ("num_heads", "num_attention_heads", "n_head", "heads"))
             if n_heads is not None:
-                kv = _attention_count(attention, ("num_key_value_heads", "num_kv_heads", "n_kv_heads")) or n_heads
+                kv = configured_count(attention, ("num_key_value_heads", "num_kv_heads", "n_kv_heads")) or n_heads
                 heads[parent] = (n_heads, kv)
                 if n_heads % degree:
                     raise _refuse(degree, parent, f"{n_heads} attention heads")
@@ -189,8 +189,9 @@ def _is_attention(path: str) -> bool:
     return "attn" in last or "attention" in last
 
 
-def _attention_count(module, names: tuple[str, ...]) -> int | None:
-    """A head count an attention module knows: its own attribute, else its config's."""
+def configured_count(module, names: tuple[str, ...]) -> int | None:
+    """A count a module knows (heads, experts, ...): the first of ``names`` that is its own positive
+    integer attribute, else its config's."""
     for holder in (module, getattr(module, "config", None)):
         for name in names:
             value = getattr(holder, name, None) if holder is not None else None
