@@ -54,6 +54,11 @@ from dataclasses import dataclass
 from datetime import timedelta
 from pathlib import Path
 
+from vision import torchvision_model_code
+
+# a spawned worker has the test process's path (with torchvision's folder) but not its modules
+torchvision_model_code()
+
 ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "stagesplit" / "exporters" / "templates" / "stage_modules.py"
 

@@ -58,8 +58,8 @@ def _says_what_was_proven(plan) -> None:
     else:
         assert "time limit" in said, said
     if plan.inputs.options.objective.value == "devices" and plan.feasible:
-        note = next(n for n in plan.notes if n.startswith("--objective devices: "))
-        assert note.startswith(f"--objective devices: {plan.devices} device")
+        note = next(n for n in plan.notes if n.startswith("`objective='devices'`: "))
+        assert note.startswith(f"`objective='devices'`: {plan.devices} device")
         assert plan.devices == 1 or "proven by CP-SAT" in note or "not known" in note or "cannot" in note
 
 

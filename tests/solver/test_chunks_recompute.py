@@ -73,7 +73,7 @@ def test_schedule_auto_with_fixed_recompute_leaves_the_zero_bubble_schedules_out
     assert plan.schedule.kind in ("gpipe", "1f1b", "interleaved-1f1b", "looped-bfs")
     assert all(r == "full" for s in plan.stages for r in s.recompute)
     split = [c for c in plan.candidates if c.schedule in ("zb-h1", "zbv", "dualpipev")]
-    assert split and all(c.status == "refused" and c.note.startswith(f"--recompute full under {c.schedule}: ")
+    assert split and all(c.status == "refused" and c.note.startswith(f"`recompute='full'` under {c.schedule}: ")
                          for c in split)
     # the others are solved (the plan's proven optimal, the rest proven no faster than it), or
     # refused where the model has fewer layers than the schedule has chunks
