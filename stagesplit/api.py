@@ -442,12 +442,12 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         # each combination's rank made when the search needs it, not kept (a 70B profile is large);
         # the profile at each micro-batch size scaled once (model/batchscale.py)
         if ratio == 1:
-            return analyze(read[t], layout=layout, events=Events()) if layout.sharded else read[t]
+            return _with_layers(read[t].profile, read[t], layout) if layout.sharded else read[t]
         # (the profile kept, not its analysis: a 70B analysis is large)
         if (t, ratio) not in scaled:
             from .model.batchscale import scale_batch
             scaled[t, ratio] = scale_batch(read[t].profile, ratio)
-        return analyze(scaled[t, ratio], layering=read[t].layers.options, layout=layout, events=Events())
+        return _with_layers(scaled[t, ratio], read[t], layout)
     req = LayoutRequest(gpus=gpus, global_batch=global_batch, target=load_target(target), node=node,
                         micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=fixed["tp"],
                         pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
@@ -455,6 +455,23 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
+
+
+def _with_layers(profile: Profile, read: Analysis, layout: DataLayout) -> Analysis:
+    """``analyze(profile, layout=layout)`` with the layers (and shared policy) of ``read``, the
+    analysis of the profile as read: a rank's profile sharded
+    (model/datasharding.py) or scaled to another micro-batch size (model/batchscale.py) keeps every
+    operation's name, inputs, layer and steps, which are all the grouping reads, so its layers are the
+    read profile's (the grouping of a 405B capture's 52,000 operations takes seconds per combination)."""
+    from .model.analysis import Analysis
+    from .model.costmodel import StageCostModel
+    from .model.datasharding import kept_unsharded, shard_profile
+    layers, shared = read.layers, read.model.shared
+    if not layout.sharded:
+        return Analysis(profile, layers, StageCostModel(profile, layers, shared=shared))
+    rank = shard_profile(profile, layers, layout)
+    model = StageCostModel(rank, layers, shared=shared, kept_unsharded=kept_unsharded(profile, layers, layout))
+    return Analysis(rank, layers, model, layout=layout, source=profile)
 
 
 def _by_degree(profile: Any, events: Events) -> dict[int, Any]:

@@ -292,13 +292,20 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
 
     # module paths come from the operations the layer regex places by name, and from explicitly
     # layered ones (captures) whose names the regex reads as the same layer
+    # (only for the layers whose paths the source did not record: the regex over every operation's
+    # name takes seconds on a capture of tens of thousands of operations)
+    derive = np.ones(len(names), bool)
+    if recorded is not None:
+        assert grouping is not None              # recorded options come from the profile's grouping
+        derive = np.array([key not in grouping.layers for key in names], bool)
     own = rules == Rule.NAME
     for e in np.flatnonzero(rules == Rule.EXPLICIT):
-        own[e] = layer_keys(layer_re, ops.name[e]) == {keys[e]}
+        if op_layer[e] >= 0 and derive[op_layer[e]]:
+            own[e] = layer_keys(layer_re, ops.name[e]) == {keys[e]}
     paths = [module_path([ops.name[i] for i in np.flatnonzero(own & (op_layer == j))], key, layer_re)
-             for j, key in enumerate(names)]
+             if derive[j] else None for j, key in enumerate(names)]
     if recorded is not None:                     # the source knew the paths: they are not re-derived
-        assert grouping is not None              # recorded options come from the profile's grouping
+        assert grouping is not None
         paths = [grouping.module_path_of(key) if key in grouping.layers else path for key, path in zip(names, paths)]
     assignment = LayerAssignment(names=names, op_layer=op_layer, op_rule=rules, options=options, module_paths=paths)
     share = assignment.share_assigned

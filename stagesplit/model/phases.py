@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import copy
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TypeVar
 
 import numpy as np
@@ -121,6 +121,10 @@ class PhaseTable:
     #: (L,) per layer, the parameter bytes FSDP2 leaves unsharded after its backward under a pipeline
     #: schedule, until its next forward (None: none)
     unsharded_after_backward: np.ndarray | None = None
+    #: what the solvers work out from this table and keep for their next search of it (CP-SAT's per-range
+    #: chunk figures: solver/chunk_cpsat_tables.py), by what else they depend on; never part of a
+    #: comparison (the table is not changed once built)
+    memo: dict[object, object] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_layers(self) -> int:

@@ -36,8 +36,8 @@ from ..solver.schedule_kinds import check_schedule, traits
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
-           "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of", "memory_floor", "search",
-           "seconds", "solve_request", "step_of", "sweep_gpus"]
+           "RankWork", "bubble_factor", "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of",
+           "memory_floor", "search", "seconds", "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
@@ -382,6 +382,108 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRe
                         time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve)
 
 
+# -- the step floor: what no split of a combination runs faster than ------------------------------
+
+@dataclass(frozen=True)
+class RankWork:
+    """What one rank's step floor is made from, at the captured micro-batch size: each layered
+    operation's compute and memory seconds on the target (the roofline's two terms) for those that
+    run once per micro-batch (forward, backward, recompute), the optimizer's seconds (once per step),
+    the tensor- and expert-parallel collectives per micro-batch and once per step, context
+    parallelism's ring exchange and the attention it hides under, and each layer's parameter bytes."""
+
+    compute_s: np.ndarray
+    memory_s: np.ndarray
+    optimizer_s: float
+    collectives_s: float
+    collectives_once_s: float
+    cp_exchange_s: float
+    cp_attention_s: float
+    params: np.ndarray
+
+    @classmethod
+    def of(cls, analysis: Analysis, req: LayoutRequest) -> RankWork:
+        from ..model.roofline import operation_times
+        a, target = analysis, req.target
+        times = operation_times(a.profile, a.model.op_compute, target)
+        if times is None or target.seconds_per_unit(a.profile.compute_unit) is None:
+            raise OptionError("target", f"{target.name} cannot time compute in {a.profile.compute_unit}: "
+                              "give a GPU target with flops_per_s and a profile whose compute is in FLOPs")
+        compute, memory = times
+        phase = np.asarray(a.profile.operations.phase)
+        layered = np.asarray(a.layers.op_layer) >= 0
+        per_mb = layered & np.isin(phase, (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT,
+                                           Phase.RECOMPUTE))
+        optimizer = layered & (phase == Phase.OPTIMIZER)
+        tp_mb, tp_once = _tp_seconds(a, req.node)
+        exchange, attention, _ = cp_seconds(a, req.node, target)
+        return cls(compute[per_mb], memory[per_mb], float(np.maximum(compute, memory)[optimizer].sum()),
+                   tp_mb + _tp_seconds(a, req.node, "ep")[0], tp_once, exchange, attention,
+                   parameter_bytes_by_layer(a.profile, a.layers)[0])
+
+    def per_micro_batch(self, ratio: float) -> tuple[float, float]:
+        """(work, communication) of one micro-batch at ``ratio`` times the captured size, each at most
+        what the rank's profile scaled to that size (model/batchscale.py) gives: an operation's FLOPs
+        scale by the ratio and the bytes it moves never grow less than the ratio below the captured
+        size, nor shrink above it; a collective's bytes scale as the FLOPs, and a ring's time is
+        affine in them; the ring exchange's exposed part is what the attention (x the ratio) leaves."""
+        r = float(ratio)
+        if r >= 1:
+            work = float(np.maximum(r * self.compute_s, self.memory_s).sum())
+            comm = self.collectives_s + max(0.0, self.cp_exchange_s - r * self.cp_attention_s)
+        else:
+            work = r * float(np.maximum(self.compute_s, self.memory_s).sum())
+            comm = r * (self.collectives_s + max(0.0, self.cp_exchange_s - self.cp_attention_s))
+        return work, comm
+
+
+def bubble_factor(schedule: str, stages: int, micro_batches: int) -> float:
+    """What the pipeline step is at least, over one micro-batch's work on all stages, by the
+    schedule's dependencies alone: ``M / pp`` for any schedule (the stages share M x the work);
+    for one stage per rank with an unsplit backward (1F1B, GPipe) ``1 / (1 - (1 - 1/M)^pp)``: rank
+    ``r`` starts once the first micro-batch's forward has crossed the stages before it and, after its
+    last backward, the last micro-batch's backward crosses them again, so the step is at least
+    ``M w_r + (w_0 + ... + w_{r-1})`` for every ``r``; the stage works ``w`` that make these equal
+    (the fastest any split can be) give that factor (``M + pp - 1`` over ``pp`` for equal stages)."""
+    mean = micro_batches / stages
+    if schedule == "auto" or stages <= 1:
+        return mean
+    t = traits(schedule)
+    if t.fixed_chunks_per_rank != 1 or t.splits_backward:
+        return mean
+    if micro_batches <= 1:                     # one micro-batch crosses every stage in turn
+        return 1.0
+    return max(mean, 1.0 / -math.expm1(stages * math.log1p(-1.0 / micro_batches)))
+
+
+def step_floor(work: RankWork, lay: Layout, req: LayoutRequest) -> tuple[float, float]:
+    """(floor, added): no split of ``lay`` has a step under ``floor``, and the step adds at least
+    ``added`` to its pipeline step (the engine's cutoff: ``best - added``). The step is the pipeline
+    step ``T`` lengthened by the collectives in proportion to compute (``T x (1 + X / K)``, ``K`` one
+    micro-batch's work on all stages, recompute included), plus those once per step and the slowest
+    stage's exposed data-parallel communication (``step_of``); ``T`` is at least ``bubble_factor x K``
+    and ``(M K + optimizer) / pp``, so the step is at least the larger of ``bubble_factor x (K + X)``
+    and ``(M (K + X) + optimizer) / pp``, ``K`` and ``X`` at least ``RankWork.per_micro_batch``'s. The
+    data-parallel floor: ZeRO 1 and 2 gather the stage's parameters after the optimizer step (some
+    stage holds ``1/pp`` of them), ZeRO 3 gathers each micro-batch's first layer in the forward (and
+    in the backward where it reshards) in full (model/communication.py's ``dp_exposed``)."""
+    from ..model.communication import all_gather
+    k, x = work.per_micro_batch(float(Fraction(lay.micro_batch_size, req.captured_batch)))
+    factor = bubble_factor(req.schedule, lay.pp, lay.micro_batches)
+    floor = max(factor * (k + x), (lay.micro_batches * (k + x) + work.optimizer_s) / lay.pp)
+    dp = 0.0
+    if lay.sync > 1 and len(work.params):
+        link = req.node.link(lay.sync, lay.tp)
+        if lay.zero in (1, 2):
+            dp = all_gather(float(work.params.sum()) / lay.pp, lay.sync, link.bytes_per_s, link.latency_s)
+        elif lay.zero == 3:
+            gathers = 2 if req.reshard_after_forward else 1
+            dp = lay.micro_batches * gathers * all_gather(float(work.params.min()), lay.sync, link.bytes_per_s,
+                                                          link.latency_s)
+    added = factor * x + work.collectives_once_s + dp
+    return floor + work.collectives_once_s + dp, added
+
+
 # -- the search ------------------------------------------------------------------------------------
 
 #: builds a rank's analysis for a rank's degrees (tp, or (tp, cp), or (tp, cp, ep)), a data layout
@@ -403,29 +505,14 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         return Fraction(lay.micro_batch_size, req.captured_batch)
     params = {tp: parameter_bytes_by_layer(a.profile, a.layers) for tp, a in base.items()}
     flops = req.target.flops_per_s
-    # one micro-batch of a whole rank's compute at the target's peak, in seconds (the roofline's
-    # time is never less: a lower bound)
-    per_mb = {}
-    for tp, a in base.items():
-        unit = req.target.seconds_per_unit(a.profile.compute_unit)
-        if unit is None:
-            raise OptionError("target", f"{req.target.name} cannot time compute in {a.profile.compute_unit}: "
-                              "give a GPU target with flops_per_s and a profile whose compute is in FLOPs")
-        ops = a.profile.operations
-        # the layers' forward and backward, not the optimizer's step (once a step, not per micro-batch)
-        per_step = (np.asarray(a.layers.op_layer) >= 0) & (np.asarray(ops.phase) != Phase.OPTIMIZER)
-        per_mb[tp] = float(np.asarray(ops.compute)[per_step].sum()) * unit
-    tp_mb = {tp: _tp_seconds(a, req.node)[0] + _tp_seconds(a, req.node, "ep")[0]
-             + cp_seconds(a, req.node, req.target)[2] for tp, a in base.items()}     # at the captured size
+    work = {tp: RankWork.of(a, req) for tp, a in base.items()}
+    floors = {lay: step_floor(work[key_of(lay)], lay, req) for lay in layouts}
 
     def floor(lay: Layout) -> float:
-        """Every pipeline step takes at least the ranks' work per micro-batch (each operation at
-        the peak, and the TP collectives and CP's exposed exchange, which lengthen it) times the
-        micro-batches over pp."""
-        return (per_mb[key_of(lay)] + tp_mb[key_of(lay)]) * float(ratio(lay)) * lay.micro_batches / lay.pp
-    # the same floor whatever the micro-batch size: every combination at the smallest size first (the
-    # search at one size, with no scaling where it is the captured one), then each larger size with
-    # the best step found as its cutoff
+        """No split of ``lay`` steps faster (``step_floor``)."""
+        return floors[lay][0]
+    # the likeliest best first (the lowest floor), so that the best step found early cuts off the rest
+    # and the time limit leaves the hopeless ones unsearched
     order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
@@ -463,7 +550,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             continue
         f = floor(lay)
         if f >= best:
-            rows[lay] = LayoutRow(lay, "cut off", f"compute floor {seconds(f)} >= the best step {seconds(best)}",
+            rows[lay] = LayoutRow(lay, "cut off", f"step floor {seconds(f)} >= the best step {seconds(best)}",
                                   capacity=capacity, proven=True)
             continue
         # a combination is started only where the time left covers its preparation (the rank's
@@ -484,12 +571,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             share = max(share, deadline.left() / 4)
         analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
         request = solve_request(lay, req, share)
-        # a split whose pipeline step reaches best - M x (TP time per micro-batch) / pp cannot win:
-        # the TP collectives add at least that (the pipeline step is at least M x the work per
-        # micro-batch over pp), the data-parallel communication only adds; the engine proves that
-        # no split is faster than the cutoff
-        cutoff = best - lay.micro_batches * tp_mb[key_of(lay)] * float(ratio(lay)) / lay.pp \
-            if math.isfinite(best) else None
+        # a split whose pipeline step reaches best - (what the step adds to it at least: step_floor's
+        # "added") cannot win; the engine proves that no split is faster than the cutoff
+        cutoff = best - floors[lay][1] if math.isfinite(best) else None
         try:
             resolved = engine.resolve(request, analysis)
             if request.schedule is not Schedule.AUTO and not engine.scheduled(request, resolved.model):

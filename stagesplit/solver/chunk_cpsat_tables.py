@@ -17,7 +17,7 @@ from .schedule_generation import Op, ScheduleInstance
 from .schedule_kinds import ScheduleKind, ScheduleTraits
 from .schedule_memory import RankSignatures
 
-__all__ = ["TRANSIENT_FIGURE", "fits_alone", "memory_tables", "range_busy"]
+__all__ = ["TRANSIENT_FIGURE", "fits_alone", "memory_tables", "range_busy", "reachable"]
 
 #: what the search was doing where the time limit stops it (common/deadline.py)
 _BUILDING = "building CP-SAT's model"
@@ -36,7 +36,7 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
     L = problem.num_layers
     auto = problem.fixed_choice() is None and problem.table.recompute is not None
     out = np.zeros((C, L, L), bool)
-    upper = np.triu(np.ones((L, L), bool))
+    upper = reachable(C, L)             # (the others are not priced: memory_tables)
     on, back = remote_links(problem.schedule, C)
     retained = [int(on[c]) * mem["retained_on"] + int(back[c]) * mem["retained_back"] for c in range(C)]
     local = handing_chunks(problem.schedule, C)
@@ -76,11 +76,46 @@ def range_busy(problem: ChunkProblem) -> np.ndarray:
 def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     """Every range's chunk figures under the runtime's rules, for each chunk position's kind
     (first, middle, last: the receive buffers and kept outputs differ), as (L, L) arrays. The
-    figure a chunk gets is the one for its position: ``chunk_memory`` on that range alone."""
+    figure a chunk gets is the one for its position: ``chunk_memory`` on that range alone. Only the
+    ranges some chunk of the split can hold are priced (``reachable``: the others stay 0, and no
+    boundary reaches them); the tables are kept on the phase table for the next search of the same
+    schedule (a search without recompute, its relaxation without memory limits and the search with
+    recompute chosen per layer read the same figures: the tables are the ones without recompute)."""
+    table = problem.table
+    sched = problem.schedule
+    fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
+    # the recompute option "none" everywhere changes no figure where it saves nothing (as it does)
+    if fixed is not None and not fixed.any() and (table.recompute is None or not table.recompute.saved[0].any()):
+        fixed = None
+    key = ("memory_tables", sched.chunks, sched.micro_batches, sched.kind, sched.traits,
+           tuple(getattr(sched, "chunk_rank", ())), None if fixed is None else fixed.tobytes())
+    kept = table.memo.get(key)
+    if kept is None:
+        kept = table.memo[key] = _memory_tables(problem, fixed)
+    assert isinstance(kept, dict)       # (the memo holds what this function put there)
+    return {name: values.copy() for name, values in kept.items()}
+
+
+def reachable(chunks: int, num_layers: int) -> np.ndarray:
+    """(L, L) booleans: the ranges ``a..b`` some chunk of a ``chunks``-chunk split of ``num_layers``
+    layers can hold (every chunk has a layer; the first starts at 0, the last ends at L - 1): the
+    first chunk's ``0..b`` with ``b <= L - C``, the last's ``a..L-1`` with ``a >= C - 1``, and a
+    middle chunk ``c``'s ``a..b`` with ``a >= c`` and ``b <= L - 1 - (C - 1 - c)``."""
+    C, L = chunks, num_layers
+    a = np.arange(L)[:, None]
+    b = np.arange(L)[None, :]
+    first = (a == 0) & ((b == L - 1) if C == 1 else (b <= L - C))
+    last = (C >= 2) & (a >= C - 1) & (b == L - 1)
+    middle = (C >= 3) & (a >= 1) & (b <= L - 2) & (b <= L - C + np.minimum(a, C - 2))
+    out: np.ndarray = (first | last | middle) & (b >= a)
+    return out
+
+
+def _memory_tables(problem: ChunkProblem, fixed: np.ndarray | None) -> dict[str, np.ndarray]:
     table = problem.table
     L = table.num_layers
     sched = problem.schedule
-    fixed = problem.fixed_choice()      # AUTO: the tables without recompute, the model adds it
+    priced = reachable(sched.chunks, L)
     # what a backward leaves until the step's end, by link: the real placement says which are remote
     names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
              "full_backward", "optimizer", "stash_handed", "weight_stash_handed", "unsharded")
@@ -91,6 +126,8 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     for a in range(L):
         check_deadline(_BUILDING)
         for b in range(a, L):
+            if not priced[a, b]:
+                continue
             bounds = [0] if a > 0 else []
             bounds += [a, b + 1]
             if b + 1 < L:

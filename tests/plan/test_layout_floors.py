@@ -1,0 +1,217 @@
+"""The layout search's bounds (plan/layouts.py): the bubble factor by hand, the step floor below
+every split's and every layout's step (each split simulated, each layout solved alone), the floor
+at another micro-batch size below the scaled profile's own figures, a combination the floor cuts
+off with the answer unchanged against the search without the floor; and CP-SAT's per-range chunk
+tables (solver/chunk_cpsat_tables.py): only the ranges some split reaches, kept for the next search
+of the same table."""
+
+from __future__ import annotations
+
+import itertools
+from fractions import Fraction
+
+import numpy as np
+import pytest
+
+from stagesplit import api
+
+torch = pytest.importorskip("torch")
+
+
+def _stack(widths: list[int], batch: int = 8, seed: int = 0):
+    from stagesplit.capturing.pytorch import capture_model
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(*[torch.nn.Linear(widths[i], widths[i + 1]) for i in range(len(widths) - 1)])
+    return capture_model(model, torch.empty(batch, widths[0], device="meta"), allocator_round=1, name="stack")
+
+
+def _random_widths(seed: int) -> list[int]:
+    rng = np.random.default_rng(100 + seed)
+    return [int(w) for w in rng.integers(8, 160, int(rng.integers(4, 7)) + 1)]
+
+
+def test_bubble_factor_by_hand():
+    """1F1B and GPipe (one stage per rank, the backward whole): 1 / (1 - (1 - 1/M)^pp), at least
+    M / pp and at most the equal stages' (M + pp - 1) / pp; one micro-batch crosses every stage (1);
+    any other schedule, or auto: M / pp."""
+    from stagesplit.plan.layouts import bubble_factor
+    assert bubble_factor("1f1b", 4, 4) == pytest.approx(256 / 175)          # 1 - (3/4)^4 = 175/256
+    assert bubble_factor("gpipe", 2, 8) == pytest.approx(64 / 15)           # 1 - (7/8)^2 = 15/64
+    assert 4 / 4 <= 256 / 175 <= (4 + 4 - 1) / 4
+    assert bubble_factor("1f1b", 1, 8) == 8
+    assert bubble_factor("1f1b", 4, 1) == 1
+    for schedule in ("interleaved-1f1b", "looped-bfs", "zb-h1", "zbv", "dualpipev", "auto"):
+        assert bubble_factor(schedule, 4, 8) == 2
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_every_splits_pipeline_step_is_at_least_the_floor(seed, schedule):
+    """Every split of a random stack into pp stages, simulated under the schedule (the chunk
+    search's own evaluation): its step is at least the bubble factor times one micro-batch's work on
+    all stages, and at least M x that work plus the optimizer over pp."""
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.layouts import bubble_factor
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_split
+    from stagesplit.solver.request import SolveRequest
+    profile = _stack(_random_widths(seed), seed=seed)
+    analysis = api.analyze(profile)
+    L = analysis.layers.num_layers
+    for pp in range(2, min(L, 4) + 1):
+        for M in (pp, 2 * pp + 1):
+            request = SolveRequest(devices=pp, targets=("h100-80gb",), schedule=schedule, micro_batches=M, exact=True)
+            resolved = resolve(request, analysis)
+            table = resolved.model.phase_table
+            problem = schedule_problem(resolved.model, resolved.inputs, table)
+            work = float(table.layer_times[:, :3].sum())
+            optimizer = float(table.layer_times[:, 3].sum())
+            floor = max(bubble_factor(schedule, pp, M) * work, (M * work + optimizer) / pp)
+            for inner in itertools.combinations(range(1, L), pp - 1):
+                step = evaluate_chunk_split(problem, [0, *inner, L]).step_time
+                assert step >= floor * (1 - 1e-9), (pp, M, inner)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_step_floor_is_below_every_layouts_step(seed):
+    """Every combination of a random stack solved on its own (as the search's property test in
+    test_layouts.py does): its step is at least ``step_floor``'s floor, and what it adds to its
+    pipeline step at least the floor's ``added`` (the engine's cutoff)."""
+    from stagesplit.model.datasharding import parameter_bytes_by_layer
+    from stagesplit.plan.layouts import RankWork, enumerate_layouts, key_of, step_floor, step_of
+    profile = _stack(_random_widths(seed), seed=seed)
+    gpus = (4, 8)[seed % 2]
+    lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=8 * gpus * (1 + seed % 3),
+                     micro_batch_size=8, time_limit=60)
+    read = api.analyze(profile)
+    params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+    work = RankWork.of(read, lp.request)
+    checked = 0
+    for lay in enumerate_layouts(lp.request, [1], read.layers.num_layers):
+        assert key_of(lay) == 1
+        link = lp.request.node.link(lay.pp, lay.tp * lay.dp).bytes_per_s
+        plan = api.solve(profile, devices=lay.pp, target="h100-80gb", schedule="1f1b",
+                         micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero, exact=True,
+                         communication=lay.pp > 1, link_bandwidth=link)
+        if not plan.feasible:
+            continue
+        step, pipeline, _, _ = step_of(lay, plan, read, lp.request, params)
+        floor, added = step_floor(work, lay, lp.request)
+        assert floor <= step * (1 + 1e-9), lay
+        assert added <= (step - pipeline) * (1 + 1e-9) + 1e-15, lay
+        checked += 1
+    assert checked >= 3
+
+
+@pytest.mark.parametrize("ratio", [Fraction(1, 2), Fraction(2), Fraction(4)])
+def test_the_floor_at_another_micro_batch_size_is_below_the_scaled_profiles(ratio):
+    """``per_micro_batch(r)`` is at most what the profile scaled to ``r`` times its micro-batch
+    (model/batchscale.py) gives at its own size."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.io.topology import node_of
+    from stagesplit.model.batchscale import scale_batch
+    from stagesplit.plan.layouts import LayoutRequest, RankWork
+    profile = _stack([64, 256, 64, 64], batch=8)
+    req = LayoutRequest(gpus=8, global_batch=64, target=load_target("h100-80gb"), node=node_of("h100-80gb"))
+    base = RankWork.of(api.analyze(profile), req)
+    scaled = RankWork.of(api.analyze(scale_batch(profile, ratio)), req)
+    bound, exact = base.per_micro_batch(float(ratio)), scaled.per_micro_batch(1.0)
+    assert bound[0] <= exact[0] * (1 + 1e-12) and bound[1] <= exact[1] * (1 + 1e-12) + 1e-18
+    assert bound[0] >= 0.5 * exact[0]            # and close: the same operations' time
+    assert scaled.optimizer_s == pytest.approx(base.optimizer_s)
+
+
+def test_a_combination_the_floor_cuts_off_leaves_the_answer_unchanged(monkeypatch):
+    """Four Linear(64, 64) on 8 GPUs, 8 micro-batches of 8 per step: TP 1 x PP 1 x DP 8 under ZeRO 3
+    is cut off by its step floor (its all-gathers of a layer's 16,640 bytes across 8 ranks, twice per
+    micro-batch, alone outlast the best step); without the floor (every combination solved, the
+    engine given no cutoff) it is solved, slower than the best, and the best is the same."""
+    import stagesplit.plan.layouts as layouts
+    from stagesplit.io.topology import node_of
+    from stagesplit.model.communication import all_gather
+    stack = _stack([64] * 5)
+    kw = dict(target="h100-80gb", gpus=8, global_batch=64 * 8, micro_batch_size=8, time_limit=60)
+    bounded = api.layouts(stack, **kw)
+    cut = {r.layout: r for r in bounded.rows if r.status == "cut off"}
+    z3 = layouts.Layout(1, 1, 8, 3, 8, micro_batch_size=8)
+    assert z3 in cut and cut[z3].reason.startswith("step floor ")
+    link = node_of("h100-80gb").intra
+    gathers = 8 * 2 * all_gather(64 * 64 * 4 + 64 * 4, 8, link.bytes_per_s, link.latency_s)
+    assert gathers >= bounded.best.step_s
+    monkeypatch.setattr(layouts, "step_floor", lambda work, lay, req: (0.0, 0.0))
+    unbounded = api.layouts(stack, **kw)
+    assert not [r for r in unbounded.rows if r.status == "cut off"]
+    assert unbounded.best.layout == bounded.best.layout
+    assert unbounded.best.step_s == pytest.approx(bounded.best.step_s)
+    # each combination cut off: solved (or refuted by the engine's cutoff) without the floor, none faster
+    again = {r.layout: r for r in unbounded.rows}
+    for lay in cut:
+        assert again[lay].status == "slower" and (again[lay].step_s is None
+                                                  or again[lay].step_s >= bounded.best.step_s * (1 - 1e-9))
+    # and the ZeRO 3 one solved on its own: its step holds those all-gathers
+    from stagesplit.model.datasharding import parameter_bytes_by_layer
+    read = api.analyze(stack)
+    plan = api.solve(stack, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=8, dp=8, zero=3,
+                     exact=True)
+    step = layouts.step_of(z3, plan, read, bounded.request, parameter_bytes_by_layer(read.profile, read.layers)[0])[0]
+    assert step >= gathers >= bounded.best.step_s
+
+
+def _every_range(L: int, C: int) -> set[tuple[int, int]]:
+    out = set()
+    for inner in itertools.combinations(range(1, L), C - 1):
+        b = [0, *inner, L]
+        out |= {(b[c], b[c + 1] - 1) for c in range(C)}
+    return out
+
+
+def test_the_ranges_a_split_reaches_by_hand_and_by_enumeration():
+    from stagesplit.solver.chunk_cpsat_tables import reachable
+    assert {tuple(x) for x in np.argwhere(reachable(1, 4))} == {(0, 3)}
+    assert {tuple(x) for x in np.argwhere(reachable(2, 4))} == {(0, 0), (0, 1), (0, 2), (1, 3), (2, 3), (3, 3)}
+    assert {tuple(x) for x in np.argwhere(reachable(3, 4))} == {(0, 0), (0, 1), (1, 1), (1, 2), (2, 2), (2, 3),
+                                                                 (3, 3)}
+    for L in range(1, 8):
+        for C in range(1, L + 1):
+            assert {tuple(int(v) for v in x) for x in np.argwhere(reachable(C, L))} == _every_range(L, C), (L, C)
+
+
+@pytest.mark.parametrize("devices", [1, 2, 3])
+def test_chunk_tables_are_the_full_tables_where_a_split_reaches_and_kept(devices):
+    """Against the tables priced over every range (``chunk_memory`` range by range, as before they
+    were restricted): equal on every range a split reaches; a second search of the same table (and
+    one with recompute chosen per layer, whose tables are the ones without it) reads them kept."""
+    from dataclasses import replace
+
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver import chunk_cpsat_tables as tables
+    from stagesplit.solver.request import RecomputeMode, SolveRequest
+    analysis = api.analyze(_stack(_random_widths(1), seed=1))
+    request = SolveRequest(devices=devices, targets=("h100-80gb",), schedule="1f1b", micro_batches=4, exact=True)
+    resolved = resolve(request, analysis)
+    problem = schedule_problem(resolved.model, resolved.inputs, resolved.model.phase_table)
+    L = problem.num_layers
+    got = tables.memory_tables(problem)
+    assert len(problem.table.memo) == 1
+    full = _full_tables(problem)
+    mask = tables.reachable(devices, L)
+    assert set(got) == set(full)
+    for name in got:
+        assert np.array_equal(got[name][mask], full[name][mask]), name
+        assert not got[name][~mask].any()
+    again = tables.memory_tables(replace(problem, recompute=RecomputeMode.AUTO))
+    assert len(problem.table.memo) == 1
+    for name in got:
+        assert np.array_equal(again[name], got[name])
+
+
+def _full_tables(problem) -> dict[str, np.ndarray]:
+    """Every range priced, the restriction lifted (``reachable`` made all-true)."""
+    from stagesplit.solver import chunk_cpsat_tables as tables
+    saved = tables.reachable
+    try:
+        tables.reachable = lambda chunks, layers: np.triu(np.ones((layers, layers), bool))
+        return tables._memory_tables(problem, problem.fixed_choice())
+    finally:
+        tables.reachable = saved
