@@ -497,9 +497,9 @@ def _spawn(worker, args: tuple):
     allocator keeps the blocks a step frees for the next step (the reserved pool the plan prices);
     glibc by default hands large frees back to the operating system and takes them fresh, page by
     zeroed page, next time. A schedule with many micro-batches in flight (GPipe) then pays page faults
-    each step that no device pays: measured on this machine, GPipe's steps 3-8% slower than
-    1F1B's on the same split (the fuller rank's busy time 10-17 ms higher) by default, and equal
-    to them with the memory kept."""
+    each step that no device pays: measured on this machine, GPipe's steps 1-6% slower than
+    1F1B's on the same split (the fuller rank's busy time 6-18 ms higher) by default, and within
+    1.5% of them with the memory kept (docs/benchmarks.md)."""
     import os
 
     import torch.multiprocessing as mp
