@@ -102,6 +102,9 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
             "captured_batch": req.captured_batch,
             "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
+            # the best row's split: as solve prints it, and each stage's first and last layer (indices)
+            "split": lp.plan.split_text if lp.plan is not None else None,
+            "stages": [[s.first_layer, s.last_layer] for s in lp.plan.stages] if lp.plan is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
             "rows": [_row_json(r) for r in lp.rows]}
