@@ -476,7 +476,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
 def _measured_compute(layer_compute: Any, tp_layer_compute: Any) -> tuple:
     """The layout search's measured per-layer compute (plan/layouts.py's ``Measured``), each given
     as ``solve``'s ``layer_compute`` is (a mapping, checked as solve checks it) or as the path of its
-    YAML/JSON file (read as ``solve --layer-compute`` reads it, and recorded in the plan)."""
+    YAML/JSON file (read as solve reads its file, and recorded in the plan)."""
     def one(parameter: str, value: Any) -> tuple[tuple[tuple[str, float], ...], str | None]:
         if isinstance(value, (str, Path)):
             path = _path(parameter, value)

@@ -419,7 +419,8 @@ def rank_layer_compute(measured: Measured, rank: Analysis, reference: Analysis) 
     sequence, another micro-batch size its scaled forward and backward (the optimizer's step kept:
     model/batchscale.py); the rank the figures were measured on takes them unchanged. Data-parallel
     sharding does not change an operation's compute (model/datasharding.py), so a ZeRO rank takes
-    them as ``solve --dp --zero`` does. A layer its reference captured with no compute keeps the figure."""
+    them as ``solve`` with ``dp`` and ``zero`` does. A layer its reference captured with no compute keeps the
+    figure."""
     own, ref = _layer_figures(rank), _layer_figures(reference)
     return tuple((name, value * (own[name] / ref[name]) if ref[name] > 0 else value) for name, value in measured[1])
 
