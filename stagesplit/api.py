@@ -321,8 +321,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
 
 def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, **options):
     """``layouts`` (the same options), then the layouts a user would otherwise take priced with the
-    same model (plan/layout_compare.py: NeMo auto-configurator's grid, torchtitan's preset, pure pipeline,
-    pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
+    same model (plan/layout_compare.py: NeMo auto-configurator's grid, torchtitan's preset, Megatron's
+    published Llama configurations, pure pipeline, pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
     compared layout."""
     from .plan.layout_compare import compare
     from .plan.layouts import search

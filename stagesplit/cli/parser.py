@@ -256,7 +256,8 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
         _solve_option(g, "compare", help="also price the layouts a user would otherwise take with the same model: "
-                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, pure pipeline, pure FSDP")
+                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, Megatron's published Llama "
+                      "configurations, pure pipeline, pure FSDP")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1, or holds a rank at each "
                         "degree as capture --tp 1,2,4,8 writes); repeatable")

@@ -130,6 +130,9 @@ class LayoutRequest:
     #: the ``layer_compute`` option; the others ``tp_layer_compute``); each combination's rank takes it
     #: as ``rank_layer_compute`` says (docs/layouts.md, "Measured per-layer compute")
     layer_compute: tuple[Measured, ...] = ()
+    #: chunks (virtual stages) per device under a looped schedule (solve's ``chunks_per_rank``;
+    #: None: the schedule's own), as a published configuration's virtual pipeline size fixes it
+    chunks_per_rank: int | None = None
 
     def micro_batch_sizes(self, dp: int) -> list[int]:
         """The sizes a layout of ``dp`` data-parallel ranks may take: the one fixed, or every
@@ -393,7 +396,8 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float,
                         reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
                         link_bandwidth=req.node.link(lay.pp, lay.tp * lay.cp * lay.dp).bytes_per_s,
                         time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve,
-                        layer_compute=layer_compute, layer_compute_source=layer_compute_source)
+                        layer_compute=layer_compute, layer_compute_source=layer_compute_source,
+                        chunks_per_rank=req.chunks_per_rank if lay.pp > 1 else None)
 
 
 # -- measured per-layer compute --------------------------------------------------------------------

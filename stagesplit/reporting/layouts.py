@@ -167,7 +167,9 @@ def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: Layo
     ratio = "-"
     if chosen.best is not None and chosen.best.step_s:
         ratio = f"{b.step_s / chosen.best.step_s:.2f}x"
-    return [name, b.layout.describe(), seconds(b.step_s), tokens, ratio, "fits"]
+    # a looped schedule's chunks per device (a published configuration's virtual stages) beside the degrees
+    looped = f", {b.schedule} with {b.chunks_per_rank} chunks per device" if b.chunks_per_rank > 1 else ""
+    return [name, b.layout.describe() + looped, seconds(b.step_s), tokens, ratio, "fits"]
 
 
 def comparison_text(cmp: Comparison) -> str:
