@@ -492,6 +492,9 @@ def _measured_compute(layer_compute: Any, tp_layer_compute: Any) -> tuple:
             raise OptionError("tp_layer_compute", f"expected a mapping of tensor-parallel degrees to measured "
                               f"per-layer compute, got {short_repr(tp_layer_compute)}")
         for degree, value in tp_layer_compute.items():
+            if degree == 1:
+                raise OptionError("tp_layer_compute", "degree 1's measured compute is `layer_compute` (the figures "
+                                  "every other degree's ranks are scaled from)")
             degree = integer("tp_layer_compute", degree, 2, MAX_DEVICES)
             figures, source = one("tp_layer_compute", value)
             if figures:

@@ -182,6 +182,14 @@ def test_solve_layout_auto_sweep_and_compare_take_the_figures(files, tmp_path, c
     assert json.loads(text)["layouts"]["best"]["step_s"] == pytest.approx(doc["best"]["step_s"], rel=1e-12)
     plan = read_plan(out)
     assert dict(plan.inputs.request.layer_compute) == FIGURES
+    # a TP 2 rank's plan records the figures it took (a quarter of degree 1's), and solves again the same
+    out2 = tmp_path / "plan-tp2.json"
+    code, _, err = run_cli(capsys, "solve", files / "stack.json", "--layout", "auto", "--gpus", 2, "--tp", 2,
+                           "--tp-profile", f"2={files / 'half.json'}", *base, *figures, "--out", out2)
+    assert code == 0, err
+    assert dict(read_plan(out2).inputs.request.layer_compute) == pytest.approx({k: v / 4 for k, v in FIGURES.items()})
+    code, text, err = run_cli(capsys, "solve", "--from-plan", out2, files / "half.json")
+    assert code == 0 and "reproduced: the split is identical" in text, err
     code, text, err = run_cli(capsys, "sweep", files / "stack.json", "--gpus", "2", *base, *figures,
                               "--format", "json")
     assert code == 0, err
@@ -202,7 +210,9 @@ def test_solve_layout_auto_sweep_and_compare_take_the_figures(files, tmp_path, c
     (["--tp-layer-compute", "2"], "--tp-layer-compute: expected T=FILE"),
     (["--tp-layer-compute", "2={tp2}"], "--tp-layer-compute: measured compute is given for tensor-parallel degree 2, "
                                         "but no rank of that degree was given (degrees: 1)"),
-    (["--tp-layer-compute", "1={tp2}"], "--tp-layer-compute: expected an integer >= 2 and <= 1,024, got 1"),
+    (["--tp-layer-compute", "1={tp2}"], "--tp-layer-compute: degree 1's measured compute is --layer-compute (the "
+                                        "figures every other degree's ranks are scaled from)"),
+    (["--tp-layer-compute", "2000={tp2}"], "--tp-layer-compute: expected an integer >= 2 and <= 1,024, got 2000"),
     (["--tp-profile", "2={half}", "--tp-layer-compute", "2={tp2}"],
      "--layer-compute: measured compute is given for tensor-parallel degree(s) 2 only: a rank of degree 1 takes"),
     (["--layer-compute", "{unknown}"], "no layer named 'ffn' in the rank of tensor-parallel degree 1 (layers: 0, 1, "
