@@ -10,6 +10,11 @@ tensor-parallel collectives: no split of ``pp`` stages runs faster) against the 
 found so far, and the memory floor (a rank's always-live bytes over ``pp``: some stage holds at
 least that) against the capacity. The combinations are solved in order of their compute floor,
 so that the first solved is the likeliest best and the floor cuts off most of the rest.
+
+Measured per-layer compute (``layer_compute``, as ``solve`` takes it) reaches each combination's
+solve as ``solve``'s own option, each rank's figures scaled from those of the rank they were
+measured on by its capture (``rank_layer_compute``); the compute floor counts them too
+(``_measured_work``).
 """
 
 from __future__ import annotations
