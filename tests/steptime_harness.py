@@ -332,7 +332,9 @@ def target_mapping(machine: Machine) -> dict:
     over its one-way time, so that a crossing costs what one measured, latency included. The
     node's links (what the layout search prices collectives on: tensor parallelism's all-reduces,
     data parallelism's gradient all-reduce) are the latency and bandwidth that make the ring
-    all-reduce's time fit gloo's measured all-reduces (``Machine.reduce_link``)."""
+    all-reduce's time fit gloo's measured all-reduces (``Machine.reduce_link``); and they take the
+    compute's own core (``overlaps_compute: false``: each rank runs on one core, gloo's threads
+    on it, so DDP's all-reduce cannot hide under the backward as NCCL's does on a GPU)."""
     lat, bw = float(f"{machine.reduce_link[0]:.3g}"), round(machine.reduce_link[1])
     return {"name": "cpu-gloo", "kind": "cpu",
             "description": "this CPU, one thread per process, gloo between processes (measured)",
@@ -340,7 +342,7 @@ def target_mapping(machine: Machine) -> dict:
             "memory_bytes_per_s": round(machine.memory_bytes_per_s),
             "link_bytes_per_s": round(HIDDEN_BYTES / machine.one_way[HIDDEN_BYTES]),
             "node": {"gpus_per_node": 2, "intra_bytes_per_s": bw, "intra_latency_s": lat,
-                     "inter_bytes_per_s": bw, "inter_latency_s": lat}}
+                     "inter_bytes_per_s": bw, "inter_latency_s": lat, "overlaps_compute": False}}
 
 
 def layer_compute(machine: Machine) -> dict[str, float]:

@@ -300,7 +300,8 @@ def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[
     FLOPs at the target's peak: a lower bound on their time, so the exposure is not under-stated),
     and what is left exposed: ``max(0, exchange - attention)``. torch and Megatron start each key/
     value exchange before the attention of the blocks already held and wait for it only at the
-    next block, so the exchange hides under the attention up to its length (docs/layouts.md)."""
+    next block, so the exchange hides under the attention up to its length (docs/layouts.md); all of it
+    on a node whose collectives take the compute's cores (``overlaps_compute``)."""
     layout = _recorded_layout(analysis)
     if layout is None or getattr(layout, "context_parallel", 1) <= 1:
         return 0.0, 0.0, 0.0
@@ -316,7 +317,8 @@ def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[
     attention = sum(float(ops.compute[i]) for i in range(len(phase)) if phase[i] != Phase.OPTIMIZER
                     and "scaled_dot_product" in names[i] and "attention" in names[i])
     attention *= unit
-    return comm, attention, max(0.0, comm - attention)
+    # on a node whose collectives take the compute's own cores, nothing hides under the attention
+    return comm, attention, max(0.0, comm - attention) if node.overlaps_compute else comm
 
 
 def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
@@ -351,7 +353,8 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
         fwd = sum(s.chunk_times[c][0] for c in chunks) * (1 + ratio)
         bwd = sum(s.chunk_times[c][1] + s.chunk_times[c][2] for c in chunks) * (1 + ratio)
         e = dp_exposed(layout.zero, layout.sync, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
-                       link.latency_s, req.reshard_after_forward)
+                       link.latency_s, req.reshard_after_forward, memory_bytes_per_s=req.target.memory_bytes_per_s or 0.0,
+                       overlaps_compute=req.node.overlaps_compute)
         worst = max(worst, e.total)
     return pipeline + tp_s + cp_s + ep_s + worst, pipeline, tp_s, worst
 
