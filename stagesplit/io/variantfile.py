@@ -29,7 +29,6 @@ from ..common.limits import EXPANSION_RATIO, MIN_EXPANDED_BYTES
 from ..common.safeinput import load_json
 from ..common.text import show
 from ..errors import ProfileError
-from .compact import read_compact, write_compact
 from .jsonprofile import FORMAT, VERSION, dumps_profile, profile_from_document
 from .profile import Profile
 from .variants import ParallelVariants, parallel_degree, parallel_variants
@@ -77,6 +76,7 @@ def read_json_variants(path: str | Path, data: bytes) -> tuple[Profile, ...]:
 def read_compact_variants(path: str | Path, raw: bytes) -> tuple[Profile, ...] | None:
     """The profiles of a compact variants file (each member read by ``read_compact``, with every
     check of a compact file), or None where ``raw`` is a compact file of one profile."""
+    from .compact import read_compact            # (compact files only: JSON ones need none of it)
     source = str(path)
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
@@ -124,6 +124,7 @@ def read_compact_variants(path: str | Path, raw: bytes) -> tuple[Profile, ...] |
 
 def write_variants(variants: ParallelVariants | Sequence[Profile], path: str | Path, compact: bool) -> None:
     """Write the variants as one file, atomically: the compact container or the JSON one."""
+    from .compact import write_compact
     profiles = variants.profiles if isinstance(variants, ParallelVariants) else \
         parallel_variants(list(variants), show(str(path))).profiles
     if not compact:

@@ -213,7 +213,8 @@ class SolveRequest:
         if not isinstance(self.alloc_conf, str):
             raise OptionError("alloc_conf", f"expected text such as expandable_segments:True, got "
                               f"{short_repr(self.alloc_conf)}")
-        self.allocator_options()                      # refuses a setting the replay cannot model
+        if self.alloc_conf.strip():                   # (empty: torch's defaults; nothing to refuse or import)
+            self.allocator_options()                  # refuses a setting the replay cannot model
         set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
         set_(self, "max_layers", integer("max_layers", self.max_layers, 1, optional=True))
         if self.max_layers is not None and self.max_layers < self.min_layers:
