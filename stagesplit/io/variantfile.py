@@ -76,7 +76,7 @@ def read_json_variants(path: str | Path, data: bytes) -> tuple[Profile, ...]:
 def read_compact_variants(path: str | Path, raw: bytes) -> tuple[Profile, ...] | None:
     """The profiles of a compact variants file (each member read by ``read_compact``, with every
     check of a compact file), or None where ``raw`` is a compact file of one profile."""
-    from .compact import read_compact            # (compact files only: JSON ones need none of it)
+    from .compact import read_compact  # (compact files only: JSON ones need none of it)
     source = str(path)
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:

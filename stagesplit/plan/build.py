@@ -258,7 +258,7 @@ def with_reserved(plan: Plan, deadline: Deadline | None = None) -> Plan:
         note = (f"reserved memory not replayed: about {events:,} allocator events, more than the "
                 f"{max(deadline.left(), 0.0):.1f} s left allow; the plan's priced peaks stand")
         return replace(plan, notes=[*plan.notes, note])
-    from ..solver.schedule_allocator import cublas_workspaces, rank_replays    # (only where the replay runs)
+    from ..solver.schedule_allocator import cublas_workspaces, rank_replays  # (only where the replay runs)
     from ..solver.schedule_generation import build_schedule
     name = plan.inputs.targets[0].name if plan.inputs.targets else target.name
     bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]

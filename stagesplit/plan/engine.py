@@ -215,7 +215,7 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
     kept = plan.inputs.runtime_reserve
     if not any(excess) or kept is None:
         return plan
-    from .build import with_reserved            # (imported where a second solve may run)
+    from .build import with_reserved  # (imported where a second solve may run)
     from .scheduled import advise_schedule
     first = plan
     over = ", ".join(f"device {i} by {b / 2**30:,.2f} GiB" for i, b in enumerate(excess) if b)
