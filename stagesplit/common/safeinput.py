@@ -399,7 +399,7 @@ def read_shipped_yaml(path: str | Path, what: str = "YAML file") -> Any:
     if getattr(yaml, "CSafeLoader", None) is None:
         return load_yaml(text, str(path))
 
-    class Loader(yaml.CSafeLoader):         # type: ignore[misc,name-defined]  # PyYAML's C classes are untyped
+    class Loader(yaml.CSafeLoader):
         def construct_mapping(self, node: Any, deep: bool = False) -> Any:
             if isinstance(node, yaml.MappingNode):
                 keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
