@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import StagesplitError
-from ..plan.baselines import LABELS
 from ..plan.records import Plan
 from ..plan.text import split_text
 from .units import DeviceWords
@@ -578,6 +577,7 @@ class Comparison:
 
 
 def _label(method: str) -> str:
+    from ..plan.baselines import LABELS  # (the baselines' module only where a plan is compared)
     if method.startswith("greedy"):
         return "PopLiner's greedy"
     return LABELS.get(method, method)
