@@ -12,9 +12,11 @@ batch of 4 micro-batches of 4 sequences, laid out as
   all-reduced in the last one's backward;
 
 the three interleaved round by round (5 rounds after a warm-up; a step is the slower rank's). Each
-prediction is plan/layouts.py's ``step_of`` on the engine's split of that layout (the calls the
-layout search makes for a combination; ``layout_step``), with each layer's compute measured on this
-CPU in the same rounds as the steps (``layer_compute``: for TP 2, one tensor-parallel rank's blocks,
+prediction is the layout search's step for that layout as a user asks for it (``layout_prediction``:
+``stagesplit layouts --tp T --pp P --dp D --zero 0 --layer-compute ... --format json``; where the
+search's PP 2 split is not the one that ran, ``layout_step``: the functions the search calls, that
+split pinned), with each layer's compute measured on this CPU in the same rounds as the steps
+(``layer_compute``; for TP 2, ``--tp-layer-compute 2=``: one tensor-parallel rank's blocks,
 parallelized the same way over torch's fake process group, so that their collectives move nothing)
 and the collectives priced on the target's node, whose links are fitted to gloo's measured
 all-reduces. Nothing measured of the steps goes into a prediction.
