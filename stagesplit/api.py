@@ -147,13 +147,13 @@ def _target(parameter: str, value: Any) -> Target | None:
     raise OptionError(parameter, f"expected a target name, a YAML path or a Target, got {short_repr(value)}")
 
 
-def _layer_compute(value: Any) -> dict[str, float]:
+def _layer_compute(value: Any, parameter: str = "layer_compute") -> dict[str, float]:
     if value is None:
         return {}
     if not isinstance(value, Mapping):
-        raise OptionError("layer_compute", f"expected a mapping of layer names to compute figures, "
+        raise OptionError(parameter, f"expected a mapping of layer names to compute figures, "
                           f"got {short_repr(value)}")
-    return {str(k): number("layer_compute", v, 0, 1e30) for k, v in value.items()}
+    return {str(k): number(parameter, v, 0, 1e30) for k, v in value.items()}
 
 
 # -- analysis -----------------------------------------------------------------------------------
@@ -286,7 +286,9 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
             captured_batch: int | None = None, cp: int | None = None,
             cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
-            ep_profiles: Mapping[int, ProfileLike] | None = None):
+            ep_profiles: Mapping[int, ProfileLike] | None = None,
+            layer_compute: Mapping[str, float] | str | Path | None = None,
+            tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
     micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
@@ -297,7 +299,12 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     degree (as ``capture(cp=...)`` writes it, at the tensor-parallel degree it records), ``cp``
     fixes that degree; ``ep_profiles`` one rank's at each expert-parallel degree (``capture(ep=...)``;
     the expert-parallel ranks are taken from the data x context ranks), ``ep`` fixes it;
-    ``runtime_reserve`` as ``solve`` takes it. A ``LayoutPlan``: the best row, its pipeline plan,
+    ``runtime_reserve`` as ``solve`` takes it; ``layer_compute`` measured per-layer compute as
+    ``solve`` takes it ({layer name: compute}, or the YAML/JSON file's path), measured on one rank at
+    tensor-parallel degree 1 at the captured micro-batch size, ``tp_layer_compute`` the same measured
+    on a rank of another degree ({degree: mapping or path}): each combination's rank takes its own
+    degree's figures, else degree 1's, scaled by its capture (plan/layouts.py's
+    ``rank_layer_compute``; docs/layouts.md). A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -307,14 +314,15 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
-        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
+        tp_layer_compute=tp_layer_compute)
     return search(rank, degrees, req, deadline, events)
 
 
 def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, **options):
     """``layouts`` (the same options), then the layouts a user would otherwise take priced with the
-    same model (plan/layout_compare.py: NeMo auto-configurator's grid, torchtitan's preset, pure pipeline,
-    pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
+    same model (plan/layout_compare.py: NeMo auto-configurator's grid, torchtitan's preset, Megatron's
+    published Llama configurations, pure pipeline, pure FSDP), the one time limit shared. A ``Comparison``: the search's plan and a row per
     compared layout."""
     from .plan.layout_compare import compare
     from .plan.layouts import search
@@ -330,7 +338,8 @@ def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     defaults: dict[str, Any] = dict(gpus_per_node=None, tp_profiles=None, micro_batch_size=None, sequence_length=None,
                                     tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
                                     time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None,
-                                    cp=None, cp_profiles=None, ep=None, ep_profiles=None)
+                                    cp=None, cp_profiles=None, ep=None, ep_profiles=None, layer_compute=None,
+                                    tp_layer_compute=None)
     for key in options:
         if key not in defaults:
             raise OptionError(key, "not an option of the layout search")
@@ -344,7 +353,9 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
                  events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                  cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
-                 ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
+                 ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
+                 layer_compute: Mapping[str, float] | str | Path | None = None,
+                 tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -363,7 +374,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         tp_profiles=tp_profiles, micro_batch_size=micro_batch_size, sequence_length=sequence_length, tp=tp, pp=pp,
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
-        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles)
+        cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
+        tp_layer_compute=tp_layer_compute)
     return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
@@ -373,7 +385,9 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                    reshard_after_forward: bool, schedule: str, time_limit: float, events: Events | None,
                    runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
-                   ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None):
+                   ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
+                   layer_compute: Mapping[str, float] | str | Path | None = None,
+                   tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -402,6 +416,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     if gpus_per_node is not None:
         node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
     deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
+    measured = _measured_compute(layer_compute, tp_layer_compute)
     sources: dict[Any, Any] = _by_degree(profile, events)
     for degree, other in (tp_profiles or {}).items():
         degree = integer("tp_profiles", degree, 2, MAX_DEVICES)
@@ -453,7 +468,8 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                         pp=fixed["pp"], dp=fixed["dp"], cp=fixed["cp"], ep=fixed["ep"], zero=zero,
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
-                        runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch)
+                        runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch,
+                        layer_compute=measured)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 
@@ -472,6 +488,35 @@ def _with_layers(profile: Profile, read: Analysis, layout: DataLayout) -> Analys
     rank = shard_profile(profile, layers, layout)
     model = StageCostModel(rank, layers, shared=shared, kept_unsharded=kept_unsharded(profile, layers, layout))
     return Analysis(rank, layers, model, layout=layout, source=profile)
+
+
+def _measured_compute(layer_compute: Any, tp_layer_compute: Any) -> tuple:
+    """The layout search's measured per-layer compute (plan/layouts.py's ``Measured``), each given
+    as ``solve``'s ``layer_compute`` is (a mapping, checked as solve checks it) or as the path of its
+    YAML/JSON file (read as solve reads its file, and recorded in the plan)."""
+    def one(parameter: str, value: Any) -> tuple[tuple[tuple[str, float], ...], str | None]:
+        if isinstance(value, (str, Path)):
+            path = _path(parameter, value)
+            return tuple(load_layer_compute(path).items()), path
+        return tuple(_layer_compute(value, parameter).items()), None
+    out = []
+    if layer_compute is not None:
+        figures, source = one("layer_compute", layer_compute)
+        if figures:
+            out.append((1, figures, source))
+    if tp_layer_compute is not None:
+        if not isinstance(tp_layer_compute, Mapping):
+            raise OptionError("tp_layer_compute", f"expected a mapping of tensor-parallel degrees to measured "
+                              f"per-layer compute, got {short_repr(tp_layer_compute)}")
+        for degree, value in tp_layer_compute.items():
+            if degree == 1:
+                raise OptionError("tp_layer_compute", "degree 1's measured compute is `layer_compute` (the figures "
+                                  "every other degree's ranks are scaled from)")
+            degree = integer("tp_layer_compute", degree, 2, MAX_DEVICES)
+            figures, source = one("tp_layer_compute", value)
+            if figures:
+                out.append((degree, figures, source))
+    return tuple(out)
 
 
 def _by_degree(profile: Any, events: Events) -> dict[int, Any]:

@@ -24,7 +24,8 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
    block once more (so that the blocks and the steps see the machine's load alike), after a
    warm-up round; a step's time is the slower rank's, from a barrier to its optimizer step's end;
    the median over rounds. Each rank's busy time (its compute actions, clocked inside the
-   runtime, and its optimizer step) is recorded beside it.
+   runtime, and its optimizer step) is recorded beside it. Both processes keep the memory they free
+   for their next step, as a device's caching allocator does (``_spawn``).
 
 The prediction is the plan's ``schedule.step_time`` for the split that ran, solved again (pinned to
 that split) from the blocks timed in step 4: the tool's own model, into which nothing measured of
@@ -36,9 +37,14 @@ as ``capture --tp 2`` applied it; both ranks' losses recorded), PP 2 (the export
 above) and DP 2 (torch's DDP), interleaved round by round with the whole model's blocks and one
 tensor-parallel rank's (the same plan over torch's fake process group: the rank's compute, DTensor's
 work included, with collectives that move nothing). Each prediction is the layout search's step for
-that layout (plan/layouts.py: ``solve_request``, the engine's schedule solve, ``step_of``; the
-measured per-layer compute given to the solve as ``--layer-compute`` gives it), the collectives
-priced on the target's node, whose links are fitted to gloo's all-reduces (``Machine.reduce_link``).
+that layout as a user asks for it (``layout_prediction``: ``stagesplit layouts PROFILE --tp T --pp P
+--dp D --zero 0 --global-batch B --micro-batch-size 4 --layer-compute layers.yaml --format json``, a
+TP 2 rank's profile and its own measured blocks given with ``--tp-profile 2=FILE`` and
+``--tp-layer-compute 2=FILE``), the collectives priced on the target's node, whose links are fitted
+to gloo's all-reduces (``Machine.reduce_link``). Only where the search's split of PP 2 is not the
+split that ran (solved from the blocks timed before the steps) is the prediction made by the
+functions the search calls with that split pinned (``layout_step``: the command line has no
+``--pin-split`` for the layout search).
 """
 
 from __future__ import annotations
@@ -63,8 +69,8 @@ ROOT = Path(__file__).resolve().parents[1]
 TEMPLATE = ROOT / "stagesplit" / "exporters" / "templates" / "stage_modules.py"
 
 __all__ = ["BATCH", "LAYERS", "LAYOUTS", "SEQUENCE", "Case", "LayoutRow", "Machine", "Row", "batch", "capture_spec",
-           "compare", "compare_layouts", "factory", "layer_compute", "layout_name", "layout_step", "model", "reference_loss",
-           "solve", "target_mapping", "tp_layer_compute", "write_yaml"]
+           "compare", "compare_layouts", "factory", "layer_compute", "layout_name", "layout_prediction", "layout_step",
+           "model", "reference_loss", "solve", "target_mapping", "tp_layer_compute", "write_yaml"]
 
 #: sequences per micro-batch and tokens per sequence; blocks
 BATCH, SEQUENCE, LAYERS = 4, 64, 8
@@ -326,7 +332,9 @@ def target_mapping(machine: Machine) -> dict:
     over its one-way time, so that a crossing costs what one measured, latency included. The
     node's links (what the layout search prices collectives on: tensor parallelism's all-reduces,
     data parallelism's gradient all-reduce) are the latency and bandwidth that make the ring
-    all-reduce's time fit gloo's measured all-reduces (``Machine.reduce_link``)."""
+    all-reduce's time fit gloo's measured all-reduces (``Machine.reduce_link``); and they take the
+    compute's own core (``overlaps_compute: false``: each rank runs on one core, gloo's threads
+    on it, so DDP's all-reduce cannot hide under the backward as NCCL's does on a GPU)."""
     lat, bw = float(f"{machine.reduce_link[0]:.3g}"), round(machine.reduce_link[1])
     return {"name": "cpu-gloo", "kind": "cpu",
             "description": "this CPU, one thread per process, gloo between processes (measured)",
@@ -334,7 +342,7 @@ def target_mapping(machine: Machine) -> dict:
             "memory_bytes_per_s": round(machine.memory_bytes_per_s),
             "link_bytes_per_s": round(HIDDEN_BYTES / machine.one_way[HIDDEN_BYTES]),
             "node": {"gpus_per_node": 2, "intra_bytes_per_s": bw, "intra_latency_s": lat,
-                     "inter_bytes_per_s": bw, "inter_latency_s": lat}}
+                     "inter_bytes_per_s": bw, "inter_latency_s": lat, "overlaps_compute": False}}
 
 
 def layer_compute(machine: Machine) -> dict[str, float]:
@@ -485,6 +493,35 @@ def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float
         dist.destroy_process_group()
 
 
+#: glibc's malloc told to keep what a process frees (``mallopt``'s settings, read from the
+#: environment when a process starts): never trim the heap's top, and serve every allocation below
+#: 1 GiB from the heap rather than a fresh ``mmap``
+KEEP_FREED_MEMORY = {"MALLOC_TRIM_THRESHOLD_": str(2**40), "MALLOC_MMAP_THRESHOLD_": str(2**30)}
+
+
+def _spawn(worker, args: tuple):
+    """The two ranks, spawned with ``KEEP_FREED_MEMORY`` in their environment. A device's caching
+    allocator keeps the blocks a step frees for the next step (the reserved pool the plan prices);
+    glibc by default hands large frees back to the operating system and takes them fresh, page by
+    zeroed page, next time. A schedule with many micro-batches in flight (GPipe) then pays page faults
+    each step that no device pays: measured on this machine, GPipe's steps 1-6% slower than
+    1F1B's on the same split (the fuller rank's busy time 6-18 ms higher) by default, and within
+    1.5% of them with the memory kept (docs/benchmarks.md)."""
+    import os
+
+    import torch.multiprocessing as mp
+    saved = {k: os.environ.get(k) for k in KEEP_FREED_MEMORY}
+    os.environ.update(KEEP_FREED_MEMORY)
+    try:
+        return mp.spawn(worker, args=args, nprocs=2, join=False)
+    finally:
+        for key, value in saved.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+
+
 # -- the whole path --------------------------------------------------------------------------------------
 
 @dataclass(frozen=True)
@@ -559,12 +596,11 @@ def compare(folder: Path, cases: Sequence[Case], rounds: int = 5, repeats: int =
     case runs is solved from the layers timed before the steps; its prediction is the same split's
     plan solved again from the layers timed in the same rounds as the steps (the machine's load
     changes by the minute: both see the same)."""
-    import torch.multiprocessing as mp
     profile = folder / "llama.stagesplit"
     if not profile.exists():
         _cli("capture", capture_spec(), "-o", profile)
     with tempfile.TemporaryDirectory(prefix="steptime-") as tmp:
-        context = mp.spawn(_worker, args=(tmp, repeats, rounds, timeout_s), nprocs=2, join=False)
+        context = _spawn(_worker, (tmp, repeats, rounds, timeout_s))
         try:
             records = _await_files(context, [Path(tmp, f"machine{r}.json") for r in range(2)], timeout_s)
             before = _machine(records)
@@ -790,23 +826,36 @@ def layout_step(profile: Path, target: Path, layers: Path, tp: int, pp: int, dp:
     return (*search.step_of(lay, plan, analysis, req, params), plan)
 
 
+def layout_prediction(profiles: dict[int, Path], target: Path, layers: dict[int, Path], tp: int, pp: int, dp: int,
+                      micro_batches: int) -> dict:
+    """The layout search's answer for one layout, asked as a user asks it: ``stagesplit layouts`` with
+    every degree fixed (ZeRO 0: DDP), the global batch of ``micro_batches`` micro-batches of ``BATCH``
+    sequences, the measured per-layer compute of ``layers[1]`` (``--layer-compute``) and, for TP 2,
+    the tensor-parallel rank's profile and its own measured blocks (``--tp-profile 2=``,
+    ``--tp-layer-compute 2=``). The ``--format json`` document: ``best`` (step, pipeline, TP and DP
+    seconds) and the best plan's ``split`` and ``stages``."""
+    degree = ["--tp-profile", f"2={profiles[2]}", "--tp-layer-compute", f"2={layers[2]}"] if tp > 1 else []
+    out = _cli("layouts", profiles[1], *degree, "--gpus", tp * pp * dp, "--tp", tp, "--pp", pp, "--dp", dp,
+               "--zero", 0, "--global-batch", BATCH * micro_batches, "--micro-batch-size", BATCH, "--seq-len",
+               SEQUENCE, "--schedule", "1f1b", "--target", target, "--layer-compute", layers[1], "--format", "json")
+    return json.loads(out)
+
+
 def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repeats: int = 4,
                     timeout_s: float = 300.0) -> tuple[Machine, list[LayoutRow]]:
     """Each layout of ``LAYOUTS`` for a global batch of ``micro_batches`` micro-batches, predicted by the
-    layout search (``layout_step``) and run for real on two gloo processes, the layouts interleaved round by
+    layout search (``layout_prediction``) and run for real on two gloo processes, the layouts interleaved round by
     round. The pipeline runs the plan of ``stagesplit solve --layer-compute --communication`` (1F1B), exported
     with ``--to torch-pipelining``, as ``compare`` runs them. Each prediction is made from the blocks timed
     in the same rounds as the steps (a tensor-parallel rank's blocks for TP 2, from ``capture --tp 2``'s
     profile), the node's links from gloo's all-reduces; nothing measured of the steps goes into it."""
-    import torch.multiprocessing as mp
     profiles = {1: folder / "llama.stagesplit", 2: folder / "llama-tp2.stagesplit"}
     for tp, profile in profiles.items():
         if not profile.exists():
             _cli("capture", capture_spec(), *(["--tp", tp] if tp > 1 else []), "-o", profile)
     case = Case("1f1b", micro_batches)
     with tempfile.TemporaryDirectory(prefix="steptime-layouts-") as tmp:
-        context = mp.spawn(_layout_worker, args=(tmp, micro_batches, repeats, rounds, timeout_s), nprocs=2,
-                           join=False)
+        context = _spawn(_layout_worker, (tmp, micro_batches, repeats, rounds, timeout_s))
         try:
             records = _await_files(context, [Path(tmp, f"machine{r}.json") for r in range(2)], timeout_s)
             before = _machine(records)
@@ -831,11 +880,17 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
                 2: write_yaml(folder / "layers-tp2.yaml", tp_layer_compute(machine))}
     rows = []
     for i, (tp, pp, dp) in enumerate(LAYOUTS):
-        step, pipeline, tp_s, dp_s, plan = layout_step(profiles[tp], target, mappings[tp], tp, pp, dp,
-                                                       micro_batches, split_at if pp > 1 else None)
+        doc = layout_prediction(profiles, target, mappings, tp, pp, dp, micro_batches)
+        best = doc["best"]
+        step, pipeline, tp_s, dp_s, split = (best["step_s"], best["pipeline_s"], best["tp_comm_s"],
+                                             best["dp_comm_s"], doc["split"])
+        if pp > 1 and doc["stages"][1][0] != split_at:      # not the split that ran: that one, pinned
+            step, pipeline, tp_s, dp_s, plan = layout_step(profiles[tp], target, mappings[tp], tp, pp, dp,
+                                                           micro_batches, split_at)
+            split = plan.split_text
         steps = tuple(max(a, b) for a, b in zip(measured[0]["steps"][i], measured[1]["steps"][i]))
         losses = tuple(float(m["tp_loss"]) for m in measured) if tp > 1 else ()
-        rows.append(LayoutRow(tp, pp, dp, plan.split_text, step, pipeline, tp_s, dp_s, steps, losses))
+        rows.append(LayoutRow(tp, pp, dp, split, step, pipeline, tp_s, dp_s, steps, losses))
     return machine, rows
 
 

@@ -275,11 +275,12 @@ def make_recorder(torch, allocator_round: int):
             where = f"{where}/{phase}" if phase in ("backward", "recompute") else where
             reads: list[int] = []
             writes: list[int] = []
+            touches = not _moves_nothing(func, name)
             for tensors, role, into in ((flat_in, None, reads), (flat_out, "out", writes)):
                 for k, t in enumerate(tensors):
                     if not isinstance(t, torch.Tensor):
                         continue
-                    moved += _tensor_bytes(t)
+                    moved += _tensor_bytes(t) if touches else 0
                     try:
                         st = t.untyped_storage()
                     except Exception:
@@ -315,6 +316,20 @@ def _collective(torch, index: int, func, phase: str, flat_in: list, flat_out: li
     tin = sum(_tensor_bytes(t) for t in flat_in if isinstance(t, torch.Tensor))
     tout = sum(_tensor_bytes(t) for t in flat_out if isinstance(t, torch.Tensor))
     return _Collective(index, func._overloadpacket.__name__, max(tin, tout), size, phase, names[-1] if names else "")
+
+
+#: operations that allocate without writing (their output's bytes are not moved by any kernel)
+_ALLOCATES_ONLY = frozenset({"aten.empty", "aten.empty_like", "aten.empty_strided", "aten.new_empty",
+                             "aten.new_empty_strided", "aten.lift_fresh"})
+
+
+def _moves_nothing(func, name: str) -> bool:
+    """Whether an operation moves no bytes through memory: a view (its output aliases its input:
+    ``view``, ``t``, ``transpose``, ``expand``, ``detach``, ... as torch's schema marks them, and
+    ``_unsafe_view``, which is one without the mark) or an allocation that writes nothing. torch's
+    roofline (``utils/_runtime_estimation.py``) prices these at 0 too: held against it, charging a
+    view its tensors' bytes was 48% of the example GPT's roofline time (docs/model-and-solver.md)."""
+    return bool(getattr(func, "is_view", False)) or name in _ALLOCATES_ONLY or name == "aten._unsafe_view"
 
 
 def _tensor_bytes(t) -> int:

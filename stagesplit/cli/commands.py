@@ -397,7 +397,14 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
         if not sep or not degree.isdigit():
             raise OptionError("ep_profiles", f"expected E=FILE (an expert-parallel degree and a profile), got '{word}'")
         ep_profiles[int(degree)] = path
-    return dict(cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,
+    tp_layer_compute: dict[int, str] = {}
+    for word in args.tp_layer_compute:
+        degree, sep, path = word.partition("=")
+        if not sep or not degree.isdigit():
+            raise OptionError("tp_layer_compute", f"expected T=FILE (a tensor-parallel degree and a layer-compute "
+                              f"file), got '{one_line(word)}'")
+        tp_layer_compute[int(degree)] = path
+    return dict(layer_compute=args.layer_compute or None, tp_layer_compute=tp_layer_compute, cp=args.cp, cp_profiles=cp_profiles, ep=args.ep, ep_profiles=ep_profiles,
                 global_batch=args.global_batch, target=target, gpus_per_node=args.gpus_per_node,
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 captured_batch=args.captured_batch,
@@ -418,7 +425,8 @@ def _layout_mode(args: argparse.Namespace, what: str) -> str:
     naming it): the search sets the devices, micro-batches and link of each combination itself."""
     if args.global_batch is None:
         raise StagesplitError(f"--global-batch: {what} needs the samples per step (--global-batch B)")
-    read = {"targets", "dp", "zero", "reshard_after_forward", "schedule", "time_limit", "devices", "runtime_reserve"}
+    read = {"targets", "dp", "zero", "reshard_after_forward", "schedule", "time_limit", "devices", "runtime_reserve",
+            "layer_compute"}
     for o in api.SOLVE_OPTIONS:
         dest = o.flag.replace("-", "_") if o.flag else None
         if dest is None or o.name in read or not hasattr(args, dest):
@@ -445,7 +453,7 @@ _LAYOUT_ONLY: tuple[tuple[str, str, object], ...] = (
     ("micro_batch_size", "--micro-batch-size", None), ("captured_batch", "--captured-batch", None),
     ("seq_len", "--seq-len", None), ("tp_profile", "--tp-profile", []),
     ("tp", "--tp", None), ("pp", "--pp", None), ("cp_profile", "--cp-profile", []), ("cp", "--cp", None),
-    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None))
+    ("ep_profile", "--ep-profile", []), ("ep", "--ep", None), ("tp_layer_compute", "--tp-layer-compute", []))
 
 
 def _no_layout_options(args: argparse.Namespace, what: str) -> None:

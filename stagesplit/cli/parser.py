@@ -256,7 +256,8 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")
         _solve_option(g, "compare", help="also price the layouts a user would otherwise take with the same model: "
-                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, pure pipeline, pure FSDP")
+                      "NeMo auto-configurator's grid, torchtitan's Llama-3 preset, Megatron's published Llama "
+                      "configurations, pure pipeline, pure FSDP")
     g.add_argument("--tp-profile", action="append", default=[], metavar="T=FILE",
                    help="one rank's profile at tensor-parallel degree T (PROFILE is degree 1, or holds a rank at each "
                         "degree as capture --tp 1,2,4,8 writes); repeatable")
@@ -266,6 +267,10 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
     g.add_argument("--ep-profile", action="append", default=[], metavar="E=FILE",
                    help="one rank's profile at expert-parallel degree E (capture --ep E); the expert-parallel ranks "
                         "are taken from the data x context-parallel ranks, as Megatron does; repeatable")
+    g.add_argument("--tp-layer-compute", action="append", default=[], metavar="T=FILE",
+                   help="measured per-layer compute of one rank at tensor-parallel degree T (as --layer-compute, "
+                        "which is degree 1's): that degree's ranks take it instead of degree 1's scaled by their "
+                        "capture (docs/layouts.md); repeatable")
     for flag in ("tp", "cp", "ep", "pp"):
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
@@ -455,6 +460,9 @@ def build_parser() -> argparse.ArgumentParser:
     # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
     for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit", "runtime_reserve"):
         _solve_option(p, name)
+    _solve_option(p, "layer_compute", help="YAML/JSON mapping of layer name to compute measured on one rank at "
+                  "tensor-parallel degree 1 (as solve takes it); each combination's rank takes it scaled by its "
+                  "capture: its share of each layer at its degrees and micro-batch size (docs/layouts.md)")
     p.add_argument("--format", choices=("text", "json"), default="text", help="output format")
     p.add_argument("--out", metavar="FILE", help="write the output to FILE (atomically) instead of stdout")
 
@@ -478,5 +486,5 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",
          "tp_profiles": "--tp-profile", "captured_batch": "--captured-batch", "cp_profiles": "--cp-profile",
-         "ep_profiles": "--ep-profile", "optimizer": "--optimizer", "allocator_round": "--allocator-round",
+         "ep_profiles": "--ep-profile", "tp_layer_compute": "--tp-layer-compute", "optimizer": "--optimizer", "allocator_round": "--allocator-round",
          "fmt": "--to", "sections": "--sections", "wide": "--wide"}

@@ -11,11 +11,10 @@ from ..common.fileio import atomic_write_text
 from ..common.safeinput import InputFile
 from ..common.text import show
 from ..errors import ProfileError, StagesplitError
-from .compact import read_compact, with_compact_field, write_compact
 from .jsonprofile import dumps_profile
 from .limits import check_profile_limits
 from .profile import Profile
-from .variantfile import read_compact_variants, read_json_variants, write_variants
+from .variantfile import read_json_variants
 from .variants import ParallelVariants, parallel_variants
 
 __all__ = ["COMPACT_SUFFIXES", "ParallelVariants", "load_profile", "load_variants", "save_profile"]
@@ -67,7 +66,9 @@ def load_variants(path: str | Path, debug: str | Path | None = None,
                                   "file or a PopVision profile.pop")
         data = f.read_all(None)
     digest = hashlib.sha256(data).hexdigest()           # the plan's record of its input, from the one read
-    if compact:
+    if compact:            # (the compact readers, numpy's zip of arrays, imported for compact files only)
+        from .compact import read_compact
+        from .variantfile import read_compact_variants
         found = read_compact_variants(path, data)
         profiles = found if found is not None else (read_compact(path, data),)
     else:
@@ -81,6 +82,7 @@ def load_variants(path: str | Path, debug: str | Path | None = None,
         except ProfileError as exc:                     # a compact file: name the array holding the field too
             if not compact or len(profiles) > 1:
                 raise
+            from .compact import with_compact_field
             gt = profile.ground_truth
             raise with_compact_field(exc, categories=list(gt.categories) if gt is not None else None) from None
     return parallel_variants(profiles, show(path)) if len(profiles) > 1 else ParallelVariants(profiles)
@@ -89,6 +91,8 @@ def load_variants(path: str | Path, debug: str | Path | None = None,
 def save_profile(profile: Profile | ParallelVariants, path: str | Path) -> None:
     """Write ``profile`` atomically: compact form for .stagesplit/.npz, JSON for anything else;
     variants by tensor-parallel degree as one file of either form (io/variantfile.py)."""
+    from .compact import write_compact
+    from .variantfile import write_variants
     path = Path(path)
     if isinstance(profile, ParallelVariants):
         write_variants(profile, path, compact=path.suffix in COMPACT_SUFFIXES)

@@ -9,7 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_TILES
-from ..common.safeinput import read_yaml_file
+from ..common.safeinput import read_shipped_yaml, read_yaml_file
 from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target
@@ -59,7 +59,7 @@ def shipped_targets_document() -> tuple[Path, Any]:
         return path, read_yaml(path)                 # read_yaml says why it cannot be read
     cached = _SHIPPED.get(path)
     if cached is None or cached[0] != stamp:
-        cached = _SHIPPED[path] = (stamp, read_yaml(path))
+        cached = _SHIPPED[path] = (stamp, read_shipped_yaml(path))
     return path, cached[1]
 
 

@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from ..common.limits import MAX_DEVICES
-from ..errors import StagesplitError
+from ..errors import ProfileError, StagesplitError
 from .targets import _number, config_dir, exact_fields, file_field, read_yaml
 
 __all__ = ["Link", "NodeTopology", "known_nodes", "node_of", "node_from_mapping"]
@@ -31,6 +31,10 @@ class NodeTopology:
     gpus_per_node: int
     intra: Link
     inter: Link
+    #: whether a collective runs beside the compute (a GPU: NCCL's kernels and copy engines on
+    #: streams of their own, so that DDP's all-reduce hides under the backward) or takes the
+    #: compute's own cores (a CPU rank on one core: gloo's threads run on it), when nothing of it hides
+    overlaps_compute: bool = True
 
     def link(self, group: int, stride: int = 1) -> Link:
         """The link a ring of ``group`` ranks ``stride`` apart runs on: inside one node where the
@@ -40,18 +44,26 @@ class NodeTopology:
 
 
 _FIELDS = ("gpus_per_node", "intra_bytes_per_s", "intra_latency_s", "inter_bytes_per_s", "inter_latency_s")
+#: fields a node may leave out, and their defaults
+_OPTIONAL = {"overlaps_compute": True}
 
 
 def node_from_mapping(spec: Any, path: Path | str | None, prefix: str) -> NodeTopology:
-    """A ``node`` mapping read strictly: every field present, numbers in range, nothing else."""
-    spec = exact_fields(spec, _FIELDS, path, prefix)
+    """A ``node`` mapping read strictly: every field present (``overlaps_compute`` may be left out:
+    true), numbers in range, nothing else."""
+    if isinstance(spec, dict):
+        spec = {**_OPTIONAL, **spec}
+    spec = exact_fields(spec, _FIELDS + tuple(_OPTIONAL), path, prefix)
+    overlaps = spec["overlaps_compute"]
+    if not isinstance(overlaps, bool):
+        raise ProfileError(path, f"{prefix}.overlaps_compute", "true or false", overlaps)
     n = _number(path, f"{prefix}.gpus_per_node", spec["gpus_per_node"], integer=True, minimum=1, maximum=MAX_DEVICES)
 
     def link(side: str) -> Link:
         bw = _number(path, f"{prefix}.{side}_bytes_per_s", spec[f"{side}_bytes_per_s"], minimum=1)
         lat = _number(path, f"{prefix}.{side}_latency_s", spec[f"{side}_latency_s"], minimum=0, maximum=1.0)
         return Link(float(bw), float(lat))
-    return NodeTopology(int(n), link("intra"), link("inter"))
+    return NodeTopology(int(n), link("intra"), link("inter"), overlaps)
 
 
 def known_nodes() -> dict[str, NodeTopology]:

@@ -18,8 +18,6 @@ are refused, naming the file.
 from __future__ import annotations
 
 import io
-import zipfile
-import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -29,7 +27,6 @@ from ..common.limits import EXPANSION_RATIO, MIN_EXPANDED_BYTES
 from ..common.safeinput import load_json
 from ..common.text import show
 from ..errors import ProfileError
-from .compact import read_compact, write_compact
 from .jsonprofile import FORMAT, VERSION, dumps_profile, profile_from_document
 from .profile import Profile
 from .variants import ParallelVariants, parallel_degree, parallel_variants
@@ -42,7 +39,13 @@ COMPACT_MANIFEST = "variants.json"
 COMPACT_VARIANTS_FORMAT = "stagesplit-variants"
 #: variants one file may hold (degrees are powers of two in practice: 1..4096 is 13)
 MAX_VARIANTS = 64
-_READ_ERRORS = (ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError)
+
+
+def _read_errors() -> tuple[type[BaseException], ...]:
+    """What reading a broken zip raises (zipfile imported here: a JSON profile needs none of it)."""
+    import zipfile
+    import zlib
+    return ValueError, OSError, EOFError, zipfile.BadZipFile, zlib.error, NotImplementedError, RuntimeError
 
 
 def read_json_variants(path: str | Path, data: bytes) -> tuple[Profile, ...]:
@@ -77,6 +80,9 @@ def read_json_variants(path: str | Path, data: bytes) -> tuple[Profile, ...]:
 def read_compact_variants(path: str | Path, raw: bytes) -> tuple[Profile, ...] | None:
     """The profiles of a compact variants file (each member read by ``read_compact``, with every
     check of a compact file), or None where ``raw`` is a compact file of one profile."""
+    import zipfile
+
+    from .compact import read_compact  # (compact files only: JSON ones need none of it)
     source = str(path)
     try:
         with zipfile.ZipFile(io.BytesIO(raw)) as zf:
@@ -111,19 +117,22 @@ def read_compact_variants(path: str | Path, raw: bytes) -> tuple[Profile, ...] |
                     r.fail(f"variants[{i}]", "the name of a member of the file holding a compact profile", name)
                 try:
                     data = zf.read(name)
-                except _READ_ERRORS as exc:
+                except _read_errors() as exc:
                     raise ProfileError(source, name, "a readable zip member", str(exc)) from None
                 out.append(read_compact(f"{source}: {name}", data))
                 del data
             return tuple(out)
     except ProfileError:
         raise
-    except _READ_ERRORS as exc:
+    except _read_errors() as exc:
         raise ProfileError(source, "", "a stagesplit compact profile (a zip of numpy arrays)", str(exc)) from None
 
 
 def write_variants(variants: ParallelVariants | Sequence[Profile], path: str | Path, compact: bool) -> None:
     """Write the variants as one file, atomically: the compact container or the JSON one."""
+    import zipfile
+
+    from .compact import write_compact
     profiles = variants.profiles if isinstance(variants, ParallelVariants) else \
         parallel_variants(list(variants), show(str(path))).profiles
     if not compact:

@@ -21,7 +21,13 @@ What is overlapped (docs/layouts.md, "The layout search"):
   in the forward (the first layer's group first), and again in the backward (the last layer's
   group first) when parameters are resharded after the forward; the gradients' reduce-scatter
   once, after the last micro-batch, overlapped as DDP's (the first layer's group reduced last).
+* DDP's bucket copies: with ``gradient_as_bucket_view`` off (torch's default), each gradient is
+  copied into its bucket as it is ready and back after the bucket's all-reduce, on the compute's
+  own stream: ``4 B / memory bandwidth`` (two reads and two writes of the gradients) added to the
+  last micro-batch's step, never hidden.
 * Tensor-parallel collectives sit on the critical path of every layer (not overlapped).
+* On a node whose collectives take the compute's own cores (``overlaps_compute: false``: a CPU
+  rank on one core, gloo's threads on it) nothing above is hidden: every collective is added whole.
 """
 
 from __future__ import annotations
@@ -82,29 +88,35 @@ class DpExposed:
     gradients: float        # the gradients' all-reduce or reduce-scatter the backward did not hide
     parameters: float       # ZeRO 1-2: the all-gather after the optimizer step
     gathers: float          # ZeRO 3: the per-micro-batch all-gathers compute did not hide, all micro-batches
+    copies: float = 0.0     # DDP: the gradients copied into their buckets and back, on the compute's stream
 
     @property
     def total(self) -> float:
-        return self.gradients + self.parameters + self.gathers
+        return self.gradients + self.parameters + self.gathers + self.copies
 
 
 def dp_exposed(zero: int, dp: int, layer_params: list[int], forward_s: float, backward_s: float,
                micro_batches: int, bytes_per_s: float, latency_s: float,
-               reshard_after_forward: bool = True) -> DpExposed:
+               reshard_after_forward: bool = True, *, memory_bytes_per_s: float = 0.0,
+               overlaps_compute: bool = True) -> DpExposed:
     """The data-parallel communication one stage (layers with ``layer_params`` bytes of
     parameters each, in forward order) exposes in a step under ZeRO ``zero`` with ``dp`` ranks:
     ``forward_s`` and ``backward_s`` are one micro-batch's compute on the stage (module
-    docstring's rules)."""
+    docstring's rules); ``memory_bytes_per_s``, the device's, prices DDP's bucket copies (0: not
+    priced); ``overlaps_compute`` false: the node's collectives hide under nothing."""
     if dp <= 1:
         return DpExposed(0.0, 0.0, 0.0)
     total = float(sum(layer_params))
+    if not overlaps_compute:
+        backward_s = forward_s = 0.0
 
     def hidden(kind: str, last: float) -> float:
         whole = ring_time(kind, total, dp, bytes_per_s, latency_s)
         return max(ring_time(kind, last, dp, bytes_per_s, latency_s), whole - backward_s)
     last = last_bucket(total)
     if zero == 0:
-        return DpExposed(hidden("all_reduce", last), 0.0, 0.0)
+        copies = 4 * total / memory_bytes_per_s if memory_bytes_per_s > 0 else 0.0
+        return DpExposed(hidden("all_reduce", last), 0.0, 0.0, copies)
     if zero in (1, 2):
         return DpExposed(hidden("reduce_scatter", last), all_gather(total, dp, bytes_per_s, latency_s), 0.0)
     nonzero = [p for p in layer_params if p > 0]

@@ -78,19 +78,18 @@ def _between_other_layers(timeline: Timeline, layer_vars: LayerItems, var_nal: n
     if G == 0 or not len(run_var):
         return stashed
     cover = timeline.cover
-    layers_covering = cover.sum(axis=0)
+    # a column of the gap (another layer runs, l does not) is one some layer covers but l does not:
+    # counted as (columns any layer covers) - (l's own columns), each from a prefix, l's by a search
+    # of its own few columns, so that a layer costs its runs, not a pass over every column
+    any_prefix = np.concatenate([[0], np.cumsum(cover.any(axis=0))])
+    rows, cols = np.nonzero(cover)
+    starts = np.searchsorted(rows, np.arange(L + 1))
     run_offsets = np.zeros(nv + 1, np.int64)
     np.cumsum(np.bincount(run_var, minlength=nv), out=run_offsets[1:])
     for l in range(L):
-        own = cover[l]
-        if not own.any():
+        own_cols = cols[starts[l]:starts[l + 1]]
+        if not len(own_cols) or any_prefix[-1] - len(own_cols) <= 0:     # l runs nowhere, or nothing else does
             continue
-        gap = (layers_covering - own > 0) & ~own       # another layer runs, l does not
-        if not gap.any():
-            continue
-        own_prefix = np.concatenate([[0], np.cumsum(own)])
-        gap_prefix = np.concatenate([[0], np.cumsum(gap)])
-        own_cols = np.flatnonzero(own)
         vars_l = layer_vars.of(l)
         vars_l = vars_l[var_nal[vars_l] & ~stashed[vars_l]]
         if not len(vars_l):
@@ -98,9 +97,12 @@ def _between_other_layers(timeline: Timeline, layer_vars: LayerItems, var_nal: n
         counts = run_offsets[vars_l + 1] - run_offsets[vars_l]
         runs = np.repeat(run_offsets[vars_l], counts) + ramp(counts)
         c0, c1 = run_c0[runs], run_c1[runs]
-        has_two = own_prefix[c1] - own_prefix[c0] >= 2
-        first = own_cols[np.minimum(own_prefix[c0], len(own_cols) - 1)]
-        last = own_cols[np.maximum(own_prefix[c1] - 1, 0)]
-        hit = has_two & (gap_prefix[last] - gap_prefix[np.minimum(first + 1, last)] > 0)
+        own0, own1 = np.searchsorted(own_cols, c0), np.searchsorted(own_cols, c1)   # own columns before c0, c1
+        has_two = own1 - own0 >= 2
+        first = own_cols[np.minimum(own0, len(own_cols) - 1)]
+        last = own_cols[np.maximum(own1 - 1, 0)]
+        after = np.minimum(first + 1, last)
+        own_between = np.searchsorted(own_cols, last) - np.searchsorted(own_cols, after)
+        hit = has_two & (any_prefix[last] - any_prefix[after] - own_between > 0)
         stashed[run_var[runs[hit]]] = True
     return stashed

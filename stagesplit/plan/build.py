@@ -19,7 +19,6 @@ from ..model.stagememory import MemoryBreakdown
 from ..model.traffic import Traffic, wide_tensors
 from ..solver.cpsat import PHASE_NAMES, SolverResult
 from ..solver.problem import Split, SplitProblem, evaluate_split, schedule_note, stage_in_flight
-from ..solver.schedule_generation import Action
 from .records import (
     PhaseRecord,
     Plan,
@@ -35,6 +34,7 @@ from .records import (
 if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem
+    from ..solver.schedule_generation import Action
 
 __all__ = ["REPLAY_SECONDS_PER_EVENT", "make_plan", "make_schedule_plan", "plan_profile", "refused_plan",
            "replay_events_estimate", "with_reserved"]
@@ -246,8 +246,6 @@ def with_reserved(plan: Plan, deadline: Deadline | None = None) -> Plan:
     cuBLAS's workspaces), unless the request turned the replay off; other plans as they are. Run once on
     the plan a solve returns (not on every candidate of the auto schedule), after the search, when what is
     left of ``deadline`` covers it (``replay_events_estimate``); else the plan says it was not replayed."""
-    from ..solver.schedule_allocator import cublas_workspaces, rank_replays
-    from ..solver.schedule_generation import build_schedule
     s, model = plan.schedule, plan.analysis
     request = plan.inputs.request
     if s is None or not plan.stages or model is None or request.allocator == "off" or not plan.feasible:
@@ -260,6 +258,8 @@ def with_reserved(plan: Plan, deadline: Deadline | None = None) -> Plan:
         note = (f"reserved memory not replayed: about {events:,} allocator events, more than the "
                 f"{max(deadline.left(), 0.0):.1f} s left allow; the plan's priced peaks stand")
         return replace(plan, notes=[*plan.notes, note])
+    from ..solver.schedule_allocator import cublas_workspaces, rank_replays  # (only where the replay runs)
+    from ..solver.schedule_generation import build_schedule
     name = plan.inputs.targets[0].name if plan.inputs.targets else target.name
     bounds = [st.first_layer for st in plan.stages] + [plan.stages[-1].last_layer + 1]
     options = ("none", "selective", "full")

@@ -166,12 +166,12 @@ def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events:
     the ``auto`` schedule, else on the stage-level model."""
     from .advise import advise
     from .build import with_reserved
-    from .scheduled import advise_schedule
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
         return _refit(with_reserved(_solve_auto(request, analysis, deadline, events), deadline), analysis, deadline,
                       events)
     if scheduled(request, resolved.model):
+        from .scheduled import advise_schedule
         events.start("pricing every layer range in each phase of the step")
         table = resolved.model.phase_table
         events.done()
@@ -211,12 +211,12 @@ def _refit(plan: Plan, analysis: Analysis, deadline: Deadline, events: Events) -
     each such device's excess back too, up to ``REFIT_ROUNDS`` times while the deadline leaves
     ``REFIT_MIN_SECONDS``; the plan says what was done in a note, and whether it fits then. A second
     solve that finds no split keeps the first plan."""
-    from .build import with_reserved
-    from .scheduled import advise_schedule
     excess = _excess(plan)
     kept = plan.inputs.runtime_reserve
     if not any(excess) or kept is None:
         return plan
+    from .build import with_reserved  # (imported where a second solve may run)
+    from .scheduled import advise_schedule
     first = plan
     over = ", ".join(f"device {i} by {b / 2**30:,.2f} GiB" for i, b in enumerate(excess) if b)
     retry = tuple(kept.retry_bytes) or (0,) * plan.devices

@@ -10,6 +10,13 @@ layouts", cites each source):
 * **torchtitan's Llama-3 preset** for the size (``torchtitan/models/llama3/config_registry.py``:
   ``llama3_8b``, ``llama3_70b``, ``llama3_405b``, torchtitan 0.3.0): FSDP2 over every GPU left (ZeRO
   3), its tensor-parallel degree, no pipeline, its local batch as the micro-batch size.
+* **Megatron's published Llama configurations** for the size (``megatron_presets``): Megatron-LM's
+  own Llama-3 8B example (``examples/llama/train_llama3_8b_h100_fp8.sh``) and NVIDIA's Megatron Core
+  pre-training recipes in NeMo for Llama 3 8B and 70B and Llama 3.1 405B
+  (``nemo/collections/llm/recipes/llama3_8b.py``, ``llama3_70b.py``, ``llama31_405b.py``): their
+  tensor, context and pipeline parallel degrees, virtual pipeline stages (interleaved 1F1B with that
+  many chunks per device), micro-batch size and distributed optimizer (ZeRO 1), data parallelism over
+  the GPUs left; each source with the commit its numbers were read at.
 * **pure pipeline**: the most stages the layers and GPUs allow, DDP across the rest, TP 1.
 * **pure FSDP**: one stage, ZeRO 3 over every GPU, TP 1.
 
@@ -18,6 +25,7 @@ ranks' peaks and its refusals are the search's own."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
@@ -28,12 +36,17 @@ from ..io.profile import Profile
 from ..model.datasharding import DataLayout, role_bytes
 from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
 
-__all__ = ["Compared", "Comparison", "Reference", "compare", "model_size_b", "nemo_grid", "references"]
+__all__ = ["Compared", "Comparison", "Reference", "compare", "megatron_presets", "model_size_b", "nemo_grid",
+           "references"]
 
 
 @dataclass(frozen=True)
 class Reference:
-    """One layout to compare: its degrees (``dp`` the GPUs left), ZeRO stage and micro-batch size."""
+    """One layout to compare: its degrees (``dp`` the GPUs left), ZeRO stage and micro-batch size;
+    ``cp`` its context-parallel degree, ``vp`` its virtual pipeline stages per device (None: one
+    stage per device), ``sequence_parallel`` whether the configuration turns Megatron's sequence
+    parallelism on (priced as the tensor-parallel rank's profile was captured: ``capture(tp=...,
+    sequence_parallel=...)``)."""
 
     name: str
     source: str
@@ -41,6 +54,9 @@ class Reference:
     pp: int
     zero: int
     micro_batch_size: int
+    cp: int = 1
+    vp: int | None = None
+    sequence_parallel: bool = False
 
 
 @dataclass(frozen=True)
@@ -110,18 +126,60 @@ def references(size_b: float, gpus: int, layers: int, global_batch: int) -> list
             Reference("pure FSDP", "one stage, ZeRO 3 over every GPU", 1, 1, 3, 1)]
 
 
-def _fixed(req: LayoutRequest, tp: int, pp: int, zero: int, size: int, time_limit: float) -> LayoutRequest:
-    dp = req.gpus // (tp * pp)
-    # (the compared layouts use neither context nor expert parallelism)
-    return replace(req, tp=tp, pp=pp, dp=dp, cp=1, ep=1, zero=zero if dp > 1 else 0, micro_batch_size=size,
-                   time_limit=time_limit)
+#: Megatron's published Llama pre-training configurations, by the model size in billions they are for
+#: (the first whose bound the size is under): (name, source, TP, CP, PP, virtual stages, micro-batch size,
+#: sequence parallel). Each runs Megatron's distributed optimizer (ZeRO 1: ``--use-distributed-optimizer``
+#: in the example, NeMo's ``distributed_fused_adam_with_cosine_annealing`` in the recipes) and takes
+#: the data-parallel ranks from the GPUs left; only the numbers are taken, from the files at these commits.
+_MEGATRON: tuple[tuple[float, tuple[tuple[str, str, int, int, int, int | None, int, bool], ...]], ...] = (
+    (30.0, (("Megatron-LM Llama-3 8B example",
+             "NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh @ 157006d6d9bf4f55c0d4d7dacbd2b65e7bd84dc9",
+             1, 1, 1, None, 1, True),
+            ("NeMo llama3_8b recipe (Megatron Core)",
+             "NVIDIA/NeMo nemo/collections/llm/recipes/llama3_8b.py @ 00617962f84fb2b31562f6a23b59330747e1d4b6",
+             1, 2, 1, None, 1, False))),
+    (200.0, (("NeMo llama3_70b recipe (Megatron Core)",
+              "NVIDIA/NeMo nemo/collections/llm/recipes/llama3_70b.py @ 0189a3b38dcfc89e916ca4396459433c8ba326d2",
+              4, 2, 4, 5, 1, True),)),
+    (math.inf, (("NeMo llama31_405b recipe (Megatron Core)",
+                 "NVIDIA/NeMo nemo/collections/llm/recipes/llama31_405b.py @ 00aa2e12802f4f31b0eafc2421d5894b4d8fb988",
+                 8, 4, 9, 2, 1, True),)),
+)
+
+
+def megatron_presets(size_b: float) -> list[Reference]:
+    """Megatron's published Llama configurations for a model of ``size_b`` billion parameters (the
+    8B ones under 30B, the 70B one under 200B, else the 405B one: the sizes torchtitan's presets
+    are chosen by), each as a ``Reference`` of ZeRO 1."""
+    presets = next(p for bound, p in _MEGATRON if size_b < bound)
+    return [Reference(name, source, tp, pp, 1, mbs, cp, vp, sp) for name, source, tp, cp, pp, vp, mbs, sp in presets]
+
+
+def _fixed(req: LayoutRequest, tp: int, pp: int, zero: int, size: int, time_limit: float, cp: int = 1,
+           vp: int | None = None) -> LayoutRequest:
+    """The request with every degree fixed: ``dp`` the GPUs left over ``tp x cp x pp``, ZeRO only
+    where ranks share the gradients (``dp x cp``), ``vp`` virtual stages per device as interleaved
+    1F1B with that many chunks (Megatron's interleaved schedule) where there is a pipeline."""
+    dp = req.gpus // (tp * cp * pp)
+    looped = vp is not None and vp > 1 and pp > 1
+    # (no compared layout uses expert parallelism)
+    return replace(req, tp=tp, pp=pp, dp=dp, cp=cp, ep=1, zero=zero if dp * cp > 1 else 0, micro_batch_size=size,
+                   time_limit=time_limit, schedule="interleaved-1f1b" if looped else req.schedule,
+                   chunks_per_rank=vp if looped else None)
 
 
 def _price(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, deadline: Deadline) -> LayoutPlan | str:
     """The search with every degree fixed, or why it cannot be laid out (one line)."""
-    if req.tp not in degrees:                # (a rank of CP or EP 1 is keyed by its TP degree alone)
+    cp = req.cp or 1
+    if cp == 1 and req.tp not in degrees:                # (a rank of CP or EP 1 is keyed by its TP degree alone)
         return f"no profile of tensor-parallel degree {req.tp} was given"
-    if req.gpus % (req.tp or 1) or req.global_batch % ((req.dp or 1) * (req.micro_batch_size or 1)):
+    if cp > 1 and (req.tp, cp) not in degrees:
+        return (f"no profile of tensor-parallel degree {req.tp} and context-parallel degree {cp} was given (capture "
+                f"one with `cp={cp}`)")
+    ranks = (req.tp or 1) * cp * (req.pp or 1)
+    if req.gpus % ranks:
+        return f"TP {req.tp} x CP {cp} x PP {req.pp} = {ranks} does not divide {req.gpus:,} GPUs"
+    if req.global_batch % ((req.dp or 1) * (req.micro_batch_size or 1)):
         return (f"the global batch {req.global_batch} is no multiple of micro-batches of {req.micro_batch_size} on "
                 f"{req.dp} data-parallel ranks")
     try:
@@ -146,7 +204,8 @@ def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, cho
     layers = base.layers.num_layers
     rows: list[Compared] = []
     grid = nemo_grid(size, req.gpus, layers)
-    refs = references(size, req.gpus, layers, req.global_batch)
+    titan, *others = references(size, req.gpus, layers, req.global_batch)
+    refs = [titan, *megatron_presets(size), *others]
     jobs = len(grid) + len(refs)
     events.start("pricing the compared layouts", "layouts")
     done = 0
@@ -169,8 +228,8 @@ def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, cho
         rows.append(Compared("NeMo auto-configurator grid", nemo, best, tried=len(grid)))
     for ref in refs:
         share = deadline.left() / max(1, jobs - done)
-        got = _price(analyze, degrees, _fixed(req, ref.tp, ref.pp, ref.zero, ref.micro_batch_size, share),
-                     deadline.part(share))
+        got = _price(analyze, degrees, _fixed(req, ref.tp, ref.pp, ref.zero, ref.micro_batch_size, share, ref.cp,
+                                              ref.vp), deadline.part(share))
         done += 1
         events.update(done, jobs)
         rows.append(Compared(ref.name, ref.source, None, got) if isinstance(got, str) else

@@ -4,12 +4,18 @@ one's split solved by the engine (plan/engine.py: the split proven by the schedu
 ``solve`` does), its communication added on the node's links (model/communication.py), and the
 fastest layout that fits every rank kept.
 
-Whole combinations are discarded before they are solved by two lower bounds: the compute floor
-(one rank's compute for the whole model, over ``pp``, times the micro-batches, lengthened by the
-tensor-parallel collectives: no split of ``pp`` stages runs faster) against the fastest step
-found so far, and the memory floor (a rank's always-live bytes over ``pp``: some stage holds at
-least that) against the capacity. The combinations are solved in order of their compute floor,
-so that the first solved is the likeliest best and the floor cuts off most of the rest.
+Whole combinations are discarded before they are solved by two lower bounds: the step floor
+(``step_floor``: one micro-batch's work at the roofline and its collectives, times the schedule's
+bubble factor, the optimizer and the least data-parallel communication: no split of ``pp`` stages
+runs faster) against the fastest step found so far, and the memory floor (a rank's always-live
+bytes over ``pp``: some stage holds at least that) against the capacity. The combinations are
+solved in order of their step floor, so that the first solved is the likeliest best and the floor
+cuts off most of the rest.
+
+Measured per-layer compute (``layer_compute``, as ``solve`` takes it) reaches each combination's
+solve as ``solve``'s own option, each rank's figures scaled from those of the rank they were
+measured on by its capture (``rank_layer_compute``); the step floor counts them too
+(``_measured_work``).
 """
 
 from __future__ import annotations
@@ -35,9 +41,10 @@ from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
 from .records import Plan
 
-__all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "check_request",
-           "RankWork", "bubble_factor", "cp_seconds", "cp_share", "ep_share", "degrees_of", "enumerate_layouts", "key_of",
-           "memory_floor", "search", "seconds", "solve_request", "step_floor", "step_of", "sweep_gpus"]
+__all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
+           "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
+           "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
+           "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
 
 @dataclass(frozen=True, order=True)
@@ -71,6 +78,11 @@ class Layout:
         ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
         return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
                 f"{self.micro_batches} micro-batches of {self.micro_batch_size}")
+
+
+#: measured per-layer compute (``solve``'s ``layer_compute``) given for the ranks of one tensor-parallel
+#: degree: (the degree, ((layer name, compute), ...), the file it was read from or None)
+Measured = tuple[int, tuple[tuple[str, float], ...], str | None]
 
 
 #: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees, or
@@ -120,6 +132,13 @@ class LayoutRequest:
     #: the micro-batch size the profiles were captured at (their activations and work are scaled
     #: from it to each size searched)
     captured_batch: int = 1
+    #: measured per-layer compute, one entry per tensor-parallel degree it was measured at (degree 1:
+    #: the ``layer_compute`` option; the others ``tp_layer_compute``); each combination's rank takes it
+    #: as ``rank_layer_compute`` says (docs/layouts.md, "Measured per-layer compute")
+    layer_compute: tuple[Measured, ...] = ()
+    #: chunks (virtual stages) per device under a looped schedule (solve's ``chunks_per_rank``;
+    #: None: the schedule's own), as a published configuration's virtual pipeline size fixes it
+    chunks_per_rank: int | None = None
 
     def micro_batch_sizes(self, dp: int) -> list[int]:
         """The sizes a layout of ``dp`` data-parallel ranks may take: the one fixed, or every
@@ -282,7 +301,8 @@ def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[
     FLOPs at the target's peak: a lower bound on their time, so the exposure is not under-stated),
     and what is left exposed: ``max(0, exchange - attention)``. torch and Megatron start each key/
     value exchange before the attention of the blocks already held and wait for it only at the
-    next block, so the exchange hides under the attention up to its length (docs/layouts.md)."""
+    next block, so the exchange hides under the attention up to its length (docs/layouts.md); all of it
+    on a node whose collectives take the compute's cores (``overlaps_compute``)."""
     layout = _recorded_layout(analysis)
     if layout is None or getattr(layout, "context_parallel", 1) <= 1:
         return 0.0, 0.0, 0.0
@@ -298,7 +318,8 @@ def cp_seconds(analysis: Analysis, node: NodeTopology, target: Target) -> tuple[
     attention = sum(float(ops.compute[i]) for i in range(len(phase)) if phase[i] != Phase.OPTIMIZER
                     and "scaled_dot_product" in names[i] and "attention" in names[i])
     attention *= unit
-    return comm, attention, max(0.0, comm - attention)
+    # on a node whose collectives take the compute's own cores, nothing hides under the attention
+    return comm, attention, max(0.0, comm - attention) if node.overlaps_compute else comm
 
 
 def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
@@ -333,7 +354,8 @@ def step_of(layout: Layout, plan: Plan, analysis: Analysis, req: LayoutRequest,
         fwd = sum(s.chunk_times[c][0] for c in chunks) * (1 + ratio)
         bwd = sum(s.chunk_times[c][1] + s.chunk_times[c][2] for c in chunks) * (1 + ratio)
         e = dp_exposed(layout.zero, layout.sync, layer_params, fwd, bwd, layout.micro_batches, link.bytes_per_s,
-                       link.latency_s, req.reshard_after_forward)
+                       link.latency_s, req.reshard_after_forward, memory_bytes_per_s=req.target.memory_bytes_per_s or 0.0,
+                       overlaps_compute=req.node.overlaps_compute)
         worst = max(worst, e.total)
     return pipeline + tp_s + cp_s + ep_s + worst, pipeline, tp_s, worst
 
@@ -370,16 +392,128 @@ def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
     return (sharded + rest) / lay.pp
 
 
-def solve_request(lay: Layout, req: LayoutRequest, time_limit: float) -> SolveRequest:
+def solve_request(lay: Layout, req: LayoutRequest, time_limit: float,
+                  layer_compute: tuple[tuple[str, float], ...] = (), layer_compute_source: str | None = None
+                  ) -> SolveRequest:
     """The solve of one combination's split: ``pp`` stages on the target under the schedule, its
     micro-batches, one data-parallel rank's figures, the activations sent between stages over
     the link the pipeline's neighbours share (ranks ``tp * dp`` apart: inside a node only where
-    the whole pipeline is)."""
+    the whole pipeline is); ``layer_compute``: the rank's measured per-layer compute
+    (``rank_layer_compute``), applied as ``solve``'s own ``layer_compute`` is (plan/engine.py)."""
     return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
                         micro_batches=lay.micro_batches, dp=lay.sync, zero=lay.zero,
                         reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
                         link_bandwidth=req.node.link(lay.pp, lay.tp * lay.cp * lay.dp).bytes_per_s,
-                        time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve)
+                        time_limit=max(time_limit, 1e-3), runtime_reserve=req.runtime_reserve,
+                        layer_compute=layer_compute, layer_compute_source=layer_compute_source,
+                        chunks_per_rank=req.chunks_per_rank if lay.pp > 1 else None)
+
+
+# -- measured per-layer compute --------------------------------------------------------------------
+
+def measured_for(req: LayoutRequest, key: Degree) -> Measured | None:
+    """The measured figures a rank of ``key`` takes its layers' compute from: those given for its
+    tensor-parallel degree, else degree 1's (None: none given, or none that apply)."""
+    given = {m[0]: m for m in req.layer_compute}
+    return given.get(degrees_of(key)[0]) or given.get(1)
+
+
+def _layer_figures(analysis: Analysis) -> dict[str, float]:
+    return dict(zip(analysis.layers.names, np.nan_to_num(np.asarray(analysis.model.layer_compute, float)).tolist()))
+
+
+def rank_layer_compute(measured: Measured, rank: Analysis, reference: Analysis) -> tuple[tuple[str, float], ...]:
+    """One combination's rank's per-layer compute from figures measured on another rank (docs/layouts.md,
+    "Measured per-layer compute"): each layer's measured figure times the rank's captured compute of
+    that layer over the captured compute of the rank the figures were measured on (``reference``:
+    the profile of that tensor-parallel degree, at the captured micro-batch size, unsharded). So a
+    tensor-parallel rank takes its share of the layer as its capture divides the work (replicated
+    norms whole, sharded matrix products a ``1/tp`` part), a context-parallel rank its share of the
+    sequence, another micro-batch size its scaled forward and backward (the optimizer's step kept:
+    model/batchscale.py); the rank the figures were measured on takes them unchanged. Data-parallel
+    sharding does not change an operation's compute (model/datasharding.py), so a ZeRO rank takes
+    them as ``solve`` with ``dp`` and ``zero`` does. A layer its reference captured with no compute keeps the
+    figure."""
+    own, ref = _layer_figures(rank), _layer_figures(reference)
+    return tuple((name, value * (own[name] / ref[name]) if ref[name] > 0 else value) for name, value in measured[1])
+
+
+def _check_measured(req: LayoutRequest, base: Mapping[Degree, Analysis], layouts: Sequence[Layout]) -> None:
+    """Measured figures that no rank can take, refused in one line before anything is solved: a
+    degree given no profile, a rank of a degree with no figures of its own and none of degree 1,
+    a layer name a rank does not have."""
+    if not req.layer_compute:
+        return
+    for degree, _, _ in req.layer_compute:
+        if degree not in base:
+            name = "layer_compute" if degree == 1 else "tp_layer_compute"
+            raise OptionError(name, f"measured compute is given for tensor-parallel degree {degree}, but no rank of "
+                              f"that degree was given (degrees: {', '.join(str(d) for d in base if isinstance(d, int))})")
+    for key in sorted({key_of(lay) for lay in layouts}, key=degrees_of):
+        measured = measured_for(req, key)
+        if measured is None:
+            raise OptionError("layer_compute", f"measured compute is given for tensor-parallel degree(s) "
+                              f"{', '.join(str(m[0]) for m in req.layer_compute)} only: a rank of degree "
+                              f"{degrees_of(key)[0]} takes its own degree's figures or degree 1's, scaled by its "
+                              "capture (give degree 1's, or fix `tp`)")
+        for analysis in (base[measured[0]], base[key]):
+            names = set(analysis.layers.names)
+            unknown = next((name for name, _ in measured[1] if name not in names), None)
+            if unknown is not None:
+                known = analysis.layers.names
+                shown = ", ".join(known[:6]) + (f", ... ({len(known)} layers)" if len(known) > 6 else "")
+                where = measured[2] or ("layer_compute" if measured[0] == 1 else f"tp_layer_compute[{measured[0]}]")
+                tp, cp, ep = degrees_of(key if analysis is base[key] else measured[0])
+                rank = f"tensor-parallel degree {tp}" + (f", context-parallel {cp}" if cp > 1 else "") + \
+                    (f", expert-parallel {ep}" if ep > 1 else "")
+                raise OptionError("layer_compute" if measured[0] == 1 else "tp_layer_compute",
+                                  f"{where}: no layer named '{unknown}' in the rank of {rank} (layers: {shown})")
+
+
+def _measured_work(req: LayoutRequest, key: Degree, base: Mapping[Degree, Analysis], ratio: Fraction,
+                   unit: float) -> float:
+    """A lower bound on a rank's forward and backward seconds per micro-batch at ``ratio`` x the
+    captured size where measured figures replace some layers' compute: the other layers' captured
+    compute at the peak, as without figures, and each replaced layer's figure (``rank_layer_compute``
+    at that size) times the share of it the model gives the forward and backward (phases are given
+    a layer's time in proportion to their operations' roofline seconds: model/phases.py), the share
+    bounded below at another size (every operation's forward and backward seconds grow at least
+    ``min(1, ratio)`` times, the optimizer's stay)."""
+    from ..model.roofline import operation_times
+    measured = measured_for(req, key)
+    a = base[key]
+    ops = a.profile.operations
+    layer = np.asarray(a.layers.op_layer)
+    phase = np.asarray(ops.phase)
+    compute = np.nan_to_num(np.asarray(ops.compute, float))
+    L = a.layers.num_layers
+    names = a.layers.names
+    r = float(ratio)
+    inside = layer >= 0
+    step = inside & (phase != Phase.OPTIMIZER)
+    per_layer_step = np.bincount(layer[step], weights=compute[step], minlength=L)[:L]
+    per_layer_opt = np.bincount(layer[inside & ~step], weights=compute[inside & ~step], minlength=L)[:L]
+    if measured is None:
+        return float(per_layer_step.sum()) * r * unit
+    ref = _layer_figures(base[measured[0]])
+    times = operation_times(a.profile, a.model.op_compute, req.target, 1.0)
+    seconds = np.maximum(*times) if times is not None else compute * unit
+    fb = inside & np.isin(phase, (Phase.FORWARD, Phase.BACKWARD_INPUT, Phase.BACKWARD_WEIGHT, Phase.RECOMPUTE))
+    s_fb = np.bincount(layer[fb], weights=seconds[fb], minlength=L)[:L]
+    opt = inside & (phase == Phase.OPTIMIZER)
+    s_opt = np.bincount(layer[opt], weights=seconds[opt], minlength=L)[:L]
+    given = dict(measured[1])
+    total = 0.0
+    for i, name in enumerate(names):
+        if name not in given:
+            total += per_layer_step[i] * r * unit
+            continue
+        own = per_layer_step[i] * r + per_layer_opt[i]
+        figure = given[name] * (own / ref[name]) if ref[name] > 0 else given[name]
+        low = min(1.0, r) * s_fb[i]
+        share = low / (low + s_opt[i]) if low + s_opt[i] > 0 else 0.0
+        total += figure * unit * share
+    return total
 
 
 # -- the step floor: what no split of a combination runs faster than ------------------------------
@@ -456,7 +590,8 @@ def bubble_factor(schedule: str, stages: int, micro_batches: int) -> float:
     return max(mean, 1.0 / -math.expm1(stages * math.log1p(-1.0 / micro_batches)))
 
 
-def step_floor(work: RankWork, lay: Layout, req: LayoutRequest) -> tuple[float, float]:
+def step_floor(work: RankWork, lay: Layout, req: LayoutRequest, measured: float | None = None
+               ) -> tuple[float, float]:
     """(floor, added): no split of ``lay`` has a step under ``floor``, and the step adds at least
     ``added`` to its pipeline step (the engine's cutoff: ``best - added``). The step is the pipeline
     step ``T`` lengthened by the collectives in proportion to compute (``T x (1 + X / K)``, ``K`` one
@@ -466,11 +601,16 @@ def step_floor(work: RankWork, lay: Layout, req: LayoutRequest) -> tuple[float, 
     and ``(M (K + X) + optimizer) / pp``, ``K`` and ``X`` at least ``RankWork.per_micro_batch``'s. The
     data-parallel floor: ZeRO 1 and 2 gather the stage's parameters after the optimizer step (some
     stage holds ``1/pp`` of them), ZeRO 3 gathers each micro-batch's first layer in the forward (and
-    in the backward where it reshards) in full (model/communication.py's ``dp_exposed``)."""
+    in the backward where it reshards) in full (model/communication.py's ``dp_exposed``). ``measured``:
+    where measured per-layer compute replaces the roofline's, a lower bound on the forward and
+    backward per micro-batch from it (``_measured_work``; the optimizer's time then counts nothing)."""
     from ..model.communication import all_gather
     k, x = work.per_micro_batch(float(Fraction(lay.micro_batch_size, req.captured_batch)))
+    optimizer = work.optimizer_s
+    if measured is not None:
+        k, optimizer = measured, 0.0
     factor = bubble_factor(req.schedule, lay.pp, lay.micro_batches)
-    floor = max(factor * (k + x), (lay.micro_batches * (k + x) + work.optimizer_s) / lay.pp)
+    floor = max(factor * (k + x), (lay.micro_batches * (k + x) + optimizer) / lay.pp)
     dp = 0.0
     if lay.sync > 1 and len(work.params):
         link = req.node.link(lay.sync, lay.tp)
@@ -505,8 +645,21 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         return Fraction(lay.micro_batch_size, req.captured_batch)
     params = {tp: parameter_bytes_by_layer(a.profile, a.layers) for tp, a in base.items()}
     flops = req.target.flops_per_s
+    _check_measured(req, base, layouts)
     work = {tp: RankWork.of(a, req) for tp, a in base.items()}
-    floors = {lay: step_floor(work[key_of(lay)], lay, req) for lay in layouts}
+    measured_work: dict[tuple[Degree, Fraction], float] = {}
+
+    def measured(lay: Layout) -> float | None:
+        """With measured per-layer compute, a rank's forward and backward per micro-batch from those
+        figures (``_measured_work``), else None (the roofline's)."""
+        key, r = key_of(lay), ratio(lay)
+        if not req.layer_compute:
+            return None
+        if (key, r) not in measured_work:
+            unit = req.target.seconds_per_unit(base[key].profile.compute_unit) or 0.0
+            measured_work[key, r] = _measured_work(req, key, base, r, unit)
+        return measured_work[key, r]
+    floors = {lay: step_floor(work[key_of(lay)], lay, req, measured(lay)) for lay in layouts}
 
     def floor(lay: Layout) -> float:
         """No split of ``lay`` steps faster (``step_floor``)."""
@@ -570,7 +723,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
             share = max(share, deadline.left() / 4)
         analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
-        request = solve_request(lay, req, share)
+        measured_compute = measured_for(req, key_of(lay))
+        request = solve_request(lay, req, share) if measured_compute is None else \
+            solve_request(lay, req, share, rank_layer_compute(measured_compute, analysis, base[measured_compute[0]]),
+                          measured_compute[2])
         # a split whose pipeline step reaches best - (what the step adds to it at least: step_floor's
         # "added") cannot win; the engine proves that no split is faster than the cutoff
         cutoff = best - floors[lay][1] if math.isfinite(best) else None

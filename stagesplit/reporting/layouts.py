@@ -102,6 +102,9 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
             "captured_batch": req.captured_batch,
             "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
+            # the best row's split: as solve prints it, and each stage's first and last layer (indices)
+            "split": lp.plan.split_text if lp.plan is not None else None,
+            "stages": [[s.first_layer, s.last_layer] for s in lp.plan.stages] if lp.plan is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
             "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
             "rows": [_row_json(r) for r in lp.rows]}
@@ -164,7 +167,9 @@ def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: Layo
     ratio = "-"
     if chosen.best is not None and chosen.best.step_s:
         ratio = f"{b.step_s / chosen.best.step_s:.2f}x"
-    return [name, b.layout.describe(), seconds(b.step_s), tokens, ratio, "fits"]
+    # a looped schedule's chunks per device (a published configuration's virtual stages) beside the degrees
+    looped = f", {b.schedule} with {b.chunks_per_rank} chunks per device" if b.chunks_per_rank > 1 else ""
+    return [name, b.layout.describe() + looped, seconds(b.step_s), tokens, ratio, "fits"]
 
 
 def comparison_text(cmp: Comparison) -> str:

@@ -24,7 +24,6 @@ from typing import Any
 import numpy as np
 
 from ..errors import StagesplitError
-from ..plan.baselines import LABELS
 from ..plan.records import Plan
 from ..plan.text import split_text
 from .units import DeviceWords
@@ -165,21 +164,30 @@ def least_slowest(layer_times: Sequence[float] | np.ndarray, positions: int, *, 
     L = len(t)
     c = np.zeros(L + 1) if cuts is None else np.asarray(cuts, np.float64)
     prefix = np.concatenate([[0.0], np.cumsum(t)])
-    a, e = np.meshgrid(np.arange(L + 1), np.arange(L + 1), indexing="ij")
-    span = prefix[None, :] - prefix[:, None] + c[:, None] + c[None, :]     # span[a, e]: layers a..e-1
-    n = e - a
-    rule = (n >= max(min_layers, 1)) & ((n <= max_layers) if max_layers is not None else True)
-    for j in pinned_splits:
-        rule &= ~((a < j) & (j < e))
+    columns = np.arange(L + 1)
     best = np.full(L + 1, np.inf)
     best[0] = 0.0
     parents: list[np.ndarray] = []
     values: list[float] = []
     pinned_positions = {pos for _, pos in pinned_layers}
-    # without pinned layers every position keeps the same rules: the spans they allow, once
-    # (stored end by start, so that the minimum over the starts runs along memory)
-    ruled = None if pinned_layers else np.ascontiguousarray(np.where(rule, span, np.inf).T)
-    columns = np.arange(L + 1)
+    ruled: np.ndarray | None = None
+    if pinned_layers:          # each position its own rules: the spans and the rules start by end
+        a, e = np.meshgrid(columns, columns, indexing="ij")
+        span = prefix[None, :] - prefix[:, None] + c[:, None] + c[None, :]     # span[a, e]: layers a..e-1
+        n = e - a
+        rule = (n >= max(min_layers, 1)) & ((n <= max_layers) if max_layers is not None else True)
+        for j in pinned_splits:
+            rule &= ~((a < j) & (j < e))
+    else:
+        # every position keeps the same rules: the spans they allow, once, stored end by start (so
+        # that the minimum over the starts runs along memory) and built so, by broadcasting: the
+        # same sums in the same order as ``span`` above, without its index grids and transpose
+        end_col, start_row = columns[:, None], columns[None, :]
+        n = end_col - start_row
+        rule = (n >= max(min_layers, 1)) & ((n <= max_layers) if max_layers is not None else True)
+        for j in pinned_splits:
+            rule &= ~((start_row < j) & (j < end_col))
+        ruled = np.where(rule, prefix[:, None] - prefix[None, :] + c[None, :] + c[:, None], np.inf)
     # where a position may stay empty, a start matters at an end only where it beats the best so
     # far there: a span is at least prefix[e] - prefix[a] + c[e] + the least cut (times >= 0), so
     # those starts are a band, searched alone once it is narrow (same answers, ties included)
@@ -578,6 +586,7 @@ class Comparison:
 
 
 def _label(method: str) -> str:
+    from ..plan.baselines import LABELS  # (the baselines' module only where a plan is compared)
     if method.startswith("greedy"):
         return "PopLiner's greedy"
     return LABELS.get(method, method)

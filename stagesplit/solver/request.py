@@ -21,7 +21,7 @@ from ..common.limits import (
     MAX_TIME_LIMIT,
     MAX_WORKERS,
 )
-from ..common.safeinput import read_yaml_file
+from ..common.safeinput import read_shipped_yaml, read_yaml_file
 from ..common.text import short_repr
 from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
 from ..errors import FileOptionError, OptionError, ProfileError
@@ -213,7 +213,8 @@ class SolveRequest:
         if not isinstance(self.alloc_conf, str):
             raise OptionError("alloc_conf", f"expected text such as expandable_segments:True, got "
                               f"{short_repr(self.alloc_conf)}")
-        self.allocator_options()                      # refuses a setting the replay cannot model
+        if self.alloc_conf.strip():                   # (empty: torch's defaults; nothing to refuse or import)
+            self.allocator_options()                  # refuses a setting the replay cannot model
         set_(self, "min_layers", integer("min_layers", self.min_layers, 1))
         set_(self, "max_layers", integer("max_layers", self.max_layers, 1, optional=True))
         if self.max_layers is not None and self.max_layers < self.min_layers:
@@ -292,7 +293,7 @@ class SolveRequest:
         when ``path`` is None), ``overrides`` that are not None winning. The file's fields are
         this record's (``stages: exact`` is ``exact: true``); a bad one is named in the file."""
         file = Path(path) if path is not None else config_dir() / "solver.yaml"
-        data = read_yaml_file(file)
+        data = read_yaml_file(file) if path is not None else read_shipped_yaml(file)     # the shipped one: C-parsed
         data = {} if data is None else data
         if not isinstance(data, dict):
             raise ProfileError(file, "", "a mapping of solver settings", type(data).__name__)

@@ -21,8 +21,9 @@ matched):
   from the same tensor shapes; seconds to 1e-9, float rounding): FLOPs of every kind; bytes and
   seconds of every kind torch prices,
   except the matrix products fed a broadcast tensor (torch counts a stride-0 dimension once);
-* where they differ (by design, or where one is wrong), the difference is asserted: view and creation operations (torch
-  prices them at 0, stagesplit at their tensors' bytes), ``prim.device`` queries (torch prices
+* where they differ (by design, or where one is wrong), the difference is asserted: creations that fill their output (torch
+  prices them at 0, stagesplit at their tensors' bytes; views both at 0, since this comparison showed
+  stagesplit charging them), ``prim.device`` queries (torch prices
   each as a transfer of the tensor asked about), and the compute term (torch divides multiply-adds
   by 75% of the peak, i.e. FLOPs by 1.5 x the peak; stagesplit FLOPs by the peak x --efficiency).
 
@@ -190,8 +191,13 @@ def test_bytes_and_seconds_agree_exactly_where_both_price_the_same_tensors():
     # torch counts a broadcast (stride-0) dimension once; the backward of the summed logits feeds
     # the matrix products one such tensor: the only priced kind whose bytes differ
     differ = {k for k in priced if ours[k][3] != theirs[k][3]}
-    assert differ == {"aten.mm"}
+    assert differ == {"aten.mm", "aten.alias"}
     assert (ours["aten.mm"][3], theirs["aten.mm"][3]) == (19_628_032, 19_103_752)
+    # ``alias`` is a view (its schema says so) that torch's list of views leaves out: it prices its tensors'
+    # bytes, stagesplit nothing, as for every other view
+    assert ours["aten.alias"][3] == 0 < theirs["aten.alias"][3]
+    differ.discard("aten.alias")
+    priced.discard("aten.alias")
     for k in priced - differ:
         # every operation of this model is memory-bound on an H100 at this size in both: the same
         # bytes over the same bandwidth, to rounding
@@ -200,9 +206,11 @@ def test_bytes_and_seconds_agree_exactly_where_both_price_the_same_tensors():
 
 
 def test_views_and_device_queries_are_where_the_two_totals_part():
-    """What the docs state: stagesplit prices view-like and creation operations at their tensors'
-    bytes (torch at 0, as a view moves nothing: torch is right); torch prices its fake tensors'
-    ``prim.device`` queries as transfers (stagesplit does not: no kernel runs)."""
+    """What the docs state: both price views at 0 (a view moves nothing; stagesplit charged them
+    their tensors' bytes, 48% of its roofline here, until this comparison showed it); of the kinds
+    torch skips, stagesplit prices only creations that fill their output (``zeros_like``: a kernel
+    writes it); torch prices its fake tensors' ``prim.device`` queries as transfers (stagesplit does
+    not: no kernel runs)."""
     seen, total = _torch_per_operation()
     ours, theirs, ignored = _tables()
     ours_total = sum(t[1] for t in ours.values())
@@ -222,9 +230,9 @@ def test_views_and_device_queries_are_where_the_two_totals_part():
 
 
 #: the figures docs/model-and-solver.md states (microseconds of one step of the example GPT on h100-80gb)
-DOCUMENTED = {"stagesplit_us": 77.4, "stagesplit_views_us": 37.5, "torch_us": 114.8, "torch_device_us": 75.1,
-              "device_queries": 1450, "aten_us": 39.7, "stagesplit_without_views_us": 39.9,
-              "views_share_percent": 48, "device_share_percent": 65}
+DOCUMENTED = {"stagesplit_us": 40.9, "stagesplit_views_us": 1.1, "torch_us": 114.8, "torch_device_us": 75.1,
+              "device_queries": 1450, "aten_us": 39.7, "stagesplit_without_views_us": 39.8,
+              "views_share_percent": 3, "device_share_percent": 65}
 
 
 def test_torch_s_compute_term_is_flops_over_one_and_a_half_times_the_peak():

@@ -60,8 +60,16 @@ def test_every_compared_row_is_the_search_with_its_degrees_fixed(stack_file, cap
                          target="h100-80gb")
     assert doc["chosen"]["best"]["step_s"] == pytest.approx(chosen.best.step_s)
     names = [r["name"] for r in doc["compared"]]
-    assert names == ["NeMo auto-configurator grid", "torchtitan llama3_8b", "pure pipeline", "pure FSDP"]
+    assert names == ["NeMo auto-configurator grid", "torchtitan llama3_8b", "Megatron-LM Llama-3 8B example",
+                     "NeMo llama3_8b recipe (Megatron Core)", "pure pipeline", "pure FSDP"]
+    # NeMo's 8B recipe runs context parallelism 2: no rank of that degree was given
+    refused = [r for r in doc["compared"] if r["layouts"] is None]
+    assert [(r["name"], r["refused"]) for r in refused] == [
+        ("NeMo llama3_8b recipe (Megatron Core)", "no profile of tensor-parallel degree 1 and context-parallel "
+         "degree 2 was given (capture one with --cp 2)")]
     for row in doc["compared"][1:]:
+        if row["layouts"] is None:
+            continue
         best = row["layouts"]["best"]
         again = api.layouts(str(stack_file), gpus=8, global_batch=64, captured_batch=8, sequence_length=1,
                             target="h100-80gb", tp=best["tp"], pp=best["pp"], dp=best["dp"], zero=best["zero"],
@@ -73,7 +81,11 @@ def test_every_compared_row_is_the_search_with_its_degrees_fixed(stack_file, cap
                         target="h100-80gb", tp=1, pp=1, dp=8, zero=1, micro_batch_size=s) for s in (1, 2, 4, 8)]
     steps = [g.best.step_s for g in grid if g.best is not None]
     assert doc["compared"][0]["step_s"] == pytest.approx(min(steps)) and doc["compared"][0]["tried"] == 8
-    assert doc["compared"][2]["layouts"]["best"]["pp"] == 4 and doc["compared"][3]["layouts"]["best"]["zero"] == 3
+    assert doc["compared"][4]["layouts"]["best"]["pp"] == 4 and doc["compared"][5]["layouts"]["best"]["zero"] == 3
+    # Megatron-LM's 8B example: TP 1, CP 1, PP 1, the distributed optimizer (ZeRO 1), micro-batches of 1
+    megatron = doc["compared"][2]["layouts"]["best"]
+    assert (megatron["tp"], megatron["cp"], megatron["pp"], megatron["dp"], megatron["zero"],
+            megatron["micro_batch_size"], megatron["micro_batches"]) == (1, 1, 1, 8, 1, 1, 8)
 
 
 def test_the_printed_comparison_is_the_numbers(stack_file, capsys):
@@ -84,9 +96,13 @@ def test_the_printed_comparison_is_the_numbers(stack_file, capsys):
     lines = text.splitlines()
     k = lines.index("compared layouts (the same model, cluster and global batch):")
     chosen = doc["chosen"]["best"]["step_s"]
-    table = lines[k + 2:k + 7]
+    n = len(doc["compared"])
+    table = lines[k + 2:k + 3 + n]
     assert table[0].startswith("stagesplit's choice") and table[0].endswith("1.00x      fits")
-    for line, row in zip(table[1:], doc["compared"]):
+    for line, row in zip(table[1:], doc["compared"], strict=True):
+        if row["layouts"] is None:           # not laid out: the reason instead of the figures
+            assert line.startswith(row["name"]) and line.endswith(f"not laid out: {row['refused']}")
+            continue
         lp = row["layouts"]
         best = lp["best"]
         assert line.startswith(row["name"] + (f" (best of {row['tried']})" if row["tried"] > 1 else ""))
@@ -97,7 +113,8 @@ def test_the_printed_comparison_is_the_numbers(stack_file, capsys):
                                                   f"{lp['tokens_per_s_per_gpu']:,.0f}",
                                                   f"{row['step_s'] / chosen:.2f}x", "fits"]
         assert lp["tokens_per_s_per_gpu"] == pytest.approx(64 * 1 / row["step_s"] / 8)
-    assert lines[k + 7].startswith("sources: NeMo auto-configurator grid: nemo/collections/llm/tools/auto_configurator")
+    assert lines[k + 3 + n].startswith("sources: NeMo auto-configurator grid: "
+                                       "nemo/collections/llm/tools/auto_configurator")
 
 
 def test_a_preset_that_cannot_be_laid_out_says_why(stack_file):
@@ -134,3 +151,68 @@ def test_a_layout_that_does_not_fit_names_its_rank(stack_file, tmp_path):
     assert lines[2].startswith("stagesplit's choice") and lines[2].endswith(f"does not fit: {memory.reason}")
     assert lines[3].startswith("pure FSDP") and memory.layout.describe() in lines[3]
     assert lines[3].endswith(f"does not fit: {memory.reason}")
+
+
+def test_megatron_presets_by_hand():
+    """Megatron's published Llama configurations, as their files give them (plan/layout_compare.py
+    cites each with its commit), and applied to a cluster: the data-parallel ranks the GPUs left
+    over TP x CP x PP, ZeRO 1 (the distributed optimizer), interleaved 1F1B with the virtual stages
+    as chunks per device."""
+    from dataclasses import replace
+
+    from stagesplit.io.topology import node_of
+    from stagesplit.plan.layout_compare import _fixed, _price, megatron_presets
+    from stagesplit.plan.layouts import Layout, LayoutRequest, enumerate_layouts
+
+    def degrees(r):
+        return r.tp, r.cp, r.pp, r.vp, r.zero, r.micro_batch_size, r.sequence_parallel
+    example, recipe = megatron_presets(8.0)
+    assert degrees(example) == (1, 1, 1, None, 1, 1, True)
+    assert example.source.startswith("NVIDIA/Megatron-LM examples/llama/train_llama3_8b_h100_fp8.sh @ ")
+    assert degrees(recipe) == (1, 2, 1, None, 1, 1, False)
+    (nemo70,) = megatron_presets(70.0)
+    assert degrees(nemo70) == (4, 2, 4, 5, 1, 1, True)
+    assert nemo70.source.startswith("NVIDIA/NeMo nemo/collections/llm/recipes/llama3_70b.py @ ")
+    (nemo405,) = megatron_presets(405.0)
+    assert degrees(nemo405) == (8, 4, 9, 2, 1, 1, True)
+    # Llama-3-70B on 64 H100s, global batch 512: TP 4 x CP 2 x PP 4 leaves DP 2; 512 / (1 x 2) = 256
+    # micro-batches of one sequence; 5 chunks per device (20 virtual stages of 4 layers each for 80 layers)
+    req = LayoutRequest(gpus=64, global_batch=512, target=api.target("h100-80gb"), node=node_of("h100-80gb"))
+    fixed = _fixed(req, nemo70.tp, nemo70.pp, nemo70.zero, nemo70.micro_batch_size, 1.0, nemo70.cp, nemo70.vp)
+    assert (fixed.tp, fixed.cp, fixed.pp, fixed.dp, fixed.ep, fixed.zero, fixed.micro_batch_size, fixed.schedule,
+            fixed.chunks_per_rank) == (4, 2, 4, 2, 1, 1, 1, "interleaved-1f1b", 5)
+    assert enumerate_layouts(fixed, [1, 4, (4, 2)], 80) == [Layout(4, 4, 2, 1, 256, cp=2, micro_batch_size=1)]
+    # with no rank of TP 4 x CP 2 given, the row says so; 405B's TP 8 x CP 4 x PP 9 = 288 does not divide
+    # 1,024 GPUs (its recipe runs 72 nodes of 8: DP 2)
+    assert _price(lambda *a: None, [1, 4], fixed, None) == (
+        "no profile of tensor-parallel degree 4 and context-parallel degree 2 was given (capture one with `cp=2`)")
+    big = LayoutRequest(gpus=1024, global_batch=2048, target=api.target("h100-80gb"), node=node_of("h100-80gb"))
+    fixed = _fixed(big, nemo405.tp, nemo405.pp, nemo405.zero, 1, 1.0, nemo405.cp, nemo405.vp)
+    assert _price(lambda *a: None, [(8, 4)], fixed, None) == "TP 8 x CP 4 x PP 9 = 288 does not divide 1,024 GPUs"
+    fixed = _fixed(replace(big, gpus=576), nemo405.tp, nemo405.pp, nemo405.zero, 1, 1.0, nemo405.cp, nemo405.vp)
+    assert (fixed.dp, fixed.chunks_per_rank, fixed.schedule) == (2, 2, "interleaved-1f1b")
+    # no pipeline: no virtual stages (the request's schedule kept)
+    fixed = _fixed(req, 8, 1, 1, 1, 1.0, 1, 4)
+    assert (fixed.dp, fixed.schedule, fixed.chunks_per_rank) == (8, "1f1b", None)
+
+
+def test_virtual_stages_are_priced_as_interleaved_1f1b(stack_file):
+    """A preset's virtual stages: the stack on 8 GPUs as PP 2 x DP 4 with 2 chunks per device is the
+    search's row of that layout under interleaved 1F1B (4 chunks of one layer), its pipeline step
+    the one ``solve --schedule interleaved-1f1b --chunks-per-rank 2`` gives that layout."""
+    from stagesplit.api import _layout_inputs
+    from stagesplit.io.topology import node_of
+    from stagesplit.plan.layout_compare import _fixed, _price
+    rank, degrees, req, deadline, _ = _layout_inputs(
+        str(stack_file), 8, global_batch=64, target="h100-80gb", gpus_per_node=None, tp_profiles=None,
+        micro_batch_size=None, sequence_length=1, tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True,
+        schedule="1f1b", time_limit=60.0, events=None, captured_batch=8)
+    got = _price(rank, degrees, _fixed(req, 1, 2, 1, 8, 30.0, 1, 2), deadline)
+    best = got.best
+    assert (best.layout.pp, best.layout.dp, best.layout.zero, best.layout.micro_batches) == (2, 4, 1, 2)
+    assert (best.schedule, best.chunks_per_rank, len(got.plan.stages)) == ("interleaved-1f1b", 2, 4)
+    link = node_of("h100-80gb").link(2, 4)
+    alone = api.solve(str(stack_file), devices=2, target="h100-80gb", schedule="interleaved-1f1b", chunks_per_rank=2,
+                      micro_batches=2, dp=4, zero=1, exact=True, communication=True,
+                      link_bandwidth=link.bytes_per_s)
+    assert best.pipeline_s == pytest.approx(alone.schedule.step_time, rel=1e-12)

@@ -117,7 +117,7 @@ def test_the_floor_at_another_micro_batch_size_is_below_the_scaled_profiles(rati
     scaled = RankWork.of(api.analyze(scale_batch(profile, ratio)), req)
     bound, exact = base.per_micro_batch(float(ratio)), scaled.per_micro_batch(1.0)
     assert bound[0] <= exact[0] * (1 + 1e-12) and bound[1] <= exact[1] * (1 + 1e-12) + 1e-18
-    assert bound[0] >= 0.5 * exact[0]            # and close: the same operations' time
+    assert bound[0] >= min(1.0, float(ratio)) * base.per_micro_batch(1.0)[0] > 0    # the captured size's, scaled
     assert scaled.optimizer_s == pytest.approx(base.optimizer_s)
 
 
@@ -138,7 +138,7 @@ def test_a_combination_the_floor_cuts_off_leaves_the_answer_unchanged(monkeypatc
     link = node_of("h100-80gb").intra
     gathers = 8 * 2 * all_gather(64 * 64 * 4 + 64 * 4, 8, link.bytes_per_s, link.latency_s)
     assert gathers >= bounded.best.step_s
-    monkeypatch.setattr(layouts, "step_floor", lambda work, lay, req: (0.0, 0.0))
+    monkeypatch.setattr(layouts, "step_floor", lambda work, lay, req, measured=None: (0.0, 0.0))
     unbounded = api.layouts(stack, **kw)
     assert not [r for r in unbounded.rows if r.status == "cut off"]
     assert unbounded.best.layout == bounded.best.layout

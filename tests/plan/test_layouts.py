@@ -78,6 +78,30 @@ def test_ddp_exposes_the_last_bucket_and_what_the_backward_did_not_hide():
     assert e.gradients == pytest.approx(reduce_scatter(10, 4, bw, a))
     assert dp_exposed(3, 4, [10, 20, 30], 1.0, 1.0, 2, bw, a, reshard_after_forward=False).gathers == \
         pytest.approx(2 * all_gather(10, 4, bw, a))
+    # DDP's bucket copies (gradient_as_bucket_view off): into the bucket and back, each a read and a
+    # write of every gradient byte, at the device's memory bandwidth; ZeRO 1-3 make none
+    e = dp_exposed(0, 4, [big], 0.0, 10.0, 1, bw, a, memory_bytes_per_s=2e12)
+    assert e.copies == pytest.approx(4 * big / 2e12)
+    assert e.total == pytest.approx(all_reduce(4 * MiB, 4, bw, a) + 4 * big / 2e12)
+    assert dp_exposed(1, 4, [big], 0.0, 10.0, 1, bw, a, memory_bytes_per_s=2e12).copies == 0.0
+    # collectives on the compute's own cores (a CPU rank on one core): nothing hides, however long the compute
+    assert dp_exposed(0, 4, [big], 0.0, 10.0, 1, bw, a, overlaps_compute=False).total == pytest.approx(whole)
+    e = dp_exposed(3, 4, [10, 20, 30], 1.0, 1.0, 2, bw, a, overlaps_compute=False)
+    assert e.gathers == pytest.approx(2 * per_mb) and e.gradients == pytest.approx(reduce_scatter(60, 4, bw, a))
+
+
+def test_a_node_says_whether_its_collectives_overlap_the_compute(tmp_path):
+    """``overlaps_compute`` may be left out (true: every shipped GPU node); false, or anything but a
+    boolean, read strictly."""
+    from stagesplit.errors import ProfileError
+    from stagesplit.io.topology import node_from_mapping
+    base = {"gpus_per_node": 2, "intra_bytes_per_s": 1e9, "intra_latency_s": 1e-4, "inter_bytes_per_s": 1e9,
+            "inter_latency_s": 1e-4}
+    assert node_from_mapping(base, "t.yaml", "node").overlaps_compute is True
+    assert all(n.overlaps_compute for n in known_nodes().values())
+    assert node_from_mapping(base | {"overlaps_compute": False}, "t.yaml", "node").overlaps_compute is False
+    with pytest.raises(ProfileError, match=r"t.yaml.*node.overlaps_compute.*true or false"):
+        node_from_mapping(base | {"overlaps_compute": "no"}, "t.yaml", "node")
 
 
 def _solve(stack, **kw):
@@ -86,7 +110,8 @@ def _solve(stack, **kw):
 
 def test_two_layouts_by_hand(stack):
     """DDP on 8 ranks in one node, one stage: the step is the rank's pipeline step plus the whole
-    all-reduce of its 4 x 16,640 bytes (one bucket: nothing hides it); each rank holds the whole
+    all-reduce of its 4 x 16,640 bytes (one bucket: nothing hides it) and the reducer's copies of
+    them into the bucket and back (4 x the bytes at the device's memory bandwidth); each rank holds the whole
     model. Then 4 stages of one layer each x 2 ranks, ZeRO 0: each stage all-reduces its 16,640
     bytes across 2 ranks 4 apart (inside the node)."""
     a = H100.intra
@@ -94,8 +119,11 @@ def test_two_layouts_by_hand(stack):
     best = lp.best
     assert best is not None and best.layout.dp == 8 and best.layout.micro_batches == 1
     ar = 2 * 7 * a.latency_s + 2 * (4 * LINEAR) * 7 / 8 / a.bytes_per_s
-    assert best.dp_comm_s == pytest.approx(ar)
-    assert best.step_s == pytest.approx(best.pipeline_s + ar)
+    # and DDP's bucket copies: every gradient into its bucket and back, read and written, at the H100's 3.35 TB/s
+    copies = 4 * (4 * LINEAR) / 3.35e12
+    assert api.target("h100-80gb").memory_bytes_per_s == 3.35e12
+    assert best.dp_comm_s == pytest.approx(ar + copies)
+    assert best.step_s == pytest.approx(best.pipeline_s + ar + copies)
     one = api.solve(stack, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1)
     # DDP's reducer holds one more copy of every gradient in its buckets, all step
     assert best.rank_peaks == tuple(r.peak_bytes + 4 * LINEAR for r in one.schedule.ranks)
@@ -110,7 +138,7 @@ def test_two_layouts_by_hand(stack):
     assert [st.first_layer for st in four.stages] == [0, 1, 2, 3]
     ar2 = 2 * 1 * a.latency_s + 2 * LINEAR * 1 / 2 / a.bytes_per_s
     # 16,640 bytes: under DDP's first bucket (1 MiB), so the one bucket is the last: nothing hidden
-    assert best.dp_comm_s == pytest.approx(ar2)
+    assert best.dp_comm_s == pytest.approx(ar2 + 4 * LINEAR / 3.35e12)
     assert best.step_s == pytest.approx(s.step_time + best.dp_comm_s)
     assert best.rank_peaks == tuple(r.peak_bytes for r in s.ranks)
 

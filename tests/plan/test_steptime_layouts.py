@@ -12,9 +12,11 @@ batch of 4 micro-batches of 4 sequences, laid out as
   all-reduced in the last one's backward;
 
 the three interleaved round by round (5 rounds after a warm-up; a step is the slower rank's). Each
-prediction is plan/layouts.py's ``step_of`` on the engine's split of that layout (the calls the
-layout search makes for a combination; ``layout_step``), with each layer's compute measured on this
-CPU in the same rounds as the steps (``layer_compute``: for TP 2, one tensor-parallel rank's blocks,
+prediction is the layout search's step for that layout as a user asks for it (``layout_prediction``:
+``stagesplit layouts --tp T --pp P --dp D --zero 0 --layer-compute ... --format json``; where the
+search's PP 2 split is not the one that ran, ``layout_step``: the functions the search calls, that
+split pinned), with each layer's compute measured on this CPU in the same rounds as the steps
+(``layer_compute``; for TP 2, ``--tp-layer-compute 2=``: one tensor-parallel rank's blocks,
 parallelized the same way over torch's fake process group, so that their collectives move nothing)
 and the collectives priced on the target's node, whose links are fitted to gloo's measured
 all-reduces. Nothing measured of the steps goes into a prediction.
@@ -29,13 +31,14 @@ What is asserted:
   bandwidth, and the runtime's own work the model does not price under-predicts it, most on this
   loaded 2-core virtual machine whose two cores are not independent devices (tests/plan/
   test_steptime_real.py; -0.5% to -19.1% measured here);
-* DP 2 under-predicted: the model overlaps DDP's gradient all-reduce with the last backward (a GPU
-  runs it beside the compute), but here gloo's threads most likely share the rank's one core with
-  the backward, and DDP's bucket copies are not priced (-11.7% to -29.4% measured: reported by the
-  benchmark, not bounded here);
-* the same order wherever two predictions differ by more than SEPARATED, between TP 2 and PP 2
-  (TP 2 is about three times slower: DTensor's work on the host and the collectives); DP 2 is left
-  out of the order, being under-predicted by more than the 10% that separates it from PP 2.
+* DP 2 within TOLERANCE: DDP's gradient all-reduce at gloo's measured all-reduce, and its bucket
+  copies (every gradient into its bucket and back, at the measured copy rate), none of it hidden
+  under the backward: the target's node says ``overlaps_compute: false``, as each rank runs on one
+  core with gloo's threads (before both rules, the all-reduce overlapped as on a GPU and the copies
+  unpriced: -11.7% to -29.4% measured; with them, -8.0% and -9.6% on a loaded machine);
+* the same order wherever two predictions differ by more than SEPARATED (TP 2 is about three times
+  slower than either other: DTensor's work on the host and the collectives; DP 2 and PP 2 are
+  predicted within a few percent of each other, not separated).
 """
 
 from __future__ import annotations
@@ -77,8 +80,8 @@ def test_layout_step_times_against_real_tp_pp_and_dp_runs(tmp_path):
         assert row.predicted == pytest.approx(row.pipeline + row.tp_comm + row.dp_comm, rel=1e-12)
     assert abs(tp.error) <= TOLERANCE, table
     assert abs(pp.error) <= PP_TOLERANCE, table
-    assert dp.error < 0, table
-    for a in (tp, pp):
-        for b in (tp, pp):
+    assert abs(dp.error) <= TOLERANCE, table
+    for a in rows:
+        for b in rows:
             if a.predicted < b.predicted * (1 - SEPARATED):
                 assert a.median < b.median, table
