@@ -665,8 +665,15 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         """No split of ``lay`` steps faster (``step_floor``)."""
         return floors[lay][0]
     # the likeliest best first (the lowest floor), so that the best step found early cuts off the rest
-    # and the time limit leaves the hopeless ones unsearched
-    order = sorted(layouts, key=lambda lay: (floor(lay), lay.micro_batch_size, lay))
+    # and the time limit leaves the hopeless ones unsearched: each family of degrees and ZeRO stage by
+    # its lowest floor (a larger micro-batch's, whose work runs nearer the peak), its sizes smallest
+    # first (the one likeliest to fit: a micro-batch's activations grow with its size)
+    def family(lay: Layout) -> tuple[int, ...]:
+        return lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero
+    lead: dict[tuple[int, ...], float] = {}
+    for lay in layouts:
+        lead[family(lay)] = min(lead.get(family(lay), math.inf), floor(lay))
+    order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
     roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
