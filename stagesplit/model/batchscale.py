@@ -13,8 +13,9 @@ models stagesplit captures (a stack of layers whose every activation has the bat
   product's rows, attention's batch dimension: exactly linear); the optimizer's do not. The
   bytes an operation moves become its parameters' and state's bytes (read once whatever the batch)
   plus ``r`` x the rest.
-* **Tensor-parallel collectives of the forward and backward** (all-reduces and all-gathers of
-  activations) carry ``x r`` bytes; the optimizer's stay.
+* **Collectives of the forward and backward** carry ``x r`` bytes, each on its own mesh dimension
+  (tensor parallelism's all-reduces and all-gathers of activations, context parallelism's key/value
+  exchange, expert parallelism's all-to-alls of tokens: all per sample); the optimizer's stay.
 * A profile captured rounded to the CUDA caching allocator's 512 bytes is rounded again.
 
 Limits (docs/layouts.md): a tensor without a batch dimension that is not a parameter (a causal
@@ -32,7 +33,7 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import OptionError
-from ..io.profile import ROLES, Collective, Operations, Phase, Profile, Variables
+from ..io.profile import ROLES, Operations, Phase, Profile, Variables
 
 __all__ = ["ALLOCATOR_UNIT", "scale_batch"]
 
@@ -138,8 +139,7 @@ def scale_batch(profile: Profile, ratio: Fraction | int) -> Profile:
     layout = info.parallel_layout
     if layout is not None and layout.collectives:
         layout = replace(layout, collectives=tuple(
-            c if c.phase == "optimizer" else Collective(c.step, c.kind, int(_scaled(np.array([c.bytes]), ratio)[0]),
-                                                        c.group_size, c.phase)
+            c if c.phase == "optimizer" else replace(c, bytes=int(_scaled(np.array([c.bytes]), ratio)[0]))
             for c in layout.collectives))
     size = f"{ratio.numerator}/{ratio.denominator}" if ratio.denominator > 1 else str(ratio.numerator)
     info = replace(info, parallel_layout=layout, warnings=list(info.warnings),

@@ -87,3 +87,23 @@ def test_ratio_one_is_the_profile_and_a_profile_without_roles_is_refused(capture
     with pytest.raises(OptionError) as excinfo:
         scale_batch(bare, 2)
     assert excinfo.value.parameter == "profile" and "roles" in str(excinfo.value)
+
+
+def test_every_collective_keeps_its_mesh_dimension_and_grows_with_the_batch(captures):
+    """Tensor parallelism's all-reduces, context parallelism's key/value exchange and expert
+    parallelism's all-to-alls all move per-sample bytes: x r in the forward and backward, each
+    still on its own mesh dimension (a context-parallel exchange must stay overlapped with the
+    attention, not become a tensor-parallel collective on the critical path); the optimizer's stay."""
+    from dataclasses import replace
+
+    from stagesplit.io.profile import Collective, ParallelLayout
+    one = captures[1]
+    collectives = (Collective(0, "all_reduce", 1000, 2, "forward", "tp"),
+                   Collective(1, "all_gather_into_tensor", 2048, 4, "backward", "cp"),
+                   Collective(2, "all_to_all_single", 512, 2, "forward", "ep"),
+                   Collective(3, "all_reduce", 4096, 2, "optimizer", "tp"))
+    rank = replace(one, info=replace(one.info, parallel_layout=ParallelLayout(collectives=collectives)))
+    scaled = scale_batch(rank, 3).info.parallel_layout.collectives
+    assert [(c.step, c.kind, c.bytes, c.group_size, c.phase, c.group) for c in scaled] == [
+        (0, "all_reduce", 3000, 2, "forward", "tp"), (1, "all_gather_into_tensor", 6144, 4, "backward", "cp"),
+        (2, "all_to_all_single", 1536, 2, "forward", "ep"), (3, "all_reduce", 4096, 2, "optimizer", "tp")]
