@@ -1,13 +1,14 @@
 """The plan's step time against reality on this CPU (issue #32): a small Hugging Face Llama (8
 blocks, hidden 256, FFN 1024, 4 heads, 2 key/value heads, vocabulary 256, 4 sequences of 64 tokens
-per micro-batch, float32, Adam), each block timed on this CPU (one thread per process) and given to
+per micro-batch, float32, SGD with momentum: tests/steptime_harness.py's OPTIMIZER says why), each
+block timed on this CPU (one thread per process) and given to
 ``stagesplit solve --layer-compute`` with a target file of this CPU (FLOP and copy rates, gloo's
 point-to-point link, measured), then each plan exported with ``--to torch-pipelining`` and its own
 program run on two gloo processes, the plans interleaved round by round (tests/steptime_harness.py
 says how).
 
 Printed: what was measured of the machine (rates, the link's one-way times, each block's forward,
-backward and Adam step), then per plan (schedule, micro-batches, split: the solver's, or forced
+backward and optimizer step), then per plan (schedule, micro-batches, split: the solver's, or forced
 with ``--pin-split``): the plan's step time, the measured step (median of the rounds, and the
 range), the error, and each rank's busy time, predicted and measured; then whether the measured
 steps keep the plans' order.
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"gloo point-to-point: latency {m.latency_s * 1e6:.0f} us, bandwidth {m.bytes_per_s / 1e9:.2f} GB/s "
           "(fitted); one-way: " + ", ".join(f"{s // 1024} KiB {_ms(t)} ms" for s, t in sorted(m.one_way.items())))
     print("all-reduce: " + ", ".join(f"{s // 1024} KiB {_ms(t)} ms" for s, t in sorted(m.all_reduce.items())))
-    print("blocks (forward / backward / Adam, ms, with the steps): " + "; ".join(
+    print("blocks (forward / backward / optimizer, ms, with the steps): " + "; ".join(
         f"{k}: {_ms(f)} / {_ms(b)} / {_ms(o)}" for k, (f, b, o) in enumerate(zip(m.forward, m.backward, m.optimizer))))
     print()
     print("| schedule | M | split | predicted | measured (median) | range | error | busy predicted | busy measured |")
@@ -106,7 +107,7 @@ def _layouts(harness, rounds: int, repeats: int) -> None:
     print("all-reduce (8 back to back, mean): " + ", ".join(
         f"{s // 1024} KiB {_ms(t)} ms" for s, t in sorted(machine.all_reduce.items()))
         + f"; the node's link fitted to them: latency {latency * 1e6:.0f} us, {bandwidth / 1e9:.2f} GB/s")
-    print("a TP 2 rank's blocks (forward / backward / Adam, ms, with the steps): " + "; ".join(
+    print("a TP 2 rank's blocks (forward / backward / optimizer, ms, with the steps): " + "; ".join(
         f"{k}: {_ms(f)} / {_ms(b)} / {_ms(o)}"
         for k, (f, b, o) in enumerate(zip(machine.tp_forward, machine.tp_backward, machine.tp_optimizer))))
     print()

@@ -8,18 +8,18 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
    several sizes) and an all-reduce; every block of a small Hugging Face Llama (from a config,
    nothing downloaded) timed as a stage of its own (the torch-pipelining export's own stage
    modules, one block each: the first with the embeddings, the last with the final norm, head and
-   loss): forward, backward and its parameters' Adam step, both ranks at once, blocks
+   loss): forward, backward and its parameters' optimizer step, both ranks at once, blocks
    interleaved, the median of the runs; a matrix product's FLOP rate and a copy's bytes per
    second on one thread.
 2. ``target_mapping`` / ``layer_compute``: a target file for this CPU (the FLOP and copy rates,
-   the link) and the ``--layer-compute`` mapping: each layer's forward + backward + Adam seconds
+   the link) and the ``--layer-compute`` mapping: each layer's forward + backward + optimizer seconds
    as FLOPs at the target's FLOP rate, which the target turns back into those seconds (the model
    shares each layer's figure out over its phases as the roofline times its operations:
-   model/phases.py; Adam's by its bytes at the copy rate).
+   model/phases.py; the optimizer's by its bytes at the copy rate: ``OPTIMIZER`` says why SGD).
 3. The CLI, as a user runs it: ``stagesplit solve PROFILE --target cpu-gloo.yaml --layer-compute
    layers.yaml --communication`` (the solver's split, or one forced with ``--pin-split``),
    ``stagesplit export --to torch-pipelining``.
-4. Each export's own program (``build_pipeline``, ``train_step``, Adam's step, ``zero_grad``) on
+4. Each export's own program (``build_pipeline``, ``train_step``, the optimizer's step, ``zero_grad``) on
    the same two processes, the plans interleaved round by round, each round first timing every
    block once more (so that the blocks and the steps see the machine's load alike), after a
    warm-up round; a step's time is the slower rank's, from a barrier to its optimizer step's end;
@@ -77,6 +77,22 @@ BATCH, SEQUENCE, LAYERS = 4, 64, 8
 VOCAB = 256
 
 
+#: the training step's optimizer, as ``stagesplit capture --optimizer`` records it: SGD with momentum
+#: 0.9 (its learning rate 0 keeps the weights, so every round computes the same). Not Adam: the
+#: ``--layer-compute`` figure of a layer is one total, which the model shares out over the forward,
+#: backward and optimizer step as the roofline times their operations, and the roofline gives
+#: Adam's memory-bound step 31.6% of a block where this CPU spends about 19% of it there (4.0 of
+#: 20.9 ms): with 4 micro-batches, every step under-predicted by about 8%, a bias of the interface
+#: (per-phase figures would remove it), not of the schedules. SGD's share: 9% by the roofline,
+#: about 4% measured (0.73 ms of a block), a bias of about 4% (docs/benchmarks.md).
+OPTIMIZER = "sgd"
+
+
+def _optimizer(parameters):
+    import torch
+    return torch.optim.SGD(parameters, lr=0.0, momentum=0.9)
+
+
 def _config():
     import transformers as tf
     config = tf.LlamaConfig(vocab_size=VOCAB, use_cache=False, bos_token_id=1, eos_token_id=2, hidden_size=256,
@@ -126,7 +142,7 @@ def _stage_modules():
 @dataclass(frozen=True)
 class Machine:
     """What the two processes measured (``compare``): per block, the median forward and backward
-    seconds of one micro-batch and of its parameters' Adam step; the link's one-way latency (s) and bandwidth
+    seconds of one micro-batch and of its parameters' optimizer step; the link's one-way latency (s) and bandwidth
     (bytes/s) fitted to the ping-pong (and the medians it was fitted to: bytes -> seconds), and an
     all-reduce's seconds by bytes; a matrix product's FLOP rate and a copy's bytes per second on
     one thread."""
@@ -155,7 +171,7 @@ class Machine:
 
 class _Blocks:
     """Every block of the model as a stage of its own (the export's stage modules, one block each),
-    each with its own Adam over the stage's parameters: ``once`` times each block's forward,
+    each with its own optimizer over the stage's parameters: ``once`` times each block's forward,
     backward and optimizer step, one after the other. ``mesh``: the blocks of one tensor-parallel
     rank instead, the model's declared plan applied on that device mesh by torch's
     ``parallelize_module`` (as the capture applies it), its parameters DTensors."""
@@ -170,7 +186,7 @@ class _Blocks:
         self.stages = _stage_modules().model_stages(net, "model.layers", list(range(LAYERS)), self.ids)
         self.hidden = torch.randn(BATCH, SEQUENCE, net.config.hidden_size)
         self.grad = torch.randn_like(self.hidden)
-        self.optimizers = [torch.optim.Adam(stage.parameters(), lr=0.0) for stage in self.stages]
+        self.optimizers = [_optimizer(stage.parameters()) for stage in self.stages]
 
     def once(self) -> list[tuple[float, float, float]]:
         out = []
@@ -384,7 +400,7 @@ def _wait_for(path: Path, timeout_s: float) -> dict:
 
 
 def _build(index: int, code: str, micro_batches: int) -> tuple:
-    """One export's pipeline on this rank, as its comments say, with Adam (learning rate 0)."""
+    """One export's pipeline on this rank, as its comments say, with the optimizer (learning rate 0)."""
     import torch
     ns: dict = {}
     exec(compile(code, f"export{index}.py", "exec"), ns)
@@ -400,7 +416,7 @@ def _build(index: int, code: str, micro_batches: int) -> tuple:
     busy = [0.0]
     for stage in stages:
         _clocked(stage, busy)
-    return (ns, built, schedule, tied, torch.optim.Adam(params, lr=0.0), x if first else None, y if last else None,
+    return (ns, built, schedule, tied, _optimizer(params), x if first else None, y if last else None,
             busy)
 
 
@@ -420,7 +436,7 @@ def _clocked(stage, busy: list[float]) -> None:
 
 
 def _step(run: tuple) -> tuple[float, float]:
-    """One training step of a built export (``train_step``, tied gradients, Adam, ``zero_grad``): its
+    """One training step of a built export (``train_step``, tied gradients, the optimizer, ``zero_grad``): its
     seconds, and the seconds of its compute actions and optimizer step (the rank's busy time)."""
     ns, built, schedule, tied, optimizer, x, y, busy = run
     busy[0] = 0.0
@@ -476,7 +492,7 @@ def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float
         steps: list[list[float]] = [[] for _ in built]
         working: list[list[float]] = [[] for _ in built]
         interleaved = []
-        for round_ in range(rounds + 1):       # the first: warm-up (shapes, receive buffers, Adam's state)
+        for round_ in range(rounds + 1):       # the first: warm-up (shapes, receive buffers, the momentum)
             dist.barrier()
             times = blocks.once()
             for i, run in enumerate(built):
@@ -598,7 +614,7 @@ def compare(folder: Path, cases: Sequence[Case], rounds: int = 5, repeats: int =
     changes by the minute: both see the same)."""
     profile = folder / "llama.stagesplit"
     if not profile.exists():
-        _cli("capture", capture_spec(), "-o", profile)
+        _cli("capture", capture_spec(), "--optimizer", OPTIMIZER, "-o", profile)
     with tempfile.TemporaryDirectory(prefix="steptime-") as tmp:
         context = _spawn(_worker, (tmp, repeats, rounds, timeout_s))
         try:
@@ -652,7 +668,7 @@ def layout_name(tp: int, pp: int, dp: int) -> str:
 class _TensorParallelRun:
     """One rank of a real tensor-parallel run of the whole model: the model's declared plan applied on
     ``mesh`` (gloo) by torch's ``parallelize_module``, as the capture at ``--tp 2`` applied it; a step
-    is every micro-batch's forward and backward (the gradients accumulated), Adam's step and
+    is every micro-batch's forward and backward (the gradients accumulated), the optimizer's step and
     ``zero_grad``. Both ranks take the whole batch (tensor parallelism shares the layers, not the data)."""
 
     def __init__(self, mesh, micro_batches: int) -> None:
@@ -660,7 +676,7 @@ class _TensorParallelRun:
         torch.manual_seed(0)
         self.net = model()
         _tensor_parallel(self.net, mesh)
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=0.0)
+        self.optimizer = _optimizer(self.net.parameters())
         self.ids = batch(micro_batches)[0].chunk(micro_batches)
 
     def step(self) -> float:
@@ -678,14 +694,14 @@ class _TensorParallelRun:
 class _DataParallelRun:
     """One rank of a real data-parallel run (torch's ``DistributedDataParallel`` over gloo, its default
     buckets): this rank's half of the batch, ``micro_batches`` of them, the gradients accumulated
-    under ``no_sync`` until the last micro-batch, whose backward all-reduces them; Adam, ``zero_grad``."""
+    under ``no_sync`` until the last micro-batch, whose backward all-reduces them; the optimizer, ``zero_grad``."""
 
     def __init__(self, rank: int, micro_batches: int) -> None:
         import torch
         from torch.nn.parallel import DistributedDataParallel
         torch.manual_seed(0)
         self.net = DistributedDataParallel(model())
-        self.optimizer = torch.optim.Adam(self.net.parameters(), lr=0.0)
+        self.optimizer = _optimizer(self.net.parameters())
         mine = batch(2 * micro_batches)[0].chunk(2)[rank]
         self.ids = mine.chunk(micro_batches)
 
@@ -746,7 +762,7 @@ def _layout_worker(rank: int, workdir: str, micro_batches: int, repeats: int, ro
                     (1, 1, 2): _DataParallelRun(rank, micro_batches // 2).step}
         steps: list[list[float]] = [[] for _ in LAYOUTS]
         interleaved, tp_interleaved = [], []
-        for round_ in range(rounds + 1):       # the first: warm-up (shapes, buffers, Adam's state)
+        for round_ in range(rounds + 1):       # the first: warm-up (shapes, buffers, the momentum)
             dist.barrier()
             times = blocks.once()
             dist.barrier()
@@ -852,7 +868,7 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
     profiles = {1: folder / "llama.stagesplit", 2: folder / "llama-tp2.stagesplit"}
     for tp, profile in profiles.items():
         if not profile.exists():
-            _cli("capture", capture_spec(), *(["--tp", tp] if tp > 1 else []), "-o", profile)
+            _cli("capture", capture_spec(), "--optimizer", OPTIMIZER, *(["--tp", tp] if tp > 1 else []), "-o", profile)
     case = Case("1f1b", micro_batches)
     with tempfile.TemporaryDirectory(prefix="steptime-layouts-") as tmp:
         context = _spawn(_layout_worker, (tmp, micro_batches, repeats, rounds, timeout_s))
@@ -896,7 +912,7 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
 
 def reference_loss(micro_batches: int) -> float:
     """The unparallelised model's loss of the last micro-batch (the weights as every run starts them;
-    Adam's learning rate 0 keeps them), what the tensor-parallel run's ranks each compute."""
+    the optimizer's learning rate 0 keeps them), what the tensor-parallel run's ranks each compute."""
     import torch
     torch.manual_seed(0)
     ids = batch(micro_batches)[0].chunk(micro_batches)[-1]
