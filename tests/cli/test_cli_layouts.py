@@ -15,17 +15,16 @@ from tests.helpers import refused_line, run_cli
 
 torch = pytest.importorskip("torch")
 
+from linear_stack import linear_stack  # noqa: E402
+
 TINY = ("kind: gpu\ntiles: 1\nbytes_per_tile: 200000\nflops_per_s: 1e14\nlink_bytes_per_s: 1e11\n"
         "node: {gpus_per_node: 8, intra_bytes_per_s: 1e11, intra_latency_s: 0.000003, "
         "inter_bytes_per_s: 1e10, inter_latency_s: 0.000005}\n")
 
 
 def _stack(width: int):
-    """Four Linear(width, width) layers captured on a micro-batch of 8 (as tests/plan/test_layouts.py)."""
-    from stagesplit.capturing.pytorch import capture_model
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
-    return capture_model(model, torch.empty(8, width, device="meta"), allocator_round=1, name="stack")
+    """Four Linear(width, width) layers captured on a micro-batch of 8 (tests/linear_stack.py)."""
+    return linear_stack(width=width)
 
 
 @pytest.fixture(scope="module")

@@ -15,6 +15,8 @@ from tests.helpers import run_cli
 
 torch = pytest.importorskip("torch")
 
+from linear_stack import linear_stack  # noqa: E402
+
 
 def test_nemo_grid_by_hand():
     # a 70B model (45 < size <= 95): TP 2, 4, 8; PP 1 to 8 dividing the 80 layers; micro-batches 1 to 8
@@ -40,12 +42,9 @@ def test_presets_by_size():
 
 @pytest.fixture(scope="module")
 def stack_file(tmp_path_factory):
-    from stagesplit.capturing.pytorch import capture_model
     from stagesplit.io import save_profile
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
     path = tmp_path_factory.mktemp("compare") / "stack.json"
-    save_profile(capture_model(model, torch.empty(8, 64, device="meta"), allocator_round=1, name="stack"), path)
+    save_profile(linear_stack(), path)
     return path
 
 

@@ -16,15 +16,13 @@ from stagesplit.model.communication import DDP_BUCKET_BYTES, all_gather, all_red
 
 torch = pytest.importorskip("torch")
 
+from linear_stack import linear_stack  # noqa: E402
+
 H100 = node_of("h100-80gb")
 LINEAR = 64 * 64 * 4 + 64 * 4          # one Linear(64, 64)'s parameters in float32
 
 
-def _stack(layers: int = 4, width: int = 64, batch: int = 8, seed: int = 0):
-    from stagesplit.capturing.pytorch import capture_model
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(layers)])
-    return capture_model(model, torch.empty(batch, width, device="meta"), allocator_round=1, name="stack")
+_stack = linear_stack
 
 
 @pytest.fixture(scope="module")

@@ -16,15 +16,14 @@ from stagesplit.model.communication import all_reduce
 
 torch = pytest.importorskip("torch")
 
+from linear_stack import linear_stack  # noqa: E402
+
 H100 = node_of("h100-80gb")
 
 
 @pytest.fixture(scope="module")
 def stack():
-    from stagesplit.capturing.pytorch import capture_model
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(64, 64) for _ in range(4)])
-    return capture_model(model, torch.empty(8, 64, device="meta"), allocator_round=1, name="stack")
+    return linear_stack()
 
 
 def _ep_rank(profile, ep: int, collectives=()):

@@ -19,6 +19,8 @@ from tests.helpers import refused_line, run_cli
 
 torch = pytest.importorskip("torch")
 
+from linear_stack import linear_stack  # noqa: E402
+
 #: the figures given for the stack's four layers, FLOPs (every one unlike the captured figure, so
 #: that each is a replaced layer: timed at the FLOP rate, not by the roofline)
 FIGURES = {"0": 3e9, "1": 5e9, "2": 7e9, "3": 4e9}
@@ -27,11 +29,8 @@ PEAK = 989e12                  # h100-80gb's FLOP/s (configs/targets.yaml)
 
 
 def _stack(width: int):
-    """Four Linear(width, width) layers captured on a micro-batch of 8 (as tests/plan/test_layouts.py)."""
-    from stagesplit.capturing.pytorch import capture_model
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(*[torch.nn.Linear(width, width) for _ in range(4)])
-    return capture_model(model, torch.empty(8, width, device="meta"), allocator_round=1, name="stack")
+    """Four Linear(width, width) layers captured on a micro-batch of 8 (tests/linear_stack.py)."""
+    return linear_stack(width=width)
 
 
 @pytest.fixture(scope="module")
