@@ -18,7 +18,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal, cast, overload
+from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, overload
 
 from .common.deadline import Deadline
 from .common.events import Events
@@ -37,6 +37,7 @@ from .errors import OptionError, StagesplitError
 from .solver.options import SCHEDULE_NAMES, SOLVE_OPTIONS, option_named as solve_option
 
 if TYPE_CHECKING:      # imported where used: the command line imports this module to build its parser
+    from .common.layerfigures import LayerFigure
     from .io.profile import Profile, Target
     from .io.variants import ParallelVariants, VariantSource
     from .layers import LayerOptions
@@ -147,13 +148,24 @@ def _target(parameter: str, value: Any) -> Target | None:
     raise OptionError(parameter, f"expected a target name, a YAML path or a Target, got {short_repr(value)}")
 
 
-def _layer_compute(value: Any, parameter: str = "layer_compute") -> dict[str, float]:
+def _layer_compute(value: Any, parameter: str = "layer_compute") -> dict[str, LayerFigure]:
+    from .common.layerfigures import read_layer_figure
     if value is None:
         return {}
     if not isinstance(value, Mapping):
         raise OptionError(parameter, f"expected a mapping of layer names to compute figures, "
                           f"got {short_repr(value)}")
-    return {str(k): number(parameter, v, 0, 1e30) for k, v in value.items()}
+
+    def check(field: str, value: Any) -> float:
+        try:
+            return number(parameter, value, 0, 1e30)
+        except OptionError as exc:
+            raise OptionError(parameter, exc.detail, subject=field) from None
+
+    def refuse(field: str, expected: str, got: Any) -> NoReturn:
+        raise OptionError(parameter, f"expected {expected}, got {got}", subject=field)
+    return {str(k): read_layer_figure(v, f"[{str(k)!r}]", check, refuse)
+            for k, v in value.items()}
 
 
 # -- analysis -----------------------------------------------------------------------------------
@@ -243,8 +255,10 @@ def layer_options(**fields: Any) -> LayerOptions:
     return LayerOptions(**fields)
 
 
-def load_layer_compute(path: str | Path) -> dict[str, float]:
-    """A YAML/JSON file's mapping of layer names to compute (``solve``'s ``layer_compute``)."""
+def load_layer_compute(path: str | Path) -> dict[str, LayerFigure]:
+    """A YAML/JSON file's mapping of layer names to compute (``solve``'s ``layer_compute``): each a
+    number, or its ``forward``, ``backward`` and ``optimizer`` parts (a (forward, backward, optimizer)
+    tuple here)."""
     from .io.targets import load_layer_compute as load
     return load(_path("layer_compute", path))
 
@@ -287,8 +301,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             captured_batch: int | None = None, cp: int | None = None,
             cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
             ep_profiles: Mapping[int, ProfileLike] | None = None,
-            layer_compute: Mapping[str, float] | str | Path | None = None,
-            tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
+            layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
+            tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
     micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
@@ -354,8 +368,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                  cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                  ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
-                 layer_compute: Mapping[str, float] | str | Path | None = None,
-                 tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
+                 layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
+                 tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -386,8 +400,8 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                    runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                    ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
-                   layer_compute: Mapping[str, float] | str | Path | None = None,
-                   tp_layer_compute: Mapping[int, Mapping[str, float] | str | Path] | None = None):
+                   layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
+                   tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
@@ -494,7 +508,7 @@ def _measured_compute(layer_compute: Any, tp_layer_compute: Any) -> tuple:
     """The layout search's measured per-layer compute (plan/layouts.py's ``Measured``), each given
     as ``solve``'s ``layer_compute`` is (a mapping, checked as solve checks it) or as the path of its
     YAML/JSON file (read as solve reads its file, and recorded in the plan)."""
-    def one(parameter: str, value: Any) -> tuple[tuple[tuple[str, float], ...], str | None]:
+    def one(parameter: str, value: Any) -> tuple[tuple[tuple[str, LayerFigure], ...], str | None]:
         if isinstance(value, (str, Path)):
             path = _path(parameter, value)
             return tuple(load_layer_compute(path).items()), path
@@ -782,7 +796,7 @@ def _model(profile: ProfileLike, layering, shared, layer_compute, debug, events,
 
 def breakdown(profile: ProfileLike, *, target: str | Target | None = None, efficiency: float = 1.0,
               layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
-              layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
+              layer_compute: Mapping[str, LayerFigure] | None = None, debug: str | Path | None = None,
               events: Events | None = None, dp: int | None = None, zero: int | None = None,
               reshard_after_forward: bool | str | None = None):
     """Where the profile's memory and compute go (``Breakdown``: tables and DataFrames). ``dp``
@@ -822,7 +836,7 @@ def _is_parallel_variants(profile: Any) -> bool:
 
 def diagnose(profile: ProfileLike, *, plan: Any = None, layers: str | tuple[str, str] | None = None, top: int = 10,
              window: int = 5, layering: LayerOptions | None = None, shared: str | SharedPolicy = "every",
-             layer_compute: Mapping[str, float] | None = None, debug: str | Path | None = None,
+             layer_compute: Mapping[str, LayerFigure] | None = None, debug: str | Path | None = None,
              events: Events | None = None):
     """The bottleneck tile and step of each stage of ``plan`` (a ``Plan`` or a plan file), or of
     one stage holding ``layers`` ("FIRST:LAST" or a pair of names), or of the whole profile;

@@ -20,12 +20,13 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
    layers.yaml --communication`` (the solver's split, or one forced with ``--pin-split``),
    ``stagesplit export --to torch-pipelining``.
 4. Each export's own program (``build_pipeline``, ``train_step``, the optimizer's step, ``zero_grad``) on
-   the same two processes, the plans interleaved round by round, each round first timing every
-   block once more (so that the blocks and the steps see the machine's load alike), after a
+   the same two processes, the plans interleaved round by round, each step just after one more
+   timing of every block (so that the blocks and the steps see the machine's load alike), after a
    warm-up round; a step's time is the slower rank's, from a barrier to its optimizer step's end;
    the median over rounds. Each rank's busy time (its compute actions, clocked inside the
    runtime, and its optimizer step) is recorded beside it. Both processes keep the memory they free
-   for their next step, as a device's caching allocator does (``_spawn``).
+   for their next step, as a device's caching allocator does (``_spawn``); each rank's core is kept
+   busy while the rank waits, as the other rank's blocks were timed beside a busy core (``_Filler``).
 
 The prediction is the plan's ``schedule.step_time`` for the split that ran, solved again (pinned to
 that split) from the blocks timed in step 4: the tool's own model, into which nothing measured of
@@ -361,25 +362,25 @@ def target_mapping(machine: Machine) -> dict:
                      "inter_bytes_per_s": bw, "inter_latency_s": lat, "overlaps_compute": False}}
 
 
-def layer_compute(machine: Machine) -> dict[str, float]:
+def layer_compute(machine: Machine) -> dict[str, dict[str, float]]:
     """``--layer-compute``: each layer (named as the capture names them: its block's index) its
-    forward, backward and optimizer step seconds (what the layer's operations add up to: one
-    micro-batch's forward and backward, the step's optimizer) as FLOPs at the target's rate
-    (``target_mapping``); the model shares each layer's figure out over its phases as the roofline
-    times its operations (model/phases.py)."""
+    forward, backward and optimizer step seconds measured apart (one micro-batch's forward and
+    backward, the step's optimizer), each as FLOPs at the target's rate (``target_mapping``), given by
+    phase (``{forward, backward, optimizer}``), so that each phase of the layer takes its own figure."""
     return _layer_compute(machine.forward, machine.backward, machine.optimizer, machine.flops_per_s)
 
 
-def tp_layer_compute(machine: Machine) -> dict[str, float]:
+def tp_layer_compute(machine: Machine) -> dict[str, dict[str, float]]:
     """``layer_compute`` of one tensor-parallel rank: its blocks' seconds (``Machine.tp_forward``...:
     the sharded block's compute, DTensor's dispatch included, its collectives not: the layout search
     prices those on the node's links)."""
     return _layer_compute(machine.tp_forward, machine.tp_backward, machine.tp_optimizer, machine.flops_per_s)
 
 
-def _layer_compute(forward, backward, optimizer, flops_per_s: float) -> dict[str, float]:
+def _layer_compute(forward, backward, optimizer, flops_per_s: float) -> dict[str, dict[str, float]]:
     rate = round(flops_per_s)
-    return {str(k): (f + b + o) * rate for k, (f, b, o) in enumerate(zip(forward, backward, optimizer))}
+    return {str(k): {"forward": f * rate, "backward": b * rate, "optimizer": o * rate}
+            for k, (f, b, o) in enumerate(zip(forward, backward, optimizer))}
 
 
 def write_yaml(path: Path, mapping: dict) -> Path:
@@ -450,9 +451,9 @@ def _step(run: tuple) -> tuple[float, float]:
     return end - start, busy[0] + end - before
 
 
-def _own_core(rank: int) -> bool:
+def _own_core(rank: int) -> int | None:
     """This rank on a core of its own and ahead of the machine's other work, where the operating
-    system allows it; whether it could. The ranks of a pipeline are meant to run side by side,
+    system allows it: the core, or None where it could not. The ranks of a pipeline are meant to run side by side,
     each on its own device; on a machine shared with other jobs, Linux's autogroups give every
     session an equal share of the cores (``nice`` counts only inside one), so two ranks of one
     session would share one session's share and a rank that waits makes the other faster, which
@@ -460,22 +461,83 @@ def _own_core(rank: int) -> bool:
     session's priority raised (root, or CAP_SYS_NICE) for the few seconds it runs."""
     import os
     try:
-        if len(os.sched_getaffinity(0)) >= 2:
-            os.sched_setaffinity(0, {sorted(os.sched_getaffinity(0))[rank]})
+        cores = sorted(os.sched_getaffinity(0))
+        if len(cores) < 2:
+            return None
+        os.sched_setaffinity(0, {cores[rank]})
         os.setsid()
         Path("/proc/self/autogroup").write_text("-15")
-        return True
+        return cores[rank]
     except (OSError, AttributeError):      # not allowed here: the timings carry the machine's load
-        return False
+        return None
+
+
+#: what ``_Filler`` runs: the blocks' forward, backward and optimizer step, over and over, on one core at the
+#: lowest priority Linux has (``SCHED_IDLE``, in a session of its own, itself of the lowest priority: an idle
+#: task in the rank's session would take the session's raised share from every other process of the machine,
+#: the test's own among them)
+_FILLER = """
+import os, sys
+os.sched_setaffinity(0, {int(sys.argv[1])})
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.setsid()
+with open("/proc/self/autogroup", "w") as group:
+    group.write("19")
+sys.path[:0] = sys.argv[2:]
+import torch
+torch.set_num_threads(1)
+import steptime_harness
+blocks = steptime_harness._Blocks()
+blocks.once()
+print("ready", flush=True)
+parent = os.getppid()
+while os.getppid() == parent:
+    blocks.once()
+"""
+
+
+class _Filler:
+    """The work a device does not do while its rank waits, done on the rank's core: a process that runs
+    the model's blocks at ``SCHED_IDLE`` priority pinned to that core (its rank takes the core back the
+    moment it wakes: a task of normal priority preempts an idle one). Two devices compute at their own
+    speed whatever the other does; two cores of one processor need not (hyper-threads of one physical
+    core, a shared cache or memory bus, a host that boosts a lone busy core): a block timed while both
+    ranks compute would then run faster in a pipeline whenever the other rank waits, most on the heavy
+    rank of an unbalanced split. With the filler, a core is busy whether its rank computes or waits, so
+    that each rank computes as fast in the pipeline's steps as its blocks ran when timed side by side.
+    Started where the rank has its core (``_own_core``); a context manager, which stops it."""
+
+    def __init__(self, core: int | None) -> None:
+        self.process = None
+        if core is not None:
+            import subprocess
+            self.process = subprocess.Popen([sys.executable, "-c", _FILLER, str(core), str(ROOT / "tests"), str(ROOT)],
+                                            stdout=subprocess.PIPE, text=True)
+            if self.process.stdout.readline().strip() != "ready":
+                raise RuntimeError(f"the filler on core {core} did not start (exit {self.process.wait()})")
+
+    def __enter__(self) -> _Filler:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.process is not None:
+            self.process.kill()
+            self.process.wait()
 
 
 def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float) -> None:
-    """One rank: the machine (link, blocks: step 1), then, once the parent has written the exports
-    (``cases.json``), rounds of: every block timed once, then one step of every export (step 4)."""
+    """One rank, on its own core with a ``_Filler`` where it has one: the machine (link, blocks: step 1),
+    then, once the parent has written the exports (``cases.json``), rounds of: for every export, every
+    block timed once, then one step of the export (step 4)."""
     import torch
-    import torch.distributed as dist
     torch.set_num_threads(1)
-    own = _own_core(rank)
+    core = _own_core(rank)
+    with _Filler(core):
+        _worker_body(rank, workdir, core is not None, repeats, rounds, timeout_s)
+
+
+def _worker_body(rank: int, workdir: str, own: bool, repeats: int, rounds: int, timeout_s: float) -> None:
+    import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=2,
                             timeout=timedelta(seconds=timeout_s))
     try:
@@ -493,16 +555,15 @@ def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float
         working: list[list[float]] = [[] for _ in built]
         interleaved = []
         for round_ in range(rounds + 1):       # the first: warm-up (shapes, receive buffers, the momentum)
-            dist.barrier()
-            times = blocks.once()
-            for i, run in enumerate(built):
+            for i, run in enumerate(built):    # each step just after a timing of every block: both see one load
+                dist.barrier()
+                times = blocks.once()
                 dist.barrier()
                 seconds, busy = _step(run)
                 if round_:
                     steps[i].append(seconds)
                     working[i].append(busy)
-            if round_:
-                interleaved.append(list(zip(*times)))
+                    interleaved.append(list(zip(*times)))
         Path(workdir, f"steps{rank}.json").write_text(json.dumps({"steps": steps, "busy": working,
                                                                      "blocks": interleaved}))
     finally:
@@ -739,9 +800,15 @@ def _layout_worker(rank: int, workdir: str, micro_batches: int, repeats: int, ro
     then, once the parent has written the pipeline's export, rounds of: both block sets timed once,
     then one step of each layout (``LAYOUTS``: the real TP run, the export's pipeline, DDP)."""
     import torch
-    import torch.distributed as dist
     torch.set_num_threads(1)
-    own = _own_core(rank)
+    core = _own_core(rank)
+    with _Filler(core):
+        _layout_worker_body(rank, workdir, core is not None, micro_batches, repeats, rounds, timeout_s)
+
+
+def _layout_worker_body(rank: int, workdir: str, own: bool, micro_batches: int, repeats: int, rounds: int,
+                        timeout_s: float) -> None:
+    import torch.distributed as dist
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=2,
                             timeout=timedelta(seconds=timeout_s))
     try:

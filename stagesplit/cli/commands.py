@@ -86,7 +86,7 @@ def _layering(args: argparse.Namespace):
                              order=args.layer_order)
 
 
-def _layer_compute(args: argparse.Namespace) -> dict[str, float] | None:
+def _layer_compute(args: argparse.Namespace) -> dict[str, api.LayerFigure] | None:
     if not getattr(args, "layer_compute", None):
         return None
     return api.load_layer_compute(args.layer_compute)

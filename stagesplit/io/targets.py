@@ -8,6 +8,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any
 
+from ..common.layerfigures import LayerFigure, figure_total, read_layer_figure
 from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_TILES
 from ..common.safeinput import read_shipped_yaml, read_yaml_file
 from ..common.text import show
@@ -178,16 +179,23 @@ def target_record(t: Target) -> dict[str, Any]:
             "flops_per_s": t.flops_per_s, "memory_bytes_per_s": t.memory_bytes_per_s}
 
 
-def load_layer_compute(path: str | Path) -> dict[str, float]:
-    """A YAML or JSON mapping of layer name to compute (in the profile's compute unit)."""
+def load_layer_compute(path: str | Path) -> dict[str, LayerFigure]:
+    """A YAML or JSON mapping of layer name to compute (in the profile's compute unit): each a number,
+    or a mapping of its ``forward``, ``backward`` and ``optimizer`` parts (common/layerfigures.py)."""
     file = Path(path)
     data = read_yaml(file)
     if not isinstance(data, dict) or not data:
         raise ProfileError(file, "", "a mapping of layer names to compute figures", type(data).__name__)
-    out = {}
+    out: dict[str, LayerFigure] = {}
+
+    def check(field: str, value: Any) -> float:
+        return float(_number(file, field, value, minimum=0, maximum=MAX_COMPUTE))
+
+    def refuse(field: str, expected: str, got: Any) -> None:
+        raise ProfileError(file, field, expected, got)
     for name, value in data.items():
-        out[str(name)] = _number(file, show(name), value, minimum=0, maximum=MAX_COMPUTE)
-    total = sum(out.values())
+        out[str(name)] = read_layer_figure(value, show(name), check, refuse)
+    total = sum(figure_total(v) for v in out.values())
     if total > MAX_COMPUTE:
         raise ProfileError(file, "", f"compute figures summing to at most {MAX_COMPUTE:g}", total)
     return out

@@ -29,10 +29,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..common.chunks import CHUNK
+from ..common.layerfigures import PHASES, LayerFigure, figure_phases, figure_total
+from ..common.text import show
 from ..errors import LayerRangeError, OptionError, StagesplitError
 from ..io.layerform import layer_form
 from ..io.profile import Phase, Profile, Target, VertexCode
 from ..layers import LayerAssignment
+from .figurephases import FIGURE_PHASE_GROUPS
 from .itemgroups import ItemGroups, sorted_unique
 from .layercosts import LayerCosts, price_layer_ranges
 from .rangetable import RangeTable
@@ -99,6 +102,9 @@ class StageCostModel:
         self.layer_compute = np.bincount(layers.op_layer[inside], weights=self.op_compute[inside],
                                          minlength=L)[:L].astype(float)
         self.shared_compute = float(self.op_compute[~inside].sum()) if len(ops) else 0.0
+        #: (L, 3) each layer's forward, backward and optimizer share of a figure given by phase
+        #: (common/layerfigures.py); NaN rows: the roofline shares the layer's compute out
+        self.layer_phase_share = np.full((L, 3), np.nan)
         if compute:
             self._set_compute(compute, compute_source)
         self.compute_prefix = np.concatenate([[0.0], np.cumsum(self.layer_compute)])
@@ -115,19 +121,42 @@ class StageCostModel:
         return self.timeline.num_columns
 
     # -- compute ---------------------------------------------------------------------------------
-    def _set_compute(self, per_layer: Mapping[str, float], source: str) -> None:
+    def _set_compute(self, per_layer: Mapping[str, LayerFigure], source: str) -> None:
         names = self.layers.names
         unknown = [name for name in per_layer if name not in names]
         if unknown:
             raise StagesplitError(f"{source}: no layer named '{unknown[0]}' (layers: {', '.join(names)})")
         for name, value in per_layer.items():
-            self.layer_compute[names.index(name)] = float(value)
+            index = names.index(name)
+            self.layer_compute[index] = figure_total(value)
+            parts = figure_phases(value)
+            if parts is None:
+                self.layer_phase_share[index] = np.nan
+                continue
+            self._check_phases(name, index, parts, source)
+            total = sum(parts)
+            self.layer_phase_share[index] = np.divide(parts, total) if total > 0 else np.nan
 
-    def with_compute(self, per_layer: Mapping[str, float], source: str = "compute") -> StageCostModel:
+    def _check_phases(self, name: str, index: int, parts: tuple[float, float, float], source: str) -> None:
+        """A figure given by phase must land on operations: the profile must say each operation's
+        phase, and the layer must have operations of every phase given a part above 0."""
+        if self.phase_cols is None:
+            raise StagesplitError(f"{source}: layer '{show(name)}' is given by phase, but the profile does not say "
+                                  "which phase each operation belongs to: give the layer's total")
+        ops = self.profile.operations
+        of_layer = np.asarray(self.layers.op_layer) == index
+        for phase, part, phases in zip(PHASES, parts, FIGURE_PHASE_GROUPS):
+            if part > 0 and not (of_layer & np.isin(ops.phase, phases)).any():
+                raise StagesplitError(f"{source}: layer '{show(name)}' is given {part:g} of {phase}, but it has no "
+                                      f"{phase} operations" + (" (it holds no parameters)" if phase == "optimizer"
+                                                               else ""))
+
+    def with_compute(self, per_layer: Mapping[str, LayerFigure], source: str = "compute") -> StageCostModel:
         """A model whose named layers have the given compute (the rest keep theirs); memory
         pricing is shared with this model, which is left unchanged."""
         other = self._copy()
         other.layer_compute = self.layer_compute.copy()
+        other.layer_phase_share = self.layer_phase_share.copy()
         other._set_compute(per_layer, source)
         other.compute_prefix = np.concatenate([[0.0], np.cumsum(other.layer_compute)])
         return other

@@ -548,7 +548,30 @@ def _op_times(model: ModelView) -> tuple[np.ndarray, str]:
     scale = np.divide(total, summed, out=np.ones(L), where=summed > 0)
     out = per_op.copy()
     out[inside] *= scale[lay[inside]]
+    _share_by_phase(model, out, np.asarray(total, float))
     return out, unit
+
+
+def _share_by_phase(model: ModelView, per_op: np.ndarray, total: np.ndarray) -> None:
+    """Where a layer's figure was given by phase (``layer_phase_share``), its operations of each phase
+    scaled, in place, so that they add up to that phase's share of the layer's time (each keeps its
+    share of its phase); its operations of no known phase take none: the three parts are the layer."""
+    shares = np.asarray(getattr(model, "layer_phase_share", np.empty((0, 3))), float)
+    given = np.flatnonzero(~np.isnan(shares).any(axis=1)) if len(shares) else np.empty(0, np.int64)
+    if not len(given):
+        return
+    from .figurephases import figure_phase_of
+    lay = np.asarray(model.layers.op_layer)
+    phase = figure_phase_of(np.asarray(model.profile.operations.phase))
+    for layer in given:
+        per_op[(lay == layer) & (phase < 0)] = 0.0
+        for k in range(3):
+            ops = (lay == layer) & (phase == k)
+            summed = per_op[ops].sum()
+            if summed > 0:
+                per_op[ops] *= shares[layer, k] * total[layer] / summed
+            elif ops.any():       # operations the unit does not count (an optimizer's FLOPs): alike
+                per_op[ops] = shares[layer, k] * total[layer] / ops.sum()
 
 
 def _layer_phase_times(model: ModelView, per_op: np.ndarray) -> np.ndarray:

@@ -46,4 +46,5 @@ class ModelView(PricingView, Protocol):
     phase_cols: dict[Phase, np.ndarray] | None   # each phase's columns (None: no phases)
     op_compute: np.ndarray            # each operation's compute
     layer_compute: np.ndarray         # each layer's compute
+    layer_phase_share: np.ndarray     # (L, 3) forward, backward, optimizer shares of given figures (NaN: none)
     layer_time_s: np.ndarray | None   # each layer's roofline seconds (None: not timed on a target)

@@ -30,6 +30,7 @@ import numpy as np
 
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
+from ..common.layerfigures import LayerFigure, figure_phases, figure_total
 from ..common.limits import MAX_DEVICES
 from ..errors import OptionError, StagesplitError
 from ..io.profile import ParallelLayout, Phase, Target
@@ -82,7 +83,7 @@ class Layout:
 
 #: measured per-layer compute (``solve``'s ``layer_compute``) given for the ranks of one tensor-parallel
 #: degree: (the degree, ((layer name, compute), ...), the file it was read from or None)
-Measured = tuple[int, tuple[tuple[str, float], ...], str | None]
+Measured = tuple[int, tuple[tuple[str, LayerFigure], ...], str | None]
 
 
 #: a rank's profile key: a tensor-parallel degree, or (tensor-parallel, context-parallel) degrees, or
@@ -393,7 +394,7 @@ def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
 
 
 def solve_request(lay: Layout, req: LayoutRequest, time_limit: float,
-                  layer_compute: tuple[tuple[str, float], ...] = (), layer_compute_source: str | None = None
+                  layer_compute: tuple[tuple[str, LayerFigure], ...] = (), layer_compute_source: str | None = None
                   ) -> SolveRequest:
     """The solve of one combination's split: ``pp`` stages on the target under the schedule, its
     micro-batches, one data-parallel rank's figures, the activations sent between stages over
@@ -422,7 +423,7 @@ def _layer_figures(analysis: Analysis) -> dict[str, float]:
     return dict(zip(analysis.layers.names, np.nan_to_num(np.asarray(analysis.model.layer_compute, float)).tolist()))
 
 
-def rank_layer_compute(measured: Measured, rank: Analysis, reference: Analysis) -> tuple[tuple[str, float], ...]:
+def rank_layer_compute(measured: Measured, rank: Analysis, reference: Analysis) -> tuple[tuple[str, LayerFigure], ...]:
     """One combination's rank's per-layer compute from figures measured on another rank (docs/layouts.md,
     "Measured per-layer compute"): each layer's measured figure times the rank's captured compute of
     that layer over the captured compute of the rank the figures were measured on (``reference``:
@@ -433,9 +434,42 @@ def rank_layer_compute(measured: Measured, rank: Analysis, reference: Analysis) 
     model/batchscale.py); the rank the figures were measured on takes them unchanged. Data-parallel
     sharding does not change an operation's compute (model/datasharding.py), so a ZeRO rank takes
     them as ``solve`` with ``dp`` and ``zero`` does. A layer its reference captured with no compute keeps the
-    figure."""
+    figure. A figure given by phase scales phase by phase: its forward by the captured forwards' ratio, and so
+    on (the optimizer's part kept at another micro-batch size, as its operations are)."""
     own, ref = _layer_figures(rank), _layer_figures(reference)
-    return tuple((name, value * (own[name] / ref[name]) if ref[name] > 0 else value) for name, value in measured[1])
+    own_phases, ref_phases = _phase_figures(rank), _phase_figures(reference)
+
+    def scaled(name: str, value: LayerFigure) -> LayerFigure:
+        parts = figure_phases(value)
+        if parts is None:
+            return figure_total(value) * (own[name] / ref[name]) if ref[name] > 0 else value
+        index = rank.layers.names.index(name), reference.layers.names.index(name)
+        f, b, o = (part * _ratio(own_phases[:, index[0], k], ref_phases[:, index[1], k]) for k, part in enumerate(parts))
+        return f, b, o
+    return tuple((name, scaled(name, value)) for name, value in measured[1])
+
+
+def _ratio(own: np.ndarray, ref: np.ndarray) -> float:
+    """A phase's work on one rank over another's: by compute where the reference counts any, else by
+    the bytes its operations move (an optimizer step counts no FLOPs), else 1."""
+    for mine, theirs in zip(own, ref):
+        if theirs > 0:
+            return float(mine / theirs)
+    return 1.0
+
+
+def _phase_figures(analysis: Analysis) -> np.ndarray:
+    """(2, L, 3): each layer's captured compute, then bytes accessed, by a figure's phases (forward,
+    backward, optimizer)."""
+    from ..model.figurephases import figure_phase_of
+    ops = analysis.profile.operations
+    layer = np.asarray(analysis.layers.op_layer)
+    phase = figure_phase_of(np.asarray(ops.phase))
+    keep = (layer >= 0) & (phase >= 0)
+    table = np.zeros((2, analysis.layers.num_layers, 3))
+    for row, values in enumerate((analysis.model.op_compute, ops.bytes_accessed)):
+        np.add.at(table[row], (layer[keep], phase[keep]), np.nan_to_num(np.asarray(values, float))[keep])
+    return table
 
 
 def _check_measured(req: LayoutRequest, base: Mapping[Degree, Analysis], layouts: Sequence[Layout]) -> None:
@@ -503,13 +537,19 @@ def _measured_work(req: LayoutRequest, key: Degree, base: Mapping[Degree, Analys
     opt = inside & (phase == Phase.OPTIMIZER)
     s_opt = np.bincount(layer[opt], weights=seconds[opt], minlength=L)[:L]
     given = dict(measured[1])
+    rank_figures = dict(rank_layer_compute(measured, a, base[measured[0]]))
     total = 0.0
     for i, name in enumerate(names):
         if name not in given:
             total += per_layer_step[i] * r * unit
             continue
+        parts = figure_phases(given[name])
+        if parts is not None:             # its forward and backward, as the rank takes them (at least min(1, r) x)
+            f, b, _ = figure_phases(rank_figures[name]) or parts
+            total += (f + b) * min(1.0, r) * unit
+            continue
         own = per_layer_step[i] * r + per_layer_opt[i]
-        figure = given[name] * (own / ref[name]) if ref[name] > 0 else given[name]
+        figure = figure_total(given[name]) * (own / ref[name]) if ref[name] > 0 else figure_total(given[name])
         low = min(1.0, r) * s_fb[i]
         share = low / (low + s_opt[i]) if low + s_opt[i] > 0 else 0.0
         total += figure * unit * share

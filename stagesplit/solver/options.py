@@ -128,7 +128,8 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
     Option("shared", "every", "count memory of items with no layer on every stage (default) or on none",
            flag="shared", settings="shared", parse="choice", choices=("every", "none"), group="layer grouping"),
     Option("layer_compute", (), "YAML/JSON mapping of layer name to compute, replacing the profile's figures for "
-           "those layers", flag="layer-compute", metavar="FILE", group="layer grouping"),
+           "those layers: a number, or {forward, backward, optimizer} measured apart", flag="layer-compute",
+           metavar="FILE", group="layer grouping"),
     Option("layer_compute_source", None, "where layer_compute came from (a file path), for the plan's record"),
     Option("compare", False, "compare with what you would do otherwise, each split priced by the same cost model: "
            "on a GPU, Megatron's even layout, DeepSpeed's \"parameters\" and \"uniform\" partitions, torchtitan's "

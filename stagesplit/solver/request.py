@@ -12,6 +12,7 @@ from enum import Enum
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from ..common.layerfigures import LayerFigure, figure_record, read_layer_figure
 from ..common.limits import (
     MAX_BYTES,
     MAX_CHUNKS_PER_RANK,
@@ -132,7 +133,7 @@ class SolveRequest:
     efficiency: float = declared("efficiency")
     shared: SharedPolicy = declared("shared", SharedPolicy)
     #: per-layer compute replacing the profile's (in its compute unit)
-    layer_compute: tuple[tuple[str, float], ...] = declared("layer_compute")
+    layer_compute: tuple[tuple[str, LayerFigure], ...] = declared("layer_compute")
     layer_compute_source: str | None = declared("layer_compute_source")
     layering: LayerOptions = field(default_factory=LayerOptions)
     time_limit: float = declared("time_limit")
@@ -233,7 +234,7 @@ class SolveRequest:
                                          "compute figures"):
             if not isinstance(name, str):
                 raise OptionError("layer_compute", f"expected layer names as keys, got {short_repr(name)}")
-            compute.append((name, number("layer_compute", value, 0, MAX_COMPUTE)))
+            compute.append((name, read_layer_figure(value, f"[{name!r}]", _compute_number, _refuse)))
         set_(self, "layer_compute", tuple(compute))
         if self.layer_compute_source is not None and not isinstance(self.layer_compute_source, str):
             raise OptionError("layer_compute_source", f"expected a file path, got {short_repr(self.layer_compute_source)}")
@@ -335,7 +336,7 @@ class SolveRequest:
             elif f.name in ("pin_layers", "pin_splits"):
                 value = [list(v) if isinstance(v, tuple) else v for v in value]
             elif f.name == "layer_compute":
-                value = {k: v for k, v in value}
+                value = {k: figure_record(v) for k, v in value}
             out[f.name] = value
         return out
 
@@ -395,3 +396,15 @@ def strings_or_targets(parameter: str, value: Any) -> tuple[str | Target, ...]:
 
 def _bad(source: str, path: str, expected: str, got: Any) -> NoReturn:
     raise ProfileError(source, path, expected, got)
+
+
+def _compute_number(field: str, value: Any) -> float:
+    """One number of ``layer_compute``'s ``field`` (``['0']``, ``['0'].forward``)."""
+    try:
+        return number("layer_compute", value, 0, MAX_COMPUTE)
+    except OptionError as exc:
+        raise OptionError("layer_compute", exc.detail, subject=field) from None
+
+
+def _refuse(field: str, expected: str, got: Any) -> NoReturn:
+    raise OptionError("layer_compute", f"expected {expected}, got {got}", subject=field)

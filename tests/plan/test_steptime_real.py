@@ -46,7 +46,7 @@ def _table(rows) -> str:
 
 def test_step_time_against_the_exported_pipeline(tmp_path):
     cases = [harness.Case(schedule, 4, split_at) for schedule in ("1f1b", "gpipe") for split_at in (None, 2)]
-    machine, rows = harness.compare(tmp_path, cases, rounds=5, repeats=4)
+    machine, rows = harness.compare(tmp_path, cases, rounds=7, repeats=4)
     if not machine.own_cores:
         pytest.skip("the two ranks could not each have a core of their own here (no CAP_SYS_NICE, or one core): "
                     "their steps carry the machine's other work")
