@@ -1,8 +1,7 @@
 """The plan's step time against reality on this CPU (issue #32): a small Hugging Face Llama (8
 blocks, hidden 256, FFN 1024, 4 heads, 2 key/value heads, vocabulary 256, 4 sequences of 64 tokens
-per micro-batch, float32, SGD with momentum: tests/steptime_harness.py's OPTIMIZER says why), each
-block timed on this CPU (one thread per process) and given to
-``stagesplit solve --layer-compute`` with a target file of this CPU (FLOP and copy rates, gloo's
+per micro-batch, float32, Adam), each block's forward, backward and optimizer step timed on this CPU
+(one thread per process) and given by phase to ``stagesplit solve --layer-compute`` with a target file of this CPU (FLOP and copy rates, gloo's
 point-to-point link, measured), then each plan exported with ``--to torch-pipelining`` and its own
 program run on two gloo processes, the plans interleaved round by round (tests/steptime_harness.py
 says how).
@@ -10,8 +9,9 @@ says how).
 Printed: what was measured of the machine (rates, the link's one-way times, each block's forward,
 backward and optimizer step), then per plan (schedule, micro-batches, split: the solver's, or forced
 with ``--pin-split``): the plan's step time, the measured step (median of the rounds, and the
-range), the error, and each rank's busy time, predicted and measured; then whether the measured
-steps keep the plans' order.
+range), the error, and each rank's busy time, predicted and measured, and the step the same blocks
+predict given as one total per layer (tests/steptime_harness.py's OPTIMIZER says why by phase); then
+whether the measured steps keep the plans' order.
 
 Then the layouts of the same two processes (issue #32's TP 2 run): TP 2, PP 2 and DP 2 of one global
 batch, each the layout search's step (plan/layouts.py, with the per-layer compute measured: a TP
@@ -72,13 +72,16 @@ def main(argv: list[str] | None = None) -> int:
     print("blocks (forward / backward / optimizer, ms, with the steps): " + "; ".join(
         f"{k}: {_ms(f)} / {_ms(b)} / {_ms(o)}" for k, (f, b, o) in enumerate(zip(m.forward, m.backward, m.optimizer))))
     print()
-    print("| schedule | M | split | predicted | measured (median) | range | error | busy predicted | busy measured |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| schedule | M | split | predicted | measured (median) | range | error | busy predicted | busy measured "
+          "| given as totals: predicted | error |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         how = "solver" if r.case.split_at is None else "pinned"
+        totals_error = (r.predicted_from_totals - r.median) / r.median
         print(f"| {r.case.schedule} | {r.case.micro_batches} | {_blocks(r.split)} ({how}) | {_ms(r.predicted)} ms | "
               f"{_ms(r.median)} ms | {_ms(min(r.measured))}-{_ms(max(r.measured))} | {100 * r.error:+.1f}% | "
-              f"{' / '.join(_ms(b) for b in r.busy)} | {' / '.join(_ms(b) for b in r.busy_measured)} |")
+              f"{' / '.join(_ms(b) for b in r.busy)} | {' / '.join(_ms(b) for b in r.busy_measured)} | "
+              f"{_ms(r.predicted_from_totals)} ms | {100 * totals_error:+.1f}% |")
     print()
     worst = max(rows, key=lambda r: abs(r.error))
     print(f"worst error: {100 * worst.error:+.1f}% ({worst.case.schedule}, {_blocks(worst.split)}); "

@@ -12,10 +12,9 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
    interleaved, the median of the runs; a matrix product's FLOP rate and a copy's bytes per
    second on one thread.
 2. ``target_mapping`` / ``layer_compute``: a target file for this CPU (the FLOP and copy rates,
-   the link) and the ``--layer-compute`` mapping: each layer's forward + backward + optimizer seconds
-   as FLOPs at the target's FLOP rate, which the target turns back into those seconds (the model
-   shares each layer's figure out over its phases as the roofline times its operations:
-   model/phases.py; the optimizer's by its bytes at the copy rate: ``OPTIMIZER`` says why SGD).
+   the link) and the ``--layer-compute`` mapping: each layer's forward, backward and optimizer seconds
+   given apart (by phase), each as FLOPs at the target's FLOP rate, which the target turns back into
+   those seconds (``OPTIMIZER`` says why by phase).
 3. The CLI, as a user runs it: ``stagesplit solve PROFILE --target cpu-gloo.yaml --layer-compute
    layers.yaml --communication`` (the solver's split, or one forced with ``--pin-split``),
    ``stagesplit export --to torch-pipelining``.
@@ -78,19 +77,20 @@ BATCH, SEQUENCE, LAYERS = 4, 64, 8
 VOCAB = 256
 
 
-#: the training step's optimizer, as ``stagesplit capture --optimizer`` records it: SGD with momentum
-#: 0.9 (its learning rate 0 keeps the weights, so every round computes the same). Not Adam: the
-#: ``--layer-compute`` figure of a layer is one total, which the model shares out over the forward,
-#: backward and optimizer step as the roofline times their operations, and the roofline gives
-#: Adam's memory-bound step 31.6% of a block where this CPU spends about 19% of it there (4.0 of
-#: 20.9 ms): with 4 micro-batches, every step under-predicted by about 8%, a bias of the interface
-#: (per-phase figures would remove it), not of the schedules. SGD's share: 9% by the roofline,
-#: about 4% measured (0.73 ms of a block), a bias of about 4% (docs/benchmarks.md).
-OPTIMIZER = "sgd"
+#: the training step's optimizer, as ``stagesplit capture --optimizer`` records it: Adam (its learning
+#: rate 0 keeps the weights, so every round computes the same). Each block's forward, backward and
+#: optimizer step are given apart (``--layer-compute`` by phase): given as one total, the model shares a
+#: layer's figure out over its phases as the roofline times their operations, which gives Adam's
+#: memory-bound step 31.6% of a block where this CPU spends about 19% there, and with 4 micro-batches
+#: every step was under-predicted by about 8% (SGD, 9% by the roofline, was the harness's way round it
+#: until the figures could be given by phase: docs/benchmarks.md).
+OPTIMIZER = "adam"
 
 
 def _optimizer(parameters):
     import torch
+    if OPTIMIZER == "adam":
+        return torch.optim.Adam(parameters, lr=0.0)
     return torch.optim.SGD(parameters, lr=0.0, momentum=0.9)
 
 
@@ -622,6 +622,9 @@ class Row:
     optimizer: tuple[float, ...]  #: the plan's optimizer step per rank, seconds
     busy: tuple[float, ...]       #: per rank, the plan's busy time (its actions and optimizer step), seconds
     busy_measured: tuple[float, ...]   #: per rank, the median over rounds of the same, measured
+    #: the step the same blocks predict given as one total per layer (the model sharing each out over
+    #: its phases by the roofline), not by phase, seconds
+    predicted_from_totals: float = 0.0
 
     @property
     def median(self) -> float:
@@ -703,16 +706,18 @@ def compare(folder: Path, cases: Sequence[Case], rounds: int = 5, repeats: int =
                     process.terminate()
     machine = _machine(records, measured)
     layers = write_yaml(folder / "layers.yaml", layer_compute(machine))
+    totals = write_yaml(folder / "layers-totals.yaml", {k: sum(v.values()) for k, v in layer_compute(machine).items()})
     rows = []
     for i, (case, plan) in enumerate(zip(cases, plans)):
-        again = json.loads(solve(folder, profile, target, layers, case, plan["stages"][1]["first_layer"],
-                                 "-with-steps").read_text())
+        at = plan["stages"][1]["first_layer"]
+        again = json.loads(solve(folder, profile, target, layers, case, at, "-with-steps").read_text())
+        total = json.loads(solve(folder, profile, target, totals, case, at, "-totals").read_text())
         s = again["schedule"]
         steps = [max(a, b) for a, b in zip(measured[0]["steps"][i], measured[1]["steps"][i])]
         busy = tuple(statistics.median(measured[r]["busy"][i]) for r in range(2))
         rows.append(Row(case, again["split"], float(s["step_time"]), float(plan["schedule"]["step_time"]),
                         tuple(steps), float(sum(s["transfer_times"])), tuple(s["optimizer_times"]),
-                        tuple(float(r["busy"]) for r in s["ranks"]), busy))
+                        tuple(float(r["busy"]) for r in s["ranks"]), busy, float(total["schedule"]["step_time"])))
     return machine, rows
 
 
