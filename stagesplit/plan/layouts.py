@@ -36,7 +36,7 @@ from ..errors import OptionError, StagesplitError
 from ..io.profile import ParallelLayout, Phase, Target
 from ..io.topology import NodeTopology
 from ..model.analysis import Analysis
-from ..model.communication import dp_exposed, ring_time
+from ..model.communication import DDP_FIRST_BUCKET_BYTES, dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
 from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
@@ -44,7 +44,7 @@ from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
-           "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
+           "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
 
@@ -176,6 +176,10 @@ class LayoutRow:
     cp_comm_s: float = 0.0
     #: expert parallelism's all-to-alls (not overlapped)
     ep_comm_s: float = 0.0
+    #: how much faster another split of this combination could be at most: its split's exposed
+    #: data-parallel communication over the least any split exposes (``dp_floor``); the split is
+    #: proven for its pipeline step, which every other step term follows
+    dp_gap_s: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -192,6 +196,9 @@ class LayoutPlan:
     proven: bool = False
     tp_collectives_recorded: bool = False
     notes: tuple[str, ...] = ()
+    #: where ``proven``: how much faster than the best any layout and split could be at most (the
+    #: solved combinations' ``dp_gap_s`` below the best's step); 0: the best is the optimum
+    within_s: float = 0.0
 
 
 def _divisors(n: int) -> list[int]:
@@ -644,24 +651,44 @@ def step_floor(work: RankWork, lay: Layout, req: LayoutRequest, measured: float 
     in the backward where it reshards) in full (model/communication.py's ``dp_exposed``). ``measured``:
     where measured per-layer compute replaces the roofline's, a lower bound on the forward and
     backward per micro-batch from it (``_measured_work``; the optimizer's time then counts nothing)."""
-    from ..model.communication import all_gather
     k, x = work.per_micro_batch(float(Fraction(lay.micro_batch_size, req.captured_batch)))
     optimizer = work.optimizer_s
     if measured is not None:
         k, optimizer = measured, 0.0
     factor = bubble_factor(req.schedule, lay.pp, lay.micro_batches)
     floor = max(factor * (k + x), (lay.micro_batches * (k + x) + optimizer) / lay.pp)
-    dp = 0.0
-    if lay.sync > 1 and len(work.params):
-        link = req.node.link(lay.sync, lay.tp)
-        if lay.zero in (1, 2):
-            dp = all_gather(float(work.params.sum()) / lay.pp, lay.sync, link.bytes_per_s, link.latency_s)
-        elif lay.zero == 3:
-            gathers = 2 if req.reshard_after_forward else 1
-            dp = lay.micro_batches * gathers * all_gather(float(work.params.min()), lay.sync, link.bytes_per_s,
-                                                          link.latency_s)
+    dp = dp_floor(work, lay, req)
     added = factor * x + work.collectives_once_s + dp
     return floor + work.collectives_once_s + dp, added
+
+
+def dp_floor(work: RankWork, lay: Layout, req: LayoutRequest) -> float:
+    """Seconds of data-parallel communication no split of ``lay`` exposes less than (``step_of``'s
+    slowest stage's, model/communication.py's ``dp_exposed``): some rank holds at least ``P``, ``1/pp``
+    of the parameter bytes, and what grows with a rank's bytes is counted at ``P``. ZeRO 0 and 1-2:
+    DDP's bucket copies (``4 P`` at the device's memory rate, ZeRO 0) and the all-gather of ``P`` after
+    the optimizer step (1-2); the gradients' all-reduce or reduce-scatter whole where the node's
+    collectives hide under nothing, else at least its last bucket's, of at least one byte (a bucket's
+    size does not grow with the rank's bytes, unless every byte fits DDP's first). ZeRO 3: each micro-batch's first layer gathered in full
+    in the forward (and in the backward where it reshards), at the fewest bytes a layer holds."""
+    from ..model.communication import all_gather
+    if lay.sync <= 1 or not len(work.params):
+        return 0.0
+    link = req.node.link(lay.sync, lay.tp)
+    share = float(work.params.sum()) / lay.pp
+    if lay.zero == 3:
+        gathers = 2 if req.reshard_after_forward else 1
+        return lay.micro_batches * gathers * all_gather(float(work.params.min()), lay.sync, link.bytes_per_s,
+                                                        link.latency_s)
+    kind = "all_reduce" if lay.zero == 0 else "reduce_scatter"
+    # the last bucket: a rank's whole bytes while they fit DDP's first bucket, else as little as a byte
+    last = share if float(work.params.sum()) <= DDP_FIRST_BUCKET_BYTES else min(share, 1.0)
+    synced = ring_time(kind, share if not req.node.overlaps_compute else last, lay.sync, link.bytes_per_s,
+                       link.latency_s)
+    if lay.zero == 0:
+        rate = req.target.memory_bytes_per_s or 0.0
+        return synced + (4 * share / rate if rate > 0 else 0.0)
+    return synced + all_gather(share, lay.sync, link.bytes_per_s, link.latency_s)
 
 
 # -- the search ------------------------------------------------------------------------------------
@@ -823,7 +850,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         step, pipeline, tp_s, dp_s = step_of(lay, plan, analysis, req, params[key_of(lay)][0])
         rows[lay] = LayoutRow(lay, "solved", "", step, pipeline, tp_s, dp_s, s.bubble, peaks, capacity,
                               proven=proven, schedule=s.kind, chunks_per_rank=s.chunks_per_rank,
-                              cp_comm_s=cp_share(plan, analysis, req), ep_comm_s=ep_share(plan, analysis, req))
+                              cp_comm_s=cp_share(plan, analysis, req), ep_comm_s=ep_share(plan, analysis, req),
+                              # one stage: its one split (its chunks' bytes and compute are the rank's whole)
+                              dp_gap_s=0.0 if lay.pp == 1 else max(0.0, dp_s - dp_floor(work[key_of(lay)], lay, req)))
         plans[lay] = (plan, analysis)
         best = min(best, step)
     events.done()
@@ -867,8 +896,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         mfu = (total * top.layout.tp * top.layout.cp * req.global_batch / req.captured_batch / top.step_s
                / (req.gpus * flops))
     proven = all(r.proven for r in out)
+    # no split of a solved combination is faster than its step less its gap (``dp_gap_s``)
+    lowest = min(r.step_s - r.dp_gap_s for r in out if r.step_s is not None and r.status in ("best", "slower"))
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
-                      tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()))
+                      tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()),
+                      within_s=max(0.0, top.step_s - lowest))
 
 
 def seconds(x: float) -> str:

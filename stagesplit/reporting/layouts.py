@@ -59,8 +59,11 @@ def layouts_text(lp: LayoutPlan) -> str:
     if lp.proven and b is None:
         lines.append("proven: no combination fits every rank" + (" or runs" if refused else ""))
     elif lp.proven:
-        lines.append("proven: every other combination is slower, refuted by a lower bound or does not fit"
-                     + (f"; {refused} refused (the rows say why)" if refused else ""))
+        lines.append(("proven" if lp.within_s <= 0 else f"proven within {seconds(lp.within_s)}")
+                     + ": every other combination is slower, refuted by a lower bound or does not fit"
+                     + (f"; {refused} refused (the rows say why)" if refused else "")
+                     + ("" if lp.within_s <= 0 else "; each split is proven for its pipeline step, and another "
+                        "could expose less data-parallel communication, by at most that"))
     else:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)
@@ -92,7 +95,7 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
             "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
             "chunks_per_rank": r.chunks_per_rank or None, "cp": lay.cp, "cp_comm_s": r.cp_comm_s,
-            "ep": lay.ep, "ep_comm_s": r.ep_comm_s}
+            "ep": lay.ep, "ep_comm_s": r.ep_comm_s, "dp_gap_s": r.dp_gap_s}
 
 
 def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
@@ -106,7 +109,7 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
             "split": lp.plan.split_text if lp.plan is not None else None,
             "stages": [[s.first_layer, s.last_layer] for s in lp.plan.stages] if lp.plan is not None else None,
             "samples_per_s": lp.samples_per_s, "tokens_per_s_per_gpu": lp.tokens_per_s_per_gpu, "mfu": lp.mfu,
-            "proven": lp.proven, "tp_collectives_recorded": lp.tp_collectives_recorded,
+            "proven": lp.proven, "within_s": lp.within_s, "tp_collectives_recorded": lp.tp_collectives_recorded,
             "rows": [_row_json(r) for r in lp.rows]}
 
 

@@ -312,6 +312,65 @@ def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
         assert work * lay.micro_batches / lay.pp <= total
 
 
+def test_the_data_parallel_floor_and_gap_by_hand(stack):
+    """DDP over 2 ranks of 3 stages of the four equal layers: the solved split puts 2 layers on one
+    stage, whose all-reduce of 2 x 16,640 bytes (one bucket: nothing hides it) and bucket copies are
+    the step's exposure; no split exposes less than a rank holding a third of the 66,560 bytes does
+    (``dp_floor``), so another split could be faster by at most the difference, which the search
+    reports (``dp_gap_s``, and the plan's ``within_s``: the only combination asked for). One stage
+    (pp 1) has one split: no gap."""
+    from stagesplit.plan.layouts import dp_floor
+    a = H100.intra
+    lp = _solve(stack, gpus=6, global_batch=64, micro_batch_size=8, tp=1, pp=3, zero=0)
+    best = lp.best
+    assert (best.layout.pp, best.layout.dp) == (3, 2)
+
+    def exposed(nbytes: float) -> float:   # the all-reduce over 2 ranks and DDP's copies at 3.35 TB/s
+        return 2 * a.latency_s + 2 * nbytes / 2 / a.bytes_per_s + 4 * nbytes / 3.35e12
+    assert best.dp_comm_s == pytest.approx(exposed(2 * LINEAR))
+    assert best.dp_gap_s == pytest.approx(exposed(2 * LINEAR) - exposed(4 * LINEAR / 3))
+    assert lp.within_s == pytest.approx(best.dp_gap_s) and lp.proven
+    from stagesplit.plan.layouts import RankWork
+    work = RankWork.of(api.analyze(stack), lp.request)
+    assert dp_floor(work, best.layout, lp.request) == pytest.approx(exposed(4 * LINEAR / 3))
+    one = _solve(stack, gpus=2, global_batch=16, micro_batch_size=8, tp=1, pp=1, zero=0).best
+    assert one.dp_comm_s > 0 and one.dp_gap_s == 0.0
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_no_split_of_any_layout_beats_the_best_by_more_than_the_reported_gap(seed):
+    """On small random stacks, every layout x every split that fits, its whole step (the data-parallel
+    exposure included, which the split's proof does not minimise): no split of a combination is faster
+    than its row's step less its ``dp_gap_s``, and none of any is faster than the best less ``within_s``."""
+    import itertools
+
+    from stagesplit.model.datasharding import parameter_bytes_by_layer
+    from stagesplit.plan.layouts import enumerate_layouts, step_of
+    profile, layers = _random_stack(seed)
+    gpus = (2, 4)[seed % 2]
+    lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=8 * gpus * (1 + seed % 3),
+                     micro_batch_size=8, time_limit=60)
+    read = api.analyze(profile)
+    params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+    fastest = math.inf
+    for lay in enumerate_layouts(lp.request, [1], layers):
+        row = next(r for r in lp.rows if r.layout == lay)
+        for cuts in itertools.combinations(range(1, layers), lay.pp - 1):
+            plan = api.solve(profile, devices=lay.pp, target="h100-80gb", schedule="1f1b",
+                             micro_batches=lay.micro_batches, dp=lay.dp, zero=lay.zero, exact=True,
+                             communication=lay.pp > 1, link_bandwidth=H100.intra.bytes_per_s,
+                             pin_splits=[read.layers.names[c] for c in cuts])
+            if not plan.feasible:
+                continue
+            total = step_of(lay, plan, read, lp.request, params)[0]
+            fastest = min(fastest, total)
+            if row.step_s is not None:
+                assert total >= row.step_s - row.dp_gap_s - 1e-12, (lay, cuts)
+    assert lp.proven
+    assert fastest >= lp.best.step_s - lp.within_s - 1e-12
+    assert fastest <= lp.best.step_s + 1e-12
+
+
 def test_tensor_parallel_collectives_priced_from_the_recorded_layout():
     """A TP rank's recorded collectives (h-tp's ParallelLayout: kind, bytes, group size, phase)
     priced on the node's links: per micro-batch all but the optimizer's, which run once."""
