@@ -62,8 +62,8 @@ def layouts_text(lp: LayoutPlan) -> str:
         lines.append(("proven" if lp.within_s <= 0 else f"proven within {seconds(lp.within_s)}")
                      + ": every other combination is slower, refuted by a lower bound or does not fit"
                      + (f"; {refused} refused (the rows say why)" if refused else "")
-                     + ("" if lp.within_s <= 0 else "; each split is proven for its pipeline step, and another "
-                        "could expose less data-parallel communication, by at most that"))
+                     + ("" if lp.within_s <= 0 else "; another split could expose less data-parallel "
+                        "communication, by at most that"))
     else:
         unknown = sum(1 for r in lp.rows if r.status == "unknown")
         open_ = sum(1 for r in lp.rows if r.status != "unknown" and not r.proven)

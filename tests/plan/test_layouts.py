@@ -337,6 +337,29 @@ def test_the_data_parallel_floor_and_gap_by_hand(stack):
     assert one.dp_comm_s > 0 and one.dp_gap_s == 0.0
 
 
+def test_the_command_line_says_the_gap_the_plan_has(stack, tmp_path, capsys):
+    """``proven within X`` is the plan's ``within_s``, and ``--format json`` gives it and each row's gap."""
+    import json
+
+    from stagesplit.io import save_profile
+    from stagesplit.plan.layouts import seconds
+    from tests.helpers import run_cli
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    flags = ("layouts", path, "--gpus", 6, "--global-batch", 64, "--micro-batch-size", 8, "--tp", 1, "--pp", 3,
+             "--zero", 0, "--target", "h100-80gb")
+    lp = _solve(stack, gpus=6, global_batch=64, micro_batch_size=8, tp=1, pp=3, zero=0)
+    assert lp.within_s > 0
+    code, out, _ = run_cli(capsys, *flags)
+    assert code == 0
+    assert f"proven within {seconds(lp.within_s)}: every other combination is slower, refuted by a lower bound or " \
+        "does not fit; another split could expose less data-parallel communication, by at most that" in out.splitlines()
+    code, out, _ = run_cli(capsys, *flags, "--format", "json")
+    doc = json.loads(out)
+    assert doc["within_s"] == pytest.approx(lp.within_s) and doc["proven"] is True
+    assert [r["dp_gap_s"] for r in doc["rows"]] == pytest.approx([r.dp_gap_s for r in lp.rows])
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_no_split_of_any_layout_beats_the_best_by_more_than_the_reported_gap(seed):
     """On small random stacks, every layout x every split that fits, its whole step (the data-parallel
