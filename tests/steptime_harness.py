@@ -475,20 +475,21 @@ def _own_core(rank: int) -> int | None:
 #: what ``_Filler`` runs: the blocks' forward, backward and optimizer step, over and over, on one core at the
 #: lowest priority Linux has (``SCHED_IDLE``, in a session of its own, itself of the lowest priority: an idle
 #: task in the rank's session would take the session's raised share from every other process of the machine,
-#: the test's own among them)
+#: the test's own among them), once it has started at its rank's priority
 _FILLER = """
 import os, sys
 os.sched_setaffinity(0, {int(sys.argv[1])})
-os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
-os.setsid()
-with open("/proc/self/autogroup", "w") as group:
-    group.write("19")
 sys.path[:0] = sys.argv[2:]
 import torch
 torch.set_num_threads(1)
 import steptime_harness
 blocks = steptime_harness._Blocks()
 blocks.once()
+# made at the rank's priority (on a loaded machine an idle task would never start); from here on idle
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+os.setsid()
+with open("/proc/self/autogroup", "w") as group:
+    group.write("19")
 print("ready", flush=True)
 parent = os.getppid()
 while os.getppid() == parent:
@@ -507,14 +508,17 @@ class _Filler:
     that each rank computes as fast in the pipeline's steps as its blocks ran when timed side by side.
     Started where the rank has its core (``_own_core``); a context manager, which stops it."""
 
-    def __init__(self, core: int | None) -> None:
+    def __init__(self, core: int | None, timeout_s: float = 120.0) -> None:
         self.process = None
         if core is not None:
+            import select
             import subprocess
             self.process = subprocess.Popen([sys.executable, "-c", _FILLER, str(core), str(ROOT / "tests"), str(ROOT)],
                                             stdout=subprocess.PIPE, text=True)
-            if self.process.stdout.readline().strip() != "ready":
-                raise RuntimeError(f"the filler on core {core} did not start (exit {self.process.wait()})")
+            ready, _, _ = select.select([self.process.stdout], [], [], timeout_s)
+            if not ready or self.process.stdout.readline().strip() != "ready":
+                # not started in time (or failed): the rank runs without it, as before the filler
+                self.__exit__()
 
     def __enter__(self) -> _Filler:
         return self
@@ -523,6 +527,7 @@ class _Filler:
         if self.process is not None:
             self.process.kill()
             self.process.wait()
+            self.process = None
 
 
 def _worker(rank: int, workdir: str, repeats: int, rounds: int, timeout_s: float) -> None:
