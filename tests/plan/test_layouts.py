@@ -269,22 +269,29 @@ def _random_stack(seed: int):
         layers
 
 
-@pytest.mark.parametrize("seed", range(4))
-def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
-    """On small random stacks: for every layout, the split the search solves has the pipeline step
-    of the best of every split tried one by one (solver/chunk_search.py's exhaustive oracle), and
-    the search's best is the fastest of every layout's step."""
-    from stagesplit.plan.engine import resolve
-    from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
-    from stagesplit.plan.scheduled import schedule_problem
-    from stagesplit.solver.chunk_search import exhaustive
+def _random_search(seed: int):
+    """A random stack (``_random_stack``), the layout search's answer on 2 or 4 GPUs, the stack read and
+    its parameter bytes per layer."""
+    from stagesplit.model.datasharding import parameter_bytes_by_layer
     profile, layers = _random_stack(seed)
     gpus = (2, 4)[seed % 2]
     lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=8 * gpus * (1 + seed % 3),
                      micro_batch_size=8, time_limit=60)
     read = api.analyze(profile)
-    from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
-    params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+    return profile, layers, lp, read, parameter_bytes_by_layer(read.profile, read.layers)[0]
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_small_random_problems_the_search_is_every_layout_x_every_split(seed):
+    """On small random stacks: for every layout, the split the search solves has the pipeline step
+    of the best of every split tried one by one (solver/chunk_search.py's exhaustive oracle), and
+    the search's best is the fastest of every layout's step."""
+    from stagesplit.model.datasharding import DataLayout
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver.chunk_search import exhaustive
+    profile, layers, lp, read, params = _random_search(seed)
     totals = {}
     for lay in enumerate_layouts(lp.request, [1], layers):
         analysis = api.analyze(profile, layout=DataLayout(lay.dp, lay.zero))
@@ -367,14 +374,8 @@ def test_no_split_of_any_layout_beats_the_best_by_more_than_the_reported_gap(see
     than its row's step less its ``dp_gap_s``, and none of any is faster than the best less ``within_s``."""
     import itertools
 
-    from stagesplit.model.datasharding import parameter_bytes_by_layer
     from stagesplit.plan.layouts import enumerate_layouts, step_of
-    profile, layers = _random_stack(seed)
-    gpus = (2, 4)[seed % 2]
-    lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=8 * gpus * (1 + seed % 3),
-                     micro_batch_size=8, time_limit=60)
-    read = api.analyze(profile)
-    params, _ = parameter_bytes_by_layer(read.profile, read.layers)
+    profile, layers, lp, read, params = _random_search(seed)
     fastest = math.inf
     for lay in enumerate_layouts(lp.request, [1], layers):
         row = next(r for r in lp.rows if r.layout == lay)
