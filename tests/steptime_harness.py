@@ -89,9 +89,7 @@ OPTIMIZER = "adam"
 
 def _optimizer(parameters):
     import torch
-    if OPTIMIZER == "adam":
-        return torch.optim.Adam(parameters, lr=0.0)
-    return torch.optim.SGD(parameters, lr=0.0, momentum=0.9)
+    return torch.optim.Adam(parameters, lr=0.0)
 
 
 def _config():
