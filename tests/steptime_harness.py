@@ -837,11 +837,13 @@ def _layout_worker_body(rank: int, workdir: str, own: bool, micro_batches: int, 
                     (1, 1, 2): _DataParallelRun(rank, micro_batches // 2).step}
         steps: list[list[float]] = [[] for _ in LAYOUTS]
         interleaved, tp_interleaved = [], []
+        reduce_interleaved: dict[str, list[float]] = {}
         for round_ in range(rounds + 1):       # the first: warm-up (shapes, buffers, the momentum)
             dist.barrier()
             times = blocks.once()
             dist.barrier()
             tp_times = tp_blocks.once()
+            reduced = _all_reduce(LINK_SIZES, 1)       # the node's links too: timed with the steps
             for i, layout in enumerate(LAYOUTS):
                 dist.barrier()
                 seconds = steps_of[layout]()
@@ -850,8 +852,11 @@ def _layout_worker_body(rank: int, workdir: str, own: bool, micro_batches: int, 
             if round_:
                 interleaved.append(list(zip(*times)))
                 tp_interleaved.append(list(zip(*tp_times)))
+                for size, runs in reduced.items():
+                    reduce_interleaved.setdefault(str(size), []).extend(runs)
         Path(workdir, f"steps{rank}.json").write_text(json.dumps({"steps": steps, "blocks": interleaved,
                                                                      "tp_blocks": tp_interleaved,
+                                                                     "all_reduce": reduce_interleaved,
                                                                      "tp_loss": tensor_parallel.loss}))
     finally:
         dist.destroy_process_group()
@@ -966,6 +971,8 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
             for process in context.processes:
                 if process.is_alive():
                     process.terminate()
+    records = [r | {"all_reduce": {size: runs + m["all_reduce"][size] for size, runs in r["all_reduce"].items()}}
+               for r, m in zip(records, measured)]      # the all-reduces of the rounds join the first ones
     machine = _machine(records, measured)
     mappings = {1: write_yaml(folder / "layers.yaml", layer_compute(machine)),
                 2: write_yaml(folder / "layers-tp2.yaml", tp_layer_compute(machine))}
