@@ -21,6 +21,11 @@ separately costs layers² x tiles x columns; this module does it in one pass ove
   consecutive layers), added as ``b`` grows. The final reduction over tiles is the only
   layers² x tiles step.
 
+* **One tile** (a GPU's profile), where no column is held by every stage: the sweep needs no
+  column-by-column state. Each group's live bytes after every column are a running sum of its
+  events, and a layer's columns are graded together, standing where the loop has tiles, ``Q_m``
+  their maximum (``_one_tile_peaks``).
+
 Tiles are independent, so the whole computation runs over blocks of tiles when the per-layer
 grids would not fit the memory budget. ``costmodel.StageCostModel.stage_memory`` prices one range
 from scratch with no shared code; the tests check one against the other.
@@ -431,6 +436,59 @@ def _merge_rows(lo: np.ndarray, hi: np.ndarray, plain: np.ndarray, stash: np.nda
     return key // max(L, 1), key % max(L, 1), merged[0], merged[1], starts[0], starts[1]
 
 
+def _one_tile_peaks(sets: LayerSets, events: _Events, owner_col: np.ndarray, owner_layer: np.ndarray,
+                    num_groups: int, G: int, base: int | None, memory_budget: int) -> dict[int, np.ndarray]:
+    """The sweep's per-layer maxima ``Q_m[a, b]`` (layer m -> (m + 1, b extent, 1)) on one tile, where
+    no column is held by every stage: what the column loop of ``price_all_ranges`` folds column by
+    column, here for all of a layer's columns at once. The live bytes of each group after every
+    column are the running sum of its events (in blocks of columns that keep that table under
+    ``memory_budget``); a layer's columns then stand where the loop has tiles: ``_grid_values`` gives
+    the (a, b) grid of each from the groups with bytes in one of them, and ``Q_m`` is their maximum.
+    The extent in ``b`` is as the loop makes it: as far as a live group's nearest layer above reaches."""
+    event_col = np.repeat(np.arange(G), np.diff(events.column_ptr))
+    peaks: dict[int, np.ndarray] = {}
+    owner_cells: dict[int, _Cells] = {}
+    carry = np.zeros(num_groups, np.int64)
+    step = max(1, memory_budget // (8 * max(num_groups, 1)))
+    for c0 in range(0, G, step):
+        c1 = min(G, c0 + step)
+        e0, e1 = events.column_ptr[c0], events.column_ptr[c1]
+        live = np.zeros((c1 - c0, num_groups), np.int64)
+        live[event_col[e0:e1] - c0, events.group[e0:e1]] = events.delta[e0:e1]     # one event per (column, group)
+        np.cumsum(live, axis=0, out=live)
+        live += carry
+        carry = live[-1].copy()
+        p0, p1 = np.searchsorted(owner_col, (c0, c1))
+        order = np.argsort(owner_layer[p0:p1], kind="stable")
+        layers, cols = owner_layer[p0:p1][order], owner_col[p0:p1][order] - c0
+        if not len(layers):
+            continue
+        bounds = np.flatnonzero(np.diff(layers)) + 1
+        for first, last in zip(np.concatenate([[0], bounds]), np.concatenate([bounds, [len(layers)]])):
+            m = int(layers[first])
+            state = live[cols[first:last]]
+            groups = np.flatnonzero(state.any(axis=0))
+            if not len(groups):                      # nothing live in these columns: the grid is 0
+                peaks.setdefault(m, np.zeros((m + 1, 1, 1), np.int64))
+                continue
+            if m not in owner_cells:
+                owner_cells[m] = _owner_cells(sets, m, base)
+            cells = _local(owner_cells[m], groups, num_groups)
+            extent = int(cells.col.max(initial=0)) + 1
+            sub = np.ascontiguousarray(state[:, groups].T)       # groups x columns, as the loop's groups x tiles
+            peak = np.zeros((m + 1, extent, 1), np.int64)
+            width = max(1, memory_budget // (8 * (m + 1) * extent))
+            for w0 in range(0, sub.shape[1], width):
+                grid = _grid_values(cells, sub[:, w0:w0 + width], m + 1, extent)
+                np.maximum(peak[:, :, 0], grid.max(axis=2), out=peak[:, :, 0])
+            old = peaks.get(m)
+            if old is not None:
+                wide = max(old.shape[1], extent)
+                old, peak = (_widen(x, wide) if x.shape[1] < wide else x for x in (old, peak))
+                peak = np.maximum(old, peak)
+            peaks[m] = peak
+    return peaks
+
 def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
                      progress: Callable[[int, int], None] | None = None,
                      memory_budget: int = MEMORY_BUDGET, capacity: int | None = None) -> RangeTable:
@@ -464,7 +522,8 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
     owner_col, owner_layer = np.nonzero(cover.T)
     owner_ptr = np.searchsorted(owner_col, np.arange(G + 1))
     owner_cells: dict[int, tuple[_Cells, np.ndarray | None]] = {}
-    owner_groups = _groups_by_owner(model, row_group, num_groups)
+    one_tile = T == 1 and not every_cols.any()      # the sweep of _one_tile_peaks, which needs no owner groups
+    owner_groups = None if one_tile else _groups_by_owner(model, row_group, num_groups)
     holding: dict[int, np.ndarray] = {}
 
     def holds_m(m: int) -> np.ndarray:
@@ -534,43 +593,47 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
             run.base[:, :, tiles] = _grid_values(cells, sub, m + 1, peak.shape[1])
             run.shift[tiles] = 0
             run.top[tiles] = 0
-        for c in range(G):
-            lo, hi = ev_ptr[c], ev_ptr[c + 1]
-            if hi > lo:
-                state[ev_group[lo:hi], ev_tile[lo:hi]] += ev_delta[lo:hi]
-                touched[ev_tile[lo:hi]] = True
-                changed = np.flatnonzero(touched)
-                touched[changed] = False
-            else:
-                changed = ev_tile[lo:hi]
-            here = ev_group[lo:hi]
-            for m in owner_layer[owner_ptr[c]:owner_ptr[c + 1]]:
-                m = int(m)
-                if not (c > 0 and cover[m, c - 1]):                   # a run of m's columns starts
-                    run = runs[m] = _Run(tb)
-                    evaluate(m, run, all_tiles)
-                elif len(changed):
-                    run = runs[m]
-                    if holds_m(m)[here].all():
-                        # every change is to a group holding m: the same bytes for every stage
-                        # a <= m <= b, so the (a, b) grid of each changed tile just shifts
-                        np.add.at(run.shift, ev_tile[lo:hi], ev_delta[lo:hi])
-                        run.top[changed] = np.maximum(run.top[changed], run.shift[changed])
-                    else:
-                        evaluate(m, run, changed)
-                if c + 1 == G or not cover[m, c + 1]:                 # the run ends: fold it
-                    run = runs.pop(m)
-                    fold(m, run, all_tiles)
-            if every_cells is not None and every_cols[c]:
-                tiles = changed if (c > 0 and every_cols[c - 1]) else all_tiles
-                if len(tiles) and state[:, tiles].any():        # no live bytes: the grid is 0, the peak stays
-                    grid = _grid_values(every_cells, state[:, tiles], L, L)
-                    if every_peak is None:
-                        every_peak = np.zeros((L, L, tb), np.int64)
-                    every_peak[:, :, tiles] = np.maximum(every_peak[:, :, tiles], grid)
-            done += 1
-            if progress is not None and c % 256 == 0:
-                progress(done, total_work)
+        if one_tile:                  # a GPU: every layer's columns at once
+            peaks = _one_tile_peaks(sets, events, owner_col, owner_layer, num_groups, G, base, memory_budget)
+            done += G
+        else:
+            for c in range(G):
+                lo, hi = ev_ptr[c], ev_ptr[c + 1]
+                if hi > lo:
+                    state[ev_group[lo:hi], ev_tile[lo:hi]] += ev_delta[lo:hi]
+                    touched[ev_tile[lo:hi]] = True
+                    changed = np.flatnonzero(touched)
+                    touched[changed] = False
+                else:
+                    changed = ev_tile[lo:hi]
+                here = ev_group[lo:hi]
+                for m in owner_layer[owner_ptr[c]:owner_ptr[c + 1]]:
+                    m = int(m)
+                    if not (c > 0 and cover[m, c - 1]):                   # a run of m's columns starts
+                        run = runs[m] = _Run(tb)
+                        evaluate(m, run, all_tiles)
+                    elif len(changed):
+                        run = runs[m]
+                        if holds_m(m)[here].all():
+                            # every change is to a group holding m: the same bytes for every stage
+                            # a <= m <= b, so the (a, b) grid of each changed tile just shifts
+                            np.add.at(run.shift, ev_tile[lo:hi], ev_delta[lo:hi])
+                            run.top[changed] = np.maximum(run.top[changed], run.shift[changed])
+                        else:
+                            evaluate(m, run, changed)
+                    if c + 1 == G or not cover[m, c + 1]:                 # the run ends: fold it
+                        run = runs.pop(m)
+                        fold(m, run, all_tiles)
+                if every_cells is not None and every_cols[c]:
+                    tiles = changed if (c > 0 and every_cols[c - 1]) else all_tiles
+                    if len(tiles) and state[:, tiles].any():        # no live bytes: the grid is 0, the peak stays
+                        grid = _grid_values(every_cells, state[:, tiles], L, L)
+                        if every_peak is None:
+                            every_peak = np.zeros((L, L, tb), np.int64)
+                        every_peak[:, :, tiles] = np.maximum(every_peak[:, :, tiles], grid)
+                done += 1
+                if progress is not None and c % 256 == 0:
+                    progress(done, total_work)
 
         # merge: grow b, keeping each first layer's peak, additive bytes and stash
         by_end: dict[int, list[int]] = {}

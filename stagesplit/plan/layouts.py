@@ -45,6 +45,7 @@ from .records import Plan
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
            "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
+           "slowest_stage",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
 
@@ -581,6 +582,8 @@ class RankWork:
     cp_exchange_s: float
     cp_attention_s: float
     params: np.ndarray
+    #: the layer of each operation of ``compute_s`` and ``memory_s`` (``layer_work`` sums them by it)
+    op_layer: np.ndarray | None = None
 
     @classmethod
     def of(cls, analysis: Analysis, req: LayoutRequest) -> RankWork:
@@ -600,7 +603,17 @@ class RankWork:
         exchange, attention, _ = cp_seconds(a, req.node, target)
         return cls(compute[per_mb], memory[per_mb], float(np.maximum(compute, memory)[optimizer].sum()),
                    tp_mb + _tp_seconds(a, req.node, "ep")[0], tp_once, exchange, attention,
-                   parameter_bytes_by_layer(a.profile, a.layers)[0])
+                   parameter_bytes_by_layer(a.profile, a.layers)[0], np.asarray(a.layers.op_layer)[per_mb])
+
+    def layer_work(self, ratio: float) -> np.ndarray:
+        """Each layer's work of one micro-batch at ``ratio`` times the captured size, as
+        ``per_micro_batch`` bounds it (its work is their sum)."""
+        r = float(ratio)
+        seconds = np.maximum(r * self.compute_s, self.memory_s) if r >= 1 else r * np.maximum(self.compute_s,
+                                                                                             self.memory_s)
+        if self.op_layer is None or not len(seconds):
+            return np.array([float(seconds.sum())])
+        return np.bincount(self.op_layer, weights=seconds, minlength=len(self.params))
 
     def per_micro_batch(self, ratio: float) -> tuple[float, float]:
         """(work, communication) of one micro-batch at ``ratio`` times the captured size, each at most
@@ -645,21 +658,61 @@ def step_floor(work: RankWork, lay: Layout, req: LayoutRequest, measured: float 
     micro-batch's work on all stages, recompute included), plus those once per step and the slowest
     stage's exposed data-parallel communication (``step_of``); ``T`` is at least ``bubble_factor x K``
     and ``(M K + optimizer) / pp``, so the step is at least the larger of ``bubble_factor x (K + X)``
-    and ``(M (K + X) + optimizer) / pp``, ``K`` and ``X`` at least ``RankWork.per_micro_batch``'s. The
+    and ``(M (K + X) + optimizer) / pp``, ``K`` and ``X`` at least ``RankWork.per_micro_batch``'s; with
+    one stage per rank (1F1B, GPipe, ZB-H1), ``T`` is also at least ``M`` times the slowest stage's work,
+    which no split into ``pp`` stages brings under ``slowest_stage`` of the layers' (most binding where
+    the layers do not divide evenly: 80 layers on 64 stages leave some stage two). The
     data-parallel floor: ZeRO 1 and 2 gather the stage's parameters after the optimizer step (some
     stage holds ``1/pp`` of them), ZeRO 3 gathers each micro-batch's first layer in the forward (and
     in the backward where it reshards) in full (model/communication.py's ``dp_exposed``). ``measured``:
     where measured per-layer compute replaces the roofline's, a lower bound on the forward and
     backward per micro-batch from it (``_measured_work``; the optimizer's time then counts nothing)."""
-    k, x = work.per_micro_batch(float(Fraction(lay.micro_batch_size, req.captured_batch)))
+    ratio = float(Fraction(lay.micro_batch_size, req.captured_batch))
+    k, x = work.per_micro_batch(ratio)
     optimizer = work.optimizer_s
     if measured is not None:
         k, optimizer = measured, 0.0
     factor = bubble_factor(req.schedule, lay.pp, lay.micro_batches)
     floor = max(factor * (k + x), (lay.micro_batches * (k + x) + optimizer) / lay.pp)
+    if measured is None and k > 0 and req.schedule != "auto" and traits(req.schedule).fixed_chunks_per_rank == 1:
+        # one stage per rank: the rank of the slowest stage runs its layers for every micro-batch, and no
+        # split into pp stages has a slowest stage under ``slowest_stage``'s (the collectives in proportion)
+        floor = max(floor, lay.micro_batches * slowest_stage(work.layer_work(ratio), lay.pp) * (k + x) / k)
     dp = dp_floor(work, lay, req)
     added = factor * x + work.collectives_once_s + dp
     return floor + work.collectives_once_s + dp, added
+
+
+def slowest_stage(work: np.ndarray, stages: int) -> float:
+    """The least work of the slowest stage over every split of the layers (``work``, in order) into
+    at most ``stages`` contiguous stages, a little under (a lower bound, safe from rounding): the
+    smallest sum of consecutive layers such that splits at most that heavy need at most ``stages``
+    stages, by bisection over those sums (each tried greedily, every stage as long as it fits)."""
+    w = np.asarray(work, float)
+    L = len(w)
+    if L == 0 or stages <= 0:
+        return 0.0
+    if stages >= L:
+        return float(w.max()) * (1 - 1e-9)
+    prefix = np.concatenate([[0.0], np.cumsum(w)])
+
+    def stages_needed(cap: float) -> int:
+        count, start = 0, 0
+        while start < L and count <= stages:
+            end = int(np.searchsorted(prefix, prefix[start] + cap * (1 + 1e-12), side="right")) - 1
+            start, count = max(end, start + 1), count + 1
+        return count
+    sums = prefix[None, :] - prefix[:, None]
+    candidates = np.unique(sums[np.triu_indices(L + 1, 1)])
+    candidates = candidates[candidates >= w.max()]
+    lo, hi = 0, len(candidates) - 1                 # the whole stack in one stage always fits
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if stages_needed(float(candidates[mid])) <= stages:
+            hi = mid
+        else:
+            lo = mid + 1
+    return float(candidates[lo]) * (1 - 1e-9)
 
 
 def dp_floor(work: RankWork, lay: Layout, req: LayoutRequest) -> float:

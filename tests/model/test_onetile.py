@@ -75,3 +75,34 @@ def test_reproducers(path):
     band, sweep = model.price_ranges((1, 3)), price_all_ranges(model, (1, 3))
     for k in (1, 3):
         assert np.array_equal(band.dense_bytes(k), sweep.dense_bytes(k))
+
+
+def test_a_captures_phase_sweeps_equal_the_band(monkeypatch):
+    """A captured GPU profile (one tile, each operation's phase), priced as the phase table prices it
+    (model/phases.py: every column, then each phase kind's columns alone, the split backward's on the
+    view that holds the stash through it): the sweep's one-tile path (``_one_tile_peaks``: a layer's
+    columns at once) gives the band's bytes (model/onetile.py, no code in common) for every range
+    and in-flight count, and the from-scratch stage price for the whole model."""
+    from helpers import PROFILES
+    from stagesplit.model import phases, pricing
+    swept = []
+    one_tile = pricing._one_tile_peaks
+    monkeypatch.setattr(pricing, "_one_tile_peaks", lambda *args: swept.append(1) or one_tile(*args))
+    model = Analysis.load(PROFILES / "gpt-captured.stagesplit").model
+    assert model.num_tiles == 1 and model.num_layers >= 4
+    columns = model.phase_cols
+    none = np.zeros(model.num_columns, bool)
+    held = phases._held_through_backward(model, columns, phases._Entries.of(model))
+    views = [phases._masked(model, none)]
+    for kind, kinds in phases._PHASES_OF.items():
+        mask = np.logical_or.reduce([columns[p] for p in kinds]) if kinds else none
+        view = held if kind in phases._SPLIT_KINDS and held is not None else model
+        views.append(phases._masked(view, mask))
+    for view in views:
+        sweep = price_all_ranges(view, (1, 2))
+        band = price_one_tile_ranges(view, (1, 2), None)
+        for k in (1, 2):
+            assert np.array_equal(sweep.dense_bytes(k), band.dense_bytes(k)), k
+    assert len(swept) == len(views)                   # each through the one-tile path
+    L = model.num_layers
+    assert price_all_ranges(model, (1,)).bytes_of(1, 0, L - 1) == model.stage_memory(0, L - 1).worst_bytes(1)
