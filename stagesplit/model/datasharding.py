@@ -183,6 +183,24 @@ def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray
     return group
 
 
+def always_live_by_layer(profile: Profile, layers: LayerAssignment) -> dict[str, np.ndarray]:
+    """Each layer's always-live bytes by role (``param``, ``grad``, ``state``, and ``other`` for the
+    rest): the variables only that layer's operations use, which a pipeline's stage holding the layer
+    holds (as a pipeline groups them: a parameter named outside its layer's module goes with it).
+    Those several layers use are left out: a lower bound on what any stage of the layers holds."""
+    v = profile.variables
+    role = np.zeros(len(v), np.int8) if v.role is None else np.asarray(v.role)
+    group = _variable_groups(profile, layers, role, pipelined=True)
+    mine = v.always_live & (group >= 0)
+    out = {}
+    for name, kinds in (("param", (_PARAM,)), ("grad", (_GRAD,)), ("state", (_STATE,))):
+        keep = mine & np.isin(role, kinds)
+        out[name] = np.bincount(group[keep], weights=v.bytes[keep].astype(np.float64), minlength=layers.num_layers)
+    rest = mine & ~np.isin(role, (_PARAM, _GRAD, _STATE))
+    out["other"] = np.bincount(group[rest], weights=v.bytes[rest].astype(np.float64), minlength=layers.num_layers)
+    return {k: a[:layers.num_layers] for k, a in out.items()}
+
+
 def parameter_bytes_by_layer(profile: Profile, layers: LayerAssignment) -> tuple[np.ndarray, int]:
     """Each layer's parameter bytes (its FSDP group's, what its gradients all-reduce moves) and
     the root group's (parameters used by several layers, or named outside their layer's

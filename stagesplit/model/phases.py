@@ -504,6 +504,13 @@ def one_stack(paths: Sequence[str | None]) -> bool:
     return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
 
 
+def cut_bytes(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
+    """(L + 1,) bytes crossing each cut forward and backward, as the phase table's ``forward_cut`` and
+    ``backward_cut`` (without pricing any range: what a stage's receive buffers hold)."""
+    forward, backward, _ = _cut_directions(model)
+    return forward, backward
+
+
 def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """Bytes crossing each cut forward (made before it: activations), backward (made after it:
     gradients), and of the forward ones those no backward reads (not stashed), from the traffic

@@ -45,7 +45,7 @@ from .records import Plan
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
            "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
-           "slowest_stage",
+           "slowest_stage", "StageBytes", "pipeline_memory_floor",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
 
@@ -399,6 +399,80 @@ def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
                + roles["state"] / (d if lay.zero >= 1 else 1))
     rest = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
     return (sharded + rest) / lay.pp
+
+
+@dataclass(frozen=True)
+class StageBytes:
+    """What ``pipeline_memory_floor`` is made from, per layer of one rank's profile (unsharded): the
+    always-live bytes only that layer uses, by role (model/datasharding.py's ``always_live_by_layer``);
+    from its phase table at the captured micro-batch size (model/phases.py), one micro-batch's stash
+    of every range and the most stash each layer's recompute can save (model/recompute.py, the best
+    of its options), less the input it receives (the cut's bytes at that size); and the bytes
+    crossing each cut forward and back at the combination's micro-batch size."""
+
+    roles: Mapping[str, np.ndarray]
+    #: (L, L) per range at the captured size: its stash less its received input and the most recompute saves
+    stash: np.ndarray
+    forward_cut: np.ndarray
+    backward_cut: np.ndarray
+
+    @classmethod
+    def of(cls, analysis: Analysis, scaled: Analysis | None = None) -> StageBytes | None:
+        """From the rank's analysis as captured, the cuts from ``scaled`` (the same rank at another
+        micro-batch size) where given; None where the profile records no phases (no phase table:
+        the floor is the mean's alone)."""
+        from ..model.datasharding import always_live_by_layer
+        from ..model.phases import cut_bytes
+        if analysis.model.phase_cols is None:
+            return None
+        table = analysis.model.phase_table
+        L = table.num_layers
+        saved = table.recompute.saved.max(axis=0) if table.recompute is not None else np.zeros(L)
+        saves = np.concatenate([[0.0], np.cumsum(np.asarray(saved, float))])
+        first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+        received = np.where(first > 0, np.asarray(table.forward_cut, float)[:L][:, None], 0.0)
+        stash = np.maximum(np.asarray(table.stash, float) - received - (saves[last + 1] - saves[first]), 0.0)
+        forward, backward = (table.forward_cut, table.backward_cut) if scaled is None else cut_bytes(scaled.model)
+        return cls(always_live_by_layer(analysis.profile, analysis.layers), np.where(last >= first, stash, 0.0),
+                   np.asarray(forward, float), np.asarray(backward, float))
+
+
+def pipeline_memory_floor(sb: StageBytes, lay: Layout, req: LayoutRequest) -> float:
+    """Bytes the fullest rank holds at least under every split of ``lay``'s pipeline (one stage per
+    rank, 1F1B or GPipe; 0 otherwise): the least, over splits into ``pp`` stages, of the largest
+    stage's floor. A stage ``a..b`` at position ``r`` holds its layers' always-live bytes (ZeRO's
+    shares of parameters, gradients and optimizer state over the ``dp x cp`` ranks), torch's receive
+    buffers, one per micro-batch, of the input it takes (``a > 0``) and of the gradient it is sent
+    back (``b`` not last) (solver/chunk_problem.py's ``chunk_memory``), and, at its first backward,
+    the stash of the micro-batches in flight besides the one running (``min(M, pp - r) - 1`` under
+    1F1B, ``M - 1`` under GPipe), each at least the range's stash less its received input and the most
+    recompute saves. The receive buffers are the cuts at the combination's micro-batch size; the stash
+    at another size is at least ``min(1, ratio)`` times the captured one (model/batchscale.py scales
+    every activation by the ratio, rounding up). By dynamic programming over the stages' last layers."""
+    schedule = req.schedule
+    if lay.pp <= 1 or schedule == "auto" or traits(schedule).fixed_chunks_per_rank != 1:
+        return 0.0
+    L, M, d = len(sb.stash), lay.micro_batches, lay.sync
+    if lay.pp > L:
+        return 0.0
+    r = min(1.0, float(Fraction(lay.micro_batch_size, req.captured_batch)))
+    per_layer = (sb.roles["param"] / (d if lay.zero >= 3 else 1) + sb.roles["grad"] / (d if lay.zero >= 2 else 1)
+                 + sb.roles["state"] / (d if lay.zero >= 1 else 1) + sb.roles["other"])
+    held = np.concatenate([[0.0], np.cumsum(per_layer)])
+    first = np.arange(L)[:, None]
+    last = np.arange(L)[None, :]
+    received = np.where(first > 0, sb.forward_cut[:L][:, None], 0.0)
+    sent_back = np.where(last < L - 1, sb.backward_cut[1:L + 1][None, :], 0.0)
+    fixed = np.where(last >= first, held[last + 1] - held[first] + M * (received + sent_back), np.inf)
+    stash = r * sb.stash
+
+    def in_flight(position: int) -> int:
+        return M if schedule == "gpipe" else min(M, lay.pp - position) if schedule == "1f1b" else 1
+    best = fixed[0] + (in_flight(0) - 1) * stash[0]          # stage 0 from layer 0 to each last layer
+    for position in range(1, lay.pp):
+        cost = fixed[1:] + (in_flight(position) - 1) * stash[1:]          # (first layer a >= 1, last layer)
+        best = np.min(np.maximum(best[:-1, None], cost), axis=0)     # a stage from a after a split to a - 1
+    return float(best[L - 1]) * (1 - 1e-9)
 
 
 def solve_request(lay: Layout, req: LayoutRequest, time_limit: float,
@@ -797,6 +871,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
     roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
+    stage_bytes: dict[tuple[Degree, Fraction], StageBytes | None] = {}
     for lay in order:                    # the memory floor: refuted before anything is solved
         # at another micro-batch size only the activations (role other) change: at most x the
         # ratio smaller (model/batchscale.py), never smaller when the size grows
@@ -820,6 +895,17 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                 check_schedule(req.schedule, lay.pp, lay.micro_batches, fixed)
             except StagesplitError as exc:
                 rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
+                continue
+        if lay.pp > 1 and fixed == 1:        # the fullest stage of any split, activations in flight included
+            if (key, ratio(lay)) not in stage_bytes:      # the receive buffers at the combination's size
+                scaled = analyze(key, DataLayout(), ratio(lay)) if ratio(lay) != 1 else None
+                stage_bytes[key, ratio(lay)] = StageBytes.of(base[key], scaled)
+            found = stage_bytes[key, ratio(lay)]
+            need = pipeline_memory_floor(found, lay, req) if found is not None else 0.0
+            if need > capacity:
+                rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB on some rank of every "
+                                      f"split (always live, receive buffers, micro-batches in flight) > "
+                                      f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     best: float = math.inf
     prep = 0.0                         # the longest preparation of a combination so far (seconds)

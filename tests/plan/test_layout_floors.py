@@ -264,3 +264,104 @@ def _full_tables(problem) -> dict[str, np.ndarray]:
         return tables._memory_tables(problem, problem.fixed_choice())
     finally:
         tables.reachable = saved
+
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_pipeline_memory_floor_is_below_every_splits_fullest_rank(seed, schedule):
+    """``pipeline_memory_floor`` against every split of a random stack into pp stages, each simulated
+    by the schedule's own memory accounting (the chunk search's evaluation) on the rank's profile
+    sharded as each ZeRO stage shards it over 2 ranks, with no recompute and with every layer
+    recomputed in full: the fullest rank never holds less than the floor, and the floor is more than
+    the mean of the always-live bytes over the stages where it counts the activations in flight."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.io.topology import node_of
+    from stagesplit.model.datasharding import DataLayout
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.layouts import Layout, LayoutRequest, StageBytes, pipeline_memory_floor
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
+    from stagesplit.solver.request import SolveRequest
+    profile = _stack(_random_widths(seed), seed=seed)
+    whole = api.analyze(profile)
+    sb = StageBytes.of(whole)
+    assert sb is not None
+    L = whole.layers.num_layers
+    req = LayoutRequest(gpus=8, global_batch=64, target=load_target("h100-80gb"), node=node_of("h100-80gb"),
+                        micro_batch_size=8, captured_batch=8, schedule=schedule)
+    exceeded = 0
+    for zero in (0, 1, 2, 3):
+        analysis = api.analyze(profile, layout=DataLayout(2, zero))
+        for pp in range(2, min(L, 4) + 1):
+            for M in (pp, 2 * pp + 1):
+                lay = Layout(1, pp, 2, zero, M, micro_batch_size=8)
+                floor = pipeline_memory_floor(sb, lay, req)
+                request = SolveRequest(devices=pp, targets=("h100-80gb",), schedule=schedule, micro_batches=M,
+                                       exact=True, dp=2, zero=zero, runtime_reserve="off")
+                resolved = resolve(request, analysis)
+                problem = schedule_problem(resolved.model, resolved.inputs, resolved.model.phase_table)
+                for inner in itertools.combinations(range(1, L), pp - 1):
+                    bounds = (0, *inner, L)
+                    for choice in (np.zeros(L, np.int64), np.full(L, 2, np.int64)):
+                        fullest = max(r.peak for r in evaluate_chunk_choice(problem, bounds, choice).ranks)
+                        assert floor <= fullest, (zero, pp, M, bounds, choice[0])
+                mean = sum(float(a.sum()) for a in sb.roles.values()) / pp
+                exceeded += floor > mean
+    assert exceeded > 0
+
+
+@pytest.mark.parametrize("ratio", [Fraction(1, 2), Fraction(2), Fraction(4)])
+def test_the_pipeline_memory_floor_at_another_micro_batch_size(ratio):
+    """The floor at ``ratio`` times the captured micro-batch (its receive buffers from the rank scaled
+    to that size, its stash from the captured one) against every split of the scaled rank's profile
+    (model/batchscale.py), under 1F1B: never above the fullest rank."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.io.topology import node_of
+    from stagesplit.model.batchscale import scale_batch
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.layouts import Layout, LayoutRequest, StageBytes, pipeline_memory_floor
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
+    from stagesplit.solver.request import SolveRequest
+    profile = _stack([64, 256, 128, 256, 64, 64], batch=8)
+    scaled = scale_batch(profile, ratio)
+    sb = StageBytes.of(api.analyze(profile), api.analyze(scaled))
+    L = 5
+    req = LayoutRequest(gpus=4, global_batch=64, target=load_target("h100-80gb"), node=node_of("h100-80gb"),
+                        micro_batch_size=int(8 * ratio), captured_batch=8)
+    analysis = api.analyze(scaled)
+    for pp in (2, 3):
+        M = 2 * pp
+        floor = pipeline_memory_floor(sb, Layout(1, pp, 1, 0, M, micro_batch_size=int(8 * ratio)), req)
+        assert floor > 0
+        request = SolveRequest(devices=pp, targets=("h100-80gb",), schedule="1f1b", micro_batches=M, exact=True,
+                               runtime_reserve="off")
+        resolved = resolve(request, analysis)
+        problem = schedule_problem(resolved.model, resolved.inputs, resolved.model.phase_table)
+        for inner in itertools.combinations(range(1, L), pp - 1):
+            for choice in (np.zeros(L, np.int64), np.full(L, 2, np.int64)):
+                fullest = max(r.peak for r in evaluate_chunk_choice(problem, (0, *inner, L), choice).ranks)
+                assert floor <= fullest, (pp, inner)
+
+
+def test_the_pipeline_memory_floor_by_hand():
+    """Three layers of 10 parameter bytes (and 20 of optimizer state, 1 ZeRO-sharded over 2 ranks: 10
+    each), 5 bytes crossing each inner cut either way, a net stash of 4 bytes a layer, 2 micro-batches
+    on 2 stages. 1F1B: stage 0 holds one micro-batch's stash besides the running one's, stage 1 none;
+    [0 | 1 2]: 20 + 2 x 5 + 4 = 34 and 40 + 2 x 5 = 50; [0 1 | 2]: 40 + 10 + 8 = 58 and 20 + 10 = 30:
+    the floor is 50. GPipe: both hold one more; [0 | 1 2]: 34 and 58, [0 1 | 2]: 58 and 34: 58.
+    One stage: nothing (the mean floor's case)."""
+    from stagesplit.io.targets import load_target
+    from stagesplit.io.topology import node_of
+    from stagesplit.plan.layouts import Layout, LayoutRequest, StageBytes, pipeline_memory_floor
+    L = 3
+    first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+    sb = StageBytes(roles={"param": np.full(L, 10.0), "grad": np.zeros(L), "state": np.full(L, 20.0),
+                           "other": np.zeros(L)},
+                    stash=np.where(last >= first, 4.0 * (last - first + 1), 0.0),
+                    forward_cut=np.array([0.0, 5, 5, 0]), backward_cut=np.array([0.0, 5, 5, 0]))
+    for schedule, expected in (("1f1b", 50), ("gpipe", 58)):
+        req = LayoutRequest(gpus=4, global_batch=4, target=load_target("h100-80gb"), node=node_of("h100-80gb"),
+                            schedule=schedule)
+        assert pipeline_memory_floor(sb, Layout(1, 2, 2, 1, 2), req) == pytest.approx(expected)
+        assert pipeline_memory_floor(sb, Layout(1, 1, 4, 1, 1), req) == 0.0
