@@ -6,11 +6,11 @@ The path, as a user would take it with a machine of their own (``compare`` runs 
 1. The machine, by two gloo processes (one thread each, as the pipeline runs; each on a core of
    its own where the system allows: ``_own_core``): gloo's point-to-point link (a ping-pong at
    several sizes) and an all-reduce; every block of a small Hugging Face Llama (from a config,
-   nothing downloaded) timed as the model runs them (the torch-pipelining export's own stage
+   nothing downloaded) timed as a stage of its own (the torch-pipelining export's own stage
    modules, one block each: the first with the embeddings, the last with the final norm, head and
-   loss; chained into one forward and one backward, each block's part timed: ``_Blocks.once``):
-   forward, backward and its parameters' optimizer step, both ranks at once, the median of the
-   runs; a matrix product's FLOP rate and a copy's bytes per second on one thread.
+   loss): forward, backward and its parameters' optimizer step, both ranks at once, blocks
+   interleaved, the median of the runs; a matrix product's FLOP rate and a copy's bytes per
+   second on one thread.
 2. ``target_mapping`` / ``layer_compute``: a target file for this CPU (the FLOP and copy rates,
    the link) and the ``--layer-compute`` mapping: each layer's forward, backward and optimizer seconds
    given apart (by phase), each as FLOPs at the target's FLOP rate, which the target turns back into
@@ -171,7 +171,7 @@ class Machine:
 class _Blocks:
     """Every block of the model as a stage of its own (the export's stage modules, one block each),
     each with its own optimizer over the stage's parameters: ``once`` times each block's forward,
-    backward and optimizer step, the blocks chained as the whole model runs them. ``mesh``: the blocks of one tensor-parallel
+    backward and optimizer step, one after the other. ``mesh``: the blocks of one tensor-parallel
     rank instead, the model's declared plan applied on that device mesh by torch's
     ``parallelize_module`` (as the capture applies it), its parameters DTensors."""
 
@@ -183,54 +183,24 @@ class _Blocks:
             _tensor_parallel(net, mesh)
         self.ids, self.labels = batch(1)
         self.stages = _stage_modules().model_stages(net, "model.layers", list(range(LAYERS)), self.ids)
+        self.hidden = torch.randn(BATCH, SEQUENCE, net.config.hidden_size)
+        self.grad = torch.randn_like(self.hidden)
         self.optimizers = [_optimizer(stage.parameters()) for stage in self.stages]
-        self.width = net.config.hidden_size
 
-    def apart(self) -> None:
-        """Every block's forward, backward and optimizer step, each block on its own (its input a
-        fresh tensor, its backward from a random gradient): the filler's work (``_FILLER``), whose
-        working set is one block's at a time, as little of the core's caches and memory as keeps the
-        core busy (the whole model's chained, the GPipe steps beside it ran up to 15% slower)."""
-        import torch
+    def once(self) -> list[tuple[float, float, float]]:
+        out = []
         for stage, optimizer in zip(self.stages, self.optimizers):
-            x = self.ids if stage.is_first else torch.randn(*self.ids.shape, self.width, requires_grad=True)
+            x = self.ids if stage.is_first else self.hidden.detach().requires_grad_(True)
+            start = time.perf_counter()
             y = stage(x)
             if stage.is_last:
                 y = stage.loss(y, self.labels)
-            y.backward(None if stage.is_last else torch.randn_like(y))
+            middle = time.perf_counter()
+            y.backward(None if stage.is_last else self.grad)
+            end = time.perf_counter()
             optimizer.step()
             optimizer.zero_grad(set_to_none=False)
-
-    def once(self) -> list[tuple[float, float, float]]:
-        """Each block's forward, backward and optimizer seconds, the blocks run as the whole model runs
-        them: the forwards one after the other into one graph (each timed), one backward from the loss,
-        a block's backward ending where the gradient of its input is made (a hook on that tensor:
-        its weights' gradients are made by then, as the autograd engine runs a block's nodes before
-        the earlier block's), then each block's optimizer step. Timed apart, each block a backward
-        call of its own, the blocks paid the autograd engine's start per block, which neither a
-        pipeline's stage of several blocks nor a tensor-parallel step pays: the steps of every plan
-        came out 0-5% over, the tensor-parallel rank's compute 5-10% (measured on 2026-11-29)."""
-        stamps: list[float] = []
-        forward = []
-        x = self.ids
-        for stage in self.stages:
-            start = time.perf_counter()
-            x = stage(x)
-            if stage.is_last:
-                x = stage.loss(x, self.labels)
-            forward.append(time.perf_counter() - start)
-            if not stage.is_last:
-                x.register_hook(lambda grad: stamps.append(time.perf_counter()))
-        start = time.perf_counter()
-        x.backward()
-        marks = [start, *stamps, time.perf_counter()]        # the last block's backward first
-        backward = [b - a for a, b in zip(marks, marks[1:])][::-1]
-        out = []
-        for f, b, optimizer in zip(forward, backward, self.optimizers):
-            begin = time.perf_counter()
-            optimizer.step()
-            optimizer.zero_grad(set_to_none=False)
-            out.append((f, b, time.perf_counter() - begin))
+            out.append((middle - start, end - middle, time.perf_counter() - end))
         return out
 
 
@@ -512,7 +482,7 @@ import torch
 torch.set_num_threads(1)
 import steptime_harness
 blocks = steptime_harness._Blocks()
-blocks.apart()
+blocks.once()
 # made at the rank's priority (on a loaded machine an idle task would never start); from here on idle
 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 os.setsid()
@@ -521,7 +491,7 @@ with open("/proc/self/autogroup", "w") as group:
 print("ready", flush=True)
 parent = os.getppid()
 while os.getppid() == parent:
-    blocks.apart()
+    blocks.once()
 """
 
 
@@ -1004,9 +974,6 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
     records = [r | {"all_reduce": {size: runs + m["all_reduce"][size] for size, runs in r["all_reduce"].items()}}
                for r, m in zip(records, measured)]      # the all-reduces of the rounds join the first ones
     machine = _machine(records, measured)
-    # the predictions' target: the node's links fitted to every all-reduce, those of the rounds included
-    # (the pipeline's plan above took the first ones alone: it had to run before the rounds)
-    target = write_yaml(folder / "cpu-gloo-rounds.yaml", target_mapping(machine))
     mappings = {1: write_yaml(folder / "layers.yaml", layer_compute(machine)),
                 2: write_yaml(folder / "layers-tp2.yaml", tp_layer_compute(machine))}
     rows = []
