@@ -439,13 +439,14 @@ class StageBytes:
 
 def pipeline_memory_floor(sb: StageBytes, lay: Layout, req: LayoutRequest) -> float:
     """Bytes the fullest rank holds at least under every split of ``lay``'s pipeline (one stage per
-    rank, 1F1B or GPipe; 0 otherwise): the least, over splits into ``pp`` stages, of the largest
+    rank: 1F1B, GPipe, ZB-H1; 0 otherwise): the least, over splits into ``pp`` stages, of the largest
     stage's floor. A stage ``a..b`` at position ``r`` holds its layers' always-live bytes (ZeRO's
     shares of parameters, gradients and optimizer state over the ``dp x cp`` ranks), torch's receive
     buffers, one per micro-batch, of the input it takes (``a > 0``) and of the gradient it is sent
     back (``b`` not last) (solver/chunk_problem.py's ``chunk_memory``), and, at its first backward,
     the stash of the micro-batches in flight besides the one running (``min(M, pp - r) - 1`` under
-    1F1B, ``M - 1`` under GPipe), each at least the range's stash less its received input and the most
+    1F1B, ``M - 1`` under GPipe, none counted under ZB-H1), each at least the range's stash less its
+    received input and the most
     recompute saves. The receive buffers are the cuts at the combination's micro-batch size; the stash
     at another size is at least ``min(1, ratio)`` times the captured one (model/batchscale.py scales
     every activation by the ratio, rounding up). By dynamic programming over the stages' last layers."""
@@ -679,12 +680,18 @@ class RankWork:
                    tp_mb + _tp_seconds(a, req.node, "ep")[0], tp_once, exchange, attention,
                    parameter_bytes_by_layer(a.profile, a.layers)[0], np.asarray(a.layers.op_layer)[per_mb])
 
+    def _op_seconds(self, ratio: float) -> np.ndarray:
+        """Each operation's seconds of one micro-batch at ``ratio`` times the captured size, at least
+        (``per_micro_batch`` says why)."""
+        r = float(ratio)
+        seconds: np.ndarray = np.maximum(r * self.compute_s, self.memory_s) if r >= 1 else \
+            r * np.maximum(self.compute_s, self.memory_s)
+        return seconds
+
     def layer_work(self, ratio: float) -> np.ndarray:
         """Each layer's work of one micro-batch at ``ratio`` times the captured size, as
         ``per_micro_batch`` bounds it (its work is their sum)."""
-        r = float(ratio)
-        seconds = np.maximum(r * self.compute_s, self.memory_s) if r >= 1 else r * np.maximum(self.compute_s,
-                                                                                             self.memory_s)
+        seconds = self._op_seconds(ratio)
         if self.op_layer is None or not len(seconds):
             return np.array([float(seconds.sum())])
         return np.bincount(self.op_layer, weights=seconds, minlength=len(self.params))
@@ -697,12 +704,10 @@ class RankWork:
         affine in them; the ring exchange's exposed part is what the attention (x the ratio) leaves."""
         r = float(ratio)
         if r >= 1:
-            work = float(np.maximum(r * self.compute_s, self.memory_s).sum())
             comm = self.collectives_s + max(0.0, self.cp_exchange_s - r * self.cp_attention_s)
         else:
-            work = r * float(np.maximum(self.compute_s, self.memory_s).sum())
             comm = r * (self.collectives_s + max(0.0, self.cp_exchange_s - self.cp_attention_s))
-        return work, comm
+        return float(self._op_seconds(r).sum()), comm
 
 
 def bubble_factor(schedule: str, stages: int, micro_batches: int) -> float:
