@@ -13,6 +13,9 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+#: the tests' support modules too: tests/indexed_inputs.py gives options written in layer indices
+#: their plan inputs, as the tests do
+sys.path.append(str(ROOT / "tests"))
 
 
 #: ``--tiny``: every script's own code path on tiny inputs, in seconds (tests/test_benchmarks.py

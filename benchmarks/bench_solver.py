@@ -69,6 +69,7 @@ def all_options(objective: str, time_limit: float = 60):
 
 
 def measure_all_options(objective: str) -> None:
+    from indexed_inputs import indexed_inputs
     from stagesplit.plan.advise import advise
     from stagesplit.plan.search import price
     from stagesplit.solver.cpsat import solve_split_cpsat
@@ -78,7 +79,7 @@ def measure_all_options(objective: str) -> None:
     options = all_options(objective)
     table = price(model, options)
     t1 = time.perf_counter()
-    advice = advise(model, options, table=table)
+    advice = advise(model, indexed_inputs(model, options), table=table)
     t2 = time.perf_counter()
     alone = solve_split_cpsat(build_problem(model, all_options(objective, 30.0), table=table))
     t3 = time.perf_counter()
@@ -109,6 +110,7 @@ def option_request(which: str, devices: int):
 
 
 def measure_option(which: str, layers: str, devices: str) -> None:
+    from indexed_inputs import indexed_inputs
     from stagesplit.plan.advise import advise
     from stagesplit.plan.search import price
     t0 = time.perf_counter()
@@ -116,7 +118,7 @@ def measure_option(which: str, layers: str, devices: str) -> None:
     options = option_request(which, int(devices))
     table = price(model, options)
     t1 = time.perf_counter()
-    advice = advise(model, options, table=table)
+    advice = advise(model, indexed_inputs(model, options), table=table)
     t2 = time.perf_counter()
     plan = advice.plan
     print(json.dumps({"price": t1 - t0, "advise": t2 - t1, "status": plan.status,

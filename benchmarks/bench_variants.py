@@ -91,6 +91,7 @@ def table(title: str, header: tuple[str, ...], rows: list[tuple[str, ...]], note
 
 
 def main() -> int:
+    from indexed_inputs import indexed_inputs
     from stagesplit.plan.advise import advise
     from stagesplit.plan.search import price
     from stagesplit.plan.variants import advise_variants
@@ -107,12 +108,12 @@ def main() -> int:
                 tables = [price(m, options, max_devices=devices) for m in models]
                 priced = time.perf_counter() - start
                 start = time.perf_counter()
-                plan = advise_variants(models, names, proportions, options, tables=tables).plan
+                plan = advise_variants(models, names, proportions, indexed_inputs(models[0], options), tables=tables).plan
                 solved = time.perf_counter() - start
                 singles, single_seconds = [], []
                 for m, t in zip(models, tables):
                     start = time.perf_counter()
-                    singles.append(advise(m, options, table=t).plan)
+                    singles.append(advise(m, indexed_inputs(m, options), table=t).plan)
                     single_seconds.append(time.perf_counter() - start)
                 gain = versus(objective, plan, singles)
                 rows.append((str(len(proportions)), str(devices), objective, f"{priced:.2f}", f"{solved:.3f}",
@@ -135,7 +136,8 @@ def main() -> int:
                 tables = [price(m, options) for m in models]
                 priced = time.perf_counter() - start
                 start = time.perf_counter()
-                plan = advise_variants(models, [f"amp{p:g}" for p in proportions], proportions, options,
+                plan = advise_variants(models, [f"amp{p:g}" for p in proportions], proportions,
+                                       indexed_inputs(models[0], options),
                                        tables=tables).plan
                 solved = time.perf_counter() - start
                 rows.append((str(layers), str(devices), schedule, str(len(proportions)), f"{priced:.2f}",

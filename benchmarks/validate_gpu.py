@@ -24,11 +24,13 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
+sys.path.append(str(ROOT / "tests"))      # tests/indexed_inputs.py: plan inputs for options in layer indices
 
 
 def predict() -> list[dict]:
     """The planned stages of examples/gpt.py for 4 devices (no schedule, and 1F1B with 8
     micro-batches) and each one's predicted peak, from a capture on the CPU."""
+    from indexed_inputs import indexed_inputs
     from stagesplit.capturing.pytorch import capture
     from stagesplit.model.analysis import Analysis
     from stagesplit.plan.advise import advise
@@ -37,7 +39,8 @@ def predict() -> list[dict]:
     analysis = Analysis.of(profile)
     rows = []
     for schedule in ("none", "1f1b"):
-        plan = advise(analysis.model, SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8)).plan
+        options = SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8)
+        plan = advise(analysis.model, indexed_inputs(analysis.model, options)).plan
         for s in plan.stages:
             predicted = analysis.model.stage_memory(s.first_layer, s.last_layer).worst_bytes(s.in_flight)
             rows.append(dict(schedule=schedule, stage=s.stage, span=f"{s.layers[0]}..{s.layers[-1]}",

@@ -10,6 +10,7 @@ import pytest
 
 import stagesplit
 from helpers import PROFILES
+from indexed_inputs import indexed_inputs
 from stagesplit.cli import main
 from stagesplit.errors import LayerRangeError, OptionError, StagesplitError
 from stagesplit.model.costmodel import StageCostModel
@@ -105,7 +106,7 @@ def test_solve_by_names_equals_solving_with_indices():
     names = analysis.layers.names
     options = SolveOptions(devices=5, schedule="1f1b", micro_batches=2, objective="memory",
                            pinned_splits=(names.index("6"),), pinned_layers=((names.index("11"), 4),))
-    direct = advise(analysis.model, options).plan
+    direct = advise(analysis.model, indexed_inputs(analysis.model, options)).plan
     assert plan.split_text == direct.split_text
     assert [p.value for p in plan.phases] == [p.value for p in direct.phases]
     assert plan.stages[-1].device == 4 and "11" in plan.stages[-1].layers

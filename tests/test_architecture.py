@@ -309,6 +309,26 @@ def test_the_default_chunks_per_device_is_decided_once():
     assert deciding == []
 
 
+def _requests_built(tree: ast.AST) -> list[ast.Call]:
+    return [node for node in ast.walk(tree) if isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Name) and node.func.id == "SolveRequest"]
+
+
+def test_options_are_resolved_forwards_only():
+    """A request becomes resolved options (plan/engine.py's ``resolve``); nothing in the package
+    turns options back into a request. A ``SolveRequest`` is built only from what a user gave: the
+    API's keyword arguments (api.py) and a layout search's combination (plan/layouts.py); tools and
+    tests that start from options in layer indices use tests/indexed_inputs.py."""
+    building = {name for name, path in _modules().items() if _requests_built(ast.parse(path.read_text()))}
+    assert building == {"stagesplit.api", "stagesplit.plan.layouts"}
+    # and neither reads a SolveOptions to build one (the rule above would miss a backward
+    # conversion added to either)
+    for name in building:
+        for call in _requests_built(ast.parse(_modules()[name].read_text())):
+            read = {n.value.id for n in ast.walk(call) if isinstance(n, ast.Attribute) and isinstance(n.value, ast.Name)}
+            assert not read & {"options", "opts", "solve_options"}, (name, call.lineno, read)
+
+
 def test_building_the_parser_loads_nothing_heavy():
     """``stagesplit --help`` (and every command's start) builds the parser: it must not load numpy
     (through the layer options or the exporters) nor read the installed packages' metadata."""

@@ -1,13 +1,13 @@
-"""From a priced model to a plan on the stage-level model: the request the options resolve from
-(``inputs_of``), one search, its message and notes, and the baselines ``compare`` asks for. The
-search, the explanations, the comparison, the device sweep and the scheduled path are modules of
-their own (search.py, explain.py, comparison.py, sweep.py, scheduled.py)."""
+"""From a priced model to a plan on the stage-level model: one search, its message and notes, and
+the baselines ``compare`` asks for. Its inputs come resolved, forwards, from a request (engine.py's
+``resolve``). The search, the explanations, the comparison, the device sweep and the scheduled path
+are modules of their own (search.py, explain.py, comparison.py, sweep.py, scheduled.py)."""
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 from ..common.deadline import Deadline
 from ..common.text import show
@@ -15,8 +15,7 @@ from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.cpsat import SolverResult
 from ..solver.dp import greedy, uniform
-from ..solver.problem import SolveOptions, SplitProblem, build_problem, evaluate_split, with_devices
-from ..solver.request import SharedPolicy, SolveRequest
+from ..solver.problem import SplitProblem, build_problem, evaluate_split, with_devices
 from .build import make_plan
 from .explain import exact_devices_note, result_message
 from .records import Plan, PlanInputs
@@ -25,7 +24,7 @@ from .search import fewest_stages_that_fit, price, search
 if TYPE_CHECKING:
     from ..solver.runtime_reserve import RuntimeReserve
 
-__all__ = ["Advice", "advise", "inputs_for", "inputs_of", "tied_warnings"]
+__all__ = ["Advice", "advise", "inputs_for", "tied_warnings"]
 
 
 @dataclass
@@ -37,26 +36,6 @@ class Advice:
     warnings: list[str] = field(default_factory=list)
     #: a schedule search given a step to beat (``schedule='auto'``) proved that no split beats it
     slower: bool = False
-
-
-def inputs_of(model: StageCostModel, options: SolveOptions | PlanInputs, **request: Any) -> PlanInputs:
-    """``options`` as a plan's inputs: resolved options given directly (tests, benchmarks and
-    tools working in layer indices) get the request they resolve from, pins named by layer;
-    ``request`` sets its other fields (``compare=True``)."""
-    if isinstance(options, PlanInputs):
-        return replace(options, request=replace(options.request, **request)) if request else options
-    names = model.layers.names
-    target = model.profile.target
-    req = SolveRequest(
-        devices=options.devices, objective=options.objective, exact=options.exact, schedule=options.schedule,
-        micro_batches=None if options.micro_batches_auto else options.micro_batches, headroom=options.headroom,
-        reserve=options.reserve, min_layers=options.min_layers, max_layers=options.max_layers,
-        pin_splits=tuple(names[j] for j in options.pinned_splits),
-        pin_layers=tuple((names[layer], position) for layer, position in options.pinned_layers),
-        communication=options.communication, link_bandwidth=options.link_bytes_per_s,
-        time_limit=max(options.time_limit, 1e-6),      # the request wants > 0; options may say 0 (DP only)
-        workers=options.workers, shared=SharedPolicy(model.shared), layering=model.layers.options, **request)
-    return PlanInputs(request=req, options=options, targets=(target,) * options.devices)
 
 
 def inputs_for(inputs: PlanInputs, devices: int) -> PlanInputs:
@@ -86,7 +65,7 @@ def _reserve_for(kept: RuntimeReserve, devices: int, inputs: PlanInputs) -> Runt
     return replace(kept, communicators=comms, retry_bytes=())
 
 
-def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic: Traffic | None = None,
+def advise(model: StageCostModel, inputs: PlanInputs, *, traffic: Traffic | None = None,
            table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
            log: Callable[[str], None] | None = None, deadline: Deadline | None = None) -> Advice:
     """Solve for ``options.devices`` devices by ``deadline`` (default: the time limit from the
@@ -94,7 +73,6 @@ def advise(model: StageCostModel, inputs: PlanInputs | SolveOptions, *, traffic:
     the request's ``compare``, add PopLiner's greedy and a uniform split; its ``unlayered_first``
     makes the greedy put the unlayered operations on the first stage, as PopLiner does (see
     ``popliner_tables``)."""
-    inputs = inputs_of(model, inputs)
     options = inputs.options
     compare, unlayered_first = inputs.request.compare, inputs.request.unlayered_first
     traffic = traffic or layer_traffic(model)

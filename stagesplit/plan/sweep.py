@@ -12,7 +12,7 @@ from ..errors import OptionError, StagesplitError
 from ..model.costmodel import RangeTable, StageCostModel
 from ..model.traffic import layer_traffic
 from ..solver.problem import SolveOptions
-from .advise import Advice, advise, inputs_for, inputs_of
+from .advise import Advice, advise, inputs_for
 from .build import refused_plan
 from .records import Plan, PlanInputs
 from .scheduled import advise_schedule
@@ -123,14 +123,13 @@ class SweepResult:
         return html_summary(title, lines, self.frame().to_html())
 
 
-def sweep(model: StageCostModel, inputs: PlanInputs | SolveOptions, device_counts: list[int], *,
+def sweep(model: StageCostModel, inputs: PlanInputs, device_counts: list[int], *,
           table: RangeTable | None = None, progress: Callable[[int, int], None] | None = None,
           on_row: Callable[[SweepRow], None] | None = None, phases: PhaseTable | None = None) -> SweepResult:
     """Solve for each device count (pricing every range once, unless ``table`` is given); the
     rows, in the order of ``device_counts``, as a ``SweepResult`` (a sequence of rows). With
     ``phases`` (a ``PhaseTable``) each count is solved under the schedule's own actions
     (``advise_schedule``)."""
-    inputs = inputs_of(model, inputs)
     traffic = layer_traffic(model)
     if table is None and phases is None:
         table = price(model, sweep_options(inputs, device_counts), max_devices=max(device_counts), progress=progress)

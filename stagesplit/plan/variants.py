@@ -28,8 +28,8 @@ from ..model.costmodel import RangeTable, StageCostModel
 from ..model.rangetable import OVER
 from ..model.traffic import layer_traffic
 from ..solver.dp import greedy
-from ..solver.problem import SolveOptions, SplitProblem, build_variant_problem
-from .advise import Advice, advise, inputs_of, tied_warnings
+from ..solver.problem import SplitProblem, build_variant_problem
+from .advise import Advice, advise, tied_warnings
 from .build import make_plan, plan_profile
 from .explain import explain_infeasible, result_message
 from .records import PlanInputs, PlanVariant
@@ -52,7 +52,7 @@ def fit_table(problem: SplitProblem) -> RangeTable:
 
 
 def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], proportions: Sequence[float | None],
-                    inputs: PlanInputs | SolveOptions, *, tables: Sequence[RangeTable] | None = None,
+                    inputs: PlanInputs, *, tables: Sequence[RangeTable] | None = None,
                     log: Callable[[str], None] | None = None, deadline: Deadline | None = None) -> Advice:
     """Solve the request of ``inputs`` (by ``deadline``: default, its time limit from the
     search's start) on the profile variants ``models`` (one model's layers;
@@ -60,7 +60,6 @@ def advise_variants(models: Sequence[StageCostModel], names: Sequence[str], prop
     stages record their variant (see the module docstring). With the request's ``compare``,
     ``baselines`` holds each variant solved alone."""
     model = models[0]
-    inputs = inputs_of(model, inputs)
     options = inputs.options
     traffic = layer_traffic(model)
     tables = list(tables) if tables is not None else [price(m, options) for m in models]

@@ -17,6 +17,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from indexed_inputs import indexed_inputs  # noqa: E402
 from stagesplit.capturing.profilebuild import peak_bytes  # noqa: E402
 from stagesplit.capturing.pytorch import capture, capture_model  # noqa: E402
 from stagesplit.cli import main  # noqa: E402
@@ -123,7 +124,7 @@ def test_every_stage_of_a_4_stage_plan_matches_memtracker(gpt_capture, schedule)
     from stagesplit.plan.advise import advise
     from stagesplit.solver.problem import SolveOptions
     _, analysis = gpt_capture
-    plan = advise(analysis.model, SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8)).plan
+    plan = advise(analysis.model, indexed_inputs(analysis.model, SolveOptions(devices=4, exact=True, schedule=schedule, micro_batches=8))).plan
     assert len(plan.stages) == 4
     if schedule == "1f1b":
         assert [s.in_flight for s in plan.stages] == [4, 3, 2, 1]

@@ -11,6 +11,7 @@ import pytest
 
 import stagesplit
 from helpers import PROFILES, ROOT, tiny_profile
+from indexed_inputs import indexed_inputs
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.profile import ProfileInfo
 from stagesplit.io.targets import load_target
@@ -265,7 +266,7 @@ def test_breakdown_frames_match_tables_on_samples():
 @pytest.fixture(scope="module")
 def tiny_sweep():
     model = Analysis.load(TINY).model
-    return sweep(model, SolveOptions(devices=3), [1, 2, 3])
+    return sweep(model, indexed_inputs(model, SolveOptions(devices=3)), [1, 2, 3])
 
 
 def test_sweep_result_is_a_sequence(tiny_sweep):

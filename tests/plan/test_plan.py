@@ -5,9 +5,10 @@ import json
 import pytest
 
 from helpers import PROFILES, UNIT, layer_model, options
+from indexed_inputs import indexed_inputs
 from stagesplit.errors import ProfileError, StagesplitError
 from stagesplit.plan import read_plan, write_plan
-from stagesplit.plan.advise import advise, inputs_of
+from stagesplit.plan.advise import advise
 from stagesplit.plan.files import plan_document
 from stagesplit.plan.text import split_text
 from stagesplit.solver.problem import SolveOptions
@@ -15,7 +16,7 @@ from stagesplit.solver.problem import SolveOptions
 
 def small_plan(tmp_path=None):
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
-    return advise(model, inputs_of(model, options(3, 12), compare=True))
+    return advise(model, indexed_inputs(model, options(3, 12), compare=True))
 
 
 def test_plan_contents():
@@ -63,7 +64,8 @@ def test_plan_records_profile_hash(tmp_path):
     from stagesplit.common.fileio import file_sha256
     from stagesplit.model.analysis import Analysis
     path = PROFILES / "bert-base.stagesplit"
-    plan = advise(Analysis.load(path).model, SolveOptions(devices=4)).plan
+    model = Analysis.load(path).model
+    plan = advise(model, indexed_inputs(model, SolveOptions(devices=4))).plan
     assert plan.profile.sha256 == file_sha256(path) and len(plan.profile.sha256) == 64
     assert plan.profile.synthetic is True
 

@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 
 from helpers import layer_model, options
+from indexed_inputs import indexed_inputs
 from stagesplit.io.layerform import LayerSpec, build_layer_profile
 from stagesplit.io.targets import load_target
 from stagesplit.model.analysis import Analysis
@@ -108,12 +109,12 @@ def test_cp_sat_proves_the_phases_the_dp_did_not():
 
 def test_the_status_line_says_which_solver_proved_which_phase(monkeypatch):
     model = layer_model([1] * 8, [1, 2, 3, 4, 5, 6, 7, 8])
-    plan = advise(model, options(4, 100)).plan
+    plan = advise(model, indexed_inputs(model, options(4, 100))).plan
     assert [p.proof for p in plan.phases] == ["dp", "dp"] and plan.run.cpsat_seconds is None
     assert plan.status_line().startswith("status: optimal, proven optimal by the exact DP in ")
     # with the DP out of the time limit CP-SAT proves both, and the line says so
     monkeypatch.setattr(search_module, "dp_seconds_estimate", lambda p: 1e9)
-    plan = advise(model, options(4, 100)).plan
+    plan = advise(model, indexed_inputs(model, options(4, 100))).plan
     assert [p.proof for p in plan.phases] == ["cp-sat", "cp-sat"] and plan.run.dp_seconds is None
     assert plan.status_line().startswith("status: optimal, proven optimal by CP-SAT in ")
     assert plan.notes[:2] == ["the exact DP was not run: it would take about 1e+09 s here, more than the time "

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 from helpers import layer_model
+from indexed_inputs import indexed_inputs
 from stagesplit.errors import StagesplitError
 from stagesplit.plan.advise import advise
 from stagesplit.plan.sweep import sweep
@@ -14,7 +15,7 @@ from stagesplit.solver.problem import SolveOptions
 def twenty_stage_plan():
     rng = np.random.default_rng(3)
     model = layer_model(rng.integers(1, 10, 40).tolist(), rng.integers(1, 9, 40).tolist())
-    plan = advise(model, SolveOptions(devices=20, capacities=(30_000,) * 20)).plan
+    plan = advise(model, indexed_inputs(model, SolveOptions(devices=20, capacities=(30_000,) * 20))).plan
     totals = [model.stage_memory(s.first_layer, s.last_layer).total(s.in_flight) for s in plan.stages]
     return model, plan, totals
 
@@ -37,7 +38,7 @@ def test_plan_plot_with_many_stages(tmp_path, suffix, magic):
 
 def test_sweep_and_liveness_plots(tmp_path):
     model, _, _ = twenty_stage_plan()
-    rows = sweep(model, SolveOptions(devices=1, capacities=(30_000,)), [1, 8, 20])
+    rows = sweep(model, indexed_inputs(model, SolveOptions(devices=1, capacities=(30_000,))), [1, 8, 20])
     assert [r.fits for r in rows] == [False, True, True]
     plot_sweep(rows, tmp_path / "sweep.svg")
     assert "no split fits" in (tmp_path / "sweep.svg").read_text()
@@ -108,7 +109,7 @@ def test_a_capacity_far_above_every_stage_is_stated_not_drawn():
     """Stages of a few hundred bytes on devices of a terabyte: the bars are not squashed flat
     under the capacity line."""
     model = layer_model([4, 4, 4, 4], [1, 1, 1, 1])
-    plan = advise(model, SolveOptions(devices=2, capacities=(2**40,) * 2)).plan
+    plan = advise(model, indexed_inputs(model, SolveOptions(devices=2, capacities=(2**40,) * 2))).plan
     fig = plan_figure(plan)
     ax = fig.axes[0]
     top = max(p.get_y() + p.get_height() for p in ax.patches)

@@ -11,7 +11,8 @@ import pytest
 from hypothesis import event, given, settings, strategies as st
 
 from helpers import layer_model, options
-from stagesplit.plan.advise import advise, inputs_of
+from indexed_inputs import indexed_inputs
+from stagesplit.plan.advise import advise
 from stagesplit.plan.text import seconds_text
 from stagesplit.reporting.units import device_words
 from stagesplit.reporting.why import Comparison, balanced_bottleneck, compare_line, step_time, why_line
@@ -50,7 +51,7 @@ def test_balanced_bottleneck_is_the_brute_force_optimum(compute, stages):
 
 def plan_of(weights, compute, devices, capacity):
     model = layer_model(weights, compute)
-    return advise(model, inputs_of(model, options(devices, capacity))).plan, model
+    return advise(model, indexed_inputs(model, options(devices, capacity))).plan, model
 
 
 def test_one_layer_alone_binds():
@@ -542,7 +543,7 @@ def test_every_claim_of_a_stage_model_line_is_the_plan_s(problem, objective):
     model, opts = problem
     if objective:                       # mostly the compute objective, whose line says the most
         opts = dataclasses.replace(opts, objective="compute")
-    advice = advise(model, inputs_of(model, opts))
+    advice = advise(model, indexed_inputs(model, opts))
     if advice.plan.stages:
         event(check_why(advice.plan, model, advice.problem).split(":")[1])
 

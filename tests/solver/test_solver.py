@@ -6,6 +6,7 @@ import pytest
 from hypothesis import HealthCheck, event, given, settings
 
 from helpers import UNIT, layer_model, options, random_problems, stage_ranges
+from indexed_inputs import indexed_inputs
 from stagesplit.plan.advise import advise
 from stagesplit.plan.files import plan_document
 from stagesplit.plan.search import fewest_stages_that_fit, price
@@ -76,14 +77,14 @@ class TestHandComputed:
     def test_infeasible_names_the_layer(self):
         model = layer_model([1, 9, 1], [1, 1, 1])
         opts = options(3, 5)
-        advice = advise(model, opts)
+        advice = advise(model, indexed_inputs(model, opts))
         assert not advice.plan.feasible and advice.plan.status == "infeasible"
         assert "layer 'l1' alone needs 9,000 bytes" in advice.plan.message
         assert "no number of devices fits" in advice.plan.message
 
     def test_infeasible_says_smallest_device_count(self):
         model = layer_model(WEIGHTS, COMPUTE)
-        advice = advise(model, options(2, 8))
+        advice = advise(model, indexed_inputs(model, options(2, 8)))
         assert not advice.plan.feasible
         assert advice.plan.message.endswith("the smallest number that fits is 3")
 
@@ -126,12 +127,12 @@ class TestHandComputed:
         # each extra one adding the stashed activation (5), except the last layer, never stashed
         model = layer_model([10] * 4, [1] * 4, training=True, activations=[5] * 4)
         opts = options(4, 100, schedule="1f1b", micro_batches=8, exact=True)
-        advice = advise(model, opts)
+        advice = advise(model, indexed_inputs(model, opts))
         stages = advice.plan.stages
         assert [s.in_flight for s in stages] == [4, 3, 2, 1]
         assert [s.worst_tile_bytes for s in stages] == [30 * UNIT, 25 * UNIT, 20 * UNIT, 15 * UNIT]
         assert [s.memory_at_worst_tile.stashed_copies for s in stages] == [15 * UNIT, 10 * UNIT, 5 * UNIT, 0]
-        gpipe = advise(model, replace(opts, schedule="gpipe")).plan.stages
+        gpipe = advise(model, indexed_inputs(model, replace(opts, schedule="gpipe"))).plan.stages
         assert [s.worst_tile_bytes for s in gpipe] == [50 * UNIT, 50 * UNIT, 50 * UNIT, 15 * UNIT]
 
     def test_one_f_one_b_limits_the_first_stage(self):
@@ -144,7 +145,7 @@ class TestHandComputed:
         # equal compute; the cut after layer 1 carries 0 bytes, the others a lot
         model = layer_model([1] * 4, [100] * 4, output=[20, 0, 20, 0])
         opts = options(2, 200, communication=True, link_bytes_per_s=1e9)
-        advice = advise(model, opts)
+        advice = advise(model, indexed_inputs(model, opts))
         assert advice.plan.split_text == "[ l0 l1 | l2 l3 ]"
         assert advice.plan.stages[0].bytes_sent == 0
 
@@ -184,8 +185,8 @@ class TestProblem:
 def test_same_inputs_give_the_same_plan(sample_analysis):
     """The README's promise: only the ``run`` section (date, version, wall times) differs."""
     opts = SolveOptions(devices=4, time_limit=30)
-    first = plan_document(advise(sample_analysis.model, opts).plan)
-    second = plan_document(advise(sample_analysis.model, opts).plan)
+    first = plan_document(advise(sample_analysis.model, indexed_inputs(sample_analysis.model, opts)).plan)
+    second = plan_document(advise(sample_analysis.model, indexed_inputs(sample_analysis.model, opts)).plan)
     assert set(first["run"]) == {"stagesplit", "created", "solver_seconds", "phase_seconds", "versions", "dp_seconds",
                                  "cpsat_seconds"}
     assert len(first["run"]["phase_seconds"]) == len(first["objective"]) >= 1
@@ -282,13 +283,13 @@ def test_time_limit_returns_best_found_with_its_gap(monkeypatch):
     assert stopped.evaluation.time == 11
     # advise() runs the exact DP first when its estimated time fits in the limit: its split is
     # optimal, every phase proved by the DP, and CP-SAT is not run (it could add no proof)
-    advice = advise(model, options(3, 12))
+    advice = advise(model, indexed_inputs(model, options(3, 12)))
     assert advice.plan.status == "optimal" and [p.proof for p in advice.plan.phases] == ["dp", "dp"]
     assert advice.plan.phases[0].value == 6
     assert advice.plan.run.dp_seconds is not None and advice.plan.run.cpsat_seconds is None
     # with no time at all neither the DP nor CP-SAT is run, and the plan says so: the greedy split
     # it started from is given, not proven
-    advice = advise(model, replace(options(3, 12), time_limit=0.0))
+    advice = advise(model, indexed_inputs(model, replace(options(3, 12), time_limit=0.0)))
     assert advice.plan.status == "feasible" and advice.plan.phases[0].value == 11
     assert advice.plan.message == ("stopped by the time limit (0 s): best split found, not proven optimal "
                                    "(gap unknown)")

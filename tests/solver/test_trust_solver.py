@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
+from indexed_inputs import indexed_inputs
 from stagesplit.cli import main
-from stagesplit.plan.advise import inputs_of
 
 REPRO = Path(__file__).resolve().parents[1] / "data" / "reproducers"
 
@@ -84,7 +84,7 @@ def test_objective_values_with_mixed_capacities():
     from helpers import layer_model, options
     from stagesplit.plan.advise import advise
     model = layer_model([4, 4, 4, 4, 4, 4], [1, 1, 1, 1, 5, 5])
-    plan = advise(model, options(3, [8, 16, 10], objective="memory")).plan
+    plan = advise(model, indexed_inputs(model, options(3, [8, 16, 10], objective="memory"))).plan
     memory = plan.phases[0]
     assert (memory.quantity, memory.unit, memory.scale) == ("worst stage memory", "fraction of capacity", 1_000_000)
     # six layers of 4 on devices of 8, 16, 10: at most 2, 4, 2 layers. Layer counts (1, 3, 2)
@@ -125,7 +125,7 @@ class TestMicroBatches:
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
         opts = SolveOptions(devices=9, schedule="gpipe", micro_batches=9, micro_batches_auto=True, time_limit=30)
-        rows = sweep(model, opts, [7, 9])
+        rows = sweep(model, indexed_inputs(model, opts), [7, 9])
         assert [r.micro_batches for r in rows] == [7, 9]
         assert [r.plan.inputs.micro_batches for r in rows] == [7, 9]
 
@@ -160,7 +160,7 @@ class TestGreedyIsPopLiners:
         from stagesplit.solver.dp import greedy
         from stagesplit.solver.problem import SolveOptions
         model = Analysis.load(self.PROFILE).model
-        advice = advise(model, inputs_of(model, SolveOptions(devices=6, time_limit=30), compare=True))
+        advice = advise(model, indexed_inputs(model, SolveOptions(devices=6, time_limit=30), compare=True))
         row = advice.baselines[0]
         assert row.method == "greedy (3+ layers, 90% of memory)"
         assert [(s.first_layer, s.last_layer) for s in row.stages] == [(0, 2), (3, 7), (8, 10), (11, 11)]
