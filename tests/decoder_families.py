@@ -1,5 +1,5 @@
 """Hugging Face decoder language models of several families, built from configs (nothing is
-downloaded): 8 small blocks, float32, SDPA attention, no dropout, untied embeddings unless a
+downloaded): 8 small blocks, float32, SDPA attention (GPT-Neo: its own, the only one it has), no dropout, untied embeddings unless a
 family ties them by default (GPT-2), labels = the input ids (the documented recipe). For the
 tests that run the torch-pipelining export of a plan for each: ``factory(name)`` is a
 ``stagesplit capture`` factory (on the meta device), ``model(name)`` the same model with real
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["BATCH", "FAMILIES", "SEQUENCE", "batch", "capture_spec", "model"]
+__all__ = ["BATCH", "DECODER_VARIANTS", "FAMILIES", "SEQUENCE", "batch", "capture_spec", "model"]
 
 #: sequences per micro-batch and tokens per sequence
 BATCH, SEQUENCE = 2, 32
@@ -44,6 +44,22 @@ def _configs():
         "mixtral": (tf.MixtralForCausalLM, tf.MixtralConfig(num_key_value_heads=2, num_local_experts=4,
                                                             num_experts_per_tok=2, tie_word_embeddings=False,
                                                             **_SMALL, **_COMMON)),
+        # blocks that return tuples, which the decoder reads ``outputs[0]`` of
+        "falcon": (tf.FalconForCausalLM, tf.FalconConfig(hidden_size=64, num_attention_heads=4, num_hidden_layers=8,
+                                                         new_decoder_architecture=True, num_kv_heads=2,
+                                                         hidden_dropout=0.0, attention_dropout=0.0,
+                                                         tie_word_embeddings=False, **_COMMON)),
+        "gpt_neo": (tf.GPTNeoForCausalLM, tf.GPTNeoConfig(hidden_size=64, num_layers=8, num_heads=4,
+                                                          attention_types=[[["global", "local"], 4]],
+                                                          max_position_embeddings=64, resid_dropout=0.0,
+                                                          embed_dropout=0.0, attention_dropout=0.0, **_COMMON)),
+        # layers of two types, each given its own mask or rotary tables by the decoder, by position: Gemma 3's
+        # local and global rotary bases (every sixth layer global), and Qwen2's sliding window of 8 tokens
+        # from layer 4 on (on sequences of 32)
+        "gemma3": (tf.Gemma3ForCausalLM, tf.Gemma3TextConfig(num_key_value_heads=2, head_dim=16, **_SMALL, **_COMMON)),
+        "qwen2_sliding": (tf.Qwen2ForCausalLM, tf.Qwen2Config(num_key_value_heads=2, use_sliding_window=True,
+                                                              sliding_window=8, max_window_layers=4,
+                                                              tie_word_embeddings=False, **_SMALL, **_COMMON)),
         "qwen2_moe": (tf.Qwen2MoeForCausalLM, tf.Qwen2MoeConfig(num_key_value_heads=2, num_experts=4,
                                                                num_experts_per_tok=2, moe_intermediate_size=64,
                                                                shared_expert_intermediate_size=64,
@@ -53,13 +69,16 @@ def _configs():
 
 #: the families the tests run (gemma ties its embeddings, as GPT-2 does)
 FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi3", "qwen3", "gemma")
+#: families whose decoders call their blocks differently: blocks that return tuples (Falcon, GPT-Neo), layers
+#: whose mask or rotary tables the decoder picks by position (Gemma 3, Qwen2 with a sliding window)
+DECODER_VARIANTS = ("falcon", "gpt_neo", "gemma3", "qwen2_sliding")
 
 
 def model(name: str, device: str | None = None):
     """Family ``name``'s model with random weights (seeded by the caller), in training mode."""
     import torch
     cls, config = _configs()[name]
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = "sdpa" if cls._supports_sdpa else "eager"     # GPT-Neo has only its own
     # mixture of experts: torch's grouped matrix product (whose shapes do not depend on the routing, as a
     # capture under fake tensors needs) takes bfloat16 only
     dtype = torch.bfloat16 if name in MOE_FAMILIES else torch.float32
@@ -88,7 +107,7 @@ def factory(name: str):
 #: (fake tensors) and a run route tokens differently
 MOE_FAMILIES = ("mixtral", "qwen2_moe")
 
-for _name in FAMILIES + MOE_FAMILIES:
+for _name in FAMILIES + DECODER_VARIANTS + MOE_FAMILIES:
     globals()[_name] = functools.partial(factory, _name)
 
 

@@ -36,16 +36,21 @@ def _cases() -> list[tuple]:
             ("mixtral", "looped-bfs", 4),
             # ZBV on 4 (the split backward): Qwen2-MoE's routing, freed as B ends, was counted as kept for W
             # (+4.0%), and OPT's last chunk's B counted the gradients W reads on top of the loss's start (+3.1%)
-            ("qwen2_moe", "zbv", 4), ("opt", "zbv", 4)]
+            ("qwen2_moe", "zbv", 4), ("opt", "zbv", 4),
+            # decoders that call their blocks differently (tests/decoder_families.py's DECODER_VARIANTS): blocks that
+            # return tuples, and layers given their own masks or rotary tables by position
+            ("falcon", "1f1b", 4), ("gpt_neo", "zbv", 2), ("gemma3", "interleaved-1f1b", 4), ("qwen2_sliding", "1f1b", 4)]
     return two + four + more
 
 
 def test_cases_cover_every_family_and_schedule_on_2_and_4_processes():
+    pytest.importorskip("transformers")
+    import decoder_families as families
     cases = _cases()
     for P in (2, 4):
         assert {s for _, s, p, *_ in cases if p == P} == set(SCHEDULES)
         assert {f for f, _, p, *_ in cases if p == P} >= set(FAMILIES)
-    assert {f for f, *_ in cases} >= {"mixtral", "qwen2_moe"}
+    assert {f for f, *_ in cases} >= {"mixtral", "qwen2_moe", *families.DECODER_VARIANTS}
     assert max(p for _, _, p, *_ in cases) == 8 and max(c[3] for c in cases if len(c) == 4) == 4
 
 

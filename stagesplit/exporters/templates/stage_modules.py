@@ -11,10 +11,12 @@
 # the model's own code for everything around them, so that only the hidden state crosses a stage boundary.
 #
 # How: the decoder (the module that holds the block stack) runs its own ``forward`` on every stage, with the
-# stack replaced by a runner of this stage's blocks. On the first stage it embeds the token ids as the model
-# does; on the others it is handed a zero ``inputs_embeds`` of the hidden state's shape that holds no memory
-# (one scalar, expanded) and the runner feeds the received hidden state to the first block instead (a
-# family that adds position embeddings or scales the embeddings makes one hidden state's bytes of it).
+# stack replaced by one of the same length whose positions outside this stage pass the hidden state on (so
+# that each block is called with what the decoder gives its own position: a sliding-window layer's mask).
+# On the first stage it embeds the token ids as the model does; on the others it is handed a zero
+# ``inputs_embeds`` of the hidden state's shape that holds no memory (one scalar, expanded) and the stage's
+# first block is fed the received hidden state instead (a family that adds position embeddings or scales
+# the embeddings makes one hidden state's bytes of it).
 # The decoder computes what it computes once per step at its root (positions, rotary cos/sin, the mask or
 # SDPA's ``is_causal``) on each stage. The decoder's own modules that hold parameters are sorted by
 # one call before the blocks run (embeddings, before them) and after (final norm, after): a stage holds the
@@ -60,34 +62,61 @@ class _Nothing(torch.nn.Module):
         return torch.zeros(())
 
 
-class _Runner(torch.nn.Module):
-    """This stage's blocks, called as the decoder calls its one block: the first gets the received hidden
-    state (or, on the first stage, the decoder's embedding), each the decoder's keyword arguments."""
+class _Flow:
+    """What the positions of one stage's stack share during a forward: the hidden state received from the
+    previous stage (fed to the stage's first block instead of what the decoder hands it), the hidden state
+    after the stage's last block, and whether the blocks return tuples."""
 
-    def __init__(self):
-        super().__init__()
-        self.blocks = []          # a plain list: the stage module registers the blocks, the runner only calls
+    def __init__(self, tuples):
         self.received = None
         self.result = None
+        self.tuples = tuples
+
+
+class _Position(torch.nn.Module):
+    """One position of the decoder's stack as this stage runs it: this stage's block there (the stage's own,
+    wrapped as the export wraps it), or a stand-in that passes the hidden state on. The decoder calls every
+    position, so each block gets what the decoder gives that position (the mask and rotary tables of its
+    layer type: Gemma's and GPT-OSS's sliding-window layers, Qwen's, Llama 4's chunked ones); an attribute
+    the decoder reads off a layer is the original layer's."""
+
+    def __init__(self, flow, original, block=None, first=False):
+        super().__init__()
+        object.__setattr__(self, "_flow", flow)
+        object.__setattr__(self, "_original", original)
+        object.__setattr__(self, "_block", block)     # not registered: the stage module registers its blocks
+        object.__setattr__(self, "_first", first)
+
+    def __getattr__(self, name):
+        try:
+            return super().__getattr__(name)
+        except AttributeError:
+            return getattr(self.__dict__["_original"], name)
 
     def forward(self, hidden, *args, **kwargs):
-        if self.received is not None:
-            hidden, self.received = self.received, None
-        for block in self.blocks:
-            out = block(hidden, *args, **kwargs)
-            hidden = out[0] if isinstance(out, tuple) else out
-        self.result = hidden
-        return hidden
+        flow = self._flow
+        if self._block is None:        # not this stage's: the hidden state on, as a block returns it
+            return (hidden,) if flow.tuples else hidden
+        if self._first and flow.received is not None:
+            hidden, flow.received = flow.received, None
+        out = self._block(hidden, *args, **kwargs)
+        flow.result = out[0] if isinstance(out, tuple) else out
+        return out
 
 
 class _Marker(torch.nn.Module):
-    def __init__(self, calls):
+    """The stack's first block during ``_sides``'s call: marks where the blocks run and notes whether a block
+    returns a tuple (what the decoder reads ``outputs[0]`` of) or the hidden state itself."""
+
+    def __init__(self, calls, block):
         super().__init__()
         self.calls = calls
+        self.block = block
 
     def forward(self, hidden, *args, **kwargs):
-        self.calls.append(None)
-        return hidden
+        out = self.block(hidden, *args, **kwargs)
+        self.calls.append(isinstance(out, tuple))
+        return out
 
 
 def _shell(module, replace):
@@ -113,21 +142,24 @@ def _find_stack(model, blocks):
 
 def _sides(decoder, stack_name, example_ids):
     """The decoder's children that hold parameters, sorted by one call of its forward on ``example_ids``'s
-    first token (the blocks left out): called before the blocks, after them, never."""
+    first sequence (with the first block alone in the stack; the whole sequence, which a sequence-parallel
+    plan shards over its ranks): called before the blocks, after them, never; and whether a block returns a
+    tuple."""
     calls = []
     handles = []
     for name, child in decoder.named_children():
         if name != stack_name and any(True for _ in child.parameters()):
             handles.append(child.register_forward_pre_hook(lambda _m, _a, name=name: calls.append(name)))
-    shell = _shell(decoder, {stack_name: torch.nn.ModuleList([_Marker(calls)])})
+    first = getattr(decoder, stack_name)[0]
+    shell = _shell(decoder, {stack_name: torch.nn.ModuleList([_Marker(calls, first)])})
     try:
         with torch.no_grad():
-            shell(input_ids=example_ids[:1, :1], use_cache=False)
+            shell(input_ids=example_ids[:1], use_cache=False)
     finally:
         for handle in handles:
             handle.remove()
-    turn = calls.index(None)
-    return calls[:turn], [name for name in calls[turn + 1:] if name is not None]
+    turn = next(i for i, call in enumerate(calls) if isinstance(call, bool))
+    return calls[:turn], [name for name in calls[turn + 1:] if not isinstance(name, bool)], calls[turn]
 
 
 class ModelStage(torch.nn.Module):
@@ -143,17 +175,18 @@ class ModelStage(torch.nn.Module):
         stack = getattr(decoder, stack_name)
         self.is_first, self.is_last = start == 0, stop == len(stack)
         self.outputs_logits = False     # stage_loss sets it where the loss is the user's, on the logits
-        before, after = sides
+        before, after, tuples = sides
         held = (before if self.is_first else []) + (after if self.is_last else [])
         wrap = wrap or (lambda index, block: block)
         self.blocks = torch.nn.ModuleList(wrap(i, stack[i]) for i in range(start, stop))
         own = {name: getattr(decoder, name) for name in held}
         self.decoder_parts = torch.nn.ModuleDict(own)
-        self._runner = _Runner()
-        self._runner.blocks = list(self.blocks)
+        self._flow = _Flow(tuples)
+        positions = torch.nn.ModuleList(
+            _Position(self._flow, stack[i], self.blocks[i - start] if start <= i < stop else None, i == start)
+            for i in range(len(stack)))
         standins = {name: _Nothing(passthrough=name in after) for name in before + after if name not in held}
-        object.__setattr__(self, "_decoder", _shell(decoder, {stack_name: torch.nn.ModuleList([self._runner]),
-                                                             **standins, **own}))
+        object.__setattr__(self, "_decoder", _shell(decoder, {stack_name: positions, **standins, **own}))
         if self.is_last:
             # the model's modules around the decoder (the head), and the model with the decoder replaced
             levels = [model]
@@ -172,11 +205,11 @@ class ModelStage(torch.nn.Module):
         if self.is_first:
             out = self._decoder(input_ids=x, use_cache=False)
         else:
-            self._runner.received = x
+            self._flow.received = x
             # the decoder sizes positions, rotary tables and the mask by the whole sequence
             shape = (x.shape[0], x.shape[1] * self.sequence_shards, *x.shape[2:])
             out = self._decoder(inputs_embeds=x.new_zeros(()).expand(shape), use_cache=False)
-        result, self._runner.result = self._runner.result, None
+        result, self._flow.result = self._flow.result, None
         if self.is_last:
             result = out[0]
             if self.outputs_logits:      # the user's loss on the logits: the stage's output, as the capture's
