@@ -364,7 +364,11 @@ def parallelize(torch, model, mesh, plan: TensorParallelPlan) -> tuple[list, tup
     from torch.distributed.tensor.parallel import parallelize_module
     styles, extra = torch_styles(torch, model, plan)
     before = {id(m): (set(m._forward_pre_hooks), set(m._forward_hooks)) for m in model.modules()}
+    tied: dict[int, list[str]] = {}
+    for name, parameter in model.named_parameters(remove_duplicate=False):
+        tied.setdefault(id(parameter), []).append(name)
     parallelize_module(model, mesh, styles)
+    _tie_again(model, [names for names in tied.values() if len(names) > 1])
     added: list[tuple[dict, Any]] = []
     for m in model.modules():
         pre, post = before.get(id(m), (set(), set()))
@@ -373,6 +377,22 @@ def parallelize(torch, model, mesh, plan: TensorParallelPlan) -> tuple[list, tup
         if "_distribute_module_applied" in vars(m):   # torch's mark: a later capture applies its plan again
             added.append((vars(m), "_distribute_module_applied"))
     return added, extra
+
+
+def _tie_again(model, groups: list[list[str]]) -> None:
+    """``parallelize_module`` gives each module it lays out a parameter of its own, so a tensor the model ties
+    under several names (Gemma's embedding and head) becomes two: tie each group again, as the exported
+    program does (exporters/torch_pipelining.py's ``tie_again``), where the names are laid out alike (a rank
+    then holds one shard of it, as it runs)."""
+    for names in groups:
+        first = model.get_parameter(names[0])
+        for name in names[1:]:
+            other = model.get_parameter(name)
+            if other is first or other.shape != first.shape or \
+                    getattr(other, "placements", None) != getattr(first, "placements", None):
+                continue
+            path, _, attribute = name.rpartition(".")
+            setattr(model.get_submodule(path) if path else model, attribute, first)
 
 
 def heads_per_rank(torch, model, plan: TensorParallelPlan) -> tuple[tuple[str, int, int], ...]:

@@ -172,6 +172,9 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
                              f"of {', '.join(_TP_STYLES)}")
         if _TP_STYLES[style] is not None:
             plan.append([path, style])
+    # held whole on every rank but run on the rank's own heads (Qwen3's and Gemma 3's per-head norms): each rank
+    # gets its heads' part of the gradient, which transformers' style sums over the group after the backward
+    summed = [path for path, style in view.tensor_parallel_styles if style == "replicated_with_grad_allreduce"]
     added = [[path, what] for path, what in view.sequence_parallel_additions]
     for path, what in added:
         if what not in _SP_ADDITIONS:
@@ -194,6 +197,7 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
         "# build_pipeline the group it returns. Every process of a pipeline rank gets its own share of the batch.",
         f"TENSOR_PARALLEL = {tp}   # ranks sharing every layer (the capture's rank is one of them)",
         f"TP_PLAN = {py_literal(plan)}   # [module path, style], as the capture applied it",
+        f"TP_GRADIENTS_SUMMED = {py_literal(summed)}   # held whole on each rank, run on its own heads: gradients summed",
         f"SEQUENCE_PARALLEL = {bool(view.sequence_parallel)}   # the stream between the blocks split on the sequence",
         f"SP_ADDED = {py_literal(added)}   # [module path, what sequence parallelism adds there]",
         f"DATA_PARALLEL = {dp}   # FSDP2 ranks (ZeRO 3): each block, and the rest of each stage, sharded",
@@ -259,8 +263,30 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
         "                            mesh_dim_names=('pp', 'dp', 'tp'))",
         "    _MESH['mesh'] = mesh",
         "    if TENSOR_PARALLEL > 1:",
+        "        tied = {}",
+        "        for name, parameter in model.named_parameters(remove_duplicate=False):",
+        "            tied.setdefault(id(parameter), []).append(name)",
         "        parallelize_module(model, mesh['tp'], tensor_parallel_styles(model))",
+        "        tie_again(model, [names for names in tied.values() if len(names) > 1])",
+        "    _MESH['summed'] = [p for path in TP_GRADIENTS_SUMMED for p in model.get_submodule(path).parameters()]",
         "    return mesh['pp'].get_group()",
+        "",
+        "",
+        "def tie_again(model, groups):",
+        '    """parallelize_module gives each module it lays out a parameter of its own: a tensor the model ties under',
+        "    several names (Gemma's embedding and head) would become two, each trained on its own part of the gradient.",
+        '    Each group of names is tied again to one parameter, which needs them laid out alike."""',
+        "    for names in groups:",
+        "        first = model.get_parameter(names[0])",
+        "        for name in names[1:]:",
+        "            other = model.get_parameter(name)",
+        "            if other is first:",
+        "                continue",
+        "            if other.shape != first.shape or getattr(other, 'placements', None) != getattr(first, 'placements', None):",
+        "                raise ValueError(f'tensor parallelism lays out the tied parameters {names[0]} and {name} '",
+        "                                 'differently: they cannot stay one tensor')",
+        "            path, _, attribute = name.rpartition('.')",
+        "            setattr(model.get_submodule(path) if path else model, attribute, first)",
         "",
         "",
         "def shard_stages(modules, mine):",
@@ -455,9 +481,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               "        if len(holders) < 2:",
               "            continue",
               "        ranks = sorted({rank_of[k] for k in holders})   # a rank may hold several copies",
-              "        ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
               "        copies = list({id(p): p for k in mine for p in held[k].get(key, [])}.values())",
-              "        tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, copies))",
+              *(["        # one pipeline per (data, tensor) coordinate of the mesh: each one's group, made by every process",
+                 "        grid = _MESH['mesh'].mesh.reshape(len(STAGES_OF_RANK), -1).T.tolist()",
+                 "        made = [dist.new_group([pipeline[r] for r in ranks]) if len(ranks) > 1 else None for pipeline in grid]",
+                 "        tied.append((next(g for g, pipeline in zip(made, grid) if dist.get_rank() in pipeline), copies))"]
+                if tensor_parallel else
+                ["        ranks = ranks if group is None else [dist.get_global_rank(group, r) for r in ranks]",
+                 "        tied.append((dist.new_group(ranks) if len(ranks) > 1 else None, copies))"]),
               "    return tied", "", ""]
     first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
                    else ("stage.is_first", "stage.is_last"))
@@ -472,18 +503,29 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
                   "    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)",
                   "    # the mean over the micro-batches of each one's mean loss: each gradient divided once",
-                  f"    for p in {{id(p): p for s in {'stages' if multi else '[stage]'} for p in s.submod.parameters()}}.values():",
+                  f"    held = {{id(p): p for s in {'stages' if multi else '[stage]'} for p in s.submod.parameters()}}",
+                  "    for p in held.values():",
                   "        if p.grad is not None:",
                   "            p.grad.div_(N_MICROBATCHES)",
+                  *(["    # a module held whole on each tensor-parallel rank but run on its own heads: its parts summed",
+                     "    for p in _MESH['summed']:",
+                     "        if id(p) in held and p.grad is not None:",
+                     "            dist.all_reduce(p.grad, group=_MESH['mesh']['tp'].get_group())"]
+                    if view.tensor_parallel > 1 else []),
                   "    return losses", "", "",
                   "def sum_tied_gradients(tied):",
                   '    """Sum the gradients of each tied parameter\'s per-rank copies, so that they stay equal."""',
                   "    for process_group, copies in tied:",
                   "        if not copies:",
                   "            continue",
-                  "        total = sum(p.grad if p.grad is not None else torch.zeros_like(p) for p in copies)",
+                  "        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]",
+                  "        # tensor parallelism: a gradient laid out as its parameter is (an embedding's comes whole)",
+                  "        grads = [g.redistribute(g.device_mesh, p.placements) if hasattr(p, 'placements') else g",
+                  "                 for g, p in zip(grads, copies)]",
+                  "        total = sum(grads)",
                   "        if process_group is not None:   # None: every copy is on this rank",
-                  "            dist.all_reduce(total, group=process_group)",
+                  "            # a tensor-parallel parameter's gradient is a DTensor: its own shard summed over the pipeline",
+                  "            dist.all_reduce(total.to_local() if hasattr(total, 'to_local') else total, group=process_group)",
                   "        for p in copies:",
                   "            p.grad = total.clone()", "", ""]
     else:

@@ -77,6 +77,55 @@ def test_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp_pat
     assert not failures, "\n".join(failures)
 
 
+@pytest.mark.slow
+def test_tp2_pp2_trains_the_unparallelised_model_with_per_head_norms_and_a_tied_embedding(tmp_path):
+    """Qwen3 and Gemma 3 on TP 2 x PP 2 (1F1B), through the exported file on 4 processes. Both norm each
+    attention head's queries and keys with a weight every tensor-parallel rank holds whole but runs on its own
+    heads only (transformers' ``replicated_with_grad_allreduce``): each rank gets its heads' part of the
+    gradient, which the exported step now sums over the group (it trained them on half). Gemma 3 ties its
+    embedding to its head, on the first and last pipeline stage: ``parallelize_module`` gives each module a
+    parameter of its own, which the exported program ties again (they were trained apart), its gradient
+    summed over the pipeline per tensor-parallel rank (every process makes every pipeline's group). The loss
+    and every gradient (gathered whole) equal the unparallelised model's; every peak within TOLERANCE."""
+    pytest.importorskip("transformers")
+    import functools
+
+    import decoder_families as families
+    import exported_matrix
+    import pipeline_harness as harness
+    cases, plans = [], []
+    for family in ("qwen3", "gemma3"):
+        profile, plan, code = (tmp_path / f"{family}{suffix}" for suffix in (".stagesplit", ".json", ".py"))
+        exported_matrix._cli("capture", families.capture_spec(family), "--tp", 2, "-o", profile)
+        exported_matrix._cli("solve", profile, "--devices", 2, "--schedule", "1f1b", "--micro-batches", 4, "--out", plan)
+        exported_matrix._cli("export", plan, "--to", "torch-pipelining", "-o", code)
+        text = code.read_text()
+        assert "TP_GRADIENTS_SUMMED = [\"model.layers.0.self_attn.q_norm\", \"model.layers.0.self_attn.k_norm\"" in text
+        plans.append(json.loads(plan.read_text()))
+        cases.append(harness.ExportedCase(text, functools.partial(families.model, family),
+                                          functools.partial(families.batch, family, 4)))
+    failures = []
+    for family, plan, ranks in zip(("qwen3", "gemma3"), plans, harness.run_exported(cases, 4)):
+        reference_loss, reference_grads = exported_matrix._reference(family, 4)
+        model = families.model(family)
+        primary = {}             # every name of a parameter -> the name the reference records it under
+        for name, parameter in model.named_parameters(remove_duplicate=False):
+            primary[name] = primary.get(id(parameter), name)
+            primary.setdefault(id(parameter), name)
+        assert abs(float(np.mean([v for r in ranks for v in r.losses])) - reference_loss) <= 1e-5 * abs(reference_loss)
+        seen = set()
+        for r in ranks:
+            for name, grad in r.grads.items():
+                want = reference_grads[primary[name]]
+                seen.add(primary[name])
+                assert np.abs(grad - want).max() <= 1e-4 * max(np.abs(want).max(), 1e-12), (family, r.rank, name)
+            predicted = int(plan["schedule"]["ranks"][r.rank // 2]["peak_bytes"])
+            if abs(predicted - r.peak_bytes) > TOLERANCE * r.peak_bytes:
+                failures.append(f"{family} process {r.rank}: predicted {predicted:,}, measured {r.peak_bytes:,}")
+        assert seen == set(reference_grads), family
+    assert not failures, "\n".join(failures)
+
+
 @pytest.mark.parametrize("change, message", [
     ({"tensor_parallel_styles": [["model.layers.0.mlp", "packed_colwise"]]},
      "tensor-parallel style 'packed_colwise' of module 'model.layers.0.mlp': expected one of colwise, "),
