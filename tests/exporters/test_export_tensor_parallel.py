@@ -77,16 +77,23 @@ def test_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp_pat
     assert not failures, "\n".join(failures)
 
 
+#: (family, capture's arguments, solve's): per-head norms under TP (Qwen3), the same with an embedding tied to the
+#: head and layers of two types (Gemma 3), and a tied embedding under FSDP2 (GPT-2)
+TIED_AND_REPLICATED = (("qwen3", ["--tp", 2], []), ("gemma3", ["--tp", 2], []), ("gpt2", [], ["--dp", 2, "--zero", 3]))
+
+
 @pytest.mark.slow
-def test_tp2_pp2_trains_the_unparallelised_model_with_per_head_norms_and_a_tied_embedding(tmp_path):
-    """Qwen3 and Gemma 3 on TP 2 x PP 2 (1F1B), through the exported file on 4 processes. Both norm each
-    attention head's queries and keys with a weight every tensor-parallel rank holds whole but runs on its own
-    heads only (transformers' ``replicated_with_grad_allreduce``): each rank gets its heads' part of the
-    gradient, which the exported step now sums over the group (it trained them on half). Gemma 3 ties its
-    embedding to its head, on the first and last pipeline stage: ``parallelize_module`` gives each module a
-    parameter of its own, which the exported program ties again (they were trained apart), its gradient
-    summed over the pipeline per tensor-parallel rank (every process makes every pipeline's group). The loss
-    and every gradient (gathered whole) equal the unparallelised model's; every peak within TOLERANCE."""
+def test_x_pp2_trains_the_unparallelised_model_with_per_head_norms_and_tied_embeddings(tmp_path):
+    """Qwen3 and Gemma 3 on TP 2 x PP 2, GPT-2 on FSDP2 2 x PP 2 (1F1B), through the exported file on 4
+    processes. Qwen3 and Gemma 3 norm each attention head's queries and keys with a weight every
+    tensor-parallel rank holds whole but runs on its own heads only (transformers'
+    ``replicated_with_grad_allreduce``): each rank gets its heads' part of the gradient, which the exported
+    step sums over the group (it trained them on half). Gemma 3 and GPT-2 tie their embedding to their head,
+    on the first and last pipeline stage: ``parallelize_module`` and ``fully_shard`` give each module a
+    parameter of its own (the two were trained apart); the exported program finds the ties as the model had
+    them, ties them again under TP, and sums the gradient's shards over each (data, tensor) coordinate's
+    pipeline, every process making every pipeline's group. The loss and every
+    gradient (gathered whole) equal the unparallelised model's; every peak within TOLERANCE."""
     pytest.importorskip("transformers")
     import functools
 
@@ -94,24 +101,24 @@ def test_tp2_pp2_trains_the_unparallelised_model_with_per_head_norms_and_a_tied_
     import exported_matrix
     import pipeline_harness as harness
     cases, plans = [], []
-    for family in ("qwen3", "gemma3"):
+    for family, capture_args, solve_args in TIED_AND_REPLICATED:
         profile, plan, code = (tmp_path / f"{family}{suffix}" for suffix in (".stagesplit", ".json", ".py"))
-        exported_matrix._cli("capture", families.capture_spec(family), "--tp", 2, "-o", profile)
-        exported_matrix._cli("solve", profile, "--devices", 2, "--schedule", "1f1b", "--micro-batches", 4, "--out", plan)
+        exported_matrix._cli("capture", families.capture_spec(family), *capture_args, "-o", profile)
+        exported_matrix._cli("solve", profile, "--devices", 2, "--schedule", "1f1b", "--micro-batches", 4, *solve_args,
+                             "--out", plan)
         exported_matrix._cli("export", plan, "--to", "torch-pipelining", "-o", code)
         text = code.read_text()
-        assert "TP_GRADIENTS_SUMMED = [\"model.layers.0.self_attn.q_norm\", \"model.layers.0.self_attn.k_norm\"" in text
+        summed = 'TP_GRADIENTS_SUMMED = ["model.layers.0.self_attn.q_norm", "model.layers.0.self_attn.k_norm"'
+        assert (summed in text) == (family != "gpt2"), family
         plans.append(json.loads(plan.read_text()))
         cases.append(harness.ExportedCase(text, functools.partial(families.model, family),
                                           functools.partial(families.batch, family, 4)))
     failures = []
-    for family, plan, ranks in zip(("qwen3", "gemma3"), plans, harness.run_exported(cases, 4)):
+    for (family, *_), plan, ranks in zip(TIED_AND_REPLICATED, plans, harness.run_exported(cases, 4)):
         reference_loss, reference_grads = exported_matrix._reference(family, 4)
-        model = families.model(family)
-        primary = {}             # every name of a parameter -> the name the reference records it under
-        for name, parameter in model.named_parameters(remove_duplicate=False):
-            primary[name] = primary.get(id(parameter), name)
-            primary.setdefault(id(parameter), name)
+        primary: dict = {}             # every name of a parameter -> the name the reference records it under
+        for name, parameter in families.model(family).named_parameters(remove_duplicate=False):
+            primary[name] = primary.setdefault(id(parameter), name)
         assert abs(float(np.mean([v for r in ranks for v in r.losses])) - reference_loss) <= 1e-5 * abs(reference_loss)
         seen = set()
         for r in ranks:
