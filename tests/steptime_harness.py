@@ -974,6 +974,9 @@ def compare_layouts(folder: Path, micro_batches: int = 4, rounds: int = 5, repea
     records = [r | {"all_reduce": {size: runs + m["all_reduce"][size] for size, runs in r["all_reduce"].items()}}
                for r, m in zip(records, measured)]      # the all-reduces of the rounds join the first ones
     machine = _machine(records, measured)
+    # the predictions' links and rates from every measurement, the rounds' included (the plan that ran was
+    # solved before the rounds, from the first ones)
+    target = write_yaml(folder / "cpu-gloo.yaml", target_mapping(machine))
     mappings = {1: write_yaml(folder / "layers.yaml", layer_compute(machine)),
                 2: write_yaml(folder / "layers-tp2.yaml", tp_layer_compute(machine))}
     rows = []

@@ -50,6 +50,30 @@ MULTI_STAGE = {"ScheduleInterleaved1F1B", "ScheduleLoopedBFS", "ScheduleInterlea
                "ScheduleZBVZeroBubble", "ScheduleDualPipeV"}
 
 
+#: the exported file's ``contiguous_boundaries`` (a traced pipeline's boundaries made contiguous)
+CONTIGUOUS_BOUNDARIES: tuple[str, ...] = (
+    "def contiguous_boundaries(model):",
+    '    """Make the tensors that enter each split point contiguous before pipeline() traces the model, and',
+    "    return the hooks' handles. torch makes each stage's receive buffer with the strides of the tensor",
+    "    it traced, and gloo and NCCL send and receive only contiguous tensors: a stage boundary after a",
+    "    transpose or a permute (torchvision's ViT, ConvNeXt) fails at the first step (\"input tensor has to",
+    "    be contiguous\"). A forward pre-hook runs before the split pipeline() puts at the module's start, so",
+    '    the copy (only where a tensor is not contiguous already) belongs to the stage before."""',
+    "    def hook(module, args, kwargs):",
+    "        def contiguous(value):",
+    "            return value.contiguous() if isinstance(value, torch.Tensor) else value",
+    "        return tuple(contiguous(a) for a in args), {k: contiguous(v) for k, v in kwargs.items()}",
+    "",
+    "    return [model.get_submodule(fqn).register_forward_pre_hook(hook, with_kwargs=True)",
+    "            for fqn in SPLIT_POINTS]",
+)
+
+
+def contiguous_boundaries_source() -> str:
+    """The source of the exported file's ``contiguous_boundaries`` (it reads ``torch`` and ``SPLIT_POINTS``)."""
+    return "\n".join(CONTIGUOUS_BOUNDARIES) + "\n"
+
+
 def schedule_class(view: PlanView, training: bool, fmt: str = NAME) -> str:
     if not training:
         return "ScheduleGPipe"
@@ -410,7 +434,12 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   "    else:"]
     indent = "        " if stack else "    "
     lines += [indent + "split_spec = {fqn: SplitPoint.BEGINNING for fqn in SPLIT_POINTS}",
-              indent + "pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
+              indent + "handles = contiguous_boundaries(model)",
+              indent + "try:",
+              indent + "    pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
+              indent + "finally:",
+              indent + "    for handle in handles:     # the model is left as it was given",
+              indent + "        handle.remove()",
               indent + "if pipe.num_stages != NUM_STAGES:",
               indent + '    raise ValueError(f"the split gave {pipe.num_stages} stages, the plan has {NUM_STAGES}")',
               indent + "adjacent_only(pipe)",
@@ -438,6 +467,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                  "    except AttributeError:",
                  "        return False",
                  '    return "inputs_embeds" in inspect.signature(decoder.forward).parameters', "", ""] if stack else []),
+              *CONTIGUOUS_BOUNDARIES, "", "",
               "def adjacent_only(pipe):",
               '    """torch\'s pipeline runtimes pass tensors from a stage to the next only: refuse, naming the tensor, a',
               "    traced split that sends one further (a skip connection: a traced decoder's rotary tables or mask),",
