@@ -12,9 +12,11 @@ import vision
 
 __all__ = ["FAMILIES", "batch", "capture_spec", "loss", "model"]
 
-#: each family: torchvision's ResNet-18 and ViT (blocks behind a permute: the boundary is not
-#: contiguous), timm's ViT and ConvNeXt (its stages end in a permuted layout)
-FAMILIES = ("tv_resnet18", "tv_vit", "timm_vit", "timm_convnext")
+#: each family: torchvision's ResNet-18, ViT (blocks behind a permute: the boundary is not
+#: contiguous) and Swin (windows: permuted layouts inside), timm's ViT and ConvNeXt (its stages end
+#: in a permuted layout); stochastic depth off (its random draws differ between a pipeline's stages
+#: and one process)
+FAMILIES = ("tv_resnet18", "tv_vit", "tv_swin", "timm_vit", "timm_convnext")
 BATCH, SIDE, CLASSES = 2, 32, 10
 
 
@@ -24,6 +26,9 @@ def _build(name: str):
         import torchvision.models as models
         if name == "tv_resnet18":
             return models.resnet18(num_classes=CLASSES)
+        if name == "tv_swin":
+            return models.SwinTransformer(patch_size=[2, 2], embed_dim=32, depths=[2, 2, 2, 2], num_heads=[2, 2, 2, 2],
+                                          window_size=[4, 4], num_classes=CLASSES, stochastic_depth_prob=0.0)
         return models.VisionTransformer(image_size=SIDE, patch_size=8, num_layers=6, num_heads=4, hidden_dim=64,
                                         mlp_dim=128, num_classes=CLASSES)
     import timm
