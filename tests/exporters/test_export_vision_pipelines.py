@@ -13,8 +13,8 @@ the export made the tensors entering each split point contiguous (``contiguous_b
 
 TOLERANCE is 5%, not the decoders' 3%: where a boundary tensor was not contiguous, its contiguous copy
 is made on the stage before and sent from there, one per micro-batch in flight, which the capture of
-the model does not hold; on these small models (hidden 64, 32 x 32 images) that copy is 4.7% of the
-plan of torchvision's ViT's first rank under its measured peak, and the ranks whose boundaries are
+the model does not hold; on these small models (hidden 64, 32 x 32 images) that copy leaves the plan of
+torchvision's ViT's first rank 4.7% under its measured peak, and the ranks whose boundaries are
 contiguous come within 1%."""
 
 from __future__ import annotations
