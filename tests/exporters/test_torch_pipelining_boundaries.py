@@ -1,59 +1,68 @@
 """The exported torch-pipelining file's ``contiguous_boundaries`` (stagesplit/exporters/torch_pipelining.py):
 torch's traced stages receive into buffers with the traced tensor's strides, and gloo and NCCL take
-contiguous tensors only; tests/exporters/test_export_vision_pipelines.py runs the models it fixes."""
+contiguous tensors only; tests/exporters/test_export_traced_pipelines.py runs the models it fixes."""
 
 from __future__ import annotations
 
 import pytest
 
 
-def test_contiguous_boundaries_makes_each_stage_receive_a_contiguous_tensor():
-    """In one process: the exported file's ``contiguous_boundaries`` before pipeline() gives the
-    stage after a transposed boundary a contiguous input (torch's receive buffer takes its strides),
-    and removes its hooks after; without it the traced input keeps the transpose's strides."""
+def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous():
+    """In one process, a model whose first block returns a transposed tensor and an expanded one
+    that the second stage reads past its first module (as a Hugging Face encoder's attention mask):
+    traced by pipeline(), the second stage's inputs keep those strides; after the exported file's
+    ``contiguous_boundaries`` the first stage returns contiguous copies, the second stage's inputs
+    are recorded contiguous, and the pipe computes what the model computes."""
     torch = pytest.importorskip("torch")
     from torch.distributed.pipelining import SplitPoint, pipeline
 
-    class Block(torch.nn.Module):
-        def __init__(self, transpose: bool):
+    class First(torch.nn.Module):
+        def __init__(self):
             super().__init__()
-            self.linear, self.transpose = torch.nn.Linear(6, 6), transpose
+            self.linear = torch.nn.Linear(6, 6)
 
         def forward(self, x):
-            y = self.linear(x)
-            return y.transpose(1, 2).transpose(1, 2) if not self.transpose else y.transpose(1, 2)
+            return self.linear(x).transpose(1, 2)              # (3, 6, 5), not contiguous
 
     class Net(torch.nn.Module):
         def __init__(self):
             super().__init__()
-            self.first, self.second = Block(True), torch.nn.Linear(5, 5)
+            self.first, self.second, self.third = First(), torch.nn.Linear(5, 5), torch.nn.Linear(5, 5)
 
         def forward(self, x):
-            return self.second(self.first(x))
+            scale = x[:, :1, :1].expand(3, 6, 5)                # stride 0 along two dimensions
+            return self.third(self.second(self.first(x)) * scale)
 
     from stagesplit.exporters.torch_pipelining import contiguous_boundaries_source
-    ns: dict = {"torch": torch, "SPLIT_POINTS": ["second"]}
+    ns: dict = {"torch": torch}
     exec(contiguous_boundaries_source(), ns)
     x = torch.randn(3, 5, 6)
 
-    def received(model, hooks: bool):
-        handles = ns["contiguous_boundaries"](model) if hooks else []
-        try:
-            pipe = pipeline(model, mb_args=(x,), split_spec={"second": SplitPoint.BEGINNING})
-        finally:
-            for h in handles:
-                h.remove()
+    def second_stage_inputs(pipe):
         stage = pipe.get_stage_module(1)
-        value = next(n for n in stage.graph.nodes if n.op == "placeholder").meta["val"]
-        return value, pipe
+        return [n.meta["val"] for n in stage.graph.nodes if n.op == "placeholder"]
+
+    def first_stage_outputs(pipe):
+        stage = pipe.get_stage_module(0)
+        output = next(n for n in stage.graph.nodes if n.op == "output")
+        return [n.meta["val"] for n in torch.fx.node.map_aggregate(output.args[0], lambda n: n)
+                if isinstance(n, torch.fx.Node)] if isinstance(output.args[0], (tuple, list)) else \
+            [output.args[0].meta["val"]]
+
+    split = {"second": SplitPoint.BEGINNING}
     torch.manual_seed(0)
-    plain, _ = received(Net(), hooks=False)
-    assert not plain.is_contiguous()
+    plain = pipeline(Net(), mb_args=(x,), split_spec=split)
+    assert [v.is_contiguous() for v in second_stage_inputs(plain)].count(False) == 2
     torch.manual_seed(0)
-    model = Net()
-    fixed, pipe = received(model, hooks=True)
-    assert fixed.is_contiguous() and tuple(fixed.shape) == (3, 6, 5)
-    assert not model.second._forward_pre_hooks
+    pipe = pipeline(Net(), mb_args=(x,), split_spec=split)
+    ns["contiguous_boundaries"](pipe)
+    received = second_stage_inputs(pipe)
+    assert len(received) == 2 and all(v.is_contiguous() for v in received)
+    assert sorted(tuple(v.shape) for v in received) == [(3, 6, 5), (3, 6, 5)]
+    assert all(v.is_contiguous() for v in first_stage_outputs(pipe))
+    # what the first stage really returns is contiguous, and the pipe's result is the model's
+    sent = pipe.get_stage_module(0)(x)
+    assert all(t.is_contiguous() for t in (sent if isinstance(sent, tuple) else (sent,)))
+    out = pipe(x)
     torch.manual_seed(0)
-    out = pipe(x)                       # the stages run in turn in this process
     torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, Net()(x))

@@ -1,0 +1,115 @@
+"""The user's path for traced pipelines: models that are not Hugging Face causal language models
+(tests/traced_families.py: torchvision's and timm's image classifiers, Hugging Face's BERT and ViT)
+are captured with ``stagesplit capture``, solved under 1F1B, exported with ``--to torch-pipelining``
+(pipeline() traces them), and the exported file's own program is run on gloo processes as its
+comments say (tests/pipeline_harness.py's ``run_exported``, MemTracker per rank): the image
+classifiers on 4, the encoders on 2 (a traced encoder's attention mask reaches every stage, which
+torch refuses beyond two: the export says so in one line). Each run's loss equals the unpipelined
+model's, every gradient on every rank equals the unpipelined model's, and no rank's peak is off the
+plan's by more than TOLERANCE.
+
+Two bugs these runs found, both in the exported program (``contiguous_boundaries``, ``tie_within_stages``):
+* torch made each traced stage's receive buffer with the strides it traced, and gloo refuses a tensor
+  that is not contiguous: torchvision's ViT, timm's ConvNeXt (a permute before the boundary) and both
+  Hugging Face encoders (an expanded attention mask) failed at the first step ("input tensor has to
+  be contiguous");
+* pipeline() gave BERT's first stage the tied head's weight beside its word embedding, a second copy
+  with a gradient and optimizer state of its own: the plan was 12.5% under that rank's peak.
+
+TOLERANCE is 5%, not the decoders' 3%: where a boundary tensor was not contiguous, its contiguous copy
+is made on the stage before and sent from there, one per micro-batch in flight, which the capture of
+the model does not hold; on these small models (hidden 64, 32 x 32 images) that copy leaves the plan of
+torchvision's ViT's first rank 4.7% under its measured peak (BERT's 3.1%), and the ranks whose
+boundaries are contiguous come within 1%."""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import io
+import json
+
+import numpy as np
+import pytest
+
+pytestmark = pytest.mark.slow
+
+TOLERANCE = 0.05
+#: the largest gradient error relative to the gradient's largest entry: float32's rounding (the ranks
+#: run one thread each, the reference several, and sum the micro-batches' backward passes in another
+#: order); ResNet's batch norms over two 1 x 1 images make its first convolution's gradient the small
+#: sum of large terms (entries to 2,200): measured 3e-4 to 7e-4
+GRADIENT_TOLERANCE = {"tv_resnet18": 2e-3}
+
+
+def _cli(*args) -> None:
+    from stagesplit.cli import main
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main([str(a) for a in args])
+    assert code == 0, f"stagesplit {' '.join(map(str, args))}: exit {code}: {err.getvalue().strip()}"
+
+
+def _reference(family: str, micro_batches: int) -> tuple[float, dict[str, np.ndarray]]:
+    import torch
+
+    import traced_families as families
+    torch.manual_seed(0)
+    model = families.model(family)
+    inputs, targets = families.batch(family, micro_batches)
+    total = sum(families.loss(model(x), y) for x, y in zip(inputs.chunk(micro_batches), targets.chunk(micro_batches)))
+    total = total / micro_batches
+    total.backward()
+    return float(total.detach()), {n: p.grad.detach().numpy().copy() for n, p in model.named_parameters()
+                                  if p.grad is not None}
+
+
+def _check(tmp_path, names, devices: int) -> None:
+    import pipeline_harness as harness
+    import traced_families as families
+    micro_batches = 2 * devices
+    cases, plans = [], []
+    for family in names:
+        profile, plan, code = (tmp_path / f"{family}{suffix}" for suffix in (".stagesplit", ".json", ".py"))
+        _cli("capture", families.capture_spec(family), "-o", profile)
+        _cli("solve", profile, "--devices", devices, "--schedule", "1f1b", "--micro-batches", micro_batches,
+             "--out", plan)
+        _cli("export", plan, "--to", "torch-pipelining", "-o", code)
+        doc = json.loads(plan.read_text())
+        assert len(doc["stages"]) == devices, (family, doc["split"])
+        plans.append(doc)
+        cases.append(harness.ExportedCase(code.read_text(), functools.partial(families.model, family),
+                                          functools.partial(families.batch, family, micro_batches), families.loss))
+    for family, doc, ranks in zip(names, plans, harness.run_exported(cases, devices)):
+        want_loss, want_grads = _reference(family, micro_batches)
+        loss = float(np.mean([v for r in ranks for v in r.losses]))
+        assert loss == pytest.approx(want_loss, rel=1e-5), family
+        seen = set()
+        for r in ranks:
+            for name, grad in r.grads.items():
+                want = want_grads[name]
+                bound = GRADIENT_TOLERANCE.get(family, 1e-4) * max(np.abs(want).max(), 1e-12)
+                assert np.abs(grad - want).max() <= bound, (family, name)
+                seen.add(name)
+        assert seen == set(want_grads), (family, set(want_grads) - seen)
+        predicted = [int(r["peak_bytes"]) for r in doc["schedule"]["ranks"]]
+        measured = [r.peak_bytes for r in ranks]
+        errors = [(p - m) / m for p, m in zip(predicted, measured)]
+        assert max(map(abs, errors)) <= TOLERANCE, (family, doc["split"], [f"{e:+.1%}" for e in errors])
+
+
+def test_traced_image_classifiers_train_the_whole_model_on_4_processes(tmp_path):
+    pytest.importorskip("torch")
+    import traced_families as families
+    try:
+        families.model("timm_vit")
+        families.model("tv_vit")
+    except ImportError as exc:          # the README's test command installs both (.venv/vision)
+        pytest.fail(f"torchvision and timm are part of the test set-up: {exc}")
+    _check(tmp_path, families.IMAGE_CLASSIFIERS, 4)
+
+
+def test_traced_hugging_face_encoders_train_the_whole_model_on_2_processes(tmp_path):
+    pytest.importorskip("transformers")
+    import traced_families as families
+    _check(tmp_path, families.ENCODERS, 2)

@@ -1,0 +1,115 @@
+"""Models whose torch-pipelining export is traced by pipeline() (they are not Hugging Face causal
+language models): torchvision's and timm's image classifiers and Hugging Face's BERT and ViT, each
+built from its own model code with a small config (no downloads), as ``stagesplit capture``
+factories and as the runs' models, for tests/exporters/test_export_traced_pipelines.py.
+``model(name)`` builds one (seeded by the caller), ``batch(name, micro_batches)`` gives its inputs and
+targets, ``loss`` is the cross-entropy of its logits every run and the capture use. Stochastic depth
+and dropout are off: their random draws differ between a pipeline's stages and one process."""
+
+from __future__ import annotations
+
+import functools
+
+import vision
+
+__all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "batch", "capture_spec", "loss", "model"]
+
+#: torchvision's ResNet-18, ViT (blocks behind a permute: the boundary is not contiguous) and Swin
+#: (windows: permuted layouts inside), timm's ViT and ConvNeXt (its stages end in a permuted layout)
+IMAGE_CLASSIFIERS = ("tv_resnet18", "tv_vit", "tv_swin", "timm_vit", "timm_convnext")
+#: Hugging Face's BERT (masked LM: its head tied to the word embedding; its attention mask expanded
+#: to every layer) and ViT
+ENCODERS = ("hf_bert", "hf_vit")
+FAMILIES = IMAGE_CLASSIFIERS + ENCODERS
+BATCH, SIDE, CLASSES, VOCAB, SEQUENCE = 2, 32, 10, 256, 32
+
+
+def _build(name: str):
+    if name.startswith("hf_"):
+        import transformers as tf
+        if name == "hf_bert":
+            return tf.BertForMaskedLM(tf.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4,
+                                                    num_attention_heads=4, intermediate_size=128,
+                                                    max_position_embeddings=64, hidden_dropout_prob=0.0,
+                                                    attention_probs_dropout_prob=0.0))
+        return tf.ViTForImageClassification(tf.ViTConfig(image_size=SIDE, patch_size=8, hidden_size=64,
+                                                         num_hidden_layers=4, num_attention_heads=4,
+                                                         intermediate_size=128, num_labels=CLASSES))
+    vision.torchvision_model_code()
+    if name.startswith("tv_"):
+        import torchvision.models as models
+        if name == "tv_resnet18":
+            return models.resnet18(num_classes=CLASSES)
+        if name == "tv_swin":
+            return models.SwinTransformer(patch_size=[2, 2], embed_dim=32, depths=[2, 2, 2, 2], num_heads=[2, 2, 2, 2],
+                                          window_size=[4, 4], num_classes=CLASSES, stochastic_depth_prob=0.0)
+        return models.VisionTransformer(image_size=SIDE, patch_size=8, num_layers=6, num_heads=4, hidden_dim=64,
+                                        mlp_dim=128, num_classes=CLASSES)
+    import timm
+    if name == "timm_vit":
+        return timm.create_model("vit_tiny_patch16_224", pretrained=False, img_size=SIDE, patch_size=8, depth=6,
+                                 num_classes=CLASSES)
+    return timm.create_model("convnext_atto", pretrained=False, num_classes=CLASSES)
+
+
+def _logits(output):
+    """A model's logits: the output itself, a Hugging Face output's ``logits``, or a traced tuple's first."""
+    import torch
+    if isinstance(output, torch.Tensor):
+        return output
+    return output.logits if hasattr(output, "logits") else output[0]
+
+
+def loss(output, targets):
+    """The mean cross-entropy of the logits against ``targets`` (a class per image, a token per position)."""
+    import torch
+    logits = _logits(output)
+    return torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def model(name: str):
+    """Family ``name``'s model with random weights (seeded by the caller), in training mode."""
+    return _build(name).train()
+
+
+def _inputs(name: str, count: int, generator, device=None):
+    import torch
+    if name == "hf_bert":
+        ids = torch.randint(0, VOCAB, (count, SEQUENCE), generator=generator, device=device)
+        return ids, ids
+    images = torch.randn(count, 3, SIDE, SIDE, generator=generator, device=device)
+    return images, torch.randint(0, CLASSES, (count,), generator=generator, device=device)
+
+
+def batch(name: str, micro_batches: int, seed: int = 7) -> tuple:
+    """``micro_batches`` micro-batches of ``BATCH`` samples: (inputs, targets)."""
+    import torch
+    return _inputs(name, BATCH * micro_batches, torch.Generator().manual_seed(seed))
+
+
+def factory(name: str):
+    """A capture factory: the model on the meta device, one micro-batch, and the loss (its targets made on
+    the output's device: the capture's fake tensors are not on the meta device)."""
+    import torch
+    with torch.device("meta"):
+        built = _build(name)
+    if name == "hf_bert":
+        inputs = torch.zeros(BATCH, SEQUENCE, dtype=torch.long, device="meta")
+    else:
+        inputs = torch.zeros(BATCH, 3, SIDE, SIDE, device="meta")
+
+    def captured_loss(output):
+        logits = _logits(output)
+        rows = logits.reshape(-1, logits.shape[-1]).shape[0]
+        return loss(output, torch.zeros(rows, dtype=torch.long, device=logits.device))
+    return built, (inputs,), captured_loss
+
+
+for _name in FAMILIES:
+    globals()[_name] = functools.partial(factory, _name)
+
+
+def capture_spec(name: str) -> str:
+    """The ``stagesplit capture`` factory spec of family ``name``."""
+    from pathlib import Path
+    return f"{Path(__file__).resolve()}:{name}"
