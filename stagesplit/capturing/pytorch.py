@@ -294,8 +294,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
             gc.collect()
     except FakeOpError as exc:
         raise StagesplitError(f"{source}: operation {exc.func} in {exc.label} cannot run under fake tensors "
-                              f"({first_line(exc.exc)}); capture needs shapes that do not depend on tensor "
-                              "values") from None
+                              f"({first_line(exc.exc)}); {_fake_failure_hint(exc.exc)}") from None
     finally:
         for h in hooks:
             h.remove()
@@ -407,6 +406,18 @@ def _cut_gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks)
                 if id(q) in found and id(p) not in ran:      # (a parameter shared with a block that ran: its own)
                     found[id(p)] = found[id(q)]
     return found
+
+
+def _fake_failure_hint(exc: BaseException) -> str:
+    """What to change where an operation failed under the capture's fake tensors: a tensor left on the
+    meta device (capture moves the model and its inputs off it, not a tensor a loss function or the
+    model holds elsewhere), else shapes that depend on tensor values."""
+    text = str(exc)
+    if "meta" in text and "device" in text:
+        return ("a tensor the capture did not receive is on the meta device (one the loss function or the model "
+                "holds outside its inputs, such as labels): pass it among the inputs, or make it inside loss_fn "
+                "on the output's device")
+    return "capture needs shapes that do not depend on tensor values"
 
 
 def _failure_text(rec, exc: BaseException, where: str, dtype: str) -> str:

@@ -408,6 +408,21 @@ BAD = {
         def build():
             return M(), torch.zeros(3, 2)
         """,
+    "meta_labels": """
+        import torch
+        class M(torch.nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.blocks = torch.nn.ModuleList([torch.nn.Linear(2, 3)])
+            def forward(self, x):
+                return self.blocks[0](x)
+        def build():
+            with torch.device("meta"):
+                model = M()
+                labels = torch.zeros(4, dtype=torch.long)
+            images = torch.zeros(4, 2, device="meta")
+            return model, images, lambda out: torch.nn.functional.cross_entropy(out, labels)
+        """,
     "syntax_error": """
         def build(:
             pass
@@ -424,6 +439,9 @@ BAD = {
     ("returns_model_only", "{tmp}/returns_model_only.py:build", "expected (model, inputs) or (model, inputs, loss_fn)"),
     ("forward_raises", "{tmp}/forward_raises.py:build", "ValueError: boom in forward"),
     ("data_dependent", "{tmp}/data_dependent.py:build", "aten.nonzero in blocks.0 cannot run under fake tensors"),
+    ("data_dependent", "{tmp}/data_dependent.py:build", "capture needs shapes that do not depend on tensor values"),
+    # labels made on the meta device inside the factory, held by the loss function: not among the inputs
+    ("meta_labels", "{tmp}/meta_labels.py:build", "a tensor the capture did not receive is on the meta device"),
 ])
 def test_bad_model_one_line_exit_2_no_output(tmp_path, capsys, case, spec, expected):
     for name, text in BAD.items():
