@@ -226,6 +226,32 @@ def _grid_values(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.n
     return np.cumsum(grid, axis=1) if cols > 1 else grid
 
 
+def _grid_peak(cells: _Cells, state: np.ndarray, rows: int, cols: int) -> np.ndarray:
+    """``_grid_values(cells, state, rows, cols).max(axis=2)``, computed on the cells' own rows and
+    columns: a cell (r, c) counts in every (a, b) with a <= r and b >= c, so the grid only changes at
+    the cells' rows and columns, and its values there (a grid of the distinct rows by the distinct
+    columns, a third of the full one's cells on the 405B shape's sweep) give every other (a, b): row
+    a takes the first distinct row at or below it (none: 0), column b the last distinct column at or
+    before it (none: 0)."""
+    n = state.shape[1]
+    keep = cells.cell_col < cols
+    if not state.any() or not keep.any():
+        return np.zeros((rows, cols), np.int64)
+    vals = state[cells.group] * cells.sign[:, None]
+    sums = np.add.reduceat(vals, cells.starts, axis=0)[keep]
+    row, col = cells.cell_row[keep], cells.cell_col[keep]
+    rows_at, cols_at = np.unique(row), np.unique(col)
+    small = np.zeros((len(rows_at) + 1, len(cols_at) + 1, n), np.int64)       # a zero row below, a zero column before
+    small[np.searchsorted(rows_at, row), np.searchsorted(cols_at, col) + 1] = sums
+    np.cumsum(small[::-1], axis=0, out=small[::-1])
+    np.cumsum(small, axis=1, out=small)
+    peak = small.max(axis=2)
+    row_of = np.searchsorted(rows_at, np.arange(rows))                          # len(rows_at): the zero row
+    col_of = np.searchsorted(cols_at, np.arange(cols), side="right")           # 0: the zero column
+    spread: np.ndarray = peak[row_of[:, None], col_of[None, :]]
+    return spread
+
+
 class _Events:
     """Changes of each group's live bytes per (column, tile), aggregated and sorted by column."""
 
@@ -479,8 +505,7 @@ def _one_tile_peaks(sets: LayerSets, events: _Events, owner_col: np.ndarray, own
             peak = np.zeros((m + 1, extent, 1), np.int64)
             width = max(1, memory_budget // (8 * (m + 1) * extent))
             for w0 in range(0, sub.shape[1], width):
-                grid = _grid_values(cells, sub[:, w0:w0 + width], m + 1, extent)
-                np.maximum(peak[:, :, 0], grid.max(axis=2), out=peak[:, :, 0])
+                np.maximum(peak[:, :, 0], _grid_peak(cells, sub[:, w0:w0 + width], m + 1, extent), out=peak[:, :, 0])
             old = peaks.get(m)
             if old is not None:
                 wide = max(old.shape[1], extent)

@@ -106,3 +106,20 @@ def test_a_captures_phase_sweeps_equal_the_band(monkeypatch):
     assert len(swept) == len(views)                   # each through the one-tile path
     L = model.num_layers
     assert price_all_ranges(model, (1,)).bytes_of(1, 0, L - 1) == model.stage_memory(0, L - 1).worst_bytes(1)
+
+
+@settings(max_examples=300, deadline=None)
+@given(seed=st.integers(0, 2**32 - 1), groups=st.integers(1, 6), cells=st.integers(1, 16), rows=st.integers(1, 9),
+       cols=st.integers(1, 9), columns=st.integers(1, 5))
+def test_grid_peak_on_the_cells_rows_and_columns_equals_the_full_grid(seed, groups, cells, rows, cols, columns):
+    """The one-tile sweep's peak of a layer's columns (``_grid_peak``: the grid only on the cells'
+    own rows and columns, spread to the rest) equals the full grid's maximum over the columns
+    (``_grid_values``), cells beyond the extent, negative signs and columns with nothing live included."""
+    from stagesplit.model.pricing import _Cells, _grid_peak, _grid_values
+    rng = np.random.default_rng(seed)
+    made = _Cells.of(rng.integers(0, groups, cells), rng.choice([-1, 1], cells).astype(np.int64),
+                     rng.integers(0, rows, cells), rng.integers(0, cols + 3, cells))
+    state = rng.integers(-50, 100, (groups, columns)) * (rng.random((groups, columns)) < 0.8)
+    want = _grid_values(made, state, rows, cols).max(axis=2)
+    got = _grid_peak(made, state, rows, cols)
+    assert got.shape == (rows, cols) and np.array_equal(got, want)
