@@ -15,7 +15,8 @@ def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(monkeypatc
     that the second stage reads past its first module (as a Hugging Face encoder's attention mask):
     traced by pipeline(), the second stage's inputs keep those strides; after the exported file's
     ``contiguous_boundaries`` the first stage returns contiguous copies, the second stage's inputs
-    are recorded contiguous, and the pipe computes what the model computes."""
+    are recorded contiguous, the stages compute what the model computes, and an input of the model's
+    own that is not contiguous keeps its strides."""
     torch = pytest.importorskip("torch")
     from torch.distributed.pipelining import SplitPoint, pipeline
     threads = threading.active_count()
@@ -78,4 +79,11 @@ def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(monkeypatc
     out = pipe.get_stage_module(1)(*args)
     torch.manual_seed(0)
     torch.testing.assert_close(out[0] if isinstance(out, tuple) else out, Net()(x))
+    # the model's own input keeps its strides (torch checks what it is given against them)
+    transposed = torch.randn(3, 6, 5).transpose(1, 2)
+    torch.manual_seed(0)
+    pipe = pipeline(Net(), mb_args=(transposed,), split_spec=split)
+    ns["contiguous_boundaries"](pipe)
+    given = next(n for n in pipe.get_stage_module(0).graph.nodes if n.op == "placeholder").meta["val"]
+    assert not given.is_contiguous() and all(v.is_contiguous() for v in second_stage_inputs(pipe))
     assert threading.active_count() == threads
