@@ -415,8 +415,7 @@ def _fake_failure_hint(exc: BaseException) -> str:
     text = str(exc)
     if "meta" in text and "device" in text:
         return ("a tensor the capture did not receive is on the meta device (one the loss function or the model "
-                "holds outside its inputs, such as labels): pass it among the inputs, or make it inside loss_fn "
-                "on the output's device")
+                "holds outside its inputs, such as labels): make it inside loss_fn, on the output's device")
     return "capture needs shapes that do not depend on tensor values"
 
 
