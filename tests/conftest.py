@@ -43,3 +43,14 @@ def _forget_cached_samples():
     yield
     load_sample.cache_clear()
     sample_json_text.cache_clear()
+
+
+# Timed tests (``@pytest.mark.timed``: tests/plan/test_steptime_*.py) hold a prediction to the wall
+# time of real processes, each given a core of its own: beside another pytest worker they measure
+# that worker. The README's test command runs them alone after the rest (``-m timed``); a run that
+# would put one beside other workers fails it at once rather than let it measure noise.
+@pytest.fixture(autouse=True)
+def _timed_tests_run_alone(request):
+    if request.node.get_closest_marker("timed") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
+        pytest.fail("a timed test measures real processes' wall time and runs alone, not beside other pytest "
+                    "workers: run it with -m timed (no -n)", pytrace=False)

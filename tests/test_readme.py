@@ -77,8 +77,35 @@ def test_the_readmes_test_command_is_what_ci_runs():
     assert ci == [tests]
     words = shlex.split(tests)
     assert words[:4] == ["apt-get", "install", "-y", "chromium"]      # the HTML report's browser test
-    assert tests.endswith(".venv/bin/python -m pytest -q")
+    # the whole suite: everything but the timed tests on both cores, then the timed tests alone
+    assert tests.endswith(".venv/bin/python -m pytest -q -n 2 -m 'not timed' && .venv/bin/python -m pytest -q -m timed")
     assert "'.[test,torch,onnx]'" in tests
+
+
+@pytest.mark.slow
+def test_the_two_runs_of_the_test_command_cover_the_whole_suite_and_the_timed_tests_run_alone():
+    """``-m 'not timed'`` and ``-m timed`` partition the suite (nothing falls between them), the timed
+    tests are the step-time comparisons (slow, so never in the quick loop), and one of them put beside
+    another worker fails at once (conftest.py) rather than measure that worker."""
+    import os
+    import subprocess
+    import sys
+
+    def collected(*args: str) -> set[str]:
+        out = subprocess.run([sys.executable, "-m", "pytest", "--collect-only", "-q", "-p", "no:cacheprovider", *args],
+                             cwd=ROOT, capture_output=True, text=True, check=False).stdout
+        return {line for line in out.splitlines() if "::" in line}
+    timed = collected("-m", "timed", "tests/plan")
+    assert {t.split("::")[0] for t in timed} == {"tests/plan/test_steptime_real.py", "tests/plan/test_steptime_layouts.py"}
+    assert not timed & collected("-m", "not timed", "tests/plan")
+    assert timed <= collected("-m", "slow", "tests/plan")
+    assert timed | collected("-m", "not timed", "tests/plan") == collected("tests/plan")
+    # as an xdist worker beside another (xdist sets the count): failed before the test's body runs
+    beside = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-m", "timed",
+                             "tests/plan/test_steptime_real.py"], cwd=ROOT, capture_output=True, text=True, check=False,
+                            env={**os.environ, "PYTEST_XDIST_WORKER_COUNT": "2"}, timeout=300)
+    assert beside.returncode == 1 and "runs alone, not beside other pytest workers" in beside.stdout, beside.stdout
+    assert "1 error" in beside.stdout and " passed" not in beside.stdout
 
 
 def test_the_readmes_first_command_is_the_one_its_annotated_output_shows():

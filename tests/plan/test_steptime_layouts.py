@@ -49,7 +49,7 @@ pytest.importorskip("transformers")
 
 import steptime_harness as harness  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 TOLERANCE = 0.15
 PP_TOLERANCE = 0.20

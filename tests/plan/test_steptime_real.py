@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 
 import steptime_harness as harness  # noqa: E402
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
 TOLERANCE = 0.15
 #: plans whose step times differ by more than this are measured in the same order
