@@ -1,5 +1,6 @@
 """Models whose torch-pipelining export is traced by pipeline() (they are not Hugging Face causal
-language models): torchvision's and timm's image classifiers and Hugging Face's BERT and ViT, each
+language models): torchvision's and timm's image classifiers, Hugging Face's BERT and ViT, and a
+residual network with a long skip connection, each
 built from its own model code with a small config (no downloads), as ``stagesplit capture``
 factories and as the runs' models, for tests/exporters/test_export_traced_pipelines.py.
 ``model(name)`` builds one (seeded by the caller), ``batch(name, micro_batches)`` gives its inputs and
@@ -12,7 +13,7 @@ import functools
 
 import vision
 
-__all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "batch", "capture_spec", "loss", "model"]
+__all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "SKIPS", "batch", "capture_spec", "loss", "model"]
 
 #: torchvision's ResNet-18, ViT (blocks behind a permute: the boundary is not contiguous) and Swin
 #: (windows: permuted layouts inside), timm's ViT and ConvNeXt (its stages end in a permuted layout)
@@ -20,11 +21,38 @@ IMAGE_CLASSIFIERS = ("tv_resnet18", "tv_vit", "tv_swin", "timm_vit", "timm_convn
 #: Hugging Face's BERT (masked LM: its head tied to the word embedding; its attention mask expanded
 #: to every layer) and ViT
 ENCODERS = ("hf_bert", "hf_vit")
-FAMILIES = IMAGE_CLASSIFIERS + ENCODERS
-BATCH, SIDE, CLASSES, VOCAB, SEQUENCE = 2, 32, 10, 256, 32
+#: a residual network whose first block's output is added after the fifth (a skip connection that carries a
+#: gradient: on 4 stages it skips two), and BERT on 4 stages (its attention mask, made at the root, read by
+#: every layer)
+SKIPS = ("skip_net", "hf_bert")
+FAMILIES = IMAGE_CLASSIFIERS + ENCODERS + ("skip_net",)
+BATCH, SIDE, CLASSES, VOCAB, SEQUENCE, FEATURES = 2, 32, 10, 256, 32, 256
+
+
+def _skip_net():
+    import torch
+
+    class SkipNet(torch.nn.Module):
+        """Eight linear blocks; the first block's output is added to the fifth's (a long skip connection)."""
+
+        def __init__(self):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(torch.nn.Linear(FEATURES, FEATURES) for _ in range(8))
+            self.head = torch.nn.Linear(FEATURES, CLASSES)
+
+        def forward(self, x):
+            first = x = torch.relu(self.blocks[0](x))
+            for i in range(1, 8):
+                x = torch.relu(self.blocks[i](x))
+                if i == 4:
+                    x = x + first
+            return self.head(x)
+    return SkipNet()
 
 
 def _build(name: str):
+    if name == "skip_net":
+        return _skip_net()
     if name.startswith("hf_"):
         import transformers as tf
         if name == "hf_bert":
@@ -77,6 +105,9 @@ def _inputs(name: str, count: int, generator, device=None):
     if name == "hf_bert":
         ids = torch.randint(0, VOCAB, (count, SEQUENCE), generator=generator, device=device)
         return ids, ids
+    if name == "skip_net":
+        features = torch.randn(count, FEATURES, generator=generator, device=device)
+        return features, torch.randint(0, CLASSES, (count,), generator=generator, device=device)
     images = torch.randn(count, 3, SIDE, SIDE, generator=generator, device=device)
     return images, torch.randint(0, CLASSES, (count,), generator=generator, device=device)
 
@@ -95,6 +126,8 @@ def factory(name: str):
         built = _build(name)
     if name == "hf_bert":
         inputs = torch.zeros(BATCH, SEQUENCE, dtype=torch.long, device="meta")
+    elif name == "skip_net":
+        inputs = torch.zeros(BATCH, FEATURES, device="meta")
     else:
         inputs = torch.zeros(BATCH, 3, SIDE, SIDE, device="meta")
 

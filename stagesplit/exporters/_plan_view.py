@@ -97,16 +97,6 @@ class PlanView:
         """The micro-batch size the exports write: the plan's, else 1 (the profile's batch)."""
         return self.micro_batch_size or 1
 
-    def skipped_stages(self) -> tuple[WideTensor, int, int] | None:
-        """The first wide tensor a traced pipeline of this split would send past a stage, with the
-        stages it goes from and to; None where every tensor goes to the next stage at most."""
-        stage_of = {layer: s.index for s in self.stages for layer in s.layers}
-        for w in self.wide_tensors:
-            a, b = stage_of.get(w.first), stage_of.get(w.last)
-            if a is not None and b is not None and b - a >= 2:
-                return w, a, b
-        return None
-
     @property
     def recomputes(self) -> bool:
         """Whether the plan recomputes any layer."""

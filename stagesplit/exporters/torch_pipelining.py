@@ -103,6 +103,81 @@ CONTIGUOUS_BOUNDARIES: tuple[str, ...] = (
 )
 
 
+RELAY_SKIPS_SOURCE = """\
+def relay_skips(pipe):
+    \"\"\"Pass every tensor that skips a stage through the stages between, in the split pipe. A traced model
+    computes some tensors once and uses them far downstream (an encoder's attention mask, read by every
+    layer; a U-Net's skip connections): pipeline() sends such a tensor from the stage that makes it straight
+    to each stage that reads it, and torch's runtimes pass tensors to the next stage only ("Backward of skip
+    connections not supported yet"). Here each stage between takes it as one more input and returns it as one
+    more output, unchanged, so that every tensor goes to the next stage alone; its gradient comes back the
+    same way. Run after contiguous_boundaries, before any stage is built from the pipe.\"\"\"
+    import operator
+
+    root = pipe.split_gm
+    graph = root.graph
+    calls = [node for node in graph.nodes if node.op == "call_module"]
+    stage_of = {node: k for k, node in enumerate(calls)}
+    modules = dict(root.named_children())
+
+    def producer(node):
+        while node not in stage_of and node.op == "call_function" and node.args:
+            node = node.args[0]   # one output of a stage that returns several
+        return stage_of.get(node)
+
+    def outputs(k):
+        \"\"\"Stage k's outputs in the root graph, in order (the stage made to return a tuple).\"\"\"
+        call, sub = calls[k], modules[calls[k].target].graph
+        out = next(node for node in sub.nodes if node.op == "output")
+        if not isinstance(out.args[0], (tuple, list)):
+            out.args = ((out.args[0],),)
+            users = list(call.users)
+            with graph.inserting_after(call):
+                first = graph.call_function(operator.getitem, (call, 0))
+            for user in users:
+                user.replace_input_with(call, first)
+        return [user for user in call.users if user.op == "call_function" and user.target is operator.getitem]
+
+    relayed = {}
+
+    def through(node, k, value):
+        \"\"\"The root node that carries ``node`` out of stage ``k`` (relayed from its producer on).\"\"\"
+        j = producer(node)
+        if k == j:
+            return node
+        if (node, k) in relayed:
+            return relayed[node, k]
+        incoming = through(node, k - 1, value)
+        call, module = calls[k], modules[calls[k].target]
+        sub = module.graph
+        places = [place for place in sub.nodes if place.op == "placeholder"]
+        place = next((p for p, given in zip(places, call.args) if given is incoming), None)
+        if place is None:
+            with sub.inserting_after(places[-1]):
+                place = sub.placeholder(f"relayed_{len(relayed)}")
+            place.meta["val"] = value
+            call.args = (*call.args, incoming)
+        out = next(node for node in sub.nodes if node.op == "output")
+        last = outputs(k)
+        out.args = ((*out.args[0], place),)
+        module.recompile()
+        with graph.inserting_after(last[-1] if last else call):
+            carried = graph.call_function(operator.getitem, (call, len(out.args[0]) - 1))
+        relayed[node, k] = carried
+        return carried
+
+    for k, call in enumerate(calls):
+        places = [place for place in modules[call.target].graph.nodes if place.op == "placeholder"]
+        for position, given in enumerate(call.args):
+            j = producer(given) if isinstance(given, torch.fx.Node) else None
+            if j is not None and j < k - 1:
+                carried = through(given, k - 1, places[position].meta["val"])
+                call.args = tuple(carried if i == position else arg for i, arg in enumerate(call.args))
+    graph.lint()
+    root.recompile()
+"""
+
+
 def contiguous_boundaries_source() -> str:
     """The source of the exported file's ``contiguous_boundaries`` (it reads ``torch``)."""
     return "\n".join(CONTIGUOUS_BOUNDARIES) + "\n"
@@ -391,14 +466,6 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     # training a model whose layers are the blocks of one stack: stages built from its modules where it is a
     # Hugging Face causal language model (templates/stage_modules.py says why), else traced
     stack = block_stack(view) if options.training else None
-    skip = view.skipped_stages() if options.training and stack is None else None
-    if skip is not None:
-        tensor, a, b = skip
-        raise view.error(f"{NAME}: the split sends tensor '{show(tensor.name)}' (layers {tensor.first} to "
-                         f"{tensor.last}) from stage {a} past stage {a + 1} to stage {b}: a traced pipeline cannot "
-                         "run the backward of a skip connection (torch: \"Backward of skip connections not supported "
-                         f"yet\"); give layers {tensor.first} to {tensor.last} at most two neighbouring stages "
-                         "(fewer devices, or those layers kept together)")
     tensor_parallel = _parallel_lines(view, stack) if options.training else []
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
@@ -470,6 +537,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     lines += [indent + "split_spec = {fqn: SplitPoint.BEGINNING for fqn in SPLIT_POINTS}",
               indent + "pipe = pipeline(model, mb_args=(example_microbatch,), split_spec=split_spec)",
               indent + "contiguous_boundaries(pipe)",
+              indent + "relay_skips(pipe)",
               indent + "modules = [pipe.get_stage_module(k) for k in range(NUM_STAGES)]",
               indent + "tie_within_stages(model, modules)",
               indent + "if pipe.num_stages != NUM_STAGES:",
@@ -499,6 +567,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                  "        return False",
                  '    return "inputs_embeds" in inspect.signature(decoder.forward).parameters', "", ""] if stack else []),
               *CONTIGUOUS_BOUNDARIES, "", "",
+              *RELAY_SKIPS_SOURCE.rstrip("\n").splitlines(), "", "",
               "def tie_within_stages(model, modules):",
               '    """Make each traced stage hold a tied parameter once. pipeline() can give a stage a copy under each of',
               "    the model's names for it (BERT's first stage: its word embedding and, unused there, the tied head's",

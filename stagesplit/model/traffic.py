@@ -52,9 +52,10 @@ class Traffic:
 @dataclass(frozen=True)
 class WideTensor:
     """A tensor (not a parameter, not a model input) that layers more than one apart use, from
-    ``first`` to ``last``: a traced pipeline sends it from the stage of ``first`` straight to the stage
-    of ``last``, past every stage between (a skip connection, which torch's pipelining cannot run
-    backward through); stages built from a stack's modules compute it again instead."""
+    ``first`` to ``last``: a traced pipeline would send it from the stage of ``first`` straight to the
+    stage of ``last``, past every stage between (a skip connection, which torch's runtimes cannot run),
+    so the torch-pipelining export relays it through those stages; stages built from a stack's modules
+    compute it again instead."""
 
     name: str
     first: int

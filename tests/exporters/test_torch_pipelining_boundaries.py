@@ -4,13 +4,10 @@ contiguous tensors only; tests/exporters/test_export_traced_pipelines.py runs th
 
 from __future__ import annotations
 
-import contextlib
-import threading
-
 import pytest
 
 
-def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(monkeypatch):
+def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(no_thread_left):
     """In one process, a model whose first block returns a transposed tensor and an expanded one
     that the second stage reads past its first module (as a Hugging Face encoder's attention mask):
     traced by pipeline(), the second stage's inputs keep those strides; after the exported file's
@@ -19,12 +16,6 @@ def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(monkeypatc
     own that is not contiguous keeps its strides."""
     torch = pytest.importorskip("torch")
     from torch.distributed.pipelining import SplitPoint, pipeline
-    threads = threading.active_count()
-    # a stage module's call starts tqdm's monitor thread otherwise, which would stop the PopVision
-    # reader's fork later in this process (it forks only with no other thread running)
-    with contextlib.suppress(ImportError):
-        import tqdm
-        monkeypatch.setattr(tqdm.tqdm, "monitor_interval", 0)
 
     class First(torch.nn.Module):
         def __init__(self):
@@ -86,4 +77,3 @@ def test_contiguous_boundaries_makes_every_crossing_tensor_contiguous(monkeypatc
     ns["contiguous_boundaries"](pipe)
     given = next(n for n in pipe.get_stage_module(0).graph.nodes if n.op == "placeholder").meta["val"]
     assert not given.is_contiguous() and all(v.is_contiguous() for v in second_stage_inputs(pipe))
-    assert threading.active_count() == threads
