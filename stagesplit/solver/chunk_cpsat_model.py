@@ -468,9 +468,11 @@ def _rank_forms(sig: tuple[RankSignatures, ...], q: _Figures, C: int) -> list[li
                     if counts[k, c] and name in q:
                         terms.append(int(counts[k, c]) * q[name][c])
             if signature.op is None:
-                terms += [q["optimizer"][c] for c in chunks]
-            else:
-                terms.append(q[TRANSIENT_FIGURE[signature.op]][signature.chunk])
+                # the optimizer step runs one parameter's kernels at a time (schedule_memory): the rank's
+                # transient is its largest chunk's, a form per chunk
+                forms.extend(sum([*terms, q["optimizer"][c]]) for c in chunks)
+                continue
+            terms.append(q[TRANSIENT_FIGURE[signature.op]][signature.chunk])
             forms.append(sum(terms))
         out.append(forms)
     return out

@@ -7,7 +7,7 @@ classifiers on 4, the encoders on 2, and on 4 (and under interleaved 1F1B) model
 skips stages, which the exported ``relay_skips`` passes through the stages between (torch's runtimes
 refuse such a split beyond two stages). Each run's loss equals the unpipelined model's, every gradient
 on every rank equals the unpipelined model's, and no rank's peak is off the plan's by more than
-TOLERANCE (the relayed runs' exceptions, measured, in RELAYED_TOLERANCE and LOOPED_TOLERANCE).
+TOLERANCE (BERT's relayed run excepted, measured, in RELAYED_TOLERANCE).
 
 Two bugs these runs found, both in the exported program (``contiguous_boundaries``, ``tie_within_stages``):
 * torch made each traced stage's receive buffer with the strides it traced, and gloo refuses a tensor
@@ -128,14 +128,12 @@ def test_traced_hugging_face_encoders_train_the_whole_model_on_2_processes(tmp_p
     _check(tmp_path, families.ENCODERS, 2)
 
 
-#: the relayed runs' bounds where the plan is further off than TOLERANCE, each measured: BERT's traced
-#: program builds its full attention mask, which the eager capture skips (transformers makes the mask only
-#: under torch.export, not in an eager run whose inputs need none), and on CPU torch's attention with a mask
+#: the relayed runs' bound where the plan is further off than TOLERANCE, measured: BERT's traced program
+#: builds its full attention mask, which the eager capture skips (transformers makes the mask only under
+#: torch.export, not in an eager run whose inputs need none), and on CPU torch's attention with a mask
 #: materialises the attention weights in the backward: -8.0%, -12.0%, -13.4% and -1.2% on 4 processes here
-#: (-5.2% to -6.8% at hidden 256, 8 layers, 128 tokens); the skip network on 2 ranks with 2 chunks each:
-#: +10.6% and +10.7% (the plan over-states the looped chunks' figures, not yet explained)
+#: (-5.2% to -6.8% at hidden 256, 8 layers, 128 tokens)
 RELAYED_TOLERANCE = {"hf_bert": 0.15}
-LOOPED_TOLERANCE = {"skip_net": 0.12}
 
 
 def test_traced_skip_connections_are_relayed_and_train_the_whole_model_on_4_processes(tmp_path):
@@ -153,6 +151,8 @@ def test_traced_skip_connections_are_relayed_and_train_the_whole_model_on_4_proc
 
 def test_traced_skip_connections_are_relayed_under_a_looped_schedule(tmp_path):
     """The same relay where two of the stages between are on one rank (interleaved 1F1B, 2 chunks per rank
-    on 2 processes: the runtime hands the relayed tensor to the rank's next chunk without a send)."""
+    on 2 processes: the runtime hands the relayed tensor to the rank's next chunk without a send). The
+    network's parameters are most of each rank's bytes: with a rank's optimizer temporaries priced as the
+    sum of its chunks' (not the largest: solver/schedule_memory.py), the plan was 10.6% over each rank."""
     pytest.importorskip("transformers")
-    _check(tmp_path, ("skip_net",), 2, schedule="interleaved-1f1b", tolerance=LOOPED_TOLERANCE, skipping=("skip_net",))
+    _check(tmp_path, ("skip_net",), 2, schedule="interleaved-1f1b", skipping=("skip_net",))
