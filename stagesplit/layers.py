@@ -23,7 +23,7 @@ afresh from their names: the explicit layers the recorded grouping stored are th
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, fields
 from enum import Enum, IntEnum
 from typing import Any, ClassVar
@@ -44,7 +44,7 @@ from .io.profile import LayerGrouping, Profile
 
 __all__ = ["DEFAULT_CALL_REGEX", "DEFAULT_FIRST_LAYER_REGEX", "DEFAULT_LAST_LAYER_REGEX", "DEFAULT_LAYER_REGEX",
            "LOW_SHARE", "LayerAssignment", "LayerOptions", "LayerOrder", "Rule", "group_layers", "layer_keys",
-           "module_path", "recorded_options"]
+           "module_path", "one_stack", "recorded_options"]
 
 LOW_SHARE = 0.5
 
@@ -318,3 +318,13 @@ def group_layers(profile: Profile, options: LayerOptions | None = None) -> Layer
             "calls with inputs from several layers were found; outlining has merged layers. Recompile the "
             f"profile with POPART_POPLINER_OUTLINER_REGEX='{options.layer_regex}'")
     return assignment
+
+
+def one_stack(paths: Sequence[str | None]) -> bool:
+    """Whether the layers are the blocks of one stack, in order (``model.layers.0`` ...
+    ``model.layers.{L-1}``; slashed name scopes read as dots)."""
+    if not paths or any(not isinstance(p, str) for p in paths):
+        return False
+    dotted = [p.replace("/", ".") for p in paths if isinstance(p, str)]     # every one is (above)
+    stack = dotted[0].rpartition(".")[0]
+    return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]

@@ -1,5 +1,5 @@
 """Models whose torch-pipelining export is traced by pipeline() (they are not Hugging Face causal
-language models): torchvision's and timm's image classifiers, Hugging Face's BERT and ViT, and a
+language models): torchvision's and timm's image classifiers, Hugging Face's BERT, ViT and DeBERTa, and a
 residual network with a long skip connection, each
 built from its own model code with a small config (no downloads), as ``stagesplit capture``
 factories and as the runs' models, for tests/exporters/test_export_traced_pipelines.py.
@@ -13,19 +13,22 @@ import functools
 
 import vision
 
-__all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "SKIPS", "batch", "capture_spec", "loss", "model"]
+__all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "MASKED_LMS", "SKIPS", "batch", "capture_spec", "loss", "model"]
 
 #: torchvision's ResNet-18, ViT (blocks behind a permute: the boundary is not contiguous) and Swin
 #: (windows: permuted layouts inside), timm's ViT and ConvNeXt (its stages end in a permuted layout)
 IMAGE_CLASSIFIERS = ("tv_resnet18", "tv_vit", "tv_swin", "timm_vit", "timm_convnext")
 #: Hugging Face's BERT (masked LM: its head tied to the word embedding; its attention mask expanded
-#: to every layer) and ViT
-ENCODERS = ("hf_bert", "hf_vit")
+#: to every layer), ViT, and DeBERTa-v2 (its relative position embeddings, one module's parameter, read by
+#: every layer: traced, each stage holds a copy whose gradients must be summed)
+ENCODERS = ("hf_bert", "hf_vit", "hf_deberta")
+#: the masked language models (token ids in, a token per position out)
+MASKED_LMS = ("hf_bert", "hf_deberta", "hf_mpnet")
 #: a residual network whose first block's output is added after the fifth (a skip connection that carries a
-#: gradient: on 4 stages it skips two), and BERT on 4 stages (its attention mask, made at the root, read by
-#: every layer)
-SKIPS = ("skip_net", "hf_bert")
-FAMILIES = IMAGE_CLASSIFIERS + ENCODERS + ("skip_net",)
+#: gradient: on 4 stages it skips two), BERT on 4 stages (its attention mask, made at the root, read by
+#: every layer) and MPNet (its relative position bias, made at the root from a parameter, read by every layer)
+SKIPS = ("skip_net", "hf_bert", "hf_mpnet")
+FAMILIES = IMAGE_CLASSIFIERS + ENCODERS + ("skip_net", "hf_mpnet")
 BATCH, SIDE, CLASSES, VOCAB, SEQUENCE, FEATURES = 2, 32, 10, 256, 32, 256
 
 
@@ -55,6 +58,15 @@ def _build(name: str):
         return _skip_net()
     if name.startswith("hf_"):
         import transformers as tf
+        if name == "hf_mpnet":
+            return tf.MPNetForMaskedLM(tf.MPNetConfig(
+                vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+                max_position_embeddings=72, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0))
+        if name == "hf_deberta":
+            return tf.DebertaV2ForMaskedLM(tf.DebertaV2Config(
+                vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4, num_attention_heads=4, intermediate_size=128,
+                max_position_embeddings=64, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+                relative_attention=True, position_buckets=16, max_relative_positions=64, pos_att_type=["p2c", "c2p"]))
         if name == "hf_bert":
             return tf.BertForMaskedLM(tf.BertConfig(vocab_size=VOCAB, hidden_size=64, num_hidden_layers=4,
                                                     num_attention_heads=4, intermediate_size=128,
@@ -102,7 +114,7 @@ def model(name: str):
 
 def _inputs(name: str, count: int, generator, device=None):
     import torch
-    if name == "hf_bert":
+    if name in MASKED_LMS:
         ids = torch.randint(0, VOCAB, (count, SEQUENCE), generator=generator, device=device)
         return ids, ids
     if name == "skip_net":
@@ -124,7 +136,7 @@ def factory(name: str):
     import torch
     with torch.device("meta"):
         built = _build(name)
-    if name == "hf_bert":
+    if name in MASKED_LMS:
         inputs = torch.zeros(BATCH, SEQUENCE, dtype=torch.long, device="meta")
     elif name == "skip_net":
         inputs = torch.zeros(BATCH, FEATURES, device="meta")

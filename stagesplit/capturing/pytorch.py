@@ -33,7 +33,7 @@ from typing import Any
 from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..io.variants import ParallelVariants, parallel_variants
-from ..layers import LayerOptions
+from ..layers import LayerOptions, one_stack
 from .contextparallel import ContextParallel, check_degree, fake_meshes, ring_attention, shard_inputs
 from .expertparallel import ExpertParallel, apply_expert_parallel, exchange_shape, expert_modules
 from .factory import call_factory, check_model, load_factory
@@ -309,11 +309,31 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
         apply_expert_parallel(rec, expert, Storage, Collective)
     if not rec.ops:
         raise StagesplitError(f"{source}: the training step ran no tensor operation")
-    return build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
-                          dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
-                          autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
-                          layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
-                          context=context, expert=expert)
+    profile = build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
+                            dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
+                            autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
+                            layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
+                            context=context, expert=expert)
+    grouping = profile.info.layer_grouping
+    if grouping is not None and one_stack(grouping.module_paths) and not _stages_from_modules(model, grouping):
+        profile.info.layer_grouping = replace(grouping, traced_stages=True)
+    return profile
+
+
+def _stages_from_modules(model, grouping) -> bool:
+    """Whether the torch-pipelining export builds the stages of ``model``, whose layers are one stack's
+    blocks, from its modules: as its ``builds_from_modules`` decides at run time (templates/
+    stage_modules.py), a Hugging Face causal language model (an output embedding and a config) whose
+    stack's holder takes ``inputs_embeds``. Any other model's stages are traced."""
+    import inspect
+    if not hasattr(model, "get_output_embeddings") or not hasattr(model, "config"):
+        return False
+    holder = str(grouping.module_paths[0]).replace("/", ".").rpartition(".")[0].rpartition(".")[0]
+    try:
+        decoder = model.get_submodule(holder)
+    except AttributeError:
+        return False
+    return bool(holder) and "inputs_embeds" in inspect.signature(decoder.forward).parameters
 
 
 def _gradient_layouts(torch, model, inputs, loss_fn, autocast_dtype, stacks=()) -> dict[int, Any]:

@@ -23,7 +23,8 @@ from .targets import known_targets, target_from_mapping
 __all__ = ["byte_count", "compute_figure", "grouping_from_record", "grouping_record", "layout_from_record",
            "layout_record", "read_info", "read_target"]
 
-_GROUPING_KEYS = {"method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order", "layers"}
+_GROUPING_KEYS = {"method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order", "layers",
+                  "traced_stages"}
 
 
 def byte_count(r: FieldReader, value: Any, path: str) -> int:
@@ -71,7 +72,8 @@ def grouping_record(g: LayerGrouping) -> dict[str, Any]:
     """``LayerGrouping`` as the JSON object both file formats store."""
     return {"method": g.method, "layer_regex": g.layer_regex, "first_layer_regex": g.first_layer_regex,
             "last_layer_regex": g.last_layer_regex, "call_regex": g.call_regex, "order": g.order,
-            "layers": [{"name": n, "module_path": m} for n, m in zip(g.layers, g.module_paths)]}
+            "layers": [{"name": n, "module_path": m} for n, m in zip(g.layers, g.module_paths)],
+            **({"traced_stages": True} if g.traced_stages else {})}
 
 
 def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping:
@@ -89,7 +91,8 @@ def grouping_from_record(value: Any, r: FieldReader, path: str) -> LayerGrouping
         names.append(r.string(r.get(item, "name", p), f"{p}.name"))
         module = item.get("module_path")
         paths.append(None if module is None else r.string(module, f"{p}.module_path"))
-    return LayerGrouping(order=order, layers=tuple(names), module_paths=tuple(paths), **strings)
+    traced = r.boolean(value.get("traced_stages", False), f"{path}.traced_stages")
+    return LayerGrouping(order=order, layers=tuple(names), module_paths=tuple(paths), traced_stages=traced, **strings)
 
 
 _LAYOUT_KEYS = {"tensor_parallel", "sequence_parallel", "plan", "styles", "additions", "heads", "collectives",

@@ -307,7 +307,10 @@ class LayerGrouping:
     are the layer names in order and ``module_paths`` each layer's module path (None where it
     has none). ``method`` says how the layers were found: ``module-tree`` (the repeated blocks
     of the model's module stacks; ``layer_regex`` then reads the same layers from the names)
-    or ``regex`` (the user's layer regex)."""
+    or ``regex`` (the user's layer regex). ``traced_stages``: the layers are one stack's blocks, but a
+    torch-pipelining export traces the model's stages with ``pipeline()`` instead of building them from
+    its modules (it is not a Hugging Face causal language model: BERT, MPNet), so a tensor its layers
+    share past a neighbour crosses every stage boundary between them."""
 
     method: str
     layer_regex: str
@@ -317,6 +320,7 @@ class LayerGrouping:
     order: str = "steps"
     layers: tuple[str, ...] = ()
     module_paths: tuple[str | None, ...] = ()
+    traced_stages: bool = False
 
     def module_path_of(self, layer: str) -> str | None:
         """The recorded module path of ``layer`` (None when not recorded)."""

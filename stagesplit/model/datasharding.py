@@ -139,17 +139,21 @@ class _Additions:
     """New variables: bytes, intervals, name, role, and the operations that use them."""
 
     def __init__(self) -> None:
-        self.rows: list[tuple[int, list[tuple[int, int]] | None, str, np.ndarray]] = []
+        self.rows: list[tuple[int, list[tuple[int, int]] | None, str, np.ndarray, int]] = []
 
-    def add(self, nbytes: int, intervals: list[tuple[int, int]] | None, name: str, ops: np.ndarray) -> None:
-        """``intervals`` None: always live. Empty intervals are dropped; nothing of 0 bytes is added."""
+    def add(self, nbytes: int, intervals: list[tuple[int, int]] | None, name: str, ops: np.ndarray,
+            role: int = _OTHER) -> None:
+        """``intervals`` None: always live. Empty intervals are dropped; nothing of 0 bytes is added.
+        ``role``: what the variable is (``ROLES``), given for those live part of the step (an unsharded
+        gradient, FSDP's parameters): no stage of a pipeline sends them (model/phases.py); the
+        always-live additions stay ``other``, as ``role_bytes`` has always counted them."""
         if nbytes <= 0:
             return
         if intervals is not None:
             intervals = _merge([iv for iv in intervals if iv[1] > iv[0]])
             if not intervals:
                 return
-        self.rows.append((int(nbytes), intervals, name, ops))
+        self.rows.append((int(nbytes), intervals, name, ops, role if intervals is not None else _OTHER))
 
 
 def _merge(intervals: list[tuple[int, int]]) -> list[tuple[int, int]]:
@@ -312,7 +316,7 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
         if first[i] >= 0:
             start = max(start, int(first[i])) if g >= 0 else int(first[i])
         label = profile.names[int(v.name[i])] if v.name[i] >= 0 else f"var#{i}"
-        add.add(int(v.bytes[i]), [(start, max(end, start + 1))], f"unsharded gradients/{label}", users)
+        add.add(int(v.bytes[i]), [(start, max(end, start + 1))], f"unsharded gradients/{label}", users, _GRAD)
     if layout.zero == 2:
         return _rebuild(profile, nbytes, add)
 
@@ -421,9 +425,10 @@ def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout,
     end = max(bounds.backward_end, bounds.forward_end)
     if has_root:                        # the root: unsharded from its pre-forward to its post-backward
         first_group = int(bounds.f0[groups[0]]) if groups else bounds.forward_end
-        add.add(int(root_params), [(bounds.forward_start, end)], "fsdp/unsharded parameters/shared parameters", root_ops)
+        add.add(int(root_params), [(bounds.forward_start, end)], "fsdp/unsharded parameters/shared parameters", root_ops,
+                _PARAM)
         add.add(int(root_params), [(bounds.forward_start, max(first_group, bounds.forward_start + 1))],
-                "fsdp/all-gather/shared parameters", root_ops)
+                "fsdp/all-gather/shared parameters", root_ops, _PARAM)
     for i, k in enumerate(groups):
         name = layers.names[k]
         P = int(param_of_layer[k])
@@ -433,7 +438,7 @@ def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout,
         ops_k = ops_of_layer[k]
         # unsharded parameters
         if layout.reshard_after_forward and b0 >= 0:
-            add.add(P, [(f0, f1 + 1), (b0, b1 + 1)], f"fsdp/unsharded parameters/{name}", ops_k)
+            add.add(P, [(f0, f1 + 1), (b0, b1 + 1)], f"fsdp/unsharded parameters/{name}", ops_k, _PARAM)
         else:                           # held from the forward to the backward: across micro-batches too
             add.add(P, None, f"fsdp/unsharded parameters/{name}", ops_k)
         # all-gather output in the forward: freed at the next group's copy-out
@@ -447,11 +452,11 @@ def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout,
             else:
                 start = bounds.backward_start if has_root else b0
             intervals.append((min(start, b0), b0))        # its copy-out at b0 frees it
-        add.add(P, intervals, f"fsdp/all-gather/{name}", ops_k)
+        add.add(P, intervals, f"fsdp/all-gather/{name}", ops_k, _PARAM)
         # reduce-scatter input: from the end of its backward to the end of the next group's
         if b1 >= 0:
             until = int(bounds.b1[prev]) + 1 if prev is not None and bounds.b1[prev] >= 0 else bounds.backward_end
-            add.add(P, [(b1 + 1, until)], f"fsdp/reduce-scatter/{name}", ops_k)
+            add.add(P, [(b1 + 1, until)], f"fsdp/reduce-scatter/{name}", ops_k, _GRAD)
 
 
 def kept_unsharded(profile: Profile, layers: LayerAssignment, layout: DataLayout | None) -> np.ndarray | None:
@@ -486,7 +491,8 @@ def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:
     n0 = len(v)
     new_bytes, new_always, new_class, new_name = [], [], [], []
     extra_rows: dict[int, list[int]] = {}
-    for j, (b, intervals, name, op_ids) in enumerate(add.rows):
+    new_role = [row[4] for row in add.rows]
+    for j, (b, intervals, name, op_ids, _) in enumerate(add.rows):
         new_bytes.append(b)
         new_always.append(intervals is None)
         if intervals is None:
@@ -505,7 +511,7 @@ def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:
         always_live=np.concatenate([v.always_live, np.asarray(new_always, bool)]),
         live_class=np.concatenate([v.live_class, np.asarray(new_class, np.int64)]).astype(np.int64),
         name=np.concatenate([v.name, np.asarray(new_name, np.int64)]).astype(np.int64),
-        role=np.concatenate([role, np.full(len(new_bytes), _OTHER, np.int8)]))
+        role=np.concatenate([role, np.asarray(new_role, np.int8)]))
     liveness = Liveness(Ragged.from_lists(classes, dtype=np.int64, width=2))
     ops = profile.operations
     if extra_rows:                      # each operation's variables, then the ones added for it (CSR kept)

@@ -34,7 +34,8 @@ from typing import TypeVar
 
 import numpy as np
 
-from ..io.profile import Phase
+from ..io.profile import ROLES, Phase
+from ..layers import one_stack
 from .pricing import price_all_ranges
 from .recompute import RecomputeTable, recompute_table
 from .view import ModelView
@@ -494,14 +495,11 @@ def _kept_input_backward(model: ModelView, producer: np.ndarray, entry_op: np.nd
     return np.array(kept_list, bool)
 
 
-def one_stack(paths: Sequence[str | None]) -> bool:
-    """Whether the layers are the blocks of one stack, in order (``model.layers.0`` ...
-    ``model.layers.{L-1}``; slashed name scopes read as dots)."""
-    if not paths or any(not isinstance(p, str) for p in paths):
-        return False
-    dotted = [p.replace("/", ".") for p in paths if isinstance(p, str)]     # every one is (above)
-    stack = dotted[0].rpartition(".")[0]
-    return bool(stack) and dotted == [f"{stack}.{i}" for i in range(len(dotted))]
+def stages_from_modules(model: ModelView) -> bool:
+    """Whether a torch-pipelining export builds this model's stages from its modules: its layers are one
+    stack's blocks, and its capture did not find that the export traces them instead."""
+    grouping = model.profile.info.layer_grouping
+    return one_stack(model.layers.module_paths) and not (grouping is not None and grouping.traced_stages)
 
 
 def cut_bytes(model: ModelView) -> tuple[np.ndarray, np.ndarray]:
@@ -518,7 +516,9 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarra
     stages are built from the model's modules (exporters/templates/stage_modules.py): each stage
     computes again what the model computes once for all its blocks (the rotary tables, the mask,
     the labels it is given), so only a tensor no more than two neighbouring layers use (the
-    hidden state) crosses a cut; the others stay in each chunk's own stash."""
+    hidden state) crosses a cut; the others stay in each chunk's own stash. A model whose stages are
+    traced although its layers are one stack's blocks (``LayerGrouping.traced_stages``: BERT, MPNet)
+    sends every tensor its layers share across each cut it spans (the export relays it)."""
     from .traffic import layer_traffic
     tr = layer_traffic(model)
     L = model.num_layers
@@ -526,8 +526,18 @@ def _cut_directions(model: ModelView) -> tuple[np.ndarray, np.ndarray, np.ndarra
     bwd = np.zeros(L + 1, np.int64)
     unstashed = np.zeros(L + 1, np.int64)
     stashed = np.asarray(model.var_stashed, bool)[tr.var_index]
-    neighbours = (tr.var_max_layer - tr.var_min_layer <= 1) if one_stack(model.layers.module_paths) \
-        else np.ones(len(tr.var_bytes), bool)
+    near = tr.var_max_layer - tr.var_min_layer <= 1
+    if stages_from_modules(model):
+        neighbours = near
+    elif one_stack(model.layers.module_paths):
+        # traced stages relay what the step's tensors carry between layers (activations and their
+        # gradients); a parameter's gradient, state or buffer that layers far apart use (a tied
+        # embedding's, a data-parallel layout's unsharded gradient) is each stage's own, never sent
+        v = model.profile.variables
+        role = np.zeros(len(v.bytes), np.int8) if v.role is None else np.asarray(v.role)
+        neighbours = near | np.isin(role[tr.var_index], (ROLES.index("unknown"), ROLES.index("other")))
+    else:
+        neighbours = np.ones(len(tr.var_bytes), bool)
     for j in range(1, L):
         crosses = (tr.var_min_layer < j) & (j <= tr.var_max_layer) & neighbours
         forward = crosses & (tr.var_producer < j)

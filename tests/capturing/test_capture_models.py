@@ -83,6 +83,8 @@ EXPECTED = {
 }
 #: encoder-decoder models: traced for training on 4 stages, the encoder's output skips stages
 TRACED_SKIPS = ("t5", "bart")
+#: models whose layers are one stack's blocks but whose torch-pipelining stages are traced
+TRACED_STACKS = ("bert", "vit")
 
 MODELS = [pytest.param(name, marks=pytest.mark.skipif(
     name == "resnet50" and not HAVE_TORCHVISION or name == "timm_resnet50" and not HAVE_TIMM,
@@ -149,6 +151,9 @@ def test_layers_are_the_real_blocks_in_forward_order(name):
     assert (layers.op_layer >= 0).all()                      # nothing shared
     assert profile.info.layer_grouping is not None and profile.info.layer_grouping.method == "module-tree"
     assert list(profile.info.layer_grouping.layers) == names
+    # one stack's blocks whose export is traced (not a Hugging Face causal language model: its stages are not
+    # built from its modules): every tensor the layers share crosses the stages between (model/phases.py)
+    assert profile.info.layer_grouping.traced_stages is (name in TRACED_STACKS), name
     # the embeddings (everything before the first block) go with the first block, the head (and
     # the loss: HF models compute it in their own forward) with the last
     ops = profile.operations

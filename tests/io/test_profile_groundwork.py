@@ -64,6 +64,19 @@ def test_phases_and_grouping_round_trip_in_both_formats(tmp_path, suffix):
 
 
 @pytest.mark.parametrize("suffix", [".json", ".stagesplit"])
+def test_traced_stages_round_trip_and_are_written_only_where_true(tmp_path, suffix):
+    """A capture records that the export traces the stages of a model whose layers are one stack's blocks
+    (``traced_stages``); the key is written only where it is true, so earlier files read as before."""
+    from dataclasses import replace
+    for traced in (True, False):
+        path = tmp_path / f"p{traced}{suffix}"
+        save_profile(small(grouping=replace(GROUPING, traced_stages=traced)), path)
+        assert load_profile(path).info.layer_grouping == replace(GROUPING, traced_stages=traced)
+        if suffix == ".json":
+            assert ("traced_stages" in json.loads(path.read_text())["layer_grouping"]) is traced
+
+
+@pytest.mark.parametrize("suffix", [".json", ".stagesplit"])
 def test_without_phases_or_grouping_nothing_is_written_and_all_load_unknown(tmp_path, suffix):
     p = small(phases=[Phase.UNKNOWN] * 6, grouping=None)
     path = tmp_path / f"p{suffix}"

@@ -24,6 +24,8 @@ blocks (model/phases.py), checked against the model's configuration (tests/decod
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 HIDDEN_STATE = 2 * 32 * 64 * 4
@@ -92,3 +94,64 @@ def test_a_tied_embedding_is_what_layer_0_shares_with_the_last_layer(tables):
     assert tables["llama"].tied_with_first is None
     tied = tables["gemma"].tied_with_first
     assert tied[1:].tolist() == [EMBEDDING_HELD + 512] * 7 and tied[0] == 0
+
+
+def test_a_traced_stack_sends_a_tensor_its_layers_share_across_every_cut_it_spans():
+    """tests/traced_families.py's skip network: eight linear blocks (256 wide, 2 rows a micro-batch), the
+    first block's output added to the fifth's. It is one stack's blocks but not a Hugging Face causal
+    language model, so its export traces the stages (the capture records ``traced_stages``) and relays
+    that output through the stages between: it crosses the cuts before layers 2 to 4 beside the hidden
+    state (2 x 256 x 4 bytes each; before layer 1 it is the hidden state), its gradient the other way.
+    Built from modules, as a decoder's stages are, only the hidden state would cross."""
+    pytest.importorskip("torch")
+    from dataclasses import replace
+
+    import traced_families as families
+    from stagesplit import api
+    from stagesplit.model.phases import phase_table
+    analysis = api.analyze(api.capture(families.capture_spec("skip_net")))
+    grouping = analysis.profile.info.layer_grouping
+    assert grouping.traced_stages and grouping.module_paths[0] == "blocks.0"
+    row = 2 * families.FEATURES * 4
+    table = phase_table(analysis.model)
+    assert table.forward_cut.tolist() == [0, row] + [2 * row] * 3 + [row] * 3 + [0]
+    assert table.backward_cut.tolist() == [0, row] + [2 * row] * 3 + [row] * 3 + [0]
+    profile = analysis.profile
+    profile.info.layer_grouping = replace(grouping, traced_stages=False)
+    as_modules = phase_table(api.analyze(profile).model)
+    assert as_modules.forward_cut.tolist()[2:5] == [row] * 3
+
+
+def test_a_data_parallel_layout_s_gradients_cross_no_cut_of_a_traced_stack(tmp_path):
+    """The example GPT (one stack's blocks, traced: ``traced_stages``) ties its embedding to its head. Under
+    ZeRO 2 its rank holds each gradient unsharded during its backward: the tied embedding's spans the first
+    and last layers, but it is the rank's own, sent by no stage. The layout marks the gradients it adds as
+    gradients, FSDP's gathered parameters as parameters, so that the cuts stay what the activations make."""
+    pytest.importorskip("torch")
+    import numpy as np
+
+    from stagesplit import api
+    from stagesplit.io.profile import ROLES
+    from stagesplit.model.analysis import Analysis
+    from stagesplit.model.datasharding import DataLayout, shard_profile
+    from stagesplit.model.phases import phase_table
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "gpt.py").write_text(f"import sys\nsys.path.insert(0, {str(root)!r})\n"
+                                     "from examples.gpt import GPTConfig, build as build_gpt\n\n\ndef build():\n"
+                                     "    return build_gpt(GPTConfig(vocab_size=64, context=8, d_model=16, heads=2, "
+                                     "layers=6, batch=2))\n")
+    analysis = api.analyze(api.capture(f"{tmp_path / 'gpt.py'}:build"))
+    assert analysis.profile.info.layer_grouping.traced_stages
+    plain = phase_table(analysis.model)
+    for zero, added in ((2, ("unsharded gradients/",)), (3, ("fsdp/all-gather/", "fsdp/reduce-scatter/"))):
+        sharded = shard_profile(analysis.profile, analysis.layers, DataLayout(8, zero))
+        v = sharded.variables
+        names = [sharded.names[int(n)] if n >= 0 else "" for n in v.name]
+        for prefix in added:
+            live_part = [i for i, name in enumerate(names) if name.startswith(prefix) and not v.always_live[i]]
+            assert live_part, prefix
+            want = "param" if "all-gather" in prefix else "grad"
+            assert {ROLES[int(v.role[i])] for i in live_part} == {want}, prefix
+        table = phase_table(Analysis.of(sharded).model)
+        assert np.array_equal(table.forward_cut, plain.forward_cut), zero
+        assert np.array_equal(table.backward_cut, plain.backward_cut), zero
