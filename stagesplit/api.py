@@ -330,7 +330,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
         cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
         tp_layer_compute=tp_layer_compute)
-    return search(rank, degrees, req, deadline, events)
+    with deadline.final():          # no solve's one-second floor runs past the search's limit
+        return search(rank, degrees, req, deadline, events)
 
 
 def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, **options):
@@ -390,7 +391,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
         cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
         tp_layer_compute=tp_layer_compute)
-    return sweep_gpus(rank, degrees, req, counts, deadline, events)
+    with deadline.final():
+        return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
 
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,

@@ -31,6 +31,8 @@ __all__ = ["Deadline", "TimeLimitReached", "check_deadline", "deadline_at", "sec
 
 #: (the deadline on time.monotonic(), the time limit the user gave in seconds, for the message)
 _DEADLINE: ContextVar[tuple[float, float | None] | None] = ContextVar("stagesplit_deadline", default=None)
+#: the whole command's end, where one search runs many solves (the layout search): no grant passes it
+_FINAL: ContextVar[float | None] = ContextVar("stagesplit_final_deadline", default=None)
 
 
 class TimeLimitReached(StagesplitError):
@@ -84,6 +86,28 @@ class Deadline:
         """Within the block, the long loops below (``check_deadline``) stop at this deadline."""
         with deadline_at(self.at, self.limit):
             yield
+
+    @contextmanager
+    def granted(self) -> Iterator[None]:
+        """Within the block, the long loops stop at this deadline even where it is later than the
+        one outside (what ``at_least`` grants is kept: ``watched`` would stop at the earlier), but
+        never past the command's ``final`` deadline."""
+        final = _FINAL.get()
+        token = _DEADLINE.set((self.at if final is None else min(self.at, final), self.limit))
+        try:
+            yield
+        finally:
+            _DEADLINE.reset(token)
+
+    @contextmanager
+    def final(self) -> Iterator[None]:
+        """Within the block, this deadline is the command's last word: no share granted to a solve
+        inside (``granted``) runs past it (the layout search: each combination's solve has a share)."""
+        token = _FINAL.set(self.at)
+        try:
+            yield
+        finally:
+            _FINAL.reset(token)
 
 
 @contextmanager

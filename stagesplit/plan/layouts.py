@@ -31,7 +31,6 @@ import numpy as np
 from ..common.deadline import Deadline, TimeLimitReached
 from ..common.events import Events
 from ..common.layerfigures import LayerFigure, figure_phases, figure_total
-from ..common.limits import MAX_DEVICES
 from ..errors import OptionError, StagesplitError
 from ..io.profile import ParallelLayout, Phase, Target
 from ..io.topology import NodeTopology
@@ -883,11 +882,6 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         key = key_of(lay)
         at = dict(roles[key], other=roles[key]["other"] * min(1.0, float(ratio(lay))))
         need = memory_floor(at, lay)
-        if lay.sync > MAX_DEVICES:        # one stage's solve prices at most MAX_DEVICES data-parallel ranks
-            ranks = f"{lay.sync:,} data-parallel ranks" + (" (data x context)" if lay.cp > 1 else "")
-            rows[lay] = LayoutRow(lay, "refused", f"{ranks}: a stage's solve takes at most {MAX_DEVICES:,}",
-                                  capacity=capacity, proven=True)
-            continue
         if need > capacity:
             rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB always live per rank > "
                                   f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)

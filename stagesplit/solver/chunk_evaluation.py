@@ -13,7 +13,7 @@ from numpy.typing import ArrayLike
 
 from .chunk_problem import Bounds, ChunkProblem, ChunkResult, chunk_memory, step_durations
 from .chunk_recompute import prefix_choice, recompute_option_figures, recompute_options
-from .schedule_memory import chunks_in_flight, rank_memory
+from .schedule_memory import chunks_in_flight, rank_peaks
 from .schedule_simulation import critical_path
 
 __all__ = ["chunk_rule_violation", "evaluate_chunk_choice", "evaluate_chunk_split", "fitting_choice"]
@@ -48,7 +48,7 @@ def evaluate_chunk_split(problem: ChunkProblem, bounds: Bounds, choice: ArrayLik
 def evaluate_chunk_choice(problem: ChunkProblem, bounds: tuple[int, ...], choice: np.ndarray) -> ChunkResult:
     """The split ``bounds`` evaluated exactly with each layer's recompute option ``choice`` as given."""
     memory = chunk_memory(problem.table, bounds, problem.schedule, choice)
-    ranks = rank_memory(problem.schedule, memory)
+    peaks = rank_peaks(problem.schedule, memory)
     f, bi, bw, transfer, optimizer = step_durations(problem, bounds, choice)
     path = critical_path(problem.schedule, f, bi, bw, transfer, optimizer)
     busy = np.bincount(np.asarray(problem.schedule.chunk_rank), weights=problem.schedule.micro_batches * (f + bi + bw),
@@ -56,11 +56,12 @@ def evaluate_chunk_choice(problem: ChunkProblem, bounds: tuple[int, ...], choice
     step = path.length
     bubble = max(1.0 - float(busy.sum()) / (problem.schedule.devices * step), 0.0) if step > 0 else 0.0
     reason = chunk_rule_violation(problem, bounds)
-    over = [r.rank for r in ranks if r.peak > problem.capacities[r.rank]]
-    if not reason and over:
-        r = ranks[over[0]]
-        reason = f"rank {r.rank} needs {r.peak:,} bytes, more than its {int(problem.capacities[r.rank]):,}"
-    return ChunkResult(bounds, not reason, reason, step, bubble, ranks, memory, tuple(int(x) for x in choice), path)
+    over = np.flatnonzero(peaks > np.asarray(problem.capacities))
+    if not reason and len(over):
+        r = int(over[0])
+        reason = f"rank {r} needs {int(peaks[r]):,} bytes, more than its {int(problem.capacities[r]):,}"
+    return ChunkResult(bounds, not reason, reason, step, bubble, tuple(int(p) for p in peaks), memory,
+                       tuple(int(x) for x in choice), path, problem.schedule)
 
 
 def fitting_choice(problem: ChunkProblem, bounds: Bounds) -> ChunkResult:
@@ -98,10 +99,10 @@ def fitting_choice(problem: ChunkProblem, bounds: Bounds) -> ChunkResult:
 
     while not current.feasible:
         changed = False
-        for rank in current.ranks:
-            excess = int(rank.peak - problem.capacities[rank.rank])
+        for rank, peak in enumerate(current.rank_peaks):
+            excess = int(peak - problem.capacities[rank])
             while excess > 0:
-                options = [(-gain / max(cost, 1e-30), c, gain, f, g) for c in np.flatnonzero(rank_of == rank.rank)
+                options = [(-gain / max(cost, 1e-30), c, gain, f, g) for c in np.flatnonzero(rank_of == rank)
                            for gain, cost, f, g in moves(int(c)) if gain > 0]
                 if not options:
                     break

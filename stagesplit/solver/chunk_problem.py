@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Protocol
 
 import numpy as np
@@ -21,7 +22,7 @@ from ..model.phases import PhaseTable
 from .request import Objective, RecomputeMode
 from .schedule_generation import ScheduleInstance
 from .schedule_kinds import ScheduleKind, ScheduleTraits
-from .schedule_memory import ChunkMemory, RankMemory
+from .schedule_memory import ChunkMemory, RankMemory, rank_memory
 from .schedule_simulation import CriticalPath
 
 __all__ = ["ChunkProblem", "ChunkResult", "chunk_memory", "remote_links", "step_durations"]
@@ -228,16 +229,26 @@ class ChunkResult:
     reason: str
     step_time: float
     bubble: float
-    ranks: tuple[RankMemory, ...]
+    #: each rank's peak (``schedule_memory.rank_peaks``)
+    rank_peaks: tuple[int, ...]
     memory: ChunkMemory
     #: every layer's recompute option (0 none, 1 selective, 2 full: model/recompute.py)
     choice: tuple[int, ...] = ()
     #: the chain of actions that makes the step time (a valid lower bound for every split)
     path: CriticalPath | None = field(default=None, compare=False, repr=False)
+    #: the schedule the split was judged under (``ranks`` follows its actions)
+    schedule: ScheduleInstance | None = field(default=None, compare=False, repr=False)
 
     @property
     def peaks(self) -> np.ndarray:
-        return np.array([r.peak for r in self.ranks], np.int64)
+        return np.array(self.rank_peaks, np.int64)
+
+    @cached_property
+    def ranks(self) -> tuple[RankMemory, ...]:
+        """Each rank's memory action by action (where its peak is, for the plan): followed only
+        for the splits a plan is built from, not for every split a search judges."""
+        assert self.schedule is not None, "a split judged without its schedule"
+        return rank_memory(self.schedule, self.memory)
 
     def key(self, problem: ChunkProblem) -> tuple[float, ...]:
         """What the objective orders splits by: feasible ones first; among splits that do not

@@ -14,7 +14,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..common.limits import MAX_CHUNKS_PER_RANK, MAX_DEVICES, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
+from ..common.limits import MAX_CHUNKS_PER_RANK, MAX_DEVICES, MAX_GPUS, MAX_MICRO_BATCHES, MAX_TIME_LIMIT, MAX_WORKERS
 
 __all__ = ["Option", "SCHEDULE_NAMES", "SETTINGS_KEYS", "SOLVE_OPTIONS", "declared", "option_named"]
 
@@ -84,7 +84,7 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
            high=MAX_MICRO_BATCHES),
     Option("dp", 1, "data-parallel ranks: each pipeline stage is replicated on N ranks, each with its own "
            "micro-batches, and every figure is one rank's (default: {default}, no data parallelism)", flag="dp",
-           settings="dp", parse="int", metavar="N", low=-2**63, high=MAX_DEVICES),
+           settings="dp", parse="int", metavar="N", low=-2**63, high=MAX_GPUS),
     Option("zero", 0, "with {flag:dp}: 0 replicates (DDP, with its gradient buckets), 1 shards the optimizer state "
            "(ZeRO-1), 2 also the gradients, 3 also the parameters (FSDP2's fully_shard, one group per layer) "
            "(default: {default})", flag="zero", settings="zero", parse="int", metavar="Z", low=-2**63, high=2**63 - 1),

@@ -193,7 +193,7 @@ class SolveRequest:
                               f"{self.chunks_per_rank} (a looped or V-shaped schedule runs several)")
         if self.chunks_per_rank is not None and self.schedule not in (Schedule.NONE, Schedule.AUTO):
             check_chunks_per_rank(self.schedule.value, self.chunks_per_rank)
-        set_(self, "dp", integer("dp", self.dp, 1, MAX_DEVICES))
+        set_(self, "dp", integer("dp", self.dp, 1, int(option_named("dp").high or 1)))
         set_(self, "zero", integer("zero", self.zero, 0, 3))
         reshard: Any = self.reshard_after_forward           # the command line's on/off, or a bool
         if isinstance(reshard, str) and reshard in ("on", "off"):

@@ -23,7 +23,7 @@ from ..errors import OptionError
 from .schedule_generation import BACKWARD_OPS, Op, ScheduleInstance
 
 __all__ = ["ChunkMemory", "MemorySignature", "RankMemory", "RankSignatures", "chunks_in_flight", "memory_signatures",
-           "rank_memory"]
+           "rank_memory", "rank_peaks"]
 
 #: how often the loops over a step's actions look at the search's deadline (``common/deadline.py``):
 #: every 65,536 actions (a few tens of milliseconds), every 1,024 where each action costs a tuple per chunk
@@ -297,6 +297,62 @@ def memory_signatures(schedule: ScheduleInstance, unsharded: bool = False) -> tu
         out.append(RankSignatures(r, schedule.rank_chunks(r), tuple(best)))
     object.__setattr__(schedule, cache, tuple(out))
     return tuple(out)
+
+
+@dataclass(frozen=True)
+class _PeakForms:
+    """Every rank's signatures stacked into one set of matrices (``rank_peaks``): row i is a
+    signature of rank ``rank[i]``; ``op[i]`` indexes the transients (0 F, 1 B, 2 W, 3 full
+    backward, 4 the optimizer step: the largest of the rank's chunks') at chunk ``chunk[i]``."""
+
+    rank: np.ndarray
+    op: np.ndarray
+    chunk: np.ndarray
+    counts: np.ndarray          #: (signatures x 4 chunks): S, S^W, retained, unsharded side by side
+
+
+_OP_INDEX = {Op.FORWARD: 0, Op.BACKWARD_INPUT: 1, Op.BACKWARD_WEIGHT: 2, Op.FULL_BACKWARD: 3, None: 4}
+
+
+def _peak_forms(schedule: ScheduleInstance, unsharded: bool) -> _PeakForms:
+    cache = "_peak_forms_unsharded" if unsharded else "_peak_forms"
+    cached: _PeakForms | None = schedule.__dict__.get(cache)
+    if cached is not None:
+        return cached
+    rank, op, chunk, rows = [], [], [], []
+    for sigs in memory_signatures(schedule, unsharded=unsharded):
+        for sig in sigs.signatures:
+            rank.append(sigs.rank)
+            op.append(_OP_INDEX[sig.op])
+            chunk.append(0 if sig.op is None else sig.chunk)
+            rows.append((*sig.stashes, *sig.weight_stashes, *sig.retained,
+                         *(sig.unsharded or (0,) * schedule.chunks)))
+    forms = _PeakForms(np.asarray(rank, np.int64), np.asarray(op, np.int64), np.asarray(chunk, np.int64),
+                       np.asarray(rows, np.int64).reshape(len(rows), 4 * schedule.chunks))
+    object.__setattr__(schedule, cache, forms)
+    return forms
+
+
+def rank_peaks(schedule: ScheduleInstance, memory: ChunkMemory) -> np.ndarray:
+    """Each rank's peak, ``rank_memory(schedule, memory)[r].peak`` for every r, from the schedule's
+    memory signatures (kept on the schedule): a few array operations where ``rank_memory`` follows
+    every action, so that a search judging thousands of splits of one schedule pays for its
+    actions once."""
+    _check_memory(schedule, memory)
+    forms = _peak_forms(schedule, unsharded=bool(np.any(memory.unsharded)))
+    ranks = np.asarray(schedule.chunk_rank, np.int64)
+    devices = schedule.devices
+    resident = np.zeros(devices, np.int64)
+    np.add.at(resident, ranks, memory.resident)
+    optimizer = np.zeros(devices, np.int64)
+    np.maximum.at(optimizer, ranks, memory.optimizer_peak)
+    transients = np.stack([memory.forward_peak, memory.backward_peak, memory.weight_peak, memory.full_backward_peak])
+    quantities = np.concatenate([memory.stash, memory.weight_stash, memory.retained, memory.unsharded])
+    own = np.where(forms.op == 4, optimizer[forms.rank], transients[np.minimum(forms.op, 3), forms.chunk])
+    values = resident[forms.rank] + forms.counts @ quantities + own
+    peaks = np.full(devices, np.iinfo(np.int64).min, np.int64)
+    np.maximum.at(peaks, forms.rank, values)
+    return peaks
 
 
 def chunks_in_flight(schedule: ScheduleInstance) -> np.ndarray:

@@ -53,6 +53,20 @@ def test_a_block_inside_another_keeps_the_earlier_deadline():
         assert 99.0 < seconds_left() <= 100.0
 
 
+def test_a_granted_deadline_runs_past_the_block_s_but_never_past_the_command_s_final_one():
+    from stagesplit.common.deadline import Deadline
+    now = time.monotonic()
+    with deadline_at(PAST, 1.0):                     # the solve's own time is spent
+        granted = Deadline.after(0.0).at_least(50.0)
+        with granted.granted():                      # CP-SAT's floor: the grant stands
+            assert 49.0 < seconds_left() <= 50.0
+            check_deadline()
+        final = Deadline(now + 5.0, 5.0)
+        with final.final(), granted.granted():       # the layout search's end caps every grant
+            assert 0.0 < seconds_left() <= 5.0
+    assert seconds_left() == float("inf")
+
+
 def _table(L: int) -> PhaseTable:
     """L identical layers: resident 10, stash 3, times 1 / 2 / 1 / 0.1 (F, B, W, optimizer)."""
     i, j = np.triu_indices(L)

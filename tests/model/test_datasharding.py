@@ -138,7 +138,7 @@ def test_layout_options_refused_naming_the_option():
 
 @pytest.mark.parametrize("flags, line", [
     (["--zero", "3"], "--zero: ZeRO 3 shards across data-parallel ranks: give dp >= 2 with it"),
-    (["--dp", "0"], "--dp: expected an integer >= 1 and <= 1,024, got 0"),
+    (["--dp", "0"], "--dp: expected an integer >= 1 and <= 1,048,576, got 0"),
     (["--dp", "2", "--zero", "4"], "--zero: expected an integer >= 0 and <= 3, got 4"),
     (["--dp", "2", "--reshard-after-forward", "maybe"],
      "solve: argument --reshard-after-forward: invalid choice: 'maybe' (choose from 'on', 'off')"),

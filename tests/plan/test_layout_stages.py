@@ -56,14 +56,23 @@ def test_each_stage_synchronises_its_own_parameters_and_the_last_sets_the_step(s
     assert best.dp_comm_s < sum(per_stage)
 
 
-def test_more_data_parallel_ranks_than_a_solve_takes_is_refused(stack):
+def test_more_data_parallel_ranks_than_a_pipeline_has_devices_are_laid_out(stack):
+    """2,048 data-parallel ranks (twice the devices a pipeline takes): a rank's figures are shares, so
+    the layout is solved, and ZeRO 1's reduce-scatter and all-gather of every parameter byte run on a
+    ring of 2,048 ranks across nodes (the network's link)."""
     from stagesplit.common.limits import MAX_DEVICES
     dp = 2 * MAX_DEVICES
     lp = api.layouts(stack, gpus=dp, global_batch=dp, micro_batch_size=1, captured_batch=8, target="h100-80gb",
-                     pp=1, time_limit=30)
-    assert lp.best is None and {r.status for r in lp.rows} == {"refused"}
-    assert all(r.reason == f"{dp:,} data-parallel ranks: a stage's solve takes at most {MAX_DEVICES:,}" and r.proven
-               for r in lp.rows)
+                     pp=1, zero=1, time_limit=30)
+    best = lp.best
+    assert best is not None and best.layout == type(best.layout)(1, 1, dp, 1, 1, micro_batch_size=1)
+    total = sum(_params(k) for k in range(4))            # 144,896 bytes: under DDP's first bucket, nothing hidden
+    link = H100.inter
+    assert best.dp_comm_s == pytest.approx(reduce_scatter(total, dp, link.bytes_per_s, link.latency_s)
+                                           + all_gather(total, dp, link.bytes_per_s, link.latency_s))
+    half = api.layouts(stack, gpus=dp // 2, global_batch=dp // 2, micro_batch_size=1, captured_batch=8,
+                       target="h100-80gb", pp=1, zero=1, time_limit=30).best
+    assert half is not None and best.rank_peaks[0] < half.rank_peaks[0]     # the optimizer state halved again
 
 
 def test_a_schedule_torch_refuses_is_refused_before_its_preparation_in_the_engines_words(stack):

@@ -361,6 +361,27 @@ def test_a_step_to_beat_without_memory_limits_or_recompute_is_refuted_before_rec
     assert used.recompute is RecomputeMode.AUTO and solved.result.feasible and solved.result.step_time >= cutoff
 
 
+def test_the_recompute_search_gets_its_second_even_when_the_first_search_spent_the_time():
+    """The case above, solved with recompute left to stagesplit and the whole solve's time already
+    spent (as a layout search's share can be): the search with recompute still gets its second
+    (``Deadline.at_least``) and finds split [0 1 | 2] with layer 0 recomputed. It once got nothing:
+    the second was measured against the spent deadline the solve watches. Under the command's final
+    deadline (the layout search's end) no second is granted past it."""
+    from stagesplit.common.deadline import Deadline, deadline_at
+    from stagesplit.plan.scheduled import solve_chunks
+    rc = recompute_of([0, 0, 0], [8, 10, 14], [0, 0, 0], [1, 1.5, 2])
+    table = _stash_only_table([10, 12, 16], [1, 1.5, 2], rc)
+    problem = ChunkProblem(table, build_schedule("gpipe", 2, 2), np.full(2, 36))
+    spent = Deadline.after(0.0)
+    with deadline_at(spent.at, 0.0):
+        used, solved = solve_chunks(problem, None, True, spent)
+    assert used.recompute is RecomputeMode.AUTO and solved.result is not None and solved.result.feasible
+    assert solved.result.bounds == (0, 2, 3) and solved.result.choice == (2, 0, 0)
+    with spent.final(), deadline_at(spent.at, 0.0):
+        used, solved = solve_chunks(problem, None, True, spent)
+    assert solved.result is None or not solved.result.feasible
+
+
 @st.composite
 def recompute_problems(draw):
     kind = draw(st.sampled_from(["gpipe", "1f1b", "interleaved-1f1b", "zbv"]))
