@@ -834,7 +834,7 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
            events: Events) -> LayoutPlan:
     """The fastest layout that fits every rank (module docstring), every combination's row."""
     from . import engine
-    from .scheduled import advise_schedule
+    from .scheduled import advise_schedule, check_chunk_count
     base = {tp: analyze(tp, DataLayout(), Fraction(1)) for tp in tp_degrees}
     layers = min(a.layers.num_layers for a in base.values())
     layouts = check_request(req, tp_degrees, layers)
@@ -889,9 +889,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         # torch's rules for the schedule (1F1B: micro-batches >= stages...), as the engine would refuse
         # it after the combination's preparation: refused before it, in the engine's words
         fixed = traits(req.schedule).fixed_chunks_per_rank if req.schedule != "auto" else None
-        if fixed is not None and lay.pp > 1:
+        if req.schedule != "auto" and lay.pp > 1:
+            chunks = solve_request(lay, req, 1.0).resolved_chunks()
             try:
-                check_schedule(req.schedule, lay.pp, lay.micro_batches, fixed)
+                check_schedule(req.schedule, lay.pp, lay.micro_batches, chunks)
+                check_chunk_count(req.schedule, chunks, lay.pp, base[key].layers.num_layers)
             except StagesplitError as exc:
                 rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
                 continue

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..common.deadline import Deadline, TimeLimitReached, check_deadline, without_deadline
-from ..errors import OptionError
+from ..errors import OptionError, StagesplitError
 from ..model.costmodel import StageCostModel
 from ..model.traffic import Traffic, layer_traffic
 from ..solver.problem import SolveOptions, kept_back_from, with_devices
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from ..solver.chunk_cpsat import ChunkSolve
     from ..solver.chunk_problem import ChunkProblem, ChunkResult
 
-__all__ = ["advise_schedule", "chunks_per_rank_of", "device_capacities", "runnable_device_counts", "schedule_problem",
+__all__ = ["advise_schedule", "check_chunk_count", "chunks_per_rank_of", "device_capacities", "runnable_device_counts", "schedule_problem",
            "solve_chunks"]
 
 
@@ -61,9 +61,7 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table: PhaseTabl
                               "under a split backward and re-runs a fully checkpointed block again for its weight "
                               "gradients; use `recompute='auto'` (none under a split backward) or a schedule that does "
                               "not split the backward (gpipe, 1f1b, interleaved-1f1b, looped-bfs)")
-    if schedule.chunks > model.num_layers:
-        raise StagesplitError(f"{kind.value} with {v} chunks on each of {o.devices} devices needs {schedule.chunks} "
-                              f"chunks, but the model has {model.num_layers} layers: use fewer devices or chunks")
+    check_chunk_count(kind.value, v, o.devices, model.num_layers)
     table = table if table is not None else model.phase_table
     seconds_per_byte = 0.0
     if o.communication:
@@ -76,6 +74,15 @@ def schedule_problem(model: StageCostModel, inputs: PlanInputs, table: PhaseTabl
                         seconds_per_byte=seconds_per_byte, objective=o.objective, min_layers=o.min_layers,
                         max_layers=o.max_layers, pinned_splits=o.pinned_splits, time_limit=o.time_limit,
                         workers=o.workers, recompute=inputs.request.recompute or RecomputeMode.NONE)
+
+
+def check_chunk_count(schedule: str, chunks_per_rank: int, devices: int, layers: int) -> None:
+    """Refuse a schedule whose chunks outnumber the layers (each chunk holds one at least), in the
+    words the solve and the layout search both use."""
+    if devices * chunks_per_rank > layers:
+        raise StagesplitError(f"{schedule} with {chunks_per_rank} chunks on each of {devices} devices needs "
+                              f"{devices * chunks_per_rank} chunks, but the model has {layers} layers: use fewer "
+                              "devices or chunks")
 
 
 def solve_chunks(problem: ChunkProblem, log: Callable[[str], None] | None, default_recompute: bool,

@@ -84,3 +84,25 @@ def test_a_schedule_torch_refuses_is_refused_before_its_preparation_in_the_engin
     with pytest.raises(StagesplitError) as excinfo:
         api.solve(stack, devices=4, target="h100-80gb", schedule="1f1b", micro_batches=1)
     assert row.reason == str(excinfo.value)
+
+
+def test_more_chunks_than_layers_is_refused_before_its_preparation_in_the_engines_words(stack, monkeypatch):
+    """Interleaved 1F1B runs 2 chunks on each of 4 stages: 8 chunks for the 4 layers. Refused
+    unsolved (the preparation of a combination takes seconds on a large model: the engine is not
+    asked to resolve it), with the words solve itself uses."""
+    from stagesplit.errors import StagesplitError
+    from stagesplit.plan import engine
+
+    def prepared(*args, **kwargs):
+        raise AssertionError("the combination was prepared before it was refused")
+    with monkeypatch.context() as patch:
+        patch.setattr(engine, "resolve", prepared)
+        lp = api.layouts(stack, gpus=4, global_batch=32, micro_batch_size=8, target="h100-80gb", pp=4,
+                         schedule="interleaved-1f1b", time_limit=30)
+    (row,) = lp.rows
+    assert row.status == "refused" and row.proven and row.layout.micro_batches == 4
+    with pytest.raises(StagesplitError) as excinfo:
+        api.solve(stack, devices=4, target="h100-80gb", schedule="interleaved-1f1b", micro_batches=4)
+    assert row.reason == str(excinfo.value)
+    assert row.reason == ("interleaved-1f1b with 2 chunks on each of 4 devices needs 8 chunks, but the model has 4 "
+                          "layers: use fewer devices or chunks")
