@@ -55,7 +55,12 @@ def per_sample_variables(profile: Profile) -> np.ndarray:
     inputs (``input[...]`` variables, and every variable an operation makes from one of them), less
     the gradients in waiting (a weight's gradient before it is added into ``.grad``: computed from
     the inputs, but of the weight's shape), found backwards as the variables whose every later use
-    makes only gradients in waiting or writes into a gradient."""
+    makes only gradients in waiting or writes into a gradient. Kept on the profile: the layout
+    search scales one rank's profile to every micro-batch size it tries (a third of a second each on
+    a 70B capture)."""
+    cached: np.ndarray | None = profile.__dict__.get("_per_sample_cache")
+    if cached is not None:
+        return cached
     v, ops = profile.variables, profile.operations
     n = len(v)
     role = np.zeros(n, np.int8) if v.role is None else np.asarray(v.role)
@@ -96,7 +101,10 @@ def per_sample_variables(profile: Profile) -> np.ndarray:
                     ok = False
                     break
             waiting[x] = ok
-    return tainted & ~waiting
+    mask = tainted & ~waiting
+    mask.setflags(write=False)
+    profile.__dict__["_per_sample_cache"] = mask
+    return mask
 
 
 def scale_batch(profile: Profile, ratio: Fraction | int) -> Profile:
