@@ -1,14 +1,16 @@
 """The layout search at cluster scale (issue #32): a Llama-3-70B-shaped model (80 blocks, hidden
 8192, 64 heads, 8 key-value heads, vocabulary 128,256, sequence 8192, one sequence per capture,
-bfloat16 autocast with float32 weights and Adam) laid out on 64 and on 512 h100-80gb (8 per node)
-for a global batch of 1,024 sequences, and the Llama-3.1-405B shape (126 blocks, hidden 16,384,
-128 query and 8 key-value heads, FFN 53,248, the same vocabulary and sequence) on 1,024 and 16,384
-for global batches of 512 and 2,048, each captured once under fake tensors, with 1F1B: every TP 1
-combination of pipeline stages, data-parallel ranks, ZeRO stage and micro-batch size (the capture
-scaled to each size). Printed per search: the best layout, its step, tokens/s per GPU and MFU, its
-fullest rank, what was proven, how many combinations were solved, cut off by a lower bound, refuted
-by the engine's cutoff or did not fit, the wall and CPU time and the peak memory (target: under 60 s
-and 1 GB on 2 cores each; the peak is the process's, cumulative over the searches before it).
+bfloat16 autocast with float32 weights and Adam; its ranks at tensor-parallel degrees 1, 2, 4 and
+8) laid out on 64 and on 512 h100-80gb (8 per node) for global batches of 512 and 1,024 sequences,
+and the Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
+53,248, the same vocabulary and sequence; its ranks at degrees 1 and 8) on 1,024 and 16,384 for
+global batches of 512 and 2,048, each captured once under fake tensors, with 1F1B: every
+combination of a captured tensor-parallel degree, pipeline stages, data-parallel ranks, ZeRO stage
+and micro-batch size (the capture scaled to each size). Printed per search: the best layout, its
+step, tokens/s per GPU and MFU, its fullest rank, what was proven, how many combinations were
+solved, cut off by a lower bound, refuted by the engine's cutoff or did not fit, the wall and CPU
+time and the peak memory (target: under 60 s and 1 GB on 2 cores each; the peak is the process's,
+cumulative over the searches before it).
 
 Run: ``python benchmarks/bench_layouts.py`` (the capture takes minutes the first time and is
 cached in the temp folder; ``--tiny``: Llamas 4 and 6 blocks deep and 64 wide, sequence 32, on 8 to
@@ -27,7 +29,17 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from _common import peak_rss_mb, tiny_mode  # noqa: E402
-from bench_schedules import _cached_capture, _tiny_llama  # noqa: E402
+from bench_schedules import _cached_capture  # noqa: E402
+
+
+def llama3_70b_tp(tiny: bool, tp: int) -> Path:
+    """The Llama-3-70B shape's rank at tensor-parallel degree ``tp`` (with sequence parallelism,
+    under torch's fake process group); ``tiny``: 4 blocks 64 wide with 8 heads, sequence 32."""
+    if tiny:
+        return _cached_capture(f"layouts-tiny-4h8-tp{tp}", _llama_405b_like(4, 64, 128, 8, 32, 256, tp,
+                                                                          f"llama-4-blocks-tp{tp}"))
+    return _cached_capture(f"llama3-70b-seq8192-tp{tp}", _llama_405b_like(80, 8192, 28672, 64, 8192, 128256, tp,
+                                                                       f"llama-3-70b-shape-tp{tp}"))
 
 
 def llama3_70b(tiny: bool) -> Path:
@@ -43,8 +55,8 @@ def llama3_70b(tiny: bool) -> Path:
         ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
         return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
                              name="llama-3-70b-shape")
-    if tiny:
-        return _cached_capture("layouts-tiny", lambda: _tiny_llama(4, 2, "llama-4-blocks"))
+    if tiny:          # 8 heads and 8 key-value heads, as its tensor-parallel ranks (llama3_70b_tp)
+        return _cached_capture("layouts-tiny-4h8", _llama_405b_like(4, 64, 128, 8, 32, 256, 1, "llama-4-blocks"))
     return _cached_capture("llama3-70b-seq8192", build)
 
 
@@ -104,7 +116,8 @@ def main() -> int:
     tiny = tiny_mode()
     seq = 32 if tiny else 8192
     # (model, profile, GPU counts, global batches)
-    cases = [("Llama-3-70B", llama3_70b(tiny), {}, (8, 16) if tiny else (64, 512), (64,) if tiny else (1024,)),
+    cases = [("Llama-3-70B", llama3_70b(tiny), {t: llama3_70b_tp(tiny, t) for t in ((2,) if tiny else (2, 4, 8))},
+              (8, 16) if tiny else (64, 512), (64,) if tiny else (512, 1024)),
              ("Llama-3.1-405B", llama31_405b(tiny), {8: llama31_405b(tiny, 8)}, (16, 32) if tiny else (1024, 16384),
               (64,) if tiny else (512, 2048))]
     print(f"{'model':<15} {'GPUs':>6} {'batch':>5}  {'best layout':<56}  {'step':>9}  {'tok/s/GPU':>9}  {'MFU':>6}  "
