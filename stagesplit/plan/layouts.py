@@ -917,8 +917,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             continue
         f = floor(lay)
         if f >= best:
-            rows[lay] = LayoutRow(lay, "cut off", f"step floor {seconds(f)} >= the best step {seconds(best)}",
-                                  capacity=capacity, proven=True)
+            # the best so far, not the search's answer: a later combination may be faster still
+            rows[lay] = LayoutRow(lay, "cut off", f"step floor {seconds(f)} >= {seconds(best)}, the best step found "
+                                  "before it", capacity=capacity, proven=True)
             continue
         # a combination is started only where the time left covers its preparation (the rank's
         # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
@@ -973,7 +974,8 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         if slower:
             assert cutoff is not None
             rows[lay] = LayoutRow(lay, "slower", f"refuted: no split's pipeline step is under {seconds(cutoff)}, "
-                                  f"so no step under the best {seconds(best)}", capacity=capacity, proven=True)
+                                  f"so no step under {seconds(best)}, the best found before it", capacity=capacity,
+                                  proven=True)
             continue
         s = plan.schedule
         if s is None or not plan.stages:         # the time limit stopped it before a split was found

@@ -146,6 +146,7 @@ def test_the_search_is_the_best_of_every_layout_solved_alone(stack):
     cutoff), and every row it cut off or found slower is no faster."""
     from stagesplit.model.datasharding import parameter_bytes_by_layer
     from stagesplit.plan.layouts import enumerate_layouts, step_of
+    named = 0
     for gpus, batch in ((4, 32), (8, 64)):
         lp = _solve(stack, gpus=gpus, global_batch=batch, micro_batch_size=8)
         req = lp.request
@@ -165,7 +166,27 @@ def test_the_search_is_the_best_of_every_layout_solved_alone(stack):
                 assert steps[row.layout] >= fastest * (1 - 1e-9)
             if row.status == "cut off":
                 assert steps[row.layout] >= lp.best.step_s * (1 - 1e-9)
+            # a row's words are its own numbers: the best found before it (which a later combination may
+            # beat) is no faster than the answer, and the row itself is no faster than that best
+            said = _best_before(row.reason)
+            if said is not None:
+                named += 1
+                assert said >= lp.best.step_s * (1 - 5e-3)
+                if row.layout in steps:
+                    assert steps[row.layout] >= said * (1 - 5e-3)
         assert lp.proven
+    assert named >= 2           # rows cut off or refuted against a best found before them were read
+
+
+def _best_before(reason: str) -> float | None:
+    """The best step a cut-off or refuted row names (seconds, from its three significant figures)."""
+    import re
+    found = re.fullmatch(r"step floor \S+ m?s >= (\S+) (m?s), the best step found before it", reason) or \
+        re.fullmatch(r"refuted: no split's pipeline step is under \S+ m?s, so no step under (\S+) (m?s), the best "
+                     r"found before it", reason)
+    if found is None:
+        return None
+    return float(found.group(1)) * (1e-3 if found.group(2) == "ms" else 1.0)
 
 
 @pytest.mark.parametrize("kw, option, text", [
