@@ -19,9 +19,10 @@ __all__ = ["ENCODERS", "FAMILIES", "IMAGE_CLASSIFIERS", "MASKED_LMS", "SKIPS", "
 #: (windows: permuted layouts inside), timm's ViT and ConvNeXt (its stages end in a permuted layout)
 IMAGE_CLASSIFIERS = ("tv_resnet18", "tv_vit", "tv_swin", "timm_vit", "timm_convnext")
 #: Hugging Face's BERT (masked LM: its head tied to the word embedding; its attention mask expanded
-#: to every layer), ViT, and DeBERTa-v2 (its relative position embeddings, one module's parameter, read by
-#: every layer: traced, each stage holds a copy whose gradients must be summed)
-ENCODERS = ("hf_bert", "hf_vit", "hf_deberta")
+#: to every layer), ViT, DeBERTa-v2 (its relative position embeddings, one module's parameter, read by
+#: every layer: traced, each stage holds a copy whose gradients must be summed) and Swin (shifted
+#: windows, their masks made in each block, patch merging between its stages)
+ENCODERS = ("hf_bert", "hf_vit", "hf_deberta", "hf_swin")
 #: the masked language models (token ids in, a token per position out)
 MASKED_LMS = ("hf_bert", "hf_deberta", "hf_mpnet")
 #: a residual network whose first block's output is added after the fifth (a skip connection that carries a
@@ -72,6 +73,11 @@ def _build(name: str):
                                                     num_attention_heads=4, intermediate_size=128,
                                                     max_position_embeddings=64, hidden_dropout_prob=0.0,
                                                     attention_probs_dropout_prob=0.0))
+        if name == "hf_swin":        # patch 1: the last stage's 4 x 4 patches hold one whole window of 4
+            return tf.SwinForImageClassification(tf.SwinConfig(
+                image_size=SIDE, patch_size=1, embed_dim=16, depths=[1, 1, 2, 1], num_heads=[2, 2, 2, 2],
+                window_size=4, num_labels=CLASSES, drop_path_rate=0.0, hidden_dropout_prob=0.0,
+                attention_probs_dropout_prob=0.0))
         return tf.ViTForImageClassification(tf.ViTConfig(image_size=SIDE, patch_size=8, hidden_size=64,
                                                          num_hidden_layers=4, num_attention_heads=4,
                                                          intermediate_size=128, num_labels=CLASSES))

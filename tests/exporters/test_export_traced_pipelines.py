@@ -1,5 +1,6 @@
 """The user's path for traced pipelines: models that are not Hugging Face causal language models
-(tests/traced_families.py: torchvision's and timm's image classifiers, Hugging Face's BERT and ViT)
+(tests/traced_families.py: torchvision's and timm's image classifiers, Hugging Face's BERT, ViT, DeBERTa and
+Swin)
 are captured with ``stagesplit capture``, solved under 1F1B, exported with ``--to torch-pipelining``
 (pipeline() traces them), and the exported file's own program is run on gloo processes as its
 comments say (tests/pipeline_harness.py's ``run_exported``, MemTracker per rank): the image
