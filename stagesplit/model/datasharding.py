@@ -487,23 +487,30 @@ def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:
     """A copy of ``profile`` with variable bytes ``nbytes`` and the added variables."""
     v = profile.variables
     names = list(profile.names)
-    classes = profile.liveness.intervals.tolist()
-    n0 = len(v)
+    intervals = profile.liveness.intervals
+    n0, k0 = len(v), len(intervals)
     new_bytes, new_always, new_class, new_name = [], [], [], []
-    extra_rows: dict[int, list[int]] = {}
+    new_intervals: list[list[tuple[int, int]]] = []
+    extra_ops: list[np.ndarray] = []
+    extra_vars: list[np.ndarray] = []
     new_role = [row[4] for row in add.rows]
-    for j, (b, intervals, name, op_ids, _) in enumerate(add.rows):
+    for j, (b, lives, name, op_ids, _) in enumerate(add.rows):
         new_bytes.append(b)
-        new_always.append(intervals is None)
-        if intervals is None:
+        new_always.append(lives is None)
+        if lives is None:
             new_class.append(-1)
         else:
-            new_class.append(len(classes))
-            classes.append([list(iv) for iv in intervals])
+            new_class.append(k0 + len(new_intervals))
+            new_intervals.append(lives)
         new_name.append(len(names))
         names.append(name)
-        for o in np.asarray(op_ids, np.int64).tolist():
-            extra_rows.setdefault(o, []).append(n0 + j)
+        ids = np.asarray(op_ids, np.int64).reshape(-1)
+        extra_ops.append(ids)
+        extra_vars.append(np.full(len(ids), n0 + j, np.int64))
+    # the added classes after the profile's own, in the same CSR form
+    added = Ragged.from_lists(new_intervals, dtype=np.int64, width=2)
+    liveness = Liveness(Ragged(np.concatenate([intervals.offsets, intervals.offsets[-1] + added.offsets[1:]]),
+                               np.concatenate([np.asarray(intervals.values, np.int64).reshape(-1, 2), added.values])))
     role = np.asarray(v.role, np.int8) if v.role is not None else np.zeros(n0, np.int8)
     variables = Variables(
         bytes=np.concatenate([nbytes, np.asarray(new_bytes, np.int64)]),
@@ -512,14 +519,13 @@ def _rebuild(profile: Profile, nbytes: np.ndarray, add: _Additions) -> Profile:
         live_class=np.concatenate([v.live_class, np.asarray(new_class, np.int64)]).astype(np.int64),
         name=np.concatenate([v.name, np.asarray(new_name, np.int64)]).astype(np.int64),
         role=np.concatenate([role, np.asarray(new_role, np.int8)]))
-    liveness = Liveness(Ragged.from_lists(classes, dtype=np.int64, width=2))
     ops = profile.operations
-    if extra_rows:                      # each operation's variables, then the ones added for it (CSR kept)
-        extra_ops = np.array([o for o, added in extra_rows.items() for _ in added], np.int64)
-        extra_vars = np.array([x for added in extra_rows.values() for x in added], np.int64)
-        keys = np.concatenate([ops.vars.row_ids(), extra_ops])
+    extra_op = np.concatenate(extra_ops) if extra_ops else np.zeros(0, np.int64)
+    if len(extra_op):                   # each operation's variables, then the ones added for it in their order
+        extra_var = np.concatenate(extra_vars)
+        keys = np.concatenate([ops.vars.row_ids(), extra_op])
         order = np.argsort(keys, kind="stable")
-        values = np.concatenate([ops.vars.values.astype(np.int64), extra_vars])[order]
+        values = np.concatenate([ops.vars.values.astype(np.int64), extra_var])[order]
         offsets = np.zeros(len(ops) + 1, np.int64)
         np.cumsum(np.bincount(keys, minlength=len(ops)), out=offsets[1:])
         vars_ = Ragged(offsets, values)

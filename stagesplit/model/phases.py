@@ -347,19 +347,23 @@ def _weight_gradients(model: ModelView, entries: _Entries) -> np.ndarray:
     op_layer = model.layers.op_layer
     producer, entry_op, entry_var, w_entry = entries.producer, entries.entry_op, entries.entry_var, entries.weight_reads
     nal = model.var_nal
-    out = np.zeros((L, L), np.int64)
-    cand = np.unique(entry_var[w_entry])
-    cand = cand[nal[cand] & (producer[cand] >= 0)]
+    # each variable's lowest and highest W reader layer, over the entries W reads
+    w_var, w_layer = entry_var[w_entry], op_layer[entry_op[w_entry]]
+    w_var, w_layer = w_var[w_layer >= 0], w_layer[w_layer >= 0]
+    nv = len(p.variables.bytes)
+    low, high = np.full(nv, L, np.int64), np.full(nv, -1, np.int64)
+    np.minimum.at(low, w_var, w_layer)
+    np.maximum.at(high, w_var, w_layer)
+    cand = np.flatnonzero(nal & (producer >= 0) & (high >= 0))
     cand = cand[ops.phase[producer[cand]] == Phase.BACKWARD_INPUT]
-    for v in cand:
-        made = op_layer[producer[v]]
-        readers = op_layer[entry_op[w_entry & (entry_var == v)]]
-        readers = readers[readers >= 0]
-        if made < 0 or not len(readers):
-            continue
-        lo, hi = min(made, readers.min()), max(made, readers.max())
-        # counts for ranges holding both its maker and its readers
-        out[:lo + 1, hi:] += int(p.variables.bytes[v])
+    made = op_layer[producer[cand]]
+    cand, made = cand[made >= 0], made[made >= 0]
+    lo, hi = np.minimum(made, low[cand]), np.maximum(made, high[cand])
+    # a variable counts for the ranges a..b holding both its maker and its readers (a <= lo, b >= hi):
+    # its bytes at (lo, hi), summed over rows from below and over columns from the left
+    out = np.zeros((L, L), np.int64)
+    np.add.at(out, (lo, hi), p.variables.bytes[cand].astype(np.int64))
+    out = np.cumsum(np.cumsum(out[::-1], axis=0)[::-1], axis=1)
     return np.triu(out)
 
 

@@ -24,7 +24,11 @@ separately costs layers² x tiles x columns; this module does it in one pass ove
 * **One tile** (a GPU's profile), where no column is held by every stage: the sweep needs no
   column-by-column state. Each group's live bytes after every column are a running sum of its
   events, and a layer's columns are graded together, standing where the loop has tiles, ``Q_m``
-  their maximum (``_one_tile_peaks``).
+  their maximum (``_one_tile_peaks``). The maxima depend only on the events, the groups' layer sets
+  and which layer holds each column, so they are remembered by a digest of those (``_SweepMemo``):
+  the layout search prices one rank under many data-parallel degrees, and under ZeRO only the
+  always-live shares and the optimizer step's temporaries change with the degree
+  (model/datasharding.py), so the sweeps of the phases before the optimizer's are the same.
 
 Tiles are independent, so the whole computation runs over blocks of tiles when the per-layer
 grids would not fit the memory budget. ``costmodel.StageCostModel.stage_memory`` prices one range
@@ -33,6 +37,8 @@ from scratch with no shared code; the tests check one against the other.
 
 from __future__ import annotations
 
+import hashlib
+from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -514,6 +520,61 @@ def _one_tile_peaks(sets: LayerSets, events: _Events, owner_col: np.ndarray, own
             peaks[m] = peak
     return peaks
 
+class _SweepMemo:
+    """The one-tile sweeps' per-layer maxima, by a digest of everything they are computed from
+    (``_one_tile_peaks``'s arguments but the memory budget, which only blocks the work), the least
+    recently used dropped beyond ``budget`` bytes (a 126-layer rank's sweep holds about 64 KB). The
+    maxima are made read-only: the merge only reads them."""
+
+    def __init__(self, budget: int = 64 * 2**20):
+        self.budget = budget
+        self._kept: OrderedDict[bytes, dict[int, np.ndarray]] = OrderedDict()
+        self._bytes = 0
+
+    @staticmethod
+    def key(sets: LayerSets, events: _Events, owner_col: np.ndarray, owner_layer: np.ndarray, num_groups: int,
+            G: int, base: int | None) -> bytes:
+        # the events after the last column a layer holds change no maximum (the optimizer step's
+        # temporaries, sized by the data-parallel degree, for every phase before it)
+        last = int(owner_col.max()) if len(owner_col) else -1
+        end = int(events.column_ptr[last + 1])
+        h = hashlib.blake2b(digest_size=20)
+        h.update(f"{num_groups}|{G}|{base}|{last}".encode())
+        for array in (sets.offsets, sets.values, events.tile[:end], events.group[:end], events.delta[:end],
+                      events.column_ptr[:last + 2], owner_col, owner_layer):
+            h.update(b"|")
+            h.update(np.ascontiguousarray(array, np.int64).tobytes())
+        return h.digest()
+
+    def get(self, key: bytes) -> dict[int, np.ndarray] | None:
+        found = self._kept.get(key)
+        if found is not None:
+            self._kept.move_to_end(key)
+        return found
+
+    def put(self, key: bytes, peaks: dict[int, np.ndarray]) -> None:
+        for grid in peaks.values():
+            grid.flags.writeable = False
+        self._kept[key] = peaks
+        self._bytes += self._size(peaks)
+        while self._bytes > self.budget and len(self._kept) > 1:
+            self._bytes -= self._size(self._kept.popitem(last=False)[1])
+
+    def clear(self) -> None:
+        self._kept.clear()
+        self._bytes = 0
+
+    def __len__(self) -> int:
+        return len(self._kept)
+
+    @staticmethod
+    def _size(peaks: dict[int, np.ndarray]) -> int:
+        return sum(grid.nbytes for grid in peaks.values())
+
+
+_SWEEPS = _SweepMemo()
+
+
 def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
                      progress: Callable[[int, int], None] | None = None,
                      memory_budget: int = MEMORY_BUDGET, capacity: int | None = None) -> RangeTable:
@@ -618,8 +679,13 @@ def price_all_ranges(model: PricingView, in_flight: Sequence[int] = (1,),
             run.base[:, :, tiles] = _grid_values(cells, sub, m + 1, peak.shape[1])
             run.shift[tiles] = 0
             run.top[tiles] = 0
-        if one_tile:                  # a GPU: every layer's columns at once
-            peaks = _one_tile_peaks(sets, events, owner_col, owner_layer, num_groups, G, base, memory_budget)
+        if one_tile:                  # a GPU: every layer's columns at once (the same sweep once)
+            key = _SweepMemo.key(sets, events, owner_col, owner_layer, num_groups, G, base)
+            remembered = _SWEEPS.get(key)
+            if remembered is None:
+                remembered = _one_tile_peaks(sets, events, owner_col, owner_layer, num_groups, G, base, memory_budget)
+                _SWEEPS.put(key, remembered)
+            peaks = dict(remembered)
             done += G
         else:
             for c in range(G):

@@ -8,6 +8,8 @@ is tests/model/test_datasharding_real.py."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -301,3 +303,41 @@ def test_under_a_pipeline_schedule_the_whole_gradients_are_held_beside_their_sha
         DataLayout(dp, zero, pipelined=True).describe()
     assert SolveRequest(devices=2, dp=dp, zero=zero, schedule="1f1b").data_layout().pipelined
     assert not SolveRequest(devices=2, dp=dp, zero=zero).data_layout().pipelined
+
+
+def _phase_arrays(table) -> dict[str, np.ndarray]:
+    """Every array of a phase table, by name (the peaks by kind)."""
+    out = {}
+    for field in dataclasses.fields(table):
+        value = getattr(table, field.name)
+        if isinstance(value, dict):
+            out.update({f"{field.name}.{k}": np.asarray(v) for k, v in value.items()})
+        elif isinstance(value, np.ndarray):
+            out[field.name] = value
+    return out
+
+
+@pytest.mark.parametrize("zero", [1, 2, 3])
+def test_a_rank_priced_after_another_degree_gets_the_figures_priced_alone(linear_stack, zero):
+    """The layout search prices one rank under many data-parallel degrees; the liveness sweeps that
+    do not change with the degree (every phase's but the optimizer step's, whose temporaries are
+    sharded) are remembered by what they read (model/pricing.py ``_SweepMemo``). Priced after dp 2,
+    the dp 4 rank's phase table equals the one priced with nothing remembered, and only its optimizer
+    sweep was priced again."""
+    from stagesplit.model import pricing
+    profile, analysis = linear_stack
+
+    def table(dp: int):
+        return Analysis.of(profile, layout=DataLayout(dp, zero)).model.phase_table
+    pricing._SWEEPS.clear()
+    table(2)
+    before = len(pricing._SWEEPS)
+    warm = _phase_arrays(table(4))
+    assert len(pricing._SWEEPS) - before == 1          # the optimizer step's sweep alone
+    pricing._SWEEPS.clear()
+    cold = _phase_arrays(table(4))
+    assert warm.keys() == cold.keys() and len(cold) > 5
+    for name in cold:
+        assert np.array_equal(warm[name], cold[name]), name
+    # the two degrees do differ where the shares are: the resident bytes
+    assert not np.array_equal(_phase_arrays(table(2))["resident"], cold["resident"])
