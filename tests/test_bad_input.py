@@ -526,6 +526,25 @@ def test_default_patterns_keep_python_semantics():
     assert (m.group(0), m.group(1), m.group(2), m.span(1), m.end()) == ("12-", "12", None, (3, 5), 6)
 
 
+def test_ascii_and_other_names_match_at_the_same_character_positions():
+    """An ASCII name is matched as its bytes (faster through RE2's wrapper), any other as text: both
+    give the matches and character positions RE2 gives the text itself (Python's where no match is
+    empty; RE2's wrapper steps past an empty match its own way, and may find one twice)."""
+    import re
+
+    import re2
+    for pattern in (r"x*", r"\b", r"(a|)", r"layers?\.(\d+)", r"(?i)(H)\.(\d+)?"):
+        ours, text_re2, python = compile_regex(pattern), re2.compile(pattern), re.compile(pattern)
+        for name in ("", "xx.ax", "model.layers.12.mlp", "transformer.h.3.attn", "h.", "é.layers.4", "Ωh.7"):
+            spans = [m.span() for m in ours.finditer(name)]
+            assert spans == [m.span() for m in text_re2.finditer(name)], (pattern, name)
+            assert ours.findall(name) == text_re2.findall(name), (pattern, name)
+            if "|" not in pattern and "*" not in pattern and "\\b" not in pattern:
+                assert ours.findall(name) == python.findall(name), (pattern, name)
+                assert spans == [m.span() for m in python.finditer(name)], (pattern, name)
+    assert compile_regex(r"layers\.(\d+)").search("ünicode.layers.42/mm").span(1) == (15, 17)
+
+
 def test_regex_on_names_with_lone_surrogates():
     pattern = compile_regex(r"layer(\d+)")
     assert pattern.findall("\ud800layer12\udfff") == ["12"]

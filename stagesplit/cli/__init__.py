@@ -5,6 +5,7 @@ shows the traceback; a bug is one line and exit status 1."""
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import traceback
 from collections.abc import Sequence
@@ -42,8 +43,24 @@ def _message(exc: StagesplitError) -> str:
     return error_text(exc)
 
 
+#: what the user may set to choose BLAS threads themselves (left alone then)
+_BLAS_THREAD_SETTINGS = ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS")
+
+
+def _one_blas_thread() -> None:
+    """numpy's OpenBLAS starts a thread per core when numpy is imported, and each spins for about a
+    tenth of a second before it sleeps (OpenBLAS's thread timeout): 0.1 CPU-s on this 2-core machine,
+    more with more cores, for nothing, since the command's arrays are small and its numpy calls almost
+    never reach BLAS. Before numpy is first imported, and only where the user chose no BLAS threads,
+    the command asks OpenBLAS for one. (CP-SAT's workers and torch's threads are their own.)"""
+    if "numpy" in sys.modules or any(name in os.environ for name in _BLAS_THREAD_SETTINGS):
+        return
+    os.environ["OPENBLAS_NUM_THREADS"] = "1"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
+    _one_blas_thread()
     from .parser import build_parser
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv

@@ -14,7 +14,7 @@ surrogates (possible from JSON escapes) are matched as if each were U+FFFD, keep
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 from ..errors import PatternError
 from .text import one_line, short_repr
@@ -36,6 +36,13 @@ _SURROGATES = re.compile("[\ud800-\udfff]")
 
 def _matchable(text: str) -> str:
     return _SURROGATES.sub("\ufffd", text) if not text.isascii() else text
+
+
+def _subject(text: str) -> str | bytes:
+    """What RE2 matches for ``text``: an ASCII name as its bytes (the same positions, and RE2's
+    wrapper then has no offsets to convert between UTF-8 and characters, half the time per match),
+    any other as ``_matchable`` gives it."""
+    return text.encode("ascii") if text.isascii() else _SURROGATES.sub("\ufffd", text)
 
 
 class Match:
@@ -71,16 +78,18 @@ class Pattern:
         self.pattern = pattern
         self._compiled = compiled
         self.groups = compiled.groups
+        # Python's re (no RE2 installed) matches str patterns on str only
+        self._subject: Callable[[str], str | bytes] = _matchable if isinstance(compiled, re.Pattern) else _subject
 
     def _wrap(self, text: str, m) -> Match:
         return Match(text, [m.span(i) for i in range(self.groups + 1)])
 
     def search(self, text: str) -> Match | None:
-        m = self._compiled.search(_matchable(text))
+        m = self._compiled.search(self._subject(text))
         return None if m is None else self._wrap(text, m)
 
     def finditer(self, text: str) -> Iterator[Match]:
-        for m in self._compiled.finditer(_matchable(text)):
+        for m in self._compiled.finditer(self._subject(text)):
             yield self._wrap(text, m)
 
     def findall(self, text: str) -> list:

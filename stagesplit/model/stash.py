@@ -18,6 +18,9 @@ from .timeline import Timeline, ramp
 
 __all__ = ["stashed_variables"]
 
+#: (layer, variable) pairs judged together by ``_between_other_layers``
+PAIRS_AT_ONCE = 1024
+
 
 def stashed_variables(timeline: Timeline, layer_vars: LayerItems, var_nal: np.ndarray,
                       forward: np.ndarray | None = None, backward: np.ndarray | None = None) -> np.ndarray:
@@ -80,29 +83,45 @@ def _between_other_layers(timeline: Timeline, layer_vars: LayerItems, var_nal: n
     cover = timeline.cover
     # a column of the gap (another layer runs, l does not) is one some layer covers but l does not:
     # counted as (columns any layer covers) - (l's own columns), each from a prefix, l's by a search
-    # of its own few columns, so that a layer costs its runs, not a pass over every column
+    # of its own columns. Layer l's own columns are the keys l (G + 1) + column of one sorted array,
+    # so that one search serves many layers: the layers are taken in blocks of at most PAIRS_AT_ONCE
+    # (layer, variable) pairs (one layer at least), a variable found stashed not looked at again
     any_prefix = np.concatenate([[0], np.cumsum(cover.any(axis=0))])
     rows, cols = np.nonzero(cover)
-    starts = np.searchsorted(rows, np.arange(L + 1))
+    own_key = rows * (G + 1) + cols                     # sorted: by layer, then column
+    own_start = np.searchsorted(rows, np.arange(L + 1))
+    own_count = np.diff(own_start)
     run_offsets = np.zeros(nv + 1, np.int64)
     np.cumsum(np.bincount(run_var, minlength=nv), out=run_offsets[1:])
-    for l in range(L):
-        own_cols = cols[starts[l]:starts[l + 1]]
-        if not len(own_cols) or any_prefix[-1] - len(own_cols) <= 0:     # l runs nowhere, or nothing else does
-            continue
-        vars_l = layer_vars.of(l)
-        vars_l = vars_l[var_nal[vars_l] & ~stashed[vars_l]]
-        if not len(vars_l):
-            continue
-        counts = run_offsets[vars_l + 1] - run_offsets[vars_l]
-        runs = np.repeat(run_offsets[vars_l], counts) + ramp(counts)
+    pair_start = np.asarray(layer_vars.offsets, np.int64)
+    values = np.asarray(layer_vars.values, np.int64)
+    first_layer = 0
+    while first_layer < L:
+        # the block: layers first_layer..end-1
+        end = int(np.searchsorted(pair_start, pair_start[first_layer] + PAIRS_AT_ONCE, side="right")) - 1
+        end = min(L, max(end, first_layer + 1))
+        pair_layer = np.repeat(np.arange(first_layer, end), np.diff(pair_start[first_layer:end + 1]))
+        pair_var = values[pair_start[first_layer]:pair_start[end]]
+        block_key = own_key[own_start[first_layer]:own_start[end]]     # the block's own columns
+        shift = own_start[first_layer]
+        first_layer = end
+        # a layer that runs somewhere, beside some other layer; a not-always-live variable not yet stashed
+        keep = (own_count[pair_layer] > 0) & (any_prefix[-1] - own_count[pair_layer] > 0) & var_nal[pair_var] & \
+            ~stashed[pair_var]
+        pair_layer, pair_var = pair_layer[keep], pair_var[keep]
+        counts = run_offsets[pair_var + 1] - run_offsets[pair_var]
+        runs = np.repeat(run_offsets[pair_var], counts) + ramp(counts)
+        layer = np.repeat(pair_layer, counts)
         c0, c1 = run_c0[runs], run_c1[runs]
-        own0, own1 = np.searchsorted(own_cols, c0), np.searchsorted(own_cols, c1)   # own columns before c0, c1
+        base = layer * (G + 1)
+        lo, last_own = own_start[layer], own_start[layer + 1] - 1
+        own0 = np.searchsorted(block_key, base + c0) + shift       # the layer's own columns before c0, c1
+        own1 = np.searchsorted(block_key, base + c1) + shift
         has_two = own1 - own0 >= 2
-        first = own_cols[np.minimum(own0, len(own_cols) - 1)]
-        last = own_cols[np.maximum(own1 - 1, 0)]
+        first = cols[np.clip(own0, lo, last_own)]
+        last = cols[np.clip(own1 - 1, lo, last_own)]
         after = np.minimum(first + 1, last)
-        own_between = np.searchsorted(own_cols, last) - np.searchsorted(own_cols, after)
+        own_between = np.searchsorted(block_key, base + last) - np.searchsorted(block_key, base + after)
         hit = has_two & (any_prefix[last] - any_prefix[after] - own_between > 0)
         stashed[run_var[runs[hit]]] = True
     return stashed

@@ -14,6 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..common.chunks import CHUNK
+from .timeline import ramp
 from .view import ModelView
 
 # the cost model keeps its phase table, whose making reads this module: the model is read here
@@ -84,6 +86,28 @@ def wide_tensors(model: ModelView, traffic: Traffic) -> tuple[WideTensor, ...]:
     return tuple(sorted(out, key=lambda w: (w.first, w.last, w.name)))
 
 
+def _affinity(groups: list[np.ndarray], group_bytes: np.ndarray, L: int) -> np.ndarray:
+    """Bytes each pair of layers shares: every group's bytes on each (layer, layer) of its set, the
+    groups' pairs counted together in chunks of about ``CHUNK`` (a byte total is at most 1 PiB, so
+    the float sums are exact)."""
+    sizes = np.array([len(g) for g in groups], np.int64)
+    flat = np.concatenate([np.asarray(g, np.int64) for g in groups]) if len(groups) else np.zeros(0, np.int64)
+    offsets = np.concatenate([[0], np.cumsum(sizes)])
+    squares = sizes * sizes
+    ends = np.cumsum(squares)
+    total = np.zeros(L * L)
+    first = 0
+    while first < len(groups):
+        last = max(first + 1, int(np.searchsorted(ends, ends[first] - squares[first] + CHUNK, side="right")))
+        owner = np.repeat(np.arange(first, last), squares[first:last])
+        pair = ramp(squares[first:last])
+        size, start = sizes[owner], offsets[owner]
+        cell = flat[start + pair // size] * L + flat[start + pair % size]
+        total += np.bincount(cell, weights=group_bytes[owner], minlength=L * L)
+        first = last
+    return np.rint(total).astype(np.int64).reshape(L, L)
+
+
 def layer_traffic(model: ModelView) -> Traffic:
     """Affinity, communication and cut bytes for the model's layers."""
     L = model.num_layers
@@ -92,9 +116,7 @@ def layer_traffic(model: ModelView) -> Traffic:
     ng = len(groups)
     group = model.var_items.group
     group_bytes = np.bincount(group[group >= 0], weights=v.bytes[group >= 0], minlength=ng)
-    affinity = np.zeros((L, L), np.int64)
-    for layers, nbytes in zip(groups, group_bytes):
-        affinity[np.ix_(layers, layers)] += int(nbytes)
+    affinity = _affinity(groups, group_bytes, L)
 
     multi_group = np.array([len(g) > 1 for g in groups], bool)
     is_multi = (model.var_items.group >= 0) & model.var_nal
