@@ -181,6 +181,16 @@ def test_property_matches_brute_force(seed, layers, training):
     assert t.communication.tolist() == comm.tolist()
     assert t.cut_bytes.tolist() == cut.tolist()
     assert np.array_equal(t.affinity, t.affinity.T)
+    # affinity: every grouped variable's bytes on each pair of the layers that use it, variable by variable
+    affinity = np.zeros((layers, layers), np.int64)
+    ops = m.profile.operations
+    for i in np.flatnonzero(m.var_items.group >= 0):
+        users = sorted({int(m.layers.op_layer[o]) for o in range(len(ops)) if i in ops.vars[o].tolist()
+                        and m.layers.op_layer[o] >= 0})
+        for a in users:
+            for b in users:
+                affinity[a, b] += int(m.profile.variables.bytes[i])
+    assert t.affinity.tolist() == affinity.tolist()
     # a stage's received + sent bytes are exactly the bytes crossing its two cuts (what its
     # time is charged for), and what one stage sends across a cut its neighbour receives
     for first in range(layers):
