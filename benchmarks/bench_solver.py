@@ -3,9 +3,10 @@
 **The comparison (issue 26).** For per-layer profiles of 200 layers on 64 devices, 500 on 128 and
 1000 on 256 (training, random figures, 80 GB GPUs), each with the default options, 1F1B with 128
 micro-batches, mixed capacities (every third device 40 GB), communication, and the devices
-objective: ``stagesplit solve`` (the command line, from reading the file to writing the plan) and
-a plain numpy dynamic program written here, independently of the package (``plain_dp``), each in
-its own process (with Python's bytecode cache, as an installed package has it). The table shows
+objective: ``stagesplit solve`` (the command as a user runs it, ``python -m stagesplit solve``, from
+reading the file to writing the plan) and a plain numpy dynamic program written here, independently
+of the package (``plain_dp``), each in its own process (with Python's bytecode cache, as an installed
+package has it). The table shows
 each one's CPU seconds and peak RSS, the ratio, and whether the two found the same optimum (both
 objective phases, in the solver's integer units). ``--runs N``: each side N times, in N fresh
 processes, the median CPU seconds shown (CPU time is noisy on a shared machine: take N >= 5).
@@ -27,7 +28,6 @@ Run from the repository root:
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import statistics
@@ -366,22 +366,27 @@ def plain_dp(doc: dict, devices: int, option: str) -> dict:
 
 # -- measuring each side in its own process --------------------------------------------------------
 
-def child(kind: str, path: str, devices: int, option: str) -> None:
-    """Run one side in this (fresh) process and print its answer as JSON."""
-    if kind == "plain":
-        doc = json.loads(Path(path).read_text())
-        print(json.dumps(plain_dp(doc, devices, option)))
-        return
-    from stagesplit.cli import main as cli
+def child(path: str, devices: int, option: str) -> None:
+    """Run the plain DP in this (fresh) process and print its answer as JSON."""
+    doc = json.loads(Path(path).read_text())
+    print(json.dumps(plain_dp(doc, devices, option)))
+
+
+def solve_command(path: str, devices: int, option: str) -> tuple[list[str], str]:
+    """``stagesplit solve`` as a user runs it (its own process: nothing imported before it) and the
+    plan file it writes. The plain DP has the devices' whole capacities: nothing kept back for a CUDA
+    context or NCCL (``--runtime-reserve off``)."""
     plan_path = path + f".{option}.{devices}.plan.json"
-    with open(os.devnull, "w") as sink, contextlib.redirect_stdout(sink):
-        # the plain DP has the devices' whole capacities: nothing kept back for a CUDA context or NCCL
-        code = cli(["solve", path, "--devices", str(devices), "--out", plan_path, "--runtime-reserve", "off",
-                    *cli_options(option, devices)])
+    return [sys.executable, "-m", "stagesplit", "solve", path, "--devices", str(devices), "--out", plan_path,
+            "--runtime-reserve", "off", *cli_options(option, devices)], plan_path
+
+
+def solve_answer(plan_path: str) -> dict:
+    """What the plan file says: the objective's values (the solver's integer units), status and proof."""
     plan = json.loads(Path(plan_path).read_text())
-    print(json.dumps({"code": code, "values": [ph["solver_value"] for ph in plan["objective"]],
-                      "status": plan["status"], "proof": "/".join(ph.get("proof") or "-" for ph in plan["objective"]),
-                      "dp_seconds": plan["run"].get("dp_seconds"), "cpsat_seconds": plan["run"].get("cpsat_seconds")}))
+    return {"values": [ph["solver_value"] for ph in plan["objective"]], "status": plan["status"],
+            "proof": "/".join(ph.get("proof") or "-" for ph in plan["objective"]),
+            "dp_seconds": plan["run"].get("dp_seconds"), "cpsat_seconds": plan["run"].get("cpsat_seconds")}
 
 
 def child_env() -> dict[str, str]:
@@ -391,17 +396,23 @@ def child_env() -> dict[str, str]:
     return {**env, "PYTHONPATH": str(ROOT)}
 
 
-def timed(*args: str) -> tuple[dict, float, float, float]:
-    """Run ``child`` in a fresh interpreter: (its answer, CPU seconds, peak RSS in MB, wall seconds)."""
+def timed(kind: str, path: str, devices: str, option: str) -> tuple[dict, float, float, float]:
+    """One side in a fresh interpreter (``kind``: "plain" or "stagesplit"): (its answer, CPU
+    seconds, peak RSS in MB, wall seconds)."""
+    if kind == "plain":
+        argv, plan_path = [sys.executable, __file__, "--child", path, devices, option], None
+    else:
+        argv, plan_path = solve_command(path, int(devices), option)
     start = time.perf_counter()
-    proc = subprocess.Popen([sys.executable, __file__, "--child", *args], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, cwd=str(ROOT), env=child_env())
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=str(ROOT),
+                            env=child_env())
     _, status, usage = os.wait4(proc.pid, 0)
     wall = time.perf_counter() - start
     out, err = proc.stdout.read(), proc.stderr.read()
     if status != 0:
-        raise SystemExit(f"{args}: {err}")
-    return json.loads(out.strip().splitlines()[-1]), usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, wall
+        raise SystemExit(f"{argv}: {err}")
+    answer = json.loads(out.strip().splitlines()[-1]) if plan_path is None else solve_answer(plan_path)
+    return answer, usage.ru_utime + usage.ru_stime, usage.ru_maxrss / 1024, wall
 
 
 def compare(sizes, runs: int = 1) -> None:
@@ -469,7 +480,7 @@ def main() -> None:
         measure(sys.argv[2], sys.argv[3])
         return
     if len(sys.argv) > 1 and sys.argv[1] == "--child":
-        child(sys.argv[2], sys.argv[3], int(sys.argv[4]), sys.argv[5])
+        child(sys.argv[2], int(sys.argv[3]), sys.argv[4])
         return
     sizes = ((12, 4),) if TINY else SIZES
     if "--sizes" in sys.argv:

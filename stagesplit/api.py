@@ -16,7 +16,6 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
-from fractions import Fraction
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, NoReturn, cast, overload
 
@@ -467,6 +466,8 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         e, a, layout = checked_rank("ep_profiles", degree, other, "expert", "ep")
         read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
+    # the layout search's alone: imported here (with decimal, 2 ms of every command otherwise)
+    from fractions import Fraction
     scaled: dict[tuple[Any, Fraction], Any] = {}
 
     def rank(t, layout: DataLayout, ratio: Fraction = Fraction(1)):

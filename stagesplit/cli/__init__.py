@@ -61,14 +61,15 @@ def _one_blas_thread() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the command line; returns the exit status."""
     _one_blas_thread()
-    from .parser import build_parser
+    from .parser import build_parser, command_word
     argv = list(sys.argv[1:] if argv is None else argv)
     debug = "--debug" in argv
     _safe_stdout()
     try:
-        args = build_parser().parse_args(argv)
+        parser = build_parser(only=command_word(argv))
+        args = parser.parse_args(argv)
         if not getattr(args, "command", None):
-            build_parser().print_help(sys.stderr)
+            parser.print_help(sys.stderr)
             return EXIT_USAGE
         from .commands import COMMANDS
         _check_outputs(args)

@@ -55,11 +55,11 @@ def _width(args: argparse.Namespace, to_file: bool | None = None) -> int | None:
     """The columns text tables must fit: the terminal's (or $COLUMNS) when stdout is a terminal,
     unless --wide, a machine format or the tables go to a file (``to_file``; default: --out
     given); None (piped output): no limit."""
-    import shutil
     to_file = bool(getattr(args, "out", None)) if to_file is None else to_file
     if getattr(args, "wide", False) or to_file or getattr(args, "format", "text") != "text":
         return None
     if sys.stdout.isatty():
+        import shutil
         return max(40, shutil.get_terminal_size().columns - 1)
     return None
 

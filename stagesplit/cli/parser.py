@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import math
 import re
-from collections.abc import Callable
-from typing import Any, NoReturn
+from collections.abc import Callable, Sequence
+from typing import Any, NoReturn, cast
 
 from .. import api
 from ..errors import StagesplitError, one_line
 
-__all__ = ["FLAGS", "SCHEDULES", "build_parser", "flag_text"]
+__all__ = ["FLAGS", "SCHEDULES", "build_parser", "command_word", "flag_text"]
 
 #: the --schedule choices (solver/request.py's Schedule values; tests check they agree)
 SCHEDULES = api.SCHEDULE_NAMES
@@ -275,7 +275,25 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
         g.add_argument(f"--{flag}", type=int, metavar="N", help=f"fix the {flag} degree (default: searched)")
 
 
-def build_parser() -> argparse.ArgumentParser:
+class _Undeclared:
+    """The parser of a command this run does not parse: what would declare its arguments does
+    nothing (argparse takes about 0.03 ms per argument, and the command line names one command of
+    the hundreds of arguments); the command itself is declared, with its help, for the list of
+    commands and for argparse's choice of one."""
+
+    def __getattr__(self, name: str) -> Callable[..., _Undeclared]:
+        return lambda *args, **kwargs: self
+
+
+def command_word(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` names: its first word that is not an option (the top level's options
+    take no value)."""
+    return next((word for word in argv if not word.startswith("-")), None)
+
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; ``only``: the one command to declare the arguments of (every
+    command's where None; none where it names no command, which argparse then refuses)."""
     parser = _Parser(prog="stagesplit", description="Pipeline-stage partition advisor: where to split a model "
                      "that does not fit on one accelerator.")
     parser.add_argument("--version", action="version", version=f"stagesplit {api.VERSION}")
@@ -286,9 +304,12 @@ def build_parser() -> argparse.ArgumentParser:
                         help="show progress on stderr even when it is not a terminal")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
 
+    every = only is None
+
     def command(name: str, **kw) -> argparse.ArgumentParser:
         # any parser can be a parent; argparse's stubs want the subparsers' own class
-        return sub.add_parser(name, parents=[common], **kw)  # type: ignore[list-item]
+        made = sub.add_parser(name, parents=[common], **kw)  # type: ignore[list-item]
+        return made if every or name == only else cast(argparse.ArgumentParser, _Undeclared())
 
     p = command("breakdown", help="memory and compute by layer (and on request by operation, category and tile)")
     _add_profile(p)

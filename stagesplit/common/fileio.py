@@ -4,7 +4,6 @@ reader never sees a half-written file and an interrupted run leaves the old file
 from __future__ import annotations
 
 import os
-import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -28,7 +27,7 @@ def atomic_write_bytes(path: str | Path, data: bytes) -> None:
         raise StagesplitError(f"{show(path)}: cannot write: folder {show(directory)} {problem}")
     with deferred_signals() as interrupted:
         try:
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+            fd, tmp = _temporary_beside(path, directory)
         except OSError as exc:
             raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
         try:
@@ -60,7 +59,7 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
         problem = "is not a folder" if directory.exists() else "does not exist"
         raise StagesplitError(f"{show(path)}: cannot write: folder {show(directory)} {problem}")
     try:
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=directory)
+        fd, tmp = _temporary_beside(path, directory)
     except OSError as exc:
         raise StagesplitError(f"{show(path)}: cannot write: {exc.strerror or exc}") from None
     try:
@@ -79,6 +78,24 @@ def atomic_output(path: str | Path) -> Iterator[BinaryIO]:
     except BaseException:
         _remove(tmp)
         raise
+
+
+#: how the temporary file is opened: new (never an existing file or a link), for this user only
+_TEMPORARY_FLAGS = os.O_RDWR | os.O_CREAT | os.O_EXCL | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_CLOEXEC", 0) | \
+    getattr(os, "O_BINARY", 0)
+
+
+def _temporary_beside(path: Path, directory: Path) -> tuple[int, str]:
+    """A new file ``.NAME.<random>.tmp`` in ``directory``, open for writing, mode 0600: what
+    ``tempfile.mkstemp`` makes, without importing tempfile (which brings shutil, random, bz2 and
+    lzma: 5 ms of every command)."""
+    for _ in range(100):
+        tmp = os.path.join(directory, f".{path.name}.{os.urandom(6).hex()}.tmp")
+        try:
+            return os.open(tmp, _TEMPORARY_FLAGS, 0o600), tmp
+        except FileExistsError:
+            continue
+    raise FileExistsError(f"no unused temporary name in {directory}")
 
 
 def _remove(tmp: str) -> None:

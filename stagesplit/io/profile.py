@@ -405,6 +405,9 @@ class ProfileInfo:
 
 @dataclass
 class Profile:
+    """A profile: the device, the steps, and the variables, liveness, programs and operations of one
+    compiled (or captured) step, with what its source recorded about it."""
+
     target: Target
     steps: list[str]
     names: list[str]

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 import re
-from importlib import resources
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ def config_dir() -> Path:
     checkout = Path(__file__).resolve().parents[2]
     if (checkout / "pyproject.toml").is_file() and (checkout / "configs" / "targets.yaml").is_file():
         return checkout / "configs"
+    from importlib import resources  # an installed package's (it brings tempfile: 3 ms)
     return Path(str(resources.files("stagesplit") / "configs"))
 
 

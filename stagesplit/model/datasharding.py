@@ -329,6 +329,8 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
 
 @dataclass
 class _Bounds:
+    """Each layer's first and last forward and backward steps (where FSDP2's buffers live)."""
+
     f0: np.ndarray          # per layer: first and last forward step (-1: none)
     f1: np.ndarray
     b0: np.ndarray          # first and last backward step (B, W or recompute; -1: none)

@@ -26,6 +26,9 @@ __all__ = ["Traffic", "WideTensor", "layer_traffic", "wide_tensors"]
 
 @dataclass
 class Traffic:
+    """What the layers exchange: bytes both use (affinity), bytes one makes and another reads
+    (communication), and the bytes crossing each cut, from the variables several layers share."""
+
     affinity: np.ndarray          # (L, L) bytes of variables used by both layers
     communication: np.ndarray     # (L, L) bytes created in the row layer, used in the column layer
     cut_bytes: np.ndarray         # (L + 1,) bytes crossing the cut before layer j (0 at both ends)

@@ -29,6 +29,8 @@ __all__ = ["Advice", "advise", "inputs_for", "tied_warnings"]
 
 @dataclass
 class Advice:
+    """A solve's plan with what explains it: the search result, the problem and the baselines."""
+
     plan: Plan
     result: SolverResult | None
     problem: SplitProblem | None           #: None: a schedule search, or a count refused

@@ -40,6 +40,8 @@ HTML_STAGE_COLUMNS = ("device", "target", "first_layer_name", "last_layer_name",
 
 @dataclass
 class StagePlan:
+    """One stage of a plan: its layers, its device, and the memory and time priced for it."""
+
     stage: int
     device: int
     first_layer: int
@@ -332,6 +334,9 @@ class PlanRun:
 
 @dataclass
 class Plan:
+    """A solve's answer: the split, each stage's figures, the schedule, how it was found and
+    proven, and the request and profile it answers (what the plan file records)."""
+
     profile: PlanProfile
     inputs: PlanInputs
     layer_names: list[str]

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import csv
 import io
 import json
 import math
@@ -35,6 +34,8 @@ class Column:
 
 @dataclass
 class Table:
+    """A titled table of typed columns, rendered as text, Markdown, JSON, CSV or TSV."""
+
     title: str
     columns: list[Column]
     rows: list[list[Any]] = field(default_factory=list)
@@ -199,6 +200,7 @@ def render(tables: Sequence[Table], fmt: str = "text", width: int | None = None,
     if fmt not in ("csv", "tsv"):
         raise ValueError(f"unknown format {fmt}")
     buffer = io.StringIO()
+    import csv  # the csv and tsv formats' alone
     writer = csv.writer(buffer, delimiter="," if fmt == "csv" else "\t", lineterminator="\n")
     for n, t in enumerate(tables):
         if n:

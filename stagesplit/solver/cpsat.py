@@ -53,6 +53,8 @@ MODEL_SIZE_PER_SECOND = 30_000
 
 @dataclass(frozen=True)
 class PhaseResult:
+    """One objective phase's outcome: its value, the bound proven, and how it was settled."""
+
     quantity: str
     status: str
     value: int | None
@@ -70,6 +72,8 @@ class PhaseResult:
 
 @dataclass
 class SolverResult:
+    """A search's answer: the split, its evaluation and each objective phase's outcome."""
+
     split: Split | None
     evaluation: Evaluation | None
     phases: list[PhaseResult] = field(default_factory=list)

@@ -200,14 +200,14 @@ def test_out_below_a_file(capsys, tmp_path):
 def test_out_into_an_unwritable_folder(capsys, tmp_path, monkeypatch):
     """The OS refuses the temporary file (as in a read-only folder; simulated, since root may
     write anywhere): one line, nothing left behind, the old file kept."""
-    import tempfile
+    from stagesplit.common import fileio
 
     def refuse(*args, **kwargs):
         raise PermissionError(13, "Permission denied")
 
     target = tmp_path / "report.txt"
     target.write_text("old")
-    monkeypatch.setattr(tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(fileio, "_temporary_beside", refuse)
     code, out, err = run(capsys, "targets", "--out", target)
     assert_one_line_error(code, out, err, f"{target}: cannot write: Permission denied")
     assert target.read_text() == "old"
@@ -410,3 +410,20 @@ def test_console_script_error_status():
     assert done.returncode == 2
     assert done.stdout == ""
     assert done.stderr == "stagesplit: error: no-such-profile.json: no such file\n"
+
+
+def test_a_run_declares_its_own_command_as_the_whole_parser_does():
+    """The command line declares only the arguments of the command it runs (cli/parser.py
+    ``build_parser(only=...)``): each command's help, hence every argument, equals the whole
+    parser's, and the list of commands is the same."""
+    from stagesplit.cli.parser import build_parser, command_word
+
+    def subparsers(parser):
+        return parser._subparsers._group_actions[0].choices           # argparse's own table
+    whole = subparsers(build_parser())
+    for name, full in whole.items():
+        alone = build_parser(only=name)
+        assert list(subparsers(alone)) == list(whole)
+        assert subparsers(alone)[name].format_help() == full.format_help(), name
+    assert command_word(["--debug", "solve", "x.json", "--devices", "4"]) == "solve"
+    assert command_word(["--version"]) is None

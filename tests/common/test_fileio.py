@@ -154,12 +154,13 @@ def test_read_only_folder(tmp_path, monkeypatch):
     (folder / "plan.json").write_text("old\n")
     folder.chmod(0o555)
     if os.access(folder, os.W_OK):
-        # root writes into any folder: the refusal the OS gives everyone else, made here
-        import tempfile
+        # root writes into any folder: the refusal the OS gives everyone else, made where the
+        # temporary file is created
+        from stagesplit.common import fileio
 
         def refused(*args, **kwargs):
             raise PermissionError(errno.EACCES, os.strerror(errno.EACCES))
-        monkeypatch.setattr(tempfile, "mkstemp", refused)
+        monkeypatch.setattr(fileio.os, "open", refused)
     try:
         with pytest.raises(StagesplitError, match=r"plan\.json: cannot write: Permission denied$"):
             atomic_write_text(folder / "plan.json", "new\n")
