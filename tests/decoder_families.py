@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import functools
 
-__all__ = ["BATCH", "DECODER_VARIANTS", "FAMILIES", "SEQUENCE", "batch", "capture_spec", "model"]
+__all__ = ["BATCH", "DECODER_VARIANTS", "FAMILIES", "MOE_FAMILIES", "SEQUENCE", "TABLE_FAMILIES", "batch", "capture_spec",
+           "model"]
 
 #: sequences per micro-batch and tokens per sequence
 BATCH, SEQUENCE = 2, 32
@@ -64,14 +65,30 @@ def _configs():
                                                                num_experts_per_tok=2, moe_intermediate_size=64,
                                                                shared_expert_intermediate_size=64,
                                                                tie_word_embeddings=False, **_SMALL, **_COMMON)),
+        # BLOOM: ALiBi biases the decoder builds and hands each block (with the mask), no position embedding
+        "bloom": (tf.BloomForCausalLM, tf.BloomConfig(hidden_size=64, n_layer=8, n_head=4, hidden_dropout=0.0,
+                                                      attention_dropout=0.0, tie_word_embeddings=False, **_COMMON)),
+        # DeepSeek-V3: latent attention (low-rank queries and keys, rotary on a slice), a dense first block
+        # before mixture-of-experts blocks with a shared expert; GPT-OSS: attention sinks, sliding and full
+        # attention in turn, experts with biases
+        "deepseek_v3": (tf.DeepseekV3ForCausalLM, tf.DeepseekV3Config(
+            num_key_value_heads=4, n_routed_experts=4, num_experts_per_tok=2,
+            moe_intermediate_size=64, n_shared_experts=1, first_k_dense_replace=1, n_group=1, topk_group=1,
+            q_lora_rank=32, kv_lora_rank=16, qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16,
+            tie_word_embeddings=False, **_SMALL, **_COMMON)),
+        "gpt_oss": (tf.GptOssForCausalLM, tf.GptOssConfig(num_key_value_heads=2, head_dim=16, num_local_experts=4,
+                                                        num_experts_per_tok=2, sliding_window=8,
+                                                        layer_types=["sliding_attention", "full_attention"] * 4,
+                                                        tie_word_embeddings=False, **_SMALL, **_COMMON)),
     }
 
 
 #: the families the tests run (gemma ties its embeddings, as GPT-2 does)
 FAMILIES = ("gpt2", "llama", "qwen2", "mistral", "gpt_neox", "opt", "phi3", "qwen3", "gemma")
 #: families whose decoders call their blocks differently: blocks that return tuples (Falcon, GPT-Neo), layers
-#: whose mask or rotary tables the decoder picks by position (Gemma 3, Qwen2 with a sliding window)
-DECODER_VARIANTS = ("falcon", "gpt_neo", "gemma3", "qwen2_sliding")
+#: whose mask or rotary tables the decoder picks by position (Gemma 3, Qwen2 with a sliding window), biases the
+#: decoder makes for every block (BLOOM's ALiBi)
+DECODER_VARIANTS = ("falcon", "gpt_neo", "gemma3", "qwen2_sliding", "bloom")
 
 
 def model(name: str, device: str | None = None):
@@ -105,7 +122,9 @@ def factory(name: str):
 
 #: mixture-of-experts families: which expert each token goes to depends on the weights, so a capture
 #: (fake tensors) and a run route tokens differently
-MOE_FAMILIES = ("mixtral", "qwen2_moe")
+MOE_FAMILIES = ("mixtral", "qwen2_moe", "deepseek_v3", "gpt_oss")
+#: the families of the README's table (benchmarks/bench_exported.py's default)
+TABLE_FAMILIES = FAMILIES + ("mixtral", "qwen2_moe")
 
 for _name in FAMILIES + DECODER_VARIANTS + MOE_FAMILIES:
     globals()[_name] = functools.partial(factory, _name)

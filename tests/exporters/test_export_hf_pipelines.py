@@ -11,7 +11,8 @@ measured by torch's MemTracker (tests/pipeline_harness.py), and:
   bfloat16, torch's grouped expert product, so to bfloat16's precision).
 
 Every family runs 1F1B and ZBV on 2 processes and one schedule on 4; every schedule torch ships
-runs on 2 and on 4 processes, with the families in turn; Mixtral and Qwen2-MoE run on 2; Llama runs
+runs on 2 and on 4 processes, with the families in turn; the mixture-of-experts families (Mixtral, Qwen2-MoE,
+DeepSeek-V3, GPT-OSS) run on 2; Llama runs
 1F1B on 8 processes, and Qwen2 interleaved 1F1B with 4 chunks per rank. ``benchmarks/bench_exported.py``
 runs every family under every schedule on 2 and 4 processes (the README's table)."""
 
@@ -39,7 +40,11 @@ def _cases() -> list[tuple]:
             ("qwen2_moe", "zbv", 4), ("opt", "zbv", 4),
             # decoders that call their blocks differently (tests/decoder_families.py's DECODER_VARIANTS): blocks that
             # return tuples, and layers given their own masks or rotary tables by position
-            ("falcon", "1f1b", 4), ("gpt_neo", "zbv", 2), ("gemma3", "interleaved-1f1b", 4), ("qwen2_sliding", "1f1b", 4)]
+            ("falcon", "1f1b", 4), ("gpt_neo", "zbv", 2), ("gemma3", "interleaved-1f1b", 4), ("qwen2_sliding", "1f1b", 4),
+            ("bloom", "1f1b", 2),
+            # latent attention and a dense block before the experts (DeepSeek-V3); attention sinks and sliding
+            # and full attention in turn (GPT-OSS)
+            ("deepseek_v3", "zbv", 2), ("gpt_oss", "1f1b", 2)]
     return two + four + more
 
 
@@ -50,7 +55,7 @@ def test_cases_cover_every_family_and_schedule_on_2_and_4_processes():
     for P in (2, 4):
         assert {s for _, s, p, *_ in cases if p == P} == set(SCHEDULES)
         assert {f for f, _, p, *_ in cases if p == P} >= set(FAMILIES)
-    assert {f for f, *_ in cases} >= {"mixtral", "qwen2_moe", *families.DECODER_VARIANTS}
+    assert {f for f, *_ in cases} >= {*families.MOE_FAMILIES, *families.DECODER_VARIANTS}
     assert max(p for _, _, p, *_ in cases) == 8 and max(c[3] for c in cases if len(c) == 4) == 4
 
 

@@ -21,7 +21,7 @@ import decoder_families as families  # noqa: E402
 TEMPLATE = "stagesplit/exporters/templates/stage_modules.py"
 #: the stack of blocks, by family
 STACKS = {"gpt2": "transformer.h", "gpt_neox": "gpt_neox.layers", "opt": "model.decoder.layers",
-          "falcon": "transformer.h", "gpt_neo": "transformer.h"}
+          "falcon": "transformer.h", "gpt_neo": "transformer.h", "bloom": "transformer.h"}
 
 
 def _stage_modules():
