@@ -152,13 +152,18 @@ class ProfileBuilder:
         return p
 
     def program_costs(self, category: str, program: int, tiles: np.ndarray, nbytes: np.ndarray | int,
-                      vertex_type: str | None = None) -> None:
-        """Add one program's costs on many tiles at once (vertex code also names the vertex type)."""
+                      vertex_type: str | Sequence[str] | None = None) -> None:
+        """Add one program's costs on many tiles at once, in their order (vertex code also names the
+        vertex type: one for every tile, or each tile's)."""
         tiles = np.asarray(tiles, np.int64)
         cols = [np.full(len(tiles), program, np.int64), tiles]
         if category == "vertex_code":
             assert vertex_type is not None                  # vertex code names its vertex type
-            cols.append(np.full(len(tiles), self.vertex_type(vertex_type), np.int64))
+            if isinstance(vertex_type, str):
+                cols.append(np.full(len(tiles), self.vertex_type(vertex_type), np.int64))
+            else:
+                index = {name: self.vertex_type(name) for name in dict.fromkeys(vertex_type)}   # first seen, first
+                cols.append(np.array([index[name] for name in vertex_type], np.int64))
         cols.append(np.broadcast_to(np.asarray(nbytes, np.int64), tiles.shape))
         self._costs[category].append(_held(np.stack(cols, axis=1)))
 

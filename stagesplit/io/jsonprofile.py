@@ -9,6 +9,7 @@ ground truth) and ``"layers"`` (one record per layer, for quick what-if use and 
 from __future__ import annotations
 
 import io
+import itertools
 import json
 import math
 from collections.abc import Iterator
@@ -124,14 +125,19 @@ def _read_full(doc: dict, r: FieldReader) -> Profile:
         r.mapping(prog, p)
         r.known_keys(prog, p, _PROG_KEYS)
         cycles = prog.get("cycles")
-        b.program(name=r.string(prog.get("name", f"program{i}"), f"{p}.name"),
-                  kind=r.string(prog.get("type", "OnTileExecute"), f"{p}.type"),
-                  cycles=math.nan if cycles is None else r.number(cycles, f"{p}.cycles"),
-                  vertices=r.integer(prog.get("vertices", 0), f"{p}.vertices"),
-                  vertex_code=_vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code", target.tiles, r),
-                  vertex_state=_tile_pairs(prog.get("vertex_state", []), f"{p}.vertex_state", target.tiles, r),
-                  exchange_code=_tile_pairs(prog.get("exchange_code", []), f"{p}.exchange_code", target.tiles, r),
-                  control_code=_tile_pairs(prog.get("control_code", []), f"{p}.control_code", target.tiles, r))
+        code_tiles, code_types, code_bytes = _vertex_code(prog.get("vertex_code", []), f"{p}.vertex_code",
+                                                          target.tiles, r)
+        pairs = {cat: _tile_pairs(prog.get(cat, []), f"{p}.{cat}", target.tiles, r)
+                 for cat in ("vertex_state", "exchange_code", "control_code")}
+        program = b.program(name=r.string(prog.get("name", f"program{i}"), f"{p}.name"),
+                            kind=r.string(prog.get("type", "OnTileExecute"), f"{p}.type"),
+                            cycles=math.nan if cycles is None else r.number(cycles, f"{p}.cycles"),
+                            vertices=r.integer(prog.get("vertices", 0), f"{p}.vertices"))
+        if len(code_tiles):
+            b.program_costs("vertex_code", program, code_tiles, code_bytes, vertex_type=code_types)
+        for cat, rows in pairs.items():
+            if len(rows):
+                b.program_costs(cat, program, rows[:, 0], rows[:, 1])
 
     ops = r.list(r.get(doc, "operations", ""), "operations", nonempty=True)
     for i, op in enumerate(ops):
@@ -172,23 +178,62 @@ def _tile(value: Any, path: str, tiles: int, r: FieldReader) -> int:
     return tile
 
 
-def _tile_pairs(value: Any, path: str, tiles: int, r: FieldReader) -> list[tuple[int, int]]:
+def _quick_rows(items: list, kinds: tuple[type, ...], tiles: int) -> np.ndarray | None:
+    """``items`` as an int64 array (a column per ``int`` kind) when every item is a list of exactly
+    those kinds (``int`` exactly: no bool, no float) with tiles in range and counts >= 0 that int64
+    holds; None otherwise, and ``_tile_pairs``/``_vertex_code`` check each item in turn to name the
+    first bad one. A large profile has millions of these pairs: checked one by one they took most of
+    reading its JSON."""
+    width = len(kinds)
+    if not items:
+        return np.zeros((0, sum(k is int for k in kinds)), np.int64)
+    if set(map(type, items)) != {list} or set(map(len, items)) != {width}:
+        return None
+    flat = list(itertools.chain.from_iterable(items))
+    columns = []
+    for k, kind in enumerate(kinds):
+        column = flat[k::width]
+        if set(map(type, column)) != {kind}:
+            return None
+        if kind is int:
+            columns.append(column)
+    try:
+        rows = np.array(columns, np.int64).T
+    except OverflowError:
+        return None
+    if rows.min() < 0 or rows[:, 0].max() >= tiles:
+        return None
+    return rows
+
+
+def _tile_pairs(value: Any, path: str, tiles: int, r: FieldReader) -> np.ndarray:
+    """[tile, bytes] pairs as an (n, 2) array."""
+    items = r.list(value, path)
+    quick = _quick_rows(items, (int, int), tiles)
+    if quick is not None:
+        return quick
     pairs = []
-    for k, item in enumerate(r.list(value, path)):
+    for k, item in enumerate(items):
         if not isinstance(item, list) or len(item) != 2:
             r.fail(f"{path}[{k}]", "a [tile, bytes] pair", item)
         pairs.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.integer(item[1], f"{path}[{k}][1]")))
-    return pairs
+    return np.array(pairs, np.int64).reshape(-1, 2)
 
 
-def _vertex_code(value: Any, path: str, tiles: int, r: FieldReader) -> list[tuple[int, str, int]]:
+def _vertex_code(value: Any, path: str, tiles: int, r: FieldReader) -> tuple[np.ndarray, list[str], np.ndarray]:
+    """[tile, vertex type name, bytes] triples as (tiles, names, bytes)."""
+    items = r.list(value, path)
+    quick = _quick_rows(items, (int, str, int), tiles)
+    if quick is not None:
+        return quick[:, 0], [item[1] for item in items], quick[:, 1]
     rows = []
-    for k, item in enumerate(r.list(value, path)):
+    for k, item in enumerate(items):
         if not isinstance(item, list) or len(item) != 3:
             r.fail(f"{path}[{k}]", "a [tile, vertex type name, bytes] triple", item)
         rows.append((_tile(item[0], f"{path}[{k}][0]", tiles, r), r.string(item[1], f"{path}[{k}][1]"),
                      r.integer(item[2], f"{path}[{k}][2]")))
-    return rows
+    return (np.array([t for t, _, _ in rows], np.int64), [name for _, name, _ in rows],
+            np.array([n for _, _, n in rows], np.int64))
 
 
 def _per_tile(value: Any, path: str, tiles: int, r: FieldReader, per: str = "tile") -> np.ndarray:

@@ -515,3 +515,42 @@ def test_roles_round_trip_and_documents_without_roles_have_none():
     with pytest.raises(ProfileError, match=r"r\.json: variables\[0\]\.role: expected one of unknown, param, grad, state, "
                                            r"buffer, other, got 'weights'"):
         profile_from_document(doc, "r.json")
+
+
+_PAIRS_DOC = {"format": "stagesplit-profile", "version": 1,
+              "target": {"name": "t", "tiles": 4, "bytes_per_tile": 1000, "clock_hz": 1e9}, "steps": 2,
+              "variables": [{"bytes": 10, "live": "always"}],
+              "programs": [{"name": "p", "vertex_state": [[0, 5], [1, 6]], "vertex_code": [[0, "v", 3], [2, "w", 4]]}],
+              "operations": [{"name": "op", "first_step": 0, "last_step": 1, "vars": [0], "programs": [0]}]}
+
+
+@pytest.mark.parametrize("field, value, message", [
+    ("vertex_state", [[0, 5], [1, True]], "vertex_state[1][1]: expected an integer >= 0, got True"),
+    ("vertex_state", [[0, 3.5]], "vertex_state[0][1]: expected an integer >= 0, got 3.5"),
+    ("vertex_state", [[0, -1]], "vertex_state[0][1]: expected an integer >= 0, got -1"),
+    ("vertex_state", [[0, 1], [4, 1]], "vertex_state[1][0]: expected a tile index in 0..3, got 4"),
+    ("vertex_state", [[1]], "vertex_state[0]: expected a [tile, bytes] pair, got [1]"),
+    ("vertex_state", [[0, 2**70]], "vertex_state[0][1]: expected an integer <= 9223372036854775807 (64-bit)"),
+    ("vertex_state", [[True, 1]], "vertex_state[0][0]: expected an integer >= 0, got True"),
+    ("vertex_code", [[0, 5, 3]], "vertex_code[0][1]: expected a string, got 5"),
+    ("vertex_code", [[0, "v", 1], [0, "v", True]], "vertex_code[1][2]: expected an integer >= 0, got True"),
+    ("vertex_code", [[9, "v", 1]], "vertex_code[0][0]: expected a tile index in 0..3, got 9"),
+])
+def test_program_cost_pairs_are_checked_one_by_one_where_any_is_wrong(field, value, message):
+    """Program costs are read as arrays when every pair is plainly right (millions of them in a large
+    profile), and otherwise checked one by one: the first wrong one is named as before."""
+    doc = copy.deepcopy(_PAIRS_DOC)
+    doc["programs"][0][field] = value
+    with pytest.raises(ProfileError) as excinfo:
+        profile_from_document(doc, "x.json")
+    assert str(excinfo.value).startswith(f"x.json: programs[0].{message}")
+
+
+def test_program_cost_pairs_read_as_arrays_keep_their_order_and_whole_floats():
+    doc = copy.deepcopy(_PAIRS_DOC)
+    p = profile_from_document(copy.deepcopy(doc), "x.json")
+    assert p.programs.vertex_state.tile.tolist() == [0, 1] and p.programs.vertex_state.bytes.tolist() == [5, 6]
+    assert p.programs.vertex_code.tile.tolist() == [0, 2] and p.programs.vertex_code.bytes.tolist() == [3, 4]
+    assert [p.programs.vertex_types[t] for t in p.programs.vertex_code.vertex_type] == ["v", "w"]
+    doc["programs"][0]["vertex_state"] = [[0, 3.0]]                    # a whole float is an integer, as before
+    assert profile_from_document(doc, "x.json").programs.vertex_state.bytes.tolist() == [3]
