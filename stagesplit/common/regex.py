@@ -42,7 +42,7 @@ def _subject(text: str) -> str | bytes:
     """What RE2 matches for ``text``: an ASCII name as its bytes (the same positions, and RE2's
     wrapper then has no offsets to convert between UTF-8 and characters, half the time per match),
     any other as ``_matchable`` gives it."""
-    return text.encode("ascii") if text.isascii() else _SURROGATES.sub("\ufffd", text)
+    return text.encode("ascii") if text.isascii() else _matchable(text)
 
 
 class Match:
