@@ -520,6 +520,7 @@ def _one_tile_peaks(sets: LayerSets, events: _Events, owner_col: np.ndarray, own
             peaks[m] = peak
     return peaks
 
+
 class _SweepMemo:
     """The one-tile sweeps' per-layer maxima, by a digest of everything they are computed from
     (``_one_tile_peaks``'s arguments but the memory budget, which only blocks the work), the least
