@@ -349,10 +349,12 @@ def test_a_json_profiles_solve_loads_only_what_it_uses(tmp_path):
     import subprocess
     import sys
     # every parse counted: the strict reader's, and the shipped files' (read_shipped_yaml, C-parsed)
-    code = ("import sys, stagesplit.common.safeinput as s; n = []; f = s.load_yaml; g = s.read_shipped_yaml\n"
+    code = ("import sys, stagesplit.common.safeinput as s; n = []; f = s.load_yaml\n"
             "def count(text, name=''):\n    n.append(name); return f(text, name)\n"
+            "s.load_yaml = count\n"
+            "import stagesplit.common.shippedyaml as y; g = y.read_shipped_yaml\n"
             "def shipped(path, what='YAML file'):\n    n.append(str(path)); return g(path, what)\n"
-            "s.load_yaml = count; s.read_shipped_yaml = shipped\n"
+            "y.read_shipped_yaml = shipped\n"
             "from stagesplit import api\n"
             "api.solve('profiles/llama-7b-layers.json', 4, schedule='1f1b', micro_batches=8)\n"
             "print(sorted(m for m in ('stagesplit.plan.comparison',) "

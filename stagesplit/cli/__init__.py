@@ -7,7 +7,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import traceback
 from collections.abc import Sequence
 
 from ..errors import StagesplitError, one_line
@@ -16,6 +15,12 @@ __all__ = ["main"]
 
 EXIT_USAGE = 2
 EXIT_INTERNAL = 1
+
+
+def _print_traceback() -> None:
+    """The traceback, for --debug (traceback is imported only then: 2 ms a run otherwise)."""
+    import traceback
+    traceback.print_exc()
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -80,7 +85,7 @@ def main(argv: Sequence[str] | None = None) -> int:
             end_progress()
     except StagesplitError as exc:
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         print(f"stagesplit: error: {one_line(_message(exc))}", file=sys.stderr)
         return EXIT_USAGE
     except KeyboardInterrupt:
@@ -90,12 +95,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     except MemoryError:                    # an input too large for this machine: still bad input, one line
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         print("stagesplit: error: out of memory: the input is too large for this machine", file=sys.stderr)
         return EXIT_USAGE
     except Exception as exc:  # a bug: still one line unless --debug
         if debug:
-            traceback.print_exc()
+            _print_traceback()
         print(f"stagesplit: internal error: {type(exc).__name__}: {one_line(str(exc))[:500]} (run with --debug "
               "for the traceback)", file=sys.stderr)
         return EXIT_INTERNAL

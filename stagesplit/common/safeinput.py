@@ -23,7 +23,7 @@ from .limits import FIFO_WAIT_S, MAX_CONFIG_BYTES, MAX_DEPTH, MAX_STREAM_BYTES, 
 from .text import one_line, short_repr, show
 
 __all__ = ["InputFile", "check_depth", "confined_path", "decode_text", "field_path", "load_json", "load_yaml",
-           "read_document", "read_input", "read_shipped_yaml", "read_yaml_file"]
+           "read_document", "read_input", "read_yaml_file"]
 
 _CHUNK = 1 << 20
 
@@ -385,40 +385,6 @@ def read_yaml_file(path: str | Path, what: str = "YAML file") -> Any:
     """Read (once, capped at MAX_CONFIG_BYTES) and parse a YAML (or JSON) file."""
     data = read_input(path, what)
     return load_yaml(decode_text(data, path), str(path))
-
-
-def read_shipped_yaml(path: str | Path, what: str = "YAML file") -> Any:
-    """A YAML file the package ships (configs/targets.yaml, configs/solver.yaml), read on every solve:
-    composed by libyaml's C parser where PyYAML has it (a tenth of the pure-Python parse), then held
-    to the same limits as ``load_yaml`` (aliases expanded, nesting, each key once) and constructed by
-    the same safe constructor, so the document is the one ``read_yaml_file`` gives. Any refusal or
-    error is left to ``read_yaml_file``, whose message names the file and line as always."""
-    import yaml
-    data = read_input(path, what)
-    text = decode_text(data, path)
-    if getattr(yaml, "CSafeLoader", None) is None:
-        return load_yaml(text, str(path))
-
-    class Loader(yaml.CSafeLoader):
-        def construct_mapping(self, node: Any, deep: bool = False) -> Any:
-            if isinstance(node, yaml.MappingNode):
-                keys = [(k.tag, k.value) for k, _ in node.value if isinstance(k, yaml.ScalarNode)]
-                if len(set(keys)) != len(keys):
-                    raise _YAMLRefused("each key at most once in a mapping")
-            return super().construct_mapping(node, deep)
-
-    loader = Loader(text)
-    try:
-        node = loader.get_single_node()
-        if node is None or _expanded_nodes(node) > MAX_YAML_NODES:
-            raise _YAMLRefused("")
-        doc = loader.construct_document(node)
-        check_depth(doc, str(path))
-        return doc
-    except (_YAMLRefused, yaml.YAMLError, StagesplitError, RecursionError, ValueError, OverflowError):
-        return load_yaml(text, str(path))            # the strict reader refuses it, naming the file and line
-    finally:
-        loader.dispose()
 
 
 def read_document(path: str | Path, what: str = "file") -> Any:

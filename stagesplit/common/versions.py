@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import platform
 import sys
 from functools import cache
 
@@ -16,7 +15,7 @@ def versions() -> dict[str, str]:
     A package already imported says its own (``__version__``): reading the installed packages'
     metadata (importlib.metadata) costs a solve tens of milliseconds, and is left for one that
     is not imported (OR-Tools where only the exact DP ran)."""
-    out = {"stagesplit": VERSION, "python": platform.python_version()}
+    out = {"stagesplit": VERSION, "python": sys.version.split()[0]}
     for package in ("numpy", "ortools"):
         version = getattr(sys.modules.get(package), "__version__", None)
         out[package] = str(version) if version is not None else _installed(package)

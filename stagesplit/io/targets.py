@@ -9,7 +9,8 @@ from typing import Any
 
 from ..common.layerfigures import LayerFigure, figure_total, read_layer_figure
 from ..common.limits import MAX_BYTES, MAX_COMPUTE, MAX_TILES
-from ..common.safeinput import read_shipped_yaml, read_yaml_file
+from ..common.safeinput import read_yaml_file
+from ..common.shippedyaml import read_shipped_yaml
 from ..common.text import show
 from ..errors import ProfileError, StagesplitError
 from .profile import Target

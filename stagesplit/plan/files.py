@@ -21,8 +21,6 @@ from dataclasses import asdict, fields, replace
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from ..common.fields import FieldReader
 from ..common.fileio import atomic_write_text
 from ..common.limits import MAX_MICRO_BATCHES, MAX_PLAN_FIGURE
@@ -200,6 +198,7 @@ def write_plan(plan: Plan, path: str | Path) -> None:
     path = Path(path)
     doc = plan_document(plan)
     if path.suffix in (".yaml", ".yml"):
+        import yaml  # only here: a solve that writes JSON need not import PyYAML
         text = yaml.safe_dump(doc, sort_keys=False, allow_unicode=True)
     else:
         text = json.dumps(doc, indent=1) + "\n"

@@ -22,7 +22,8 @@ from ..common.limits import (
     MAX_TIME_LIMIT,
     MAX_WORKERS,
 )
-from ..common.safeinput import read_shipped_yaml, read_yaml_file
+from ..common.safeinput import read_yaml_file
+from ..common.shippedyaml import read_shipped_yaml
 from ..common.text import short_repr
 from ..common.validate import boolean, choice, integer, mapping_items, number, pairs, strings
 from ..errors import FileOptionError, OptionError, ProfileError
