@@ -17,7 +17,7 @@ with the old names. The in-memory records (``StagePlan``) keep one set of names 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, fields, replace
+from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any
 
@@ -82,6 +82,23 @@ def _figure(r: FieldReader, value: Any, path: str) -> float:
         r.fail(path, f"a number in 0..{MAX_PLAN_FIGURE:g}", value)
     return number
 
+def _record_dict(value: Any) -> Any:
+    """``dataclasses.asdict`` for the plan file: records become dicts, lists, tuples and dicts are
+    rebuilt, and every other value is taken as it is rather than deep-copied (the document is only
+    written out; a plan's copying its several thousand numbers and strings one by one cost a small
+    solve 10 ms)."""
+    if hasattr(type(value), "__dataclass_fields__"):
+        return {f.name: _record_dict(getattr(value, f.name)) for f in fields(value)}
+    if isinstance(value, (list, tuple)):
+        items = [_record_dict(v) for v in value]
+        if hasattr(value, "_fields"):                        # a named tuple, as asdict rebuilds one
+            return type(value)(*items)
+        return type(value)(items)
+    if isinstance(value, dict):
+        return {_record_dict(k): _record_dict(v) for k, v in value.items()}
+    return value
+
+
 def plan_document(plan: Plan) -> dict[str, Any]:
     """The plan as the JSON/YAML document ``write_plan`` writes."""
     o = plan.inputs.options
@@ -99,11 +116,11 @@ def plan_document(plan: Plan) -> dict[str, Any]:
            "tied_parameters": [{"name": t.name, "layers": list(t.layers)} for t in plan.tied],
            "wide_tensors": [{"name": w.name, "first_layer": w.first, "last_layer": w.last} for w in plan.wide_tensors],
            "schedule": None if plan.schedule is None else _schedule_document(plan.schedule),
-           "schedule_candidates": [asdict(c) for c in plan.candidates],
-           "variants": [asdict(v) for v in plan.variants],
+           "schedule_candidates": [_record_dict(c) for c in plan.candidates],
+           "variants": [_record_dict(v) for v in plan.variants],
            "objective": [p.document() for p in plan.phases],
            "bottleneck_stage": plan.bottleneck.stage if plan.bottleneck else None,
-           "stages": [], "run": {**asdict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
+           "stages": [], "run": {**_record_dict(plan.run), "phase_seconds": list(plan.run.phase_seconds),
                                  "versions": dict(plan.run.versions)}}
     if plan.inputs.runtime_reserve is not None:
         doc["resolved"]["runtime_reserve"] = _reserve_document(plan.inputs.runtime_reserve)
@@ -111,7 +128,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
         doc["resolved"]["micro_batch_size"] = plan.inputs.micro_batch_size
         doc["resolved"]["global_batch"] = plan.inputs.global_batch
     for s in plan.stages:
-        rec = asdict(s)
+        rec = _record_dict(s)
         rec["recompute"] = list(s.recompute)
         rec["headroom_bytes"] = s.headroom_bytes
         rec["headroom"] = round(s.headroom, 6)
@@ -121,8 +138,8 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 def _reserve_document(kept: RuntimeReserve) -> dict[str, Any]:
     """What the plan keeps back on every device, itemised (``_reserve`` reads it back)."""
-    doc = asdict(kept)
-    doc["communicators"] = [asdict(c) for c in kept.communicators]
+    doc = _record_dict(kept)
+    doc["communicators"] = [_record_dict(c) for c in kept.communicators]
     doc["retry_bytes"] = list(kept.retry_bytes)
     return doc
 
@@ -157,7 +174,7 @@ def _reserve(r: FieldReader, value: Any, path: str, devices: int) -> RuntimeRese
 
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
     """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
-    doc = asdict(profile)
+    doc = _record_dict(profile)
     if profile.tensor_parallel == 1:                 # a plan of one device per stage writes what it always did
         del doc["tensor_parallel"], doc["sequence_parallel"], doc["tensor_parallel_styles"]
     else:
@@ -300,10 +317,10 @@ def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
 
 
 def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
-    doc = asdict(s)
-    doc["ranks"] = [{**asdict(r), "chunks": list(r.chunks)} for r in s.ranks]
+    doc = _record_dict(s)
+    doc["ranks"] = [{**_record_dict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
-    doc["runtime"] = asdict(s.runtime)
+    doc["runtime"] = _record_dict(s.runtime)
     for key, values in (("transfer_times", s.transfer_times), ("optimizer_times", s.optimizer_times)):
         if values:
             doc[key] = list(values)
