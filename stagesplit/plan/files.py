@@ -138,7 +138,7 @@ def plan_document(plan: Plan) -> dict[str, Any]:
 
 def _reserve_document(kept: RuntimeReserve) -> dict[str, Any]:
     """What the plan keeps back on every device, itemised (``_reserve`` reads it back)."""
-    doc = _record_dict(kept)
+    doc: dict[str, Any] = _record_dict(kept)
     doc["communicators"] = [_record_dict(c) for c in kept.communicators]
     doc["retry_bytes"] = list(kept.retry_bytes)
     return doc
@@ -174,7 +174,7 @@ def _reserve(r: FieldReader, value: Any, path: str, devices: int) -> RuntimeRese
 
 def _profile_document(profile: PlanProfile) -> dict[str, Any]:
     """The profile section: a GPU's memory is ``device_bytes`` (no tiles)."""
-    doc = _record_dict(profile)
+    doc: dict[str, Any] = _record_dict(profile)
     if profile.tensor_parallel == 1:                 # a plan of one device per stage writes what it always did
         del doc["tensor_parallel"], doc["sequence_parallel"], doc["tensor_parallel_styles"]
     else:
@@ -317,7 +317,7 @@ def _candidates(r: FieldReader, value: Any) -> tuple[ScheduleCandidate, ...]:
 
 
 def _schedule_document(s: ScheduleRecord) -> dict[str, Any]:
-    doc = _record_dict(s)
+    doc: dict[str, Any] = _record_dict(s)
     doc["ranks"] = [{**_record_dict(r), "chunks": list(r.chunks)} for r in s.ranks]
     doc["chunk_times"] = [list(x) for x in s.chunk_times]
     doc["runtime"] = _record_dict(s.runtime)
