@@ -110,9 +110,9 @@ def _worker(rank: int, devices: int, case: DataParallelCase, workdir: str) -> No
 def run_data_parallel(case: DataParallelCase, devices: int = 2) -> list[dict]:
     """Each rank's record, in rank order: ``peak`` (bytes), ``categories`` (per device, per
     category, at the peak) and ``loss``."""
-    import torch.multiprocessing as mp
+    import ranks
     with tempfile.TemporaryDirectory(prefix="dp-harness-") as tmp:
-        mp.spawn(_worker, args=(devices, case, tmp), nprocs=devices, join=True)
+        ranks.start(_worker, (devices, case, tmp), devices)
         return [json.loads((Path(tmp) / f"rank{r}.json").read_text()) for r in range(devices)]
 
 

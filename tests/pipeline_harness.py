@@ -353,9 +353,9 @@ def _load(base: Path) -> RankResult:
 def run_pipelines(cases: Sequence[PipelineCase], devices: int, timeout_s: float = 120.0) -> list[list[RankResult]]:
     """Run every case, one after the other, in one group of ``devices`` processes; per case, the
     ranks' results in rank order. A failure on any rank raises here (with that rank's traceback)."""
-    import torch.multiprocessing as mp
+    import ranks
     with tempfile.TemporaryDirectory(prefix="pipeline-harness-") as tmp:
-        mp.spawn(_worker, args=(devices, list(cases), tmp, timeout_s), nprocs=devices, join=True)
+        ranks.start(_worker, (devices, list(cases), tmp, timeout_s), devices)
         return [[_load(Path(tmp) / f"case{i}-rank{r}") for r in range(devices)] for i in range(len(cases))]
 
 
@@ -473,7 +473,7 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
 def run_exported(cases: Sequence[ExportedCase], devices: int, timeout_s: float = 300.0) -> list[list[RankResult]]:
     """Run each exported program, one after the other, in one group of ``devices`` processes (gloo);
     per case, the ranks' results in rank order (``grads`` keyed by the model's parameter names)."""
-    import torch.multiprocessing as mp
+    import ranks
     with tempfile.TemporaryDirectory(prefix="exported-pipeline-") as tmp:
-        mp.spawn(_worker, args=(devices, list(cases), tmp, timeout_s, _run_exported), nprocs=devices, join=True)
+        ranks.start(_worker, (devices, list(cases), tmp, timeout_s, _run_exported), devices)
         return [[_load(Path(tmp) / f"case{i}-rank{r}") for r in range(devices)] for i in range(len(cases))]

@@ -152,9 +152,9 @@ def _rank(rank: int, case: TPCase, workdir: str) -> None:
 
 def run_tp(case: TPCase) -> list[RankMeasure]:
     """Run ``case`` on ``case.degree`` gloo processes; each rank's peak and first loss, in rank order."""
-    import torch.multiprocessing as mp
+    import ranks
     with tempfile.TemporaryDirectory(prefix="tp-harness-") as tmp:
-        mp.spawn(_rank, args=(case, tmp), nprocs=case.degree, join=True)
+        ranks.start(_rank, (case, tmp), case.degree)
         out = []
         for r in range(case.degree):
             d = json.loads(Path(tmp, f"rank{r}.json").read_text())
