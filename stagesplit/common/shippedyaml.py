@@ -23,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import StagesplitError
-from .limits import MAX_YAML_NODES
+from .limits import MAX_CONFIG_BYTES, MAX_YAML_NODES
 from .safeinput import _expanded_nodes, _YAMLRefused, check_depth, decode_text, load_yaml, read_input
 
 __all__ = ["TWIN_NAME", "TWINNED", "read_shipped_yaml", "twin_document", "twin_text"]
@@ -80,7 +80,11 @@ def twin_document(path: Path, data: bytes) -> tuple[bool, Any]:
     """(True, the twin's document) when the twin beside ``path`` was built from exactly ``data``
     (the bytes just read from ``path``); (False, None) otherwise, and the caller parses the YAML."""
     try:
-        twin = json.loads((path.parent / TWIN_NAME).read_bytes())
+        with open(path.parent / TWIN_NAME, "rb") as f:
+            text = f.read(MAX_CONFIG_BYTES + 1)
+        if len(text) > MAX_CONFIG_BYTES:          # not a twin this package writes: parse the YAML
+            return False, None
+        twin = json.loads(text)
         entry = twin["files"][path.name]
         if isinstance(entry, dict) and entry.get("blake2b") == _digest(data) and "document" in entry:
             return True, entry["document"]

@@ -75,6 +75,17 @@ def test_a_broken_twin_is_passed_over(tmp_path, twin):
     assert read_shipped_yaml(path) == read_yaml_file(ROOT / "configs" / "solver.yaml")
 
 
+def test_a_twin_larger_than_a_settings_file_may_be_is_not_read(tmp_path):
+    from stagesplit.common.limits import MAX_CONFIG_BYTES
+    folder = _copy(tmp_path)
+    twin = json.loads((folder / TWIN_NAME).read_text())
+    twin["padding"] = " " * MAX_CONFIG_BYTES                    # still a valid twin, but too large to be read
+    (folder / TWIN_NAME).write_text(json.dumps(twin))
+    path = folder / "solver.yaml"
+    assert twin_document(path, path.read_bytes()) == (False, None)
+    assert read_shipped_yaml(path) == read_yaml_file(ROOT / "configs" / "solver.yaml")
+
+
 def test_no_twin_no_change(tmp_path):
     folder = _copy(tmp_path)
     (folder / TWIN_NAME).unlink()
