@@ -24,18 +24,17 @@ all-reduces. Nothing measured of the steps goes into a prediction.
 What is asserted:
 
 * the TP 2 run is real: both ranks compute the unparallelised model's loss (its collectives ran);
-* TP 2 within TOLERANCE (15%, as tests/plan/test_steptime_real.py): the rank's compute and its 58
+* every layout within TOLERANCE, the issue's 10% (three runs on this machine: TP 2 -5.8% to -0.1%,
+  PP 2 +1.5% to +3.0%, DP 2 +0.8% to +1.8%; docs/benchmarks.md). TP 2: the rank's compute and its 58
   all-reduces of a 256 KiB hidden state per micro-batch (and the head's all-gather), each priced in
-  series at gloo's measured all-reduce; -4.6% to +2.4% measured here;
-* PP 2 within PP_TOLERANCE (20%): the layout search prices the pipeline's transfers at the node's
-  bandwidth, and the runtime's own work the model does not price under-predicts it, most on this
-  loaded 2-core virtual machine whose two cores are not independent devices (tests/plan/
-  test_steptime_real.py; -0.5% to -19.1% measured here);
-* DP 2 within TOLERANCE: DDP's gradient all-reduce at gloo's measured all-reduce, and its bucket
-  copies (every gradient into its bucket and back, at the measured copy rate), none of it hidden
-  under the backward: the target's node says ``overlaps_compute: false``, as each rank runs on one
-  core with gloo's threads (before both rules, the all-reduce overlapped as on a GPU and the copies
-  unpriced: -11.7% to -29.4% measured; with them, -8.0% and -9.6% on a loaded machine);
+  series at gloo's measured all-reduce. PP 2: the pipeline's transfers at the node's links. DP 2:
+  DDP's gradient all-reduce at gloo's measured all-reduce, and its bucket copies (every gradient into
+  its bucket and back, at the measured copy rate), none of it hidden under the backward: the target's
+  node says ``overlaps_compute: false``, as each rank runs on one core with gloo's threads (before both
+  rules, the all-reduce overlapped as on a GPU and the copies unpriced: -11.7% to -29.4% measured).
+  As in tests/plan/test_steptime_real.py, a comparison with a layout outside 10% is measured once
+  more, from the blocks up, and the second must hold (another job's burst can slow one measurement;
+  an error of the model's shows in both);
 * the same order wherever two predictions differ by more than SEPARATED (TP 2 is about three times
   slower than either other: DTensor's work on the host and the collectives; DP 2 and PP 2 are
   predicted within a few percent of each other, not separated).
@@ -51,8 +50,7 @@ import steptime_harness as harness  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
-TOLERANCE = 0.15
-PP_TOLERANCE = 0.20
+TOLERANCE = 0.10
 SEPARATED = 0.10
 
 
@@ -67,7 +65,11 @@ def test_layout_step_times_against_real_tp_pp_and_dp_runs(tmp_path):
     if not machine.own_cores:
         pytest.skip("the two ranks could not each have a core of their own here (no CAP_SYS_NICE, or one core): "
                     "their steps carry the machine's other work")
-    table = _table(rows)
+    first = ""
+    if any(abs(row.error) > TOLERANCE for row in rows):       # measured once more (module docstring)
+        first = f"first measurement:\n{_table(rows)}\nmeasured again:\n"
+        machine, rows = harness.compare_layouts(tmp_path, micro_batches=4, rounds=5, repeats=4)
+    table = first + _table(rows)
     assert [(r.tp, r.pp, r.dp) for r in rows] == list(harness.LAYOUTS)
     assert [r.split for r in rows] == ["[ 0 1 2 3 4 5 6 7 ]", "[ 0 1 2 3 | 4 5 6 7 ]", "[ 0 1 2 3 4 5 6 7 ]"], table
     tp, pp, dp = rows
@@ -78,9 +80,8 @@ def test_layout_step_times_against_real_tp_pp_and_dp_runs(tmp_path):
     assert dp.tp_comm == 0 and dp.dp_comm > 0, table
     for row in rows:
         assert row.predicted == pytest.approx(row.pipeline + row.tp_comm + row.dp_comm, rel=1e-12)
-    assert abs(tp.error) <= TOLERANCE, table
-    assert abs(pp.error) <= PP_TOLERANCE, table
-    assert abs(dp.error) <= TOLERANCE, table
+    for row in rows:
+        assert abs(row.error) <= TOLERANCE, table
     for a in rows:
         for b in rows:
             if a.predicted < b.predicted * (1 - SEPARATED):

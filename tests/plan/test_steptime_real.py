@@ -10,13 +10,14 @@ its own program run on two gloo processes, the four interleaved round by round.
 * the same order: wherever two plans' step times differ by more than 10%, the measured steps are
   in the same order (the solver's split is the faster under both schedules).
 
-TOLERANCE is 15%, not the issue's 10%: the two ranks are two cores of a virtual machine shared with
-other jobs, not two devices. The harness makes them behave like two (sessions of their own, memory
-kept, a filler on each core while its rank waits: tests/steptime_harness.py), and on the machine this
-was written on every plan of the benchmark comes within 5.3% (docs/benchmarks.md); but a fresh-clone
-CI run on another machine of this kind once measured a heavy rank 17% faster than its blocks said,
-before the filler, and the test must hold on such machines too. The benchmark prints every plan's
-error against 10%.
+TOLERANCE is the issue's 10%. The two ranks are two cores of a virtual machine shared with other
+jobs, not two devices: the harness makes them behave like two (sessions of their own, memory kept, a
+filler on each core while its rank waits: tests/steptime_harness.py), and on the machine this was
+written on every plan comes within -0.9% to +3.4% (three runs; docs/benchmarks.md). Another job's
+burst can still slow one measurement, so a comparison with a plan outside 10% is measured once more,
+from the blocks up, and the second must hold: an error of the model's shows in both (before the
+filler, a fresh-clone CI run on another machine of this kind measured a heavy rank 17% faster than
+its blocks said, in every round).
 
 The prediction is the tool's own model on the measured blocks; nothing measured from the
 pipeline's steps goes into it."""
@@ -31,7 +32,7 @@ import steptime_harness as harness  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.timed]
 
-TOLERANCE = 0.15
+TOLERANCE = 0.10
 #: plans whose step times differ by more than this are measured in the same order
 SEPARATED = 0.10
 
@@ -49,7 +50,11 @@ def test_step_time_against_the_exported_pipeline(tmp_path):
     if not machine.own_cores:
         pytest.skip("the two ranks could not each have a core of their own here (no CAP_SYS_NICE, or one core): "
                     "their steps carry the machine's other work")
-    table = _table(rows)
+    first = ""
+    if any(abs(row.error) > TOLERANCE for row in rows):       # measured once more (module docstring)
+        first = f"first measurement:\n{_table(rows)}\nmeasured again:\n"
+        machine, rows = harness.compare(tmp_path, cases, rounds=7, repeats=4)
+    table = first + _table(rows)
     # the solver's split is the balanced one; the forced one is what it was asked for
     assert [r.split for r in rows] == ["[ 0 1 2 3 | 4 5 6 7 ]", "[ 0 1 | 2 3 4 5 6 7 ]"] * 2, table
     for row in rows:
