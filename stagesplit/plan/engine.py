@@ -160,16 +160,19 @@ def _completed(advice: Advice, model: StageCostModel, events: Events, **more: An
 
 # -- one profile ---------------------------------------------------------------------------------
 
-def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events: Events) -> Plan:
+def solve(analysis: Analysis, request: SolveRequest, deadline: Deadline, events: Events,
+          cutoff: float | None = None) -> Plan:
     """The plan of ``request`` on ``analysis``, searched until ``deadline``: under the schedule's
     own actions where the profile records phases (``scheduled``), each schedule in turn for
-    the ``auto`` schedule, else on the stage-level model."""
+    the ``auto`` schedule, else on the stage-level model. ``cutoff`` (the ``auto`` schedule with the
+    compute objective; the layout search's step to beat): every schedule is asked only for a split
+    whose step is under it, and one with none is settled as slower (``_solve_auto``)."""
     from .advise import advise
     from .build import with_reserved
     resolved = resolve(request, analysis)
     if request.schedule is Schedule.AUTO:
-        return _refit(with_reserved(_solve_auto(request, analysis, deadline, events), deadline), analysis, deadline,
-                      events)
+        return _refit(with_reserved(_solve_auto(request, analysis, deadline, events, cutoff), deadline), analysis,
+                      deadline, events)
     if scheduled(request, resolved.model):
         from .scheduled import advise_schedule
         events.start("pricing every layer range in each phase of the step")
@@ -326,7 +329,8 @@ def _step(advice: Advice | None) -> float:
 _NOT_SEARCHED = "the time limit was reached before a split of this schedule was found"
 
 
-def _solve_auto(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events) -> Plan:
+def _solve_auto(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events,
+                cutoff: float | None = None) -> Plan:
     """The ``auto`` schedule: every schedule (and chunks per device) valid for the device and
     micro-batch counts, the most promising first (by a quick search of each). The first is solved
     to its proven optimum; every other is asked only for a split faster than the fastest plan so
@@ -334,12 +338,16 @@ def _solve_auto(req: SolveRequest, analysis: Analysis, deadline: Deadline, event
     becomes the fastest, proven in turn). Time left at the end goes to the searches the time limit
     stopped. The plan is the fastest that fits (the emptiest, with the memory objective);
     ``plan.candidates`` lists them all. The deadline bounds all of it: a schedule it stops before
-    any split is found is listed as not known (status "unknown")."""
+    any split is found is listed as not known (status "unknown"). ``cutoff``: a step to beat from
+    the start (the first schedule too is asked only for a split under it); where every schedule is
+    slower, infeasible or refused, no split of any schedule is under it (proven), and the plan is the
+    fastest of those found, or none."""
     with deadline.watched():
-        return _solve_auto_within(req, analysis, deadline, events)
+        return _solve_auto_within(req, analysis, deadline, events, cutoff)
 
 
-def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events) -> Plan:
+def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline, events: Events,
+                       cutoff: float | None = None) -> Plan:
     from ..solver.chunk_search import local_search
     from .records import ScheduleCandidate
     from .scheduled import advise_schedule, schedule_problem
@@ -385,6 +393,8 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
         # refuting a split faster than the fastest so far takes a second or two where there is none
         share = max(left / 2 if i == 0 else max(left / (len(ranked) - i), min(left / 2, 10.0)), 1.0)
         fastest = min((_step(p[2]) for p in plans[:i]), default=math.inf)
+        if cutoff is not None:               # the caller's step to beat, where nothing found beats it
+            fastest = min(fastest, cutoff)
         # the plan records the share it was searched with as its time limit (as such plans always have)
         trial = replace(req, schedule=Schedule(kind), chunks_per_rank=v, micro_batches=M, time_limit=share)
         resolved = resolve(trial, analysis)
@@ -401,7 +411,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
         finally:
             events.done()
     if not memory:
-        _spend_what_is_left(req, analysis, table, ranked, plans, deadline, events)
+        _spend_what_is_left(req, analysis, table, ranked, plans, deadline, events, cutoff)
     feasible: list[tuple[str, int, Advice]] = [(k, v, a) for k, v, a, _ in plans if a is not None and a.plan.feasible]
 
     def score(item: tuple[str, int, Advice]) -> tuple[float, bool, float]:
@@ -451,7 +461,7 @@ def _solve_auto_within(req: SolveRequest, analysis: Analysis, deadline: Deadline
 
 def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table: PhaseTable | None, ranked: list[_Ranked],
                         plans: list[_Solved], deadline: Deadline,
-                        events: Events) -> None:
+                        events: Events, cutoff: float | None = None) -> None:
     """The ``auto`` schedule's second pass: while time is left, a schedule whose search the time
     limit stopped with a lower bound below the fastest plan found (it might still beat it) is
     searched again, with all of that time and the fastest plan's step to beat, the one with the
@@ -462,6 +472,8 @@ def _spend_what_is_left(req: SolveRequest, analysis: Analysis, table: PhaseTable
     while True:
         left = deadline.left()
         best = min((_step(a) for _, _, a, _ in plans), default=math.inf)
+        if cutoff is not None:               # the caller's step to beat, where nothing found beats it
+            best = min(best, cutoff)
         open_ = [(a.plan.phases[0].bound, i) for i, (_, _, a, _) in enumerate(plans)
                  if i not in retried and a is not None and not a.slower and a.plan.status != "optimal"
                  and a.plan.phases and a.plan.phases[0].bound is not None

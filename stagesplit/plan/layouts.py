@@ -956,8 +956,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             if not math.isfinite(best):    # the preparation does not eat the first layout's quarter
                 share = max(share, deadline.left() / 4)
             if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
-                plan, slower = engine.solve(analysis, request, deadline.part(share), Events()), False
+                plan = engine.solve(analysis, request, deadline.part(share), Events(), cutoff=cutoff)
                 open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]
+                # every schedule settled and none with a split under the cutoff: refuted whole
+                slower = cutoff is not None and not open_ and any(c.status == "slower" for c in plan.candidates) \
+                    and all(c.step_time is None or c.step_time >= cutoff for c in plan.candidates
+                            if c.status in ("optimal", "slower"))
                 proven = plan.status == "optimal" and not open_
             else:
                 advice = advise_schedule(resolved.model, resolved.inputs, table=table, cutoff=cutoff,

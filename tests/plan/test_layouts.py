@@ -570,3 +570,69 @@ def test_recorded_tensor_parallel_collectives_lengthen_the_step_by_hand(stack):
     assert b.tp_comm_s == pytest.approx(one.schedule.step_time * per_mb / compute + once)
     assert b.step_s == pytest.approx(b.pipeline_s + b.tp_comm_s)
     assert lp.tp_collectives_recorded
+
+
+def _auto_against_each_alone(profile, layers: int, gpus: int, global_batch: int) -> list:
+    """``schedule='auto'`` with the cutoff across combinations (each combination's every schedule asked
+    only for a split whose step beats the best found before it) against every layout solved alone
+    under ``auto`` without a cutoff: the best is the fastest of those, a combination the cutoff refuted
+    is no faster alone, a solved one has its own step. Returns the layouts the cutoff refuted."""
+    from stagesplit.common.deadline import Deadline
+    from stagesplit.common.events import Events
+    from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
+    from stagesplit.plan import engine
+    from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
+    lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=global_batch, micro_batch_size=8,
+                     schedule="auto", time_limit=60)
+    read = api.analyze(profile)
+    params = parameter_bytes_by_layer(read.profile, read.layers)[0]
+    alone = {}
+    for lay in enumerate_layouts(lp.request, [1], layers):
+        analysis = api.analyze(profile, layout=DataLayout(lay.dp, lay.zero))
+        plan = engine.solve(analysis, solve_request(lay, lp.request, 60), Deadline.after(60), Events())
+        if plan.feasible:
+            alone[lay] = step_of(lay, plan, read, lp.request, params)[0]
+    assert lp.best is not None and lp.best.step_s == pytest.approx(min(alone.values()))
+    refuted = []
+    for row in lp.rows:
+        if row.reason.startswith("refuted"):
+            refuted.append(row.layout)
+            assert row.proven and alone[row.layout] >= lp.best.step_s * (1 - 1e-9), row
+        elif row.step_s is not None:
+            assert row.step_s == pytest.approx(alone[row.layout]), row
+    assert lp.proven == all(r.proven for r in lp.rows)
+    return refuted
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_the_auto_schedules_cutoff_keeps_every_layouts_own_answer(seed):
+    profile, layers = _random_stack(seed)
+    gpus = (2, 4)[seed % 2]
+    _auto_against_each_alone(profile, layers, gpus, 8 * gpus * (1 + seed % 3))
+
+
+def test_the_auto_schedules_cutoff_refutes_a_combination(stack):
+    """Four equal layers on 8 GPUs: TP 1 x PP 4 x DP 2 under ZeRO 0 (DDP, whose bucket copies make it
+    slower than ZeRO 1) is refuted, every schedule of it asked only for a split under the best step
+    found before it."""
+    refuted = _auto_against_each_alone(stack, 4, 8, 64)
+    assert [(lay.pp, lay.dp, lay.zero) for lay in refuted] == [(4, 2, 0)]
+
+
+def test_the_engines_auto_schedule_with_a_cutoff(stack):
+    """plan/engine.solve's ``cutoff`` under ``auto``: below the optimum every schedule is refuted
+    ("slower") or cannot run; above it the plan is the one found without a cutoff."""
+    from stagesplit.common.deadline import Deadline
+    from stagesplit.common.events import Events
+    from stagesplit.plan import engine
+    analysis = api.analyze(stack)
+    request = api.solve_request(None, 4, schedule="auto", micro_batches=8)
+    free = engine.solve(analysis, request, Deadline.after(60), Events())
+    assert free.feasible and free.status == "optimal"
+    optimum = free.schedule.step_time
+    above = engine.solve(analysis, request, Deadline.after(60), Events(), cutoff=optimum * 1.5)
+    assert above.feasible and above.schedule.step_time == pytest.approx(optimum)
+    below = engine.solve(analysis, request, Deadline.after(60), Events(), cutoff=optimum * 0.999)
+    statuses = {c.status for c in below.candidates}
+    assert "slower" in statuses and statuses <= {"slower", "infeasible", "refused"}
+    assert all(c.step_time is None or c.step_time >= optimum * 0.999 for c in below.candidates)
