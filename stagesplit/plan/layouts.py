@@ -482,8 +482,12 @@ def solve_request(lay: Layout, req: LayoutRequest, time_limit: float,
     micro-batches, one data-parallel rank's figures, the activations sent between stages over
     the link the pipeline's neighbours share (ranks ``tp * dp`` apart: inside a node only where
     the whole pipeline is); ``layer_compute``: the rank's measured per-layer compute
-    (``rank_layer_compute``), applied as ``solve``'s own ``layer_compute`` is (plan/engine.py)."""
-    return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=Schedule(req.schedule),
+    (``rank_layer_compute``), applied as ``solve``'s own ``layer_compute`` is (plan/engine.py). One
+    stage under ``auto`` is solved under 1F1B: on one device every schedule runs each micro-batch's
+    forward and backward in turn in the same time, and 1F1B holds the fewest micro-batches in flight
+    (one), so no other schedule is faster or fits where it does not."""
+    schedule = Schedule.ONE_F_ONE_B if req.schedule == "auto" and lay.pp == 1 else Schedule(req.schedule)
+    return SolveRequest(devices=lay.pp, targets=(req.target,), schedule=schedule,
                         micro_batches=lay.micro_batches, dp=lay.sync, zero=lay.zero,
                         reshard_after_forward=req.reshard_after_forward, exact=True, communication=lay.pp > 1,
                         link_bandwidth=req.node.link(lay.pp, lay.tp * lay.cp * lay.dp).bytes_per_s,

@@ -577,11 +577,14 @@ def _auto_against_each_alone(profile, layers: int, gpus: int, global_batch: int)
     only for a split whose step beats the best found before it) against every layout solved alone
     under ``auto`` without a cutoff: the best is the fastest of those, a combination the cutoff refuted
     is no faster alone, a solved one has its own step. Returns the layouts the cutoff refuted."""
+    from dataclasses import replace
+
     from stagesplit.common.deadline import Deadline
     from stagesplit.common.events import Events
     from stagesplit.model.datasharding import DataLayout, parameter_bytes_by_layer
     from stagesplit.plan import engine
     from stagesplit.plan.layouts import enumerate_layouts, solve_request, step_of
+    from stagesplit.solver.request import Schedule
     lp = api.layouts(profile, target="h100-80gb", gpus=gpus, global_batch=global_batch, micro_batch_size=8,
                      schedule="auto", time_limit=60)
     read = api.analyze(profile)
@@ -589,9 +592,14 @@ def _auto_against_each_alone(profile, layers: int, gpus: int, global_batch: int)
     alone = {}
     for lay in enumerate_layouts(lp.request, [1], layers):
         analysis = api.analyze(profile, layout=DataLayout(lay.dp, lay.zero))
-        plan = engine.solve(analysis, solve_request(lay, lp.request, 60), Deadline.after(60), Events())
+        # every schedule, one stage too (the search solves one stage under 1F1B alone)
+        request = replace(solve_request(lay, lp.request, 60), schedule=Schedule.AUTO)
+        plan = engine.solve(analysis, request, Deadline.after(60), Events())
         if plan.feasible:
             alone[lay] = step_of(lay, plan, read, lp.request, params)[0]
+            if lay.pp == 1:
+                assert plan.schedule.step_time == pytest.approx(engine.solve(
+                    analysis, solve_request(lay, lp.request, 60), Deadline.after(60), Events()).schedule.step_time)
     assert lp.best is not None and lp.best.step_s == pytest.approx(min(alone.values()))
     refuted = []
     for row in lp.rows:
