@@ -1021,7 +1021,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                 r = replace(r, status="slower", reason=_why_slower(r, top))
         out.append(r)
     if top is None:
-        return LayoutPlan(req, tuple(out), notes=("no layout fits every rank",), proven=all(r.proven for r in out))
+        unknown = sum(1 for r in out if r.status == "unknown")
+        note = (f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or were "
+                "refused" if unknown else "no layout fits every rank")
+        return LayoutPlan(req, tuple(out), notes=(note,), proven=all(r.proven for r in out))
     plan, analysis = plans[top.layout]
     if (plan.profile.tensor_parallel, plan.profile.context_parallel, plan.profile.expert_parallel) != \
             (top.layout.tp, top.layout.cp, top.layout.ep):

@@ -485,8 +485,9 @@ def test_a_search_the_time_limit_stops_says_how_many_are_open(stack):
         "before their split was proven optimal"
     assert line in layouts_text(lp).splitlines()
     if lp.best is None:
-        assert layouts_text(lp).splitlines()[1] == (f"no layout found: the time limit stopped {unknown} "
-                                                    "combination(s), the others do not fit or were refused")
+        said = f"no layout found: the time limit stopped {unknown} combination(s), the others do not fit or were refused"
+        assert layouts_text(lp).splitlines()[1] == said
+        assert lp.notes == (said,)            # the plan's own note: not "no layout fits" while rows are open
 
 
 def test_nothing_fits_is_said_and_exits_1(stack, tmp_path, capsys):
@@ -503,6 +504,8 @@ def test_nothing_fits_is_said_and_exits_1(stack, tmp_path, capsys):
     lines = out.splitlines()
     assert code == 1 and lines[1] == "no layout fits every rank"
     assert all(r.split()[5] == "memory" for r in lines[6:])
+    lp = api.layouts(stack, gpus=2, global_batch=16, micro_batch_size=8, target=str(tiny), time_limit=30)
+    assert lp.best is None and lp.notes == ("no layout fits every rank",) and lp.proven
 
 
 def test_the_combinations_by_hand():
