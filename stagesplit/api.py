@@ -301,7 +301,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
             ep_profiles: Mapping[int, ProfileLike] | None = None,
             layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
-            tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
+            tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None,
+            chunks_per_rank: int | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
     micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
@@ -317,7 +318,9 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     tensor-parallel degree 1 at the captured micro-batch size, ``tp_layer_compute`` the same measured
     on a rank of another degree ({degree: mapping or path}): each combination's rank takes its own
     degree's figures, else degree 1's, scaled by its capture (plan/layouts.py's
-    ``rank_layer_compute``; docs/layouts.md). A ``LayoutPlan``: the best row, its pipeline plan,
+    ``rank_layer_compute``; docs/layouts.md); ``chunks_per_rank`` the chunks (virtual stages) per device
+    of a looped schedule, as solve takes it (default: the schedule's own), as a published configuration's
+    virtual pipeline size fixes it. A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -328,7 +331,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
         cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
-        tp_layer_compute=tp_layer_compute)
+        tp_layer_compute=tp_layer_compute, chunks_per_rank=chunks_per_rank)
     with deadline.final():          # no solve's one-second floor runs past the search's limit
         return search(rank, degrees, req, deadline, events)
 
@@ -353,7 +356,7 @@ def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
                                     tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
                                     time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None,
                                     cp=None, cp_profiles=None, ep=None, ep_profiles=None, layer_compute=None,
-                                    tp_layer_compute=None)
+                                    tp_layer_compute=None, chunks_per_rank=None)
     for key in options:
         if key not in defaults:
             raise OptionError(key, "not an option of the layout search")
@@ -369,7 +372,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                  ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
                  layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
-                 tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
+                 tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None,
+                 chunks_per_rank: int | None = None):
     """``layouts`` for each GPU count of ``gpus`` (a list, or the command line's "8..64": the
     powers of two between the bounds, or "8,16,24"), the profiles read once and the one time
     limit split across the counts (plan/layouts.py's ``sweep_gpus``). A ``GpuSweep``: a row per
@@ -389,7 +393,7 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
         dp=dp, zero=zero, reshard_after_forward=reshard_after_forward, schedule=schedule, time_limit=time_limit,
         events=events, runtime_reserve=runtime_reserve, captured_batch=captured_batch, cp=cp,
         cp_profiles=cp_profiles, ep=ep, ep_profiles=ep_profiles, layer_compute=layer_compute,
-        tp_layer_compute=tp_layer_compute)
+        tp_layer_compute=tp_layer_compute, chunks_per_rank=chunks_per_rank)
     with deadline.final():
         return sweep_gpus(rank, degrees, req, counts, deadline, events)
 
@@ -402,14 +406,15 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                    ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
                    layer_compute: Mapping[str, LayerFigure] | str | Path | None = None,
-                   tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None):
+                   tp_layer_compute: Mapping[int, Mapping[str, LayerFigure] | str | Path] | None = None,
+                   chunks_per_rank: int | None = None):
     """What the layout search takes, checked and read: each degree's rank (made when the search
     needs it), the degrees, the request for ``gpus`` GPUs, the one deadline (started before the
     profiles are read: it covers the whole command) and the events."""
     from .io.targets import load_target
     from .io.topology import node_of
     from .plan.layouts import LayoutRequest
-    from .solver.request import Schedule
+    from .solver.request import Schedule, SolveRequest
     events = _events(events)
     global_batch = integer("global_batch", global_batch, 1, 2**40)
     micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40, optional=True)
@@ -425,6 +430,9 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     if schedule == "none":
         raise OptionError("schedule", "the layout search solves a pipeline schedule (1f1b, gpipe, zbv, ..., or auto "
                           "for each), not none")
+    # checked as solve checks it (its count, and that the schedule runs that many chunks per device)
+    chunks_per_rank = SolveRequest(devices=1, schedule=Schedule(schedule), chunks_per_rank=chunks_per_rank
+                                   ).chunks_per_rank
     if not isinstance(target, str):
         raise OptionError("target", "expected a target name or a YAML target file")
     node = node_of(target)
@@ -486,7 +494,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch,
-                        layer_compute=measured)
+                        layer_compute=measured, chunks_per_rank=chunks_per_rank)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 

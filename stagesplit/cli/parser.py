@@ -479,7 +479,8 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_profile(p)
     _add_layout_options(p, "layouts")
     # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
-    for name in ("dp", "zero", "reshard_after_forward", "schedule", "time_limit", "runtime_reserve"):
+    for name in ("dp", "zero", "reshard_after_forward", "schedule", "chunks_per_rank", "time_limit",
+                 "runtime_reserve"):
         _solve_option(p, name)
     _solve_option(p, "layer_compute", help="YAML/JSON mapping of layer name to compute measured on one rank at "
                   "tensor-parallel degree 1 (as solve takes it); each combination's rank takes it scaled by its "

@@ -4,6 +4,7 @@ layout solved one by one, and bad input refused in one line naming the option.""
 
 from __future__ import annotations
 
+import json
 import math
 
 import numpy as np
@@ -647,3 +648,30 @@ def test_the_engines_auto_schedule_with_a_cutoff(stack):
     statuses = {c.status for c in below.candidates}
     assert "slower" in statuses and statuses <= {"slower", "infeasible", "refused"}
     assert all(c.step_time is None or c.step_time >= optimum * 0.999 for c in below.candidates)
+
+
+def test_chunks_per_rank_fixes_a_looped_schedules_virtual_stages(stack, tmp_path, capsys):
+    """``chunks_per_rank`` (``--chunks-per-rank``): every pipeline of the search runs that many chunks per
+    device, as a published configuration's virtual pipeline size fixes it; 2 is interleaved 1F1B's own, 4
+    on four layers leaves no pipeline (each would need more chunks than layers), and a schedule that runs
+    another count refuses it in one line."""
+    from stagesplit.io import save_profile
+    from tests.helpers import run_cli
+    kw = dict(gpus=8, global_batch=64, micro_batch_size=8, schedule="interleaved-1f1b")
+    own, two, four = (_solve(stack, chunks_per_rank=v, **kw) for v in (None, 2, 4))
+    assert [(r.layout, r.status, r.step_s) for r in two.rows] == [(r.layout, r.status, r.step_s) for r in own.rows]
+    assert any(r.layout.pp > 1 and r.status in ("best", "slower") and r.chunks_per_rank == 2 for r in two.rows)
+    piped = [r for r in four.rows if r.layout.pp > 1]
+    assert piped and all(r.status == "refused" and f"with 4 chunks on each of {r.layout.pp} devices needs "
+                         f"{4 * r.layout.pp} chunks, but the model has 4 layers" in r.reason for r in piped)
+    assert four.best.layout.pp == 1
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    base = ("layouts", path, "--gpus", 8, "--global-batch", 64, "--micro-batch-size", 8, "--target", "h100-80gb")
+    code, out, _ = run_cli(capsys, *base, "--schedule", "interleaved-1f1b", "--chunks-per-rank", 4, "--format", "json")
+    assert code == 0
+    assert [r["status"] for r in json.loads(out)["rows"]] == [r.status for r in four.rows]
+    code, out, err = run_cli(capsys, *base, "--schedule", "1f1b", "--chunks-per-rank", 2)
+    assert code == 2 and out == ""
+    assert err == ("stagesplit: error: --chunks-per-rank: 1f1b runs one stage per rank (torch's Schedule1F1B): "
+                   "expected 1, got 2\n")
