@@ -1,7 +1,7 @@
 """The layout search at cluster scale (issue #32): a Llama-3-70B-shaped model (80 blocks, hidden
 8192, 64 heads, 8 key-value heads, vocabulary 128,256, sequence 8192, one sequence per capture,
-bfloat16 autocast with float32 weights and Adam; its ranks at tensor-parallel degrees 1, 2, 4 and
-8) laid out on 64 and on 512 h100-80gb (8 per node) for global batches of 512 and 1,024 sequences,
+bfloat16 parameters with float32 gradients and master weights as Megatron's --bf16 keeps them, Adam,
+attention as the H100's flash kernel; its ranks at tensor-parallel degrees 1, 2, 4 and 8) laid out on 64 and on 512 h100-80gb (8 per node) for global batches of 512 and 1,024 sequences,
 and the Llama-3.1-405B shape (126 blocks, hidden 16,384, 128 query and 8 key-value heads, FFN
 53,248, the same vocabulary and sequence; its ranks at degrees 1 and 8) on 1,024 and 16,384 for
 global batches of 512 and 2,048, each captured once under fake tensors, with 1F1B: every
@@ -31,6 +31,11 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from _common import peak_rss_mb, tiny_mode  # noqa: E402
 from bench_schedules import _cached_capture  # noqa: E402
 
+#: how these models train at scale (Megatron's --bf16 with its distributed optimizer, torchtitan's FSDP2
+#: mixed precision): bfloat16 parameters, float32 gradients and master weights, Adam; attention as the
+#: H100's flash kernel keeps it
+PRECISION = dict(optimizer="adam", dtype="bfloat16", master_weights=True, target="h100-80gb", kernels="cuda")
+
 
 def llama3_70b_tp(tiny: bool, tp: int) -> Path:
     """The Llama-3-70B shape's rank at tensor-parallel degree ``tp`` (with sequence parallelism,
@@ -53,8 +58,7 @@ def llama3_70b(tiny: bool) -> Path:
         with torch.device("meta"):
             model = tf.LlamaForCausalLM(cfg)
         ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
-        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
-                             name="llama-3-70b-shape")
+        return capture_model(model, {"input_ids": ids, "labels": ids}, **PRECISION, name="llama-3-70b-shape")
     if tiny:          # 8 heads and 8 key-value heads, as its tensor-parallel ranks (llama3_70b_tp)
         return _cached_capture("layouts-tiny-4h8", _llama_405b_like(4, 64, 128, 8, 32, 256, 1, "llama-4-blocks"))
     return _cached_capture("llama3-70b-seq8192", build)
@@ -74,8 +78,7 @@ def _llama_405b_like(blocks, hidden, ffn, heads, seq, vocab, tp, name):
             model = tf.LlamaForCausalLM(cfg)
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
         extra = dict(tp=tp, sequence_parallel=True) if tp > 1 else {}
-        return capture_model(model, {"input_ids": ids, "labels": ids}, optimizer="adam", amp=True, dtype="float32",
-                             name=name, **extra)
+        return capture_model(model, {"input_ids": ids, "labels": ids}, **PRECISION, name=name, **extra)
     return run
 
 

@@ -967,8 +967,8 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
             amp: bool = False, target: str | Target | None = None, allocator_round: int = 512,
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
             tp: int | Sequence[int] = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-            events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1
-            ) -> Profile | ParallelVariants:
+            events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1,
+            master_weights: bool = False) -> Profile | ParallelVariants:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -987,7 +987,10 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     attention as torch's ring attention on the GPU's kernels: ``stagesplit.capturing.contextparallel``,
     docs/layouts.md). ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts
     model (its routed experts split, the tokens' all-to-alls added: composed from rules,
-    ``stagesplit.capturing.expertparallel``)."""
+    ``stagesplit.capturing.expertparallel``). ``master_weights``: the parameters in ``dtype``
+    (bfloat16 when float32) with no autocast, float32 gradients and float32 master copies the
+    optimizer updates, as Megatron's ``--bf16`` and FSDP2's mixed precision train
+    (``stagesplit.capturing.masterweights``); not with ``amp``."""
     from .capturing.kernels import KERNELS
     from .capturing.pytorch import capture as capture_step
     from .io import save_profile
@@ -1020,7 +1023,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
                            tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels,
-                           cp=cp, ep=ep)
+                           cp=cp, ep=ep, master_weights=bool(master_weights))
     events.done()
     for message in dict.fromkeys(m for p in _profiles_of(profile) for m in p.info.warnings):
         events.warn(message)

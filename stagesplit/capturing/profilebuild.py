@@ -38,7 +38,8 @@ def _round(nbytes: int, unit: int) -> int:
 
 
 def build_profile(rec, target, layer_options: LayerOptions | None, allocator_round: int, name: str, source: str, *,
-                  dtype: str, amp: bool, optimizer: str, torch_version: str, autocast_dtype=None,
+                  dtype: str, amp: bool, optimizer: str, master_weights: bool = False, torch_version: str,
+                  autocast_dtype=None,
                   stacks: Sequence[ModuleStack] = (), hint: str = "", layout=None, kernels: str = "",
                   context=None, expert=None):
     """The full-form Profile of the step the recorder ``rec`` saw, on ``target``: the operations
@@ -112,7 +113,7 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
 
     # variables: one per storage
     precision = ("amp (" + str(autocast_dtype).replace("torch.", "") + " autocast, float32 parameters)" if amp
-                 else dtype)
+                 else f"{dtype} parameters with float32 gradients and master weights" if master_weights else dtype)
     parallel = None
     groups = context.groups if context is not None else {}
     collectives = tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase,

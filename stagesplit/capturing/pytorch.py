@@ -34,6 +34,7 @@ from ..errors import OptionError, StagesplitError
 from ..io.profile import Profile, Target
 from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions, one_stack
+from . import masterweights
 from .contextparallel import ContextParallel, check_degree, fake_meshes, ring_attention, shard_inputs
 from .expertparallel import ExpertParallel, apply_expert_parallel, exchange_shape, expert_modules
 from .factory import call_factory, check_model, load_factory
@@ -122,7 +123,7 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
                   tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-                  kernels: str = "cpu", cp: int = 1, ep: int = 1) -> Profile:
+                  kernels: str = "cpu", cp: int = 1, ep: int = 1, master_weights: bool = False) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -144,18 +145,22 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     rank 0 of this many context-parallel ranks (``contextparallel``: the sequence sharded,
     attention as torch's ring attention, which runs the GPU's kernels: ``kernels`` becomes cuda).
     ``ep``: rank 0 of this many expert-parallel ranks of a mixture-of-experts model, composed
-    from rules on the one-device record (``expertparallel``)."""
+    from rules on the one-device record (``expertparallel``). ``master_weights``: the parameters
+    in ``dtype`` (bfloat16 when ``dtype`` is float32) with no autocast, float32 gradients and
+    float32 master copies that the optimizer updates (``masterweights``: Megatron's ``--bf16``,
+    FSDP2's mixed precision); not with ``amp``."""
     torch = load_torch()
     with quiet(torch_logs):
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
-                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp, ep=ep)
+                        tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp, ep=ep,
+                        master_weights=master_weights)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
              sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu",
-             cp: int = 1, ep: int = 1) -> Profile:
+             cp: int = 1, ep: int = 1, master_weights: bool = False) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -176,6 +181,12 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     layer_options = LayerOptions(layer_regex=layer_regex) if layer_regex is not None else None
     if layer_options is not None:
         layer_options.compiled()                         # a bad regex fails before the model runs
+    if master_weights:
+        if amp:
+            raise OptionError("master_weights", "is a precision of its own (low-precision parameters with float32 "
+                              "master copies, no autocast): give it without amp")
+        if dtype == "float32":
+            dtype = "bfloat16"
     param_dtype = getattr(torch, dtype)
     autocast_dtype = None
     if amp:
@@ -209,6 +220,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     group = contextlib.ExitStack()
     tp_hooks: list = []
     cp_mesh = None
+    masters = None
     try:
         if context is not None:
             mesh, cp_mesh, groups = group.enter_context(fake_meshes(torch, plan.degree if plan else 1, cp))
@@ -231,12 +243,18 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                 layout = (plan, extra, heads_per_rank(torch, model, plan))
             shaped = _gradient_layouts(torch, model, fake_inputs, loss_fn, autocast_dtype, stacks) \
                 if plan is not None else {}
-            for p in params.values():
-                if p.requires_grad:
-                    p.grad = torch.zeros_like(shaped.get(id(p), p))
+            if master_weights:
+                masters, handles = masterweights.attach(torch, params, shaped)
+                hooks.extend(handles)
+            else:
+                for p in params.values():
+                    if p.requires_grad:
+                        p.grad = torch.zeros_like(shaped.get(id(p), p))
             shaped.clear()
         register_model(rec, model, fake_inputs, torch)
-        hooks = module_hooks(rec, model)
+        if masters is not None:
+            masterweights.register(rec, params, masters)
+        hooks.extend(module_hooks(rec, model))
         model.train()
         with fake, rec, as_a_real_run(), attention:
             rec.state.phase = "forward"
@@ -280,11 +298,19 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
             loss = None
             if optimizer != "none":
                 rec.state.paused = True
-                opt = _make_optimizer(torch, optimizer, [p for p in params.values() if p.requires_grad])
+                if masters is not None:
+                    for key, master in masters.masters.items():
+                        master.grad = masters.gradients[key]
+                    opt = _make_optimizer(torch, optimizer, list(masters.masters.values()))
+                else:
+                    opt = _make_optimizer(torch, optimizer, [p for p in params.values() if p.requires_grad])
                 rec.state.paused = False
                 rec.state.phase = "optimizer"
                 try:
-                    opt.step()
+                    if masters is not None:
+                        masterweights.step(torch, opt, params, masters)
+                    else:
+                        opt.step()
                 except FakeOpError:
                     raise
                 except (Exception, SystemExit) as exc:
@@ -304,13 +330,13 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
             table[key] = original
         group.close()
     if opt is not None:
-        register_optimizer_state(rec, opt, params)
+        register_optimizer_state(rec, opt, params, masterweights.owners(masters) if masters is not None else None)
     if expert is not None:
         apply_expert_parallel(rec, expert, Storage, Collective)
     if not rec.ops:
         raise StagesplitError(f"{source}: the training step ran no tensor operation")
     profile = build_profile(rec, tgt, layer_options, allocator_round, name or type(model).__name__, source,
-                            dtype=dtype, amp=amp, optimizer=optimizer, torch_version=torch.__version__,
+                            dtype=dtype, amp=amp, master_weights=master_weights, optimizer=optimizer, torch_version=torch.__version__,
                             autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
                             layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
                             context=context, expert=expert)

@@ -416,12 +416,14 @@ def register_model(rec, model, inputs, torch) -> None:
                 rec.derived.add(idx)
 
 
-def register_optimizer_state(rec, opt, params) -> None:
-    """Optimizer state tensors are always live and belong to their parameter."""
-    by_id = {id(p): p for p in params.values()}
+def register_optimizer_state(rec, opt, params, owners: dict[int, int] | None = None) -> None:
+    """Optimizer state tensors are always live and belong to their parameter (``owners``: the
+    parameter, by ``id``, of each tensor the optimizer updates in its place: a master copy)."""
+    owners = owners or {}
     for p, state in opt.state.items():
-        pidx = rec.param_storage.get(id(p))
-        if pidx is None or id(p) not in by_id:
+        key = owners.get(id(p), id(p))
+        pidx = rec.param_storage.get(key)
+        if pidx is None or key not in params:
             continue
         for key, value in state.items():
             if hasattr(value, "untyped_storage"):

@@ -433,6 +433,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--amp", action="store_true",
                    help="mixed precision: parameters, gradients and optimizer state stay float32 and the forward "
                         "runs under torch.autocast in --dtype (bfloat16 when --dtype is float32)")
+    p.add_argument("--master-weights", action="store_true",
+                   help="mixed precision as Megatron (--bf16), DeepSpeed (bf16) and FSDP2 (MixedPrecisionPolicy) run "
+                        "it: parameters in --dtype (bfloat16 when --dtype is float32), no autocast, gradients "
+                        "accumulated in float32 and the optimizer updating float32 master copies; not with --amp")
     p.add_argument("--target", metavar="NAME|FILE",
                    help="device the profile is for: a shipped target name or a YAML file (default: a100-80gb)")
     p.add_argument("--layer-regex", metavar="RE",

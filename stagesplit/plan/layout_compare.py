@@ -29,10 +29,12 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..common.deadline import Deadline
 from ..common.events import Events
 from ..errors import StagesplitError
-from ..io.profile import Profile
+from ..io.profile import ROLES, Profile
 from ..model.datasharding import DataLayout, role_bytes
 from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
 
@@ -84,9 +86,14 @@ class Comparison:
 
 
 def model_size_b(analysis_profile: Profile) -> float:
-    """The model's parameters in billions: its parameters' bytes over 4 (the capture keeps float32
-    weights under autocast, as ``stagesplit capture`` does by default)."""
-    return role_bytes(analysis_profile)["param"] / 4 / 1e9
+    """The model's parameters in billions: its float32 master copies' bytes over 4 where the capture
+    kept them (a capture with master weights: the parameters themselves are in a lower precision), else its
+    parameters' bytes over 4 (float32 weights, as under autocast)."""
+    v = analysis_profile.variables
+    role = np.zeros(len(v), np.int8) if v.role is None else np.asarray(v.role)
+    state = np.flatnonzero(v.always_live & (role == ROLES.index("state")))
+    masters = sum(int(v.bytes[i]) for i in state if analysis_profile.variable_name(int(i)).endswith(".master"))
+    return (masters or role_bytes(analysis_profile)["param"]) / 4 / 1e9
 
 
 #: NeMo's GPT3GridSearch on 80 GB GPUs at sequence 2048 (its largest table), by model size in
