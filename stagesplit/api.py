@@ -295,7 +295,7 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
 def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, gpus_per_node: int | None = None,
             tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int | None = None,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
-            zero: int | None = None, reshard_after_forward: bool = True, schedule: str = "1f1b",
+            zero: int | None = None, reshard_after_forward: bool = True, schedule: str | Sequence[str] = "1f1b",
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
             captured_batch: int | None = None, cp: int | None = None,
             cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
@@ -320,7 +320,10 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     degree's figures, else degree 1's, scaled by its capture (plan/layouts.py's
     ``rank_layer_compute``; docs/layouts.md); ``chunks_per_rank`` the chunks (virtual stages) per device
     of a looped schedule, as solve takes it (default: the schedule's own), as a published configuration's
-    virtual pipeline size fixes it. A ``LayoutPlan``: the best row, its pipeline plan,
+    virtual pipeline size fixes it. ``schedule``: one schedule, ``auto``, or several (a list, or names
+    separated by commas: each combination searched under each, and each looped one at 2 to 4 chunks
+    per device unless ``chunks_per_rank`` fixes it, every (combination, schedule, chunks) a row with
+    floors of its own). A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -367,7 +370,7 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  gpus_per_node: int | None = None, tp_profiles: Mapping[int, ProfileLike] | None = None,
                  micro_batch_size: int | None = None, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
-                 reshard_after_forward: bool = True, schedule: str = "1f1b", time_limit: float = 60.0,
+                 reshard_after_forward: bool = True, schedule: str | Sequence[str] = "1f1b", time_limit: float = 60.0,
                  events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                  cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                  ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
@@ -401,7 +404,8 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int | None,
                    sequence_length: int | None, tp: int | None, pp: int | None, dp: int | None, zero: int | None,
-                   reshard_after_forward: bool, schedule: str, time_limit: float, events: Events | None,
+                   reshard_after_forward: bool, schedule: str | Sequence[str], time_limit: float,
+                   events: Events | None,
                    runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                    ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
@@ -426,13 +430,21 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
              for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
-    schedule = choice(Schedule, "schedule", schedule).value
-    if schedule == "none":
+    names = schedule.split(",") if isinstance(schedule, str) else list(schedule) \
+        if isinstance(schedule, (list, tuple)) else [schedule]
+    names = list(dict.fromkeys(choice(Schedule, "schedule", name).value for name in names))
+    if "none" in names:
         raise OptionError("schedule", "the layout search solves a pipeline schedule (1f1b, gpipe, zbv, ..., or auto "
                           "for each), not none")
-    # checked as solve checks it (its count, and that the schedule runs that many chunks per device)
-    chunks_per_rank = SolveRequest(devices=1, schedule=Schedule(schedule), chunks_per_rank=chunks_per_rank
-                                   ).chunks_per_rank
+    if len(names) > 1 and "auto" in names:
+        raise OptionError("schedule", "auto searches every schedule itself: give it alone, or a list of schedules")
+    # checked as solve checks it (its count, and that the schedule runs that many chunks per device); with
+    # several schedules the count is each looped one's (the others run their own)
+    from .solver.schedule_kinds import traits
+    looped = [n for n in names if n == "auto" or traits(n).fixed_chunks_per_rank is None]
+    chunks_per_rank = SolveRequest(devices=1, schedule=Schedule(looped[0] if looped else names[0]),
+                                   chunks_per_rank=chunks_per_rank).chunks_per_rank
+    schedule = ",".join(names)
     if not isinstance(target, str):
         raise OptionError("target", "expected a target name or a YAML target file")
     node = node_of(target)

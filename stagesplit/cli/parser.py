@@ -105,9 +105,10 @@ def flag_text(text: str) -> str:
     return re.sub(r"\{flag:([a-z-]+)\}", lambda m: "--" + m.group(1), text)
 
 
-def _solve_option(g: Any, name: str, help: str | None = None) -> None:
+def _solve_option(g: Any, name: str, help: str | None = None, several: bool = False) -> None:
     """The command-line argument of the solve option ``name``, as declared (solver/options.py);
-    ``help``: what it does where a command reads it otherwise (layouts' compare)."""
+    ``help``: what it does where a command reads it otherwise (layouts' compare); ``several``: a
+    choice that takes several of its values separated by commas (the layout search's schedules)."""
     o = api.solve_option(name)
     kw: dict[str, Any] = {"help": help or flag_text(o.help_text)}
     if o.metavar:
@@ -122,6 +123,9 @@ def _solve_option(g: Any, name: str, help: str | None = None) -> None:
         kw["type"] = _byte_count
     elif o.parse == "auto_bytes":
         kw["type"] = _auto_or_byte_count
+    elif o.parse == "choice" and several:
+        kw["type"] = _several_of(tuple(o.choices or ()))
+        kw["metavar"] = f"{o.metavar or 'VALUE'}[,{o.metavar or 'VALUE'}...]"
     elif o.parse == "choice":
         kw["choices"] = o.choices
     elif o.parse == "switch":
@@ -139,6 +143,17 @@ def _solve_options(g: Any, group: str, skip: tuple[str, ...] = ()) -> None:
     for o in api.SOLVE_OPTIONS:
         if o.group == group and o.flag and o.name not in skip:
             _solve_option(g, o.name)
+
+
+def _several_of(choices: tuple[str, ...]) -> Callable[[str], str]:
+    """A parser of one of ``choices`` or several separated by commas."""
+    def parse(text: str) -> str:
+        names = [n.strip() for n in text.split(",")]
+        if not all(name in choices for name in names):
+            raise argparse.ArgumentTypeError(f"expected one or more of {', '.join(choices)} (separated by commas), "
+                                             f"got '{text[:80]}'")
+        return ",".join(names)
+    return parse
 
 
 def _count(text: str) -> int:
@@ -483,9 +498,13 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     _add_profile(p)
     _add_layout_options(p, "layouts")
     # as solve declares them; here dp and zero left out are searched, the schedule defaults to 1f1b
-    for name in ("dp", "zero", "reshard_after_forward", "schedule", "chunks_per_rank", "time_limit",
-                 "runtime_reserve"):
+    for name in ("dp", "zero", "reshard_after_forward", "chunks_per_rank", "time_limit", "runtime_reserve"):
         _solve_option(p, name)
+    _solve_option(p, "schedule", several=True,
+                  help="pipeline schedule: " + ", ".join(SCHEDULES) + "; auto tries each per combination; several "
+                       "separated by commas (e.g. 1f1b,interleaved-1f1b): each combination searched under each, a "
+                       "looped one at 2 to 4 chunks per device unless --chunks-per-rank fixes it, each a row of its "
+                       "own (default: 1f1b)")
     _solve_option(p, "layer_compute", help="YAML/JSON mapping of layer name to compute measured on one rank at "
                   "tensor-parallel degree 1 (as solve takes it); each combination's rank takes it scaled by its "
                   "capture: its share of each layer at its degrees and micro-batch size (docs/layouts.md)")

@@ -164,16 +164,23 @@ class StageCostModel:
     def on(self, target: Target | None = None, efficiency: float = 1.0) -> StageCostModel:
         """This model with its compute timed on ``target`` (default: the profile's device) at
         ``efficiency`` of its peak FLOP/s (model/roofline.py): a new model, this one unchanged;
-        memory pricing is shared with it (it does not depend on the target)."""
-        other = self._copy()
-        apply_roofline(other, target, efficiency)
-        return other
+        memory pricing is shared with it (it does not depend on the target). The same target and
+        efficiency give the same model again (kept on this one): solves of one rank under several
+        schedules read one phase table, and the figures its memo keeps for each schedule."""
+        key = (repr(target), float(efficiency))
+        timed: dict[tuple[str, float], StageCostModel] = self.__dict__.setdefault("_timed", {})
+        if key not in timed:
+            other = self._copy()
+            apply_roofline(other, target, efficiency)
+            timed[key] = other
+        return timed[key]
 
     def _copy(self) -> StageCostModel:
-        """A shallow copy without what follows compute (the phase table's times): the new model
-        makes its own when asked."""
+        """A shallow copy without what follows compute (the phase table's times, the models timed
+        from it): the new model makes its own when asked."""
         other = copy.copy(self)
         other.__dict__.pop("phase_table", None)
+        other.__dict__.pop("_timed", None)
         return other
 
     @cached_property

@@ -68,6 +68,10 @@ class Layout:
     #: samples per micro-batch (``micro_batches x micro_batch_size x dp`` is the global batch;
     #: context-parallel ranks share their samples)
     micro_batch_size: int = 1
+    #: where the request searches several schedules (``LayoutRequest.schedules``): the one this
+    #: combination is solved under and its chunks per device; empty: the request's one schedule
+    schedule: str = ""
+    chunks_per_rank: int = 0
 
     @property
     def sync(self) -> int:
@@ -77,8 +81,11 @@ class Layout:
     def describe(self) -> str:
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
         ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
+        schedule = ""
+        if self.schedule and self.pp > 1:
+            schedule = f", {self.schedule}" + (f" x{self.chunks_per_rank}" if self.chunks_per_rank > 1 else "")
         return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
-                f"{self.micro_batches} micro-batches of {self.micro_batch_size}")
+                f"{self.micro_batches} micro-batches of {self.micro_batch_size}{schedule}")
 
 
 #: measured per-layer compute (``solve``'s ``layer_compute``) given for the ranks of one tensor-parallel
@@ -140,6 +147,20 @@ class LayoutRequest:
     #: chunks (virtual stages) per device under a looped schedule (solve's ``chunks_per_rank``;
     #: None: the schedule's own), as a published configuration's virtual pipeline size fixes it
     chunks_per_rank: int | None = None
+
+    @property
+    def schedules(self) -> tuple[str, ...]:
+        """The schedules searched: ``schedule`` names one, ``auto`` (the engine's own search of every
+        schedule per combination), or several separated by commas, each a combination's own item."""
+        return tuple(self.schedule.split(","))
+
+    def for_layout(self, lay: Layout) -> LayoutRequest:
+        """The request one item is solved and bounded under: its own schedule and chunks per device
+        where the request searches several, else the request itself."""
+        if not lay.schedule:
+            return self
+        looped = traits(lay.schedule).fixed_chunks_per_rank is None
+        return replace(self, schedule=lay.schedule, chunks_per_rank=lay.chunks_per_rank if looped else None)
 
     def micro_batch_sizes(self, dp: int) -> list[int]:
         """The sizes a layout of ``dp`` data-parallel ranks may take: the one fixed, or every
@@ -234,7 +255,30 @@ def enumerate_layouts(req: LayoutRequest, tp_degrees: Sequence[Degree], layers: 
                 for z in zeros:
                     if z > 0 and (dp * cp == 1 or ep > 1):
                         continue
-                    out.append(Layout(tp, pp, dp, z, M, cp, ep, mbs))
+                    out.extend(schedule_items(req, Layout(tp, pp, dp, z, M, cp, ep, mbs), layers))
+    return out
+
+
+def schedule_items(req: LayoutRequest, lay: Layout, layers: int) -> list[Layout]:
+    """The items a combination is searched as: itself under the request's one schedule; where the
+    request names several, one per schedule and chunk count (each looped schedule at 2 to
+    ``AUTO_MAX_CHUNKS_PER_RANK`` chunks per device as far as the layers go, or the count asked
+    for), each with its own floors and row (a combination none of whose schedules fits its chunks in
+    the layers: one row, refused); one stage is one item, under 1F1B (``solve_request``)."""
+    names = req.schedules
+    if len(names) == 1:
+        return [lay]
+    if lay.pp == 1:
+        return [replace(lay, schedule="1f1b", chunks_per_rank=1)]
+    from .engine import AUTO_MAX_CHUNKS_PER_RANK
+    out: list[Layout] = []
+    for name in names:
+        fixed = traits(name).fixed_chunks_per_rank
+        counts = [fixed] if fixed else [req.chunks_per_rank] if req.chunks_per_rank else \
+            [v for v in range(2, AUTO_MAX_CHUNKS_PER_RANK + 1) if lay.pp * v <= layers]
+        out.extend(replace(lay, schedule=name, chunks_per_rank=v) for v in counts)
+    if not out:            # no looped schedule's chunks fit the layers: the first, refused with the reason
+        out.append(replace(lay, schedule=names[0], chunks_per_rank=2))
     return out
 
 
@@ -861,21 +905,41 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             unit = req.target.seconds_per_unit(base[key].profile.compute_unit) or 0.0
             measured_work[key, r] = _measured_work(req, key, base, r, unit)
         return measured_work[key, r]
-    floors = {lay: step_floor(work[key_of(lay)], lay, req, measured(lay)) for lay in layouts}
+    item_requests: dict[tuple[str, int], LayoutRequest] = {}
+
+    def request_of(lay: Layout) -> LayoutRequest:
+        """The request ``lay`` is bounded and solved under (its own schedule where it has one)."""
+        key = (lay.schedule, lay.chunks_per_rank)
+        if key not in item_requests:
+            item_requests[key] = req.for_layout(lay)
+        return item_requests[key]
+    floors = {lay: step_floor(work[key_of(lay)], lay, request_of(lay), measured(lay)) for lay in layouts}
 
     def floor(lay: Layout) -> float:
         """No split of ``lay`` steps faster (``step_floor``)."""
         return floors[lay][0]
+
+    def estimate(lay: Layout) -> float:
+        """The order the items are searched in, not a bound: the floor, and for a schedule of several
+        chunks per device (whose floor counts no bubble) the bubble of equal chunks, ``(pp - 1) / v``
+        chunks' work of one micro-batch on each rank (Megatron's interleaved schedule's)."""
+        f = floor(lay)
+        if lay.schedule and lay.pp > 1 and lay.chunks_per_rank > 1:
+            k, x = work[key_of(lay)].per_micro_batch(float(ratio(lay)))
+            f += (lay.pp - 1) / (lay.chunks_per_rank * lay.pp) * (k + x)
+        return f
     # the likeliest best first (the lowest floor), so that the best step found early cuts off the rest
     # and the time limit leaves the hopeless ones unsearched: each family of degrees and ZeRO stage by
     # its lowest floor (a larger micro-batch's, whose work runs nearer the peak), its sizes smallest
     # first (the one likeliest to fit: a micro-batch's activations grow with its size)
+    # (a combination's schedules in turn, the likeliest first: they share its rank's preparation)
     def family(lay: Layout) -> tuple[int, ...]:
         return lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero
     lead: dict[tuple[int, ...], float] = {}
     for lay in layouts:
-        lead[family(lay)] = min(lead.get(family(lay), math.inf), floor(lay))
-    order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, lay))
+        lead[family(lay)] = min(lead.get(family(lay), math.inf), estimate(lay))
+    order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, estimate(lay),
+                                             lay))
     rows: dict[Layout, LayoutRow] = {}
     capacity = req.target.device_bytes
     roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
@@ -892,12 +956,13 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             continue
         # torch's rules for the schedule (1F1B: micro-batches >= stages...), as the engine would refuse
         # it after the combination's preparation: refused before it, in the engine's words
-        fixed = traits(req.schedule).fixed_chunks_per_rank if req.schedule != "auto" else None
-        if req.schedule != "auto" and lay.pp > 1:
-            chunks = solve_request(lay, req, 1.0).resolved_chunks()
+        item = request_of(lay)
+        fixed = traits(item.schedule).fixed_chunks_per_rank if item.schedule != "auto" else None
+        if item.schedule != "auto" and lay.pp > 1:
+            chunks = solve_request(lay, item, 1.0).resolved_chunks()
             try:
-                check_schedule(req.schedule, lay.pp, lay.micro_batches, chunks)
-                check_chunk_count(req.schedule, chunks, lay.pp, base[key].layers.num_layers)
+                check_schedule(item.schedule, lay.pp, lay.micro_batches, chunks)
+                check_chunk_count(item.schedule, chunks, lay.pp, base[key].layers.num_layers)
             except StagesplitError as exc:
                 rows[lay] = LayoutRow(lay, "refused", str(exc), capacity=capacity, proven=True)
                 continue
@@ -906,12 +971,13 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                 scaled = analyze(key, DataLayout(), ratio(lay)) if ratio(lay) != 1 else None
                 stage_bytes[key, ratio(lay)] = StageBytes.of(base[key], scaled)
             found = stage_bytes[key, ratio(lay)]
-            need = pipeline_memory_floor(found, lay, req) if found is not None else 0.0
+            need = pipeline_memory_floor(found, lay, item) if found is not None else 0.0
             if need > capacity:
                 rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB on some rank of every "
                                       f"split (always live, receive buffers, micro-batches in flight) > "
                                       f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
+    last_rank: tuple[tuple[Degree, DataLayout, Fraction], Analysis] | None = None
     best: float = math.inf
     prep = 0.0                         # the longest preparation of a combination so far (seconds)
     events.start("searching the layouts", "combinations")
@@ -941,10 +1007,16 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
         if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
             share = max(share, deadline.left() / 4)
-        analysis = analyze(key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
+        # the items of one combination (its schedules) share its rank, made once
+        made = (key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
+        if last_rank is None or last_rank[0] != made:
+            last_rank = None                   # (the one before freed first: a 405B rank is large)
+            last_rank = (made, analyze(*made))
+        analysis = last_rank[1]
         measured_compute = measured_for(req, key_of(lay))
-        request = solve_request(lay, req, share) if measured_compute is None else \
-            solve_request(lay, req, share, rank_layer_compute(measured_compute, analysis, base[measured_compute[0]]),
+        request = solve_request(lay, request_of(lay), share) if measured_compute is None else \
+            solve_request(lay, request_of(lay), share,
+                          rank_layer_compute(measured_compute, analysis, base[measured_compute[0]]),
                           measured_compute[2])
         # a split whose pipeline step reaches best - (what the step adds to it at least: step_floor's
         # "added") cannot win; the engine proves that no split is faster than the cutoff

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan.layout_compare import Comparison
-from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
+from ..plan.layouts import GpuSweep, Layout, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
 __all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
@@ -40,7 +40,8 @@ def layouts_text(lp: LayoutPlan) -> str:
                      "why)")
     else:
         assert b.step_s is not None
-        lines.append(f"best: {b.layout.describe()}; {b.schedule} with {b.chunks_per_rank} chunk(s) per device")
+        lines.append(f"best: {b.layout.describe()}" + ("" if b.layout.schedule else
+                                                         f"; {b.schedule} with {b.chunks_per_rank} chunk(s) per device"))
         lines.append(f"step: {seconds(b.step_s)} (pipeline {seconds(b.pipeline_s or 0.0)}, tensor-parallel "
                      f"communication {seconds(b.tp_comm_s)}, "
                      + (f"context-parallel exchange exposed {seconds(b.cp_comm_s)}, " if b.layout.cp > 1 else "")
@@ -72,19 +73,28 @@ def layouts_text(lp: LayoutPlan) -> str:
     lines.append("")
     # cp and ep columns only where some row has context or expert parallelism
     cp, ep = any(r.layout.cp > 1 for r in lp.rows), any(r.layout.ep > 1 for r in lp.rows)
+    # the schedule column where the search tried several (each row one schedule and chunk count)
+    schedules = any(r.layout.schedule for r in lp.rows)
     lines.append(f"{'tp':>3} " + f"{'cp':>3} " * cp + f"{'ep':>3} " * ep
-                 + f"{'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} {'status':<8} {'step':>10} {'S':>4}  why")
+                 + f"{'pp':>3} {'dp':>4} {'zero':>4} {'M':>5} " + f"{'schedule':<20} " * schedules
+                 + f"{'status':<8} {'step':>10} {'S':>4}  why")
     for r in lp.rows:
-        lines.append(_row(r, cp, ep))
+        lines.append(_row(r, cp, ep, schedules))
     return "\n".join(lines) + "\n"
 
 
-def _row(r: LayoutRow, cp: bool = False, ep: bool = False) -> str:
+def _row(r: LayoutRow, cp: bool = False, ep: bool = False, schedules: bool = False) -> str:
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
     degrees = f"{lay.tp:>3}" + f" {lay.cp:>3}" * cp + f" {lay.ep:>3}" * ep
-    return (f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {r.status:<8} {step:>10} "
-            f"{lay.micro_batch_size:>4}  {r.reason}")
+    schedule = f"{_item_schedule(lay):<20} " if schedules else ""
+    return (f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {schedule}{r.status:<8} "
+            f"{step:>10} {lay.micro_batch_size:>4}  {r.reason}")
+
+
+def _item_schedule(lay: Layout) -> str:
+    """The schedule a row of a several-schedule search was solved under (``x V``: V chunks per device)."""
+    return lay.schedule + (f" x{lay.chunks_per_rank}" if lay.chunks_per_rank > 1 else "")
 
 
 def _row_json(r: LayoutRow) -> dict[str, Any]:
@@ -93,8 +103,8 @@ def _row_json(r: LayoutRow) -> dict[str, Any]:
             "micro_batch_size": lay.micro_batch_size, "status": r.status, "reason": r.reason, "step_s": r.step_s,
             "pipeline_s": r.pipeline_s,
             "tp_comm_s": r.tp_comm_s, "dp_comm_s": r.dp_comm_s, "bubble": r.bubble, "rank_peaks": list(r.rank_peaks),
-            "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or None,
-            "chunks_per_rank": r.chunks_per_rank or None, "cp": lay.cp, "cp_comm_s": r.cp_comm_s,
+            "capacity": r.capacity, "proven": r.proven, "schedule": r.schedule or lay.schedule or None,
+            "chunks_per_rank": r.chunks_per_rank or lay.chunks_per_rank or None, "cp": lay.cp, "cp_comm_s": r.cp_comm_s,
             "ep": lay.ep, "ep_comm_s": r.ep_comm_s, "dp_gap_s": r.dp_gap_s}
 
 

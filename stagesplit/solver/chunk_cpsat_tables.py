@@ -87,13 +87,31 @@ def memory_tables(problem: ChunkProblem) -> dict[str, np.ndarray]:
     # the recompute option "none" everywhere changes no figure where it saves nothing (as it does)
     if fixed is not None and not fixed.any() and (table.recompute is None or not table.recompute.saved[0].any()):
         fixed = None
-    key = ("memory_tables", sched.chunks, sched.micro_batches, sched.kind, sched.traits,
-           tuple(getattr(sched, "chunk_rank", ())), None if fixed is None else fixed.tobytes())
+    # a range's figures depend on the schedule only through what ``_stand_in`` keeps of it (not on
+    # the chunk count: splits into 2, 3 or 4 chunks per device read the same figures), so one table
+    # serves each count, priced for the ranges the counts so far could reach and extended for a new one
+    placement: tuple[int, ...] = tuple(getattr(sched, "chunk_rank", ()))
+    ends = len(placement) > 1 and placement[0] == placement[-1]
+    key = ("memory_tables", sched.micro_batches, sched.kind, sched.traits, ends,
+           None if fixed is None else fixed.tobytes())
+    wanted = reachable(sched.chunks, table.num_layers)
     kept = table.memo.get(key)
     if kept is None:
-        kept = table.memo[key] = _memory_tables(problem, fixed)
-    assert isinstance(kept, dict)       # (the memo holds what this function put there)
-    return {name: values.copy() for name, values in kept.items()}
+        kept = table.memo[key] = _memory_tables(problem, fixed, wanted)
+    else:
+        assert isinstance(kept, dict)   # (the memo holds what this function put there)
+        missing = wanted & ~kept["priced"]
+        if missing.any():
+            more = _memory_tables(problem, fixed, missing)
+            for name, values in more.items():
+                if name == "priced":
+                    continue
+                if name not in kept:                     # ("unsharded" is left out where all zero)
+                    kept[name] = np.zeros_like(values)
+                kept[name][missing] = values[missing]
+            kept["priced"] = kept["priced"] | missing
+    # each range's figures where this split's chunks can hold it, 0 elsewhere (as priced alone)
+    return {name: np.where(wanted, values, 0) for name, values in kept.items() if name != "priced"}
 
 
 def reachable(chunks: int, num_layers: int) -> np.ndarray:
@@ -111,11 +129,11 @@ def reachable(chunks: int, num_layers: int) -> np.ndarray:
     return out
 
 
-def _memory_tables(problem: ChunkProblem, fixed: np.ndarray | None) -> dict[str, np.ndarray]:
+def _memory_tables(problem: ChunkProblem, fixed: np.ndarray | None, priced: np.ndarray) -> dict[str, np.ndarray]:
+    """The figures of the ranges ``priced`` says ((L, L) booleans), 0 elsewhere, and ``priced``."""
     table = problem.table
     L = table.num_layers
     sched = problem.schedule
-    priced = reachable(sched.chunks, L)
     # what a backward leaves until the step's end, by link: the real placement says which are remote
     names = ("resident", "stash", "weight_stash", "retained_on", "retained_back", "forward", "backward", "weight",
              "full_backward", "optimizer", "stash_handed", "weight_stash_handed", "unsharded")
@@ -150,6 +168,7 @@ def _memory_tables(problem: ChunkProblem, fixed: np.ndarray | None) -> dict[str,
                 out[n][a, b] = arr[i]
     if not out["unsharded"].any():       # only FSDP2 under a schedule keeps any: no lookups for it otherwise
         del out["unsharded"]
+    out["priced"] = priced.copy()
     return out
 
 

@@ -80,6 +80,18 @@ def test_on_a_target_each_phase_is_its_figure_at_the_flop_rate(files):
             pytest.approx([f / PEAK, b / PEAK, o / PEAK], rel=1e-12)
 
 
+def test_a_model_timed_on_a_target_is_made_once_per_target_and_efficiency(files):
+    """``on`` gives the same timed model (and so one phase table, whose memo the schedules' searches
+    share) for the same target and efficiency, another for another, and none to a model made from it."""
+    model = api.analyze(str(files / "stack.json")).model
+    h100, a100 = api.target("h100-80gb"), api.target("a100-80gb")
+    timed = model.on(h100)
+    assert model.on(h100) is timed and model.on(api.target("h100-80gb")) is timed
+    assert model.on(h100, 0.5) is not timed and model.on(a100) is not timed
+    assert timed.phase_table is model.on(h100).phase_table
+    assert model.on(a100).phase_table.layer_times[0, 0] > timed.phase_table.layer_times[0, 0]   # the slower GPU
+    assert "_timed" not in timed.__dict__ or timed.__dict__["_timed"] is not model.__dict__["_timed"]
+
 @pytest.mark.parametrize("M", [1, 4])
 def test_one_gpu_step_by_hand(files, capsys, M):
     """One GPU, one stage: the step is every layer's forward and backward M times and its optimizer

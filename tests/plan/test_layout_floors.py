@@ -255,15 +255,55 @@ def test_chunk_tables_are_the_full_tables_where_a_split_reaches_and_kept(devices
         assert np.array_equal(again[name], got[name])
 
 
+def test_chunk_tables_are_shared_between_chunk_counts_and_extended():
+    """Interleaved 1F1B at 2 then 3 chunks per device on the same phase table: one kept table, priced
+    for the ranges 2 chunks reach and then extended to those 3 reach; each count reads exactly what the
+    full tables give where its split reaches and 0 elsewhere, the 3-chunk read after the 2-chunk one
+    equal to the 3-chunk tables priced alone; 1F1B keeps a table of its own."""
+    from dataclasses import replace
+
+    from stagesplit.plan.engine import resolve
+    from stagesplit.plan.scheduled import schedule_problem
+    from stagesplit.solver import chunk_cpsat_tables as tables
+    from stagesplit.solver.request import SolveRequest
+    analysis = api.analyze(_stack([40, 24, 64, 16, 48, 32, 56, 8], seed=2))          # 7 layers
+
+    def problem_of(schedule: str, chunks: int | None, model=None):
+        request = SolveRequest(devices=2, targets=("h100-80gb",), schedule=schedule, micro_batches=4, exact=True,
+                               chunks_per_rank=chunks)
+        resolved = resolve(request, analysis)
+        return schedule_problem(resolved.model, resolved.inputs, resolved.model.phase_table), resolved.model
+    two, model = problem_of("interleaved-1f1b", 2)
+    three, _ = problem_of("interleaved-1f1b", 3)
+    assert two.table is three.table and two.num_layers == 7
+    got2 = tables.memory_tables(two)
+    assert len(two.table.memo) == 1
+    got3 = tables.memory_tables(three)
+    assert len(two.table.memo) == 1                          # the same table, extended
+    kept = next(iter(two.table.memo.values()))
+    assert np.array_equal(kept["priced"], tables.reachable(4, 7) | tables.reachable(6, 7))
+    full = _full_tables(three)
+    for got, chunks in ((got2, 4), (got3, 6)):
+        mask = tables.reachable(chunks, 7)
+        assert set(got) == set(full)
+        for name in got:
+            assert np.array_equal(got[name][mask], full[name][mask]), name
+            assert not got[name][~mask].any()
+    fresh = replace(three, table=replace(three.table, memo={}))
+    alone = tables.memory_tables(fresh)
+    for name in got3:
+        assert np.array_equal(alone[name], got3[name]), name
+    tables.memory_tables(problem_of("1f1b", None)[0])
+    assert len(two.table.memo) == 2
+
+
 def _full_tables(problem) -> dict[str, np.ndarray]:
     """Every range priced, the restriction lifted (``reachable`` made all-true)."""
     from stagesplit.solver import chunk_cpsat_tables as tables
-    saved = tables.reachable
-    try:
-        tables.reachable = lambda chunks, layers: np.triu(np.ones((layers, layers), bool))
-        return tables._memory_tables(problem, problem.fixed_choice())
-    finally:
-        tables.reachable = saved
+    L = problem.num_layers
+    full = tables._memory_tables(problem, problem.fixed_choice(), np.triu(np.ones((L, L), bool)))
+    del full["priced"]
+    return full
 
 
 @pytest.mark.parametrize("seed", range(3))

@@ -675,3 +675,75 @@ def test_chunks_per_rank_fixes_a_looped_schedules_virtual_stages(stack, tmp_path
     assert code == 2 and out == ""
     assert err == ("stagesplit: error: --chunks-per-rank: 1f1b runs one stage per rank (torch's Schedule1F1B): "
                    "expected 1, got 2\n")
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_several_schedules_are_each_combinations_own_items(seed, tmp_path, capsys):
+    """``schedule='1f1b,interleaved-1f1b'``: every combination of a pipeline searched under 1F1B and
+    under interleaved 1F1B at each chunk count the layers allow (2 to 4), each a row of its own, one
+    stage once (under 1F1B); each row's step is the one its schedule's search alone finds for it (the
+    searches of one schedule, and of interleaved 1F1B at one fixed chunk count), and the best is the
+    fastest of them all. On the command line the rows name their schedule."""
+    from stagesplit.io import save_profile
+    from tests.helpers import run_cli
+    profile, layers = _random_stack(seed)
+    gpus = (2, 4, 4)[seed]
+    kw = dict(gpus=gpus, global_batch=8 * gpus, micro_batch_size=4)
+    both = _solve(profile, schedule="1f1b,interleaved-1f1b", **kw)
+    alone = {"1f1b": _solve(profile, schedule="1f1b", **kw)}
+    for v in range(2, 5):
+        alone[f"interleaved-1f1b x{v}"] = _solve(profile, schedule="interleaved-1f1b", chunks_per_rank=v, **kw)
+    steps = {}
+    for name, lp in alone.items():
+        for r in lp.rows:
+            if r.step_s is not None and r.status in ("best", "slower"):
+                schedule = "1f1b" if r.layout.pp == 1 else name
+                steps[(r.layout.tp, r.layout.pp, r.layout.dp, r.layout.zero, r.layout.micro_batches, schedule)] = r.step_s
+    items = {}
+    for r in both.rows:
+        lay = r.layout
+        assert lay.schedule == "1f1b" if lay.pp == 1 else lay.schedule in ("1f1b", "interleaved-1f1b")
+        name = lay.schedule + (f" x{lay.chunks_per_rank}" if lay.chunks_per_rank > 1 else "")
+        key = (lay.tp, lay.pp, lay.dp, lay.zero, lay.micro_batches, name)
+        assert key not in items
+        items[key] = r
+        if lay.pp > 1 and lay.schedule == "interleaved-1f1b":
+            assert 2 <= lay.chunks_per_rank <= 4 and lay.pp * lay.chunks_per_rank <= layers
+        if r.step_s is not None and r.status in ("best", "slower"):
+            assert r.step_s == pytest.approx(steps[key]), r
+            assert r.schedule == lay.schedule and r.chunks_per_rank == lay.chunks_per_rank
+    piped = {k[:5] for k in items if k[1] > 1}
+    assert piped and all(k + ("1f1b",) in items for k in piped)
+    assert all(k + (f"interleaved-1f1b x{v}",) in items for k in piped for v in range(2, 5) if k[1] * v <= layers)
+    assert both.best is not None and both.best.step_s == pytest.approx(min(steps.values()))
+    assert both.proven
+    path = tmp_path / "stack.json"
+    save_profile(profile, path)
+    base = ("layouts", path, "--gpus", gpus, "--global-batch", 8 * gpus, "--micro-batch-size", 4,
+            "--target", "h100-80gb")
+    code, out, _ = run_cli(capsys, *base, "--schedule", "1f1b,interleaved-1f1b", "--format", "json")
+    assert code == 0
+    rows = json.loads(out)["rows"]
+    assert [(r["schedule"], r["chunks_per_rank"], r["status"]) for r in rows] == \
+        [(r.layout.schedule, r.layout.chunks_per_rank, r.status) for r in both.rows]
+    code, out, _ = run_cli(capsys, *base, "--schedule", "1f1b,interleaved-1f1b")
+    assert code == 0 and " schedule " in out
+    best = both.best.layout
+    assert f"best: {best.describe()}\n" in out
+    if best.pp > 1:
+        assert best.describe().endswith(", " + best.schedule + (f" x{best.chunks_per_rank}"
+                                                               if best.chunks_per_rank > 1 else ""))
+
+
+def test_a_schedule_list_with_auto_or_an_unknown_name_is_refused(stack, tmp_path, capsys):
+    from stagesplit.io import save_profile
+    from tests.helpers import run_cli
+    with pytest.raises(OptionError, match="auto searches every schedule itself"):
+        _solve(stack, gpus=4, global_batch=32, schedule="1f1b,auto")
+    with pytest.raises(OptionError, match="schedule: expected one of"):
+        _solve(stack, gpus=4, global_batch=32, schedule=["1f1b", "zigzag"])
+    path = tmp_path / "stack.json"
+    save_profile(stack, path)
+    code, out, err = run_cli(capsys, "layouts", path, "--gpus", 4, "--global-batch", 32, "--target", "h100-80gb",
+                             "--schedule", "1f1b,zigzag")
+    assert code == 2 and out == "" and err.count("\n") == 1 and "--schedule" in err and "zigzag" in err
