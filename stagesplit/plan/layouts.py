@@ -1075,8 +1075,13 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                               cp_comm_s=cp_share(plan, analysis, req), ep_comm_s=ep_share(plan, analysis, req),
                               # one stage: its one split (its chunks' bytes and compute are the rank's whole)
                               dp_gap_s=0.0 if lay.pp == 1 else max(0.0, dp_s - dp_floor(work[key_of(lay)], lay, req)))
-        plans[lay] = (plan, analysis)
-        best = min(best, step)
+        # only the plans that can be the answer are kept (those of the best step: the tie goes to the
+        # emptiest below); each holds its rank's analysis, large at scale
+        if step <= best:
+            best = step
+            plans[lay] = (plan, analysis)
+            for other in [k for k in plans if (rows[k].step_s or 0.0) > best]:
+                del plans[other]
     events.done()
     solved = [r for r in rows.values() if r.status == "solved"]
     # on a tie (ZeRO 1 moves what DDP moves), the layout whose fullest rank holds least
