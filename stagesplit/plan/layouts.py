@@ -43,7 +43,7 @@ from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
-           "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "rank_layer_compute", "search", "seconds",
+           "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "order_estimate", "rank_layer_compute", "search", "seconds",
            "slowest_stage", "StageBytes", "pipeline_memory_floor",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
@@ -809,6 +809,36 @@ def step_floor(work: RankWork, lay: Layout, req: LayoutRequest, measured: float 
     return floor + work.collectives_once_s + dp, added
 
 
+def order_estimate(lay: Layout, floor: float, k: float, x: float, stash: float, saved: float, always: float,
+                   capacity: float) -> float:
+    """Where the layout search takes ``lay`` up, the likeliest fastest first: an estimate of its step,
+    not a bound. ``floor`` is its step floor (``step_floor``); ``k`` and ``x`` one micro-batch's work
+    and collectives on all stages; ``stash`` one micro-batch's activations kept for the backward (all
+    layers) and ``saved`` the most recompute can save of them; ``always`` the mean always-live bytes
+    of a stage (``memory_floor``), ``capacity`` the device's. Two terms the floor leaves out:
+
+    * the bubble of a schedule of ``v`` chunks per device (whose floor counts none): with as many
+      micro-batches as stages, ``(pp - 1) / v`` chunks' work of one micro-batch on each rank,
+      ``(pp - 1) / (v pp) (k + x)`` (Megatron's interleaved schedule's); with fewer, each loop's ranks
+      wait as one pass does, 1F1B's ``(pp - 1) / pp (k + x)``;
+    * the recompute memory forces: a stage holds ``stash / pp`` for each micro-batch in flight
+      (``min(M, pp)``, times ``1 + (pp - 1) / (pp v)`` with ``v`` chunks, Megatron's interleaved
+      count) beside ``always``; what exceeds ``capacity`` is recomputed, a share of what recompute
+      can save at most 1, and that share of the stage's forwards (a third of its work) runs again:
+      ``share x M k / (3 pp)``."""
+    pp, M = lay.pp, lay.micro_batches
+    v = lay.chunks_per_rank if lay.schedule and pp > 1 else 1
+    estimate = floor
+    if v > 1:
+        estimate += (pp - 1) / (v * pp if M >= pp else pp) * (k + x)
+    in_flight = min(M, pp) * (1 + (pp - 1) / (pp * v) if v > 1 else 1)
+    need = stash / pp * in_flight - (capacity - always)
+    if need > 0:
+        share = min(1.0, need / (saved / pp * in_flight)) if saved > 0 else 1.0
+        estimate += share * M * k / 3 / pp
+    return estimate
+
+
 def slowest_stage(work: np.ndarray, stages: int) -> float:
     """The least work of the slowest stage over every split of the layers (``work``, in order) into
     at most ``stages`` contiguous stages, a little under (a lower bound, safe from rounding): the
@@ -919,15 +949,27 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         """No split of ``lay`` steps faster (``step_floor``)."""
         return floors[lay][0]
 
+    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
+    capacity = req.target.device_bytes
+    activations: dict[Degree, tuple[float, float] | None] = {}
+
     def estimate(lay: Layout) -> float:
-        """The order the items are searched in, not a bound: the floor, and for a schedule of several
-        chunks per device (whose floor counts no bubble) the bubble of equal chunks, ``(pp - 1) / v``
-        chunks' work of one micro-batch on each rank (Megatron's interleaved schedule's)."""
-        f = floor(lay)
-        if lay.schedule and lay.pp > 1 and lay.chunks_per_rank > 1:
-            k, x = work[key_of(lay)].per_micro_batch(float(ratio(lay)))
-            f += (lay.pp - 1) / (lay.chunks_per_rank * lay.pp) * (k + x)
-        return f
+        """The order the items are searched in (``order_estimate``), not a bound."""
+        key = key_of(lay)
+        if key not in activations:           # one micro-batch's stash, and the most recompute saves
+            model = base[key].model
+            if model.phase_cols is None:
+                activations[key] = None
+            else:
+                table = model.phase_table
+                saved = float(table.recompute.saved.max(axis=0).sum()) if table.recompute is not None else 0.0
+                activations[key] = (float(np.asarray(table.stash)[0, table.num_layers - 1]), saved)
+        r = float(ratio(lay))
+        k, x = work[key].per_micro_batch(r)
+        found = activations[key]
+        always = memory_floor(dict(roles[key], other=roles[key]["other"] * min(1.0, r)), lay)
+        return order_estimate(lay, floor(lay), k, x, found[0] * r if found else 0.0, found[1] * r if found else 0.0,
+                              always, capacity)
     # the likeliest best first (the lowest floor), so that the best step found early cuts off the rest
     # and the time limit leaves the hopeless ones unsearched: each family of degrees and ZeRO stage by
     # its lowest floor (a larger micro-batch's, whose work runs nearer the peak), its sizes smallest
@@ -941,8 +983,6 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, estimate(lay),
                                              lay))
     rows: dict[Layout, LayoutRow] = {}
-    capacity = req.target.device_bytes
-    roles = {tp: role_bytes(a.profile) for tp, a in base.items()}
     stage_bytes: dict[tuple[Degree, Fraction], StageBytes | None] = {}
     for lay in order:                    # the memory floor: refuted before anything is solved
         # at another micro-batch size only the activations (role other) change: at most x the

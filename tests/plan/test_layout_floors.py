@@ -405,3 +405,30 @@ def test_the_pipeline_memory_floor_by_hand():
                             schedule=schedule)
         assert pipeline_memory_floor(sb, Layout(1, 2, 2, 1, 2), req) == pytest.approx(expected)
         assert pipeline_memory_floor(sb, Layout(1, 1, 4, 1, 1), req) == 0.0
+
+
+def test_the_search_orders_items_by_bubble_and_forced_recompute_by_hand():
+    """``order_estimate`` (the order the layout search takes items up in) by hand: 1F1B adds nothing
+    to its floor while everything fits; interleaved 1F1B with v chunks adds (pp - 1) / (v pp) of a
+    micro-batch's work and collectives with M >= pp, 1F1B's (pp - 1) / pp with fewer; where a stage's
+    activations in flight exceed the room its always-live bytes leave, the share of what recompute can
+    save that must go reruns that share of the stage's forwards (a third of its work)."""
+    from stagesplit.plan.layouts import Layout, order_estimate
+    GiB = 2**30
+    one = Layout(tp=1, pp=4, dp=1, zero=0, micro_batches=8)
+    k, x = 4.0, 0.4
+    assert order_estimate(one, 10.0, k, x, 8 * GiB, 6 * GiB, 20 * GiB, 80 * GiB) == 10.0   # 4 x 2 GiB fit
+    looped = Layout(tp=1, pp=4, dp=1, zero=0, micro_batches=8, schedule="interleaved-1f1b", chunks_per_rank=2)
+    assert order_estimate(looped, 10.0, k, x, 8 * GiB, 6 * GiB, 20 * GiB, 80 * GiB) == pytest.approx(
+        10.0 + 3 / 8 * 4.4)
+    few = Layout(tp=1, pp=4, dp=1, zero=0, micro_batches=2, schedule="interleaved-1f1b", chunks_per_rank=2)
+    assert order_estimate(few, 10.0, k, x, 8 * GiB, 6 * GiB, 20 * GiB, 80 * GiB) == pytest.approx(10.0 + 3 / 4 * 4.4)
+    # 1F1B: 4 micro-batches in flight of 40 / 4 = 10 GiB each = 40 GiB beside 60 GiB always live on 80:
+    # 20 GiB too many of the 4 x 30 / 4 = 30 GiB recompute saves, two thirds: 2/3 x 8 x 4 / 12
+    assert order_estimate(one, 10.0, k, x, 40 * GiB, 30 * GiB, 60 * GiB, 80 * GiB) == pytest.approx(
+        10.0 + 2 / 3 * 8 * 4 / 12)
+    # interleaved, 2 chunks: 4 x (1 + 3/8) = 5.5 in flight, 55 GiB beside 60: 35 too many of the 41.25 it saves
+    assert order_estimate(looped, 10.0, k, x, 40 * GiB, 30 * GiB, 60 * GiB, 80 * GiB) == pytest.approx(
+        10.0 + 3 / 8 * 4.4 + 35 / 41.25 * 8 * 4 / 12)
+    assert order_estimate(one, 10.0, k, x, 40 * GiB, 10 * GiB, 70 * GiB, 80 * GiB) == pytest.approx(
+        10.0 + 8 * 4 / 12)                                        # more than recompute saves: all of it
