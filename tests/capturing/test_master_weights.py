@@ -17,15 +17,7 @@ from stagesplit.errors import OptionError  # noqa: E402
 from stagesplit.model.analysis import Analysis  # noqa: E402
 from stagesplit.model.datasharding import DataLayout, role_bytes, shard_profile  # noqa: E402
 from stagesplit.plan.layout_compare import model_size_b  # noqa: E402
-
-
-class MLP(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.layers = torch.nn.ModuleList([torch.nn.Linear(8, 16), torch.nn.Linear(16, 4)])
-
-    def forward(self, x):
-        return self.layers[1](torch.relu(self.layers[0](x)))
+from tests.capturing.test_capture import MLP  # noqa: E402  (the two-layer MLP its hand cases price)
 
 
 def _mlp(**options):
