@@ -74,6 +74,11 @@ class Layout:
     chunks_per_rank: int = 0
 
     @property
+    def schedule_text(self) -> str:
+        """Its own schedule as the rows name it, ``x V`` where it runs V chunks per device."""
+        return self.schedule + (f" x{self.chunks_per_rank}" if self.chunks_per_rank > 1 else "")
+
+    @property
     def sync(self) -> int:
         """The ranks gradients are reduced (and ZeRO shards) across: data x context parallel."""
         return self.dp * self.cp
@@ -81,9 +86,7 @@ class Layout:
     def describe(self) -> str:
         cp = f" x CP {self.cp}" if self.cp > 1 else ""
         ep = f" (EP {self.ep} of the DP x CP ranks)" if self.ep > 1 else ""
-        schedule = ""
-        if self.schedule and self.pp > 1:
-            schedule = f", {self.schedule}" + (f" x{self.chunks_per_rank}" if self.chunks_per_rank > 1 else "")
+        schedule = f", {self.schedule_text}" if self.schedule and self.pp > 1 else ""
         return (f"TP {self.tp}{cp} x PP {self.pp} x DP {self.dp}{ep}, ZeRO {self.zero}, "
                 f"{self.micro_batches} micro-batches of {self.micro_batch_size}{schedule}")
 
@@ -977,10 +980,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     # (a combination's schedules in turn, the likeliest first: they share its rank's preparation)
     def family(lay: Layout) -> tuple[int, ...]:
         return lay.tp, lay.cp, lay.ep, lay.pp, lay.dp, lay.zero
+    estimates = {lay: estimate(lay) for lay in layouts}
     lead: dict[tuple[int, ...], float] = {}
     for lay in layouts:
-        lead[family(lay)] = min(lead.get(family(lay), math.inf), estimate(lay))
-    order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, estimate(lay),
+        lead[family(lay)] = min(lead.get(family(lay), math.inf), estimates[lay])
+    order = sorted(layouts, key=lambda lay: (lead[family(lay)], family(lay), lay.micro_batch_size, estimates[lay],
                                              lay))
     rows: dict[Layout, LayoutRow] = {}
     stage_bytes: dict[tuple[Degree, Fraction], StageBytes | None] = {}

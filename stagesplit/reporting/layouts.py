@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from ..plan.layout_compare import Comparison
-from ..plan.layouts import GpuSweep, Layout, LayoutPlan, LayoutRequest, LayoutRow, seconds
+from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
 __all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
@@ -87,14 +87,10 @@ def _row(r: LayoutRow, cp: bool = False, ep: bool = False, schedules: bool = Fal
     lay = r.layout
     step = seconds(r.step_s) if r.step_s is not None else "-"
     degrees = f"{lay.tp:>3}" + f" {lay.cp:>3}" * cp + f" {lay.ep:>3}" * ep
-    schedule = f"{_item_schedule(lay):<20} " if schedules else ""
+    schedule = f"{lay.schedule_text:<20} " if schedules else ""
     return (f"{degrees} {lay.pp:>3} {lay.dp:>4} {lay.zero:>4} {lay.micro_batches:>5} {schedule}{r.status:<8} "
             f"{step:>10} {lay.micro_batch_size:>4}  {r.reason}")
 
-
-def _item_schedule(lay: Layout) -> str:
-    """The schedule a row of a several-schedule search was solved under (``x V``: V chunks per device)."""
-    return lay.schedule + (f" x{lay.chunks_per_rank}" if lay.chunks_per_rank > 1 else "")
 
 
 def _row_json(r: LayoutRow) -> dict[str, Any]:
