@@ -52,6 +52,10 @@ class Row:
         return max(self.errors, key=abs)
 
 
+#: a case's precision (its family's name after "+") -> the capture's options
+PRECISIONS = {"": [], "master": ["--master-weights"], "amp": ["--amp"]}
+
+
 def _cli(*args) -> str:
     from stagesplit.cli import main
     out, err = io.StringIO(), io.StringIO()
@@ -84,14 +88,16 @@ def run_matrix(cases: Sequence[tuple], folder: Path) -> list[Row]:
     export, run the export's program; rows in the same order."""
     plans: dict[tuple, dict] = {}
     exported: dict[int, list[tuple[int, harness.ExportedCase]]] = {}
-    for index, (family, schedule, devices, *given) in enumerate(cases):
-        profile = folder / f"{family}.stagesplit"
+    for index, (named, schedule, devices, *given) in enumerate(cases):
+        # "family+precision": captured in that precision (PRECISIONS), its export run as it sets it
+        family, _, precision = named.partition("+")
+        profile = folder / f"{named}.stagesplit"
         if not profile.exists():
             dtype = ["--dtype", "bfloat16"] if family in families.MOE_FAMILIES else []
-            _cli("capture", families.capture_spec(family), *dtype, "-o", profile)
+            _cli("capture", families.capture_spec(family), *dtype, *PRECISIONS[precision], "-o", profile)
         m = _micro_batches(schedule, devices)
         v = given[0] if given else SCHEDULES[schedule]
-        name = f"{family}-{schedule}-{devices}-{v}"
+        name = f"{named}-{schedule}-{devices}-{v}"
         plan, code = folder / f"{name}.json", folder / f"{name}.py"
         chunks = ["--chunks-per-rank", v] if schedule in CHUNKED else []
         _cli("solve", profile, "--devices", devices, "--schedule", schedule, "--micro-batches", m, *chunks,
@@ -105,7 +111,8 @@ def run_matrix(cases: Sequence[tuple], folder: Path) -> list[Row]:
         for (index, _), ranks in zip(group, harness.run_exported([case for _, case in group], devices)):
             results[index] = ranks
     rows = []
-    for index, (family, schedule, devices, *_) in enumerate(cases):
+    for index, (named, schedule, devices, *_) in enumerate(cases):
+        family = named.partition("+")[0]
         plan, ranks = plans[index], results[index]
         m = plan["schedule"]["micro_batches"]
         reference_loss, reference_grads = _reference(family, m)
@@ -115,7 +122,7 @@ def run_matrix(cases: Sequence[tuple], folder: Path) -> list[Row]:
             for name, grad in r.grads.items():
                 want = reference_grads[name]
                 error = max(error, float(np.abs(grad - want).max() / max(np.abs(want).max(), 1e-12)))
-        rows.append(Row(family, schedule, devices, m, plan["split"],
+        rows.append(Row(named, schedule, devices, m, plan["split"],
                         tuple(int(r["peak_bytes"]) for r in plan["schedule"]["ranks"]),
                         tuple(r.peak_bytes for r in ranks), float(np.mean(losses)), reference_loss, error,
                         max(r.seconds for r in ranks)))

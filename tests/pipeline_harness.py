@@ -418,8 +418,19 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
     stages = list(built) if isinstance(built, (list, tuple)) else [built]
     first, last = any(s.is_first for s in stages), any(s.is_last for s in stages)
     params = list({id(p): p for s in stages for p in s.submod.parameters()}.values())
-    optimizer = torch.optim.Adam(params, lr=0.0)
+    # a master-weights plan's program: the optimizer over the float32 masters, copied back after its step
+    pairs = ns["master_weights"](stages) if ns.get("MASTER_WEIGHTS") else None
+    optimizer = torch.optim.Adam([m for _, m in pairs] if pairs is not None else params, lr=0.0)
     set_to_none = ns["GRADIENTS_SET_TO_NONE"]
+
+    def finish_step() -> None:
+        if pairs is not None:
+            ns["copy_masters"](pairs)
+        else:
+            optimizer.zero_grad(set_to_none=set_to_none)
+
+    def gradient(p):
+        return p.main_grad if pairs is not None else p.grad
     # each stage parameter's name in the model: a traced stage keeps the model's names (a tied parameter's
     # first one), a stage built from modules holds the model's own tensors
     canonical: dict[int, str] = {}
@@ -440,9 +451,10 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
 
     step()
     optimizer.step()
-    optimizer.zero_grad(set_to_none=set_to_none)
+    finish_step()
     dist.barrier()
-    log, trace, tracker = _tracked(stages, [s.submod for s in stages] + [optimizer])
+    log, trace, tracker = _tracked(stages, [s.submod for s in stages] + [optimizer]
+                                   + [t for _, master in pairs or () for t in (master, master.grad)])
     with tracker:
         for measured_step in (False, True):
             if measured_step:
@@ -452,13 +464,13 @@ def _run_exported(rank: int, devices: int, case: ExportedCase, index: int, workd
                 tracker.overall = 0
             start = time.perf_counter()
             losses = [float(v.detach()) for v in step()]
-            grads = {names[id(p)]: _whole(p.grad).detach().float().numpy().copy() for p in params
-                     if p.grad is not None}
+            grads = {names[id(p)]: _whole(gradient(p)).detach().float().numpy().copy() for p in params
+                     if getattr(p, "main_grad" if pairs is not None else "grad", None) is not None}
             before = tracker.restart_peak()
             optimizer.step()
             optimizer_trace = (before, tracker.peak_since_restart(), tracker.live_bytes())
             seconds = time.perf_counter() - start
-            optimizer.zero_grad(set_to_none=set_to_none)
+            finish_step()
             if not measured_step:
                 dist.barrier()
     total = max(tracker.overall, tracker.peak_since_restart())

@@ -20,7 +20,7 @@ import inspect
 from collections.abc import Sequence
 from dataclasses import replace
 
-from ..io.profile import Phase, ProfileInfo
+from ..io.profile import Phase, ProfileInfo, TrainingPrecision
 from ..layers import LayerOptions
 from .layering import layer_operations, record_grouping
 from .modulestacks import ModuleStack
@@ -112,8 +112,10 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
                         drop.setdefault(j, set()).add(t)
 
     # variables: one per storage
-    precision = ("amp (" + str(autocast_dtype).replace("torch.", "") + " autocast, float32 parameters)" if amp
-                 else f"{dtype} parameters with float32 gradients and master weights" if master_weights else dtype)
+    recorded = TrainingPrecision(parameters="float32" if amp else dtype,
+                                 autocast=str(autocast_dtype).replace("torch.", "") if amp else "",
+                                 master_weights=master_weights)
+    precision = recorded.describe()
     parallel = None
     groups = context.groups if context is not None else {}
     collectives = tuple(Collective(c.op, c.kind, c.nbytes, c.group_size, c.phase,
@@ -171,6 +173,7 @@ def build_profile(rec, target, layer_options: LayerOptions | None, allocator_rou
         b.operation(names[i], i, i, vars=vars_, compute=op.flops, layer=explicit[i], **extra)
     profile = b.build(validate=False)
     profile.info.parallel_layout = parallel
+    profile.info.precision = recorded
     profile.operations.phase = _phases(rec)
     profile.validate(source)
     if layering is not None:

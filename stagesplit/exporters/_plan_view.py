@@ -15,6 +15,7 @@ from pathlib import Path
 
 from ..common.text import show
 from ..errors import ExportError, OptionError, StagesplitError
+from ..io.profile import TrainingPrecision
 from ..layers import LayerOptions
 from ..model.recompute import Recompute
 from ..model.traffic import WideTensor
@@ -91,6 +92,16 @@ class PlanView:
     #: None: the micro-batch is the profile's own, the global batch unrecorded
     micro_batch_size: int | None = None
     global_batch: int | None = None
+    #: the precision the plan was priced in (plan/records.py's ``PlanProfile``): the parameters' dtype
+    #: ("" where the profile recorded none), autocast's ("" for none), float32 gradients and master weights
+    parameter_dtype: str = ""
+    autocast_dtype: str = ""
+    master_weights: bool = False
+
+    @property
+    def precision_text(self) -> str:
+        """The plan's precision in words (io/profile.py's ``TrainingPrecision.describe``)."""
+        return TrainingPrecision(self.parameter_dtype, self.autocast_dtype, self.master_weights).describe()
 
     @property
     def samples_per_micro_batch(self) -> int:
@@ -257,7 +268,9 @@ def view_of(plan: Plan, source: str | Path | None = None) -> PlanView:
         sequence_parallel_additions=profile.sequence_parallel_additions, data_parallel=plan.inputs.request.dp,
         context_parallel=profile.context_parallel, expert_parallel=profile.expert_parallel,
         zero=plan.inputs.request.zero, reshard_after_forward=plan.inputs.request.reshard_after_forward,
-        micro_batch_size=getattr(inputs, "micro_batch_size", None), global_batch=getattr(inputs, "global_batch", None))
+        micro_batch_size=getattr(inputs, "micro_batch_size", None), global_batch=getattr(inputs, "global_batch", None),
+        parameter_dtype=profile.parameter_dtype, autocast_dtype=profile.autocast_dtype,
+        master_weights=profile.master_weights)
 
 
 def _roles(source: str | None, names: list[str], grouping: LayerOptions) -> tuple[bool, bool]:

@@ -14,6 +14,13 @@ backward), with ``checkpointable_layers`` the blocks' class so that the embeddin
 entries run as they are. One interval applies to every stage and every block, and DeepSpeed
 has no selective recompute: where the plan recomputes some blocks only, or selectively, a
 comment line says so and every block is checkpointed (at least the plan's recompute).
+
+The plan's precision, where its profile records one, as the ds_config keys that run it
+(``PRECISION_CONFIG``): ``bf16`` (``fp16``) for low-precision parameters with float32 gradients
+and master weights (DeepSpeed's pipeline engine then keeps float32 master weights and accumulates
+the gradients in float32; under ZeRO 1 only with ``data_types.grad_accum_dtype`` fp32),
+``torch_autocast`` for an autocast capture, none for float32. DeepSpeed's ``bf16`` always keeps
+master weights: a plan priced in bfloat16 without them is refused in one line.
 """
 
 from __future__ import annotations
@@ -24,7 +31,7 @@ from ._common import Decoded, ExportOptions, from_starts
 from ._plan_view import PlanView
 from .render import RenderCheckError, comment, literal_assignments, py_literal
 
-__all__ = ["NAME", "DESCRIPTION", "DEEPSPEED_VERSION", "render", "read_back", "checkpoint_interval"]
+__all__ = ["NAME", "DESCRIPTION", "DEEPSPEED_VERSION", "render", "read_back", "checkpoint_interval", "precision_config"]
 
 NAME = "deepspeed"
 DEEPSPEED_VERSION = "0.19"           # PipelineModule API the deepspeed export targets
@@ -41,6 +48,29 @@ def checkpoint_interval(view: PlanView) -> tuple[int, str]:
     counts = ", ".join(f"{sum(1 for r in blocks if r == o)} {o}" for o in ("full", "selective", "none") if o in blocks)
     return 1, (f"DeepSpeed checkpoints every block or none, and has no selective recompute: it cannot take the plan's "
                f"per-layer choice ({counts}); every block is checkpointed below, at least the plan's recompute")
+
+
+#: ds_config's key for low-precision parameters with float32 master weights, per parameter dtype
+_PRECISION_KEYS = {"bfloat16": "bf16", "float16": "fp16"}
+
+
+def precision_config(view: PlanView) -> dict | None:
+    """The ds_config keys that run the plan's precision (None: the profile records none); a
+    precision DeepSpeed has no mode for is refused."""
+    if not view.parameter_dtype:
+        return None
+    if view.autocast_dtype:
+        return {"torch_autocast": {"enabled": True, "dtype": view.autocast_dtype}}
+    if view.master_weights:
+        config: dict = {_PRECISION_KEYS[view.parameter_dtype]: {"enabled": True}}
+        if view.zero == 1 and view.data_parallel > 1:
+            config["data_types"] = {"grad_accum_dtype": "fp32"}
+        return config
+    if view.parameter_dtype != "float32":
+        raise view.error(f"deepspeed: the plan was priced in {view.precision_text}, which DeepSpeed has no mode for (its "
+                         "bf16 and fp16 keep float32 master weights): capture with `master_weights` to price them, or "
+                         "in float32")
+    return {}
 
 
 _CLASS = [
@@ -96,6 +126,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
         raise view.error(f"deepspeed refuses ZeRO {view.zero} with pipeline parallelism (its pipeline engine takes ZeRO "
                          "0 or 1); solve with ZeRO 0 or 1 for DeepSpeed")
     zero_stage = view.zero if view.data_parallel > 1 else 0
+    precision = precision_config(view)
     interval, cannot = checkpoint_interval(view)
     recompute = ([f"ACTIVATION_CHECKPOINT_INTERVAL = {interval}   # activation_checkpoint_interval: "
                   + ("0, the plan recomputes no block" if not interval else
@@ -116,6 +147,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             f"ZERO_STAGE = {zero_stage}   # ds_config \"zero_optimization\": {{\"stage\": ZERO_STAGE}}, as the plan was "
             f"priced ({view.data_parallel} data-parallel rank{'s' if view.data_parallel != 1 else ''})",
             *_batch_lines(view),
+            *([f"PRECISION_CONFIG = {py_literal(precision)}   # merge into ds_config: the keys that run the plan's "
+               f"precision, {view.precision_text}" + (" (DeepSpeed's default)" if not precision else "")]
+              if precision is not None else []),
             *recompute,
             "", "", *_CLASS, "", "", usage]
 
@@ -145,4 +179,6 @@ def read_back(tree: ast.Module, view: PlanView, options: ExportOptions) -> Decod
         raise RenderCheckError("ACTIVATION_CHECKPOINT_INTERVAL differs from the plan's recompute")
     if data.get("ZERO_STAGE") != (view.zero if view.data_parallel > 1 else 0):
         raise RenderCheckError("ZERO_STAGE differs from the plan's")
+    if data.get("PRECISION_CONFIG") != precision_config(view):
+        raise RenderCheckError("PRECISION_CONFIG differs from the plan's precision")
     return Decoded(from_starts(bounds[:-1], bounds[-1]))

@@ -15,6 +15,11 @@ Megatron cannot take and N is the largest count (every stage recomputes at least
 count). Where the plan recomputes selectively only, ``--recompute-granularity selective``:
 Megatron's selective recompute re-runs the modules of ``--recompute-modules`` (core attention by
 default) in every layer, not the plan's per-operation choice, which a comment line says.
+
+The plan's precision, where its profile records one: ``--bf16`` (``--fp16``) for low-precision
+parameters with float32 gradients and master weights (a capture with ``master_weights``), nothing for
+float32 (Megatron's default). Megatron has no autocast and always keeps master weights under
+``--bf16``: a plan priced otherwise is refused in one line.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from .render import RenderCheckError, comment, shell_word
 
 __all__ = ["NAME", "UNEVEN_NAME", "DESCRIPTION", "UNEVEN_DESCRIPTION", "MEGATRON_VERSION", "render", "read_back",
            "render_uneven", "read_back_uneven", "megatron_layout", "parse_megatron_layout", "megatron_uneven",
-           "uneven_counts", "recompute_words"]
+           "uneven_counts", "recompute_words", "precision_words", "PRECISION_FLAGS"]
 
 NAME = "megatron"
 UNEVEN_NAME = "megatron-uneven"
@@ -193,6 +198,27 @@ def parallel_words(view: PlanView) -> list[str]:
     return words
 
 
+#: the precision flag Megatron takes for low-precision parameters with float32 gradients and master weights
+PRECISION_FLAGS = {"bfloat16": "--bf16", "float16": "--fp16"}
+
+
+def precision_words(view: PlanView) -> list[str]:
+    """The plan's precision as Megatron's flag: ``--bf16`` (``--fp16``) trains bfloat16 (float16)
+    parameters with float32 gradients (``main_grad``) and master weights, a master-weights capture's
+    step; float32, Megatron's default, takes none. A precision Megatron has no mode for is refused
+    (``render``); a plan whose profile records none writes none."""
+    return [PRECISION_FLAGS[view.parameter_dtype]] if view.master_weights else []
+
+
+def check_precision(view: PlanView, fmt: str) -> None:
+    """Refuse (one line) a precision Megatron cannot run: torch's autocast, or low-precision parameters
+    without float32 master weights (Megatron's --bf16 and --fp16 keep them)."""
+    if view.autocast_dtype or (view.parameter_dtype not in ("", "float32") and not view.master_weights):
+        raise view.error(f"{fmt}: the plan was priced in {view.precision_text}, which Megatron has no mode for (its "
+                         "--bf16 and --fp16 keep float32 gradients and master weights; it has no autocast): capture "
+                         "with `master_weights` to price Megatron's --bf16, or in float32")
+
+
 def _layout_words(counts: list[int], ranks: int, virtual: int) -> list[str]:
     words = ["--num-layers", str(sum(counts)), "--pipeline-model-parallel-size", str(ranks)]
     if virtual > 1:
@@ -207,9 +233,10 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
+    check_precision(view, NAME)
     counts = _counts(view, NAME)
     virtual = view.chunks_per_rank
-    parallel = parallel_words(view)
+    parallel = parallel_words(view) + precision_words(view)
     lines = [f"# megatron-core >= {MEGATRON_VERSION} (Megatron-LM's pretrain_*.py arguments):",
              f"# {_roles_note(view)}"]
     if view.context_parallel > 1:
@@ -250,12 +277,14 @@ def render_uneven(view: PlanView, options: ExportOptions) -> list[str]:
     if view.data_parallel > 1 and view.zero == 2:
         raise view.error("megatron shards data parallelism as its distributed optimizer (ZeRO 1) or with torch's "
                          "FSDP2 (ZeRO 3); the plan was priced under ZeRO 2: solve it with ZeRO 1 or 3 for Megatron")
+    check_precision(view, UNEVEN_NAME)
     recompute, cannot = recompute_words(view)
     return ["# megatron-core (Megatron-LM's pretrain_*.py arguments), for versions without "
             "--pipeline-model-parallel-layout:",
             f"# {_roles_note(view)}",
             *([f"# {cannot}"] if cannot else []),
-            " ".join(shell_word(w) for w in parallel_words(view) + _uneven_words(counts, uneven) + recompute)]
+            " ".join(shell_word(w) for w in parallel_words(view) + precision_words(view)
+                     + _uneven_words(counts, uneven) + recompute)]
 
 
 def _flags(words: list[str], allowed: set[str]) -> dict[str, str]:
@@ -282,9 +311,9 @@ def _with_roles(view: PlanView, counts: list[int]) -> Decoded:
 
 
 def _without_parallel(words: list[str], view: PlanView) -> list[str]:
-    parallel = parallel_words(view)
+    parallel = parallel_words(view) + precision_words(view)
     if words[:len(parallel)] != parallel:
-        raise RenderCheckError(f"the parallel arguments differ from the plan's {parallel}")
+        raise RenderCheckError(f"the parallel and precision arguments differ from the plan's {parallel}")
     return words[len(parallel):]
 
 

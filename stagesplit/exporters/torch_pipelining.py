@@ -22,6 +22,16 @@ What the snippet must get right (each from torch's own behaviour):
   torch refuses selective checkpointing under a split backward ("You are only allowed to
   backward once on any region computed under selective activation checkpoint"), so a
   zero-bubble plan with selective recompute is refused.
+- The plan's precision, where its profile records one other than float32: ``PARAMETER_DTYPE``,
+  which ``build_pipeline`` casts the model to; ``AUTOCAST_DTYPE``, torch's autocast around each
+  stage's forward (``autocast_forwards``: each micro-batch keeps its own casts of the weights for its
+  backward, as an amp capture priced them; one autocast around the whole step would share one cast
+  per weight over its micro-batches, 7% less than priced on Qwen2's first rank); with ``MASTER_WEIGHTS``,
+  ``master_weights`` gives each parameter a float32 gradient (``main_grad``) that every gradient
+  autograd writes is added into and dropped, and a float32 master copy whose gradient it is: the
+  optimizer is made over the masters, and ``copy_masters`` copies them back after its step and
+  zeroes the gradients in place (Megatron's ``--bf16``, as a master-weights capture priced it); a
+  split backward's W writes ``.grad`` itself, so each W adds it into ``main_grad`` as it ends.
 """
 
 from __future__ import annotations
@@ -444,6 +454,89 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
     return lines
 
 
+def precision_lines(view: PlanView) -> list[str]:
+    """The constants that set the plan's precision (none for float32 or an unrecorded one)."""
+    if view.parameter_dtype in ("", "float32") and not view.autocast_dtype:
+        return []
+    lines = [f"PARAMETER_DTYPE = torch.{view.parameter_dtype}   # the precision the plan was priced in, "
+             f"{view.precision_text}: build_pipeline casts the model's parameters to it"]
+    if view.autocast_dtype:
+        lines.append(f"AUTOCAST_DTYPE = torch.{view.autocast_dtype}   # each stage's forward runs under "
+                     "torch.autocast in it (autocast_forwards)")
+    if view.master_weights:
+        lines.append("MASTER_WEIGHTS = True   # float32 gradients and master weights: make the optimizer over "
+                     "master_weights(stages)'s masters, and call copy_masters(pairs) after its step")
+    return lines
+
+
+#: the exported file's ``autocast_forwards`` (an amp plan's step)
+AUTOCAST_LINES: tuple[str, ...] = (
+    "def autocast_forwards(stage, device):",
+    '    """torch.autocast around each of the stage\'s forwards, not its backwards (torch\'s advice), as the capture',
+    "    ran it: each micro-batch's forward casts the weights it uses to AUTOCAST_DTYPE and its backward keeps",
+    '    those casts; leaving the context after each forward drops autocast\'s cache of them."""',
+    "    run = stage.forward_one_chunk",
+    "",
+    "    def forward_one_chunk(*args, **kwargs):",
+    "        with torch.autocast(device_type=torch.device(device).type, dtype=AUTOCAST_DTYPE):",
+    "            return run(*args, **kwargs)",
+    "",
+    "    stage.forward_one_chunk = forward_one_chunk",
+    "", "",
+)
+
+
+#: the exported file's ``master_weights`` and ``copy_masters`` (a master-weights plan's step)
+MASTER_WEIGHT_LINES: tuple[str, ...] = (
+    "def master_weights(stages):",
+    '    """(parameter, float32 master) pairs of this rank\'s stages, as the plan priced its step (Megatron\'s',
+    "    --bf16): each parameter's float32 gradient, `main_grad`, is its master's `.grad`; every gradient",
+    "    autograd writes into the parameter is added into it and dropped at once. Make the optimizer over the",
+    '    masters."""',
+    "    pairs = []",
+    "    for p in {id(p): p for s in stages for p in s.submod.parameters()}.values():",
+    "        if not p.requires_grad:",
+    "            continue",
+    "        master = p.detach().to(torch.float32, copy=True)",
+    "        master.grad = p.main_grad = torch.zeros_like(master)",
+    "",
+    "        def accumulate(param):",
+    "            if param.grad is not None:",
+    "                param.main_grad.add_(param.grad)",
+    "                param.grad = None",
+    "",
+    "        p.register_post_accumulate_grad_hook(accumulate)",
+    "        pairs.append((p, master))",
+    "    for stage in stages:",
+    "        _fold_weight_gradients(stage)",
+    "    return pairs",
+    "", "",
+    "def _fold_weight_gradients(stage):",
+    '    """A split backward (the zero-bubble schedules\' W) writes the weights\' gradients into `.grad` itself, not',
+    '    through autograd\'s accumulation, so no hook sees them: each W adds them into `main_grad` as it ends."""',
+    "    run = stage.backward_weight_one_chunk",
+    "",
+    "    def backward_weight_one_chunk(*args, **kwargs):",
+    "        result = run(*args, **kwargs)",
+    "        for p in stage.submod.parameters():",
+    "            if p.grad is not None and hasattr(p, 'main_grad'):",
+    "                p.main_grad.add_(p.grad)",
+    "                p.grad = None",
+    "        return result",
+    "",
+    "    stage.backward_weight_one_chunk = backward_weight_one_chunk",
+    "", "",
+    "def copy_masters(pairs):",
+    '    """After the optimizer\'s step: each master copied into its parameter, each float32 gradient zeroed in',
+    '    place (it stays allocated, as the plan priced it)."""',
+    "    with torch.no_grad():",
+    "        for p, master in pairs:",
+    "            p.copy_(master)",
+    "            p.main_grad.zero_()",
+    "", "",
+)
+
+
 def render(view: PlanView, options: ExportOptions) -> list[str]:
     p = len(view.stages)
     starts = [s.layers[0] for s in view.stages]
@@ -467,6 +560,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     # Hugging Face causal language model (templates/stage_modules.py says why), else traced
     stack = block_stack(view) if options.training else None
     tensor_parallel = _parallel_lines(view, stack) if options.training else []
+    precision = precision_lines(view) if options.training else []
+    master = options.training and view.master_weights
+    grad = "p.main_grad" if master else "p.grad"
     lines = [*(["import functools", "import re", ""] if selective else []),
              "import torch",
              "import torch.distributed as dist",
@@ -495,8 +591,11 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                    ", and the gradients are freed"),
                 f"# between steps (zero the gradients with zero_grad(set_to_none={view.gradients_set_to_none}))",
                 f"RETURN_OUTPUTS = {view.return_outputs}", f"GRADIENTS_SET_TO_NONE = {view.gradients_set_to_none}"]
-               if options.training else []), "", "",
+               if options.training else []),
+             *precision, "", "",
              *tensor_parallel,
+             *(MASTER_WEIGHT_LINES if master else ()),
+             *(AUTOCAST_LINES if options.training and view.autocast_dtype else ()),
              *(_recompute_lines(recompute, stack is not None) if recompute else []),
              *([
                  "def _no_links_to_self(stage):",
@@ -523,7 +622,9 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
              *(["    The blocks of RECOMPUTE are checkpointed as the plan chose (apply_recompute), once the tied groups",
                 '    are read."""'] if recompute else []),
              "    rank = dist.get_rank(group)",
-             "    mine = STAGES_OF_RANK[rank]"]
+             "    mine = STAGES_OF_RANK[rank]",
+             *(["    model.to(PARAMETER_DTYPE)   # the parameters in the precision the plan was priced in"]
+               if precision else [])]
     if stack:
         wrap = ', wrap=lambda i, block: recompute_block(f"{BLOCKS}.{i}", block)' if recompute else ""
         shards = ", sequence_shards=TENSOR_PARALLEL" if tensor_parallel and view.sequence_parallel else ""
@@ -546,6 +647,8 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
               indent + "stages = [pipe.build_stage(k, device, group) for k in mine]",
               *([indent + "for stage in stages:", indent + "    _no_links_to_self(stage)"] if multi and v_turn else []),
               *([indent + "for k in mine:", indent + "    apply_recompute(modules[k])"] if recompute else [])]
+    if options.training and view.autocast_dtype:
+        lines += ["    for stage in stages:", "        autocast_forwards(stage, device)"]
     if not multi:
         lines.append("    stage, = stages")
     if options.training:
@@ -653,24 +756,26 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     first, last = (("any(s.is_first for s in stages)", "any(s.is_last for s in stages)") if multi
                    else ("stage.is_first", "stage.is_last"))
     if options.training:
+        held = f"{{id(p): p for s in {'stages' if multi else '[stage]'} for p in s.submod.parameters()}}"
         lines += [f"def train_step({stage}, schedule, inputs=None, targets=None):",
                   '    """One forward and backward over a whole batch (N_MICROBATCHES micro-batches), as the plan was',
                   "    priced: the first stage passes `inputs`, the last stage `targets` and gets the micro-batch losses",
                   "    back; the outputs are not kept (RETURN_OUTPUTS). Then call sum_tied_gradients(tied),",
-                  '    optimizer.step() and optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)."""',
+                  *(['    optimizer.step() and copy_masters(pairs)."""'] if master else
+                    ['    optimizer.step() and optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)."""']),
                   "    losses = []",
                   f"    args = (inputs,) if {first} else ()",
                   f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
+                  f"    held = {held}",
                   "    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)",
                   "    # the mean over the micro-batches of each one's mean loss: each gradient divided once",
-                  f"    held = {{id(p): p for s in {'stages' if multi else '[stage]'} for p in s.submod.parameters()}}",
                   "    for p in held.values():",
-                  "        if p.grad is not None:",
-                  "            p.grad.div_(N_MICROBATCHES)",
+                  *(["        if hasattr(p, 'main_grad'):", f"            {grad}.div_(N_MICROBATCHES)"] if master else
+                    [f"        if {grad} is not None:", f"            {grad}.div_(N_MICROBATCHES)"]),
                   *(["    # a module held whole on each tensor-parallel rank but run on its own heads: its parts summed",
                      "    for p in _MESH['summed']:",
-                     "        if id(p) in held and p.grad is not None:",
-                     "            dist.all_reduce(p.grad, group=_MESH['mesh']['tp'].get_group())"]
+                     f"        if id(p) in held and {grad} is not None:",
+                     f"            dist.all_reduce({grad}, group=_MESH['mesh']['tp'].get_group())"]
                     if view.tensor_parallel > 1 else []),
                   "    return losses", "", "",
                   "def sum_tied_gradients(tied):",
@@ -678,7 +783,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   "    for process_group, copies in tied:",
                   "        if not copies:",
                   "            continue",
-                  "        grads = [p.grad if p.grad is not None else torch.zeros_like(p) for p in copies]",
+                  f"        grads = [{grad} if {grad} is not None else torch.zeros_like(p) for p in copies]",
                   "        # tensor parallelism: a gradient laid out as its parameter is (an embedding's comes whole)",
                   "        grads = [g.redistribute(g.device_mesh, p.placements) if hasattr(p, 'placements') else g",
                   "                 for g, p in zip(grads, copies)]",
@@ -687,20 +792,24 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   "            # a tensor-parallel parameter's gradient is a DTensor: its own shard summed over the pipeline",
                   "            dist.all_reduce(total.to_local() if hasattr(total, 'to_local') else total, group=process_group)",
                   "        for p in copies:",
-                  "            p.grad = total.clone()", "", ""]
+                  *(["            p.main_grad.copy_(total)"] if master else ["            p.grad = total.clone()"]),
+                  "", ""]
     else:
         lines += [f"def run_step({stage}, schedule, inputs=None):",
                   '    """One forward over a whole batch: the first stage passes `inputs`; the last gets the outputs."""',
                   f"    return schedule.step(inputs) if {first} else schedule.step()", "", ""]
     step = (f"losses = train_step({stage}, schedule, inputs, targets); sum_tied_gradients(tied); optimizer.step(); "
-            "optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)"
+            + ("copy_masters(pairs)" if master else "optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)")
             if options.training else f"outputs = run_step({stage}, schedule, inputs)")
     procs = len(plan_ranks)
+    stages_list = "stages" if multi else "[stage]"
     lines += [f"# on every rank (torchrun --nproc-per-node {procs} ...), with the whole model built on each:",
               f"#   {stage}, schedule, tied = build_pipeline({model}, example_microbatch, device"
               f"{', loss_fn' if options.training else ''})",
-              "#   optimizer = torch.optim.AdamW(list({id(p): p for s in " + ("stages" if multi else "[stage]")
-              + " for p in s.submod.parameters()}.values()))" if options.training else "#",
+              *([f"#   pairs = master_weights({stages_list})",
+                 "#   optimizer = torch.optim.AdamW([master for _, master in pairs])"] if master else
+                ["#   optimizer = torch.optim.AdamW(list({id(p): p for s in " + stages_list
+                 + " for p in s.submod.parameters()}.values()))" if options.training else "#"]),
               f"#   {step}"]
     return lines
 

@@ -20,6 +20,14 @@ file to append after the trainer's own module and config arguments.
   less than the plan counted. Without recompute in the plan the word is not written: torchtitan's
   default (``selective``) then applies, which one comment line says.
 
+The plan's precision, where its profile records one (``precision_words``): float32 as
+``--training.dtype float32 --training.mixed_precision_param float32`` (torchtitan's default
+casts the parameters to bfloat16 under FSDP2); bfloat16 parameters, gradients and optimizer state
+as ``--training.dtype bfloat16``; bfloat16 compute on float32 weights (master weights, or
+autocast) as FSDP2's mixed precision, ``--training.mixed_precision_param bfloat16
+--training.mixed_precision_reduce float32``, the only way torchtitan runs it beside a pipeline:
+without FSDP2 it trains such a plan in float32, so that is refused in one line, as float16 is.
+
 torchtitan refuses pipeline parallelism for models with tied weights (``enable_weight_tying``:
 "Weight tying is not supported with Pipeline Parallel."); so does this export when it is told
 of tied parameters.
@@ -48,6 +56,9 @@ EMBEDDING_FQN = "tok_embeddings"
 HEAD_FQNS = ("norm", "lm_head")
 #: torchtitan's activation checkpointing subcommand (``Trainer.Config.activation_checkpoint``)
 AC_SUBCOMMAND = "activation-checkpoint"
+#: torchtitan's precision flags (``Trainer.Config.training``)
+DTYPE, MIXED_PARAM, MIXED_REDUCE = "--training.dtype", "--training.mixed_precision_param", \
+    "--training.mixed_precision_reduce"
 #: torchtitan's batch flags: samples per data-parallel rank and step, and per step in all
 LOCAL_BATCH = "--training.local_batch_size"
 GLOBAL_BATCH = "--training.global_batch_size"
@@ -119,10 +130,42 @@ def layout_words(view: PlanView) -> list[str]:
     return words
 
 
+def _fsdp(view: PlanView) -> bool:
+    """Whether torchtitan shards the plan's parameters with FSDP2 (which is what applies its mixed precision)."""
+    return view.context_parallel > 1 or (view.data_parallel > 1 and view.zero == 3)
+
+
+def precision_words(view: PlanView) -> tuple[list[str], str]:
+    """The flags that run the plan's precision (none where its profile records none) and, where
+    torchtitan runs it with other memory than priced, one line saying how; a precision torchtitan
+    cannot run beside a pipeline is refused."""
+    if not view.parameter_dtype:
+        return [], ""
+    if view.parameter_dtype == "float16" or view.autocast_dtype == "float16":
+        raise view.error(f"torchtitan trains in bfloat16 or float32, and the plan was priced in {view.precision_text}: "
+                         "capture it in bfloat16 or float32 for torchtitan")
+    if not view.master_weights and not view.autocast_dtype:
+        if view.parameter_dtype == "bfloat16":
+            return [DTYPE, "bfloat16"], ""
+        return [DTYPE, "float32", MIXED_PARAM, "float32"], ""
+    if not _fsdp(view):
+        raise view.error(f"torchtitan applies mixed precision through FSDP2 only beside a pipeline (its autocast runs "
+                         f"without other parallelism), and the plan was priced in {view.precision_text} without FSDP2: "
+                         "it would train in float32. Solve it with ZeRO 3 for torchtitan, or capture in bfloat16 "
+                         "(torchtitan's --training.dtype bfloat16) or float32")
+    shards = view.data_parallel
+    note = (f"FSDP2 keeps float32 parameter shards and gathers them in bfloat16 for each layer's compute: the plan also "
+            f"counted a bfloat16 copy of each shard, 2/{shards} bytes per parameter more than runs"
+            if view.master_weights else
+            "FSDP2 gathers each layer's parameters in bfloat16 for its compute and frees them after it: the plan "
+            "counted autocast's bfloat16 weight copies kept for the backward, more than runs")
+    return [DTYPE, "float32", MIXED_PARAM, "bfloat16", MIXED_REDUCE, "float32"], note
+
+
 def _words(view: PlanView, options: ExportOptions) -> list[str]:
     schedule = SCHEDULES[schedule_class(view, True, NAME)]
     mode, _ = activation_checkpoint(view)
-    return [*layout_words(view), "--parallelism.pipeline_parallel_degree", str(view.ranks),
+    return [*layout_words(view), *precision_words(view)[0], "--parallelism.pipeline_parallel_degree", str(view.ranks),
             "--parallelism.pipeline_parallel_schedule", schedule,
             "--parallelism.module_fqns_per_model_part", *(",".join(g) for g in module_groups(view)),
             "--parallelism.pipeline_parallel_microbatch_size", str(view.samples_per_micro_batch),
@@ -159,6 +202,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
     note = ("the plan's " + "; ".join(roles) + "; " if roles else
             "tok_embeddings joins the first stage and norm, lm_head the last; ") + \
         "the other plan layers are torchtitan's layers.0, layers.1, ... in order"
+    _, precision = precision_words(view)
     mode, cannot = activation_checkpoint(view)
     if mode is None:
         checkpointing = ("# the plan recomputes no activation; torchtitan's default activation checkpointing is "
@@ -176,6 +220,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
             "the plan was solved: scale both together",
             "# torchtitan refuses pipeline parallelism for models with tied embeddings (enable_weight_tying)",
             checkpointing,
+            *([f"# {precision}"] if precision else []),
             " ".join(shell_word(w) for w in _words(view, options))]
 
 
@@ -202,6 +247,10 @@ def read_back(words: list[str], view: PlanView, options: ExportOptions) -> Decod
               flag.rpartition(".")[2] in _LAYOUT_FIELDS for w in (flag, *values)]
     if layout != layout_words(view):
         raise RenderCheckError(f"the parallel degrees {layout} differ from the plan's {layout_words(view)}")
+    precision = [w for flag, values in flags.items() if flag in (DTYPE, MIXED_PARAM, MIXED_REDUCE)
+                 for w in (flag, *values)]
+    if precision != precision_words(view)[0]:
+        raise RenderCheckError(f"the precision flags {precision} differ from the plan's {precision_words(view)[0]}")
     groups = [g.split(",") for g in flags.get("--parallelism.module_fqns_per_model_part", [])]
     degree = [int(x) for x in flags.get("--parallelism.pipeline_parallel_degree", ["0"])]
     if degree != [view.ranks] or len(groups) != view.ranks * view.chunks_per_rank:

@@ -36,7 +36,14 @@ from .compactformat import (
     column_for,
     header_bytes,
 )
-from .documents import grouping_from_record, grouping_record, layout_from_record, layout_record
+from .documents import (
+    grouping_from_record,
+    grouping_record,
+    layout_from_record,
+    layout_record,
+    precision_from_record,
+    precision_record,
+)
 from .profile import (
     ROLES,
     GroundTruth,
@@ -82,6 +89,8 @@ def profile_header(p: Profile) -> bytes:
         info["layer_grouping"] = grouping_record(p.info.layer_grouping)
     if p.info.parallel_layout is not None:         # optional: the parallel layout of a captured rank
         info["parallel_layout"] = layout_record(p.info.parallel_layout)
+    if p.info.precision is not None:               # optional: the precision a capture ran in
+        info["precision"] = precision_record(p.info.precision)
     return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
 
 
@@ -367,7 +376,9 @@ def _read(a: _Arrays) -> Profile:
                                        if info_spec.get("layer_grouping") is not None else None),
                        parallel_layout=(layout_from_record(info_spec["parallel_layout"], r,
                                                            "header.info.parallel_layout")
-                                        if info_spec.get("parallel_layout") is not None else None))
+                                        if info_spec.get("parallel_layout") is not None else None),
+                       precision=(precision_from_record(info_spec["precision"], r, "header.info.precision")
+                                  if info_spec.get("precision") is not None else None))
     compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")

@@ -9,19 +9,22 @@ from typing import Any
 from ..common.fields import FieldReader
 from ..common.limits import MAX_BYTES, MAX_COMPUTE
 from .profile import (
+    AUTOCAST_DTYPES,
     COLLECTIVE_GROUPS,
     COLLECTIVE_KINDS,
+    PARAMETER_DTYPES,
     PHASE_LABELS,
     Collective,
     LayerGrouping,
     ParallelLayout,
     ProfileInfo,
     Target,
+    TrainingPrecision,
 )
 from .targets import known_targets, target_from_mapping
 
 __all__ = ["byte_count", "compute_figure", "grouping_from_record", "grouping_record", "layout_from_record",
-           "layout_record", "read_info", "read_target"]
+           "layout_record", "precision_from_record", "precision_record", "read_info", "read_target"]
 
 _GROUPING_KEYS = {"method", "layer_regex", "first_layer_regex", "last_layer_regex", "call_regex", "order", "layers",
                   "traced_stages"}
@@ -65,7 +68,30 @@ def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
         layer_grouping=(grouping_from_record(doc["layer_grouping"], r, "layer_grouping")
                         if doc.get("layer_grouping") is not None else None),
         parallel_layout=(layout_from_record(doc["parallel_layout"], r, "parallel_layout")
-                         if doc.get("parallel_layout") is not None else None))
+                         if doc.get("parallel_layout") is not None else None),
+        precision=(precision_from_record(doc["precision"], r, "precision")
+                   if doc.get("precision") is not None else None))
+
+
+def precision_record(precision: TrainingPrecision) -> dict[str, Any]:
+    """``TrainingPrecision`` as the JSON object both file formats store (the info's ``precision``)."""
+    doc: dict[str, Any] = {"parameters": precision.parameters}
+    if precision.autocast:
+        doc["autocast"] = precision.autocast
+    if precision.master_weights:
+        doc["master_weights"] = True
+    return doc
+
+
+def precision_from_record(value: Any, r: FieldReader, path: str) -> TrainingPrecision:
+    """The ``TrainingPrecision`` a ``precision`` object describes, every field checked (their
+    combination by the profile's validation)."""
+    r.mapping(value, path)
+    r.known_keys(value, path, {"parameters", "autocast", "master_weights"})
+    return TrainingPrecision(
+        parameters=r.choice(r.get(value, "parameters", path), f"{path}.parameters", PARAMETER_DTYPES),
+        autocast=r.choice(value.get("autocast", ""), f"{path}.autocast", ("", *AUTOCAST_DTYPES)),
+        master_weights=r.boolean(value.get("master_weights", False), f"{path}.master_weights"))
 
 
 def grouping_record(g: LayerGrouping) -> dict[str, Any]:

@@ -23,7 +23,7 @@ from ..common.limits import MAX_STEPS
 from ..common.safeinput import InputFile, load_json
 from ..errors import ProfileError
 from .builder import ProfileBuilder
-from .documents import grouping_record, layout_record, read_info, read_target
+from .documents import grouping_record, layout_record, precision_record, read_info, read_target
 from .layerform import profile_from_layer_document
 from .profile import COMPUTE_UNITS, PHASE_LABELS, ROLES, GroundTruth, Phase, Profile, Target
 
@@ -35,7 +35,7 @@ VERSION = 1
 
 _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
              "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth",
-             "layer_grouping", "parallel_layout"}
+             "layer_grouping", "parallel_layout", "precision"}
 _VAR_KEYS = {"name", "bytes", "tile", "live", "role"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
 _OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute",
@@ -290,6 +290,8 @@ def profile_to_document(profile: Profile, lazy: bool = False) -> dict:
         doc["layer_grouping"] = grouping_record(p.info.layer_grouping)
     if p.info.parallel_layout is not None:
         doc["parallel_layout"] = layout_record(p.info.parallel_layout)
+    if p.info.precision is not None:
+        doc["precision"] = precision_record(p.info.precision)
     v = p.variables
     intervals = p.liveness.intervals
     class_lists = [intervals[c].tolist() for c in range(len(intervals))]

@@ -24,7 +24,8 @@ from ..errors import ProfileError
 
 __all__ = ["COLLECTIVE_GROUPS", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
            "Liveness", "Operations", "PHASE_LABELS", "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs",
-           "ROLES", "Ragged", "Target", "TileCosts", "Variables", "VertexCode", "narrowest_int"]
+           "ROLES", "Ragged", "Target", "TileCosts", "TrainingPrecision", "Variables", "VertexCode",
+           "narrowest_int", "PARAMETER_DTYPES", "AUTOCAST_DTYPES"]
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
@@ -381,6 +382,31 @@ class ParallelLayout:
 #: the mesh dimensions a recorded collective may span
 COLLECTIVE_GROUPS = ("tp", "cp", "ep")
 
+#: the dtypes a captured step's parameters may be held in, and the ones autocast may compute in
+PARAMETER_DTYPES = ("float32", "bfloat16", "float16")
+AUTOCAST_DTYPES = ("bfloat16", "float16")
+
+
+@dataclass(frozen=True)
+class TrainingPrecision:
+    """How the captured step held its numbers, which the exports must set for the program that runs
+    to be the one priced: parameters in ``parameters``; under ``autocast`` (a dtype, "" for none)
+    torch's autocast computes in it; with ``master_weights`` each gradient is accumulated in a
+    float32 copy and the optimizer updates float32 master weights (Megatron's ``--bf16``,
+    DeepSpeed's ``bf16``)."""
+
+    parameters: str = "float32"
+    autocast: str = ""
+    master_weights: bool = False
+
+    def describe(self) -> str:
+        """The precision in words, as the capture's description says it."""
+        if self.autocast:
+            return f"amp ({self.autocast} autocast, {self.parameters} parameters)"
+        if self.master_weights:
+            return f"{self.parameters} parameters with float32 gradients and master weights"
+        return self.parameters
+
 
 @dataclass
 class ProfileInfo:
@@ -396,6 +422,8 @@ class ProfileInfo:
     layer_grouping: LayerGrouping | None = None
     #: the parallel layout of the rank the profile holds (captures at a tensor-parallel degree), or None
     parallel_layout: ParallelLayout | None = None
+    #: the precision the step was captured in (a capture records it), or None where unknown
+    precision: TrainingPrecision | None = None
     #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
     #: read (None for a profile built in memory)
     sha256: str | None = field(default=None, compare=False)
@@ -566,6 +594,8 @@ def _validate(p: Profile, source: str | None) -> None:
         _validate_grouping(p.info.layer_grouping, source)
     if p.info.parallel_layout is not None:
         _validate_layout(p.info.parallel_layout, p.num_steps, source)
+    if p.info.precision is not None:
+        _validate_precision(p.info.precision, source)
 
     gt = p.ground_truth
     if gt is not None:
@@ -599,6 +629,20 @@ def _validate_grouping(g: LayerGrouping, source: str | None) -> None:
         seen.add(name)
         if path is not None and (not isinstance(path, str) or not path):
             raise ProfileError(source, f"{where}.layers[{i}].module_path", "a non-empty string or null", path)
+
+
+def _validate_precision(precision: TrainingPrecision, source: str | None) -> None:
+    where = "precision"
+    if precision.parameters not in PARAMETER_DTYPES:
+        raise ProfileError(source, f"{where}.parameters", "one of " + ", ".join(PARAMETER_DTYPES), precision.parameters)
+    if precision.autocast not in ("", *AUTOCAST_DTYPES):
+        raise ProfileError(source, f"{where}.autocast", "one of " + ", ".join(AUTOCAST_DTYPES) + " (or absent)",
+                           precision.autocast)
+    if not isinstance(precision.master_weights, bool):
+        raise ProfileError(source, f"{where}.master_weights", "true or false", precision.master_weights)
+    if precision.master_weights and (precision.parameters == "float32" or precision.autocast):
+        raise ProfileError(source, f"{where}.master_weights", "false with float32 parameters or autocast (master "
+                           "weights are float32 copies of low-precision parameters)", precision.master_weights)
 
 
 def _validate_layout(layout: ParallelLayout, steps: int, source: str | None) -> None:

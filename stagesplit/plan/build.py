@@ -45,6 +45,7 @@ def plan_profile(model: StageCostModel) -> PlanProfile:
     p = model.profile
     sha = p.info.sha256                                  # hashed from the bytes as they were read
     layout = p.info.parallel_layout
+    precision = p.info.precision
     if sha is None and p.info.path is not None:
         sha = file_sha256(p.info.path)
     return PlanProfile(name=p.info.name, source=p.info.source, synthetic=p.info.synthetic, target=p.target.name,
@@ -55,7 +56,10 @@ def plan_profile(model: StageCostModel) -> PlanProfile:
                        tensor_parallel_styles=tuple(layout.styles) if layout is not None else (),
                        sequence_parallel_additions=tuple(layout.additions) if layout is not None else (),
                        context_parallel=layout.context_parallel if layout is not None else 1,
-                       expert_parallel=layout.expert_parallel if layout is not None else 1)
+                       expert_parallel=layout.expert_parallel if layout is not None else 1,
+                       parameter_dtype=precision.parameters if precision is not None else "",
+                       autocast_dtype=precision.autocast if precision is not None else "",
+                       master_weights=precision.master_weights if precision is not None else False)
 
 
 def _rounded(seconds: float | None) -> float | None:

@@ -27,7 +27,7 @@ from ..common.limits import MAX_MICRO_BATCHES, MAX_PLAN_FIGURE
 from ..common.safeinput import read_document
 from ..common.text import show
 from ..errors import StagesplitError
-from ..io.profile import Target
+from ..io.profile import AUTOCAST_DTYPES, PARAMETER_DTYPES, Target
 from ..io.targets import known_targets, target_from_mapping, target_record
 from ..model.stagememory import MemoryBreakdown
 from ..model.tied import TiedParameter
@@ -187,6 +187,13 @@ def _profile_document(profile: PlanProfile) -> dict[str, Any]:
         del doc["context_parallel"]
     if profile.expert_parallel == 1:
         del doc["expert_parallel"]
+    if not profile.parameter_dtype:                  # a profile that records no precision
+        del doc["parameter_dtype"], doc["autocast_dtype"], doc["master_weights"]
+    else:
+        if not profile.autocast_dtype:
+            del doc["autocast_dtype"]
+        if not profile.master_weights:
+            del doc["master_weights"]
     if profile.one_tile:
         doc = {("device_bytes" if k == "bytes_per_tile" else k): v for k, v in doc.items() if k != "tiles"}
     return doc
@@ -459,7 +466,22 @@ def _profile(r: FieldReader, value: Any, version: int) -> PlanProfile:
                        sequence_parallel_additions=_styles(r, p.get("sequence_parallel_additions", []),
                                                            "profile.sequence_parallel_additions"),
                        context_parallel=r.integer(p.get("context_parallel", 1), "profile.context_parallel", minimum=1),
-                       expert_parallel=r.integer(p.get("expert_parallel", 1), "profile.expert_parallel", minimum=1))
+                       expert_parallel=r.integer(p.get("expert_parallel", 1), "profile.expert_parallel", minimum=1),
+                       **_precision(r, p))
+
+
+def _precision(r: FieldReader, p: dict[str, Any]) -> dict[str, Any]:
+    """The profile's precision fields, checked alone and together (as a profile's ``precision``)."""
+    parameters = r.choice(p.get("parameter_dtype", ""), "profile.parameter_dtype", ("", *PARAMETER_DTYPES))
+    autocast = r.choice(p.get("autocast_dtype", ""), "profile.autocast_dtype", ("", *AUTOCAST_DTYPES))
+    master = r.boolean(p.get("master_weights", False), "profile.master_weights")
+    if (autocast or master) and not parameters:
+        r.fail("profile.parameter_dtype", "the parameters' dtype where autocast_dtype or master_weights is given",
+               parameters)
+    if master and (parameters == "float32" or autocast):
+        r.fail("profile.master_weights", "false with float32 parameters or autocast (master weights are float32 "
+               "copies of low-precision parameters)", master)
+    return {"parameter_dtype": parameters, "autocast_dtype": autocast, "master_weights": master}
 
 
 def _styles(r: FieldReader, value: Any, path: str) -> tuple[tuple[str, str], ...]:

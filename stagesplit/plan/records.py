@@ -146,6 +146,12 @@ class PlanProfile:
     context_parallel: int = 1
     #: the profile is one rank of this many expert-parallel ranks (1/ep of the routed experts)
     expert_parallel: int = 1
+    #: the precision the profile's step was captured in (io/profile.py's ``TrainingPrecision``): the
+    #: parameters' dtype ("" where the profile does not record it), autocast's ("" for none), and
+    #: float32 gradients and master weights; the exports set them so that what runs is what was priced
+    parameter_dtype: str = ""
+    autocast_dtype: str = ""
+    master_weights: bool = False
 
     @property
     def one_tile(self) -> bool:

@@ -179,17 +179,14 @@ def _solver(problem: ChunkProblem, remaining: float, recompute: bool) -> Any:   
     if not recompute:               # with recompute variables, the LP bound is what proves
         solver.parameters.linearization_level = 0
         solver.parameters.cp_model_probing_level = 0
-    elif problem.num_layers > _PRESOLVED_LAYERS:
-        # CP-SAT's presolve of the recompute prefixes' range lookups ((L + 1)^2 entries each) neither
-        # stops at the time limit nor at a memory limit on deep models: on the Llama-3.1-405B shape
-        # (126 layers, 2 chunks) it ran 135 to 180 s past a 20 s limit and took 8 GB; without it the
-        # same model was solved and proven in 7 s and 0.57 GB (benchmarks/bench_layouts.py)
-        solver.parameters.cp_model_presolve = False
+    # CP-SAT's presolve stays on with recompute variables, on deep models too. It was off above 64
+    # layers while the range lookups had (L + 1)^2 entries: on the Llama-3.1-405B shape (126 layers, 2
+    # chunks) it ran minutes past a 20 s limit and took 8 GB. Over the ranges a chunk may hold
+    # (``_chunk_ranges``, ``_prefix_pairs``) it is what keeps deep models small: the model loaded
+    # without it expands every lookup, and the 405B's TP 8 rank in 64 chunks (interleaved 1F1B)
+    # took 1.8 GB in 60 s, 0.75 GB with it; its 2-chunk split is proven in 7 s with it, unproven in
+    # 20 s without (benchmarks/bench_layouts.py, docs/benchmarks.md)
     return solver
-
-
-#: the depth above which a model with recompute variables is searched without CP-SAT's presolve
-_PRESOLVED_LAYERS = 64
 
 
 def _solve_round(search: _Search, tables: ModelTables, built: ChunkModel, remaining: float) -> bool:

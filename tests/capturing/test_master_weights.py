@@ -139,3 +139,24 @@ def test_master_weights_with_amp_is_refused(tmp_path, capsys):
     assert main(["capture", "examples/gpt.py:build", "--master-weights", "--amp", "-o", str(out)]) == 2
     err = capsys.readouterr().err.strip()
     assert err.count("\n") == 0 and "master_weights" in err and "without amp" in err and not out.exists()
+
+
+def test_the_capture_s_precision_reaches_the_exports(capsys, tmp_path):
+    """The user's path: a master-weights capture records its precision, the plan carries it, and the
+    Megatron export trains it with --bf16 (an amp capture's plan is refused there: Megatron has no autocast)."""
+    from stagesplit.io import load_profile
+    for option, flags in (("--master-weights", ["--bf16"]), ("--amp", None)):
+        profile, plan = tmp_path / "p.stagesplit", tmp_path / "plan.json"
+        assert main(["capture", "examples/gpt.py:build", option, "-o", str(profile)]) == 0
+        recorded = load_profile(profile).info.precision
+        assert (recorded.parameters, recorded.autocast, recorded.master_weights) == \
+            (("bfloat16", "", True) if flags else ("float32", "bfloat16", False))
+        assert main(["solve", str(profile), "--devices", "2", "--schedule", "1f1b", "--micro-batches", "4",
+                     "--out", str(plan)]) == 0
+        capsys.readouterr()
+        code = main(["export", str(plan), "--to", "megatron"])
+        out, err = capsys.readouterr()
+        if flags:
+            assert code == 0 and "--bf16" in out.split(), err
+        else:
+            assert code == 2 and "amp (bfloat16 autocast, float32 parameters), which Megatron has no mode for" in err

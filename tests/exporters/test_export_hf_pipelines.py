@@ -73,3 +73,33 @@ def test_exported_pipelines_run_and_every_rank_is_within_tolerance(tmp_path):
         if max(map(abs, r.errors)) > TOLERANCE:
             failures.append(f"{where}: ranks {[f'{100 * e:+.2f}%' for e in r.errors]}")
     assert not failures, "\n".join(failures)
+
+
+#: the precisions' cases: a master-weights capture (Megatron's --bf16: bfloat16 parameters, float32 main_grad and
+#: masters) of Llama under 1F1B and of GPT-2 (tied embedding: its copies' float32 gradients summed) under ZBV's
+#: split backward; an amp capture (float32 parameters under bfloat16 autocast, around each forward) of Qwen2 under
+#: 1F1B and of GPT-2 under ZBV
+PRECISION_CASES = (("llama+master", "1f1b", 2), ("gpt2+master", "zbv", 2), ("qwen2+amp", "1f1b", 2),
+                   ("gpt2+amp", "zbv", 2))
+
+
+def test_exported_precisions_run_as_priced(tmp_path):
+    """The export sets the capture's precision (PARAMETER_DTYPE, MASTER_WEIGHTS with master_weights and
+    copy_masters, AUTOCAST_DTYPE), and the program it writes, run as its comments say on 2 processes, is within
+    TOLERANCE of the plan on every rank; its loss and gradients are the float32 model's to bfloat16's precision."""
+    pytest.importorskip("transformers")
+    import exported_matrix
+    rows = exported_matrix.run_matrix(PRECISION_CASES, tmp_path)
+    codes = {r.family: (tmp_path / f"{r.family}-{r.schedule}-{r.devices}-{exported_matrix.SCHEDULES[r.schedule]}.py")
+             .read_text() for r in rows}
+    assert "MASTER_WEIGHTS = True" in codes["llama+master"] and "PARAMETER_DTYPE = torch.bfloat16" in \
+        codes["llama+master"] and "AUTOCAST_DTYPE" not in codes["llama+master"]
+    assert "AUTOCAST_DTYPE = torch.bfloat16" in codes["qwen2+amp"] and "MASTER_WEIGHTS" not in codes["qwen2+amp"]
+    failures = []
+    for r in rows:
+        where = f"{r.family} {r.schedule} P={r.devices} M={r.micro_batches} split {r.split}"
+        assert abs(r.loss - r.reference_loss) <= 2e-2 * abs(r.reference_loss), where
+        assert r.gradient_error <= 1e-1, where
+        if max(map(abs, r.errors)) > TOLERANCE:
+            failures.append(f"{where}: ranks {[f'{100 * e:+.2f}%' for e in r.errors]}")
+    assert not failures, "\n".join(failures)
