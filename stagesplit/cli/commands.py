@@ -462,6 +462,9 @@ def _no_layout_options(args: argparse.Namespace, what: str) -> None:
     for dest, flag, default in _LAYOUT_ONLY:
         if getattr(args, dest) != default:
             raise StagesplitError(f"{flag}: an option of the layout search ({what})")
+    if "," in (args.schedule or ""):
+        raise StagesplitError(f"--schedule: several schedules are the layout search's ({what}); without it give one "
+                              "(auto tries each)")
 
 
 def cmd_layouts(args: argparse.Namespace) -> int:

@@ -139,10 +139,15 @@ def _solve_option(g: Any, name: str, help: str | None = None, several: bool = Fa
 
 
 def _solve_options(g: Any, group: str, skip: tuple[str, ...] = ()) -> None:
-    """Every declared solve option of ``group`` that has a flag, in the order declared."""
+    """Every declared solve option of ``group`` that has a flag, in the order declared; the schedule
+    takes a list separated by commas, for the layout search (--layout auto, sweep --gpus) only."""
     for o in api.SOLVE_OPTIONS:
         if o.group == group and o.flag and o.name not in skip:
-            _solve_option(g, o.name)
+            several = o.name == "schedule"
+            _solve_option(g, o.name, several=several,
+                          help=flag_text(o.help_text) + "; several separated by commas (e.g. 1f1b,interleaved-1f1b) "
+                          "with --layout auto or --gpus: each combination of the layout search under each"
+                          if several else None)
 
 
 def _several_of(choices: tuple[str, ...]) -> Callable[[str], str]:

@@ -733,6 +733,19 @@ def test_several_schedules_are_each_combinations_own_items(seed, tmp_path, capsy
     if best.pp > 1:
         assert best.describe().endswith(", " + best.schedule + (f" x{best.chunks_per_rank}"
                                                                if best.chunks_per_rank > 1 else ""))
+    # solve --layout auto and sweep --gpus take the list too: the plan is the best item's, under its schedule
+    plan = tmp_path / "plan.json"
+    code, out, _ = run_cli(capsys, "solve", path, "--layout", "auto", *base[2:], "--schedule", "1f1b,interleaved-1f1b",
+                           "--out", plan)
+    assert code == 0 and f"best: {best.describe()}\n" in out
+    written = json.loads(plan.read_text())["schedule"]
+    assert (written["kind"], written["chunks_per_rank"], written["micro_batches"]) == \
+        (best.schedule if best.pp > 1 else "1f1b", max(best.chunks_per_rank, 1), best.micro_batches)
+    code, out, _ = run_cli(capsys, "sweep", path, "--gpus", f"{gpus}..{gpus}", *base[4:], "--schedule",
+                           "1f1b,interleaved-1f1b", "--format", "json")
+    swept = json.loads(out)["rows"][0]["layouts"]
+    assert code == 0 and swept["schedule"] == "1f1b,interleaved-1f1b"
+    assert swept["best"]["step_s"] == pytest.approx(both.best.step_s)
 
 
 def test_a_schedule_list_with_auto_or_an_unknown_name_is_refused(stack, tmp_path, capsys):
@@ -747,3 +760,11 @@ def test_a_schedule_list_with_auto_or_an_unknown_name_is_refused(stack, tmp_path
     code, out, err = run_cli(capsys, "layouts", path, "--gpus", 4, "--global-batch", 32, "--target", "h100-80gb",
                              "--schedule", "1f1b,zigzag")
     assert code == 2 and out == "" and err.count("\n") == 1 and "--schedule" in err and "zigzag" in err
+    # solve and sweep without the layout search take one schedule: a list is refused there, saying whose it is
+    for command in (("solve", path, "--devices", 2), ("sweep", path, "--devices", "2..4")):
+        code, out, err = run_cli(capsys, *command, "--schedule", "1f1b,zbv")
+        assert code == 2 and out == "" and err.count("\n") == 1, err
+        assert "several schedules are the layout search's" in err and "give one" in err
+    code, out, err = run_cli(capsys, "solve", path, "--layout", "auto", "--gpus", 4, "--global-batch", 32,
+                             "--target", "h100-80gb", "--schedule", "1f1b,auto")
+    assert code == 2 and "auto searches every schedule itself" in err, err
