@@ -45,6 +45,8 @@ class DataParallelCase:
     mode: str
     reshard_after_forward: bool = True
     groups: Sequence[str] = field(default_factory=tuple)
+    #: FSDP2's mixed precision (bfloat16 parameters for compute, float32 shards and reductions)
+    mixed_precision: bool = False
 
 
 def _run(rank: int, devices: int, case: DataParallelCase, workdir: Path) -> None:
@@ -66,9 +68,14 @@ def _measure(devices: int, case: DataParallelCase) -> dict:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import fully_shard
         mesh = init_device_mesh("cpu", (devices,))
+        policy = {}
+        if case.mixed_precision:
+            from torch.distributed.fsdp import MixedPrecisionPolicy
+            policy = {"mp_policy": MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)}
         for path in case.groups:
-            fully_shard(model.get_submodule(path), mesh=mesh, reshard_after_forward=case.reshard_after_forward)
-        wrapped = fully_shard(model, mesh=mesh)
+            fully_shard(model.get_submodule(path), mesh=mesh, reshard_after_forward=case.reshard_after_forward,
+                        **policy)
+        wrapped = fully_shard(model, mesh=mesh, **policy)
     optimizer = torch.optim.Adam(wrapped.parameters(), lr=0.0)
 
     def step() -> float:

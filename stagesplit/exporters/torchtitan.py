@@ -25,7 +25,8 @@ The plan's precision, where its profile records one (``precision_words``): float
 casts the parameters to bfloat16 under FSDP2); bfloat16 parameters, gradients and optimizer state
 as ``--training.dtype bfloat16``; bfloat16 compute on float32 weights (master weights, or
 autocast) as FSDP2's mixed precision, ``--training.mixed_precision_param bfloat16
---training.mixed_precision_reduce float32``, the only way torchtitan runs it beside a pipeline:
+--training.mixed_precision_reduce float32``, the only way torchtitan runs it beside a pipeline (a
+master-weights plan under ZeRO 3 is priced as it: model/datasharding.py):
 without FSDP2 it trains such a plan in float32, so that is refused in one line, as float16 is.
 
 torchtitan refuses pipeline parallelism for models with tied weights (``enable_weight_tying``:
@@ -153,10 +154,8 @@ def precision_words(view: PlanView) -> tuple[list[str], str]:
                          f"without other parallelism), and the plan was priced in {view.precision_text} without FSDP2: "
                          "it would train in float32. Solve it with ZeRO 3 for torchtitan, or capture in bfloat16 "
                          "(torchtitan's --training.dtype bfloat16) or float32")
-    shards = view.data_parallel
-    note = (f"FSDP2 keeps float32 parameter shards and gathers them in bfloat16 for each layer's compute: the plan also "
-            f"counted a bfloat16 copy of each shard, 2/{shards} bytes per parameter more than runs"
-            if view.master_weights else
+    # a master-weights plan under ZeRO 3 was priced as FSDP2's mixed precision (model/datasharding.py)
+    note = ("" if view.master_weights else
             "FSDP2 gathers each layer's parameters in bfloat16 for its compute and frees them after it: the plan "
             "counted autocast's bfloat16 weight copies kept for the backward, more than runs")
     return [DTYPE, "float32", MIXED_PARAM, "bfloat16", MIXED_REDUCE, "float32"], note

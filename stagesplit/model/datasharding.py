@@ -25,6 +25,12 @@ torch's DDP and FSDP2 sources and written out with their reasons in docs/layouts
   unsharded gradients (``P``, during its backward) and its reduce-scatter input (``P``, from the
   end of its backward to the end of the next group's, torch keeping one such buffer in flight).
 
+With float32 master weights (a profile captured in that precision, ``precision.master_weights``),
+``zero 3`` is FSDP2's mixed precision (``MixedPrecisionPolicy(param_dtype=bfloat16,
+reduce_dtype=float32)``, torchtitan's default, Megatron's ``--use-torch-fsdp2 --bf16``): its sharded
+parameter is the float32 master, so a parameter that has a master keeps no low-precision shard;
+the groups' unsharded parameters and all-gathers are the low-precision ones, as captured.
+
 ``ceil(bytes/dp)`` is rank 0's share, the largest: FSDP2 pads each parameter's first dimension to a
 multiple of ``dp``, so rank 0 holds ``ceil(rows/dp)`` rows (exact for the bytes when ``dp`` divides
 the rows). A profile whose parameters, gradients and state are all multiples of 512 bytes was
@@ -295,6 +301,7 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
         bounds = _layer_bounds(profile, layers)
         params = role == _PARAM
         nbytes[params] = _share(nbytes[params], dp, unit)
+        nbytes[_with_masters(profile, params)] = 0
         _fsdp_buffers(profile, layers, layout, bounds, param_of_layer, v.bytes[params & (group == _ROOT)].sum(),
                       _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add)
         return _rebuild(profile, nbytes, add)
@@ -322,9 +329,29 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
 
     params = role == _PARAM
     nbytes[params] = _share(nbytes[params], dp, unit)
+    nbytes[_with_masters(profile, params)] = 0
     _fsdp_buffers(profile, layers, layout, bounds, param_of_layer, v.bytes[params & (group == _ROOT)].sum(),
                   _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add)
     return _rebuild(profile, nbytes, add)
+
+
+def _with_masters(profile: Profile, params: np.ndarray) -> np.ndarray:
+    """The parameters (of mask ``params``) that have a float32 master copy (a state named after them,
+    ``NAME.master``) in a profile captured with master weights: FSDP2's mixed precision shards the
+    float32 parameter itself, and holds no low-precision shard of it."""
+    precision = profile.info.precision
+    out = np.zeros(len(params), bool)
+    if precision is None or not precision.master_weights:
+        return out
+    v = profile.variables
+    assert v.role is not None                     # shard_profile refuses a profile without roles
+    names = profile.names
+    masters = {names[n][:-len(".master")] for n in v.name[np.asarray(v.role) == _STATE]
+               if n >= 0 and names[n].endswith(".master")}
+    for i in np.flatnonzero(params):
+        n = int(v.name[i])
+        out[i] = n >= 0 and names[n].split(" [")[0] in masters
+    return out
 
 
 @dataclass

@@ -167,9 +167,8 @@ def test_torchtitan_words_carry_the_precision(capsys, tmp_path, precision, dp, z
     at = line.index("--parallelism.pipeline_parallel_degree")
     assert line[at - len(words):at] == words
     assert not {_DTYPE, _PARAM, _REDUCE} & set(line[:at - len(words)] + line[at:])
-    if precision == "master":        # the bytes FSDP2 does not hold: a bfloat16 shard of 1/4 of each parameter
-        assert "# FSDP2 keeps float32 parameter shards and gathers them in bfloat16 for each layer's compute: the " \
-            "plan also counted a bfloat16 copy of each shard, 2/4 bytes per parameter more than runs" in text
+    if precision == "master":        # priced as FSDP2's mixed precision: nothing to say
+        assert "FSDP2" not in text
     if precision == "amp":
         assert "the plan counted autocast's bfloat16 weight copies kept for the backward, more than runs" in text
 
