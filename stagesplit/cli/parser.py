@@ -143,11 +143,7 @@ def _solve_options(g: Any, group: str, skip: tuple[str, ...] = ()) -> None:
     takes a list separated by commas, for the layout search (--layout auto, sweep --gpus) only."""
     for o in api.SOLVE_OPTIONS:
         if o.group == group and o.flag and o.name not in skip:
-            several = o.name == "schedule"
-            _solve_option(g, o.name, several=several,
-                          help=flag_text(o.help_text) + "; several separated by commas (e.g. 1f1b,interleaved-1f1b) "
-                          "with --layout auto or --gpus: each combination of the layout search under each"
-                          if several else None)
+            _solve_option(g, o.name, several=o.name == "schedule")
 
 
 def _several_of(choices: tuple[str, ...]) -> Callable[[str], str]:

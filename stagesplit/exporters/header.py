@@ -1,5 +1,5 @@
-"""The comment header every export starts with: the profile, its hash, the objective, and each
-stage's layers and memory. Every name in it is escaped by ``render.comment``; its first two
+"""The comment header every export starts with: the profile, its hash, its precision where it
+records one, the objective, and each stage's layers and memory. Every name in it is escaped by ``render.comment``; its first two
 lines are fixed text, so no name can reach the place where Python looks for a coding cookie."""
 
 from __future__ import annotations
@@ -26,6 +26,8 @@ def header_lines(view: PlanView, fmt: str) -> list[str]:
     lines = [f"stagesplit export --to {fmt}", SAFETY_LINE,
              f"profile: {comment(view.profile_name or '?')}{synthetic}{source}, target {comment(view.target or '?')}",
              f"profile sha256: {comment(view.sha256 or 'not recorded')}"]
+    if view.parameter_dtype:                      # a capture records the precision it ran in
+        lines.append(f"precision: {view.precision_text}, as captured and priced")
     sched = (f", schedule {comment(view.schedule)} with {view.micro_batches} micro-batches"
              if view.schedule != "none" else "")
     head = f", {view.headroom:.0%} headroom" if view.headroom else ""

@@ -94,9 +94,11 @@ def test_the_export_carries_the_layout(files, tmp_path, capsys):
     code, text, _ = run_cli(capsys, "export", out, "--to", "torchtitan")
     assert code == 0
     words = shlex.split([line for line in text.splitlines() if line and not line.startswith("#")][0])
-    assert words[:8] == ["--parallelism.tensor_parallel_degree", "2", "--parallelism.no-enable-sequence-parallel",
-                         "--parallelism.data_parallel_shard_degree", "2", "--parallelism.fsdp_reshard_after_forward",
-                         "always", "--parallelism.pipeline_parallel_degree"] and words[8] == "2"
+    # the layout, then the capture's precision (float32: torchtitan's default would cast to bfloat16 under FSDP2)
+    assert words[:12] == ["--parallelism.tensor_parallel_degree", "2", "--parallelism.no-enable-sequence-parallel",
+                          "--parallelism.data_parallel_shard_degree", "2", "--parallelism.fsdp_reshard_after_forward",
+                          "always", "--training.dtype", "float32", "--training.mixed_precision_param", "float32",
+                          "--parallelism.pipeline_parallel_degree"] and words[12] == "2"
     # global batch 32 = 2 replicas x 2 micro-batches x 8 samples: the export runs the layout's 2
     # micro-batches of 8 per replica (torchtitan's local batch over its micro-batch size, the plan's)
     assert plan.inputs.request.micro_batches == 2 and plan.inputs.micro_batch_size == 8

@@ -267,7 +267,18 @@ def test_the_torch_program_sets_the_precision(capsys, tmp_path, precision, const
     assert ("autocast_forwards" in functions) == (precision == "amp")
     assert ("    model.to(PARAMETER_DTYPE)   # the parameters in the precision the plan was priced in" in text) == \
         bool(constants)
+    if constants:                     # the comment names the plan's precision, as the profile describes it
+        described = {"master": "bfloat16 parameters with float32 gradients and master weights",
+                     "amp": "amp (bfloat16 autocast, float32 parameters)", "bfloat16": "bfloat16"}[precision]
+        assert f"{constants[0]}   # the precision the plan was priced in, {described}: build_pipeline casts" in text
     if precision == "master":
         assert "#   pairs = master_weights([stage])" in text and "optimizer.step(); copy_masters(pairs)" in text
     else:
         assert "optimizer.zero_grad(set_to_none=GRADIENTS_SET_TO_NONE)" in text and "main_grad" not in text
+
+
+@pytest.mark.parametrize("fmt", ["json", "megatron", "torchtitan", "deepspeed"])
+def test_every_export_s_header_names_the_precision(capsys, tmp_path, fmt):
+    text = _export(capsys, _plan(tmp_path, "master", dp=2, zero=3 if fmt == "torchtitan" else 1), fmt)
+    assert "precision: bfloat16 parameters with float32 gradients and master weights, as captured and priced" in text
+    assert "precision:" not in _export(capsys, _plan(tmp_path, None), fmt)
