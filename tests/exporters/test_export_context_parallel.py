@@ -97,14 +97,10 @@ def test_plan_file_round_trip(tmp_path):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_torchtitan_s_config_manager_reads_context_parallelism(monkeypatch, capsys, tmp_path):
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("tyro")
-    import test_export_torchtitan as titan
-    titan._without_triton_kernels(monkeypatch)
-    from torchtitan.config.manager import ConfigManager
+    from test_export_torchtitan import torchtitan_config
     text = _export(capsys, _plan(tmp_path, cp=2, dp=4, zero=3), "torchtitan")
     words = shlex.split(text, comments=True)
-    p = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words]).parallelism
+    p = torchtitan_config(monkeypatch, words).parallelism
     assert (p.context_parallel_degree, p.data_parallel_shard_degree, p.fsdp_reshard_after_forward,
             p.pipeline_parallel_degree) == (2, 2, "always", 2)
 
@@ -164,13 +160,9 @@ def test_torchtitan_refuses_expert_parallelism_without_fsdp(capsys, tmp_path):
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_torchtitan_s_config_manager_reads_expert_parallelism(monkeypatch, capsys, tmp_path):
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("tyro")
-    import test_export_torchtitan as titan
-    titan._without_triton_kernels(monkeypatch)
-    from torchtitan.config.manager import ConfigManager
+    from test_export_torchtitan import torchtitan_config
     words = shlex.split(_export(capsys, _ep_plan(tmp_path, ep=2, dp=4, zero=3), "torchtitan"), comments=True)
-    p = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words]).parallelism
+    p = torchtitan_config(monkeypatch, words).parallelism
     assert (p.expert_parallel_degree, p.data_parallel_shard_degree, p.pipeline_parallel_degree) == (2, 4, 2)
 
 

@@ -105,14 +105,10 @@ def test_what_a_framework_cannot_run_is_refused_in_one_line(capsys, tmp_path, fm
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_torchtitan_s_config_manager_reads_the_layout(monkeypatch, capsys, tmp_path):
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("tyro")
-    import test_export_torchtitan as titan
-    titan._without_triton_kernels(monkeypatch)
-    from torchtitan.config.manager import ConfigManager
+    from test_export_torchtitan import torchtitan_config
     text = _export(capsys, _plan(tmp_path, tp=2, dp=2, zero=3, reshard=False), "torchtitan")
     words = [w for w in shlex.split(text, comments=True)]
-    p = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words]).parallelism
+    p = torchtitan_config(monkeypatch, words).parallelism
     assert (p.tensor_parallel_degree, p.enable_sequence_parallel, p.data_parallel_shard_degree,
             p.fsdp_reshard_after_forward, p.data_parallel_replicate_degree, p.pipeline_parallel_degree) == \
         (2, False, 2, "never", 1, 2)

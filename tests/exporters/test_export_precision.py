@@ -176,16 +176,12 @@ def test_torchtitan_words_carry_the_precision(capsys, tmp_path, precision, dp, z
 @pytest.mark.slow
 @pytest.mark.filterwarnings("ignore")
 def test_torchtitan_s_config_manager_reads_the_precision(monkeypatch, capsys, tmp_path):
-    pytest.importorskip("torchtitan")
-    pytest.importorskip("tyro")
-    import test_export_torchtitan as titan
-    titan._without_triton_kernels(monkeypatch)
-    from torchtitan.config.manager import ConfigManager
+    from test_export_torchtitan import torchtitan_config
     for precision, dp, zero, expected in (("master", 2, 3, ("float32", "bfloat16", "float32")),
                                           ("bfloat16", 1, 0, ("bfloat16", "bfloat16", "float32")),
                                           ("float32", 1, 0, ("float32", "float32", "float32"))):
         words = shlex.split(_export(capsys, _plan(tmp_path, precision, dp, zero), "torchtitan"), comments=True)
-        training = ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words]).training
+        training = torchtitan_config(monkeypatch, words).training
         assert (training.dtype, training.mixed_precision_param, training.mixed_precision_reduce) == expected
 
 

@@ -81,6 +81,16 @@ def test_tied_embeddings_are_refused_as_torchtitan_refuses_them():
 
 # -- torchtitan's own ConfigManager -------------------------------------------------------------------------
 
+def torchtitan_config(monkeypatch, words: list[str]):
+    """torchtitan's own ConfigManager's reading of the export's ``words`` after its debug Llama's
+    module and config arguments (skipped where torchtitan is not installed)."""
+    pytest.importorskip("torchtitan")
+    pytest.importorskip("tyro")
+    _without_triton_kernels(monkeypatch)
+    from torchtitan.config.manager import ConfigManager
+    return ConfigManager().parse_args(["--module", "llama3", "--config", "llama3_debugmodel", *words])
+
+
 def _without_triton_kernels(monkeypatch):
     """torchtitan's model registry imports its GPU expert-parallel kernels, which need triton (a
     CUDA-only package); parsing a config never calls them. Stand in for that one module."""
