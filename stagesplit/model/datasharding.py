@@ -29,7 +29,10 @@ With float32 master weights (a profile captured in that precision, ``precision.m
 ``zero 3`` is FSDP2's mixed precision (``MixedPrecisionPolicy(param_dtype=bfloat16,
 reduce_dtype=float32)``, torchtitan's default, Megatron's ``--use-torch-fsdp2 --bf16``): its sharded
 parameter is the float32 master, so a parameter that has a master keeps no low-precision shard;
-the groups' unsharded parameters and all-gathers are the low-precision ones, as captured.
+the groups' unsharded parameters and all-gathers are the low-precision ones, as captured, and so
+are their unsharded gradients (autograd writes a gradient in its parameter's dtype: half the
+captured float32 gradient's bytes), cast to float32 for the reduce-scatter (its input the float32
+gradients' bytes).
 
 ``ceil(bytes/dp)`` is rank 0's share, the largest: FSDP2 pads each parameter's first dimension to a
 multiple of ``dp``, so rank 0 holds ``ceil(rows/dp)`` rows (exact for the bytes when ``dp`` divides
@@ -308,6 +311,9 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
     bounds = _layer_bounds(profile, layers)
     grads = role == _GRAD
     nbytes[grads] = _share(nbytes[grads], dp, unit)
+    # FSDP2's mixed precision (ZeRO 3 with master weights): the captured gradients are the float32 ones;
+    # autograd writes each in its parameter's dtype (half the bytes), cast to float32 to reduce-scatter
+    autograd_ratio = 2 if layout.zero == 3 and _master_weights(profile) else 1
     # each full gradient from the step autograd first writes it (an accumulation: a backward
     # operation using the gradient and no parameter) to the end of its group's backward
     first = _first_accumulation(profile, role, op_of, var_ids)
@@ -323,7 +329,8 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
         if first[i] >= 0:
             start = max(start, int(first[i])) if g >= 0 else int(first[i])
         label = profile.names[int(v.name[i])] if v.name[i] >= 0 else f"var#{i}"
-        add.add(int(v.bytes[i]), [(start, max(end, start + 1))], f"unsharded gradients/{label}", users, _GRAD)
+        add.add(int(v.bytes[i]) // autograd_ratio, [(start, max(end, start + 1))], f"unsharded gradients/{label}", users,
+                _GRAD)
     if layout.zero == 2:
         return _rebuild(profile, nbytes, add)
 
@@ -331,17 +338,23 @@ def shard_profile(profile: Profile, layers: LayerAssignment, layout: DataLayout)
     nbytes[params] = _share(nbytes[params], dp, unit)
     nbytes[_with_masters(profile, params)] = 0
     _fsdp_buffers(profile, layers, layout, bounds, param_of_layer, v.bytes[params & (group == _ROOT)].sum(),
-                  _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add)
+                  _ops_using(profile, np.flatnonzero(params & (group == _ROOT))), ops_of_layer, add,
+                  grad_of_layer if autograd_ratio > 1 else None)
     return _rebuild(profile, nbytes, add)
+
+
+def _master_weights(profile: Profile) -> bool:
+    """Whether the profile was captured with float32 master weights (``precision.master_weights``)."""
+    precision = profile.info.precision
+    return precision is not None and precision.master_weights
 
 
 def _with_masters(profile: Profile, params: np.ndarray) -> np.ndarray:
     """The parameters (of mask ``params``) that have a float32 master copy (a state named after them,
     ``NAME.master``) in a profile captured with master weights: FSDP2's mixed precision shards the
     float32 parameter itself, and holds no low-precision shard of it."""
-    precision = profile.info.precision
     out = np.zeros(len(params), bool)
-    if precision is None or not precision.master_weights:
+    if not _master_weights(profile):
         return out
     v = profile.variables
     assert v.role is not None                     # shard_profile refuses a profile without roles
@@ -446,8 +459,10 @@ def _optimizer_temporaries(profile: Profile) -> np.ndarray:
 
 def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout, bounds: _Bounds,
                   param_of_layer: np.ndarray, root_params: int, root_ops: np.ndarray,
-                  ops_of_layer: list[np.ndarray], add: _Additions) -> None:
-    """FSDP2's unsharded parameters, all-gather outputs and reduce-scatter inputs, per group."""
+                  ops_of_layer: list[np.ndarray], add: _Additions, reduced_of_layer: np.ndarray | None = None) -> None:
+    """FSDP2's unsharded parameters, all-gather outputs and reduce-scatter inputs, per group; each
+    reduce-scatter input is ``reduced_of_layer``'s bytes where given (the float32 gradients of mixed
+    precision), else the parameters' (a gradient has its parameter's dtype)."""
     groups = [k for k in range(layers.num_layers) if param_of_layer[k] > 0 and bounds.f0[k] >= 0]
     groups.sort(key=lambda k: int(bounds.f0[k]))
     has_root = root_params > 0
@@ -485,7 +500,8 @@ def _fsdp_buffers(profile: Profile, layers: LayerAssignment, layout: DataLayout,
         # reduce-scatter input: from the end of its backward to the end of the next group's
         if b1 >= 0:
             until = int(bounds.b1[prev]) + 1 if prev is not None and bounds.b1[prev] >= 0 else bounds.backward_end
-            add.add(P, [(b1 + 1, until)], f"fsdp/reduce-scatter/{name}", ops_k, _GRAD)
+            reduced = int(reduced_of_layer[k]) if reduced_of_layer is not None else P
+            add.add(reduced, [(b1 + 1, until)], f"fsdp/reduce-scatter/{name}", ops_k, _GRAD)
 
 
 def kept_unsharded(profile: Profile, layers: LayerAssignment, layout: DataLayout | None) -> np.ndarray | None:

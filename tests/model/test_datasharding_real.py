@@ -118,18 +118,19 @@ def test_ddp_adds_one_gradient_copy_and_fsdp2_categories_agree():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("build, reshard, high", [(tiny_gpt, True, 0.025), (tiny_gpt, False, 1e-5),
-                                                  (tiny_llama, True, 0.05), (tiny_llama, False, 0.015)],
+@pytest.mark.parametrize("build, reshard, high", [(tiny_gpt, True, 1e-5), (tiny_gpt, False, 0.006),
+                                                  (tiny_llama, True, 1e-5), (tiny_llama, False, 1e-5)],
                          ids=["gpt-reshard", "gpt-no-reshard", "llama-reshard", "llama-no-reshard"])
 def test_fsdp2_mixed_precision_is_a_master_weights_capture_under_zero_3(build, reshard, high):
     """FSDP2's mixed precision (``MixedPrecisionPolicy(param_dtype=bfloat16, reduce_dtype=float32)``,
     torchtitan's default) against a master-weights capture under ZeRO 3: its float32 shard is the
-    master, so a parameter with a master keeps no bfloat16 shard (model/datasharding.py). Measured on
-    torch 2.13 by FSDPMemTracker under the fake process group: GPT +2.15% and +0.00%, Llama +4.91% and
-    +1.14% (reshard after forward on and off); with the bfloat16 shard counted, +7.3% to +11.8%. Never
-    under: the rest is over-counted in the backward of a resharded group."""
+    master, so a parameter with a master keeps no bfloat16 shard, and a group's unsharded gradients
+    are in the parameters' dtype, cast to float32 for the reduce-scatter (model/datasharding.py).
+    Measured on torch 2.13 by FSDPMemTracker under the fake process group: GPT +0.00% and +0.52%,
+    Llama 32 bytes under (-0.002%) both ways (reshard after forward on and off). With the bfloat16 shard
+    counted it was +7.3% to +11.8%; with the gradients in float32 until the reduce-scatter, up to +4.9%."""
     predicted, groups = _predicted(build, DataLayout(2, 3, reshard), master_weights=True)
     rank = run_fake_process_group(DataParallelCase(functools.partial(build, "cpu"), "fsdp", reshard, groups,
                                                    mixed_precision=True), 2)
     error = (predicted - rank["peak"]) / rank["peak"]
-    assert -1e-5 <= error <= high, (rank["categories"], predicted, rank["peak"], f"{error:+.3%}")
+    assert -1e-4 <= error <= high, (rank["categories"], predicted, rank["peak"], f"{error:+.3%}")
