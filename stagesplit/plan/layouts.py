@@ -39,6 +39,7 @@ from ..model.communication import DDP_FIRST_BUCKET_BYTES, dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
 from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
+from .pipeline_floor import RangeFloors, pipeline_floors
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
@@ -1020,6 +1021,37 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                 rows[lay] = LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB on some rank of every "
                                       f"split (always live, receive buffers, micro-batches in flight) > "
                                       f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
+    range_floors: dict[tuple[Degree, Fraction], RangeFloors | None] = {}
+
+    def item_floors(lay: Layout) -> tuple[float, float] | None:
+        """(bytes, step) no split of ``lay`` gets under, recompute included (plan/pipeline_floor.py): one
+        stage per rank under 1F1B or GPipe only, the step where the roofline times the layers (else 0);
+        from the rank's phase table at the combination's micro-batch size, made once per size."""
+        item = request_of(lay)
+        if item.schedule not in ("1f1b", "gpipe") or lay.pp > layers:
+            return None
+        key, r = key_of(lay), ratio(lay)
+        if (key, r) not in range_floors:
+            range_floors[key, r] = RangeFloors.of(base[key] if r == 1 else analyze(key, DataLayout(), r), req.target)
+        found = range_floors[key, r]
+        if found is None:
+            return None
+        timed = measured(lay) is None
+        rank = work[key]
+        need, slowest, recompute = pipeline_floors(found, schedule=item.schedule, stages=lay.pp,
+                                                   micro_batches=lay.micro_batches, dp=lay.sync, zero=lay.zero,
+                                                   capacity=capacity, layer_work=rank.layer_work(float(r)) if timed
+                                                   else None)
+        if not timed or not math.isfinite(slowest) or not slowest:
+            return need, 0.0
+        # as ``step_floor``'s three bounds, one micro-batch's work grown by the least recompute its
+        # stages' memory forces (the slowest stage's, or all stages' together), the collectives in
+        # proportion (at least M x / pp of them where the slowest stage bounds the step)
+        k, x = rank.per_micro_batch(float(r))
+        M = lay.micro_batches
+        pipeline = max(M * (slowest + x / lay.pp), bubble_factor(item.schedule, lay.pp, M) * (k + recompute + x),
+                       (M * (k + recompute + x) + rank.optimizer_s) / lay.pp)
+        return need, pipeline + rank.collectives_once_s + dp_floor(rank, lay, item)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}
     last_rank: tuple[tuple[Degree, DataLayout, Fraction], Analysis] | None = None
     best: float = math.inf
@@ -1038,6 +1070,11 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         # a combination is started only where the time left covers its preparation (the rank's
         # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
         # as long as the longest so far took
+        # the pipeline floors next (a phase table per micro-batch size, then arrays: far less than a solve)
+        settled = _pipeline_floor_row(lay, item_floors(lay), f, best, capacity) if deadline.left() > 0 else None
+        if settled is not None:
+            rows[lay] = settled
+            continue
         if deadline.left() <= prep:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
                                   capacity=capacity)
@@ -1175,6 +1212,24 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     return LayoutPlan(req, tuple(out), chosen, plan, tokens, samples, mfu, proven,
                       tp_collectives_recorded=any(_tp_seconds(a, req.node) != (0.0, 0.0) for a in base.values()),
                       within_s=max(0.0, top.step_s - lowest))
+
+
+def _pipeline_floor_row(lay: Layout, found: tuple[float, float] | None, floor: float, best: float,
+                        capacity: int) -> LayoutRow | None:
+    """The row of a combination its pipeline floors settle (``item_floors``): no split fits even with
+    the most recompute, or none steps under the best found with the recompute its memory forces;
+    None where they leave it open."""
+    if found is None:
+        return None
+    need, step = found
+    if need > capacity:
+        return LayoutRow(lay, "memory", f"memory floor: {need / 2**30:.1f} GiB on some rank of every split with the "
+                         f"most recompute (always live, receive buffers, micro-batches in flight, the full "
+                         f"backward) > {capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
+    if step > floor and step >= best:
+        return LayoutRow(lay, "cut off", f"step floor {seconds(step)} with the recompute its memory forces >= "
+                         f"{seconds(best)}, the best step found before it", capacity=capacity, proven=True)
+    return None
 
 
 def seconds(x: float) -> str:

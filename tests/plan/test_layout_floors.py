@@ -188,6 +188,7 @@ def test_a_combination_the_floor_cuts_off_leaves_the_answer_unchanged(monkeypatc
     gathers = 8 * 2 * all_gather(64 * 64 * 4 + 64 * 4, 8, link.bytes_per_s, link.latency_s)
     assert gathers >= bounded.best.step_s
     monkeypatch.setattr(layouts, "step_floor", lambda work, lay, req, measured=None: (0.0, 0.0))
+    monkeypatch.setattr(layouts, "pipeline_floors", lambda *a, **k: (0.0, 0.0, 0.0))      # (its own bounds too)
     unbounded = api.layouts(stack, **kw)
     assert not [r for r in unbounded.rows if r.status == "cut off"]
     assert unbounded.best.layout == bounded.best.layout

@@ -1,0 +1,279 @@
+"""What no split of a one-stage-per-rank pipeline (1F1B, GPipe) gets under, recompute included.
+
+The layout search (plan/layouts.py) settles most combinations without solving them, by floors. Its
+first ones count what recompute *can* save but not what it *costs*, and no transient: on a 70B at
+sequence 8192 a pipeline's combinations sit 30% under the best step found while every one of them
+either does not fit (the last stage's logits alone pass the device) or must recompute most of its
+layers. Each took a solve of seconds to settle, and most were left unsearched at the time limit.
+
+This floor reads the engine's own memory accounting (solver/chunk_problem.py's ``chunk_memory``,
+solver/schedule_memory.py's signatures) and bounds it from below for every recompute choice. A stage
+``a..b`` at position ``r`` of the pipeline, with ``n`` micro-batches in flight at its first backward
+(1F1B: ``min(M, pp - r)``, GPipe: ``M``), meets that backward holding the other ``n - 1``
+micro-batches' stash beside the running one's full backward, so its rank's peak is at least
+
+    V(S) = R + (n - 1) max(Y - S, 0) + max(Z - U + max(H, U - S), 0)
+
+for a recompute choice that saves ``S`` stash bytes per micro-batch (at most ``S_max``, the sum of
+each layer's best option), where, as ``chunk_memory`` has them:
+
+* ``R``: the layers' always-live bytes, sharded as ZeRO shards them (model/datasharding.py's
+  ``always_live_by_layer``), and the runtime's receive buffers, one per micro-batch, for the input
+  (``a > 0``) and the gradient sent back (``b`` not last);
+* ``Y``: one micro-batch's stash with no recompute: the range's less the received input it holds
+  as a receive buffer, plus what the runtime keeps beside it (the model's output on the last stage,
+  an unstashed output on another);
+* ``Z``: the full backward's transient with no recompute (less the received input, plus what 1F1B
+  and GPipe hold through it), ``U`` the range's own stash (model/recompute.py), which recompute
+  replaces by what the backward holds again: at least ``U - S``, and for each layer whatever its
+  option at least ``H_i`` = the least of its own stash (none), its stash less what selective saves
+  or what selective holds again, and what full holds again (``H`` the range's largest).
+
+``V`` falls as ``S`` grows: a stage fits only where ``V(S_max)`` does, and then saves at least the
+least ``S`` that each of three necessary conditions gives. Recompute costs each byte it saves at
+least the cheapest seconds per byte of the range's layers' options, so the stage's work per
+micro-batch is at least its layers' (``RankWork.layer_work``) plus that. The least over splits of
+the fullest stage (bytes) and of the slowest (seconds) are dynamic programs over the stages' last
+layers, as ``pipeline_memory_floor``'s.
+
+Every figure comes from the rank's phase table at the combination's micro-batch size, unsharded:
+ZeRO changes a layer's always-live bytes (counted by role in ``R``) and adds transients (DDP's
+buckets, FSDP's gathers), never takes activations away (checked against every split and choice in
+tests/plan/test_pipeline_floor.py). Schedules that split the backward or loop chunks are not bounded
+here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..io.profile import Target
+from ..model.analysis import Analysis
+
+__all__ = ["RangeFloors", "pipeline_floors"]
+
+
+@dataclass(frozen=True)
+class RangeFloors:
+    """Per layer range ``a..b`` ((L, L) arrays, entries with ``b >= a``) of one rank's phase table at
+    one micro-batch size, unsharded: the terms of the module docstring's ``V`` that do not depend on
+    the position or the layout."""
+
+    #: each layer's always-live bytes by role (``param``, ``grad``, ``state``, ``other``)
+    roles: Mapping[str, np.ndarray]
+    forward_cut: np.ndarray            #: (L + 1,) bytes crossing each cut forward
+    backward_cut: np.ndarray           #: (L + 1,) and back
+    unstashed: np.ndarray              #: (L + 1,) of ``forward_cut``, what no backward reads
+    model_output: float
+    stash: np.ndarray                  #: ``Y`` less what the last stage keeps (its position's)
+    full_backward: np.ndarray          #: the full backward's transient less the received input
+    own: np.ndarray                    #: ``U``
+    held: np.ndarray                   #: ``H``
+    saves: np.ndarray                  #: ``S_max``
+    #: (K,) seconds per saved byte at which the recompute cost's supporting lines are taken (``recompute_cost``)
+    knots: np.ndarray
+    #: (K, L, L) per knot, the bytes and the seconds of the range's options' pieces cheaper than it
+    knot_saved: np.ndarray
+    knot_cost: np.ndarray
+
+    @property
+    def num_layers(self) -> int:
+        return len(self.own)
+
+    @classmethod
+    def of(cls, analysis: Analysis, target: Target | None = None) -> RangeFloors | None:
+        """From an unsharded rank's analysis at the combination's micro-batch size, its layers timed
+        by the roofline on ``target`` as the engine times them (model/costmodel.py's ``on``); None
+        where its profile records no phases (no phase table). The recompute's time is its table's
+        where in seconds, else none (0)."""
+        from ..model.datasharding import always_live_by_layer
+        if analysis.model.phase_cols is None:
+            return None
+        table = (analysis.model.on(target) if target is not None else analysis.model).phase_table
+        L = table.num_layers
+        first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+        upper = last >= first
+        cut = np.asarray(table.forward_cut, np.float64)
+        unstashed = (np.zeros(L + 1) if table.forward_cut_unstashed is None
+                     else np.asarray(table.forward_cut_unstashed, np.float64))
+        received = np.where(first > 0, cut[:L][:, None], 0.0)
+        received_stashed = received - np.where(first > 0, unstashed[:L][:, None], 0.0)
+        stash = np.maximum(np.asarray(table.stash, np.float64) - received_stashed, 0.0)
+        full = np.asarray(table.peaks["full_backward"], np.float64) - received
+        rec = table.recompute
+        if rec is None:
+            zeros = np.zeros(L)
+            own_layer, held_layer, best_saved = zeros, zeros, zeros
+            pieces = (np.zeros(0, np.int64), np.zeros(0), np.zeros(0))
+        else:
+            saved = np.asarray(rec.saved, np.float64)
+            rerun = np.asarray(rec.rerun, np.float64)
+            own_layer = saved[2]
+            # what the backward holds of each layer's own stash whatever its option (the module docstring)
+            selective = np.where(saved[1] > 0, np.maximum(own_layer - saved[1], rerun[1]), own_layer)
+            full_option = np.where(saved[2] > 0, rerun[2], own_layer)
+            held_layer = np.minimum(own_layer, np.minimum(selective, full_option))
+            best_saved = saved.max(axis=0)
+            added = np.asarray(rec.added, np.float64) if rec.time_unit == "seconds" else np.zeros_like(saved)
+            pieces = _pieces(saved, added)
+        prefix = np.concatenate([[0.0], np.cumsum(own_layer)])
+        saves_prefix = np.concatenate([[0.0], np.cumsum(best_saved)])
+        own = np.where(upper, prefix[last + 1] - prefix[first], 0.0)
+        saves = np.where(upper, saves_prefix[last + 1] - saves_prefix[first], 0.0)
+        knots, knot_saved, knot_cost = _knot_tables(*pieces, L)
+        return cls(always_live_by_layer(analysis.profile, analysis.layers), cut,
+                   np.asarray(table.backward_cut, np.float64), unstashed, float(table.model_output),
+                   np.where(upper, stash, 0.0), np.where(upper, full, 0.0), own, _range_max(held_layer, L), saves,
+                   knots, knot_saved, knot_cost)
+
+    def recompute_cost(self, saved: np.ndarray) -> np.ndarray:
+        """(L, L): per range, seconds per micro-batch that saving ``saved`` bytes ((L, L)) of its
+        stash costs at least, whatever the layers' options: the fractional knapsack over each layer's
+        options (its lower convex hull: ``_pieces``) is convex in the bytes saved, so each of its
+        supporting lines, ``cost(< k) + k (saved - saved(< k))`` at a knot ``k``, is below it."""
+        if not len(self.knots):
+            return np.zeros_like(saved)
+        lines = self.knot_cost + self.knots[:, None, None] * (saved[None] - self.knot_saved)
+        out: np.ndarray = np.maximum(lines.max(axis=0), 0.0)
+        return out
+
+
+#: the most knots ``recompute_cost`` takes lines at (each an (L, L) table per micro-batch size)
+KNOTS = 12
+
+
+def _pieces(saved: np.ndarray, added: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Each layer's options (rows none, selective, full of ``saved`` bytes and ``added`` seconds) as
+    the pieces of their lower convex hull from (0, 0): (layer, bytes, seconds) per piece, each piece
+    no cheaper per byte than the one before it in its layer; taken cheapest first, the pieces give
+    the least time for every saving, any mix of options included (the knapsack's relaxation)."""
+    layer, size, cost = [], [], []
+    for i in range(saved.shape[1]):
+        s1, c1, s2, c2 = saved[1, i], added[1, i], saved[2, i], added[2, i]
+        if s2 <= 0 and s1 <= 0:
+            continue
+        if s1 > 0 and s2 > s1 and c1 * (s2 - s1) <= (c2 - c1) * s1:      # selective, then the rest to full
+            layer += [i, i]
+            size += [s1, s2 - s1]
+            cost += [c1, max(c2 - c1, 0.0)]
+        else:          # one piece: full (selective lies above the line to it, or saves as much at most)
+            layer.append(i)
+            size.append(max(s1, s2))
+            cost.append(c2 if s1 < s2 else min(c1, c2))
+    return np.asarray(layer, np.int64), np.asarray(size, np.float64), np.asarray(cost, np.float64)
+
+
+def _knot_tables(layer: np.ndarray, size: np.ndarray, cost: np.ndarray, L: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The knots (up to ``KNOTS`` of the pieces' seconds per byte, the least always) and, per knot and
+    range, the bytes and seconds of its pieces cheaper per byte than the knot."""
+    if not len(size):
+        return np.zeros(0), np.zeros((0, L, L)), np.zeros((0, L, L))
+    per_byte = cost / size
+    distinct = np.unique(per_byte)
+    knots = distinct if len(distinct) <= KNOTS else np.quantile(distinct, np.linspace(0, 1, KNOTS))
+    first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+    upper = last >= first
+    saved_tables, cost_tables = [], []
+    for k in knots:
+        cheaper = per_byte < k
+        s = np.concatenate([[0.0], np.cumsum(np.bincount(layer[cheaper], weights=size[cheaper], minlength=L))])
+        c = np.concatenate([[0.0], np.cumsum(np.bincount(layer[cheaper], weights=cost[cheaper], minlength=L))])
+        saved_tables.append(np.where(upper, s[last + 1] - s[first], 0.0))
+        cost_tables.append(np.where(upper, c[last + 1] - c[first], 0.0))
+    return np.asarray(knots, np.float64), np.stack(saved_tables), np.stack(cost_tables)
+
+
+def _range_max(values: np.ndarray, L: int) -> np.ndarray:
+    """(L, L): the largest of ``values[a..b]`` (0 below the diagonal)."""
+    out = np.zeros((L, L))
+    for a in range(L):
+        out[a, a:] = np.maximum.accumulate(values[a:])
+    return out
+
+
+def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: int, dp: int, zero: int,
+                    capacity: float, layer_work: np.ndarray | None) -> tuple[float, float, float]:
+    """(bytes, seconds, seconds) for ``stages`` one-stage-per-rank stages under ``schedule`` (1f1b or
+    gpipe) with ``micro_batches``, the always-live bytes sharded as ZeRO ``zero`` shards them over
+    ``dp`` ranks: the least, over every split, of the fullest stage's ``V(S_max)`` (the module
+    docstring); of the slowest stage's work per micro-batch with the recompute its memory forces under
+    ``capacity``; and of that recompute summed over the stages (``layer_work``: each layer's work per
+    micro-batch at least; None: neither time is bounded, 0). Both times are inf where no split fits."""
+    if schedule not in ("1f1b", "gpipe"):
+        raise ValueError(f"no pipeline floor for {schedule}")
+    L, M, pp = rf.num_layers, micro_batches, stages
+    if pp < 1 or pp > L:
+        raise ValueError("a pipeline floor needs 1 to L stages")
+    first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+    upper = last >= first
+    per_layer = (rf.roles["param"] / (dp if zero >= 3 else 1) + rf.roles["grad"] / (dp if zero >= 2 else 1)
+                 + rf.roles["state"] / (dp if zero >= 1 else 1) + rf.roles["other"])
+    held_prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
+    is_last = last == L - 1
+    received = np.where(first > 0, rf.forward_cut[:L][:, None], 0.0)
+    sent_back = np.where(~is_last, rf.backward_cut[1:L + 1][None, :], 0.0)
+    resident = held_prefix[last + 1] - held_prefix[first] + M * (received + sent_back)
+    unstashed_out = np.where(is_last, 0.0, rf.unstashed[1:L + 1][None, :])
+    stash = rf.stash + np.where(is_last, rf.model_output, unstashed_out)
+    # what the schedule holds through a full backward where there are stages to hold it for: 1F1B the
+    # output it sent on (the last stage: the model's output and the gradient it sends back), GPipe the
+    # last stage's output; both an unstashed output handed back from the forward cache
+    if pp == 1:
+        hold = np.zeros((L, L))
+    elif schedule == "1f1b":
+        hold = np.where(is_last, rf.model_output + np.where(first > 0, rf.backward_cut[:L][:, None], 0.0),
+                        rf.forward_cut[1:L + 1][None, :])
+    else:
+        hold = np.where(is_last, rf.model_output, 0.0)
+    z = np.maximum(rf.full_backward + hold + unstashed_out, 0.0)                     # Z
+    most = rf.saves
+    work = None
+    if layer_work is not None:
+        prefix = np.concatenate([[0.0], np.cumsum(np.asarray(layer_work, np.float64))])
+        work = prefix[last + 1] - prefix[first]
+    peak_rows, time_rows, recompute_rows = [], [], []
+    for position in range(pp):
+        n = M if schedule == "gpipe" else min(M, pp - position)
+        others = n - 1
+        peak = resident + others * np.maximum(stash - most, 0.0) + np.maximum(
+            z - rf.own + np.maximum(rf.held, rf.own - most), 0.0)
+        peak_rows.append(np.where(upper, peak, math.inf))
+        if work is None:
+            continue
+        # three conditions V(S) <= capacity needs: V >= R + Z - S; >= that plus the others' Y - S; and
+        # >= R + (n - 1)(Y - S) + max(Z - U + H, 0)
+        need = np.maximum(0.0, resident + z - capacity)
+        need = np.maximum(need, (resident + z + others * stash - capacity) / n)
+        if others:
+            need = np.maximum(need, stash - (capacity - resident - np.maximum(z - rf.own + rf.held, 0.0)) / others)
+        fits = upper & (peak <= capacity) & (need <= most * (1 + 1e-12))
+        recompute = np.where(fits, rf.recompute_cost(need), math.inf)
+        time_rows.append(work + recompute)
+        recompute_rows.append(recompute)
+    fullest = _least_largest(peak_rows)
+    if work is None:
+        return fullest * (1 - 1e-9), 0.0, 0.0
+    return fullest * (1 - 1e-9), _least_largest(time_rows) * (1 - 1e-9), _least_sum(recompute_rows) * (1 - 1e-9)
+
+
+def _least_largest(rows: list[np.ndarray]) -> float:
+    """The least, over splits of the L layers into ``len(rows)`` consecutive stages, of the largest
+    ``rows[position][a, b]`` of its stages (dynamic programming over the stages' last layers)."""
+    best = rows[0][0]                                        # stage 0 from layer 0 to each last layer
+    for cost in rows[1:]:
+        best = np.min(np.maximum(best[:-1, None], cost[1:]), axis=0)     # a stage from a after a split at a - 1
+    return float(best[-1])
+
+
+def _least_sum(rows: list[np.ndarray]) -> float:
+    """The least, over splits of the L layers into ``len(rows)`` consecutive stages, of the sum of
+    ``rows[position][a, b]`` over its stages."""
+    best = rows[0][0]
+    for cost in rows[1:]:
+        best = np.min(best[:-1, None] + cost[1:], axis=0)
+    return float(best[-1])
