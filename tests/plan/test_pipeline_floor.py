@@ -228,6 +228,23 @@ def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeyp
     assert unbounded.best.layout == bounded.best.layout
     assert unbounded.best.step_s == pytest.approx(bounded.best.step_s)
     again = {r.layout: r for r in unbounded.rows}
+    cut = 0
+    for lay, r in settled.items():
+        said = re.fullmatch(r"step floor (\S+) (m?s) with the recompute its memory forces >= (\S+) (m?s), the best step "
+                            r"found before it", r.reason)
+        if r.status != "cut off":
+            continue
+        assert said, r.reason
+        floor, best = (float(said.group(i)) * (1e-3 if said.group(i + 1) == "ms" else 1.0) for i in (1, 3))
+        assert floor >= best * (1 - 5e-3) and best >= bounded.best.step_s * (1 - 5e-3), r.reason
+        if cut < 3:                     # solved alone without the floors: no step under the floor it names
+            cut += 1
+            rows = api.layouts(profile, **kw, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero=lay.zero,
+                               micro_batch_size=lay.micro_batch_size).rows
+            assert len(rows) == 1, rows
+            alone = rows[0]
+            assert alone.status in ("memory", "refused") or alone.step_s >= floor * (1 - 5e-3), (r.reason, alone)
+    assert cut
     for lay, r in settled.items():
         other = again[lay]
         if r.status == "memory":        # solved alone (no best to cut it off), every split's memory is checked
