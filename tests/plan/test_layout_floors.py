@@ -433,3 +433,24 @@ def test_the_search_orders_items_by_bubble_and_forced_recompute_by_hand():
         10.0 + 3 / 8 * 4.4 + 35 / 41.25 * 8 * 4 / 12)
     assert order_estimate(one, 10.0, k, x, 40 * GiB, 10 * GiB, 70 * GiB, 80 * GiB) == pytest.approx(
         10.0 + 8 * 4 / 12)                                        # more than recompute saves: all of it
+
+
+def test_the_search_order_by_hand():
+    """``search_order``: the list's first schedule (one stage counts as it) before the second; within one,
+    families by their lowest estimate, a family's micro-batch sizes smallest first, then by estimate (a
+    looped schedule's chunk counts); a second schedule's lower estimates do not pull its families ahead."""
+    from stagesplit.plan.layouts import Layout, search_order
+    one = Layout(1, 1, 4, 3, 2, micro_batch_size=4)                      # one stage: 1F1B's turn
+    a4 = Layout(1, 2, 2, 1, 2, micro_batch_size=4, schedule="1f1b", chunks_per_rank=1)
+    a2 = Layout(1, 2, 2, 1, 4, micro_batch_size=2, schedule="1f1b", chunks_per_rank=1)
+    b = Layout(2, 2, 1, 0, 4, micro_batch_size=4, schedule="1f1b", chunks_per_rank=1)
+    i2 = Layout(1, 2, 2, 1, 2, micro_batch_size=4, schedule="interleaved-1f1b", chunks_per_rank=2)
+    i3 = Layout(1, 2, 2, 1, 2, micro_batch_size=4, schedule="interleaved-1f1b", chunks_per_rank=3)
+    j = Layout(2, 2, 1, 0, 4, micro_batch_size=4, schedule="interleaved-1f1b", chunks_per_rank=2)
+    estimates = {one: 5.0, a4: 3.0, a2: 4.0, b: 3.5, i2: 1.0, i3: 0.5, j: 2.0}
+    order = search_order(list(estimates), estimates, ("1f1b", "interleaved-1f1b"))
+    # 1F1B: family a (lead 3.0: a4's) with its sizes smallest first, then b (3.5), then the one stage (5.0);
+    # interleaved: its family of a's degrees (lead 0.5), x3 before x2 by estimate, then j
+    assert order == [a2, a4, b, one, i3, i2, j]
+    # one schedule: the same rule without turns
+    assert search_order([one, a4, a2, b], estimates, ("1f1b",)) == [a2, a4, b, one]
