@@ -295,7 +295,7 @@ def solve(profile: ProfileLike, devices: int | None = None, *, request: SolveReq
 def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, gpus_per_node: int | None = None,
             tp_profiles: Mapping[int, ProfileLike] | None = None, micro_batch_size: int | None = None,
             sequence_length: int | None = None, tp: int | None = None, pp: int | None = None, dp: int | None = None,
-            zero: int | None = None, reshard_after_forward: bool = True, schedule: str | Sequence[str] = "1f1b",
+            zero: int | None = None, reshard_after_forward: bool = True, schedule: str | Sequence[str] | None = None,
             time_limit: float = 60.0, events: Events | None = None, runtime_reserve: str | int = "auto",
             captured_batch: int | None = None, cp: int | None = None,
             cp_profiles: Mapping[int, ProfileLike] | None = None, ep: int | None = None,
@@ -323,7 +323,7 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
     virtual pipeline size fixes it. ``schedule``: one schedule, ``auto``, or several (a list, or names
     separated by commas: each combination searched under each, and each looped one at 2 to 4 chunks
     per device unless ``chunks_per_rank`` fixes it, every (combination, schedule, chunks) a row with
-    floors of its own). A ``LayoutPlan``: the best row, its pipeline plan,
+    floors of its own; default: plan/layouts.py's ``DEFAULT_SCHEDULES``, 1F1B and interleaved 1F1B). A ``LayoutPlan``: the best row, its pipeline plan,
     every combination's row with why it loses, tokens/s per GPU and MFU. The command line's solve
     with an automatic layout is this function too; its ``plan`` is the plan that solve writes."""
     from .plan.layouts import search
@@ -356,7 +356,7 @@ def layout_comparison(profile: ProfileLike, *, gpus: int, global_batch: int, tar
 def _layout_defaults(options: Mapping[str, Any]) -> dict[str, Any]:
     """``layouts``' keyword options with their defaults, an unknown one refused."""
     defaults: dict[str, Any] = dict(gpus_per_node=None, tp_profiles=None, micro_batch_size=None, sequence_length=None,
-                                    tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule="1f1b",
+                                    tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True, schedule=None,
                                     time_limit=60.0, events=None, runtime_reserve="auto", captured_batch=None,
                                     cp=None, cp_profiles=None, ep=None, ep_profiles=None, layer_compute=None,
                                     tp_layer_compute=None, chunks_per_rank=None)
@@ -370,7 +370,7 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
                  gpus_per_node: int | None = None, tp_profiles: Mapping[int, ProfileLike] | None = None,
                  micro_batch_size: int | None = None, sequence_length: int | None = None, tp: int | None = None,
                  pp: int | None = None, dp: int | None = None, zero: int | None = None,
-                 reshard_after_forward: bool = True, schedule: str | Sequence[str] = "1f1b", time_limit: float = 60.0,
+                 reshard_after_forward: bool = True, schedule: str | Sequence[str] | None = None, time_limit: float = 60.0,
                  events: Events | None = None, runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                  cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
                  ep: int | None = None, ep_profiles: Mapping[int, ProfileLike] | None = None,
@@ -404,7 +404,7 @@ def layout_sweep(profile: ProfileLike, *, gpus: Iterable[int] | str, global_batc
 def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target: str, gpus_per_node: int | None,
                    tp_profiles: Mapping[int, ProfileLike] | None, micro_batch_size: int | None,
                    sequence_length: int | None, tp: int | None, pp: int | None, dp: int | None, zero: int | None,
-                   reshard_after_forward: bool, schedule: str | Sequence[str], time_limit: float,
+                   reshard_after_forward: bool, schedule: str | Sequence[str] | None, time_limit: float,
                    events: Events | None,
                    runtime_reserve: str | int = "auto", captured_batch: int | None = None,
                    cp: int | None = None, cp_profiles: Mapping[int, ProfileLike] | None = None,
@@ -430,6 +430,9 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
              for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
     zero = integer("zero", zero, 0, 3, optional=True)
     time_limit = number("time_limit", time_limit, 0, 1e9, low_open=True)
+    if schedule is None:                # the layout search's own list (plan/layouts.py)
+        from .plan.layouts import DEFAULT_SCHEDULES
+        schedule = DEFAULT_SCHEDULES
     names = schedule.split(",") if isinstance(schedule, str) else list(schedule) \
         if isinstance(schedule, (list, tuple)) else [schedule]
     names = list(dict.fromkeys(choice(Schedule, "schedule", name).value for name in names))

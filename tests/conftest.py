@@ -54,3 +54,11 @@ def _timed_tests_run_alone(request):
     if request.node.get_closest_marker("timed") and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1")) > 1:
         pytest.fail("a timed test measures real processes' wall time and runs alone, not beside other pytest "
                     "workers: run it with -m timed (no -n)", pytrace=False)
+
+
+@pytest.fixture
+def search_under_1f1b(monkeypatch):
+    """The layout search under 1F1B alone unless a test names its schedules: for the modules whose
+    oracles simulate 1F1B (every layout x every split, hand cases); the default list, 1F1B and
+    interleaved 1F1B (plan/layouts.py's ``DEFAULT_SCHEDULES``), is tested in test_layout_defaults.py."""
+    monkeypatch.setattr("stagesplit.plan.layouts.DEFAULT_SCHEDULES", "1f1b")

@@ -409,7 +409,7 @@ def _layout_arguments(args: argparse.Namespace, target: str | None) -> dict:
                 tp_profiles=tp_profiles, micro_batch_size=args.micro_batch_size, sequence_length=args.seq_len,
                 captured_batch=args.captured_batch,
                 tp=args.tp, pp=args.pp, dp=args.dp, zero=args.zero,
-                reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or "1f1b",
+                reshard_after_forward=args.reshard_after_forward != "off", schedule=args.schedule or None,
                 chunks_per_rank=getattr(args, "chunks_per_rank", None),
                 time_limit=args.time_limit if args.time_limit is not None else 60.0, events=_events(args),
                 runtime_reserve=_runtime_reserve(getattr(args, "runtime_reserve", None)))

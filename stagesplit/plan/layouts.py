@@ -45,8 +45,14 @@ from .records import Plan
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
            "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "order_estimate", "rank_layer_compute", "search", "seconds",
-           "slowest_stage", "StageBytes", "pipeline_memory_floor",
+           "slowest_stage", "StageBytes", "DEFAULT_SCHEDULES", "search_order", "pipeline_memory_floor",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
+
+
+#: the schedules the layout search tries unless told: 1F1B, and interleaved 1F1B at each chunk count the
+#: layers allow (2 to 4), each combination's own item, 1F1B's searched first (``search_order``); the
+#: interleaved schedule is how the largest models train (Megatron's virtual pipeline, the Llama 3 405B)
+DEFAULT_SCHEDULES = "1f1b,interleaved-1f1b"
 
 
 @dataclass(frozen=True, order=True)

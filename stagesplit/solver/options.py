@@ -71,8 +71,8 @@ SOLVE_OPTIONS: tuple[Option, ...] = (
            parse="switch"),
     Option("schedule", "none", "pipeline schedule: " + ", ".join(SCHEDULE_NAMES) + "; auto tries each (and 1..4 "
            "chunks per device) and keeps the fastest that fits (default: {default}); several separated by commas (e.g. "
-           "1f1b,interleaved-1f1b) with {flag:layout} auto or {flag:gpus}: each combination of the layout search under "
-           "each", flag="schedule",
+           "1f1b,interleaved-1f1b, the layout search's default) with {flag:layout} auto or {flag:gpus}: each "
+           "combination of the layout search under each", flag="schedule",
            settings="schedule", parse="choice", choices=SCHEDULE_NAMES, metavar="SCHEDULE"),
     Option("chunks_per_rank", None, "chunks (virtual stages) per device for the looped and V-shaped schedules "
            "(default: the schedule's: 1 for gpipe and 1f1b, 2 for the others)", flag="chunks-per-rank",

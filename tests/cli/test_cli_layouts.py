@@ -22,6 +22,10 @@ TINY = ("kind: gpu\ntiles: 1\nbytes_per_tile: 200000\nflops_per_s: 1e14\nlink_by
         "inter_bytes_per_s: 1e10, inter_latency_s: 0.000005}\n")
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 def _stack(width: int):
     """Four Linear(width, width) layers captured on a micro-batch of 8 (tests/linear_stack.py)."""
     return linear_stack(width=width)

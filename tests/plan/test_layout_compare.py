@@ -17,6 +17,9 @@ torch = pytest.importorskip("torch")
 
 from linear_stack import linear_stack  # noqa: E402
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
 
 def test_nemo_grid_by_hand():
     # a 70B model (45 < size <= 95): TP 2, 4, 8; PP 1 to 8 dividing the 80 layers; micro-batches 1 to 8

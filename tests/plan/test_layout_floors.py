@@ -18,6 +18,10 @@ from stagesplit import api
 torch = pytest.importorskip("torch")
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 def _stack(widths: list[int], batch: int = 8, seed: int = 0):
     from stagesplit.capturing.pytorch import capture_model
     torch.manual_seed(seed)

@@ -16,6 +16,10 @@ H100 = node_of("h100-80gb")
 WIDTHS = (64, 256, 64, 32, 32)          # Linear(64, 256), Linear(256, 64), Linear(64, 32), Linear(32, 32)
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 def _params(k: int) -> int:
     """Layer k's parameter bytes in float32: weight and bias."""
     return (WIDTHS[k] * WIDTHS[k + 1] + WIDTHS[k + 1]) * 4

@@ -26,6 +26,10 @@ LINEAR = 64 * 64 * 4 + 64 * 4          # one Linear(64, 64)'s parameters in floa
 _stack = linear_stack
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 @pytest.fixture(scope="module")
 def stack():
     return _stack()

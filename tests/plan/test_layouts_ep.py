@@ -21,6 +21,10 @@ from linear_stack import linear_stack  # noqa: E402
 H100 = node_of("h100-80gb")
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 @pytest.fixture(scope="module")
 def stack():
     return linear_stack()

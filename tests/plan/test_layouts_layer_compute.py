@@ -28,6 +28,10 @@ HALF = {"0": 1e9, "1": 2e9, "2": 2.5e9, "3": 1.5e9}
 PEAK = 989e12                  # h100-80gb's FLOP/s (configs/targets.yaml)
 
 
+#: the oracles here simulate 1F1B (conftest.py's ``search_under_1f1b``)
+pytestmark = pytest.mark.usefixtures("search_under_1f1b")
+
+
 def _stack(width: int):
     """Four Linear(width, width) layers captured on a micro-batch of 8 (tests/linear_stack.py)."""
     return linear_stack(width=width)
