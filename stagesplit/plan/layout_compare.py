@@ -166,12 +166,13 @@ def _fixed(req: LayoutRequest, tp: int, pp: int, zero: int, size: int, time_limi
            vp: int | None = None) -> LayoutRequest:
     """The request with every degree fixed: ``dp`` the GPUs left over ``tp x cp x pp``, ZeRO only
     where ranks share the gradients (``dp x cp``), ``vp`` virtual stages per device as interleaved
-    1F1B with that many chunks (Megatron's interleaved schedule) where there is a pipeline."""
+    1F1B with that many chunks (Megatron's interleaved schedule) where there is a pipeline, else the
+    search's first schedule (1F1B by default: a layout's own schedule, not the best of a list)."""
     dp = req.gpus // (tp * cp * pp)
     looped = vp is not None and vp > 1 and pp > 1
     # (no compared layout uses expert parallelism)
     return replace(req, tp=tp, pp=pp, dp=dp, cp=cp, ep=1, zero=zero if dp * cp > 1 else 0, micro_batch_size=size,
-                   time_limit=time_limit, schedule="interleaved-1f1b" if looped else req.schedule,
+                   time_limit=time_limit, schedule="interleaved-1f1b" if looped else req.schedules[0],
                    chunks_per_rank=vp if looped else None)
 
 

@@ -218,3 +218,22 @@ def test_virtual_stages_are_priced_as_interleaved_1f1b(stack_file):
                       micro_batches=2, dp=4, zero=1, exact=True, communication=True,
                       link_bandwidth=link.bytes_per_s)
     assert best.pipeline_s == pytest.approx(alone.schedule.step_time, rel=1e-12)
+
+
+def test_a_compared_layout_without_virtual_stages_runs_the_lists_first_schedule(stack_file):
+    """Under a schedule list (the search's default: 1F1B and interleaved 1F1B) a compared layout is priced
+    as it runs: without virtual stages under the list's first schedule alone (pure pipeline: 1F1B, not
+    the best of the list), with them under interleaved 1F1B at that many chunks."""
+    from stagesplit.api import _layout_inputs
+    from stagesplit.plan.layout_compare import _fixed, _price
+    rank, degrees, req, deadline, _ = _layout_inputs(
+        str(stack_file), 8, global_batch=64, target="h100-80gb", gpus_per_node=None, tp_profiles=None,
+        micro_batch_size=None, sequence_length=1, tp=None, pp=None, dp=None, zero=None, reshard_after_forward=True,
+        schedule="1f1b,interleaved-1f1b", time_limit=60.0, events=None, captured_batch=8)
+    plain = _fixed(req, 1, 4, 1, 8, 30.0)
+    assert plain.schedule == "1f1b" and plain.chunks_per_rank is None
+    got = _price(rank, degrees, plain, deadline)
+    assert got.rows and all(r.layout.schedule in ("", "1f1b") for r in got.rows)
+    assert got.best.schedule == "1f1b"
+    looped = _fixed(req, 1, 2, 1, 8, 30.0, 1, 2)
+    assert (looped.schedule, looped.chunks_per_rank) == ("interleaved-1f1b", 2)
