@@ -1084,14 +1084,14 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             rows[lay] = LayoutRow(lay, "cut off", f"step floor {seconds(f)} >= {seconds(best)}, the best step found "
                                   "before it", capacity=capacity, proven=True)
             continue
-        # a combination is started only where the time left covers its preparation (the rank's
-        # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
-        # as long as the longest so far took
         # the pipeline floors next (a phase table per micro-batch size, then arrays: far less than a solve)
         settled = _pipeline_floor_row(lay, item_floors(lay), f, best, capacity) if deadline.left() > 0 else None
         if settled is not None:
             rows[lay] = settled
             continue
+        # a combination is started only where the time left covers its preparation (the rank's
+        # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
+        # as long as the longest so far took
         if deadline.left() <= prep:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
                                   capacity=capacity)
