@@ -45,7 +45,9 @@ error naming it.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
 
@@ -54,7 +56,7 @@ from ..io.profile import ROLES, Liveness, Operations, Phase, Profile, Ragged, Va
 from ..layers import LayerAssignment
 
 __all__ = ["ALLOCATOR_UNIT", "DataLayout", "ZERO_STAGES", "kept_unsharded", "parameter_bytes_by_layer", "role_bytes",
-           "shard_profile"]
+           "shard_profile", "zero_share"]
 
 #: what each ZeRO stage shards, in words (the plan's text uses these)
 ZERO_STAGES = {0: "DDP: parameters, gradients and optimizer state replicated, gradient buckets",
@@ -194,6 +196,14 @@ def _variable_groups(profile: Profile, layers: LayerAssignment, role: np.ndarray
     if not pipelined:
         _outside_to_root(profile, layers, role, group)
     return group
+
+
+def zero_share(roles: Mapping[str, Any], ranks: int, zero: int) -> Any:
+    """One rank's share of the parameters, gradients and optimizer state of ``roles`` (bytes by role,
+    numbers or per-layer arrays) where ZeRO ``zero`` shards them over ``ranks``: state from stage 1,
+    gradients from 2, parameters at 3 (the real shares round up: a floor)."""
+    return (roles["param"] / (ranks if zero >= 3 else 1) + roles["grad"] / (ranks if zero >= 2 else 1)
+            + roles["state"] / (ranks if zero >= 1 else 1))
 
 
 def always_live_by_layer(profile: Profile, layers: LayerAssignment) -> dict[str, np.ndarray]:

@@ -36,7 +36,7 @@ from ..io.profile import ParallelLayout, Phase, Target
 from ..io.topology import NodeTopology
 from ..model.analysis import Analysis
 from ..model.communication import DDP_FIRST_BUCKET_BYTES, dp_exposed, ring_time
-from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes
+from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes, zero_share
 from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
 from .pipeline_floor import RangeFloors, pipeline_floors
@@ -447,9 +447,7 @@ def memory_floor(roles: Mapping[str, float], lay: Layout) -> float:
     gradients and optimizer state divided as ZeRO ``zero`` divides them across ``dp`` ranks
     (exactly: the real shares round up, and DDP adds its buckets), the rest whole, over ``pp``
     stages (the fullest holds at least the mean)."""
-    d = lay.sync
-    sharded = (roles["param"] / (d if lay.zero >= 3 else 1) + roles["grad"] / (d if lay.zero >= 2 else 1)
-               + roles["state"] / (d if lay.zero >= 1 else 1))
+    sharded = float(zero_share(roles, lay.sync, lay.zero))
     rest = sum(v for k, v in roles.items() if k not in ("param", "grad", "state", "transient"))
     return (sharded + rest) / lay.pp
 
@@ -510,8 +508,7 @@ def pipeline_memory_floor(sb: StageBytes, lay: Layout, req: LayoutRequest) -> fl
     if lay.pp > L:
         return 0.0
     r = min(1.0, float(Fraction(lay.micro_batch_size, req.captured_batch)))
-    per_layer = (sb.roles["param"] / (d if lay.zero >= 3 else 1) + sb.roles["grad"] / (d if lay.zero >= 2 else 1)
-                 + sb.roles["state"] / (d if lay.zero >= 1 else 1) + sb.roles["other"])
+    per_layer = zero_share(sb.roles, d, lay.zero) + sb.roles["other"]
     held = np.concatenate([[0.0], np.cumsum(per_layer)])
     first = np.arange(L)[:, None]
     last = np.arange(L)[None, :]

@@ -53,6 +53,7 @@ import numpy as np
 
 from ..io.profile import Target
 from ..model.analysis import Analysis
+from ..model.datasharding import zero_share
 
 __all__ = ["RangeFloors", "pipeline_floors"]
 
@@ -211,8 +212,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
         raise ValueError("a pipeline floor needs 1 to L stages")
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
-    per_layer = (rf.roles["param"] / (dp if zero >= 3 else 1) + rf.roles["grad"] / (dp if zero >= 2 else 1)
-                 + rf.roles["state"] / (dp if zero >= 1 else 1) + rf.roles["other"])
+    per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]
     held_prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
     is_last = last == L - 1
     received = np.where(first > 0, rf.forward_cut[:L][:, None], 0.0)
