@@ -305,7 +305,8 @@ def layouts(profile: ProfileLike, *, gpus: int, global_batch: int, target: str, 
             chunks_per_rank: int | None = None):
     """The fastest layout of ``gpus`` GPUs for a global batch of ``global_batch`` samples
     (plan/layouts.py): ``profile`` is one rank's at tensor-parallel degree 1, captured with a
-    micro-batch of ``captured_batch`` samples (default: ``micro_batch_size`` where that is given,
+    micro-batch of ``captured_batch`` samples (default: the batch the capture recorded, its
+    ``info.batch_size``; for profiles that record none, ``micro_batch_size`` where that is given,
     else 1); ``micro_batch_size`` fixes the samples per micro-batch (None: searched, the profiles'
     activations and work scaled to each size: model/batchscale.py); ``tp_profiles`` one rank's at each other
     degree; ``target`` a GPU target with a node (configs/targets.yaml); ``tp``, ``pp``, ``dp``,
@@ -423,8 +424,6 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     global_batch = integer("global_batch", global_batch, 1, 2**40)
     micro_batch_size = integer("micro_batch_size", micro_batch_size, 1, 2**40, optional=True)
     captured_batch = integer("captured_batch", captured_batch, 1, 2**40, optional=True)
-    if captured_batch is None:          # a fixed size is the captured one unless told otherwise
-        captured_batch = micro_batch_size if micro_batch_size is not None else 1
     sequence_length = integer("sequence_length", sequence_length, 1, 2**40, optional=True)
     fixed = {name: integer(name, value, 1, MAX_GPUS if name == "dp" else MAX_DEVICES, optional=True)
              for name, value in (("tp", tp), ("pp", pp), ("dp", dp), ("cp", cp), ("ep", ep))}
@@ -489,6 +488,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         e, a, layout = checked_rank("ep_profiles", degree, other, "expert", "ep")
         read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
+    captured_batch, captured_from = _captured_batch(captured_batch, micro_batch_size, read)
     # the layout search's alone: imported here (with decimal, 2 ms of every command otherwise)
     from fractions import Fraction
     scaled: dict[tuple[Any, Fraction], Any] = {}
@@ -509,8 +509,30 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch,
-                        layer_compute=measured, chunks_per_rank=chunks_per_rank)
+                        captured_from=captured_from, layer_compute=measured, chunks_per_rank=chunks_per_rank)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
+
+
+def _captured_batch(given: int | None, micro_batch_size: int | None, read: Mapping[Any, Analysis]) -> tuple[int, str]:
+    """The samples per micro-batch the profiles were captured at, and where that figure comes from:
+    ``given``; else the batch their captures recorded (profiles recording different ones refused,
+    as one size scales them all); else, for profiles that record none, ``micro_batch_size`` where
+    that is fixed, else 1."""
+    recorded: dict[int, str] = {}
+    for a in read.values():
+        if a.profile.info.batch_size is not None:
+            recorded.setdefault(a.profile.info.batch_size,
+                                str(a.profile.info.path or a.profile.info.name or "the profile"))
+    if given is not None:
+        return given, "given"
+    if len(recorded) > 1:
+        (one, first), (other, second) = sorted(recorded.items())[:2]
+        raise OptionError("captured_batch", f"the profiles were captured at different batches ({show(first)} at "
+                          f"{one}, {show(second)} at {other}): capture them at one size, or give the size "
+                          "they all stand for")
+    if recorded:
+        return next(iter(recorded)), "recorded"
+    return (micro_batch_size, "assumed") if micro_batch_size is not None else (1, "assumed")
 
 
 def _with_layers(profile: Profile, read: Analysis, layout: DataLayout) -> Analysis:

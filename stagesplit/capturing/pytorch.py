@@ -31,7 +31,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import OptionError, StagesplitError
-from ..io.profile import Profile, Target
+from ..io.profile import Profile, Target, batch_of
 from ..io.variants import ParallelVariants, parallel_variants
 from ..layers import LayerOptions, one_stack
 from . import masterweights
@@ -340,6 +340,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                             autocast_dtype=autocast_dtype, stacks=stacks, hint=sequential_hint(torch, model),
                             layout=layout, kernels=kernels_note(kernels_used, tgt) if kernels == "cuda" else "",
                             context=context, expert=expert)
+    profile.info.batch_size = batch_size(torch, inputs)
     grouping = profile.info.layer_grouping
     if grouping is not None and one_stack(grouping.module_paths) and not _stages_from_modules(model, grouping):
         profile.info.layer_grouping = replace(grouping, traced_stages=True)
@@ -560,6 +561,14 @@ def _fake_inputs(torch, inputs, float_dtype):
     if isinstance(inputs, (tuple, list)):
         return tuple(conv(v) for v in inputs)
     return conv(inputs)
+
+
+def batch_size(torch, inputs) -> int | None:
+    """The samples per batch of ``inputs`` (a tensor, a tuple of arguments or a dict of keyword
+    arguments), by io/profile.py's ``batch_of`` rule on their tensors' shapes."""
+    items = inputs.values() if isinstance(inputs, dict) else inputs if isinstance(inputs, (tuple, list)) \
+        else (inputs,)
+    return batch_of(tuple(int(d) for d in x.shape) for x in items if isinstance(x, torch.Tensor))
 
 
 def _call(model, inputs):

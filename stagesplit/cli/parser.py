@@ -266,8 +266,9 @@ def _add_layout_options(p: argparse.ArgumentParser, command: str) -> None:
                    help="fix the samples per micro-batch (default: searched, every divisor of the batch per "
                         "data-parallel rank that fits)")
     g.add_argument("--captured-batch", type=int, metavar="S",
-                   help="samples in the micro-batch the profiles were captured with (default: --micro-batch-size "
-                        "where given, else 1); other sizes scale their activations and work")
+                   help="samples in the micro-batch the profiles were captured with (default: the batch their "
+                        "capture recorded; for profiles that record none, --micro-batch-size where given, else 1); "
+                        "other sizes scale their activations and work")
     g.add_argument("--seq-len", type=int, metavar="T", help="tokens per sample, for tokens/s per GPU")
     if command == "layouts":
         g.add_argument("--target", required=True, metavar="T", help="GPU target with a node (stagesplit targets)")

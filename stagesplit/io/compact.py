@@ -91,6 +91,8 @@ def profile_header(p: Profile) -> bytes:
         info["parallel_layout"] = layout_record(p.info.parallel_layout)
     if p.info.precision is not None:               # optional: the precision a capture ran in
         info["precision"] = precision_record(p.info.precision)
+    if p.info.batch_size is not None:              # optional: the samples per batch a capture ran
+        info["batch_size"] = p.info.batch_size
     return header_bytes(target, p.compute_unit, info, list(gt.categories) if gt is not None else None)
 
 
@@ -378,7 +380,9 @@ def _read(a: _Arrays) -> Profile:
                                                            "header.info.parallel_layout")
                                         if info_spec.get("parallel_layout") is not None else None),
                        precision=(precision_from_record(info_spec["precision"], r, "header.info.precision")
-                                  if info_spec.get("precision") is not None else None))
+                                  if info_spec.get("precision") is not None else None),
+                       batch_size=(r.integer(info_spec["batch_size"], "header.info.batch_size", 1)
+                                   if info_spec.get("batch_size") is not None else None))
     compute_unit = r.string(header.get("compute_unit", "cycles"), "header.compute_unit")
 
     steps = a.strings("steps")

@@ -70,7 +70,8 @@ def read_info(doc: dict, r: FieldReader) -> ProfileInfo:
         parallel_layout=(layout_from_record(doc["parallel_layout"], r, "parallel_layout")
                          if doc.get("parallel_layout") is not None else None),
         precision=(precision_from_record(doc["precision"], r, "precision")
-                   if doc.get("precision") is not None else None))
+                   if doc.get("precision") is not None else None),
+        batch_size=r.integer(doc["batch_size"], "batch_size", 1) if doc.get("batch_size") is not None else None)
 
 
 def precision_record(precision: TrainingPrecision) -> dict[str, Any]:

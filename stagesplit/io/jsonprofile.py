@@ -35,7 +35,7 @@ VERSION = 1
 
 _TOP_FULL = {"format", "version", "kind", "name", "description", "synthetic", "source", "target", "compute_unit",
              "compute_source", "warnings", "steps", "variables", "programs", "operations", "ground_truth",
-             "layer_grouping", "parallel_layout", "precision"}
+             "layer_grouping", "parallel_layout", "precision", "batch_size"}
 _VAR_KEYS = {"name", "bytes", "tile", "live", "role"}
 _PROG_KEYS = {"name", "type", "cycles", "vertices", "vertex_code", "vertex_state", "exchange_code", "control_code"}
 _OP_KEYS = {"name", "layer", "debug_id", "inputs", "first_step", "last_step", "vars", "programs", "compute",
@@ -292,6 +292,8 @@ def profile_to_document(profile: Profile, lazy: bool = False) -> dict:
         doc["parallel_layout"] = layout_record(p.info.parallel_layout)
     if p.info.precision is not None:
         doc["precision"] = precision_record(p.info.precision)
+    if p.info.batch_size is not None:
+        doc["batch_size"] = p.info.batch_size
     v = p.variables
     intervals = p.liveness.intervals
     class_lists = [intervals[c].tolist() for c in range(len(intervals))]

@@ -35,7 +35,8 @@ __all__ = ["LayerForm", "LayerSpec", "build_layer_profile", "layer_document", "l
            "profile_from_layer_document"]
 
 _TOP = {"format", "version", "kind", "name", "description", "synthetic", "source", "compute_source", "warnings", "target",
-        "compute_unit", "training", "layers", "shared", "precision"}
+        "compute_unit", "training", "layers", "shared", "precision",
+        "batch_size"}
 _LAYER_KEYS = {"name", "weights", "activations", "output", "other", "workspace", "compute"}
 _BYTE_FIELDS = ("weights", "activations", "output", "other", "workspace")
 

@@ -35,7 +35,7 @@ from .layerform import one_tile
 from .onnxcheck import tensor_bytes
 from .onnxflops import node_flops
 from .onnxshapes import numel, shape_table
-from .profile import Profile, ProfileInfo, Target
+from .profile import Profile, ProfileInfo, Target, batch_of
 
 __all__ = ["DTYPES", "NodeCost", "OnnxImport", "build_profile"]
 
@@ -186,7 +186,9 @@ def build_profile(onnx, model, target: Target, training: str, dtype: str | None,
     tgt = one_tile(target)
     b = ProfileBuilder(tgt, total_steps, compute_unit="flops",
                        info=ProfileInfo(name=name, source="onnx", compute_source="onnx: FLOPs from shapes",
-                                        description=f"imported from {Path(src).name} (training: {training})"))
+                                        description=f"imported from {Path(src).name} (training: {training})",
+                                        batch_size=batch_of(shapes[x.name][0] for x in g.input
+                                                            if x.name in shapes and x.name not in init)))
     # readers of each initializer and of each activation
     readers: dict[str, list[int]] = {}
     producer: dict[str, int] = {}

@@ -13,7 +13,7 @@ Step intervals are half-open ``[start, end)``; operation step ranges are inclusi
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from enum import IntEnum
 from typing import Any
@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import ProfileError
 
-__all__ = ["COLLECTIVE_GROUPS", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
+__all__ = ["COLLECTIVE_GROUPS", "batch_of", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
            "Liveness", "Operations", "PHASE_LABELS", "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs",
            "ROLES", "Ragged", "Target", "TileCosts", "TrainingPrecision", "Variables", "VertexCode",
            "narrowest_int", "PARAMETER_DTYPES", "AUTOCAST_DTYPES"]
@@ -424,11 +424,28 @@ class ProfileInfo:
     parallel_layout: ParallelLayout | None = None
     #: the precision the step was captured in (a capture records it), or None where unknown
     precision: TrainingPrecision | None = None
+    #: the samples per batch the step was captured with (a capture records its inputs' leading
+    #: dimension, which the layout search scales activations and work from), or None where unknown
+    batch_size: int | None = None
     #: SHA-256 of the file the profile was read from, computed from the same bytes as it was
     #: read (None for a profile built in memory)
     sha256: str | None = field(default=None, compare=False)
     #: the file it was read from (None for a profile built in memory)
     path: str | None = field(default=None, compare=False)
+
+
+def batch_of(shapes: Iterable[Sequence[Any]]) -> int | None:
+    """The samples per batch of a step whose inputs have ``shapes``: the leading dimension every input
+    of one or more dimensions shares, where one of them has two or more (batch first, as Hugging Face,
+    timm, torchvision and their ONNX exports take their inputs). None where there is no such dimension
+    (inputs of several leading sizes, vectors alone, a dimension unknown or empty): the profile then
+    records no batch, and the layout search takes the size it is given."""
+    shaped = [tuple(s) for s in shapes if len(s) >= 1]
+    leading = {s[0] for s in shaped}
+    if len(leading) != 1 or not any(len(s) >= 2 for s in shaped):
+        return None
+    size = leading.pop()
+    return size if isinstance(size, int) and not isinstance(size, bool) and size >= 1 else None
 
 
 @dataclass
@@ -596,6 +613,9 @@ def _validate(p: Profile, source: str | None) -> None:
         _validate_layout(p.info.parallel_layout, p.num_steps, source)
     if p.info.precision is not None:
         _validate_precision(p.info.precision, source)
+    if p.info.batch_size is not None and (isinstance(p.info.batch_size, bool) or not isinstance(p.info.batch_size, int)
+                                          or p.info.batch_size < 1):
+        raise ProfileError(source, "batch_size", "a whole number of samples >= 1 (or absent)", p.info.batch_size)
 
     gt = p.ground_truth
     if gt is not None:

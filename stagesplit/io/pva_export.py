@@ -151,7 +151,7 @@ TARGET_KEYS = ("name", "kind", "tiles", "bytes_per_tile", "clock_hz", "link_byte
                "memory_bytes_per_s", "description")
 INFO_KEYS = ("name", "source", "description", "synthetic", "compute_source", "warnings")
 #: info keys a header may add after INFO_KEYS (absent: not recorded)
-INFO_OPTIONAL_KEYS = ("layer_grouping", "parallel_layout", "precision")
+INFO_OPTIONAL_KEYS = ("layer_grouping", "parallel_layout", "precision", "batch_size")
 
 _BY_NAME = dict((c.name, (i, c)) for i, c in enumerate(COLUMNS))
 

@@ -55,7 +55,9 @@ def per_sample_variables(profile: Profile) -> np.ndarray:
     inputs (``input[...]`` variables, and every variable an operation makes from one of them), less
     the gradients in waiting (a weight's gradient before it is added into ``.grad``: computed from
     the inputs, but of the weight's shape), found backwards as the variables whose every later use
-    makes only gradients in waiting or writes into a gradient. Kept on the profile: the layout
+    makes only gradients in waiting from it alone (a cast) or writes into a gradient, a view of the
+    variable (the transpose a float32 linear layer's backward takes of its weight's gradient before
+    adding it) deciding nothing. Kept on the profile: the layout
     search scales one rank's profile to every micro-batch size it tries (a third of a second each on
     a 70B capture)."""
     cached: np.ndarray | None = profile.__dict__.get("_per_sample_cache")
@@ -90,17 +92,26 @@ def per_sample_variables(profile: Profile) -> np.ndarray:
         for x in made[o]:
             if not tainted[x] or not consumers[x]:
                 continue
-            ok = True
+            ok = decided = False
             for c in consumers[x]:
                 outs = made[c]
+                used = values[offsets[c]:offsets[c + 1]]
                 if outs:
-                    if not all(waiting[y] or grad[y] for y in outs):
-                        ok = False
-                        break
-                elif not grad[values[offsets[c]:offsets[c + 1]]].any():
+                    # made from it alone (a cast), with parameters or constants at most: an operation that
+                    # also reads another per-sample variable (an activation's gradient through a matrix
+                    # product) makes something of its own
+                    inputs = np.setdiff1d(used, np.asarray(outs + [x]))
+                    ok = all(waiting[y] or grad[y] for y in outs) and not tainted[inputs].any()
+                elif grad[used].any():
+                    ok = True                       # added into a gradient
+                elif (used == x).all():
+                    continue                        # a view of it (a transpose), or itself changed in place
+                else:
                     ok = False
+                decided = True
+                if not ok:
                     break
-            waiting[x] = ok
+            waiting[x] = ok and decided
     mask = tainted & ~waiting
     mask.setflags(write=False)
     profile.__dict__["_per_sample_cache"] = mask
@@ -150,7 +161,9 @@ def scale_batch(profile: Profile, ratio: Fraction | int) -> Profile:
             c if c.phase == "optimizer" else replace(c, bytes=int(_scaled(np.array([c.bytes]), ratio)[0]))
             for c in layout.collectives))
     size = f"{ratio.numerator}/{ratio.denominator}" if ratio.denominator > 1 else str(ratio.numerator)
+    batch = info.batch_size * ratio if info.batch_size is not None else None
     info = replace(info, parallel_layout=layout, warnings=list(info.warnings),
+                   batch_size=int(batch) if batch is not None and batch.denominator == 1 else None,
                    description=(info.description + f" (activations and work scaled x{size} to another micro-batch "
                                 "size)").strip())
     return replace(profile, variables=variables, operations=operations, ground_truth=None, info=info)

@@ -150,6 +150,9 @@ class LayoutRequest:
     #: the micro-batch size the profiles were captured at (their activations and work are scaled
     #: from it to each size searched)
     captured_batch: int = 1
+    #: where ``captured_batch`` comes from: "recorded" (by the profiles' capture), "given", or
+    #: "assumed" (the profiles record none: the fixed micro-batch size, else 1)
+    captured_from: str = "assumed"
     #: measured per-layer compute, one entry per tensor-parallel degree it was measured at (degree 1:
     #: the ``layer_compute`` option; the others ``tp_layer_compute``); each combination's rank takes it
     #: as ``rank_layer_compute`` says (docs/layouts.md, "Measured per-layer compute")

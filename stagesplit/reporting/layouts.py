@@ -19,11 +19,17 @@ def _gib(n: int) -> str:
     return f"{n / 2**30:.2f} GiB"
 
 
+_CAPTURED_FROM = {"recorded": "as their capture recorded", "given": "as given",
+                  "assumed": "assumed: the profiles record no batch"}
+
+
 def _sizes(req: LayoutRequest) -> str:
-    """The micro-batch size as the request has it: fixed, or searched from the captured size."""
+    """The micro-batch size as the request has it, fixed or searched, and the size the profiles
+    were captured at (the one every other size is scaled from), with where that comes from."""
+    captured = f"profiles captured at {req.captured_batch} ({_CAPTURED_FROM[req.captured_from]})"
     if req.micro_batch_size is not None:
-        return f"micro-batches of {req.micro_batch_size}"
-    return f"micro-batch size searched; profiles captured at {req.captured_batch}"
+        return f"micro-batches of {req.micro_batch_size}; {captured}"
+    return f"micro-batch size searched; {captured}"
 
 
 def layouts_text(lp: LayoutPlan) -> str:
@@ -108,7 +114,7 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
     req = lp.request
     return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
             "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size,
-            "captured_batch": req.captured_batch,
+            "captured_batch": req.captured_batch, "captured_from": req.captured_from,
             "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
             # the best row's split: as solve prints it, and each stage's first and last layer (indices)

@@ -167,6 +167,9 @@ def test_layers_are_the_real_blocks_in_forward_order(name):
     assert first <= {_module(ops.name[i]) for i in before}
     assert last <= {_module(ops.name[i]) for i in after}
     assert not profile.info.warnings
+    # every factory of examples/real_models.py builds two samples (token ids, images, with labels of
+    # their own or the ids again): the capture records the batch the layout search scales from
+    assert profile.info.batch_size == 2
 
 
 def _module(op_name: str) -> str:

@@ -57,6 +57,7 @@ def test_each_variant_is_the_single_degree_capture(captured):
         for degree, profile in zip(variants.degrees, variants.profiles):
             assert dumps_profile(profile) == alone[degree], (name, degree)
             assert profile.info.path == str(folder / name)
+            assert profile.info.batch_size == 2             # tp_harness's ids: 2 sequences of 32
     # the JSON file is each single document, in a list
     doc = json.loads((folder / "both.json").read_text())
     assert (doc["format"], doc["version"], doc["kind"]) == ("stagesplit-profile", 1, "variants")

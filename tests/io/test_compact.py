@@ -269,8 +269,12 @@ def test_missing_array(tmp_path, missing):
     (lambda h: h.update(compute_unit=3), "header.compute_unit", "a string"),
     (lambda h: h.update(compute_unit="joules"), "compute_unit", "one of cycles, flops, seconds, none"),
     (lambda h: h.update(ground_truth_categories="vc"), "header.ground_truth_categories", "a list"),
+    (lambda h: h["info"].update(batch_size=0), "header.info.batch_size", "an integer >= 1"),
+    (lambda h: h["info"].update(batch_size="2"), "header.info.batch_size", "an integer >= 1"),
+    (lambda h: h["info"].update(batch_size=True), "header.info.batch_size", "an integer >= 1"),
 ], ids=["version", "format", "target name", "target tiles", "info list", "info synthetic", "info field",
-        "info warnings", "compute unit type", "compute unit", "categories"])
+        "info warnings", "compute unit type", "compute unit", "categories", "batch zero", "batch text",
+        "batch boolean"])
 def test_bad_header(tmp_path, change, field, expected):
     arrays = profile_to_arrays(tiny_profile(True))
     header = header_of(arrays)

@@ -366,6 +366,9 @@ BAD = [
      "a value (field is required)"),
     ("operation name missing", lambda d: delete(d, ["operations", 0, "name"]), "operations[0].name",
      "a value (field is required)"),
+    ("batch size of none", lambda d: mutate(d, ["batch_size"], 0), "batch_size", "an integer >= 1"),
+    ("batch size as a string", lambda d: mutate(d, ["batch_size"], "8"), "batch_size", "an integer >= 1"),
+    ("batch size fractional", lambda d: mutate(d, ["batch_size"], 2.5), "batch_size", "an integer >= 1"),
 ]
 
 
@@ -433,9 +436,13 @@ def test_property_every_truncation_is_a_one_line_error(cut, tmp_path_factory):
     error_line(excinfo, file=path, expected="valid JSON")
 
 
+# the empty list and mapping are leaves, so that every draw of ``extend`` draws ``inner`` (hypothesis warns,
+# as an error, when a run of draws never does)
 json_values = st.recursive(
-    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | st.text(max_size=5),
-    lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=4), inner, max_size=3),
+    st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.floats(allow_nan=True) | st.text(max_size=5)
+    | st.just([]) | st.just({}),
+    lambda inner: st.lists(inner, min_size=1, max_size=3) | st.dictionaries(st.text(max_size=4), inner, min_size=1,
+                                                                            max_size=3),
     max_leaves=6)
 
 

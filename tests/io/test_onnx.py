@@ -97,8 +97,10 @@ def test_dims_bind_by_name_and_batch(tmp_path):
     path = save(tiny_model(symbolic="N"), tmp_path / "t.onnx")
     r = import_onnx(path, A100, dims={"N": 2}, training="none")
     assert r.nodes[0].flops == 2 * 14080
+    assert r.profile.info.batch_size == 2               # the inputs' leading dimension, as bound
     r = import_onnx(path, A100, batch=3, training="none")
     assert r.nodes[3].activation_bytes == 3 * 640
+    assert r.profile.info.batch_size == 3
     with pytest.raises(ProfileError, match="dimension 'N' of input 'x' is not bound"):
         import_onnx(path, A100, training="none")
 

@@ -1,8 +1,8 @@
 """A capture scaled to another micro-batch size (model/batchscale.py) against captures taken at that
 size: a Llama from a config (4 blocks, hidden 64, sequence 32, bfloat16 autocast, Adam) captured
-at 1, 2 and 4 sequences. The FLOPs are exact; each pipeline rank's peak and the step are within
-2% (the rule overstates a few per-step constants: the loss, 512-byte reductions); the model's state
-is untouched."""
+at 1, 2 and 4 sequences, and a float32 stack of linear layers. The FLOPs are exact; each pipeline
+rank's peak is over by at most 0.5% (the rule overstates a few per-step constants: the loss, 512-byte
+reductions), the step within 2%; the model's state is untouched."""
 
 from __future__ import annotations
 
@@ -53,11 +53,13 @@ def test_scaled_capture_is_the_capture_at_that_size(captures, size):
         got = api.solve(scaled, devices=devices, target="h100-80gb", schedule="1f1b", micro_batches=4)
         assert got.split_text == want.split_text
         for g, w in zip(got.schedule.ranks, want.schedule.ranks):
-            assert w.peak_bytes <= g.peak_bytes <= w.peak_bytes * 1.02      # over, never under, by 2% at most
-        # the step over, never under, by 5% at most: measured +2.1% / +2.6% at 2 sequences, +4.0% at 4 (the
-        # memory traffic of a few operations grows by the rule more than it does; until the capture stopped
-        # charging views bytes, their traffic, which does grow with the batch, hid that under 2%)
-        assert want.schedule.step_time <= got.schedule.step_time <= want.schedule.step_time * 1.05
+            # over, never under, by 0.5% at most: measured +0.13% to +0.19% at 2 sequences, +0.33% to +0.39% at
+            # 4 (before the weights' gradients in waiting stopped growing: up to +1.7%)
+            assert w.peak_bytes <= g.peak_bytes <= w.peak_bytes * 1.005
+        # the step within 2%: measured -1.0% at 2 sequences, -1.8% / -1.9% at 4 (the sums and divisions of the
+        # norms' backward move more than the rule grows them). Before, the weights' gradients in waiting grew
+        # with the batch and put it +2.1% to +4.7% over
+        assert abs(got.schedule.step_time / want.schedule.step_time - 1) <= 0.02
 
 
 def test_what_grows_with_the_batch_by_hand(captures):
@@ -75,6 +77,32 @@ def test_what_grows_with_the_batch_by_hand(captures):
              for x in ops.vars[o] if role[x] == ROLES.index("other")
              and any(role[y] == ROLES.index("param") for y in ops.vars[o])]
     assert casts and not grows[casts].any()
+
+
+def test_a_float32_linear_stack_scaled_is_its_capture_at_that_size():
+    """Without autocast a linear layer's backward transposes its weight's gradient (a view) before
+    adding it into ``.grad``: the view decides nothing, so the gradient in waiting keeps its bytes
+    (it was doubled with the batch before). Four Linear(256, 256) captured at 16 rows, scaled to 32:
+    each rank's peak on 1 and 2 devices is the capture at 32's, to the bytes of the scalar loss and
+    its seed gradient that the rule grows with the rest."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+    from linear_stack import linear_stack
+    sixteen, real = linear_stack(batch=16, width=256), linear_stack(batch=32, width=256)
+    grows = per_sample_variables(sixteen)
+    v = sixteen.variables
+    weight_shaped = [i for i in range(len(v)) if v.role[i] == ROLES.index("other") and v.bytes[i] == 256 * 256 * 4
+                     and "/backward/" in sixteen.variable_name(i)]
+    assert len(weight_shaped) == 4 and not grows[weight_shaped].any()         # one gradient in waiting per layer
+    assert grows[[i for i in range(len(v)) if sixteen.variable_name(i).startswith("input[")]].all()
+    scaled = scale_batch(sixteen, 2)
+    for devices in (1, 2):
+        want = api.solve(real, devices=devices, target="h100-80gb", schedule="1f1b", micro_batches=4)
+        got = api.solve(scaled, devices=devices, target="h100-80gb", schedule="1f1b", micro_batches=4)
+        assert got.split_text == want.split_text
+        for g, w in zip(got.schedule.ranks, want.schedule.ranks):
+            assert w.peak_bytes <= g.peak_bytes <= w.peak_bytes + 16
 
 
 def test_ratio_one_is_the_profile_and_a_profile_without_roles_is_refused(captures):

@@ -32,25 +32,31 @@ PEAK = 989e12                  # h100-80gb's FLOP/s (configs/targets.yaml)
 pytestmark = pytest.mark.usefixtures("search_under_1f1b")
 
 
-def _stack(width: int):
-    """Four Linear(width, width) layers captured on a micro-batch of 8 (tests/linear_stack.py)."""
-    return linear_stack(width=width)
+def _stack(width: int, batch: int = 8):
+    """Four Linear(width, width) layers captured on a micro-batch of ``batch`` (tests/linear_stack.py)."""
+    return linear_stack(width=width, batch=batch)
 
 
 @pytest.fixture(scope="module")
 def files(tmp_path_factory):
-    """The stack at TP 1, a rank of half its width given as TP 2, and the measured figures of each."""
+    """The stack at TP 1, a rank of half its width given as TP 2, and the measured figures of each;
+    the two captured again at the harness's micro-batch size in ``harness/`` (the profiles it solves
+    as they are)."""
+    import steptime_harness as harness
     from stagesplit.io import save_profile
     d = tmp_path_factory.mktemp("measured")
     save_profile(_stack(64), d / "stack.json")
     save_profile(_stack(32), d / "half.json")
+    (d / "harness").mkdir()
+    save_profile(_stack(64, harness.BATCH), d / "harness" / "stack.json")
+    save_profile(_stack(32, harness.BATCH), d / "harness" / "half.json")
     (d / "layers.yaml").write_text(json.dumps(FIGURES))
     (d / "layers-tp2.yaml").write_text(json.dumps(HALF))
     return d
 
 
-def _layouts(files, capsys, *flags):
-    code, out, err = run_cli(capsys, "layouts", files / "stack.json", "--target", "h100-80gb", "--format", "json",
+def _layouts(files, capsys, *flags, stack: str = "stack.json"):
+    code, out, err = run_cli(capsys, "layouts", files / stack, "--target", "h100-80gb", "--format", "json",
                              *flags)
     assert code == 0, err
     return json.loads(out)
@@ -64,13 +70,15 @@ def test_the_command_line_gives_the_functions_figures(files, capsys, tp, pp, dp)
     step, pipeline step, communication and split."""
     import steptime_harness as harness
     M = 4
-    degree = ["--tp-profile", f"2={files / 'half.json'}", "--tp-layer-compute", f"2={files / 'layers-tp2.yaml'}"] \
+    at = files / "harness"
+    degree = ["--tp-profile", f"2={at / 'half.json'}", "--tp-layer-compute", f"2={files / 'layers-tp2.yaml'}"] \
         if tp > 1 else []
     doc = _layouts(files, capsys, *degree, "--gpus", tp * pp * dp, "--tp", tp, "--pp", pp, "--dp", dp, "--zero", 0,
                    "--global-batch", harness.BATCH * M, "--micro-batch-size", harness.BATCH,
-                   "--layer-compute", files / "layers.yaml")
-    profile, layers = (files / "half.json", files / "layers-tp2.yaml") if tp > 1 else \
-        (files / "stack.json", files / "layers.yaml")
+                   "--layer-compute", files / "layers.yaml", stack="harness/stack.json")
+    assert (doc["captured_batch"], doc["captured_from"]) == (harness.BATCH, "recorded")
+    profile, layers = (at / "half.json", files / "layers-tp2.yaml") if tp > 1 else \
+        (at / "stack.json", files / "layers.yaml")
     step, pipeline, tp_s, dp_s, plan = harness.layout_step(profile, "h100-80gb", layers, tp, pp, dp, M)
     best = doc["best"]
     assert (best["tp"], best["pp"], best["dp"], best["micro_batches"]) == (tp, pp, dp, M // dp)
