@@ -39,7 +39,7 @@ from ..model.communication import DDP_FIRST_BUCKET_BYTES, dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes, zero_share
 from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
-from .pipeline_floor import RangeFloors, pipeline_floors
+from .pipeline_floor import RangeFloors, bounded, pipeline_floors
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
@@ -1041,11 +1041,15 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     range_floors: dict[tuple[Degree, Fraction], RangeFloors | None] = {}
 
     def item_floors(lay: Layout) -> tuple[float, float] | None:
-        """(bytes, step) no split of ``lay`` gets under, recompute included (plan/pipeline_floor.py): one
-        stage per rank under 1F1B or GPipe only, the step where the roofline times the layers (else 0);
-        from the rank's phase table at the combination's micro-batch size, made once per size."""
+        """(bytes, step) no split of ``lay`` gets under, recompute included (plan/pipeline_floor.py): a
+        schedule whose backward is whole, its chunks looped over the ranks (1F1B, GPipe, interleaved 1F1B,
+        looped BFS), the step where the roofline times the layers (else 0); from the rank's phase table at
+        the combination's micro-batch size, made once per size."""
         item = request_of(lay)
-        if item.schedule not in ("1f1b", "gpipe") or lay.pp > layers:
+        if not bounded(item.schedule) or lay.pp == 1 and item.schedule not in ("1f1b", "gpipe"):
+            return None
+        chunks = solve_request(lay, item, 1.0).resolved_chunks() if lay.pp > 1 else 1
+        if lay.pp * chunks > layers:
             return None
         key, r = key_of(lay), ratio(lay)
         if (key, r) not in range_floors:
@@ -1058,15 +1062,17 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         need, slowest, recompute = pipeline_floors(found, schedule=item.schedule, stages=lay.pp,
                                                    micro_batches=lay.micro_batches, dp=lay.sync, zero=lay.zero,
                                                    capacity=capacity, layer_work=rank.layer_work(float(r)) if timed
-                                                   else None)
+                                                   else None, chunks_per_rank=chunks)
         if not timed or not math.isfinite(slowest) or not slowest:
             return need, 0.0
         # as ``step_floor``'s three bounds, one micro-batch's work grown by the least recompute its
         # stages' memory forces (the slowest stage's, or all stages' together), the collectives in
-        # proportion (at least M x / pp of them where the slowest stage bounds the step)
+        # proportion (at least M x / pp of them where the slowest stage bounds the step); where a rank
+        # holds several chunks, the slowest chunk's work M times (its rank's other chunks only add)
         k, x = rank.per_micro_batch(float(r))
         M = lay.micro_batches
-        pipeline = max(M * (slowest + x / lay.pp), bubble_factor(item.schedule, lay.pp, M) * (k + recompute + x),
+        share = x / lay.pp if chunks == 1 else 0.0
+        pipeline = max(M * (slowest + share), bubble_factor(item.schedule, lay.pp, M) * (k + recompute + x),
                        (M * (k + recompute + x) + rank.optimizer_s) / lay.pp)
         return need, pipeline + rank.collectives_once_s + dp_floor(rank, lay, item)
     plans: dict[Layout, tuple[Plan, Analysis]] = {}

@@ -1,4 +1,5 @@
-"""What no split of a one-stage-per-rank pipeline (1F1B, GPipe) gets under, recompute included.
+"""What no split of a pipeline gets under, recompute included: 1F1B and GPipe (one stage per rank),
+interleaved 1F1B and looped BFS (chunks looped over the ranks), every schedule whose backward is whole.
 
 The layout search (plan/layouts.py) settles most combinations without solving them, by floors. Its
 first ones count what recompute *can* save but not what it *costs*, and no transient: on a 70B at
@@ -9,7 +10,8 @@ layers. Each took a solve of seconds to settle, and most were left unsearched at
 This floor reads the engine's own memory accounting (solver/chunk_problem.py's ``chunk_memory``,
 solver/schedule_memory.py's signatures) and bounds it from below for every recompute choice. A stage
 ``a..b`` at position ``r`` of the pipeline, with ``n`` micro-batches in flight at its first backward
-(1F1B: ``min(M, pp - r)``, GPipe: ``M``), meets that backward holding the other ``n - 1``
+(1F1B: ``min(M, pp - r)``, GPipe: ``M``; for every schedule, counted on its own actions), meets that
+backward holding the other ``n - 1``
 micro-batches' stash beside the running one's full backward, so its rank's peak is at least
 
     V(S) = R + (n - 1) max(Y - S, 0) + max(Z - U + max(H, U - S), 0)
@@ -39,8 +41,10 @@ layers, as ``pipeline_memory_floor``'s.
 Every figure comes from the rank's phase table at the combination's micro-batch size, unsharded:
 ZeRO changes a layer's always-live bytes (counted by role in ``R``) and adds transients (DDP's
 buckets, FSDP's gathers), never takes activations away (checked against every split and choice in
-tests/plan/test_pipeline_floor.py). Schedules that split the backward or loop chunks are not bounded
-here.
+tests/plan/test_pipeline_floor.py). Where a rank holds several chunks (interleaved 1F1B, looped BFS),
+each chunk is such a stage, bounded alone at its own first backward: the rank's other chunks' bytes
+(resident, in flight, kept after a send) only add to it. Schedules that split the backward (zero bubble)
+or place chunks in a V are not bounded here.
 """
 
 from __future__ import annotations
@@ -54,8 +58,10 @@ import numpy as np
 from ..io.profile import Target
 from ..model.analysis import Analysis
 from ..model.datasharding import zero_share
+from ..solver.schedule_generation import BACKWARD_OPS, Op, ScheduleInstance, build_schedule
+from ..solver.schedule_kinds import Placement, ScheduleKind, traits
 
-__all__ = ["RangeFloors", "pipeline_floors"]
+__all__ = ["RangeFloors", "bounded", "first_backward_in_flight", "pipeline_floors"]
 
 
 @dataclass(frozen=True)
@@ -197,19 +203,54 @@ def _range_max(values: np.ndarray, L: int) -> np.ndarray:
     return out
 
 
+def bounded(schedule: str) -> bool:
+    """Whether ``pipeline_floors`` bounds ``schedule``: an unsplit backward, chunks looped over the ranks
+    (1F1B, GPipe, interleaved 1F1B, looped BFS)."""
+    if schedule == "auto":
+        return False
+    t = traits(schedule)
+    return not t.splits_backward and t.placement is Placement.LOOP
+
+
+def first_backward_in_flight(schedule: ScheduleInstance) -> np.ndarray:
+    """Per chunk, the micro-batches it holds at its first backward: the forwards its rank ran on it
+    before that backward, the running one's included (1F1B: ``min(M, pp - r)``; GPipe: ``M``)."""
+    out = np.zeros(schedule.chunks, np.int64)
+    for rank in range(schedule.devices):
+        done: set[int] = set()
+        for a in schedule.leaves[rank]:
+            if a.op is Op.FORWARD and a.chunk not in done:
+                out[a.chunk] += 1
+            elif a.op in BACKWARD_OPS:
+                done.add(a.chunk)
+    return out
+
+
 def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: int, dp: int, zero: int,
-                    capacity: float, layer_work: np.ndarray | None) -> tuple[float, float, float]:
-    """(bytes, seconds, seconds) for ``stages`` one-stage-per-rank stages under ``schedule`` (1f1b or
-    gpipe) with ``micro_batches``, the always-live bytes sharded as ZeRO ``zero`` shards them over
-    ``dp`` ranks: the least, over every split, of the fullest stage's ``V(S_max)`` (the module
-    docstring); of the slowest stage's work per micro-batch with the recompute its memory forces under
-    ``capacity``; and of that recompute summed over the stages (``layer_work``: each layer's work per
-    micro-batch at least; None: neither time is bounded, 0). Both times are inf where no split fits."""
-    if schedule not in ("1f1b", "gpipe"):
+                    capacity: float, layer_work: np.ndarray | None, chunks_per_rank: int = 1
+                    ) -> tuple[float, float, float]:
+    """(bytes, seconds, seconds) for ``stages`` ranks of ``chunks_per_rank`` chunks each under
+    ``schedule`` (``bounded``) with ``micro_batches``, the always-live bytes sharded as ZeRO ``zero``
+    shards them over ``dp`` ranks: the least, over every split into ``C = stages x chunks_per_rank``
+    chunks, of the fullest chunk's ``V(S_max)`` (the module docstring); of the slowest chunk's work per
+    micro-batch with the recompute its memory forces under ``capacity``; and of that recompute summed
+    over the chunks (``layer_work``: each layer's work per micro-batch at least; None: neither time is
+    bounded, 0). Both times are inf where no split fits. Where a rank holds several chunks, ``V``
+    bounds it at each chunk's first backward alone: its other chunks' bytes (resident, in flight,
+    kept after a send) only add to it."""
+    if not bounded(schedule):
         raise ValueError(f"no pipeline floor for {schedule}")
-    L, M, pp = rf.num_layers, micro_batches, stages
+    L, M = rf.num_layers, micro_batches
+    kind = traits(schedule).kind
+    pp = stages * chunks_per_rank
     if pp < 1 or pp > L:
-        raise ValueError("a pipeline floor needs 1 to L stages")
+        raise ValueError("a pipeline floor needs 1 to L chunks")
+    if kind is ScheduleKind.ONE_F_ONE_B and chunks_per_rank == 1:        # as its actions have it, any M
+        in_flight = np.minimum(M, pp - np.arange(pp))
+    elif kind is ScheduleKind.GPIPE and chunks_per_rank == 1:
+        in_flight = np.full(pp, M)
+    else:
+        in_flight = first_backward_in_flight(build_schedule(kind, stages, M, chunks_per_rank))
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
     per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]
@@ -220,12 +261,12 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     resident = held_prefix[last + 1] - held_prefix[first] + M * (received + sent_back)
     unstashed_out = np.where(is_last, 0.0, rf.unstashed[1:L + 1][None, :])
     stash = rf.stash + np.where(is_last, rf.model_output, unstashed_out)
-    # what the schedule holds through a full backward where there are stages to hold it for: 1F1B the
-    # output it sent on (the last stage: the model's output and the gradient it sends back), GPipe the
-    # last stage's output; both an unstashed output handed back from the forward cache
+    # what the schedule holds through a full backward where there are chunks to hold it for: 1F1B the
+    # output it sent on (the last stage: the model's output and the gradient it sends back), the others
+    # the last chunk's output; all an unstashed output handed back from the forward cache
     if pp == 1:
         hold = np.zeros((L, L))
-    elif schedule == "1f1b":
+    elif kind is ScheduleKind.ONE_F_ONE_B:
         hold = np.where(is_last, rf.model_output + np.where(first > 0, rf.backward_cut[:L][:, None], 0.0),
                         rf.forward_cut[1:L + 1][None, :])
     else:
@@ -238,7 +279,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
         work = prefix[last + 1] - prefix[first]
     peak_rows, time_rows, recompute_rows = [], [], []
     for position in range(pp):
-        n = M if schedule == "gpipe" else min(M, pp - position)
+        n = int(in_flight[position])
         others = n - 1
         peak = resident + others * np.maximum(stash - most, 0.0) + np.maximum(
             z - rf.own + np.maximum(rf.held, rf.own - most), 0.0)

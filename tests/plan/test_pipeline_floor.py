@@ -119,10 +119,30 @@ def _every_choice(L: int, options: np.ndarray, rng: np.random.Generator) -> list
     return out
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_the_micro_batches_in_flight_at_each_first_backward_by_hand():
+    """1F1B: ``min(M, pp - r)``; GPipe: every micro-batch; interleaved 1F1B over 2 ranks of 2 chunks and 4
+    micro-batches, as torch orders it (rank 0: F0 F1 of chunk 0, F0 F1 of chunk 2, F2 of chunk 0, then
+    B0 of chunk 2; rank 1: F0 F1 of chunk 1, F0 of chunk 3, B0 of chunk 3, ...; a chunk's micro-batches
+    before its first backward)."""
+    from stagesplit.plan.pipeline_floor import first_backward_in_flight
+    from stagesplit.solver.schedule_generation import build_schedule
+    assert first_backward_in_flight(build_schedule("1f1b", 3, 4)).tolist() == [3, 2, 1]
+    assert first_backward_in_flight(build_schedule("1f1b", 2, 5)).tolist() == [2, 1]
+    assert first_backward_in_flight(build_schedule("gpipe", 3, 4)).tolist() == [4, 4, 4]
+    interleaved = build_schedule("interleaved-1f1b", 2, 4, 2)
+    counts = first_backward_in_flight(interleaved)
+    for chunk in range(4):           # read off the actions themselves
+        rank = interleaved.leaves[interleaved.chunk_rank[chunk]]
+        first = next(i for i, a in enumerate(rank) if a.chunk == chunk and a.op.name != "FORWARD")
+        assert counts[chunk] == sum(1 for a in rank[:first] if a.chunk == chunk and a.op.name == "FORWARD")
+    assert counts.tolist() == [4, 3, 2, 1]
+
+
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved-1f1b"])
 @pytest.mark.parametrize("which", ["llama", "stack"])
 def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
-    """Every split into 1 to 3 stages, with no recompute, each option everywhere and random mixes, on
+    """Every split into 1 to 3 stages (interleaved 1F1B: 2 ranks of 2 chunks), with no recompute, each
+    option everywhere and random mixes, on
     the rank sharded by each ZeRO stage over 2 ranks and simulated by the engine's accounting
     (``evaluate_chunk_choice``): no rank holds less than the bytes floor; under a capacity some splits
     exceed without recompute, where every rank fits no stage's work per micro-batch (its layers' and
@@ -137,7 +157,8 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
     from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
     from stagesplit.solver.chunk_problem import step_durations
     from stagesplit.solver.request import SolveRequest
-    profile = _llama() if which == "llama" else _stack()
+    looped = schedule == "interleaved-1f1b"
+    profile = (_llama(5) if looped else _llama()) if which == "llama" else _stack()
     target = load_target("h100-80gb")
     rf = RangeFloors.of(api.analyze(profile), target)
     assert rf is not None
@@ -146,17 +167,20 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
     forced = bytes_above_mean = 0
     for zero in (0, 1, 2, 3):
         analysis = api.analyze(profile, layout=DataLayout(2, zero))
-        for pp in (1, 2, 3):
-            M = pp + 1
+        for pp in ((2,) if looped else (1, 2, 3)):
+            V = 2 if looped else 1
+            M = 2 * pp if looped else pp + 1
             request = SolveRequest(devices=pp, targets=("h100-80gb",), schedule=schedule, micro_batches=M,
-                                       exact=True, dp=2, zero=zero, runtime_reserve="off")
+                                   exact=True, dp=2, zero=zero, runtime_reserve="off",
+                                   **({"chunks_per_rank": V} if looped else {}))
             resolved = resolve(request, analysis)
             table = resolved.model.phase_table
             problem = schedule_problem(resolved.model, resolved.inputs, table)
             layer_work = table.layer_times[:, :3].sum(axis=1)
             options = table.recompute.saved > 0
             options[0] = True
-            splits = [(0, *inner, L) for inner in itertools.combinations(range(1, L), pp - 1)]
+            chunks = pp * V
+            splits = [(0, *inner, L) for inner in itertools.combinations(range(1, L), chunks - 1)]
             choices = _every_choice(L, options, rng)
             results = {(b, i): evaluate_chunk_choice(problem, b, c) for b in splits for i, c in enumerate(choices)}
             # a capacity half the splits pass without recompute, and the least any split needs with full
@@ -166,10 +190,10 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
             for capacity in (float(np.median(plain)), float(least)):
                 fullest, slowest, recompute = pipeline_floors(rf, schedule=schedule, stages=pp, micro_batches=M,
                                                               dp=2, zero=zero, capacity=capacity,
-                                                              layer_work=layer_work)
-                mean = sum(float(a.sum()) for a in rf.roles.values()) / pp
+                                                              layer_work=layer_work, chunks_per_rank=V)
+                mean = sum(float(a.sum()) for a in rf.roles.values()) / chunks
                 bytes_above_mean += fullest > mean
-                balanced = min(max(layer_work[b[i]:b[i + 1]].sum() for i in range(pp)) for b in splits)
+                balanced = min(max(layer_work[b[i]:b[i + 1]].sum() for i in range(chunks)) for b in splits)
                 forced += slowest > balanced * (1 + 1e-9) and recompute > 0
                 for (bounds, i), result in results.items():
                     where = (zero, pp, bounds, choices[i].tolist(), capacity)
@@ -181,8 +205,15 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
                     added = table.recompute.added[choices[i], np.arange(L)]
                     assert float(added.sum()) >= recompute, where
     assert bytes_above_mean
-    # (a stack of Linear layers owns no stash of its own: nothing to recompute, none forced)
-    assert forced if which == "llama" else not forced
+    # (a stack of Linear layers owns no stash of its own: nothing to recompute, none forced; a chunk of two
+    # on a rank is bounded alone, its rank's other chunk left out, which forces nothing on this Llama)
+    assert forced if which == "llama" and not looped else not forced
+
+
+def _alone(lay) -> dict:
+    """The search options that make ``lay`` its only combination: its schedule, and its chunks per
+    device under a looped one."""
+    return {"schedule": lay.schedule, **({"chunks_per_rank": lay.chunks_per_rank} if lay.chunks_per_rank > 1 else {})}
 
 
 def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeypatch, tmp_path):
@@ -211,15 +242,18 @@ def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeyp
                or "with the recompute its memory forces" in r.reason}
     assert settled and bounded.proven
     memory = [r for r in settled.values() if r.status == "memory"]
-    assert memory
+    # (under the default schedules: an interleaved combination's chunks bounded too, each checked below)
+    assert memory and {r.layout.schedule for r in memory} == {"1f1b", "interleaved-1f1b"}
+    memory.sort(key=lambda r: r.layout.schedule != "interleaved-1f1b")
     target = load_target(str(device))
     for r in memory[:3]:
         lay = r.layout
         ratio = Fraction(lay.micro_batch_size, 2)
         analysis = whole if ratio == 1 else api.analyze(scale_batch(profile, ratio))
         rf = RangeFloors.of(analysis, target)
-        need = pipeline_floors(rf, schedule="1f1b", stages=lay.pp, micro_batches=lay.micro_batches, dp=lay.sync,
-                               zero=lay.zero, capacity=target.device_bytes, layer_work=None)[0]
+        need = pipeline_floors(rf, schedule=lay.schedule, stages=lay.pp, micro_batches=lay.micro_batches,
+                               dp=lay.sync, zero=lay.zero, capacity=target.device_bytes, layer_work=None,
+                               chunks_per_rank=max(lay.chunks_per_rank, 1))[0]
         assert need > target.device_bytes and re.match(rf"memory floor: {need / 2**30:.1f} GiB ", r.reason), r.reason
     monkeypatch.setattr(layouts, "pipeline_floors", lambda *a, **k: (0.0, 0.0, 0.0))
     unbounded = api.layouts(profile, **kw)
@@ -240,7 +274,7 @@ def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeyp
         if cut < 3:                     # solved alone without the floors: no step under the floor it names
             cut += 1
             rows = api.layouts(profile, **kw, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero=lay.zero,
-                               micro_batch_size=lay.micro_batch_size).rows
+                               micro_batch_size=lay.micro_batch_size, **_alone(lay)).rows
             assert len(rows) == 1, rows
             alone = rows[0]
             assert alone.status in ("memory", "refused") or alone.step_s >= floor * (1 - 5e-3), (r.reason, alone)
@@ -249,7 +283,7 @@ def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeyp
         other = again[lay]
         if r.status == "memory":        # solved alone (no best to cut it off), every split's memory is checked
             alone = api.layouts(profile, **kw, tp=lay.tp, pp=lay.pp, dp=lay.dp, zero=lay.zero,
-                                micro_batch_size=lay.micro_batch_size).rows
+                                micro_batch_size=lay.micro_batch_size, **_alone(lay)).rows
             assert len(alone) == 1 and alone[0].status in ("memory", "refused") and alone[0].proven, (lay, alone)
             assert alone[0].status == "memory" or "fits" in alone[0].reason, alone[0].reason
         else:
