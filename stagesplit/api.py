@@ -488,7 +488,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
         e, a, layout = checked_rank("ep_profiles", degree, other, "expert", "ep")
         read[(layout.tensor_parallel, layout.context_parallel, e)] = a
 
-    captured_batch, captured_from = _captured_batch(captured_batch, micro_batch_size, read)
+    captured_batch, captured_from, recorded_batch = _captured_batch(captured_batch, micro_batch_size, read)
     # the layout search's alone: imported here (with decimal, 2 ms of every command otherwise)
     from fractions import Fraction
     scaled: dict[tuple[Any, Fraction], Any] = {}
@@ -509,30 +509,32 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
                         reshard_after_forward=bool(reshard_after_forward),
                         schedule=schedule, time_limit=time_limit,
                         runtime_reserve=_checked_runtime_reserve(runtime_reserve), captured_batch=captured_batch,
-                        captured_from=captured_from, layer_compute=measured, chunks_per_rank=chunks_per_rank)
+                        captured_from=captured_from, recorded_batch=recorded_batch, layer_compute=measured, chunks_per_rank=chunks_per_rank)
     return rank, sorted(read, key=lambda k: (k, 1, 1) if isinstance(k, int) else (*k, 1)[:3]), req, deadline, events
 
 
-def _captured_batch(given: int | None, micro_batch_size: int | None, read: Mapping[Any, Analysis]) -> tuple[int, str]:
-    """The samples per micro-batch the profiles were captured at, and where that figure comes from:
-    ``given``; else the batch their captures recorded (profiles recording different ones refused,
-    as one size scales them all); else, for profiles that record none, ``micro_batch_size`` where
-    that is fixed, else 1."""
+def _captured_batch(given: int | None, micro_batch_size: int | None, read: Mapping[Any, Analysis]
+                    ) -> tuple[int, str, int | None]:
+    """The samples per micro-batch the profiles were captured at, where that figure comes from, and
+    the batch their captures recorded (None: none, or several): ``given``; else the recorded one
+    (profiles recording different ones refused, as one size scales them all); else, for profiles
+    that record none, ``micro_batch_size`` where that is fixed, else 1."""
     recorded: dict[int, str] = {}
     for a in read.values():
         if a.profile.info.batch_size is not None:
             recorded.setdefault(a.profile.info.batch_size,
                                 str(a.profile.info.path or a.profile.info.name or "the profile"))
     if given is not None:
-        return given, "given"
+        return given, "given", next(iter(recorded)) if len(recorded) == 1 else None
     if len(recorded) > 1:
         (one, first), (other, second) = sorted(recorded.items())[:2]
         raise OptionError("captured_batch", f"the profiles were captured at different batches ({show(first)} at "
                           f"{one}, {show(second)} at {other}): capture them at one size, or give the size "
                           "they all stand for")
     if recorded:
-        return next(iter(recorded)), "recorded"
-    return (micro_batch_size, "assumed") if micro_batch_size is not None else (1, "assumed")
+        size = next(iter(recorded))
+        return size, "recorded", size
+    return (micro_batch_size if micro_batch_size is not None else 1), "assumed", None
 
 
 def _with_layers(profile: Profile, read: Analysis, layout: DataLayout) -> Analysis:

@@ -153,6 +153,8 @@ class LayoutRequest:
     #: where ``captured_batch`` comes from: "recorded" (by the profiles' capture), "given", or
     #: "assumed" (the profiles record none: the fixed micro-batch size, else 1)
     captured_from: str = "assumed"
+    #: the batch the profiles' capture recorded (None: none recorded), beside a ``captured_batch`` given
+    recorded_batch: int | None = None
     #: measured per-layer compute, one entry per tensor-parallel degree it was measured at (degree 1:
     #: the ``layer_compute`` option; the others ``tp_layer_compute``); each combination's rank takes it
     #: as ``rank_layer_compute`` says (docs/layouts.md, "Measured per-layer compute")

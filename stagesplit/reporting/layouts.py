@@ -26,7 +26,10 @@ _CAPTURED_FROM = {"recorded": "as their capture recorded", "given": "as given",
 def _sizes(req: LayoutRequest) -> str:
     """The micro-batch size as the request has it, fixed or searched, and the size the profiles
     were captured at (the one every other size is scaled from), with where that comes from."""
-    captured = f"profiles captured at {req.captured_batch} ({_CAPTURED_FROM[req.captured_from]})"
+    source = _CAPTURED_FROM[req.captured_from]
+    if req.captured_from == "given" and req.recorded_batch not in (None, req.captured_batch):
+        source += f", their capture recorded {req.recorded_batch}"
+    captured = f"profiles captured at {req.captured_batch} ({source})"
     if req.micro_batch_size is not None:
         return f"micro-batches of {req.micro_batch_size}; {captured}"
     return f"micro-batch size searched; {captured}"
@@ -115,6 +118,7 @@ def layouts_json(lp: LayoutPlan) -> dict[str, Any]:
     return {"gpus": req.gpus, "gpus_per_node": req.node.gpus_per_node, "target": req.target.name,
             "global_batch": req.global_batch, "micro_batch_size": req.micro_batch_size,
             "captured_batch": req.captured_batch, "captured_from": req.captured_from,
+            "recorded_batch": req.recorded_batch,
             "schedule": req.schedule,
             "best": _row_json(lp.best) if lp.best is not None else None,
             # the best row's split: as solve prints it, and each stage's first and last layer (indices)

@@ -86,7 +86,8 @@ def test_profiles_that_record_no_batch_are_taken_at_the_size_fixed_else_one():
     stack = linear_stack(batch=2)
     unrecorded = replace(stack, info=replace(stack.info, batch_size=None))
     fixed = api.layouts(unrecorded, **FIXED)
-    assert (fixed.request.captured_batch, fixed.request.captured_from) == (2, "assumed")
+    assert (fixed.request.captured_batch, fixed.request.captured_from, fixed.request.recorded_batch) == \
+        (2, "assumed", None)
     searched = api.layouts(unrecorded, **(FIXED | dict(micro_batch_size=None)))
     assert (searched.request.captured_batch, searched.request.captured_from) == (1, "assumed")
 
@@ -109,7 +110,8 @@ def test_profiles_captured_at_different_batches_are_refused_in_one_line(tmp_path
 
 @pytest.mark.parametrize("flags, size, source", [
     (("--micro-batch-size", 2), 4, "as their capture recorded"),
-    (("--micro-batch-size", 2, "--captured-batch", 2), 2, "as given"),
+    (("--micro-batch-size", 2, "--captured-batch", 2), 2, "as given, their capture recorded 4"),
+    (("--captured-batch", 4), 4, "as given"),
     ((), 4, "as their capture recorded"),
 ])
 def test_the_header_says_the_captured_batch_and_where_it_comes_from(tmp_path, capsys, flags, size, source):
@@ -126,6 +128,7 @@ def test_the_header_says_the_captured_batch_and_where_it_comes_from(tmp_path, ca
     code, out, err = run_cli(capsys, *argv, "--format", "json")
     doc = json.loads(out)
     assert (int(found.group(3)), found.group(4)) == (doc["captured_batch"], source) == (size, source)
-    assert doc["captured_from"] == {"as their capture recorded": "recorded", "as given": "given"}[source]
+    assert doc["captured_from"] == ("given" if source.startswith("as given") else "recorded")
+    assert doc["recorded_batch"] == 4
     assert (found.group(2) and int(found.group(2))) == doc["micro_batch_size"] or found.group(2) is None \
         and doc["micro_batch_size"] is None
