@@ -54,6 +54,12 @@ __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutR
 #: interleaved schedule is how the largest models train (Megatron's virtual pipeline, the Llama 3 405B)
 DEFAULT_SCHEDULES = "1f1b,interleaved-1f1b"
 
+#: the end of the time limit kept for the pipeline floors of the combinations no solve reached: this
+#: share of the limit at most, and this many seconds per combination (the floors of one take
+#: milliseconds where its micro-batch size's phase table is made)
+TAIL_SHARE = 0.1
+TAIL_PER_ITEM_S = 0.005
+
 
 @dataclass(frozen=True, order=True)
 class Layout:
@@ -1041,8 +1047,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                                       f"split (always live, receive buffers, micro-batches in flight) > "
                                       f"{capacity / 2**30:.1f} GiB", capacity=capacity, proven=True)
     range_floors: dict[tuple[Degree, Fraction], RangeFloors | None] = {}
+    tables = {"longest": 0.0}          # the longest a table took to make (seconds)
 
-    def item_floors(lay: Layout) -> tuple[float, float] | None:
+    def item_floors(lay: Layout, build: bool = True) -> tuple[float, float] | None:
         """(bytes, step) no split of ``lay`` gets under, recompute included (plan/pipeline_floor.py): a
         schedule whose backward is whole, its chunks looped over the ranks (1F1B, GPipe, interleaved 1F1B,
         looped BFS), the step where the roofline times the layers (else 0); from the rank's phase table at
@@ -1054,8 +1061,12 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         if lay.pp * chunks > layers:
             return None
         key, r = key_of(lay), ratio(lay)
+        if (key, r) not in range_floors and not build and deadline.left() <= 2 * tables["longest"]:
+            return None
         if (key, r) not in range_floors:
+            started = time.monotonic()
             range_floors[key, r] = RangeFloors.of(base[key] if r == 1 else analyze(key, DataLayout(), r), req.target)
+            tables["longest"] = max(tables["longest"], time.monotonic() - started)
         found = range_floors[key, r]
         if found is None:
             return None
@@ -1081,6 +1092,9 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
     last_rank: tuple[tuple[Degree, DataLayout, Fraction], Analysis] | None = None
     best: float = math.inf
     prep = 0.0                         # the longest preparation of a combination so far (seconds)
+    # the end of the time limit is kept for the pipeline floors of the combinations no solve reached (a
+    # looped schedule's, searched last: milliseconds each where their micro-batch size's table is made)
+    tail = min(TAIL_SHARE * req.time_limit, TAIL_PER_ITEM_S * len(order))
     events.start("searching the layouts", "combinations")
     for i, lay in enumerate(order):
         events.update(i, len(order))
@@ -1092,15 +1106,18 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
             rows[lay] = LayoutRow(lay, "cut off", f"step floor {seconds(f)} >= {seconds(best)}, the best step found "
                                   "before it", capacity=capacity, proven=True)
             continue
-        # the pipeline floors next (a phase table per micro-batch size, then arrays: far less than a solve)
-        settled = _pipeline_floor_row(lay, item_floors(lay), f, best, capacity) if deadline.left() > 0 else None
+        # the pipeline floors next (a phase table per micro-batch size, then arrays: far less than a solve);
+        # in the time kept for them, a table is made only where twice the longest so far is left
+        solving = deadline.left() > prep + tail
+        settled = _pipeline_floor_row(lay, item_floors(lay, build=solving), f, best, capacity) \
+            if deadline.left() > 0 else None
         if settled is not None:
             rows[lay] = settled
             continue
-        # a combination is started only where the time left covers its preparation (the rank's
-        # profile sharded, its phase table: seconds on a 70B profile, outside CP-SAT's deadline)
-        # as long as the longest so far took
-        if deadline.left() <= prep:
+        # a combination is started only where the time left, less the floors' tail, covers its
+        # preparation (the rank's profile sharded, its phase table: seconds on a 70B profile, outside
+        # CP-SAT's deadline) as long as the longest so far took
+        if not solving:
             rows[lay] = LayoutRow(lay, "unknown", "the time limit was reached before it was searched",
                                   capacity=capacity)
             continue
@@ -1110,9 +1127,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         left = [x for x in order[i:] if x not in rows]
         same = sum(1 for x in left if x.micro_batch_size == lay.micro_batch_size)
         later = len({x.micro_batch_size for x in left if x.micro_batch_size > lay.micro_batch_size})
-        share = max(deadline.left() / max(1, same + later), min(deadline.left(), 1.0))
+        available = deadline.left() - tail
+        share = max(available / max(1, same + later), min(available, 1.0))
         if not math.isfinite(best):        # until a layout is found (no cutoff yet), a quarter of what is left
-            share = max(share, deadline.left() / 4)
+            share = max(share, available / 4)
         # the items of one combination (its schedules) share its rank, made once
         made = (key_of(lay), DataLayout(lay.sync, lay.zero, req.reshard_after_forward), ratio(lay))
         if last_rank is None or last_rank[0] != made:
@@ -1134,9 +1152,10 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
                                   "operation's phase (as stagesplit capture writes)")
             table = resolved.model.phase_table
             prep = max(prep, time.monotonic() - started)
-            share = max(share - (time.monotonic() - started), min(deadline.left(), 1.0))
+            available = deadline.left() - tail
+            share = max(share - (time.monotonic() - started), min(available, 1.0))
             if not math.isfinite(best):    # the preparation does not eat the first layout's quarter
-                share = max(share, deadline.left() / 4)
+                share = max(share, available / 4)
             if request.schedule is Schedule.AUTO:     # every schedule and chunk count, the engine's own search
                 plan = engine.solve(analysis, request, deadline.part(share), Events(), cutoff=cutoff)
                 open_ = [c for c in plan.candidates if c.status not in ("optimal", "slower", "infeasible", "refused")]

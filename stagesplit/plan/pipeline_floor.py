@@ -52,6 +52,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from functools import lru_cache
 
 import numpy as np
 
@@ -226,6 +227,15 @@ def first_backward_in_flight(schedule: ScheduleInstance) -> np.ndarray:
     return out
 
 
+@lru_cache(maxsize=256)
+def _in_flight(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int) -> np.ndarray:
+    """``first_backward_in_flight`` of the schedule, kept: a search asks for one (stages, micro-batches,
+    chunks) under many degrees and ZeRO stages, and a long schedule's actions take a tenth of a second."""
+    out = first_backward_in_flight(build_schedule(kind, stages, micro_batches, chunks_per_rank))
+    out.setflags(write=False)
+    return out
+
+
 def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: int, dp: int, zero: int,
                     capacity: float, layer_work: np.ndarray | None, chunks_per_rank: int = 1
                     ) -> tuple[float, float, float]:
@@ -250,7 +260,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     elif kind is ScheduleKind.GPIPE and chunks_per_rank == 1:
         in_flight = np.full(pp, M)
     else:
-        in_flight = first_backward_in_flight(build_schedule(kind, stages, M, chunks_per_rank))
+        in_flight = _in_flight(kind, stages, M, chunks_per_rank)
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
     per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]

@@ -210,6 +210,39 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
     assert forced if which == "llama" and not looped else not forced
 
 
+def _small_device(profile, tmp_path):
+    """A slow device of 4 per node with half the memory ``profile``'s whole step holds on one."""
+    peak = api.solve(profile, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1).stages[0].worst_tile_bytes
+    device = tmp_path / "small.yaml"
+    device.write_text(f"kind: gpu\ntiles: 1\nbytes_per_tile: {peak // 2}\nflops_per_s: 1e9\n"
+                      "link_bytes_per_s: 1e11\nmemory_bytes_per_s: 3e10\nnode: {gpus_per_node: 4, "
+                      "intra_bytes_per_s: 1e11, intra_latency_s: 0.000003, inter_bytes_per_s: 1e10, "
+                      "inter_latency_s: 0.000005}\n")
+    return device
+
+
+def test_the_time_kept_at_the_end_settles_by_the_floors_alone(monkeypatch, tmp_path):
+    """The end of the time limit is kept for the pipeline floors of the combinations no solve reached
+    (``TAIL_SHARE``). Kept whole, no combination is solved: each row is settled by a floor or left
+    unsearched, and each refused for memory, solved alone, does not fit."""
+    import stagesplit.plan.layouts as layouts
+    profile = _llama(4)
+    device = _small_device(profile, tmp_path)
+    monkeypatch.setattr(layouts, "TAIL_SHARE", 1.0)
+    monkeypatch.setattr(layouts, "TAIL_PER_ITEM_S", 1e9)
+    kw = dict(target=str(device), gpus=4, global_batch=16, captured_batch=2, runtime_reserve="off")
+    lp = api.layouts(profile, time_limit=60, **kw)
+    assert lp.best is None and {r.status for r in lp.rows} <= {"memory", "cut off", "refused", "unknown"}
+    floors = [r for r in lp.rows if r.status == "memory" and "with the most recompute" in r.reason]
+    assert {r.layout.schedule for r in floors} == {"1f1b", "interleaved-1f1b"}
+    assert any(r.status == "unknown" for r in lp.rows)
+    monkeypatch.undo()
+    for r in floors[:2] + [r for r in floors if r.layout.schedule != "1f1b"][:2]:
+        alone = api.layouts(profile, time_limit=60, tp=r.layout.tp, pp=r.layout.pp, dp=r.layout.dp,
+                            zero=r.layout.zero, micro_batch_size=r.layout.micro_batch_size, **_alone(r.layout), **kw)
+        assert [a.status for a in alone.rows] == ["memory"] or "fits" in alone.rows[0].reason, alone.rows
+
+
 def _alone(lay) -> dict:
     """The search options that make ``lay`` its only combination: its schedule, and its chunks per
     device under a looped one."""
@@ -230,12 +263,7 @@ def test_the_search_with_the_pipeline_floors_finds_what_it_finds_without(monkeyp
     from stagesplit.plan.pipeline_floor import RangeFloors, pipeline_floors
     profile = _llama(4)
     whole = api.analyze(profile)
-    peak = api.solve(profile, devices=1, target="h100-80gb", schedule="1f1b", micro_batches=1).stages[0].worst_tile_bytes
-    device = tmp_path / "small.yaml"
-    device.write_text(f"kind: gpu\ntiles: 1\nbytes_per_tile: {peak // 2}\nflops_per_s: 1e9\n"
-                      "link_bytes_per_s: 1e11\nmemory_bytes_per_s: 3e10\nnode: {gpus_per_node: 4, "
-                      "intra_bytes_per_s: 1e11, intra_latency_s: 0.000003, inter_bytes_per_s: 1e10, "
-                      "inter_latency_s: 0.000005}\n")
+    device = _small_device(profile, tmp_path)
     kw = dict(target=str(device), gpus=4, global_batch=16, captured_batch=2, time_limit=120, runtime_reserve="off")
     bounded = api.layouts(profile, **kw)
     settled = {r.layout: r for r in bounded.rows if "with the most recompute" in r.reason
