@@ -43,7 +43,10 @@ ZeRO changes a layer's always-live bytes (counted by role in ``R``) and adds tra
 buckets, FSDP's gathers), never takes activations away (checked against every split and choice in
 tests/plan/test_pipeline_floor.py). Where a rank holds several chunks (interleaved 1F1B, looped BFS),
 each chunk is such a stage, bounded alone at its own first backward: the rank's other chunks' bytes
-(resident, in flight, kept after a send) only add to it. Schedules that split the backward (zero bubble)
+(resident, in flight, kept after a send) only add to it. And each rank at its own first backward holds
+every one of its chunks' ``R`` and ``max(Y - S, 0)`` per micro-batch in flight, and the running chunk's
+``Z`` term: summed over the ranks, a sum over the chunks whatever the split, whose least over splits
+(``_least_sum``) over the ranks bounds the fullest rank, the mean. Schedules that split the backward (zero bubble)
 or place chunks in a V are not bounded here.
 """
 
@@ -62,7 +65,7 @@ from ..model.datasharding import zero_share
 from ..solver.schedule_generation import BACKWARD_OPS, Op, ScheduleInstance, build_schedule
 from ..solver.schedule_kinds import Placement, ScheduleKind, traits
 
-__all__ = ["RangeFloors", "bounded", "first_backward_in_flight", "pipeline_floors"]
+__all__ = ["RangeFloors", "bounded", "first_backward_in_flight", "pipeline_floors", "rank_first_backward"]
 
 
 @dataclass(frozen=True)
@@ -227,6 +230,31 @@ def first_backward_in_flight(schedule: ScheduleInstance) -> np.ndarray:
     return out
 
 
+def rank_first_backward(schedule: ScheduleInstance) -> tuple[np.ndarray, np.ndarray]:
+    """At each rank's first backward: per chunk, the micro-batches its rank holds of it (the forwards
+    run on it so far, the running one's included), and whether it is that backward's chunk."""
+    counts = np.zeros(schedule.chunks, np.int64)
+    running = np.zeros(schedule.chunks, bool)
+    for rank in range(schedule.devices):
+        for a in schedule.leaves[rank]:
+            if a.op in BACKWARD_OPS:
+                running[a.chunk] = True
+                break
+            if a.op is Op.FORWARD:
+                counts[a.chunk] += 1
+    return counts, running
+
+
+@lru_cache(maxsize=256)
+def _rank_first_backward(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int
+                         ) -> tuple[np.ndarray, np.ndarray]:
+    """``rank_first_backward`` of the schedule, kept (as ``_in_flight``)."""
+    counts, running = rank_first_backward(build_schedule(kind, stages, micro_batches, chunks_per_rank))
+    counts.setflags(write=False)
+    running.setflags(write=False)
+    return counts, running
+
+
 @lru_cache(maxsize=256)
 def _in_flight(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int) -> np.ndarray:
     """``first_backward_in_flight`` of the schedule, kept: a search asks for one (stages, micro-batches,
@@ -307,6 +335,19 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
         time_rows.append(work + recompute)
         recompute_rows.append(recompute)
     fullest = _least_largest(peak_rows)
+    if chunks_per_rank > 1:
+        # every rank at its first backward holds its chunks' resident bytes, the stash of each micro-batch
+        # in flight and the running chunk's full backward: summed over the ranks, a sum over the chunks
+        # whatever the split, and the fullest rank holds at least the mean
+        counts, running = _rank_first_backward(kind, stages, M, chunks_per_rank)
+        rank_rows = []
+        for position in range(pp):
+            held = int(counts[position]) - int(running[position])
+            row = resident + held * np.maximum(stash - most, 0.0)
+            if running[position]:
+                row = row + np.maximum(z - rf.own + np.maximum(rf.held, rf.own - most), 0.0)
+            rank_rows.append(np.where(upper, row, math.inf))
+        fullest = max(fullest, _least_sum(rank_rows) / stages)
     if work is None:
         return fullest * (1 - 1e-9), 0.0, 0.0
     return fullest * (1 - 1e-9), _least_largest(time_rows) * (1 - 1e-9), _least_sum(recompute_rows) * (1 - 1e-9)

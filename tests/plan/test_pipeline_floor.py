@@ -122,8 +122,8 @@ def _every_choice(L: int, options: np.ndarray, rng: np.random.Generator) -> list
 def test_the_micro_batches_in_flight_at_each_first_backward_by_hand():
     """1F1B: ``min(M, pp - r)``; GPipe: every micro-batch; interleaved 1F1B over 2 ranks of 2 chunks and 4
     micro-batches, as torch orders it (rank 0: F0 F1 of chunk 0, F0 F1 of chunk 2, F2 of chunk 0, then
-    B0 of chunk 2; rank 1: F0 F1 of chunk 1, F0 of chunk 3, B0 of chunk 3, ...; a chunk's micro-batches
-    before its first backward)."""
+    B0 of chunk 2; rank 1: F0 F1 of chunk 1, F0 of chunk 3, B0 of chunk 3, ...): a chunk's micro-batches
+    before its first backward, and every chunk's on its rank at the rank's first backward."""
     from stagesplit.plan.pipeline_floor import first_backward_in_flight
     from stagesplit.solver.schedule_generation import build_schedule
     assert first_backward_in_flight(build_schedule("1f1b", 3, 4)).tolist() == [3, 2, 1]
@@ -136,6 +136,11 @@ def test_the_micro_batches_in_flight_at_each_first_backward_by_hand():
         first = next(i for i, a in enumerate(rank) if a.chunk == chunk and a.op.name != "FORWARD")
         assert counts[chunk] == sum(1 for a in rank[:first] if a.chunk == chunk and a.op.name == "FORWARD")
     assert counts.tolist() == [4, 3, 2, 1]
+    # at each rank's first backward: rank 0 holds micro-batches 0-2 of chunk 0 and 0-1 of chunk 2 (running
+    # 0's backward), rank 1 micro-batches 0-1 of chunk 1 and 0 of chunk 3 (running its backward)
+    from stagesplit.plan.pipeline_floor import rank_first_backward
+    held, running = rank_first_backward(interleaved)
+    assert held.tolist() == [3, 2, 2, 1] and running.tolist() == [False, False, True, True]
 
 
 @pytest.mark.parametrize("schedule", ["1f1b", "gpipe", "interleaved-1f1b"])
