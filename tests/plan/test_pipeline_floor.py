@@ -7,6 +7,7 @@ the engine would settle, the answer unchanged."""
 
 from __future__ import annotations
 
+import functools
 import itertools
 import re
 
@@ -18,9 +19,11 @@ from stagesplit import api
 torch = pytest.importorskip("torch")
 
 
+@functools.cache
 def _llama(blocks: int = 3):
     """A Llama from a config (``blocks`` blocks 64 wide, sequence 32, two sequences), captured with
-    float32 parameters and Adam: its blocks have selective and full recompute options."""
+    float32 parameters and Adam: its blocks have selective and full recompute options. Captured once per
+    worker and depth (the tests only read it)."""
     transformers = pytest.importorskip("transformers")
     from stagesplit.capturing.pytorch import capture_model
     cfg = transformers.LlamaConfig(vocab_size=256, hidden_size=64, intermediate_size=128, num_hidden_layers=blocks,
