@@ -246,21 +246,15 @@ def rank_first_backward(schedule: ScheduleInstance) -> tuple[np.ndarray, np.ndar
 
 
 @lru_cache(maxsize=256)
-def _rank_first_backward(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int
-                         ) -> tuple[np.ndarray, np.ndarray]:
-    """``rank_first_backward`` of the schedule, kept (as ``_in_flight``)."""
-    counts, running = rank_first_backward(build_schedule(kind, stages, micro_batches, chunks_per_rank))
-    counts.setflags(write=False)
-    running.setflags(write=False)
-    return counts, running
-
-
-@lru_cache(maxsize=256)
-def _in_flight(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int) -> np.ndarray:
-    """``first_backward_in_flight`` of the schedule, kept: a search asks for one (stages, micro-batches,
-    chunks) under many degrees and ZeRO stages, and a long schedule's actions take a tenth of a second."""
-    out = first_backward_in_flight(build_schedule(kind, stages, micro_batches, chunks_per_rank))
-    out.setflags(write=False)
+def _schedule_counts(kind: ScheduleKind, stages: int, micro_batches: int, chunks_per_rank: int
+                     ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """``first_backward_in_flight`` and ``rank_first_backward`` of the schedule, from one listing of its
+    actions, kept: a search asks for one (stages, micro-batches, chunks) under many degrees and ZeRO
+    stages, and a long schedule's actions take a tenth of a second."""
+    schedule = build_schedule(kind, stages, micro_batches, chunks_per_rank)
+    out = (first_backward_in_flight(schedule), *rank_first_backward(schedule))
+    for a in out:
+        a.setflags(write=False)
     return out
 
 
@@ -288,7 +282,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     elif kind is ScheduleKind.GPIPE and chunks_per_rank == 1:
         in_flight = np.full(pp, M)
     else:
-        in_flight = _in_flight(kind, stages, M, chunks_per_rank)
+        in_flight = _schedule_counts(kind, stages, M, chunks_per_rank)[0]
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
     per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]
@@ -339,7 +333,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
         # every rank at its first backward holds its chunks' resident bytes, the stash of each micro-batch
         # in flight and the running chunk's full backward: summed over the ranks, a sum over the chunks
         # whatever the split, and the fullest rank holds at least the mean
-        counts, running = _rank_first_backward(kind, stages, M, chunks_per_rank)
+        _, counts, running = _schedule_counts(kind, stages, M, chunks_per_rank)
         rank_rows = []
         for position in range(pp):
             held = int(counts[position]) - int(running[position])
