@@ -16,7 +16,6 @@ from helpers import (
     load_sample,
     random_block_profile,
     random_profile,
-    sample_json_text,
     sample_path,
     tiny_profile,
 )
@@ -150,12 +149,6 @@ def test_property_round_trip_any_strings(tmp_path, steps, names, layers, inputs,
 
 
 @pytest.mark.slow
-def test_compact_sample_is_much_smaller_than_its_json():
-    compact = sample_path("bert-base").stat().st_size
-    json_bytes = len(sample_json_text("bert-base").encode("utf-8"))
-    assert compact * 100 < json_bytes           # about 0.65 MB against 215 MB
-
-
 def test_narrow_integer_storage_is_widened_on_load(tmp_path):
     arrays = profile_to_arrays(tiny_profile())
     assert arrays["var_bytes"].dtype == np.int8        # stored narrow ...
