@@ -39,7 +39,7 @@ from ..model.communication import DDP_FIRST_BUCKET_BYTES, dp_exposed, ring_time
 from ..model.datasharding import DataLayout, parameter_bytes_by_layer, role_bytes, zero_share
 from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
-from .pipeline_floor import RangeFloors, bounded, pipeline_floors
+from .pipeline_floor import RangeFloors, bounded, busy_floor, pipeline_floors
 from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
@@ -1084,6 +1084,13 @@ def search(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, d
         # holds several chunks, the slowest chunk's work M times (its rank's other chunks only add)
         k, x = rank.per_micro_batch(float(r))
         M = lay.micro_batches
+        if chunks > 1:
+            # the recompute the ranks' whole memory forces, summed over them (``busy_floor``): where a rank
+            # holds several chunks, more than each chunk's alone
+            busy = busy_floor(found, schedule=item.schedule, stages=lay.pp, micro_batches=M, dp=lay.sync,
+                              zero=lay.zero, capacity=capacity, layer_work=rank.layer_work(float(r)),
+                              chunks_per_rank=chunks)
+            recompute = max(recompute, busy / M - k)
         share = x / lay.pp if chunks == 1 else 0.0
         pipeline = max(M * (slowest + share), bubble_factor(item.schedule, lay.pp, M) * (k + recompute + x),
                        (M * (k + recompute + x) + rank.optimizer_s) / lay.pp)

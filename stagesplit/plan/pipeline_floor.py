@@ -65,7 +65,7 @@ from ..model.datasharding import zero_share
 from ..solver.schedule_generation import BACKWARD_OPS, Op, ScheduleInstance, build_schedule
 from ..solver.schedule_kinds import Placement, ScheduleKind, traits
 
-__all__ = ["RangeFloors", "bounded", "first_backward_in_flight", "pipeline_floors", "rank_first_backward"]
+__all__ = ["RangeFloors", "bounded", "busy_floor", "first_backward_in_flight", "pipeline_floors", "rank_first_backward"]
 
 
 @dataclass(frozen=True)
@@ -285,25 +285,7 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
         in_flight = _schedule_counts(kind, stages, M, chunks_per_rank)[0]
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
-    per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]
-    held_prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
-    is_last = last == L - 1
-    received = np.where(first > 0, rf.forward_cut[:L][:, None], 0.0)
-    sent_back = np.where(~is_last, rf.backward_cut[1:L + 1][None, :], 0.0)
-    resident = held_prefix[last + 1] - held_prefix[first] + M * (received + sent_back)
-    unstashed_out = np.where(is_last, 0.0, rf.unstashed[1:L + 1][None, :])
-    stash = rf.stash + np.where(is_last, rf.model_output, unstashed_out)
-    # what the schedule holds through a full backward where there are chunks to hold it for: 1F1B the
-    # output it sent on (the last stage: the model's output and the gradient it sends back), the others
-    # the last chunk's output; all an unstashed output handed back from the forward cache
-    if pp == 1:
-        hold = np.zeros((L, L))
-    elif kind is ScheduleKind.ONE_F_ONE_B:
-        hold = np.where(is_last, rf.model_output + np.where(first > 0, rf.backward_cut[:L][:, None], 0.0),
-                        rf.forward_cut[1:L + 1][None, :])
-    else:
-        hold = np.where(is_last, rf.model_output, 0.0)
-    z = np.maximum(rf.full_backward + hold + unstashed_out, 0.0)                     # Z
+    resident, stash, z = _stage_terms(rf, kind, pp, M, dp, zero)
     most = rf.saves
     work = None
     if layer_work is not None:
@@ -345,6 +327,85 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     if work is None:
         return fullest * (1 - 1e-9), 0.0, 0.0
     return fullest * (1 - 1e-9), _least_largest(time_rows) * (1 - 1e-9), _least_sum(recompute_rows) * (1 - 1e-9)
+
+
+def _stage_terms(rf: RangeFloors, kind: ScheduleKind, chunks: int, micro_batches: int, dp: int, zero: int
+                 ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(L, L) per range, as a chunk of a pipeline of ``chunks`` under ``kind``: ``R`` (its always-live
+    bytes sharded as ZeRO ``zero`` shards them over ``dp`` ranks, and its receive buffers), ``Y`` (one
+    micro-batch's stash with what the runtime keeps beside it) and ``Z`` (the module docstring's)."""
+    L, M = rf.num_layers, micro_batches
+    first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+    per_layer = zero_share(rf.roles, dp, zero) + rf.roles["other"]
+    held_prefix = np.concatenate([[0.0], np.cumsum(per_layer)])
+    is_last = last == L - 1
+    received = np.where(first > 0, rf.forward_cut[:L][:, None], 0.0)
+    sent_back = np.where(~is_last, rf.backward_cut[1:L + 1][None, :], 0.0)
+    resident = held_prefix[last + 1] - held_prefix[first] + M * (received + sent_back)
+    unstashed_out = np.where(is_last, 0.0, rf.unstashed[1:L + 1][None, :])
+    stash = rf.stash + np.where(is_last, rf.model_output, unstashed_out)
+    # what the schedule holds through a full backward where there are chunks to hold it for: 1F1B the
+    # output it sent on (the last stage: the model's output and the gradient it sends back), the others
+    # the last chunk's output; all an unstashed output handed back from the forward cache
+    if chunks == 1:
+        hold = np.zeros((L, L))
+    elif kind is ScheduleKind.ONE_F_ONE_B:
+        hold = np.where(is_last, rf.model_output + np.where(first > 0, rf.backward_cut[:L][:, None], 0.0),
+                        rf.forward_cut[1:L + 1][None, :])
+    else:
+        hold = np.where(is_last, rf.model_output, 0.0)
+    z = np.maximum(rf.full_backward + hold + unstashed_out, 0.0)
+    return resident, stash, z
+
+
+def busy_floor(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: int, dp: int, zero: int,
+               capacity: float, layer_work: np.ndarray, chunks_per_rank: int = 1) -> float:
+    """Seconds: the least, over every split into ``stages x chunks_per_rank`` chunks, of the ranks'
+    busy time summed (each rank runs every micro-batch on each of its chunks: ``M`` x their layers'
+    work, ``layer_work``, and the recompute its memory forces under ``capacity``); the busiest rank
+    is at least its mean. Where a rank holds several chunks, the recompute is forced by the rank's
+    whole memory at its first backward, not a chunk's alone (``pipeline_floors``'s times).
+
+    Rank ``r`` at its first backward holds ``sum over its chunks c of m_c - n_c S_c`` at least, where
+    ``m_c = R_c + h_c Y_c`` (``h_c`` micro-batches held, ``n_c = h_c`` or ``h_c + 1`` for the
+    running chunk, whose ``m_c`` adds ``Z_c``: its full backward term is at least ``Z - S``) and
+    ``S_c`` the bytes its recompute saves per micro-batch; so it fits only where
+    ``sum n_c S_c >= sum m_c - capacity``. The least recompute cost under that constraint is, for
+    any multiplier ``t / n_r >= 0`` (``n_r`` the rank's largest ``n_c``: ``n_c / n_r <= 1``), at
+    least ``sum over c of min over S of (cost_c(S) - t S)`` plus ``t / n_r (sum m_c - capacity)``
+    (Lagrange); at ``t`` one of ``RangeFloors``' knots the minimum takes every piece cheaper per
+    byte than ``t`` (the knapsack's relaxation, below each option mix's cost). Each knot's bound is
+    a sum over the chunks of a table per position, whose least over splits ``_least_sum`` gives;
+    the largest over the knots (and ``t = 0``, the work alone) is the floor. Both rank and chunk
+    terms come from ``_stage_terms`` as ``pipeline_floors`` has them."""
+    if not bounded(schedule):
+        raise ValueError(f"no pipeline floor for {schedule}")
+    L, M = rf.num_layers, micro_batches
+    kind = traits(schedule).kind
+    pp = stages * chunks_per_rank
+    if pp < 1 or pp > L:
+        raise ValueError("a pipeline floor needs 1 to L chunks")
+    first, last = np.arange(L)[:, None], np.arange(L)[None, :]
+    upper = last >= first
+    prefix = np.concatenate([[0.0], np.cumsum(np.asarray(layer_work, np.float64))])
+    work = np.where(upper, prefix[last + 1] - prefix[first], math.inf)
+    floor = _least_sum([work] * pp)
+    if not len(rf.knots):
+        return M * floor * (1 - 1e-9)
+    resident, stash, z = _stage_terms(rf, kind, pp, M, dp, zero)
+    _, counts, running = _schedule_counts(kind, stages, M, chunks_per_rank)
+    rank_of = np.arange(pp) % stages
+    most = np.zeros(stages, np.int64)
+    np.maximum.at(most, rank_of, counts)
+    if not most.all():
+        return M * floor * (1 - 1e-9)
+    held = [resident + float(counts[p] - running[p]) * stash + (z if running[p] else 0.0) for p in range(pp)]
+    weight = 1.0 / most[rank_of]
+    for k, t in enumerate(rf.knots):
+        base = work + rf.knot_cost[k] - t * rf.knot_saved[k]
+        rows = [np.where(upper, base + t * weight[p] * held[p], math.inf) for p in range(pp)]
+        floor = max(floor, _least_sum(rows) - t * capacity * float((1.0 / most).sum()))
+    return M * floor * (1 - 1e-9)
 
 
 def _least_largest(rows: list[np.ndarray]) -> float:

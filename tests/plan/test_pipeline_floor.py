@@ -1,9 +1,10 @@
 """The pipeline floors with recompute (plan/pipeline_floor.py): by hand (the stage bound ``V`` and its
-dynamic programs, the recompute's knapsack lines); against every split and recompute choice of a
-small Llama and a random stack under each ZeRO stage, simulated by the engine's own accounting (no
-rank holds less than the bytes floor; where every rank fits, no stage works less than the seconds
-floor, nor do the stages recompute less together); and in the layout search, settling combinations
-the engine would settle, the answer unchanged."""
+dynamic programs, the recompute's knapsack lines, the ranks' busy time); against every split and
+recompute choice of a small Llama and a random stack under each ZeRO stage, simulated by the engine's
+own accounting (no rank holds less than the bytes floor; where every rank fits, no stage works less
+than the seconds floor, nor do the stages recompute less together, nor are the ranks busy less
+together); and in the layout search, settling combinations the engine would settle, the answer
+unchanged."""
 
 from __future__ import annotations
 
@@ -112,6 +113,21 @@ def test_the_stage_bound_and_its_recompute_by_hand():
     assert one[0] == pytest.approx(20 + 10 - 8 + 1)
 
 
+def test_the_ranks_busy_time_and_the_recompute_their_whole_memory_forces_by_hand():
+    """``_two_layers`` under 1F1B as above. At its first backward rank 0 holds m = 18 + 6 (the other
+    micro-batch's stash) + 9 (its full backward, the output sent on included) = 33 with nothing
+    recomputed, less 2 S for the S bytes its recompute saves per micro-batch (both micro-batches'); rank
+    1 holds 18 + 12 = 30, less S. Under 27 bytes: 2 S0 >= 6 and S1 >= 3. Full recompute saves at 0.5 s
+    a byte, the only knot: at t = 0.5 the Lagrange bound is (1 + 0.5 / 2 x 33) + (2 + 0.5 x 30) - 0.5 x 27
+    x (1 / 2 + 1) = 6 s per micro-batch, the layers' 3 s and 3 s of recompute, what saving 3 bytes on
+    each stage costs: 12 s over 2 micro-batches. Under 33 bytes nothing is forced: the work alone, 6 s."""
+    from stagesplit.plan.pipeline_floor import busy_floor
+    rf = _two_layers()
+    kw = dict(stages=2, micro_batches=2, dp=1, zero=0, layer_work=np.array([1.0, 2.0]))
+    assert busy_floor(rf, schedule="1f1b", capacity=27.0, **kw) == pytest.approx(12.0)
+    assert busy_floor(rf, schedule="1f1b", capacity=33.0, **kw) == pytest.approx(6.0)
+
+
 def _every_choice(L: int, options: np.ndarray, rng: np.random.Generator) -> list[np.ndarray]:
     """None, selective and full everywhere (where a layer has the option), and random mixes."""
     allowed = [np.flatnonzero(options[:, i]) for i in range(L)]
@@ -160,7 +176,7 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
     from stagesplit.io.targets import load_target
     from stagesplit.model.datasharding import DataLayout
     from stagesplit.plan.engine import resolve
-    from stagesplit.plan.pipeline_floor import RangeFloors, pipeline_floors
+    from stagesplit.plan.pipeline_floor import RangeFloors, busy_floor, pipeline_floors
     from stagesplit.plan.scheduled import schedule_problem
     from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
     from stagesplit.solver.chunk_problem import step_durations
@@ -172,7 +188,7 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
     assert rf is not None
     L = rf.num_layers
     rng = np.random.default_rng(0)
-    forced = bytes_above_mean = 0
+    forced = bytes_above_mean = busy_forced = 0
     for zero in (0, 1, 2, 3):
         analysis = api.analyze(profile, layout=DataLayout(2, zero))
         for pp in ((2,) if looped else (1, 2, 3)):
@@ -199,6 +215,9 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
                 fullest, slowest, recompute = pipeline_floors(rf, schedule=schedule, stages=pp, micro_batches=M,
                                                               dp=2, zero=zero, capacity=capacity,
                                                               layer_work=layer_work, chunks_per_rank=V)
+                busy = busy_floor(rf, schedule=schedule, stages=pp, micro_batches=M, dp=2, zero=zero,
+                                  capacity=capacity, layer_work=layer_work, chunks_per_rank=V)
+                busy_forced += busy > M * float(layer_work.sum()) * (1 + 1e-9)
                 mean = sum(float(a.sum()) for a in rf.roles.values()) / chunks
                 bytes_above_mean += fullest > mean
                 balanced = min(max(layer_work[b[i]:b[i + 1]].sum() for i in range(chunks)) for b in splits)
@@ -212,10 +231,13 @@ def test_the_floors_are_below_every_split_and_recompute_choice(which, schedule):
                     assert max(f + b + w) >= slowest, where
                     added = table.recompute.added[choices[i], np.arange(L)]
                     assert float(added.sum()) >= recompute, where
+                    assert M * float((f + b + w).sum()) >= busy, where      # every rank's M micro-batches
     assert bytes_above_mean
     # (a stack of Linear layers owns no stash of its own: nothing to recompute, none forced; a chunk of two
     # on a rank is bounded alone, its rank's other chunk left out, which forces nothing on this Llama)
     assert forced if which == "llama" and not looped else not forced
+    # the ranks' whole memory forces recompute on the Llama, its rank's two chunks together included
+    assert busy_forced if which == "llama" else not busy_forced
 
 
 def _small_device(profile, tmp_path):
