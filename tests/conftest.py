@@ -64,18 +64,26 @@ def search_under_1f1b(monkeypatch):
     monkeypatch.setattr("stagesplit.plan.layouts.DEFAULT_SCHEDULES", "1f1b")
 
 
-#: the suite's two longest tests (a multi-process matrix, and a page of real captures: 36 to 144 s on
-#: the 2-core machine), handed out first, one to each worker. pytest-xdist gives tests out in
-#: collection order, and one of them collected late kept a worker busy for minutes after the other
-#: had nothing left. (Only these two: all the slow tests first put the multi-process ones beside each
-#: other, and the full suite took 18.5 minutes instead of 14.7.)
+
+#: handed out first: the suite's longest test (a multi-process matrix, 144 s on the 2-core machine),
+#: then the files of long single-process tests (the documentation's examples, the benchmarks' quick
+#: modes, mypy: 4 to 58 s each) that collection order puts last. pytest-xdist gives each worker a
+#: block of consecutive tests to start with and the rest as workers free up, so tests collected
+#: late decide how long one worker runs on alone at the end: these left a worker idle for minutes.
+#: The multi-process tests stay where they are (all the slow tests first put them beside each
+#: other: the full suite took 18.5 minutes instead of 14.7).
 STARTED_FIRST = (
     "tests/exporters/test_export_hf_pipelines.py::test_exported_pipelines_run_and_every_rank_is_within_tolerance",
-    "tests/test_docs_commands.py::test_every_example_prints_what_the_page_shows[docs/gpu.md]",
+    "tests/test_docs_commands.py::",
+    "tests/test_benchmarks.py::",
+    "tests/test_lint.py::",
 )
 
 
 def pytest_collection_modifyitems(config, items):
-    """``STARTED_FIRST`` first, in its order; the others in collection order."""
-    rank = {nodeid: i for i, nodeid in enumerate(STARTED_FIRST)}
-    items.sort(key=lambda item: rank.get(item.nodeid, len(rank)))
+    """The tests ``STARTED_FIRST`` names (a node id, or a file's ``::`` prefix) first, in its order;
+    the others in collection order."""
+    def rank(item) -> int:
+        return next((i for i, start in enumerate(STARTED_FIRST) if item.nodeid.startswith(start)),
+                    len(STARTED_FIRST))
+    items.sort(key=rank)

@@ -270,13 +270,8 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     bounded, 0). Both times are inf where no split fits. Where a rank holds several chunks, ``V``
     bounds it at each chunk's first backward alone: its other chunks' bytes (resident, in flight,
     kept after a send) only add to it."""
-    if not bounded(schedule):
-        raise ValueError(f"no pipeline floor for {schedule}")
     L, M = rf.num_layers, micro_batches
-    kind = traits(schedule).kind
-    pp = stages * chunks_per_rank
-    if pp < 1 or pp > L:
-        raise ValueError("a pipeline floor needs 1 to L chunks")
+    kind, pp = _checked(schedule, stages * chunks_per_rank, L)
     if kind is ScheduleKind.ONE_F_ONE_B and chunks_per_rank == 1:        # as its actions have it, any M
         in_flight = np.minimum(M, pp - np.arange(pp))
     elif kind is ScheduleKind.GPIPE and chunks_per_rank == 1:
@@ -329,6 +324,15 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     return fullest * (1 - 1e-9), _least_largest(time_rows) * (1 - 1e-9), _least_sum(recompute_rows) * (1 - 1e-9)
 
 
+def _checked(schedule: str, chunks: int, layers: int) -> tuple[ScheduleKind, int]:
+    """(kind, chunks) of a schedule the floors bound, over 1 to ``layers`` chunks; ValueError otherwise."""
+    if not bounded(schedule):
+        raise ValueError(f"no pipeline floor for {schedule}")
+    if chunks < 1 or chunks > layers:
+        raise ValueError("a pipeline floor needs 1 to L chunks")
+    return traits(schedule).kind, chunks
+
+
 def _stage_terms(rf: RangeFloors, kind: ScheduleKind, chunks: int, micro_batches: int, dp: int, zero: int
                  ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(L, L) per range, as a chunk of a pipeline of ``chunks`` under ``kind``: ``R`` (its always-live
@@ -378,13 +382,8 @@ def busy_floor(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: in
     a sum over the chunks of a table per position, whose least over splits ``_least_sum`` gives;
     the largest over the knots (and ``t = 0``, the work alone) is the floor. Both rank and chunk
     terms come from ``_stage_terms`` as ``pipeline_floors`` has them."""
-    if not bounded(schedule):
-        raise ValueError(f"no pipeline floor for {schedule}")
     L, M = rf.num_layers, micro_batches
-    kind = traits(schedule).kind
-    pp = stages * chunks_per_rank
-    if pp < 1 or pp > L:
-        raise ValueError("a pipeline floor needs 1 to L chunks")
+    kind, pp = _checked(schedule, stages * chunks_per_rank, L)
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(layer_work, np.float64))])
