@@ -46,8 +46,11 @@ each chunk is such a stage, bounded alone at its own first backward: the rank's 
 (resident, in flight, kept after a send) only add to it. And each rank at its own first backward holds
 every one of its chunks' ``R`` and ``max(Y - S, 0)`` per micro-batch in flight, and the running chunk's
 ``Z`` term: summed over the ranks, a sum over the chunks whatever the split, whose least over splits
-(``_least_sum``) over the ranks bounds the fullest rank, the mean. Schedules that split the backward (zero bubble)
-or place chunks in a V are not bounded here.
+(``_least_sum``) over the ranks bounds the fullest rank, the mean. Each such rank fits only where its
+chunks' recompute saves what it holds beyond the device, which forces recompute no chunk alone does:
+``busy_floor`` bounds the ranks' busy time summed, that recompute included, by a Lagrange bound over the
+recompute's knots. Schedules that split the backward (zero bubble) or place chunks in a V are not bounded
+here.
 """
 
 from __future__ import annotations
