@@ -22,10 +22,10 @@ import numpy as np
 
 from ..errors import ProfileError
 
-__all__ = ["COLLECTIVE_GROUPS", "batch_of", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "Collective", "GroundTruth", "LAYER_ORDERS", "LayerGrouping",
-           "Liveness", "Operations", "PHASE_LABELS", "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs",
-           "ROLES", "Ragged", "Target", "TileCosts", "TrainingPrecision", "Variables", "VertexCode",
-           "narrowest_int", "PARAMETER_DTYPES", "AUTOCAST_DTYPES"]
+__all__ = ["AUTOCAST_DTYPES", "COLLECTIVE_GROUPS", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "LAYER_ORDERS", "PARAMETER_DTYPES",
+           "PHASE_LABELS", "ROLES", "Collective", "GroundTruth", "LayerGrouping", "Liveness", "Operations",
+           "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs", "Ragged", "Target", "TileCosts",
+           "TrainingPrecision", "Variables", "VertexCode", "batch_of", "narrowest_int"]
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
