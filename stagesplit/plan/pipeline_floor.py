@@ -274,7 +274,8 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     bounds it at each chunk's first backward alone: its other chunks' bytes (resident, in flight,
     kept after a send) only add to it."""
     L, M = rf.num_layers, micro_batches
-    kind, pp = _checked(schedule, stages * chunks_per_rank, L)
+    pp = stages * chunks_per_rank
+    kind = _checked(schedule, pp, L)
     if kind is ScheduleKind.ONE_F_ONE_B and chunks_per_rank == 1:        # as its actions have it, any M
         in_flight = np.minimum(M, pp - np.arange(pp))
     elif kind is ScheduleKind.GPIPE and chunks_per_rank == 1:
@@ -327,13 +328,13 @@ def pipeline_floors(rf: RangeFloors, *, schedule: str, stages: int, micro_batche
     return fullest * (1 - 1e-9), _least_largest(time_rows) * (1 - 1e-9), _least_sum(recompute_rows) * (1 - 1e-9)
 
 
-def _checked(schedule: str, chunks: int, layers: int) -> tuple[ScheduleKind, int]:
-    """(kind, chunks) of a schedule the floors bound, over 1 to ``layers`` chunks; ValueError otherwise."""
+def _checked(schedule: str, chunks: int, layers: int) -> ScheduleKind:
+    """The kind of a schedule the floors bound, over 1 to ``layers`` chunks; ValueError otherwise."""
     if not bounded(schedule):
         raise ValueError(f"no pipeline floor for {schedule}")
     if chunks < 1 or chunks > layers:
         raise ValueError("a pipeline floor needs 1 to L chunks")
-    return traits(schedule).kind, chunks
+    return traits(schedule).kind
 
 
 def _stage_terms(rf: RangeFloors, kind: ScheduleKind, chunks: int, micro_batches: int, dp: int, zero: int
@@ -386,7 +387,8 @@ def busy_floor(rf: RangeFloors, *, schedule: str, stages: int, micro_batches: in
     the largest over the knots (and ``t = 0``, the work alone) is the floor. Both rank and chunk
     terms come from ``_stage_terms`` as ``pipeline_floors`` has them."""
     L, M = rf.num_layers, micro_batches
-    kind, pp = _checked(schedule, stages * chunks_per_rank, L)
+    pp = stages * chunks_per_rank
+    kind = _checked(schedule, pp, L)
     first, last = np.arange(L)[:, None], np.arange(L)[None, :]
     upper = last >= first
     prefix = np.concatenate([[0.0], np.cumsum(np.asarray(layer_work, np.float64))])
