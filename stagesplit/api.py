@@ -418,7 +418,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     profiles are read: it covers the whole command) and the events."""
     from .io.targets import load_target
     from .io.topology import node_of
-    from .plan.layouts import LayoutRequest
+    from .plan.layouts import LayoutRequest, search_deadline
     from .solver.request import Schedule, SolveRequest
     events = _events(events)
     global_batch = integer("global_batch", global_batch, 1, 2**40)
@@ -452,7 +452,7 @@ def _layout_inputs(profile: ProfileLike, gpus: int, *, global_batch: int, target
     node = node_of(target)
     if gpus_per_node is not None:
         node = replace(node, gpus_per_node=integer("gpus_per_node", gpus_per_node, 1, MAX_DEVICES))
-    deadline = Deadline.after(time_limit)      # the whole search, reading the profiles included
+    deadline = search_deadline(time_limit)      # the whole search, reading the profiles included
     measured = _measured_compute(layer_compute, tp_layer_compute)
     sources: dict[Any, Any] = _by_degree(profile, events)
     for degree, other in (tp_profiles or {}).items():

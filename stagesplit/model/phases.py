@@ -28,7 +28,8 @@ whose columns are masked), for every range at once.
 from __future__ import annotations
 
 import copy
-from collections.abc import Sequence
+import functools
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import TypeVar
 
@@ -100,7 +101,8 @@ class PhaseTable:
     resident: np.ndarray
     stash: np.ndarray
     weight_stash: np.ndarray
-    peaks: dict[str, np.ndarray]
+    #: kind -> (L, L) transient peaks (``PHASE_KINDS``); a split backward's two are priced when first read
+    peaks: Mapping[str, np.ndarray]
     model_output: int                  # bytes of the model's output (what the loss reads)
     forward_cut: np.ndarray            # (L + 1,) activation bytes crossing the cut before layer j
     backward_cut: np.ndarray           # (L + 1,) gradient bytes crossing it the other way
@@ -131,8 +133,10 @@ class PhaseTable:
     def num_layers(self) -> int:
         return len(self.resident)
 
-    def chunks(self, bounds: Sequence[int] | np.ndarray) -> ChunkCosts:
-        """The figures of the chunks ``bounds[i]..bounds[i+1]-1`` (a split's boundaries)."""
+    def chunks(self, bounds: Sequence[int] | np.ndarray, split_backward: bool = True) -> ChunkCosts:
+        """The figures of the chunks ``bounds[i]..bounds[i+1]-1`` (a split's boundaries). Where the
+        schedule does not split the backward (``split_backward`` False), B and W run as one action, so
+        each of their peaks is given as the whole backward's: the split ones are then never priced."""
         b = np.asarray(bounds, np.int64)
         a, last = b[:-1], b[1:] - 1
         if np.any(last < a):
@@ -147,8 +151,8 @@ class PhaseTable:
         return ChunkCosts(
             resident=self.resident[a, last], stash=self.stash[a, last], weight_stash=self.weight_stash[a, last],
             forward_peak=self.peaks["forward"][a, last],
-            backward_input_peak=self.peaks["backward_input"][a, last],
-            backward_weight_peak=self.peaks["backward_weight"][a, last],
+            backward_input_peak=self.peaks["backward_input" if split_backward else "full_backward"][a, last],
+            backward_weight_peak=self.peaks["backward_weight" if split_backward else "full_backward"][a, last],
             full_backward_peak=self.peaks["full_backward"][a, last],
             optimizer_peak=self.peaks["optimizer"][a, last],
             sent_forward=np.where(last_chunk, 0, self.forward_cut[b[1:]]).astype(np.int64),
@@ -159,6 +163,39 @@ class PhaseTable:
                                   else self.input_backward_frees[last]),
             unsharded_after_backward=kept, forward_time=times[:, 0], backward_input_time=times[:, 1], backward_weight_time=times[:, 2],
             optimizer_time=times[:, 3], time_unit=self.time_unit)
+
+
+class _Peaks(Mapping[str, np.ndarray]):
+    """A phase table's transient peaks by kind, those of a split backward (B's and W's) priced when
+    first read: a sweep each, as long as the others', which only a schedule that splits the backward
+    (zero bubble, DualPipeV) reads, while a layout search makes a table per combination and solves most
+    under 1F1B and interleaved 1F1B. What is priced is kept, read-only."""
+
+    def __init__(self, made: dict[str, np.ndarray], pending: dict[str, Callable[[], np.ndarray]]) -> None:
+        self._made = dict(made)
+        self._pending = dict(pending)
+        for grid in self._made.values():
+            grid.flags.writeable = False
+
+    def __getitem__(self, kind: str) -> np.ndarray:
+        if kind not in self._made:
+            if kind not in self._pending:
+                raise KeyError(kind)
+            grid = self._pending.pop(kind)()
+            grid.flags.writeable = False
+            self._made[kind] = grid
+        return self._made[kind]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter([*self._made, *self._pending])
+
+    def __len__(self) -> int:
+        return len(self._made) + len(self._pending)
+
+    @property
+    def priced(self) -> tuple[str, ...]:
+        """The kinds priced so far."""
+        return tuple(self._made)
 
 
 def _masked(model: _Model, columns: np.ndarray) -> _Model:
@@ -236,20 +273,29 @@ def phase_table(model: ModelView) -> PhaseTable:
     base = price_all_ranges(_masked(model, none), (1, 2))
     plain = base.worst_bytes[base.k_index(1)]
     stash = base.worst_bytes[base.k_index(2)] - plain
-    peaks = {}
     forward_cut, backward_cut, unstashed = _cut_directions(model)
     entries = _Entries.of(model)
-    held = _held_through_backward(model, columns, entries)
-    # the held view keeps a range's output (read back only by the next layer) through its B and W: not
-    # the chunk's, which the runtime detaches (held_output, the receive buffers count it)
-    sent_on = np.maximum(forward_cut[1:] - unstashed[1:], 0)
-    sent_on[-1] = 0
-    for kind, phases in _PHASES_OF.items():
+    # the split kinds are priced later from a view of the model's own: the model keeps this table
+    # (costmodel.py's cached ``phase_table``), which then holds no path back to it (no reference cycle
+    # keeping a rank's arrays until the collector runs)
+    source = copy.copy(model)
+
+    def priced(kind: str, model: ModelView = source) -> np.ndarray:
+        """The (L, L) transient peaks of ``kind``: one pricing sweep over its phases' columns."""
+        phases = _PHASES_OF[kind]
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
-        view = held if kind in _SPLIT_KINDS and held is not None else model
-        split = view is not model
-        table = price_all_ranges(_masked(view, mask), (1,))
-        peaks[kind] = np.triu(table.worst_bytes[0] - plain - (sent_on[None, :] if split else 0))
+        if kind not in _SPLIT_KINDS:
+            return np.triu(price_all_ranges(_masked(model, mask), (1,)).worst_bytes[0] - plain)
+        held = _held_through_backward(model, columns, entries)
+        if held is None:
+            return np.triu(price_all_ranges(_masked(model, mask), (1,)).worst_bytes[0] - plain)
+        # the held view keeps a range's output (read back only by the next layer) through its B and W:
+        # not the chunk's, which the runtime detaches (held_output, the receive buffers count it)
+        sent_on = np.maximum(forward_cut[1:] - unstashed[1:], 0)
+        sent_on[-1] = 0
+        return np.triu(price_all_ranges(_masked(held, mask), (1,)).worst_bytes[0] - plain - sent_on[None, :])
+    peaks = _Peaks({kind: priced(kind) for kind in PHASE_KINDS if kind not in _SPLIT_KINDS},
+                   {kind: functools.partial(priced, kind) for kind in _SPLIT_KINDS})
     frees = _freed_at_input_backward(model)
     weight_extra = _weight_gradients(model, entries) - frees[None, :]
     per_op, unit = _op_times(model)

@@ -161,7 +161,7 @@ def make_schedule_plan(model: StageCostModel, problem: ChunkProblem, solve: Chun
     record = None
     if result is not None:
         bounds = result.bounds
-        cc = problem.table.chunks(bounds)
+        cc = problem.table.chunks(bounds, split_backward=False)        # (its times alone)
         unit_s = model.profile.target.seconds_per_unit(model.profile.compute_unit)
         seconds = problem.table.time_unit == "seconds"
         rc = problem.table.recompute

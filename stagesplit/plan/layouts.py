@@ -44,7 +44,7 @@ from .records import Plan
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
-           "dp_floor", "enumerate_layouts", "key_of", "measured_for", "memory_floor", "order_estimate", "rank_layer_compute", "search", "seconds",
+           "dp_floor", "enumerate_layouts", "search_deadline", "key_of", "measured_for", "memory_floor", "order_estimate", "rank_layer_compute", "search", "seconds",
            "slowest_stage", "StageBytes", "DEFAULT_SCHEDULES", "search_order", "pipeline_memory_floor",
            "solve_request", "step_floor", "step_of", "sweep_gpus"]
 
@@ -59,6 +59,19 @@ DEFAULT_SCHEDULES = "1f1b,interleaved-1f1b"
 #: milliseconds where its micro-batch size's phase table is made)
 TAIL_SHARE = 0.1
 TAIL_PER_ITEM_S = 0.005
+
+#: the very end of the time limit kept for what follows the search (the chosen plan assembled, and what
+#: a solve runs past its share: CP-SAT stops at its deadline within tens of milliseconds), so that the
+#: command returns inside its limit: this share of it, and no more than this many seconds
+FINISH_SHARE = 0.01
+FINISH_MAX_S = 0.5
+
+
+def search_deadline(time_limit: float) -> Deadline:
+    """The deadline of a layout search given ``time_limit`` seconds from now (its messages name the
+    limit): that limit less the end kept for finishing (``FINISH_SHARE``, at most ``FINISH_MAX_S``)."""
+    limit = float(time_limit)
+    return Deadline.after(limit - min(FINISH_SHARE * limit, FINISH_MAX_S), limit)
 
 
 @dataclass(frozen=True, order=True)

@@ -151,7 +151,7 @@ def _memory_tables(problem: ChunkProblem, fixed: np.ndarray | None, priced: np.n
             if b + 1 < L:
                 bounds.append(L)
             cm = chunk_memory(table, bounds, _stand_in(sched, len(bounds) - 1, a == 0, b == L - 1), fixed)
-            cc = table.chunks(bounds)
+            cc = table.chunks(bounds, split_backward=sched.traits.splits_backward)
             i = 1 if a > 0 else 0
             # the same range handing its output to the next chunk on its rank (a V's turn: chunk_memory)
             out["stash_handed"][a, b] = max(int(cm.stash[i]) - int(cc.sent_forward[i]), 0)

@@ -105,7 +105,8 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
       parameters unsharded until its next forward reshards them (``unsharded``).
 
     ``choice``: each layer's recompute option (model/recompute.py; None: none)."""
-    cc = table.chunks(bounds)
+    split = schedule.traits.splits_backward
+    cc = table.chunks(bounds, split_backward=split)
     b = np.asarray(bounds, np.int64)
     C = len(b) - 1
     M = schedule.micro_batches
@@ -128,7 +129,6 @@ def chunk_memory(table: PhaseTable, bounds: Bounds, schedule: ScheduleView,
     # let go of the output)
     # (under a split backward the last chunk's output goes as B ends: the runtime pops it from its forward
     # cache; B holds it to its end)
-    split = schedule.traits.splits_backward
     weight_stash = np.maximum(cc.weight_stash - received_stashed, 0) + (0 if split else kept_output)
     # a V's turn: the chunk hands its output to the next chunk on its rank, which takes it as that
     # micro-batch's receive slot (torch's set_local_fwd_input), letting go of the tensor the slot held;
@@ -264,7 +264,7 @@ class ChunkResult:
 
 def _times(problem: ChunkProblem, bounds: Bounds, choice: np.ndarray | None = None
            ) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    cc = problem.table.chunks(bounds)
+    cc = problem.table.chunks(bounds, split_backward=False)        # (its times alone)
     b = np.asarray(bounds, np.int64)
     backward_input = cc.backward_input_time
     if choice is not None and problem.table.recompute is not None:

@@ -155,3 +155,46 @@ def test_a_data_parallel_layout_s_gradients_cross_no_cut_of_a_traced_stack(tmp_p
         table = phase_table(Analysis.of(sharded).model)
         assert np.array_equal(table.forward_cut, plain.forward_cut), zero
         assert np.array_equal(table.backward_cut, plain.backward_cut), zero
+
+
+def test_a_split_backward_s_peaks_are_priced_when_first_read_and_the_table_keeps_no_path_to_its_model():
+    """A phase table prices B's and W's peaks only when a schedule that splits the backward reads them
+    (two of its six sweeps, the costliest: the stash held through B): a 1F1B or interleaved solve never
+    does. What it prices later is what it prices at once, even once the model it was made from is gone:
+    the table keeps a view of its own, and the model, which keeps its table, is freed as soon as it is
+    let go (no reference cycle for the collector to find)."""
+    pytest.importorskip("transformers")
+    import gc
+    import weakref
+
+    import numpy as np
+
+    import decoder_families as families
+    from stagesplit import api
+    from stagesplit.model.phases import PHASE_KINDS
+    from stagesplit.solver.chunk_problem import chunk_memory
+    from stagesplit.solver.schedule_generation import build_schedule
+    profile = api.capture(families.capture_spec("llama"))
+    bounds = (0, 2, 4, 6, 8)
+    at_once = api.analyze(profile).model.phase_table
+    eager = {kind: np.array(at_once.peaks[kind]) for kind in PHASE_KINDS}
+    model = api.analyze(profile).model
+    gone = weakref.ref(model)
+    table = model.phase_table
+    split = ("backward_input", "backward_weight")
+    assert sorted(table.peaks.priced) == ["forward", "full_backward", "optimizer"]
+    for schedule in (build_schedule("1f1b", 4, 4), build_schedule("interleaved-1f1b", 2, 4, 2)):
+        chunk_memory(table, bounds, schedule)
+    assert not set(split) & set(table.peaks.priced)
+    gc.disable()
+    try:
+        del model
+        assert gone() is None
+    finally:
+        gc.enable()
+    zbv = chunk_memory(table, bounds, build_schedule("zbv", 2, 4, 2))
+    assert set(table.peaks.priced) == set(PHASE_KINDS)
+    for kind in PHASE_KINDS:
+        assert np.array_equal(table.peaks[kind], eager[kind]), kind
+    # B's own figure (priced with the stash held through B), not the whole backward's a 1F1B chunk stands for
+    assert (zbv.backward_peak > 0).all() and not np.array_equal(eager["backward_input"], eager["full_backward"])

@@ -495,6 +495,18 @@ def test_a_search_the_time_limit_stops_says_how_many_are_open(stack):
         assert lp.notes == (said,)            # the plan's own note: not "no layout fits" while rows are open
 
 
+def test_the_search_keeps_the_end_of_its_limit_for_finishing(monkeypatch):
+    """The search's deadline is its limit less a hundredth of it, half a second at most (kept for the
+    plan's assembly and what a solve runs past its share), while its messages still name the limit the
+    user gave: 60 s ends at 59.5 s, 10 s at 9.9 s, 1e-6 s at 0.99e-6 s."""
+    import stagesplit.common.deadline as deadline_module
+    from stagesplit.plan.layouts import search_deadline
+    monkeypatch.setattr(deadline_module.time, "monotonic", lambda: 1000.0)
+    for limit, ends in ((60, 59.5), (10, 9.9), (1e-6, 0.99e-6)):
+        d = search_deadline(limit)
+        assert d.at == pytest.approx(1000.0 + ends, abs=1e-12) and d.limit == limit
+
+
 def test_nothing_fits_is_said_and_exits_1(stack, tmp_path, capsys):
     from stagesplit.io import save_profile
     from tests.helpers import run_cli

@@ -73,7 +73,11 @@ def test_chunk_memory_runtime_rules_by_hand():
     # zero bubble splits the backward: the table's B and W peaks are priced with the stash and W's
     # inputs held through B (model/phases.py), so they are B's and W's figures as they are
     plain = chunk_memory(t, (0, 1, 2, 3), build_schedule("gpipe", 3, 3))
-    assert plain.backward_peak.tolist() == [3 * 2, 3 * 2, 3 * 2]   # not split: B's own peak only
+    # not split: B and W run as one action, so each stands for the whole backward (the table's 4 x 3;
+    # its split peaks are then never priced: model/phases.py), nothing of a split's added (the last
+    # chunk's output is not held to B's end: 12, not 12 + 7)
+    # (W's, less the chunk's input, its receive buffer: 12 - 30 and 12 - 40, clipped at 0)
+    assert plain.backward_peak.tolist() == [4 * 3] * 3 and plain.weight_peak.tolist() == [4 * 3, 0, 0]
     zb = chunk_memory(t, (0, 1, 2, 3), build_schedule("zb-h1", 3, 3))
     # the first chunk's B does nothing (the model's input needs no gradient): its figure is the
     # stash it holds; its W runs the whole backward (full backward peak 4 x 3) from that stash
@@ -501,7 +505,8 @@ def test_a_split_backward_frees_the_loss_side_as_b_ends_and_a_v_holds_a_tied_emb
     assert cm.backward_peak[3] == 2 * 3 and cm.weight_peak[3] == 3 * 3 - 2 - 5
     assert cm.resident.tolist() == [10 + 4 * 5, 12 + 4 * (5 + 5), 8 + 4 * (5 + 5), 9 + 4 * 5 - 4]
     looped = chunk_memory(t, bounds, build_schedule("interleaved-1f1b", 2, 4, 2))
-    assert looped.resident[3] == 9 + 4 * 5 and looped.backward_peak[3] == 2 * 3   # not split: B's own peak
+    # not split: B and W are one action, whose figure (the table's 4 x 3) each stands for
+    assert looped.resident[3] == 9 + 4 * 5 and looped.backward_peak[3] == 4 * 3
     assert chunk_memory(replace(t, tied_with_first=None), bounds, zbv).resident[3] == 9 + 4 * 5
     # CP-SAT's per-range tables price the V's shared embedding as chunk_memory does
     from stagesplit.solver.chunk_cpsat_tables import memory_tables
