@@ -22,7 +22,9 @@ For a chunk (a contiguous range of layers) this module reads off that timeline:
 
 Peaks over a phase are the same liveness peaks the cost model computes for a whole stage,
 taken over the stage's columns of that phase only (``model/pricing.py`` on a view of the model
-whose columns are masked), for every range at once.
+whose columns are masked), for every range at once. B's and W's are priced only when first read:
+only a schedule that splits the backward reads them, and the others' chunks stand for them with
+the whole backward's (``PhaseTable.chunks``).
 """
 
 from __future__ import annotations
@@ -264,7 +266,8 @@ def _held_through_backward(model: ModelView, columns: dict[Phase, np.ndarray], e
 
 
 def phase_table(model: ModelView) -> PhaseTable:
-    """Every range's figures (see the module docstring). One pricing sweep per phase kind."""
+    """Every range's figures (see the module docstring). One pricing sweep per phase kind; a split
+    backward's two (B's and W's) when a schedule that splits it first reads them (``_Peaks``)."""
     L = model.num_layers
     columns = model.phase_cols
     if columns is None:
