@@ -189,17 +189,26 @@ class _Ranges:
 
 def _chunk_ranges(m: _Model, problem: ChunkProblem, tables: ModelTables, s: list[_Expr], limit: float) -> list[_Ranges]:
     """Each chunk's range, picked from the ranges it may hold: those that fit its device on their
-    own, keep it busy for less than the step to beat (``limit``) and leave every chunk before and
-    after it a layer (``min_layers``) at least. The figures of a chunk are looked up by that pick
-    over its own ranges, not over all (L+1)^2 of them: on the Llama-3.1-405B's 126 layers in 64
-    chunks, about 2,000 a chunk instead of 16,129 (with the recompute prefixes' pairs, ``_prefix_pairs``,
-    the layout search of its TP 8 rank under interleaved 1F1B peaked at 1.4 GB, 5.8 GB before)."""
+    own, keep it busy for less than the step to beat (``limit``) beside the rank's other chunks at
+    their least, and leave every chunk before and after it a layer (``min_layers``) at least. The
+    figures of a chunk are looked up by that pick over its own ranges, not over all (L+1)^2 of them:
+    on the Llama-3.1-405B's 126 layers in 64 chunks, about 2,000 a chunk instead of 16,129 (with the
+    recompute prefixes' pairs, ``_prefix_pairs``, the layout search of its TP 8 rank under interleaved
+    1F1B peaked at 1.4 GB, 5.8 GB before). A rank runs its chunks one after another, so no step is
+    under their busy times' sum, and each of its other chunks holds ``min_layers`` layers at least:
+    busy at least as long as the least busy range of that many layers."""
     L, C = problem.num_layers, problem.chunks
     lo = max(problem.min_layers, 1)
+    busy = tables.range_busy
+    ranks = np.asarray(getattr(problem.schedule, "chunk_rank", np.arange(C)), np.int64)
+    sharing = np.bincount(ranks, minlength=int(ranks.max(initial=0)) + 1)[ranks] - 1 if len(ranks) == C \
+        else np.zeros(C, np.int64)
+    least = float(min((busy[a, a + lo - 1] for a in range(L - lo + 1)), default=0.0))
     out = []
     for c in range(C):
         check_deadline(_BUILDING)
-        ok = tables.fits_alone[c] & (tables.range_busy <= limit)
+        # (the sum a hair over the limit kept: the model's own bound on the step settles it)
+        ok = tables.fits_alone[c] & (busy + int(sharing[c]) * least <= limit * (1 + 1e-9))
         rows = np.argwhere(ok)                                   # (a, e - 1)
         first, end = rows[:, 0], rows[:, 1] + 1
         keep = (first >= c * lo) & (first <= L - (C - c) * lo) & (end >= (c + 1) * lo) & (end <= L - (C - c - 1) * lo)

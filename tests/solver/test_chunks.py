@@ -586,3 +586,37 @@ def test_a_crossing_tensor_no_backward_reads_is_held_by_the_forward_cache_not_th
     tight[1] -= 1
     solved = solve_chunks_cpsat(ChunkProblem(table=v, schedule=schedule, capacities=tight))
     assert solved.result is None or not solved.result.feasible
+
+
+def test_a_chunk_s_ranges_leave_its_rank_s_other_chunks_their_least_busy_time():
+    """Interleaved 1F1B on 2 ranks, 2 chunks each, 4 micro-batches, 7 layers of F = B = W = optimizer = 1 s:
+    a range of n layers keeps its device busy 4 x 3 n + n = 13 n s. Under a step to beat of 52 s a
+    chunk alone could hold 4 layers (52 s), but its rank's other chunk holds a layer at least (13 s):
+    3 layers at most (39 + 13 = 52). Every split whose ranks are each busy 52 s at most keeps each of
+    its chunks' ranges (the oracle: all 20 splits); none with a chunk of 4 layers does, and its rank
+    is busy 65 s at least."""
+    import itertools
+
+    from ortools.sat.python import cp_model
+
+    from stagesplit.solver.chunk_cpsat_model import _chunk_ranges, model_tables
+    from stagesplit.solver.schedule_memory import memory_signatures
+    L, limit = 7, 52.0
+    t = make_table([1] * L, [1] * L, [0] * L, [1] * L, [1] * (L - 1), np.ones((L, 4)))
+    problem = ChunkProblem(t, build_schedule("interleaved-1f1b", 2, 4, 2), np.full(2, 10**9))
+    tables = model_tables(problem, memory_signatures(problem.schedule), 1000.0)
+    m = cp_model.CpModel()
+    s = [m.NewIntVar(0, L, f"s{c}") for c in range(5)]
+    ranges = _chunk_ranges(m, problem, tables, s, limit)
+    kept = [{(int(a), int(b)) for a, b in r.rows} for r in ranges]
+    assert max(b - a + 1 for rows in kept for a, b in rows) == 3
+    ranks = problem.schedule.chunk_rank
+    for inner in itertools.combinations(range(1, L), 3):
+        bounds = (0, *inner, L)
+        lengths = np.diff(bounds)
+        busy = np.bincount(ranks, weights=13.0 * lengths)
+        held = all((bounds[c], bounds[c + 1] - 1) in kept[c] for c in range(4))
+        if busy.max() <= limit:
+            assert held, (bounds, busy)
+        if lengths.max() >= 4:
+            assert not held and busy.max() >= 65, (bounds, busy)
