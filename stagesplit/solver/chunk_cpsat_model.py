@@ -200,9 +200,8 @@ def _chunk_ranges(m: _Model, problem: ChunkProblem, tables: ModelTables, s: list
     L, C = problem.num_layers, problem.chunks
     lo = max(problem.min_layers, 1)
     busy = tables.range_busy
-    ranks = np.asarray(getattr(problem.schedule, "chunk_rank", np.arange(C)), np.int64)
-    sharing = np.bincount(ranks, minlength=int(ranks.max(initial=0)) + 1)[ranks] - 1 if len(ranks) == C \
-        else np.zeros(C, np.int64)
+    ranks = np.asarray(problem.schedule.chunk_rank, np.int64)
+    sharing = np.bincount(ranks)[ranks] - 1                  # per chunk, the other chunks on its rank
     least = float(min((busy[a, a + lo - 1] for a in range(L - lo + 1)), default=0.0))
     out = []
     for c in range(C):
