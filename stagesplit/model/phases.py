@@ -283,20 +283,25 @@ def phase_table(model: ModelView) -> PhaseTable:
     # keeping a rank's arrays until the collector runs)
     source = copy.copy(model)
 
+    @functools.cache
+    def held() -> ModelView | None:
+        """The view B's and W's sweeps both price (made once, at the first of them)."""
+        return _held_through_backward(source, columns, entries)
+
     def priced(kind: str, model: ModelView = source) -> np.ndarray:
         """The (L, L) transient peaks of ``kind``: one pricing sweep over its phases' columns."""
         phases = _PHASES_OF[kind]
         mask = np.logical_or.reduce([columns[p] for p in phases]) if phases else none
         if kind not in _SPLIT_KINDS:
             return np.triu(price_all_ranges(_masked(model, mask), (1,)).worst_bytes[0] - plain)
-        held = _held_through_backward(model, columns, entries)
-        if held is None:
+        view = held()
+        if view is None:
             return np.triu(price_all_ranges(_masked(model, mask), (1,)).worst_bytes[0] - plain)
         # the held view keeps a range's output (read back only by the next layer) through its B and W:
         # not the chunk's, which the runtime detaches (held_output, the receive buffers count it)
         sent_on = np.maximum(forward_cut[1:] - unstashed[1:], 0)
         sent_on[-1] = 0
-        return np.triu(price_all_ranges(_masked(held, mask), (1,)).worst_bytes[0] - plain - sent_on[None, :])
+        return np.triu(price_all_ranges(_masked(view, mask), (1,)).worst_bytes[0] - plain - sent_on[None, :])
     peaks = _Peaks({kind: priced(kind) for kind in PHASE_KINDS if kind not in _SPLIT_KINDS},
                    {kind: functools.partial(priced, kind) for kind in _SPLIT_KINDS})
     frees = _freed_at_input_backward(model)
