@@ -87,6 +87,8 @@ def test_a_captures_phase_sweeps_equal_the_band(monkeypatch):
     swept = []
     one_tile = pricing._one_tile_peaks
     monkeypatch.setattr(pricing, "_one_tile_peaks", lambda *args: swept.append(1) or one_tile(*args))
+    # a memo of its own: sweeps another test of this process made would be answered without the path
+    monkeypatch.setattr(pricing, "_SWEEPS", pricing._SweepMemo())
     model = Analysis.load(PROFILES / "gpt-captured.stagesplit").model
     assert model.num_tiles == 1 and model.num_layers >= 4
     columns = model.phase_cols
