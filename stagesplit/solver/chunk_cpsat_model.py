@@ -449,6 +449,11 @@ def _prefix_pairs(rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.asarray(start_p, np.int64).reshape(-1, 2), np.asarray(p_r, np.int64).reshape(-1, 2)
 
 
+#: where each prefix sum is read (``_chunk_prefixes``): 0 the chunk's start, 1 its full prefix's
+#: end p, 2 its selective prefix's end r, 3 the chunk's end
+_READ_AT = {"O": (0, 3), "S2": (0, 1), "S1": (1, 2), "T2": (0, 1), "T1": (1, 2), "K2": (0, 1)}
+
+
 def _chunk_prefixes(m: _Model, problem: ChunkProblem, t: _RecomputeTables, s: list[_Expr], c: int,
                     ranges: _Ranges) -> tuple[_Expr, _Expr, _Expr, tuple[_Expr, _Expr, _Expr, _Expr]]:
     """Chunk c's prefix lengths (full, selective), the time they add, and what they change:
@@ -461,8 +466,9 @@ def _chunk_prefixes(m: _Model, problem: ChunkProblem, t: _RecomputeTables, s: li
     r = m.NewIntVar(0, L, f"r{c}")
     m.Add(p == s[c] + f)
     m.Add(r == p + g)
-    at = {key: [_element(m, f"{key}{c}_{j}", idx, arr) for j, idx in enumerate((s[c], p, r, s[c + 1]))]
-          for key, arr in t.sums.items()}
+    # each prefix sum only where a chunk's figures read it: at the chunk's start (0), p (1), r (2), end (3)
+    at = {key: {j: _element(m, f"{key}{c}_{j}", (s[c], p, r, s[c + 1])[j], t.sums[key]) for j in where}
+          for key, where in _READ_AT.items()}
     start_p, p_r = _prefix_pairs(ranges.rows)
     pick_fp = _pairs(m, f"fp{c}", s[c], p, start_p)
     pick_pr = _pairs(m, f"pr{c}", p, r, p_r)
