@@ -13,6 +13,7 @@ import numpy as np
 
 from ..common.deadline import check_deadline
 from .chunk_problem import ChunkProblem, chunk_memory, handing_chunks, remote_links
+from .chunk_recompute import recompute_option_figures
 from .schedule_generation import Op, ScheduleInstance
 from .schedule_kinds import ScheduleKind, ScheduleTraits
 from .schedule_memory import RankSignatures
@@ -31,10 +32,11 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
     """(C, L, L) booleans: whether chunk ``c`` may hold layers ``a..b``, by the bytes that range
     alone puts on its device (the other chunks' terms are never negative): its resident bytes and,
     at each of the device's memory signatures, its own stashes and transient. With AUTO recompute
-    the stashes and transients may shrink, so only the resident bytes count."""
+    those are the least any recompute prefixes leave (``_least_with_recompute``)."""
     C = problem.chunks
     L = problem.num_layers
-    auto = problem.fixed_choice() is None and problem.table.recompute is not None
+    if problem.fixed_choice() is None and problem.table.recompute is not None:
+        mem = _least_with_recompute(problem, mem)
     out = np.zeros((C, L, L), bool)
     upper = reachable(C, L)             # (the others are not priced: memory_tables)
     on, back = remote_links(problem.schedule, C)
@@ -45,21 +47,39 @@ def fits_alone(problem: ChunkProblem, mem: dict[str, np.ndarray], sig: tuple[Ran
     for rs in sig:
         cap = int(problem.capacities[rs.rank])
         for c in rs.chunks:
-            need = mem["resident"].copy()
-            if not auto:
-                worst = np.zeros((L, L), np.int64)
-                for k, signature in enumerate(rs.signatures):
-                    check_deadline(_BUILDING)
-                    term = (int(rs.stash_counts[k, c]) * stash[c] + int(rs.weight_stash_counts[k, c])
-                            * weight_stash[c] + int(rs.retained_counts[k, c]) * retained[c]
-                            + int(rs.unsharded_counts[k, c]) * mem.get("unsharded", 0))
-                    if signature.op is None:
-                        term = term + mem["optimizer"]
-                    elif signature.chunk == c:
-                        term = term + mem[TRANSIENT_FIGURE[signature.op]]
-                    np.maximum(worst, term, out=worst)
-                need = need + worst
-            out[c] = upper & (need <= cap)
+            worst = np.zeros((L, L), np.int64)
+            for k, signature in enumerate(rs.signatures):
+                check_deadline(_BUILDING)
+                term = (int(rs.stash_counts[k, c]) * stash[c] + int(rs.weight_stash_counts[k, c])
+                        * weight_stash[c] + int(rs.retained_counts[k, c]) * retained[c]
+                        + int(rs.unsharded_counts[k, c]) * mem.get("unsharded", 0))
+                if signature.op is None:
+                    term = term + mem["optimizer"]
+                elif signature.chunk == c:
+                    term = term + mem[TRANSIENT_FIGURE[signature.op]]
+                np.maximum(worst, term, out=worst)
+            out[c] = upper & (mem["resident"] + worst <= cap)
+    return out
+
+
+def _least_with_recompute(problem: ChunkProblem, mem: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The figures ``mem`` less, where recompute changes them, the most bytes a range's recompute
+    prefixes can save (the CP-SAT model's rule, ``chunk_cpsat_model._recompute_variables``: the
+    stash drops by the bytes saved, and each transient by its whole own bytes less what the chunk
+    still keeps, never more than the saving): no prefixes leave less. Full on the first ``p - a``
+    layers and selective on the rest saves ``S2[p] - S2[a] + S1[e] - S1[p]``, largest at some p.
+    Under a split backward no option beyond none is open (``recompute_options``): nothing drops."""
+    saved, _, _ = recompute_option_figures(problem)
+    L = problem.num_layers
+    S2, S1 = (np.concatenate([[0], np.cumsum(v)]).astype(np.int64) for v in (saved[2], saved[1]))
+    D = S2 - S1
+    most = np.zeros((L, L), np.int64)           # [a, b]: the most layers a..b can save
+    for a in range(L):
+        best_p = np.maximum.accumulate(D[a:])   # [e - a]: max over a <= p <= e of S2[p] - S1[p]
+        most[a, a:] = S1[a + 1:] - S2[a] + best_p[1:]
+    out = dict(mem)
+    for name in ("stash", "stash_handed", "forward", "backward", "full_backward"):
+        out[name] = np.maximum(mem[name] - most, 0)
     return out
 
 

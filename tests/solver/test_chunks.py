@@ -441,6 +441,50 @@ def test_cp_sat_recompute_and_split_is_as_good_as_every_split_and_recompute_pref
         assert got.step_time <= best.step_time * (1 + 1e-6) + 1e-9
 
 
+@settings(max_examples=80, deadline=None)
+@given(recompute_problems())
+def test_with_recompute_chosen_every_chunk_of_every_split_and_prefixes_that_fit_is_in_its_possible_ranges(problem):
+    """With AUTO recompute, the ranges CP-SAT may give a chunk are those that fit its device alone
+    with the most bytes its recompute prefixes can save taken off: every chunk of every split and
+    prefix choice that fits (the oracle's own enumeration) is among them."""
+    from stagesplit.solver.chunk_cpsat_tables import fits_alone, memory_tables
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
+    from stagesplit.solver.chunk_search import _prefix_choices
+    from stagesplit.solver.schedule_memory import memory_signatures
+    allowed = fits_alone(problem, memory_tables(problem), memory_signatures(problem.schedule))
+    fitting = 0
+    for bounds in _some_splits(problem.num_layers, problem.chunks):
+        for choice in _prefix_choices(problem, bounds):
+            if evaluate_chunk_choice(problem, bounds, choice).feasible:
+                fitting += 1
+                assert all(allowed[c, bounds[c], bounds[c + 1] - 1] for c in range(problem.chunks)), (bounds, choice)
+    event(f"{'some' if fitting else 'no'} split fits; {int(allowed.sum())} ranges allowed")
+
+
+def test_a_range_whose_stash_recompute_cannot_bring_under_the_device_is_left_out():
+    """Two layers of stash 10 per micro-batch, of which 2 are their own (what full recompute saves
+    and holds again in the backward) and 8 kept anyway; a third of stash 5, own 2. GPipe on 2 ranks,
+    2 micro-batches, 30 bytes each, nothing resident. Chunk 0 holding layers 0..1 keeps at least
+    20 - 4 = 16 bytes per micro-batch whatever its prefixes, and GPipe runs both forwards before a
+    backward: at least 32 > 30 (the bound takes 4 off the forward's transient of 20 too). So that
+    range is left out of chunk 0's (with resident bytes alone, nothing is), and indeed no recompute
+    choice fits split [0 1 | 2]: with both layers full, the second forward holds the first's 16,
+    its own 16 and the running layer's own 2 again, 34. Chunk 0 holding layer 0 alone is kept."""
+    from stagesplit.solver.chunk_cpsat_tables import fits_alone, memory_tables
+    from stagesplit.solver.chunk_evaluation import evaluate_chunk_choice
+    from stagesplit.solver.chunk_search import _prefix_choices
+    from stagesplit.solver.schedule_memory import memory_signatures
+    rc = recompute_of([0, 0, 0], [2, 2, 2], [0, 0, 0], [1, 1, 1])
+    table = _stash_only_table([10, 10, 5], [1, 1, 1], rc)
+    problem = ChunkProblem(table, build_schedule("gpipe", 2, 2), np.full(2, 30), recompute=RecomputeMode.AUTO)
+    allowed = fits_alone(problem, memory_tables(problem), memory_signatures(problem.schedule))
+    assert not allowed[0, 0, 1] and allowed[0, 0, 0]
+    every = [evaluate_chunk_choice(problem, (0, 2, 3), choice) for choice in _prefix_choices(problem, (0, 2, 3))]
+    assert len(every) == 6 and not any(r.feasible for r in every)
+    assert min(int(r.peaks[0]) for r in every) == 16 + 16 + 2
+    assert evaluate_chunk_choice(problem, (0, 2, 3), np.array([2, 2, 0])).peaks[0] == 16 + 16 + 2
+
+
 def test_a_v_s_turn_keeps_nothing_the_runtime_sends_only_to_other_ranks():
     """ZBV, P = 2: rank 0 holds chunks 0 and 3, rank 1 chunks 1 and 2 (the V's turn). Four layers,
     one per chunk, forward cuts 30 / 40 / 50, backward cuts 5 / 6 / 7. torch's multi-stage runtime
