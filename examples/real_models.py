@@ -202,6 +202,16 @@ def build(name: str, size: str = "small", real: bool = False):
     return BUILDERS[name](size, real)
 
 
+def llama3_70b():
+    """The Llama-3-70B shape (80 blocks, hidden 8,192, 64 query and 8 key-value heads, FFN 28,672,
+    vocabulary 128,256) at sequence 8192, one sequence per micro-batch, on the meta device: the model of
+    the shipped layout sample, ``profiles/llama3-70b.stagesplit`` (its command: docs/layouts.md)."""
+    import transformers as tf
+    cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                         num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192)
+    return _make(tf.LlamaForCausalLM, cfg, False), _lm_inputs(1, 8192, cfg.vocab_size, False)
+
+
 def gpt2():
     return build("gpt2")
 
