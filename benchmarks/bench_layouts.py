@@ -10,16 +10,18 @@ pipeline stages, data-parallel ranks, ZeRO stage, micro-batch size (the capture 
 schedule and chunks; the 405B's largest searches again under 1F1B alone, and Meta's layout fixed. Printed per search: the best layout, its
 step, tokens/s per GPU and MFU, its fullest rank, what was proven, how many combinations were
 solved, cut off by a lower bound, refuted by the engine's cutoff or did not fit, the wall and CPU
-time and the peak memory (target: under 60 s and 1 GB on 2 cores each; the peak is the process's,
-cumulative over the searches before it).
+time and the peak memory (target: under 60 s and 1 GB on 2 cores each; each search runs in a fresh
+interpreter, so its peak is its own).
 
-Run: ``python benchmarks/bench_layouts.py`` (the capture takes minutes the first time and is
-cached in the temp folder; ``--tiny``: Llamas 4 and 6 blocks deep and 64 wide, sequence 32, on 8 to
-32 GPUs, in seconds).
+The 70B is the shipped layout sample, ``profiles/llama3-70b.stagesplit`` (docs/layouts.md), its four
+degrees in one file. Run: ``python benchmarks/bench_layouts.py`` (the 405B's captures take minutes the
+first time and are cached in the temp folder; ``--tiny``: Llamas 4 and 6 blocks deep and 64 wide,
+sequence 32, on 8 to 32 GPUs, in seconds).
 """
 
 from __future__ import annotations
 
+import json
 import sys
 import time
 from collections import Counter
@@ -29,7 +31,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
-from _common import peak_rss_mb, tiny_mode  # noqa: E402
+from _common import own_peak_rss_mb, run_measurement, tiny_mode  # noqa: E402
 from bench_schedules import _cached_capture  # noqa: E402
 
 #: how these models train at scale (Megatron's --bf16 with its distributed optimizer, torchtitan's FSDP2
@@ -39,30 +41,20 @@ PRECISION = dict(optimizer="adam", dtype="bfloat16", master_weights=True, target
 
 
 def llama3_70b_tp(tiny: bool, tp: int) -> Path:
-    """The Llama-3-70B shape's rank at tensor-parallel degree ``tp`` (with sequence parallelism,
-    under torch's fake process group); ``tiny``: 4 blocks 64 wide with 8 heads, sequence 32."""
-    if tiny:
-        return _cached_capture(f"layouts-tiny-4h8-tp{tp}", _llama_405b_like(4, 64, 128, 8, 32, 256, tp,
-                                                                          f"llama-4-blocks-tp{tp}"))
-    return _cached_capture(f"llama3-70b-seq8192-tp{tp}", _llama_405b_like(80, 8192, 28672, 64, 8192, 128256, tp,
-                                                                       f"llama-3-70b-shape-tp{tp}"))
+    """The tiny stand-in's rank at tensor-parallel degree ``tp`` (with sequence parallelism, under
+    torch's fake process group): 4 blocks 64 wide with 8 heads, sequence 32. (The 70B's own ranks
+    are in its sample's one file.)"""
+    assert tiny
+    return _cached_capture(f"layouts-tiny-4h8-tp{tp}", _llama_405b_like(4, 64, 128, 8, 32, 256, tp,
+                                                                      f"llama-4-blocks-tp{tp}"))
 
 
 def llama3_70b(tiny: bool) -> Path:
-    def build():
-        import torch
-        import transformers as tf
-
-        from stagesplit.capturing.pytorch import capture_model
-        cfg = tf.LlamaConfig(vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-                             num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=8192)
-        with torch.device("meta"):
-            model = tf.LlamaForCausalLM(cfg)
-        ids = torch.zeros(1, 8192, dtype=torch.long, device="meta")
-        return capture_model(model, {"input_ids": ids, "labels": ids}, **PRECISION, name="llama-3-70b-shape")
-    if tiny:          # 8 heads and 8 key-value heads, as its tensor-parallel ranks (llama3_70b_tp)
+    """The shipped sample (its ranks at degrees 1, 2, 4 and 8 in one file); ``tiny``: the stand-in's rank
+    at degree 1 (8 heads and 8 key-value heads, as its tensor-parallel ranks: ``llama3_70b_tp``)."""
+    if tiny:
         return _cached_capture("layouts-tiny-4h8", _llama_405b_like(4, 64, 128, 8, 32, 256, 1, "llama-4-blocks"))
-    return _cached_capture("llama3-70b-seq8192", build)
+    return ROOT / "profiles" / "llama3-70b.stagesplit"
 
 
 def _llama_405b_like(blocks, hidden, ffn, heads, seq, vocab, tp, name):
@@ -115,12 +107,10 @@ def _proven(lp) -> str:
 
 
 def main() -> int:
-    from stagesplit import api
-    from stagesplit.plan.layouts import seconds
     tiny = tiny_mode()
     seq = 32 if tiny else 8192
-    # (model, profile, GPU counts, global batches)
-    cases = [("Llama-3-70B", llama3_70b(tiny), {t: llama3_70b_tp(tiny, t) for t in ((2,) if tiny else (2, 4, 8))},
+    # (model, profile, the other degrees' profiles, GPU counts, global batches)
+    cases = [("Llama-3-70B", llama3_70b(tiny), {2: llama3_70b_tp(tiny, 2)} if tiny else {},
               (8, 16) if tiny else (64, 512), (64,) if tiny else (512, 1024)),
              ("Llama-3.1-405B", llama31_405b(tiny), {8: llama31_405b(tiny, 8)}, (16, 32) if tiny else (1024, 16384),
               (64,) if tiny else (512, 2048))]
@@ -136,17 +126,24 @@ def main() -> int:
         for gpus in clusters:
             for batch in batches:
                 for options in ({},) + extra.get((model, gpus, batch), ()):
-                    _search(api, seconds, model, path, tp_profiles, gpus, batch, seq, tiny, options)
+                    if options.get("pp") and tiny:          # (the tiny 405B: 6 blocks on 32 GPUs)
+                        options = dict(options, pp=2, dp=2, chunks_per_rank=2)
+                    spec = dict(model=model, path=str(path), tp_profiles={t: str(f) for t, f in tp_profiles.items()},
+                                gpus=gpus, batch=batch, seq=seq, tiny=tiny, options=options)
+                    # each search in a fresh interpreter: its peak memory is its own, not the searches' before it
+                    print(run_measurement(__file__, json.dumps(spec))["line"], flush=True)
     return 0
 
 
-def _search(api, seconds, model, path, tp_profiles, gpus, batch, seq, tiny, options) -> None:
+def _search(spec: dict) -> str:
     """One search's line of the table (``options``: 1F1B alone, or fixed degrees, beyond the default search)."""
-    if options.get("pp") and tiny:          # (the tiny 405B: 6 blocks on 32 GPUs)
-        options = dict(options, pp=2, dp=2, chunks_per_rank=2)
+    from stagesplit import api
+    from stagesplit.plan.layouts import seconds
+    options = spec["options"]
     start, cpu = time.perf_counter(), time.process_time()
-    lp = api.layouts(path, gpus=gpus, global_batch=batch, target="h100-80gb", sequence_length=seq,
-                     tp_profiles=tp_profiles, time_limit=10 if tiny else 60, **options)
+    lp = api.layouts(spec["path"], gpus=spec["gpus"], global_batch=spec["batch"], target="h100-80gb",
+                     sequence_length=spec["seq"], tp_profiles={int(t): f for t, f in spec["tp_profiles"].items()},
+                     time_limit=10 if spec["tiny"] else 60, **options)
     wall, cpu = time.perf_counter() - start, time.process_time() - cpu
     counts = Counter(r.status for r in lp.rows)
     b = lp.best
@@ -155,11 +152,13 @@ def _search(api, seconds, model, path, tp_profiles, gpus, batch, seq, tiny, opti
     tok = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu else "-"
     mfu = f"{lp.mfu:.1%}" if lp.mfu is not None else "-"
     rows = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-    name = model + (" (Meta's)" if options.get("pp") else " (1F1B alone)" if options else "")
-    print(f"{name:<29} {gpus:>6} {batch:>5}  {best:<56}  {step:>9}  {tok:>9}  {mfu:>6}  "
-          f"{_fullest(lp):<24}  {_proven(lp):<28}  {rows:<44}  {wall:5.1f}s  {cpu:5.1f}s  {peak_rss_mb():7.0f}",
-          flush=True)
+    name = spec["model"] + (" (Meta's)" if options.get("pp") else " (1F1B alone)" if options else "")
+    return (f"{name:<29} {spec['gpus']:>6} {spec['batch']:>5}  {best:<56}  {step:>9}  {tok:>9}  {mfu:>6}  "
+            f"{_fullest(lp):<24}  {_proven(lp):<28}  {rows:<44}  {wall:5.1f}s  {cpu:5.1f}s  {own_peak_rss_mb():7.0f}")
 
 
 if __name__ == "__main__":
+    if sys.argv[1:2] == ["--measure"]:
+        print(json.dumps({"line": _search(json.loads(sys.argv[2]))}))
+        sys.exit(0)
     sys.exit(main())
