@@ -60,18 +60,24 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024.0
 
 
+def status_mb(field: str) -> float | None:
+    """A memory field of Linux's ``/proc/self/status`` (``VmRSS``, ``VmHWM``, ...) in MiB; None elsewhere."""
+    try:
+        with open("/proc/self/status") as status:
+            for line in status:
+                if line.startswith(field + ":"):
+                    return int(line.split()[1]) / 1024.0
+    except OSError:
+        pass
+    return None
+
+
 def own_peak_rss_mb() -> float:
     """This process image's own peak resident memory (Linux's ``VmHWM``): Linux carries ``ru_maxrss``
     over an exec, so a script ``run_measurement`` starts from a parent that had imported torch reads
     the parent's peak there; elsewhere ``peak_rss_mb``."""
-    try:
-        with open("/proc/self/status") as status:
-            for line in status:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return peak_rss_mb()
+    own = status_mb("VmHWM")
+    return peak_rss_mb() if own is None else own
 
 
 def run_measurement(script: str, *args: str) -> dict:

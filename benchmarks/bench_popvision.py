@@ -29,8 +29,10 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "tests" / "fake_pva"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import pva  # noqa: E402  (the fake libpva)
+from _common import status_mb  # noqa: E402
 
 from stagesplit.io import load_profile  # noqa: E402
 from stagesplit.io.compact import write_compact  # noqa: E402
@@ -55,14 +57,8 @@ def _reset_peak() -> bool:
 
 
 def _rss_mb() -> float:
-    try:
-        with open("/proc/self/status") as handle:
-            for line in handle:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) / 1024.0
-    except OSError:
-        pass
-    return float("nan")
+    rss = status_mb("VmRSS")
+    return float("nan") if rss is None else rss
 
 
 def main(argv: list[str] | None = None) -> int:
