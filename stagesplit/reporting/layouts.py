@@ -172,14 +172,20 @@ def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
 
 def _compared_cells(name: str, lp: LayoutPlan | None, refused: str, chosen: LayoutPlan) -> list[str]:
     """One compared layout's cells: its layout, step, tokens/s per GPU, step over the chosen one's,
-    and whether it fits (else the first rank that does not, or why it was not laid out)."""
+    and whether it fits (else the first rank that does not, why it was not laid out, or, where the
+    time limit stopped some of its combinations before a split was found, that it is unknown: one of
+    those may fit)."""
     if lp is None:
         return [name, "-", "-", "-", "-", f"not laid out: {refused}"]
     b = lp.best
     if b is None:
+        lay = lp.rows[0].layout.describe() if lp.rows else "-"
+        unknown = sum(1 for r in lp.rows if r.status == "unknown")
+        if unknown:
+            return [name, lay, "-", "-", "-", f"unknown: the time limit stopped {unknown} of its {len(lp.rows)} "
+                    "combination(s) before a split was found"]
         worst = next((r for r in lp.rows if r.status == "memory"), None)
         why = worst.reason if worst is not None else _none_fits(lp)
-        lay = lp.rows[0].layout.describe() if lp.rows else "-"
         return [name, lay, "-", "-", "-", f"does not fit: {why}"]
     assert b.step_s is not None
     tokens = f"{lp.tokens_per_s_per_gpu:,.0f}" if lp.tokens_per_s_per_gpu is not None else "-"

@@ -155,6 +155,32 @@ def test_a_layout_that_does_not_fit_names_its_rank(stack_file, tmp_path):
     assert lines[3].endswith(f"does not fit: {memory.reason}")
 
 
+def test_a_layout_the_time_limit_stopped_is_unknown_not_a_layout_that_does_not_fit(stack_file):
+    """A compared layout whose search the time limit stopped before a split was found (as the 70B
+    sample's torchtitan preset under a 40 s limit) may fit:
+    its row says unknown and how many of its combinations were stopped, never "does not fit". Where
+    one of its combinations does not fit and another was stopped, it is unknown still."""
+    from dataclasses import replace
+
+    from stagesplit.plan.layout_compare import Compared, Comparison
+    from stagesplit.reporting.layouts import comparison_text
+    lp = api.layouts(str(stack_file), gpus=8, global_batch=64, captured_batch=8, sequence_length=1,
+                     target="h100-80gb", tp=1, pp=1, zero=3)
+    assert lp.best is not None and len(lp.rows) >= 2
+    stopped = replace(lp, best=None, rows=(replace(lp.rows[0], status="unknown", reason="the time limit was "
+                                                   "reached before it was searched", step_s=None),))
+    mixed = replace(lp, best=None, rows=(replace(lp.rows[0], status="memory", reason="memory: rank 0 needs 9 GiB of 8 GiB",
+                                                 step_s=None),
+                                         replace(lp.rows[1], status="unknown", step_s=None)))
+    text = comparison_text(Comparison(lp, (Compared("torchtitan llama3_70b", "src", stopped),
+                                           Compared("pure FSDP", "one stage", mixed))))
+    lines = text.splitlines()
+    assert lines[3].startswith("torchtitan llama3_70b") and lp.rows[0].layout.describe() in lines[3]
+    assert lines[3].endswith("unknown: the time limit stopped 1 of its 1 combination(s) before a split was found")
+    assert lines[4].endswith("unknown: the time limit stopped 1 of its 2 combination(s) before a split was found")
+    assert "does not fit" not in text
+
+
 def test_megatron_presets_by_hand():
     """Megatron's published Llama configurations, as their files give them (plan/layout_compare.py
     cites each with its commit), and applied to a cluster: the data-parallel ranks the GPUs left
