@@ -1333,6 +1333,12 @@ class GpuSweepRow:
     def fits(self) -> bool:
         return self.plan is not None and self.plan.best is not None
 
+    @property
+    def unknown(self) -> bool:
+        """No layout found, but the time limit stopped some combination before a split was found:
+        one of them may fit."""
+        return not self.fits and self.plan is not None and any(r.status == "unknown" for r in self.plan.rows)
+
 
 @dataclass(frozen=True)
 class GpuSweep:
@@ -1342,9 +1348,14 @@ class GpuSweep:
 
     @property
     def fewest(self) -> int | None:
-        """The fewest GPUs with a layout that fits every rank (None: no count fits)."""
+        """The fewest GPUs with a layout found that fits every rank (None: none found); fewer may fit
+        where their search is ``unknown`` (``unsettled``)."""
         fits = [r.gpus for r in self.rows if r.fits]
         return min(fits) if fits else None
+
+    def unsettled(self, below: int | None = None) -> list[int]:
+        """The counts (under ``below``, where given) whose search the time limit left unknown."""
+        return [r.gpus for r in self.rows if r.unknown and (below is None or r.gpus < below)]
 
 
 def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, counts: Sequence[int],

@@ -12,7 +12,7 @@ from ..plan.layout_compare import Comparison
 from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
-__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
+__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_summary", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
@@ -143,7 +143,8 @@ def gpu_sweep_table(sweep: GpuSweep) -> Table:
         lp = r.plan
         proven = "yes" if lp is not None and lp.proven else "no"
         if lp is None or lp.best is None:
-            t.add(r.gpus, "no", *([None] * 11), proven, r.refused or (_none_fits(lp) if lp is not None else ""))
+            t.add(r.gpus, "unknown" if r.unknown else "no", *([None] * 11), proven,
+                  r.refused or (_none_fits(lp) if lp is not None else ""))
             continue
         b, lay = lp.best, lp.best.layout
         assert b.step_s is not None and lp.samples_per_s is not None
@@ -164,9 +165,10 @@ def _none_fits(lp: LayoutPlan) -> str:
 
 
 def gpu_sweep_json(sweep: GpuSweep) -> dict[str, Any]:
-    """Every count's whole search (``layouts_json``), or why it has none, and the fewest GPUs that fit."""
-    return {"fewest_gpus": sweep.fewest,
-            "rows": [{"gpus": r.gpus, "fits": r.fits, "refused": r.refused or None,
+    """Every count's whole search (``layouts_json``), or why it has none, the fewest GPUs found to fit,
+    and the fewer counts whose search the time limit left unknown."""
+    return {"fewest_gpus": sweep.fewest, "unsettled_below_fewest": sweep.unsettled(sweep.fewest),
+            "rows": [{"gpus": r.gpus, "fits": r.fits, "unknown": r.unknown, "refused": r.refused or None,
                       "layouts": layouts_json(r.plan) if r.plan is not None else None} for r in sweep.rows]}
 
 
@@ -218,3 +220,18 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
             "compared": [{"name": r.name, "source": r.source, "tried": r.tried, "refused": r.refused or None,
                           "step_s": r.step_s, "layouts": layouts_json(r.plan) if r.plan is not None else None}
                          for r in cmp.rows]}
+
+
+def gpu_sweep_summary(sweep: GpuSweep) -> str:
+    """The sweep's last line: the fewest GPUs found to fit, and any fewer whose search the time limit
+    stopped before a split was found (one may fit); else that no count fits, or none was found to."""
+    fewest = sweep.fewest
+    if fewest is not None:
+        unsettled = sweep.unsettled(fewest)
+        return f"fewest GPUs that fit: {fewest}" + (
+            f" (the time limit left {', '.join(map(str, unsettled))} unknown: fewer may fit)" if unsettled else "")
+    unsettled = sweep.unsettled()
+    if unsettled:
+        return (f"no GPU count in the range was found to fit: the time limit left {', '.join(map(str, unsettled))} "
+                "unknown")
+    return "no GPU count in the range fits"

@@ -231,6 +231,45 @@ def test_sweep_rows_are_each_counts_search_and_the_fewest_that_fit(files, capsys
     assert lines[-1] == "fewest GPUs that fit: 2"
 
 
+def test_a_count_the_time_limit_stopped_is_unknown_and_the_last_line_says_fewer_may_fit(files, capsys, monkeypatch):
+    """The sweep above with the searches of 2 (then 2 and 4) GPUs stopped by the time limit before any
+    split was found, as a short limit over many counts does: such a count may fit, so its row says
+    unknown (not no), and the last line gives the fewest found with the fewer it could not settle, or
+    that none was found to fit; the JSON says the same."""
+    from dataclasses import replace
+
+    from stagesplit.plan import layouts
+    real = layouts.search
+    stopped: set[int] = set()
+
+    def search(analyze, degrees, req, deadline, events):
+        lp = real(analyze, degrees, req, deadline, events)
+        if req.gpus not in stopped:
+            return lp
+        return replace(lp, best=None, rows=tuple(replace(r, status="unknown", step_s=None, reason="the time limit "
+                                                         "was reached before it was searched") for r in lp.rows))
+    monkeypatch.setattr(layouts, "search", search)
+    args = ["sweep", files / "stack.json", "--gpus", "1..8", "--global-batch", 32, "--micro-batch-size", 8,
+            "--seq-len", 4, "--target", files / "tiny.yaml", "--runtime-reserve", "off"]
+    stopped.add(2)
+    code, text, _ = run_cli(capsys, *args, "--wide")
+    assert code == 0
+    lines = text.splitlines()
+    by_count = {int(line.split()[0]): line.split() for line in lines[4:-1]}
+    assert by_count[2][1] == "unknown" and by_count[1][1] == "no" and by_count[4][1] == "yes"
+    assert by_count[8][1] == "no"                      # refused, settled: no
+    assert lines[-1] == "fewest GPUs that fit: 4 (the time limit left 2 unknown: fewer may fit)"
+    code, text, _ = run_cli(capsys, *args, "--format", "json")
+    doc = json.loads(text)
+    assert [(r["fits"], r["unknown"]) for r in doc["rows"]] == [(False, False), (False, True), (True, False),
+                                                                (False, False)]
+    assert doc["fewest_gpus"] == 4 and doc["unsettled_below_fewest"] == [2]
+    stopped.add(4)
+    code, text, _ = run_cli(capsys, *args)
+    assert code == 0
+    assert text.splitlines()[-1] == "no GPU count in the range was found to fit: the time limit left 2, 4 unknown"
+
+
 def test_gpu_counts_are_powers_of_two_or_a_list():
     assert api.gpu_counts("8..64") == [8, 16, 32, 64]
     assert api.gpu_counts("3..20") == [4, 8, 16]
