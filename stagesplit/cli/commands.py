@@ -255,9 +255,8 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         p = rows[0].plan.profile if len(rows) else None
         gpu = p is not None and _gpu_view(args, "gpu" if p.one_tile else "ipu", p.tiles)
         text = render([sweep_table(rows, gpu=gpu)], args.format, width=_width(args), naming=flags_in)
-    fits = [r.devices for r in rows if r.fits]
     if args.format == "text":
-        text += (f"fewest devices that fit: {min(fits)}\n" if fits else "no device count in the range fits\n")
+        text += rows.summary() + "\n"
     _emit(text, args.out)
     return 0
 

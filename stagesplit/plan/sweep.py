@@ -36,6 +36,12 @@ class SweepRow:
     def fits(self) -> bool:
         return self.plan.feasible
 
+    @property
+    def unknown(self) -> bool:
+        """No split that fits was found, but the time limit came before the search settled it:
+        one may fit."""
+        return not self.fits and self.plan.status == "unknown"
+
 
 @dataclass(repr=False)
 class SweepResult:
@@ -70,8 +76,21 @@ class SweepResult:
 
     @property
     def fewest_devices(self) -> int | None:
-        """The fewest device counts of the sweep whose plan fits (None if none does)."""
+        """The fewest device counts of the sweep whose plan fits (None if none does); fewer may fit
+        where the time limit left their search unknown (``summary``)."""
         return min((r.devices for r in self.rows if r.fits), default=None)
+
+    def summary(self) -> str:
+        """The fewest devices found to fit, naming any fewer whose search the time limit left unknown
+        (one may fit); else that no count fits, or that none was found to."""
+        fewest = self.fewest_devices
+        unknown = [r.devices for r in self.rows if r.unknown and (fewest is None or r.devices < fewest)]
+        left = ", ".join(map(str, unknown))
+        if fewest is not None:
+            return f"fewest devices that fit: {fewest}" + (f" (the time limit left {left} unknown: fewer may fit)"
+                                                           if unknown else "")
+        return (f"no device count in the sweep was found to fit: the time limit left {left} unknown" if unknown
+                else "no device count in the sweep fits")
 
     def frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per device count (index ``devices``): ``fits``,
@@ -116,8 +135,7 @@ class SweepResult:
         counts = [r.devices for r in self.rows]
         title = f"stagesplit devices sweep of {name or 'a profile'}" + \
             (f": {min(counts)}..{max(counts)} devices" if counts else "")
-        fewest = self.fewest_devices
-        lines = [f"fewest devices that fit: {fewest}" if fewest is not None else "no device count in the sweep fits"]
+        lines = [self.summary()]
         if self.rows and self.rows[0].plan.notes:
             lines.append(f"note: {self.rows[0].plan.notes[0]}")
         return html_summary(title, lines, self.frame().to_html())

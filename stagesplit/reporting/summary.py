@@ -101,7 +101,8 @@ def sweep_table(rows: Sequence, gpu: bool = False) -> Table:
     for r in rows:
         p = r.plan
         if not p.stages:
-            t.add(r.devices, "no", 0, None, None, None, None, None, *([None] if gpu else []), p.status, p.message)
+            t.add(r.devices, "unknown" if r.unknown else "no", 0, None, None, None, None, None,
+                  *([None] if gpu else []), p.status, p.message)
             continue
         b, w = p.bottleneck, p.worst_memory
         t.add(r.devices, "yes", len(p.stages), b.compute, b.time_s * 1e3 if b.time_s is not None else None,
@@ -125,8 +126,8 @@ def _schedule_sweep_table(rows: Sequence, gpu: bool) -> Table:
     for r in rows:
         p, s = r.plan, r.plan.schedule
         if not p.stages or s is None:
-            t.add(r.devices, "no", None, r.micro_batches, None, None, None, None, *([None] if gpu else []), None,
-                  p.status, p.message)
+            t.add(r.devices, "unknown" if r.unknown else "no", None, r.micro_batches, None, None, None, None,
+                  *([None] if gpu else []), None, p.status, p.message)
             continue
         fullest = max(s.ranks, key=lambda x: x.peak_bytes / max(x.capacity_bytes, 1))
         step = s.step_time * 1e3 if s.time_unit == "seconds" else s.step_time

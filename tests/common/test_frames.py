@@ -317,6 +317,33 @@ def test_cli_sweep_still_prints(capsys):
     assert "fewest devices that fit: 1" in out and "[ 0 | 1 ]" in out
 
 
+def test_a_device_count_the_time_limit_stopped_is_unknown_and_the_summary_says_fewer_may_fit():
+    """A count whose solve the time limit stopped before any split was found (status "unknown") may
+    fit: its row says unknown, not no, and the summary (the command's last line, the notebook's first)
+    gives the fewest found with the fewer left unknown, or that none was found to fit."""
+    from dataclasses import replace
+
+    from stagesplit.reporting.summary import sweep_table
+    from stagesplit.reporting.table import render
+    r = stagesplit.sweep(TINY, [1, 2])
+    assert r.fewest_devices == 1 and r.summary() == "fewest devices that fit: 1"
+
+    def stopped(row):
+        return replace(row, plan=replace(row.plan, status="unknown", feasible=False, stages=[],
+                                         message="the time limit came before any split was found"))
+    one_stopped = type(r)([stopped(r[0]), r[1]])
+    assert [row.unknown for row in one_stopped] == [True, False]
+    assert one_stopped.summary() == "fewest devices that fit: 2 (the time limit left 1 unknown: fewer may fit)"
+    assert one_stopped.summary() in one_stopped._repr_html_()
+    text = render([sweep_table(one_stopped.rows)], "text", width=200)
+    assert [line.split()[:2] for line in text.splitlines() if line.split()[:1] == ["1"]] == [["1", "unknown"]]
+    both = type(r)([stopped(row) for row in r])
+    assert both.summary() == "no device count in the sweep was found to fit: the time limit left 1, 2 unknown"
+    refused = type(r)([replace(row, plan=replace(row.plan, status="infeasible", feasible=False, stages=[]))
+                       for row in r])
+    assert not any(row.unknown for row in refused) and refused.summary() == "no device count in the sweep fits"
+
+
 # -- HTML ------------------------------------------------------------------------------------------
 
 def _assert_escaped(html):
