@@ -520,7 +520,7 @@ def _solve_layout(args: argparse.Namespace) -> int:
 def _sweep_layouts(args: argparse.Namespace) -> int:
     """sweep --gpus RANGE: the layout search for each GPU count (``api.layout_sweep``), a row per
     count with its best layout, step and tokens/s per GPU, and the fewest GPUs that fit."""
-    from ..reporting.layouts import gpu_sweep_json, gpu_sweep_summary, gpu_sweep_table
+    from ..reporting.layouts import gpu_sweep_json, gpu_sweep_table
     from ..reporting.table import render
     if args.devices is not None:
         raise StagesplitError("--devices: give --devices (pipeline stages) or --gpus (layouts), not both")
@@ -532,7 +532,7 @@ def _sweep_layouts(args: argparse.Namespace) -> int:
     else:
         text = render([gpu_sweep_table(result)], args.format, width=_width(args), naming=flags_in)
     if args.format == "text":
-        text += gpu_sweep_summary(result) + "\n"
+        text += result.summary() + "\n"
     _emit(text, args.out)
     return 0
 

@@ -41,6 +41,7 @@ from ..solver.request import Schedule, SolveRequest
 from ..solver.schedule_kinds import check_schedule, traits
 from .pipeline_floor import RangeFloors, bounded, busy_floor, pipeline_floors
 from .records import Plan
+from .text import fewest_text
 
 __all__ = ["Degree", "GpuSweep", "GpuSweepRow", "Layout", "LayoutPlan", "LayoutRequest", "LayoutRow", "Measured",
            "RankWork", "bubble_factor", "check_request", "cp_seconds", "cp_share", "ep_share", "degrees_of",
@@ -1356,6 +1357,11 @@ class GpuSweep:
     def unsettled(self, below: int | None = None) -> list[int]:
         """The counts (under ``below``, where given) whose search the time limit left unknown."""
         return [r.gpus for r in self.rows if r.unknown and (below is None or r.gpus < below)]
+
+    def summary(self) -> str:
+        """The sweep's last line (``fewest_text``): the fewest GPUs found to fit, and any fewer the
+        time limit left unknown."""
+        return fewest_text("GPUs", "range", [r.gpus for r in self.rows if r.fits], self.unsettled())
 
 
 def sweep_gpus(analyze: Analyze, tp_degrees: Sequence[Degree], req: LayoutRequest, counts: Sequence[int],

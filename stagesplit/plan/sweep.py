@@ -17,6 +17,7 @@ from .build import refused_plan
 from .records import Plan, PlanInputs
 from .scheduled import advise_schedule
 from .search import price
+from .text import fewest_text
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -82,15 +83,9 @@ class SweepResult:
 
     def summary(self) -> str:
         """The fewest devices found to fit, naming any fewer whose search the time limit left unknown
-        (one may fit); else that no count fits, or that none was found to."""
-        fewest = self.fewest_devices
-        unknown = [r.devices for r in self.rows if r.unknown and (fewest is None or r.devices < fewest)]
-        left = ", ".join(map(str, unknown))
-        if fewest is not None:
-            return f"fewest devices that fit: {fewest}" + (f" (the time limit left {left} unknown: fewer may fit)"
-                                                           if unknown else "")
-        return (f"no device count in the sweep was found to fit: the time limit left {left} unknown" if unknown
-                else "no device count in the sweep fits")
+        (one may fit); else that no count fits, or that none was found to (``fewest_text``)."""
+        return fewest_text("devices", "sweep", [r.devices for r in self.rows if r.fits],
+                           [r.devices for r in self.rows if r.unknown])
 
     def frame(self) -> pd.DataFrame:
         """A pandas DataFrame with one row per device count (index ``devices``): ``fits``,

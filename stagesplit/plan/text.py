@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["joined", "seconds_text", "split_text", "step_text"]
+__all__ = ["fewest_text", "joined", "seconds_text", "split_text", "step_text"]
 
 
 def split_text(names: list[str], ranges: list[tuple[int, int]], width: int | None = None) -> str:
@@ -38,3 +38,18 @@ def seconds_text(seconds: float) -> str:
 def joined(items: list[str], word: str) -> str:
     """``a, b and c`` (``word`` before the last item)."""
     return items[0] if len(items) == 1 else ", ".join(items[:-1]) + f" {word} {items[-1]}"
+
+
+def fewest_text(noun: str, scope: str, fits: list[int], unknown: list[int]) -> str:
+    """A sweep's last line: the fewest ``noun`` (devices, GPUs) found to fit among the counts that
+    ``fits``, naming any fewer whose search the time limit left ``unknown`` (one may fit); else that
+    no count in the ``scope`` fits, or that none was found to."""
+    fewest = min(fits, default=None)
+    left = ", ".join(str(n) for n in unknown if fewest is None or n < fewest)
+    if fewest is not None:
+        return f"fewest {noun} that fit: {fewest}" + (f" (the time limit left {left} unknown: fewer may fit)"
+                                                      if left else "")
+    singular = noun[:-1] if noun.endswith("s") else noun
+    if left:
+        return f"no {singular} count in the {scope} was found to fit: the time limit left {left} unknown"
+    return f"no {singular} count in the {scope} fits"

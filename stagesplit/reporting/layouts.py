@@ -12,7 +12,7 @@ from ..plan.layout_compare import Comparison
 from ..plan.layouts import GpuSweep, LayoutPlan, LayoutRequest, LayoutRow, seconds
 from .table import Column, Table
 
-__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_summary", "gpu_sweep_table", "layouts_json", "layouts_text"]
+__all__ = ["comparison_json", "comparison_text", "gpu_sweep_json", "gpu_sweep_table", "layouts_json", "layouts_text"]
 
 
 def _gib(n: int) -> str:
@@ -221,17 +221,3 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
                           "step_s": r.step_s, "layouts": layouts_json(r.plan) if r.plan is not None else None}
                          for r in cmp.rows]}
 
-
-def gpu_sweep_summary(sweep: GpuSweep) -> str:
-    """The sweep's last line: the fewest GPUs found to fit, and any fewer whose search the time limit
-    stopped before a split was found (one may fit); else that no count fits, or none was found to."""
-    fewest = sweep.fewest
-    if fewest is not None:
-        unsettled = sweep.unsettled(fewest)
-        return f"fewest GPUs that fit: {fewest}" + (
-            f" (the time limit left {', '.join(map(str, unsettled))} unknown: fewer may fit)" if unsettled else "")
-    unsettled = sweep.unsettled()
-    if unsettled:
-        return (f"no GPU count in the range was found to fit: the time limit left {', '.join(map(str, unsettled))} "
-                "unknown")
-    return "no GPU count in the range fits"
