@@ -267,9 +267,11 @@ BURST = 8
 
 def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
     """Seconds of an all-reduce (sum) over both ranks per message size: each run ``BURST`` of them
-    back to back after a barrier, their mean, as a tensor-parallel rank's collectives follow each
-    other in step (one alone, timed from a barrier, would carry the ranks' skew leaving it, up to
-    a millisecond on a loaded machine)."""
+    back to back, their mean, as a tensor-parallel rank's collectives follow each other in step. The
+    burst is timed from the end of a first all-reduce after the barrier, not from the barrier: the
+    ranks leave a barrier apart (up to a millisecond on a loaded machine), and that first all-reduce
+    absorbs the skew, which a rank's collectives inside its step do not pay each time (timed from the
+    barrier, their mean priced the TP 2 step 5-9% over what it measured, in three runs)."""
     import torch
     import torch.distributed as dist
     out: dict[int, list[float]] = {}
@@ -277,6 +279,7 @@ def _all_reduce(sizes: Sequence[int], repeats: int) -> dict[int, list[float]]:
         buffer = torch.zeros(size // 4)
         for run in range(repeats + 2):
             dist.barrier()
+            dist.all_reduce(buffer)
             start = time.perf_counter()
             for _ in range(BURST):
                 dist.all_reduce(buffer)
@@ -317,12 +320,21 @@ def _median(records: Sequence[dict], key: str) -> dict[int, float]:
     return {int(s): statistics.median(v for r in records for v in r[key][s]) for s in records[0][key]}
 
 
+def _mean(records: Sequence[dict], key: str) -> dict[int, float]:
+    """Per message size, the mean over both ranks' runs: what the all-reduces are priced at. A
+    tensor-parallel step pays the sum of its hundreds of collectives, so the mean of one is what it
+    pays per collective; on this machine gloo's bursts run anywhere from 0.1 to 5 ms per all-reduce
+    (the process waking on its core), a skewed spread whose median sits under its mean (priced at
+    the median, the TP 2 step came out 3-11% short, in six runs)."""
+    return {int(s): statistics.fmean(v for r in records for v in r[key][s]) for s in records[0][key]}
+
+
 def _machine(records: Sequence[dict], blocks: Sequence[dict] | None = None) -> Machine:
     """The figures from both ranks' records (``blocks``: the block times from these instead; a
     tensor-parallel rank's from their ``tp_blocks`` where they have them)."""
     one_way = _median(records, "link")
     latency, bandwidth = _fit_link(one_way)
-    all_reduce = _median(records, "all_reduce")
+    all_reduce = _mean(records, "all_reduce")
 
     def per_block(key: str) -> tuple[tuple[float, ...], ...]:
         runs = [run for r in (blocks or records) for run in r.get(key, [])]      # each: per block (f, b, o)
@@ -843,7 +855,7 @@ def _layout_worker_body(rank: int, workdir: str, own: bool, micro_batches: int, 
             times = blocks.once()
             dist.barrier()
             tp_times = tp_blocks.once()
-            reduced = _all_reduce(LINK_SIZES, 1)       # the node's links too: timed with the steps
+            reduced = _all_reduce(LINK_SIZES, 2)       # the node's links too: timed with the steps
             for i, layout in enumerate(LAYOUTS):
                 dist.barrier()
                 seconds = steps_of[layout]()
