@@ -1007,7 +1007,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
             name: str | None = None, layer_regex: str | None = None, torch_logs: bool = False,
             tp: int | Sequence[int] = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
             events: Events | None = None, kernels: str = "cpu", cp: int = 1, ep: int = 1,
-            master_weights: bool = False) -> Profile | ParallelVariants:
+            master_weights: bool = False, loss_parallel: bool = False) -> Profile | ParallelVariants:
     """Capture one training step of the model the factory ``model`` names
     (``path/to/file.py:function`` or ``package.module:function``) on CPU under fake tensors
     (see ``stagesplit.capturing.pytorch``), written to ``output`` when given. ``optimizer``:
@@ -1017,8 +1017,10 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     ``layer_regex``: group by this pattern instead of the module tree; ``torch_logs``: let
     torch's logging through. ``tp``: capture rank 0 of this many tensor-parallel ranks, the
     plan from ``tp_plan`` (a YAML file: module pattern -> style) or the model's declaration, with
-    ``sequence_parallel`` between the blocks (``stagesplit.capturing.tensorparallel``); the
-    profile's ``info.parallel_layout`` says which plan was used. ``tp`` a list of degrees: one
+    ``sequence_parallel`` between the blocks (``stagesplit.capturing.tensorparallel``), and with
+    ``loss_parallel`` the plan's gathered head kept split on the vocabulary, the loss computed on the
+    split under torch's ``loss_parallel()`` (torchtitan's and Megatron's way; a Hugging Face plan
+    gathers the logits); the profile's ``info.parallel_layout`` says which plan was used. ``tp`` a list of degrees: one
     rank at each, in one ``ParallelVariants`` written as one file (``sequence_parallel`` and
     ``tp_plan`` for the degrees of 2 or more). ``kernels``: cpu (what the CPU
     kernels the capture runs keep) or cuda (attention as the GPU target's CUDA kernels keep it,
@@ -1062,7 +1064,7 @@ def capture(model: str, output: str | Path | None = None, *, optimizer: str = "a
     profile = capture_step(model, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                            allocator_round=allocator_round, name=name, layer_regex=layer_regex, torch_logs=torch_logs,
                            tp=tp, sequence_parallel=bool(sequence_parallel), tp_plan=tp_plan, kernels=kernels,
-                           cp=cp, ep=ep, master_weights=bool(master_weights))
+                           cp=cp, ep=ep, master_weights=bool(master_weights), loss_parallel=bool(loss_parallel))
     events.done()
     for message in dict.fromkeys(m for p in _profiles_of(profile) for m in p.info.warnings):
         events.warn(message)

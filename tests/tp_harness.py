@@ -36,11 +36,13 @@ __all__ = ["GPT_FILE", "GPT_PLAN", "TPCase", "RankMeasure", "build", "inputs", "
 
 @dataclass(frozen=True)
 class TPCase:
-    """``model``: llama or gpt; ``degree`` ranks, with ``sequence_parallel`` or not."""
+    """``model``: llama or gpt; ``degree`` ranks, with ``sequence_parallel`` or not, and with
+    ``loss_parallel`` or not (the head's logits kept split, the loss under torch's ``loss_parallel``)."""
 
     model: str
     degree: int = 2
     sequence_parallel: bool = False
+    loss_parallel: bool = False
 
     @property
     def plan_file(self) -> str | None:
@@ -121,27 +123,29 @@ def _rank(rank: int, case: TPCase, workdir: str) -> None:
     from torch.distributed._tools.mem_tracker import MemTracker
     from torch.distributed.device_mesh import init_device_mesh
 
-    from stagesplit.capturing.tensorparallel import parallelize, resolve_plan
+    from stagesplit.capturing.tensorparallel import loss_parallel_context, parallelize, resolve_plan
     torch.set_num_threads(1)
     dist.init_process_group("gloo", init_method=f"file://{workdir}/rendezvous", rank=rank, world_size=case.degree,
                             timeout=timedelta(seconds=120))
     try:
         mesh = init_device_mesh("cpu", (case.degree,))
         net = build(case.model)
-        plan = resolve_plan(torch, net, case.degree, case.sequence_parallel, case.plan_file)
+        plan = resolve_plan(torch, net, case.degree, case.sequence_parallel, case.plan_file, case.loss_parallel)
         parallelize(torch, net, mesh, plan)
         batch = inputs(case.model)
         opt = torch.optim.Adam(net.parameters(), foreach=False)
-        first = loss_of(case.model, net, batch)
-        loss = float(first.detach())
-        first.backward()
+        with loss_parallel_context(torch, plan):
+            first = loss_of(case.model, net, batch)
+            loss = float(first.detach())
+            first.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
         del first
         tracker = MemTracker()
         tracker.track_external(net, opt, batch)
         with tracker:
-            loss_of(case.model, net, batch).backward()
+            with loss_parallel_context(torch, plan):
+                loss_of(case.model, net, batch).backward()
             opt.step()
         peak = tracker.get_tracker_snapshot("peak")[torch.device("cpu")]["Total"]
         Path(workdir, f"rank{rank}.json").write_text(json.dumps({"rank": rank, "peak": peak, "loss": loss}))

@@ -54,7 +54,14 @@ from .recorder import (
     register_optimizer_state,
 )
 from .runtime import as_a_real_run, first_line, load_torch, quiet
-from .tensorparallel import fake_process_group, heads_per_rank, parallelize, propagation_unrecorded, resolve_plan
+from .tensorparallel import (
+    fake_process_group,
+    heads_per_rank,
+    loss_parallel_context,
+    parallelize,
+    propagation_unrecorded,
+    resolve_plan,
+)
 
 __all__ = ["capture", "capture_degrees", "capture_model", "check_degrees", "OPTIMIZERS", "DTYPES", "DEFAULT_TARGET"]
 
@@ -93,12 +100,12 @@ def check_degrees(degrees: Any) -> tuple[int, ...]:
 
 
 def capture_degrees(model, inputs, loss_fn=None, *, degrees, sequence_parallel: bool = False,
-                    tp_plan: str | Path | None = None, torch_logs: bool = False, source: str | None = None,
-                    **options) -> ParallelVariants:
+                    tp_plan: str | Path | None = None, loss_parallel: bool = False, torch_logs: bool = False,
+                    source: str | None = None, **options) -> ParallelVariants:
     """One rank at each tensor-parallel degree of ``degrees``: ``capture_model`` once per degree on
     the same model (which every capture leaves as it came), each variant exactly the profile a
-    capture at that degree alone makes. ``sequence_parallel`` and ``tp_plan`` apply to the degrees
-    of 2 or more (degree 1 is the whole model). Every degree is checked against the plan before
+    capture at that degree alone makes. ``sequence_parallel``, ``tp_plan`` and ``loss_parallel`` apply to
+    the degrees of 2 or more (degree 1 is the whole model). Every degree is checked against the plan before
     any step runs: a degree that does not divide the heads, KV heads or a sharded dimension is
     refused in one line naming the module and the degree. A list of one degree is that capture
     alone, in a ParallelVariants of one."""
@@ -109,11 +116,11 @@ def capture_degrees(model, inputs, loss_fn=None, *, degrees, sequence_parallel: 
             checked, _, _ = check_model((model, inputs, loss_fn), source or "model", torch)
             for d in sorted(degrees):
                 if d > 1:
-                    resolve_plan(torch, checked, d, bool(sequence_parallel), tp_plan)
+                    resolve_plan(torch, checked, d, bool(sequence_parallel), tp_plan, bool(loss_parallel))
     profiles = []
     for d in sorted(degrees):
-        extra: dict[str, Any] = {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan} if d > 1 or \
-            len(degrees) == 1 else {}
+        extra: dict[str, Any] = {"sequence_parallel": sequence_parallel, "tp_plan": tp_plan,
+                                 "loss_parallel": loss_parallel} if d > 1 or len(degrees) == 1 else {}
         profiles.append(capture_model(model, inputs, loss_fn, tp=d, torch_logs=torch_logs, source=source,
                                       **extra, **options))
     return parallel_variants(profiles, source or "model")
@@ -123,7 +130,8 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
                   amp: bool = False, target=None, allocator_round: int = 512, name: str | None = None,
                   layer_regex: str | None = None, source: str | None = None, torch_logs: bool = False,
                   tp: int = 1, sequence_parallel: bool = False, tp_plan: str | Path | None = None,
-                  kernels: str = "cpu", cp: int = 1, ep: int = 1, master_weights: bool = False) -> Profile:
+                  kernels: str = "cpu", cp: int = 1, ep: int = 1, master_weights: bool = False,
+                  loss_parallel: bool = False) -> Profile:
     """Record one training step of ``model`` on ``inputs`` (a tensor, a tuple of arguments or a
     dict of keyword arguments) under fake tensors and return it as a full-form Profile.
 
@@ -140,7 +148,9 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
     ``layer_regex``. ``torch_logs``: let torch's (and the model's) logging and warnings through.
     ``tp``: capture rank 0 of this many tensor-parallel ranks (``tensorparallel``), the plan
     from ``tp_plan`` (a YAML file) or the model's declaration; ``sequence_parallel``: with
-    sequence parallelism between the blocks. ``kernels``: cpu (what the CPU kernels keep) or cuda
+    sequence parallelism between the blocks; ``loss_parallel``: the plan's gathered head kept split on
+    the vocabulary and the loss computed on the split under torch's ``loss_parallel()``, as torchtitan and
+    Megatron run it (``tensorparallel.with_loss_parallel``). ``kernels``: cpu (what the CPU kernels keep) or cuda
     (attention as the target GPU's CUDA kernels keep it: capturing/kernels.py). ``cp``: capture
     rank 0 of this many context-parallel ranks (``contextparallel``: the sequence sharded,
     attention as torch's ring attention, which runs the GPU's kernels: ``kernels`` becomes cuda).
@@ -154,13 +164,13 @@ def capture_model(model, inputs, loss_fn=None, *, optimizer: str = "adam", dtype
         return _capture(torch, model, inputs, loss_fn, optimizer=optimizer, dtype=dtype, amp=amp, target=target,
                         allocator_round=allocator_round, name=name, layer_regex=layer_regex, source=source,
                         tp=tp, sequence_parallel=sequence_parallel, tp_plan=tp_plan, kernels=kernels, cp=cp, ep=ep,
-                        master_weights=master_weights)
+                        master_weights=master_weights, loss_parallel=loss_parallel)
 
 
 def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: bool, target, allocator_round: int,
              name: str | None, layer_regex: str | None, source: str | None, tp: int = 1,
              sequence_parallel: bool = False, tp_plan: str | Path | None = None, kernels: str = "cpu",
-             cp: int = 1, ep: int = 1, master_weights: bool = False) -> Profile:
+             cp: int = 1, ep: int = 1, master_weights: bool = False, loss_parallel: bool = False) -> Profile:
     from torch._subclasses import FakeTensorMode
     source = source or "model"
     if optimizer not in OPTIMIZERS:
@@ -204,10 +214,10 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
     if isinstance(tp, bool) or not isinstance(tp, int) or not 1 <= tp <= 4096:
         raise OptionError("tp", f"expected a whole number of ranks in 1..4096, got {tp!r}")
     if tp > 1:
-        plan = resolve_plan(torch, model, tp, bool(sequence_parallel), tp_plan)
-    elif sequence_parallel or tp_plan is not None:
-        raise OptionError("sequence_parallel" if sequence_parallel else "tp_plan",
-                          "applies to a tensor-parallel capture (tp of 2 or more)")
+        plan = resolve_plan(torch, model, tp, bool(sequence_parallel), tp_plan, bool(loss_parallel))
+    elif sequence_parallel or tp_plan is not None or loss_parallel:
+        raise OptionError("sequence_parallel" if sequence_parallel else "tp_plan" if tp_plan is not None
+                          else "loss_parallel", "applies to a tensor-parallel capture (tp of 2 or more)")
 
     Recorder = make_recorder(torch, allocator_round)
     fake = FakeTensorMode(allow_non_fake_inputs=True)
@@ -237,6 +247,7 @@ def _capture(torch, model, inputs, loss_fn, *, optimizer: str, dtype: str, amp: 
                 fake_inputs = shard_inputs(torch, fake_inputs, cp_mesh, context.sequence, context.load_balanced)
             if plan is not None:
                 tp_hooks, extra = parallelize(torch, model, mesh, plan)
+                group.enter_context(loss_parallel_context(torch, plan))   # the loss, forward and backward
                 params = {id(p): p for p in model.parameters()}
                 if context is None:
                     group.enter_context(propagation_unrecorded(rec.state))

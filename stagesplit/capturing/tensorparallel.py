@@ -15,6 +15,11 @@ from a YAML file (``pattern: style``). The styles and the torch code each become
 - ``colwise``: ``ColwiseParallel()`` (the output's last dimension sharded, kept local);
 - ``colwise_gather_output``: ``ColwiseParallel(output_layouts=Replicate())`` (a head whose logits
   are gathered);
+- ``colwise_loss_parallel``: ``ColwiseParallel(output_layouts=Shard(-1), use_local_output=False)``, the
+  step run under torch's ``loss_parallel()``: a head whose logits stay split on the vocabulary and whose
+  cross-entropy is computed on the split (torchtitan's head with tensor parallelism, Megatron's
+  vocabulary-parallel cross-entropy). ``loss_parallel`` turns a plan's gathered heads into these
+  (``with_loss_parallel``): a Hugging Face plan gathers the logits, each rank then holding all of them;
 - ``rowwise``, ``embedding_rowwise``: ``RowwiseParallel()`` (a Linear's input dimension or an
   Embedding's rows sharded; the partial sums reduced);
 - ``rowwise_split_input``: ``RowwiseParallel(input_layouts=Replicate())``;
@@ -52,13 +57,16 @@ from ..common.text import show
 from ..errors import OptionError, StagesplitError
 
 __all__ = ["STYLES", "TensorParallelPlan", "configured_count", "read_plan_file", "resolve_plan", "fake_process_group",
-           "parallelize", "heads_per_rank", "propagation_unrecorded"]
+           "parallelize", "heads_per_rank", "propagation_unrecorded", "with_loss_parallel", "loss_parallel_of",
+           "loss_parallel_context"]
 
 #: the styles a plan may name (transformers' names for the same torch styles included)
-STYLES = ("colwise", "colwise_gather_output", "rowwise", "embedding_rowwise", "rowwise_split_input", "sequence",
-          "sequence_parallel", "replicate", "replicated_with_grad_allreduce")
+STYLES = ("colwise", "colwise_gather_output", "colwise_loss_parallel", "rowwise", "embedding_rowwise",
+          "rowwise_split_input", "sequence", "sequence_parallel", "replicate", "replicated_with_grad_allreduce")
 _NOTHING = ("replicate", "replicated_with_grad_allreduce")
-_COLWISE = ("colwise", "colwise_gather_output")
+_COLWISE = ("colwise", "colwise_gather_output", "colwise_loss_parallel")
+#: the styles of a head whose output leaves the model split no more on the hidden dimension
+_HEADS = ("colwise_gather_output", "colwise_loss_parallel")
 _ROWWISE = ("rowwise", "embedding_rowwise", "rowwise_split_input")
 _SEQUENCE = ("sequence", "sequence_parallel")
 
@@ -114,9 +122,12 @@ def _matches(pattern: str, path: str) -> bool:
     return len(parts) == len(atoms) and all(fnmatch.fnmatchcase(a, p) for p, a in zip(parts, atoms))
 
 
-def resolve_plan(torch, model, degree: int, sequence_parallel: bool, plan_file: str | Path | None) -> TensorParallelPlan:
+def resolve_plan(torch, model, degree: int, sequence_parallel: bool, plan_file: str | Path | None,
+                 loss_parallel: bool = False) -> TensorParallelPlan:
     """The plan for ``model`` at ``degree``: from ``plan_file`` or the model's declaration, every
-    pattern matched against the module paths and every divisibility checked (one-line refusals)."""
+    pattern matched against the module paths and every divisibility checked (one-line refusals);
+    with ``loss_parallel`` its gathered heads kept split for torch's ``loss_parallel`` instead
+    (``with_loss_parallel``)."""
     if plan_file is not None:
         patterns = read_plan_file(plan_file)
         source, where = f"the plan in {show(plan_file)}", show(plan_file)
@@ -140,8 +151,37 @@ def resolve_plan(torch, model, degree: int, sequence_parallel: bool, plan_file: 
         for p in hits:
             styles[p] = style
     ordered = tuple((p, styles[p]) for p in modules if p in styles)
+    if loss_parallel:
+        ordered = with_loss_parallel(ordered, where)
     heads = _check_divisible(torch, modules, ordered, degree)
     return TensorParallelPlan(degree, sequence_parallel, source, ordered, heads)
+
+
+def with_loss_parallel(styles: tuple[tuple[str, str], ...], where: str) -> tuple[tuple[str, str], ...]:
+    """``styles`` with every gathered head (``colwise_gather_output``) kept split on the vocabulary
+    (``colwise_loss_parallel``), as torchtitan and Megatron run a head under tensor parallelism; a
+    plan with no such head is refused: there is no split logits for the loss to take."""
+    if not any(style in _HEADS for _, style in styles):
+        raise OptionError("loss_parallel", "the plan gathers no head's output (no module of style "
+                          "colwise_gather_output): there are no logits split on the vocabulary for the loss to take",
+                          subject=where)
+    return tuple((path, "colwise_loss_parallel" if style == "colwise_gather_output" else style)
+                 for path, style in styles)
+
+
+def loss_parallel_of(plan: TensorParallelPlan | None) -> bool:
+    """Whether the plan's step runs under torch's ``loss_parallel()`` (a head of style
+    ``colwise_loss_parallel``)."""
+    return plan is not None and any(style == "colwise_loss_parallel" for _, style in plan.styles)
+
+
+def loss_parallel_context(torch, plan: TensorParallelPlan | None) -> contextlib.AbstractContextManager:
+    """torch's ``loss_parallel()`` where the plan keeps a head's logits split (its cross-entropy then
+    runs on the split, forward and backward), else nothing."""
+    if not loss_parallel_of(plan):
+        return contextlib.nullcontext()
+    from torch.distributed.tensor.parallel import loss_parallel
+    return loss_parallel()
 
 
 def _refuse(degree: int, module: str, what: str) -> OptionError:
@@ -282,11 +322,13 @@ def torch_styles(torch, model, plan: TensorParallelPlan) -> tuple[dict[str, Any]
     extra: list[tuple[str, str]] = []
     for path, style in plan.styles:
         in_blocks = sp and _in_stack(path, plan, modules)
-        if style in ("colwise", "colwise_gather_output"):
+        if style in _COLWISE:
             kwargs: dict[str, Any] = {}
             if style == "colwise_gather_output":
                 kwargs["output_layouts"] = Replicate()
-            if sp and (in_blocks or style == "colwise_gather_output"):
+            elif style == "colwise_loss_parallel":
+                kwargs["output_layouts"], kwargs["use_local_output"] = Shard(-1), False
+            if sp and (in_blocks or style in _HEADS):
                 kwargs["input_layouts"] = Shard(1)
             out[path] = ColwiseParallel(**kwargs)
         elif style in _ROWWISE:

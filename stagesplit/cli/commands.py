@@ -338,7 +338,7 @@ def cmd_capture(args: argparse.Namespace) -> int:
                         amp=args.amp, target=args.target, allocator_round=args.allocator_round, name=args.name,
                         layer_regex=args.layer_regex, torch_logs=args.debug, tp=args.tp,
                         sequence_parallel=args.sp, tp_plan=args.tp_plan, kernels=args.kernels, cp=args.cp,
-                        ep=args.ep, master_weights=args.master_weights)
+                        ep=args.ep, master_weights=args.master_weights, loss_parallel=args.loss_parallel)
     profiles: tuple[Any, ...] = tuple(getattr(found, "profiles", (found,)))    # a ParallelVariants' each
     if len(profiles) > 1:
         degrees = ", ".join(map(str, getattr(found, "degrees", ())))

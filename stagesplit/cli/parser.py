@@ -472,6 +472,10 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     p.add_argument("--sp", action="store_true",
                    help="with --tp: sequence parallelism between the blocks (norms under SequenceParallel, the "
                         "stream sharded on the sequence dimension)")
+    p.add_argument("--loss-parallel", action="store_true",
+                   help="with --tp: keep the head's logits split on the vocabulary and compute the loss on the split "
+                        "(torch's loss_parallel), as torchtitan and Megatron do; a Hugging Face plan gathers them, "
+                        "each rank then holding all of them")
     p.add_argument("--tp-plan", metavar="FILE",
                    help="with --tp: a YAML plan, module pattern -> style (colwise, rowwise, sequence, replicate, "
                         "...), instead of the model's declared one (a Hugging Face model's _tp_plan)")
@@ -528,7 +532,7 @@ FLAGS = {**{o.name: "--" + o.flag for o in api.SOLVE_OPTIONS if o.flag}, "target
          "seed": "--seed", "piece_bytes": "--piece-bytes", "programs_per_op": "--programs-per-op",
          "family": "FAMILY", "output": "--output", "model": "--model", "profile": "PROFILE", "debug": "DEBUG",
          "plan_path": "--from-plan", "out": "--out", "plot": "--plot", "events": "events",
-         "tp": "--tp", "sequence_parallel": "--sp", "tp_plan": "--tp-plan", "kernels": "--kernels",
+         "tp": "--tp", "sequence_parallel": "--sp", "loss_parallel": "--loss-parallel", "tp_plan": "--tp-plan", "kernels": "--kernels",
          "cp": "--cp", "ep": "--ep",
          "gpus": "--gpus", "gpus_per_node": "--gpus-per-node", "global_batch": "--global-batch",
          "micro_batch_size": "--micro-batch-size", "sequence_length": "--seq-len", "pp": "--pp",

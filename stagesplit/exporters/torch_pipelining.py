@@ -288,6 +288,7 @@ def _stage_modules_source() -> list[str]:
 #: the tensor-parallel styles an export writes (capturing/tensorparallel.py's): style -> the torch ParallelStyle
 #: made for it (None: the module is left whole); ``setup_parallel`` adds the layouts sequence parallelism changes
 _TP_STYLES = {"colwise": "ColwiseParallel", "colwise_gather_output": "ColwiseParallel",
+              "colwise_loss_parallel": "ColwiseParallel",
               "rowwise": "RowwiseParallel", "embedding_rowwise": "RowwiseParallel",
               "rowwise_split_input": "RowwiseParallel", "sequence": None,
               "sequence_parallel": None, "replicate": None, "replicated_with_grad_allreduce": None}
@@ -371,7 +372,9 @@ def _parallel_lines(view: PlanView, stack: str | None) -> list[str]:
         "        if style.startswith('colwise'):",
         "            if style == 'colwise_gather_output':",
         "                kwargs['output_layouts'] = Replicate()",
-        "            if in_blocks or (SEQUENCE_PARALLEL and style == 'colwise_gather_output'):",
+        "            elif style == 'colwise_loss_parallel':   # the logits stay split on the vocabulary (loss_parallel)",
+        "                kwargs['output_layouts'], kwargs['use_local_output'] = Shard(-1), False",
+        "            if in_blocks or (SEQUENCE_PARALLEL and style != 'colwise'):",
         "                kwargs['input_layouts'] = Shard(1)",
         "            styles[path] = ColwiseParallel(**kwargs)",
         "        else:",
@@ -767,7 +770,14 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                   f"    args = (inputs,) if {first} else ()",
                   f'    kwargs = {{"target": targets, "losses": losses}} if {last} else {{}}',
                   f"    held = {held}",
-                  "    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)",
+                  *(["    # the head's logits are split on the vocabulary (TP_PLAN's colwise_loss_parallel): the loss, forward",
+                     "    # and backward, runs on the split under torch's loss_parallel, as the plan was captured",
+                     "    from torch.distributed.tensor.parallel import loss_parallel",
+                     "    with loss_parallel():",
+                     "        schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)"]
+                    if view.tensor_parallel > 1 and any(style == "colwise_loss_parallel"
+                                                        for _, style in view.tensor_parallel_styles) else
+                    ["    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)"]),
                   "    # the mean over the micro-batches of each one's mean loss: each gradient divided once",
                   "    for p in held.values():",
                   *(["        if hasattr(p, 'main_grad'):", f"            {grad}.div_(N_MICROBATCHES)"] if master else

@@ -38,8 +38,8 @@ from ..io.profile import ROLES, Profile
 from ..model.datasharding import DataLayout, role_bytes
 from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
 
-__all__ = ["Compared", "Comparison", "Reference", "compare", "megatron_presets", "model_size_b", "nemo_grid",
-           "references"]
+__all__ = ["Compared", "Comparison", "Reference", "compare", "gathered_note", "megatron_presets", "model_size_b",
+           "nemo_grid", "references"]
 
 
 @dataclass(frozen=True)
@@ -79,10 +79,34 @@ class Compared:
 
 @dataclass(frozen=True)
 class Comparison:
-    """The layout search's answer (``chosen``) and each compared layout's row, in the order above."""
+    """The layout search's answer (``chosen``) and each compared layout's row, in the order above;
+    ``notes``: what the rows were priced under that their frameworks do otherwise (``gathered_note``)."""
 
     chosen: LayoutPlan
     rows: tuple[Compared, ...]
+    notes: tuple[str, ...] = ()
+
+
+#: the compared rows (by their names' start) whose frameworks compute the loss on logits split over the
+#: vocabulary under tensor parallelism: torchtitan (its loss-parallel cross-entropy, always with TP) and
+#: Megatron, NeMo's recipes and auto-configurator among its users (its vocabulary-parallel cross-entropy)
+_SPLIT_LOSS = ("torchtitan", "Megatron", "NeMo")
+
+
+def gathered_note(tried: Sequence[tuple[str, Sequence[int]]], gathered: Sequence[int]) -> str:
+    """The note for the compared rows that priced a layout at a tensor-parallel degree whose profile
+    gathers the head's logits (``gathered``: those degrees) though their framework keeps them split:
+    priced holding every logit on each rank, more than the framework holds. ``tried``: each row's name
+    and the tensor-parallel degrees it priced. Empty where no row did."""
+    names = [name for name, tps in tried if name.startswith(_SPLIT_LOSS) and set(tps) & set(gathered)]
+    if not names:
+        return ""
+    used = sorted({tp for name, tps in tried if name in names for tp in tps} & set(gathered))
+    many = len(used) > 1
+    return (f"{', '.join(names)}: priced with the head's logits gathered on every rank (the tensor-parallel "
+            f"profile{'s' if many else ''} of degree{'s' if many else ''} {', '.join(map(str, used))} "
+            f"{'were' if many else 'was'} captured so, as the model's plan declares); their frameworks keep the "
+            "logits split over the vocabulary: capture with --loss-parallel to price them as they run")
 
 
 def model_size_b(analysis_profile: Profile) -> float:
@@ -210,17 +234,28 @@ def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, cho
     base = analyze(min(degrees, key=degrees_of), DataLayout(), Fraction(1))
     size = model_size_b(base.profile)
     layers = base.layers.num_layers
-    rows: list[Compared] = []
     grid = nemo_grid(size, req.gpus, layers)
     titan, *others = references(size, req.gpus, layers, req.global_batch)
     refs = [titan, *megatron_presets(size), *others]
     jobs = len(grid) + len(refs)
     events.start("pricing the compared layouts", "layouts")
     done = 0
+    # the named layouts first, with half the time (each an even share of what is left of it): each is one
+    # layout a user would run, where the grid's points are many tries at one row; the grid then has the rest
+    named = deadline.part(deadline.left() / 2) if grid else deadline
+    priced: list[Compared] = []
+    for k, ref in enumerate(refs):
+        share = named.left() / (len(refs) - k)
+        got = _price(analyze, degrees, _fixed(req, ref.tp, ref.pp, ref.zero, ref.micro_batch_size, share, ref.cp,
+                                              ref.vp), named.part(share))
+        done += 1
+        events.update(done, jobs)
+        priced.append(Compared(ref.name, ref.source, None, got) if isinstance(got, str) else
+                      Compared(ref.name, ref.source, got))
     best: LayoutPlan | None = None
     reasons: list[str] = []
-    for tp, pp, s in grid:
-        share = deadline.left() / max(1, jobs - done)
+    for k, (tp, pp, s) in enumerate(grid):
+        share = deadline.left() / (len(grid) - k)
         got = _price(analyze, degrees, _fixed(req, tp, pp, 1, s, share), deadline.part(share))
         done += 1
         events.update(done, jobs)
@@ -230,17 +265,20 @@ def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, cho
             best = got
     nemo = "nemo/collections/llm/tools/auto_configurator/core/training_config.py (GPT3GridSearch, 80 GB)"
     if best is None:
-        rows.append(Compared("NeMo auto-configurator grid", nemo, None,
-                             reasons[0] if reasons else "no grid point for this model on this cluster", len(grid)))
+        rows = [Compared("NeMo auto-configurator grid", nemo, None,
+                         reasons[0] if reasons else "no grid point for this model on this cluster", len(grid))]
     else:
-        rows.append(Compared("NeMo auto-configurator grid", nemo, best, tried=len(grid)))
-    for ref in refs:
-        share = deadline.left() / max(1, jobs - done)
-        got = _price(analyze, degrees, _fixed(req, ref.tp, ref.pp, ref.zero, ref.micro_batch_size, share, ref.cp,
-                                              ref.vp), deadline.part(share))
-        done += 1
-        events.update(done, jobs)
-        rows.append(Compared(ref.name, ref.source, None, got) if isinstance(got, str) else
-                    Compared(ref.name, ref.source, got))
+        rows = [Compared("NeMo auto-configurator grid", nemo, best, tried=len(grid))]
+    rows += priced
     events.done()
-    return Comparison(chosen, tuple(rows))
+    gathered = sorted({degrees_of(d)[0] for d in degrees if degrees_of(d)[0] > 1 and _gathers_logits(
+        analyze(d, DataLayout(), Fraction(1)).profile)})
+    tried = [(rows[0].name, sorted({tp for tp, _, _ in grid})), *((ref.name, [ref.tp]) for ref in refs)]
+    note = gathered_note(tried, gathered)
+    return Comparison(chosen, tuple(rows), (note,) if note else ())
+
+
+def _gathers_logits(profile: Profile) -> bool:
+    """Whether a tensor-parallel rank's profile gathers a head's output (style ``colwise_gather_output``)."""
+    layout = profile.info.parallel_layout
+    return layout is not None and any(style == "colwise_gather_output" for _, style in layout.styles)

@@ -21,10 +21,13 @@ def _bytes_text(nbytes: int) -> str:
 
 
 def tensor_parallel_line(layout: ParallelLayout) -> str:
-    """``rank 0 of 2 tensor-parallel ranks (sequence parallel); plan: ...; 7 modules split; per rank 2
+    """``rank 0 of 2 tensor-parallel ranks, sequence parallel, the loss on logits split over the vocabulary
+    (loss_parallel); plan: ...; 7 modules split; per rank 2
     attention heads and 1 KV head; 17 collectives per step (16 all_reduce, 1 all_gather_into_tensor),
     80.0 KiB``."""
     sp = ", sequence parallel" if layout.sequence_parallel else ""
+    if any(style == "colwise_loss_parallel" for _, style in layout.styles):
+        sp += ", the loss on logits split over the vocabulary (loss_parallel)"
     text = (f"rank 0 of {layout.tensor_parallel} tensor-parallel ranks{sp}; plan: {layout.plan}, "
             f"{len(layout.styles)} module{'s' if len(layout.styles) != 1 else ''} planned")
     heads = sorted({(h, kv) for _, h, kv in layout.heads})

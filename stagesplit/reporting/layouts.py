@@ -211,6 +211,7 @@ def comparison_text(cmp: Comparison) -> str:
     for row in rows:
         lines.append("  ".join(c.ljust(w) for c, w in zip(row[:5], widths)) + "  " + row[5])
     lines.append("sources: " + "; ".join(f"{r.name}: {r.source}" for r in cmp.rows))
+    lines += [f"note: {note}" for note in cmp.notes]
     return "\n".join(lines) + "\n"
 
 
@@ -219,5 +220,5 @@ def comparison_json(cmp: Comparison) -> dict[str, Any]:
     return {"chosen": layouts_json(cmp.chosen),
             "compared": [{"name": r.name, "source": r.source, "tried": r.tried, "refused": r.refused or None,
                           "step_s": r.step_s, "layouts": layouts_json(r.plan) if r.plan is not None else None}
-                         for r in cmp.rows]}
+                         for r in cmp.rows], "notes": list(cmp.notes)}
 

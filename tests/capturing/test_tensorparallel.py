@@ -141,6 +141,38 @@ def test_llama_declared_plan_heads_per_rank():
     assert ", ".join(f"{n} {k}" for k, n in sorted(kinds.items())) in line
 
 
+def test_llama_loss_parallel_keeps_the_logits_split():
+    """``loss_parallel``: the declared plan's gathered head (``colwise_gather_output``) becomes
+    ``colwise_loss_parallel``: its logits stay the rank's half of the vocabulary (2 x 32 tokens x 128
+    classes x 4 bytes, where the gathered ones are 256 classes) and the cross-entropy runs on them under
+    torch's ``loss_parallel``: the head's all-gather is gone and the loss's three reductions over the
+    vocabulary (the maximum, the sum of exponentials, the target's logit) come in its place, and nothing
+    the head or the loss makes is larger than the split logits."""
+    gathered = capture_model(*_llama(), tp=2, allocator_round=1)
+    split = capture_model(*_llama(), tp=2, allocator_round=1, loss_parallel=True)
+    styles = dict(split.info.parallel_layout.styles)
+    assert styles["lm_head"] == "colwise_loss_parallel"
+    assert {k: v for k, v in styles.items() if k != "lm_head"} == \
+        {k: v for k, v in dict(gathered.info.parallel_layout.styles).items() if k != "lm_head"}
+    before, after = _bytes_by_name(gathered), _bytes_by_name(split)
+    assert before["lm_head/_c10d_functional.all_gather_into_tensor:out0"] == 2 * 32 * 256 * F32
+    assert after["lm_head/aten.mm:out0"] == 2 * 32 * 128 * F32
+    made = {n: b for n, b in after.items() if n.startswith(("lm_head/", "loss/", "<root>/"))}
+    assert made and max(made.values()) == 2 * 32 * 128 * F32, sorted(made.items(), key=lambda kv: -kv[1])[:3]
+
+    def kinds(profile):
+        found: dict[str, int] = {}
+        for c in profile.info.parallel_layout.collectives:
+            found[c.kind] = found.get(c.kind, 0) + 1
+        return found
+    assert kinds(gathered)["all_gather_into_tensor"] == 1
+    assert "all_gather_into_tensor" not in kinds(split)
+    assert kinds(split)["all_reduce"] == kinds(gathered)["all_reduce"] + 3
+    assert peak_bytes(split) < peak_bytes(gathered)
+    assert tensor_parallel_line(split.info.parallel_layout).startswith(
+        "rank 0 of 2 tensor-parallel ranks, the loss on logits split over the vocabulary (loss_parallel); plan: ")
+
+
 def test_llama_sequence_parallel_layout():
     """With sequence parallelism the norms run under SequenceParallel, the first block takes
     its input split, and the communication becomes all-gathers and reduce-scatters."""
@@ -223,6 +255,14 @@ def test_bad_plans_refused(tmp_path, capsys):
     assert "--sp: applies to a tensor-parallel capture" in capsys.readouterr().err
     assert main(["capture", f"{factory}:build", "--tp", "2", "-o", str(out)]) == 2
     assert "TwoLinear declares no tensor-parallel plan" in capsys.readouterr().err
+    assert main(["capture", f"{factory}:build", "--loss-parallel", "-o", str(out)]) == 2
+    assert capsys.readouterr().err.strip() == ("stagesplit: error: --loss-parallel: applies to a tensor-parallel "
+                                               "capture (tp of 2 or more)")
+    assert main(["capture", f"{factory}:build", "--tp", "2", "--loss-parallel", "--tp-plan", str(plan), "-o",
+                 str(out)]) == 2
+    assert capsys.readouterr().err.strip() == (
+        f"stagesplit: error: --loss-parallel {plan}: the plan gathers no head's output (no module of style "
+        "colwise_gather_output): there are no logits split on the vocabulary for the loss to take")
     assert not out.exists()
 
 
@@ -274,9 +314,10 @@ def test_degree_option_checked():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("model", ["llama", "gpt"])
+@pytest.mark.parametrize("model, loss_parallel", [("llama", False), ("gpt", False), ("llama", True)],
+                         ids=["llama", "gpt", "llama-loss-parallel"])
 @pytest.mark.parametrize("sequence_parallel", [False, True], ids=["tp2", "tp2-sp"])
-def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
+def test_rank_peak_matches_memtracker_on_gloo(model, loss_parallel, sequence_parallel):
     if model == "llama":
         pytest.importorskip("transformers", reason="the Llama cases build a Hugging Face model from a config")
     """Both ranks of a real TP 2 run (gloo, CPU): each rank's MemTracker peak over one step
@@ -287,11 +328,13 @@ def test_rank_peak_matches_memtracker_on_gloo(model, sequence_parallel):
     bytes seen), whose buffers gloo's own thread has not yet let go of when the step allocates again: a
     timing of the runtime, not of the model. So the peak is asserted from the prediction (1% below) to
     the prediction plus 8 of the step's most frequent collective (1% above, at least). The loss equals
-    the unparallelised model's."""
-    case = tp_harness.TPCase(model, 2, sequence_parallel)
+    the unparallelised model's. With ``loss_parallel`` (Llama) the head's logits stay split and the
+    cross-entropy runs on the split under torch's ``loss_parallel``, in the capture and the real ranks."""
+    case = tp_harness.TPCase(model, 2, sequence_parallel, loss_parallel)
     ranks = tp_harness.run_tp(case)
     profile = capture_model(tp_harness.build(model, "meta"), tp_harness.inputs(model, "meta"), tp=2,
-                            sequence_parallel=sequence_parallel, tp_plan=case.plan_file, allocator_round=1)
+                            sequence_parallel=sequence_parallel, tp_plan=case.plan_file, allocator_round=1,
+                            loss_parallel=loss_parallel)
     analysis = Analysis.of(profile)
     predicted = analysis.model.stage_memory(0, analysis.model.num_layers - 1).worst_bytes()
     assert predicted == peak_bytes(profile)

@@ -31,6 +31,7 @@ TOLERANCE = 0.03
 #: a chunk's parameters left unsharded from each backward to its next forward; measured +0.77% / +1.00% (1F1B)
 #: and +0.71% / +0.72% (interleaved): docs/layouts.md
 LAYOUTS = {"tp2": (["--tp", "2"], [], TOLERANCE), "tp2-sp": (["--tp", "2", "--sp"], [], TOLERANCE),
+           "tp2-loss-parallel": (["--tp", "2", "--loss-parallel"], [], TOLERANCE),
            "fsdp2": ([], ["--dp", "2", "--zero", "3"], TOLERANCE)}
 
 
@@ -55,6 +56,7 @@ def test_x_pp2_exported_pipeline_runs_and_every_rank_is_within_tolerance(tmp_pat
         document = json.loads(plan.read_text())
         assert document["profile"].get("tensor_parallel", 1) * document["request"]["dp"] == 2
         assert ("SEQUENCE_PARALLEL = True" in code.read_text()) == ("--sp" in capture_args)
+        assert ("with loss_parallel():" in code.read_text()) == ("--loss-parallel" in capture_args)
         plans.append(document)
         cases.append(harness.ExportedCase(code.read_text(), functools.partial(families.model, "llama"),
                                           functools.partial(families.batch, "llama", 4)))

@@ -263,3 +263,49 @@ def test_a_compared_layout_without_virtual_stages_runs_the_lists_first_schedule(
     assert got.best.schedule == "1f1b"
     looped = _fixed(req, 1, 2, 1, 8, 30.0, 1, 2)
     assert (looped.schedule, looped.chunks_per_rank) == ("interleaved-1f1b", 2)
+
+
+def test_the_gathered_logits_note_by_hand():
+    """The note names the rows of frameworks that keep the logits split (torchtitan, Megatron, NeMo) and
+    priced a degree whose profile gathers them, and only those degrees; pure pipeline and pure FSDP are
+    nobody's framework; nothing to say where no such row priced such a degree."""
+    from stagesplit.plan.layout_compare import gathered_note
+    tried = [("NeMo auto-configurator grid", [2, 4, 8]), ("torchtitan llama3_70b", [8]),
+             ("NeMo llama3_70b recipe (Megatron Core)", [4]), ("pure pipeline", [1]), ("pure FSDP", [1])]
+    assert gathered_note(tried, [8]) == (
+        "NeMo auto-configurator grid, torchtitan llama3_70b: priced with the head's logits gathered on every rank "
+        "(the tensor-parallel profile of degree 8 was captured so, as the model's plan declares); their frameworks "
+        "keep the logits split over the vocabulary: capture with --loss-parallel to price them as they run")
+    assert gathered_note(tried, [2, 4]).startswith(
+        "NeMo auto-configurator grid, NeMo llama3_70b recipe (Megatron Core): priced with the head's logits gathered "
+        "on every rank (the tensor-parallel profiles of degrees 2, 4 were captured so,")
+    assert gathered_note(tried, []) == ""
+    assert gathered_note([("pure FSDP", [2])], [2]) == ""
+
+
+@pytest.mark.parametrize("loss_parallel", [False, True], ids=["gathered", "loss-parallel"])
+def test_a_comparison_says_where_it_priced_gathered_logits(tmp_path, capsys, loss_parallel):
+    """A Hugging Face Llama captured at degrees 1 and 2: its declared plan gathers the head's logits, so
+    NeMo's grid (TP 1 and 2 for a model this small) priced degree 2 so, and the comparison says it in a
+    note, printed and in the JSON; captured with ``--loss-parallel``, nothing to say."""
+    pytest.importorskip("transformers")
+    import tp_harness
+    from stagesplit.capturing.pytorch import capture_degrees
+    from stagesplit.io import save_profile
+    variants = capture_degrees(tp_harness.build("llama", "meta"), tp_harness.inputs("llama", "meta"),
+                               degrees=[1, 2], loss_parallel=loss_parallel, target="h100-80gb")
+    path = tmp_path / "llama.stagesplit"
+    save_profile(variants, path)
+    args = ["--gpus", 8, "--global-batch", 16, "--target", "h100-80gb", "--time-limit", 20, "--compare"]
+    code, out, _ = run_cli(capsys, "layouts", path, *args, "--format", "json")
+    assert code == 0
+    doc = json.loads(out)
+    nemo = doc["compared"][0]
+    assert nemo["name"] == "NeMo auto-configurator grid" and nemo["tried"] == 8      # TP 1, 2 x micro-batches 1..8
+    expected = [] if loss_parallel else [
+        "NeMo auto-configurator grid: priced with the head's logits gathered on every rank (the tensor-parallel "
+        "profile of degree 2 was captured so, as the model's plan declares); their frameworks keep the logits "
+        "split over the vocabulary: capture with --loss-parallel to price them as they run"]
+    assert doc["notes"] == expected
+    code, text, _ = run_cli(capsys, "layouts", path, *args)
+    assert [line for line in text.splitlines() if line.startswith("note: ")] == [f"note: {n}" for n in expected]
