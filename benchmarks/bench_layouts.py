@@ -45,7 +45,7 @@ def llama3_70b_tp(tiny: bool, tp: int) -> Path:
     torch's fake process group): 4 blocks 64 wide with 8 heads, sequence 32. (The 70B's own ranks
     are in its sample's one file.)"""
     assert tiny
-    return _cached_capture(f"layouts-tiny-4h8-tp{tp}", _llama_405b_like(4, 64, 128, 8, 32, 256, tp,
+    return _cached_capture(f"layouts-tiny-4h8-tp{tp}-lp", _llama_405b_like(4, 64, 128, 8, 32, 256, tp,
                                                                       f"llama-4-blocks-tp{tp}"))
 
 
@@ -70,7 +70,9 @@ def _llama_405b_like(blocks, hidden, ffn, heads, seq, vocab, tp, name):
         with torch.device("meta"):
             model = tf.LlamaForCausalLM(cfg)
         ids = torch.zeros(1, seq, dtype=torch.long, device="meta")
-        extra = dict(tp=tp, sequence_parallel=True) if tp > 1 else {}
+        # the loss on logits split over the vocabulary above 1, as torchtitan and Megatron run it (the
+        # shipped 70B sample's --loss-parallel)
+        extra = dict(tp=tp, sequence_parallel=True, loss_parallel=True) if tp > 1 else {}
         return capture_model(model, {"input_ids": ids, "labels": ids}, **PRECISION, name=name, **extra)
     return run
 
@@ -82,9 +84,9 @@ def llama31_405b(tiny: bool, tp: int = 1) -> Path:
     blocks 64 wide with 8 heads, sequence 32."""
     suffix = f"-tp{tp}" if tp > 1 else ""
     if tiny:
-        return _cached_capture(f"layouts-tiny-6h8{suffix}", _llama_405b_like(6, 64, 128, 8, 32, 256, tp,
+        return _cached_capture(f"layouts-tiny-6h8{suffix}{'-lp' if tp > 1 else ''}", _llama_405b_like(6, 64, 128, 8, 32, 256, tp,
                                                                             f"llama-6-blocks{suffix}"))
-    return _cached_capture(f"llama31-405b-seq8192{suffix}", _llama_405b_like(126, 16384, 53248, 128, 8192, 128256, tp,
+    return _cached_capture(f"llama31-405b-seq8192{suffix}{'-lp' if tp > 1 else ''}", _llama_405b_like(126, 16384, 53248, 128, 8192, 128256, tp,
                                                                             f"llama-3.1-405b-shape{suffix}"))
 
 
