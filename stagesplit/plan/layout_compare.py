@@ -106,7 +106,7 @@ def gathered_note(tried: Sequence[tuple[str, Sequence[int]]], gathered: Sequence
     return (f"{', '.join(names)}: priced with the head's logits gathered on every rank (the tensor-parallel "
             f"profile{'s' if many else ''} of degree{'s' if many else ''} {', '.join(map(str, used))} "
             f"{'were' if many else 'was'} captured so, as the model's plan declares); their frameworks keep the "
-            "logits split over the vocabulary: capture with --loss-parallel to price them as they run")
+            "logits split over the vocabulary: capture with `loss_parallel` to price them as they run")
 
 
 def model_size_b(analysis_profile: Profile) -> float:

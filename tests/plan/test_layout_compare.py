@@ -268,14 +268,15 @@ def test_a_compared_layout_without_virtual_stages_runs_the_lists_first_schedule(
 def test_the_gathered_logits_note_by_hand():
     """The note names the rows of frameworks that keep the logits split (torchtitan, Megatron, NeMo) and
     priced a degree whose profile gathers them, and only those degrees; pure pipeline and pure FSDP are
-    nobody's framework; nothing to say where no such row priced such a degree."""
+    nobody's framework; nothing to say where no such row priced such a degree. The parameter is named as
+    the library names it (the command line writes it as its flag: the test below)."""
     from stagesplit.plan.layout_compare import gathered_note
     tried = [("NeMo auto-configurator grid", [2, 4, 8]), ("torchtitan llama3_70b", [8]),
              ("NeMo llama3_70b recipe (Megatron Core)", [4]), ("pure pipeline", [1]), ("pure FSDP", [1])]
     assert gathered_note(tried, [8]) == (
         "NeMo auto-configurator grid, torchtitan llama3_70b: priced with the head's logits gathered on every rank "
         "(the tensor-parallel profile of degree 8 was captured so, as the model's plan declares); their frameworks "
-        "keep the logits split over the vocabulary: capture with --loss-parallel to price them as they run")
+        "keep the logits split over the vocabulary: capture with `loss_parallel` to price them as they run")
     assert gathered_note(tried, [2, 4]).startswith(
         "NeMo auto-configurator grid, NeMo llama3_70b recipe (Megatron Core): priced with the head's logits gathered "
         "on every rank (the tensor-parallel profiles of degrees 2, 4 were captured so,")
