@@ -55,10 +55,10 @@ from typing import Any
 
 from ..common.text import show
 from ..errors import OptionError, StagesplitError
+from ..io.profile import loss_parallel_of
 
 __all__ = ["STYLES", "TensorParallelPlan", "configured_count", "read_plan_file", "resolve_plan", "fake_process_group",
-           "parallelize", "heads_per_rank", "propagation_unrecorded", "with_loss_parallel", "loss_parallel_of",
-           "loss_parallel_context"]
+           "parallelize", "heads_per_rank", "propagation_unrecorded", "with_loss_parallel", "loss_parallel_context"]
 
 #: the styles a plan may name (transformers' names for the same torch styles included)
 STYLES = ("colwise", "colwise_gather_output", "colwise_loss_parallel", "rowwise", "embedding_rowwise",
@@ -169,16 +169,10 @@ def with_loss_parallel(styles: tuple[tuple[str, str], ...], where: str) -> tuple
                  for path, style in styles)
 
 
-def loss_parallel_of(plan: TensorParallelPlan | None) -> bool:
-    """Whether the plan's step runs under torch's ``loss_parallel()`` (a head of style
-    ``colwise_loss_parallel``)."""
-    return plan is not None and any(style == "colwise_loss_parallel" for _, style in plan.styles)
-
-
 def loss_parallel_context(torch, plan: TensorParallelPlan | None) -> contextlib.AbstractContextManager:
     """torch's ``loss_parallel()`` where the plan keeps a head's logits split (its cross-entropy then
     runs on the split, forward and backward), else nothing."""
-    if not loss_parallel_of(plan):
+    if plan is None or not loss_parallel_of(plan.styles):
         return contextlib.nullcontext()
     from torch.distributed.tensor.parallel import loss_parallel
     return loss_parallel()

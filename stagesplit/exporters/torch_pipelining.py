@@ -40,6 +40,7 @@ import ast
 from pathlib import Path
 
 from ..common.text import show
+from ..io.profile import loss_parallel_of
 from ..model.recompute import EXPENSIVE_OPERATIONS
 from ..solver.schedule_kinds import traits
 from ._common import Decoded, ExportOptions, fqn_index, from_starts, layer_fqns, module_fqn
@@ -775,8 +776,7 @@ def render(view: PlanView, options: ExportOptions) -> list[str]:
                      "    from torch.distributed.tensor.parallel import loss_parallel",
                      "    with loss_parallel():",
                      "        schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)"]
-                    if view.tensor_parallel > 1 and any(style == "colwise_loss_parallel"
-                                                        for _, style in view.tensor_parallel_styles) else
+                    if view.tensor_parallel > 1 and loss_parallel_of(view.tensor_parallel_styles) else
                     ["    schedule.step(*args, return_outputs=RETURN_OUTPUTS, **kwargs)"]),
                   "    # the mean over the micro-batches of each one's mean loss: each gradient divided once",
                   "    for p in held.values():",

@@ -25,7 +25,8 @@ from ..errors import ProfileError
 __all__ = ["AUTOCAST_DTYPES", "COLLECTIVE_GROUPS", "COLLECTIVE_KINDS", "COMPUTE_UNITS", "LAYER_ORDERS", "PARAMETER_DTYPES",
            "PHASE_LABELS", "ROLES", "Collective", "GroundTruth", "LayerGrouping", "Liveness", "Operations",
            "ParallelLayout", "Phase", "Profile", "ProfileInfo", "Programs", "Ragged", "Target", "TileCosts",
-           "TrainingPrecision", "Variables", "VertexCode", "batch_of", "narrowest_int"]
+           "TrainingPrecision", "Variables", "VertexCode", "batch_of", "gathers_logits", "loss_parallel_of",
+           "narrowest_int"]
 
 COMPUTE_UNITS = ("cycles", "flops", "seconds", "none")
 LAYER_ORDERS = ("steps", "natural")
@@ -351,6 +352,18 @@ class Collective:
     group_size: int
     phase: str
     group: str = "tp"
+
+
+def gathers_logits(styles: Sequence[tuple[str, str]]) -> bool:
+    """Whether a tensor-parallel plan's (module, style) pairs gather a head's output onto every rank
+    (``colwise_gather_output``: a Hugging Face plan's head)."""
+    return any(style == "colwise_gather_output" for _, style in styles)
+
+
+def loss_parallel_of(styles: Sequence[tuple[str, str]]) -> bool:
+    """Whether a tensor-parallel plan keeps a head's logits split on the vocabulary, its step run under
+    torch's ``loss_parallel()`` (``colwise_loss_parallel``: torchtitan's and Megatron's head)."""
+    return any(style == "colwise_loss_parallel" for _, style in styles)
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ import numpy as np
 from ..common.deadline import Deadline
 from ..common.events import Events
 from ..errors import StagesplitError
-from ..io.profile import ROLES, Profile
+from ..io.profile import ROLES, Profile, gathers_logits
 from ..model.datasharding import DataLayout, role_bytes
 from .layouts import Analyze, Degree, LayoutPlan, LayoutRequest, degrees_of, search
 
@@ -281,4 +281,4 @@ def compare(analyze: Analyze, degrees: Sequence[Degree], req: LayoutRequest, cho
 def _gathers_logits(profile: Profile) -> bool:
     """Whether a tensor-parallel rank's profile gathers a head's output (style ``colwise_gather_output``)."""
     layout = profile.info.parallel_layout
-    return layout is not None and any(style == "colwise_gather_output" for _, style in layout.styles)
+    return layout is not None and gathers_logits(layout.styles)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections import Counter
 
-from ..io.profile import ParallelLayout
+from ..io.profile import ParallelLayout, loss_parallel_of
 
 __all__ = ["context_parallel_line", "expert_parallel_line", "tensor_parallel_line"]
 
@@ -26,7 +26,7 @@ def tensor_parallel_line(layout: ParallelLayout) -> str:
     attention heads and 1 KV head; 17 collectives per step (16 all_reduce, 1 all_gather_into_tensor),
     80.0 KiB``."""
     sp = ", sequence parallel" if layout.sequence_parallel else ""
-    if any(style == "colwise_loss_parallel" for _, style in layout.styles):
+    if loss_parallel_of(layout.styles):
         sp += ", the loss on logits split over the vocabulary (loss_parallel)"
     text = (f"rank 0 of {layout.tensor_parallel} tensor-parallel ranks{sp}; plan: {layout.plan}, "
             f"{len(layout.styles)} module{'s' if len(layout.styles) != 1 else ''} planned")
